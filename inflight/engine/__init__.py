@@ -1,0 +1,27 @@
+"""Native paged-KV inference engine with weight-versioned KV and in-flight weight updates."""
+
+from inflight.engine.config import EngineConfig
+from inflight.engine.engine import LLMEngine
+from inflight.engine.errors import (
+    EngineError,
+    EngineStateError,
+    InvalidRequestError,
+    ModelLoadError,
+    WeightUpdateError,
+)
+from inflight.engine.request import RequestOutput, RequestStatus, SamplingParams
+from inflight.engine.stats import EngineStats
+
+__all__ = [
+    "EngineConfig",
+    "EngineError",
+    "EngineStateError",
+    "EngineStats",
+    "InvalidRequestError",
+    "LLMEngine",
+    "ModelLoadError",
+    "RequestOutput",
+    "RequestStatus",
+    "SamplingParams",
+    "WeightUpdateError",
+]

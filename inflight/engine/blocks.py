@@ -1,0 +1,112 @@
+"""BlockPool: ref-counted KV blocks with a prefix cache keyed by tokens, salt and weight version.
+
+A block's prefix hash chains its parent's hash, its token ids, the request's cache salt (first block
+only) and the weight version of the block's KV, so KV computed by old weights is never found by a
+request that looks up with the current version. A block whose ref count drops to 0 goes to the end of
+the free queue but keeps its hash: it can still be reused until it is evicted (reallocated, LRU).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+
+def chain_hash(parent: int | None, token_ids: tuple[int, ...], salt: str | None, version: int) -> int:
+    """Hash of one full block given its parent block's hash (None for the first block)."""
+    return hash((parent, salt if parent is None else None, version, token_ids))
+
+
+@dataclass
+class Block:
+    block_id: int
+    ref_count: int = 0
+    hash: int | None = None
+    token_ids: tuple[int, ...] = ()
+    weight_version: int = 0  # the oldest weight version that computed any entry of this block
+    epoch: int = 0  # the KV epoch in which the entries were written
+
+
+class BlockPool:
+    """Fixed set of KV blocks: allocation, ref counting, prefix-cache lookup and LRU eviction."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free_ids: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.cached: dict[int, int] = {}  # prefix hash -> block id
+        self.epoch = 0
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free_ids)
+
+    def usage(self) -> float:
+        return 1.0 - self.num_free / max(1, self.num_blocks)
+
+    def allocate(self, weight_version: int) -> int:
+        """Take the least recently freed block, evicting its cached hash."""
+        block_id, _ = self.free_ids.popitem(last=False)
+        block = self.blocks[block_id]
+        self._uncache(block)
+        block.ref_count = 1
+        block.weight_version = weight_version
+        block.epoch = self.epoch
+        return block_id
+
+    def lookup(self, block_hash: int, token_ids: tuple[int, ...]) -> int | None:
+        """The cached block holding exactly these tokens under this hash, if any."""
+        if not self.enable_prefix_caching:
+            return None
+        block_id = self.cached.get(block_hash)
+        if block_id is None or self.blocks[block_id].token_ids != token_ids:
+            return None
+        return block_id
+
+    def touch(self, block_id: int) -> None:
+        """Add a holder to a cached block (taking it off the free queue if it was free)."""
+        block = self.blocks[block_id]
+        if block.ref_count == 0:
+            del self.free_ids[block_id]
+        block.ref_count += 1
+
+    def free(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        assert block.ref_count > 0, f"double free of block {block_id}"
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            self.free_ids[block_id] = None
+
+    def register(self, block_id: int, block_hash: int, token_ids: tuple[int, ...]) -> None:
+        """Publish a full, computed block under its prefix hash (first writer wins)."""
+        if not self.enable_prefix_caching or block_hash in self.cached:
+            return
+        block = self.blocks[block_id]
+        self._uncache(block)
+        block.hash = block_hash
+        block.token_ids = token_ids
+        self.cached[block_hash] = block_id
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop the hash of every unreferenced block; True iff no cached hash is left."""
+        for block_id in self.free_ids:
+            self._uncache(self.blocks[block_id])
+        return not self.cached
+
+    def invalidate_all(self) -> None:
+        """The KV memory was discarded: forget every hash and start a new epoch."""
+        for block in self.blocks:
+            self._uncache(block)
+        self.epoch += 1
+
+    def _uncache(self, block: Block) -> None:
+        if block.hash is not None:
+            if self.cached.get(block.hash) == block.block_id:
+                del self.cached[block.hash]
+            block.hash = None
+            block.token_ids = ()

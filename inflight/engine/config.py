@@ -1,0 +1,53 @@
+"""EngineConfig: what the engine loads and how much memory and batching it may use."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from inflight.engine.errors import InvalidRequestError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class EngineConfig:
+    """Engine settings. `num_kv_blocks=None` derives the block count from `kv_cache_memory_gib`."""
+
+    model: str
+    device: str = "cpu"
+    dtype: str = "float32"
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    kv_cache_memory_gib: float = 1.0
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None  # defaults to the model's max_position_embeddings
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    seed: int = 0
+    weight_version: int = 0
+
+    def validate(self) -> None:
+        """Raise InvalidRequestError listing every invalid setting."""
+        problems = []
+        if self.dtype not in DTYPES:
+            problems.append(f"dtype={self.dtype!r} must be one of {sorted(DTYPES)}")
+        for key in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, key) < 1:
+                problems.append(f"{key}={getattr(self, key)!r} must be >= 1")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            problems.append(f"num_kv_blocks={self.num_kv_blocks!r} must be >= 1 (or None to derive it)")
+        if self.kv_cache_memory_gib <= 0:
+            problems.append(f"kv_cache_memory_gib={self.kv_cache_memory_gib!r} must be > 0")
+        try:
+            torch.device(self.device)
+        except (RuntimeError, TypeError):
+            problems.append(f"device={self.device!r} is not a torch device (e.g. 'cpu', 'cuda:0')")
+        if problems:
+            raise InvalidRequestError("invalid engine config: " + "; ".join(problems))
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]

@@ -1,0 +1,371 @@
+"""LLMEngine: the synchronous step API and the weight-sync lifecycle (DESIGN.md sections 3 and 5)."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Iterable
+from functools import wraps
+from pathlib import Path
+
+import torch
+from transformers import GenerationConfig
+
+from inflight.engine.blocks import BlockPool
+from inflight.engine.config import EngineConfig
+from inflight.engine.errors import EngineStateError, InvalidRequestError, WeightUpdateError
+from inflight.engine.kv_cache import KVCache, WeightsPool
+from inflight.engine.models.loader import load_model
+from inflight.engine.request import Request, RequestOutput, SamplingParams
+from inflight.engine.runner import ModelRunner
+from inflight.engine.scheduler import Scheduler, SchedulerConfig
+from inflight.engine.stats import EngineStats
+
+PAUSE_MODES = ("abort", "keep", "wait")
+MEMORY_TAGS = ("weights", "kv_cache")
+
+
+def _locked(method):
+    @wraps(method)
+    def wrapper(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return wrapper
+
+
+class LLMEngine:
+    """A paged-KV inference engine that knows which weight version produced every block and token."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        config.validate()
+        self.config = config
+        self._lock = threading.RLock()
+        self.device = torch.device(config.device)
+        self.model = load_model(config.model, config.torch_dtype, self.device)
+        hf = self.model.config
+        self.max_model_len = min(config.max_model_len or hf.max_position_embeddings, hf.max_position_embeddings)
+        if not config.enable_chunked_prefill and config.max_num_batched_tokens < self.max_model_len:
+            raise InvalidRequestError(
+                f"max_num_batched_tokens={config.max_num_batched_tokens} must be >= max_model_len="
+                f"{self.max_model_len} when chunked prefill is off (or enable chunked prefill)"
+            )
+        self.vocab_size = hf.vocab_size
+        self.eos_token_ids = self._eos_ids(config.model, hf)
+        attn = self.model.model.layers[0].self_attn
+        num_blocks = config.num_kv_blocks or self._blocks_for_budget(hf.num_hidden_layers, attn)
+        self.kv_cache = KVCache(
+            hf.num_hidden_layers, num_blocks, config.block_size, attn.num_kv_heads, attn.head_dim,
+            config.torch_dtype, self.device,
+        )
+        self.weights = WeightsPool(self.model)
+        self.stats = EngineStats()
+        self.pool = BlockPool(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(
+            SchedulerConfig(
+                config.block_size, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len,
+                config.enable_chunked_prefill,
+            ),
+            self.pool,
+            self.stats,
+        )
+        self.runner = ModelRunner(self.model, self.kv_cache, config.block_size, config.seed)
+        self.weight_version = config.weight_version
+        self.requests: dict[str, Request] = {}
+        self._arrivals = itertools.count()
+        self._pending_outputs: list[RequestOutput] = []
+        self._paused = False
+        self._draining = False  # pause(mode="wait") in progress
+        self._update_loaded: set[str] | None = None  # names loaded by the update in progress
+        self._weights_valid = True  # False after sleep or a failed update, until a full update lands
+
+    # ---- set-up helpers -----------------------------------------------------------------------
+    @staticmethod
+    def _eos_ids(model_dir: str, hf_config) -> set[int]:
+        ids: set[int] = set()
+        candidates = [getattr(hf_config, "eos_token_id", None)]
+        if (Path(model_dir) / "generation_config.json").is_file():
+            candidates.append(GenerationConfig.from_pretrained(model_dir).eos_token_id)
+        for value in candidates:
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, (list, tuple)):
+                ids.update(int(v) for v in value)
+        return ids
+
+    def _blocks_for_budget(self, num_layers: int, attn) -> int:
+        per_block = KVCache.bytes_per_block(
+            num_layers, self.config.block_size, attn.num_kv_heads, attn.head_dim, self.config.torch_dtype
+        )
+        budget = int(self.config.kv_cache_memory_gib * 2**30) // per_block
+        useful = self.config.max_num_seqs * -(-self.max_model_len // self.config.block_size)
+        return max(1, min(budget, useful))
+
+    # ---- requests -----------------------------------------------------------------------------
+    @_locked
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams | None = None,
+        cache_salt: str | None = None,
+    ) -> None:
+        """Queue a request; raises InvalidRequestError naming the bad value (nothing else changes)."""
+        params = params or SamplingParams()
+        params.validate()
+        if request_id in self.requests:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use by an unfinished request")
+        if not prompt_token_ids:
+            raise InvalidRequestError("prompt_token_ids is empty; give at least one token")
+        bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
+        if bad:
+            raise InvalidRequestError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
+        if len(prompt_token_ids) >= self.max_model_len:
+            raise InvalidRequestError(
+                f"prompt has {len(prompt_token_ids)} tokens; the context holds {self.max_model_len}, "
+                f"so prompts must be at most {self.max_model_len - 1} tokens"
+            )
+        longest = min(len(prompt_token_ids) + params.max_tokens, self.max_model_len)
+        needed = -(-longest // self.config.block_size)
+        if needed > self.pool.num_blocks:
+            raise InvalidRequestError(
+                f"request needs up to {needed} KV blocks ({longest} tokens) but the cache has "
+                f"{self.pool.num_blocks}; lower max_tokens or raise num_kv_blocks/kv_cache_memory_gib"
+            )
+        request = Request(request_id, list(prompt_token_ids), params, next(self._arrivals), cache_salt)
+        self.requests[request_id] = request
+        self.scheduler.add(request)
+
+    @_locked
+    def abort(self, request_ids: Iterable[str]) -> list[RequestOutput]:
+        """Finish the given requests now with finish_reason 'abort'; unknown ids are ignored."""
+        outputs = []
+        for request_id in list(request_ids):
+            request = self.requests.get(request_id)
+            if request is not None:
+                outputs.append(self._finish(request, "abort"))
+                self.stats.aborted_requests += 1
+        self._pending_outputs.extend(outputs)
+        return outputs
+
+    @_locked
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    @_locked
+    def get_request_output(self, request_id: str) -> RequestOutput | None:
+        """A snapshot of an unfinished request's progress (None when unknown or finished)."""
+        request = self.requests.get(request_id)
+        return request.to_output() if request is not None else None
+
+    # ---- stepping -----------------------------------------------------------------------------
+    @property
+    def can_run(self) -> bool:
+        """Whether step() would run the model (not paused, awake, weights complete)."""
+        return (
+            not self.is_paused
+            and self._update_loaded is None
+            and self._weights_valid
+            and self.weights.awake
+            and self.kv_cache.awake
+        )
+
+    @property
+    def is_paused(self) -> bool:
+        return self._paused
+
+    @_locked
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduling + model step; returns the requests that finished (or were aborted)."""
+        outputs, self._pending_outputs = self._pending_outputs, []
+        if not self.can_run or not self.scheduler.has_unfinished():
+            return outputs
+        scheduled = self.scheduler.schedule(self.weight_version)
+        if not scheduled:
+            return outputs
+        sampled = self.runner.execute(scheduled)
+        self.scheduler.after_step(scheduled)
+        self.stats.steps += 1
+        for request, n in scheduled:
+            if request.num_output_tokens == 0:
+                self.stats.prompt_tokens_computed += n
+        for request, token, logprob in sampled:
+            request.append_token(token, logprob, self.weight_version)
+            self.stats.generated_tokens += 1
+            reason = self._stop_reason(request, token)
+            if reason is not None:
+                outputs.append(self._finish(request, reason))
+        if self._draining:
+            self._check_drained()
+        return outputs
+
+    def _stop_reason(self, request: Request, token: int) -> str | None:
+        params = request.params
+        if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
+            return "stop"
+        if request.num_output_tokens >= params.max_tokens or request.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    def _finish(self, request: Request, reason: str) -> RequestOutput:
+        self.scheduler.finish(request, reason)
+        del self.requests[request.request_id]
+        self.stats.finished_requests += 1
+        return request.to_output()
+
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None
+    ) -> list[RequestOutput]:
+        """Run the prompts to completion and return their outputs in order."""
+        if not self.can_run:
+            raise EngineStateError("engine is paused, asleep or mid-update; resume() it before generate()")
+        param_list = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
+        ids = [f"generate-{next(self._arrivals)}" for _ in prompts]
+        for request_id, prompt, p in zip(ids, prompts, param_list, strict=True):
+            self.add_request(request_id, prompt, p)
+        results: dict[str, RequestOutput] = {}
+        while len(results) < len(ids):
+            for output in self.step():
+                results[output.request_id] = output
+            if not self.can_run and len(results) < len(ids):
+                raise EngineStateError("engine was paused during generate()")
+        return [results[i] for i in ids]
+
+    # ---- pause / resume -----------------------------------------------------------------------
+    @_locked
+    def pause(self, mode: str = "keep") -> list[RequestOutput]:
+        """Pause generation: 'abort' finishes in-flight requests now, 'keep' freezes them in place,
+        'wait' lets requests already added run to completion first. Returns aborted outputs."""
+        if mode not in PAUSE_MODES:
+            raise InvalidRequestError(f"pause mode {mode!r} is not one of {PAUSE_MODES}")
+        if self._paused:
+            return []
+        self.stats.pauses += 1
+        if mode == "abort":
+            outputs = self.abort([r.request_id for r in self.scheduler.unfinished()])
+            self._paused = True
+            return outputs
+        if mode == "keep":
+            self._paused = True
+            self._draining = False
+            self.scheduler.admission_cutoff = None
+            return []
+        self._draining = True
+        self.scheduler.admission_cutoff = next(self._arrivals)
+        self._check_drained()
+        return []
+
+    def _check_drained(self) -> None:
+        cutoff = self.scheduler.admission_cutoff
+        if cutoff is not None and all(r.arrival > cutoff for r in self.scheduler.unfinished()):
+            self._paused = True
+            self._draining = False
+            self.scheduler.admission_cutoff = None
+
+    @_locked
+    def resume(self) -> None:
+        """Undo any pause. Refuses while a pool sleeps or the weights are incomplete."""
+        if not (self.weights.awake and self.kv_cache.awake):
+            raise EngineStateError("cannot resume while asleep; wake_up(['weights', 'kv_cache']) first")
+        if self._update_loaded is not None or not self._weights_valid:
+            raise EngineStateError(
+                "cannot resume on incomplete weights; finish a complete weight update first"
+            )
+        self._paused = False
+        self._draining = False
+        self.scheduler.admission_cutoff = None
+        self.scheduler.invalidate_stale_kv()
+
+    # ---- memory pools -------------------------------------------------------------------------
+    @_locked
+    def sleep(self, offload_kv: bool = False) -> None:
+        """Free both pools. Weights are dropped (a full update must follow); the KV pool is moved
+        to host memory when `offload_kv`, else discarded (a new KV epoch)."""
+        self.kv_cache.sleep(offload=offload_kv)
+        if not offload_kv:
+            self.pool.invalidate_all()
+        self.weights.sleep()
+        self._weights_valid = False
+
+    @_locked
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Re-allocate the named pools ('weights', 'kv_cache'; default both) at the same block ids."""
+        tags = list(MEMORY_TAGS) if tags is None else list(tags)
+        unknown = [t for t in tags if t not in MEMORY_TAGS]
+        if unknown:
+            raise InvalidRequestError(f"unknown memory tags {unknown}; use {list(MEMORY_TAGS)}")
+        if "weights" in tags:
+            self.weights.wake_up()
+        if "kv_cache" in tags:
+            self.kv_cache.wake_up()
+
+    @_locked
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """Drop every cached, unreferenced block hash; with `reset_running_requests`, first reset
+        every running and frozen request (re-prefilled on resume). True iff the cache is empty."""
+        if reset_running_requests:
+            self.stats.resets += self.scheduler.reset_all()
+        return self.pool.reset_prefix_cache()
+
+    # ---- weight updates -----------------------------------------------------------------------
+    @_locked
+    def begin_weight_update(self) -> None:
+        """Start an update; generation does not run until it finishes with every parameter."""
+        if not self.weights.awake:
+            raise EngineStateError("weights are asleep; wake_up(['weights']) before a weight update")
+        self._update_loaded = set()
+
+    @_locked
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy a chunk of HF-named tensors (cast to the engine dtype). A bad chunk raises
+        WeightUpdateError and leaves the engine blocked until a complete update lands."""
+        if self._update_loaded is None:
+            raise EngineStateError("call begin_weight_update() before load_weights()")
+        chunk = list(named_tensors)
+        try:
+            self._check_chunk(chunk)
+            self._update_loaded |= self.model.copy_weights(chunk)
+        except WeightUpdateError:
+            self._weights_valid = False
+            self.stats.failed_weight_updates += 1
+            raise
+
+    def _check_chunk(self, chunk: list[tuple[str, torch.Tensor]]) -> None:
+        params = dict(self.model.named_parameters())
+        for hf_name, tensor in chunk:
+            name = self.model.resolve(hf_name)
+            if name is None:
+                continue
+            if name not in params:
+                raise WeightUpdateError(f"unknown parameter {hf_name!r}; the model has no such weight")
+            if not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != tuple(params[name].shape):
+                shape = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+                raise WeightUpdateError(
+                    f"parameter {hf_name!r} has shape {shape}, expected {tuple(params[name].shape)}"
+                )
+
+    @_locked
+    def finish_weight_update(self, version: int | None = None) -> int:
+        """Complete the update: every parameter must have been loaded since begin_weight_update().
+        Sets weight_version to `version` (must increase; default: +1) and returns it."""
+        if self._update_loaded is None:
+            raise EngineStateError("no weight update in progress; call begin_weight_update() first")
+        missing = sorted(self.model.hf_parameter_names() - self._update_loaded)
+        new_version = self.weight_version + 1 if version is None else version
+        if missing or new_version <= self.weight_version:
+            self._weights_valid = False
+            self._update_loaded = None
+            self.stats.failed_weight_updates += 1
+            if missing:
+                raise WeightUpdateError(
+                    f"incomplete weight update: {len(missing)} parameters missing, e.g. {missing[:3]}; "
+                    "the engine stays paused until a complete update lands"
+                )
+            raise WeightUpdateError(
+                f"weight version {new_version} must be greater than the current {self.weight_version}"
+            )
+        self._update_loaded = None
+        self._weights_valid = True
+        self.weight_version = new_version
+        self.stats.weight_updates += 1
+        return new_version

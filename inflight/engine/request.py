@@ -1,0 +1,146 @@
+"""Requests, their sampling parameters and their outputs."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+from inflight.engine.errors import InvalidRequestError
+
+
+@dataclass
+class SamplingParams:
+    """How to sample one request.
+
+    `temperature=0` is greedy. `top_k=0` (or -1) and `top_p=1` disable those filters. `seed` makes the
+    request's samples reproducible whatever else is in the batch. `logprobs` records, for each sampled
+    token, its log-probability under the temperature-scaled distribution (before top-k/top-p), which is
+    what a policy-gradient trainer recomputes.
+    """
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    logprobs: bool = True
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+
+    def validate(self) -> None:
+        """Raise InvalidRequestError naming every invalid field."""
+        problems = []
+        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
+            problems.append(f"max_tokens={self.max_tokens!r} must be an integer >= 1")
+        if not isinstance(self.temperature, (int, float)) or not (self.temperature >= 0.0):
+            problems.append(f"temperature={self.temperature!r} must be a number >= 0 (0 means greedy)")
+        if not isinstance(self.top_p, (int, float)) or not (0.0 < self.top_p <= 1.0):
+            problems.append(f"top_p={self.top_p!r} must be in (0, 1]")
+        if not isinstance(self.top_k, int) or self.top_k < -1:
+            problems.append(f"top_k={self.top_k!r} must be an integer >= 0 (0 or -1 disables it)")
+        if self.seed is not None and not isinstance(self.seed, int):
+            problems.append(f"seed={self.seed!r} must be an integer or None")
+        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+            problems.append(f"stop_token_ids={self.stop_token_ids!r} must be non-negative integers")
+        if problems:
+            raise InvalidRequestError("invalid sampling parameters: " + "; ".join(problems))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class RequestOutput:
+    """The result of one request: its tokens, their logprobs and the weight version that sampled each."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    logprobs: list[float] | None
+    token_weight_versions: list[int]
+    finish_reason: str | None  # "stop" | "length" | "abort"; None while unfinished
+    num_recomputed_tokens: int = 0
+    num_cached_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class Request:
+    """A request's mutable state inside the engine (tokens so far, KV blocks, progress)."""
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        arrival: int,
+        cache_salt: str | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.params = params
+        self.cache_salt = cache_salt
+        self.arrival = arrival
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.token_ids: list[int] = list(prompt_token_ids)
+        self.logprobs: list[float] = []
+        self.token_weight_versions: list[int] = []
+        self.status = RequestStatus.WAITING
+        self.finish_reason: str | None = None
+        self.block_ids: list[int] = []
+        self.block_hashes: list[int] = []  # chained hashes of the full blocks registered so far
+        self.num_computed_tokens = 0  # tokens whose KV is in the cache
+        self.max_computed_tokens = 0  # high-water mark, to count recomputation
+        self.num_cached_tokens = 0  # tokens served by the prefix cache at admission
+        self.num_recomputed_tokens = 0
+        self.generator: torch.Generator | None = None
+        if params.seed is not None:
+            self.generator = torch.Generator(device="cpu")
+            self.generator.manual_seed(params.seed)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.token_ids[: self.num_prompt_tokens]
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def finished(self) -> bool:
+        return self.status == RequestStatus.FINISHED
+
+    def append_token(self, token_id: int, logprob: float, weight_version: int) -> None:
+        self.token_ids.append(token_id)
+        self.logprobs.append(logprob)
+        self.token_weight_versions.append(weight_version)
+
+    def to_output(self) -> RequestOutput:
+        return RequestOutput(
+            request_id=self.request_id,
+            prompt_token_ids=self.prompt_token_ids,
+            output_token_ids=self.output_token_ids,
+            logprobs=list(self.logprobs) if self.params.logprobs else None,
+            token_weight_versions=list(self.token_weight_versions),
+            finish_reason=self.finish_reason,
+            num_recomputed_tokens=self.num_recomputed_tokens,
+            num_cached_tokens=self.num_cached_tokens,
+        )

@@ -1,0 +1,66 @@
+"""Packs the scheduled requests into tensors, runs the model over the paged KV cache, samples."""
+
+from __future__ import annotations
+
+import torch
+
+from inflight.engine.attention import PrefillChunk, build_metadata
+from inflight.engine.kv_cache import KVCache
+from inflight.engine.models.common import DecoderForCausalLM
+from inflight.engine.request import Request
+from inflight.engine.sampler import sample
+
+
+class ModelRunner:
+    def __init__(self, model: DecoderForCausalLM, kv_cache: KVCache, block_size: int, seed: int) -> None:
+        self.model = model
+        self.kv_cache = kv_cache
+        self.block_size = block_size
+        self.device = kv_cache.device
+        self.generator = torch.Generator(device="cpu")
+        self.generator.manual_seed(seed)
+
+    @torch.inference_mode()
+    def execute(self, scheduled: list[tuple[Request, int]]) -> list[tuple[Request, int, float]]:
+        """Run one step; returns (request, token, logprob) for each request that reached its end."""
+        decodes = [(r, n) for r, n in scheduled if n == 1]
+        prefills = [(r, n) for r, n in scheduled if n > 1]
+        ordered = decodes + prefills
+        size = self.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        for request, n in ordered:
+            start = request.num_computed_tokens
+            input_ids.extend(request.token_ids[start : start + n])
+            positions.extend(range(start, start + n))
+            slots.extend(request.block_ids[p // size] * size + p % size for p in range(start, start + n))
+        chunks, offset = [], len(decodes)
+        for request, n in prefills:
+            chunks.append(PrefillChunk(offset, n, request.num_computed_tokens + n))
+            offset += n
+        meta = build_metadata(
+            slots,
+            [r.block_ids for r, _ in decodes],
+            [r.num_computed_tokens + 1 for r, _ in decodes],
+            chunks,
+            [r.block_ids for r, _ in prefills],
+            size,
+            self.device,
+        )
+        ids = torch.tensor(input_ids, dtype=torch.long, device=self.device)
+        pos = torch.tensor(positions, dtype=torch.long, device=self.device)
+        hidden = self.model(ids, pos, meta, self.kv_cache)
+        rows, samplers, offset = [], [], 0
+        for request, n in ordered:
+            offset += n
+            if request.num_computed_tokens + n == request.num_tokens:
+                rows.append(offset - 1)
+                samplers.append(request)
+        if not rows:
+            return []
+        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
+        tokens, logprobs = sample(
+            logits, [r.params for r in samplers], [r.generator for r in samplers], self.generator
+        )
+        return list(zip(samplers, tokens, logprobs, strict=True))

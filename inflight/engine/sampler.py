@@ -1,0 +1,51 @@
+"""Sampling: greedy, temperature, top-k, top-p, per-request seeds, logprob of each sampled token.
+
+Seeded requests draw from their own generator, one draw per sampled token, so their tokens do not
+depend on what else is in the batch; unseeded requests share the engine's generator.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from inflight.engine.request import SamplingParams
+
+
+def _filter(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Mask (to -inf) everything outside the top-k and the top-p nucleus of one row."""
+    if top_k > 0 and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        probs = sorted_logits.softmax(-1)
+        # keep a token if the mass before it is below top_p (the top token is always kept)
+        drop = (probs.cumsum(-1) - probs) >= top_p
+        logits = logits.clone()
+        logits[order[drop]] = float("-inf")
+    return logits
+
+
+def sample(
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    generators: list[torch.Generator | None],
+    default_generator: torch.Generator,
+) -> tuple[list[int], list[float]]:
+    """Sample one token per row of `logits` [N, V] (float32). Returns (token ids, logprobs)."""
+    temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], dtype=logits.dtype)
+    scaled = logits / temps.to(logits.device)[:, None]
+    logprobs_all = torch.log_softmax(scaled, dim=-1)
+    tokens = scaled.argmax(dim=-1).cpu()
+    for row, (p, gen) in enumerate(zip(params, generators, strict=True)):
+        if p.greedy:
+            continue
+        filtered = _filter(scaled[row], p.top_k, p.top_p)
+        probs = filtered.softmax(-1).cpu()
+        # exponential race: argmax(p / E) with E ~ Exp(1) is a sample from p
+        noise = torch.empty_like(probs).exponential_(generator=gen or default_generator)
+        tokens[row] = (probs / noise).argmax()
+    token_list = tokens.tolist()
+    idx = torch.tensor(token_list, device=logits.device)
+    lps = logprobs_all.gather(1, idx[:, None]).squeeze(1).tolist()
+    return token_list, lps

@@ -1,0 +1,24 @@
+"""Counters the engine keeps (exposed as `engine.stats`, and on the server's /metrics)."""
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class EngineStats:
+    steps: int = 0
+    prompt_tokens_computed: int = 0  # prefill tokens run through the model (first time)
+    generated_tokens: int = 0
+    prefix_cache_queried_tokens: int = 0
+    prefix_cache_hit_tokens: int = 0
+    preemptions: int = 0
+    resets: int = 0  # requests reset on request (reset_prefix_cache(reset_running_requests=True))
+    kv_invalidated_resets: int = 0  # requests reset by the backstop: they held discarded KV
+    recomputed_tokens: int = 0
+    finished_requests: int = 0
+    aborted_requests: int = 0
+    pauses: int = 0
+    weight_updates: int = 0
+    failed_weight_updates: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)

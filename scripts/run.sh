@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# Sets up .venv (scripts/bootstrap.sh) and runs the main job on the built-in default.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/bootstrap.sh
+exec .venv/bin/inflight "${@:-demo}"
