@@ -3,4 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
-exec .venv/bin/inflight "${@:-demo}"
+if [ $# -eq 0 ]; then set -- generate --ignore-eos; fi
+exec .venv/bin/inflight "$@"

@@ -1,5 +1,6 @@
 """Native paged-KV inference engine with weight-versioned KV and in-flight weight updates."""
 
+from inflight.engine.async_engine import AsyncEngine
 from inflight.engine.config import EngineConfig
 from inflight.engine.engine import LLMEngine
 from inflight.engine.errors import (
@@ -13,6 +14,7 @@ from inflight.engine.request import RequestOutput, RequestStatus, SamplingParams
 from inflight.engine.stats import EngineStats
 
 __all__ = [
+    "AsyncEngine",
     "EngineConfig",
     "EngineError",
     "EngineStateError",

@@ -153,6 +153,11 @@ class LLMEngine:
         return self.scheduler.has_unfinished()
 
     @_locked
+    def has_work(self) -> bool:
+        """Whether step() would return outputs or run the model now."""
+        return bool(self._pending_outputs) or (self.can_run and self.scheduler.has_unfinished())
+
+    @_locked
     def get_request_output(self, request_id: str) -> RequestOutput | None:
         """A snapshot of an unfinished request's progress (None when unknown or finished)."""
         request = self.requests.get(request_id)

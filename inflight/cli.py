@@ -1,0 +1,109 @@
+"""The `inflight` command line: generate | bench (train and serve arrive with their layers)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+DEFAULT_PROMPTS = ["the water is", "12+34=", "what is the way to make a good day"]
+
+
+def default_model_dir() -> Path:
+    """A small Qwen2-shaped random model built locally once (no downloads)."""
+    from inflight.testing import make_tiny_model
+
+    root = Path(os.environ.get("INFLIGHT_CACHE", Path.home() / ".cache" / "inflight"))
+    path = root / "models" / "demo-qwen2-h256-l4"
+    if not (path / "model.safetensors").is_file():
+        print(f"building a random demo model in {path} ...", flush=True)
+        make_tiny_model(path, "qwen2", seed=0, hidden_size=256, intermediate_size=768,
+                        num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4)
+    return path
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    import torch
+    from transformers import AutoTokenizer
+
+    from inflight.engine import EngineConfig, EngineError, LLMEngine, SamplingParams
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model_dir = Path(args.model) if args.model else default_model_dir()
+    try:
+        engine = LLMEngine(EngineConfig(model=str(model_dir), device=args.device, dtype=args.dtype))
+    except EngineError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    prompts = args.prompt or DEFAULT_PROMPTS
+    if args.chat:
+        ids = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True)
+               for p in prompts]
+        ids = [list(x["input_ids"]) if isinstance(x, dict) or hasattr(x, "keys") else list(x) for x in ids]
+    else:
+        ids = [tokenizer(p)["input_ids"] for p in prompts]
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                            top_k=args.top_k, seed=args.seed, ignore_eos=args.ignore_eos)
+    start = time.perf_counter()
+    try:
+        outputs = engine.generate(ids, params)
+    except EngineError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    elapsed = time.perf_counter() - start
+    total = 0
+    for prompt, out in zip(prompts, outputs, strict=True):
+        total += len(out.output_token_ids)
+        text = tokenizer.decode(out.output_token_ids, skip_special_tokens=False)
+        print(f"--- prompt: {prompt!r}\n{text!r}\n[{len(out.output_token_ids)} tokens, "
+              f"finish_reason={out.finish_reason}]")
+    print(f"{total} tokens in {elapsed:.2f} s: {total / elapsed:.1f} tokens/s")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
+    if args.what == "engine":
+        from inflight.bench.engine_bench import main as bench_main
+    else:
+        print(f"error: unknown benchmark {args.what!r}; available: engine", file=sys.stderr)
+        return 2
+    return bench_main(rest)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="inflight", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="generate text with the native engine")
+    gen.add_argument("--model", help="local Hugging Face model dir (default: a random demo model built here)")
+    gen.add_argument("--prompt", action="append", help="prompt text (repeatable)")
+    gen.add_argument("--chat", action="store_true", help="wrap prompts in the tokenizer's chat template")
+    gen.add_argument("--max-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--ignore-eos", action="store_true")
+    gen.add_argument("--device", default="cpu")
+    gen.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    gen.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    bench = sub.add_parser("bench", help="run a benchmark (engine); options after it go to the benchmark")
+    bench.add_argument("what", help="engine")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "bench":
+        return cmd_bench(args, rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    return cmd_generate(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
