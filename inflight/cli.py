@@ -68,8 +68,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
     if args.what == "engine":
         from inflight.bench.engine_bench import main as bench_main
+    elif args.what == "weight-sync":
+        from inflight.bench.weight_sync_bench import main as bench_main
     else:
-        print(f"error: unknown benchmark {args.what!r}; available: engine", file=sys.stderr)
+        print(f"error: unknown benchmark {args.what!r}; available: engine, weight-sync", file=sys.stderr)
         return 2
     return bench_main(rest)
 
@@ -90,8 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--device", default="cpu")
     gen.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     gen.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    bench = sub.add_parser("bench", help="run a benchmark (engine); options after it go to the benchmark")
-    bench.add_argument("what", help="engine")
+    bench = sub.add_parser("bench", help="run a benchmark (engine | weight-sync); options after it go to the benchmark")
+    bench.add_argument("what", help="engine | weight-sync")
     return parser
 
 
