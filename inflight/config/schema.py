@@ -1,0 +1,218 @@
+"""The typed configuration schema: nested dataclasses whose dotted paths are the config keys.
+
+Key names follow SkyRL's (`trainer.placement.colocate_all`, `trainer.fully_async.enabled`,
+`generator.inference_engine.offload_kv_for_weight_sync`, ...) so a SkyRL user's block works
+unchanged. Every field documents its default. Two defaults differ from SkyRL's on purpose: this
+project is fully-async first, so `trainer.placement.colocate_all` defaults to false and
+`trainer.fully_async.enabled` to true (SkyRL: true / false).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Values SkyRL users write, mapped to ours. Applied on construction; `validate` accepts both.
+STRATEGY_ALIASES = {"fsdp2": "fsdp"}
+WEIGHT_SYNC_BACKEND_ALIASES = {"nccl": "broadcast", "gloo": "broadcast", "cuda_ipc": "shm"}
+
+
+def canonical_strategy(name: str) -> str:
+    """`fsdp2` -> `fsdp`; anything else unchanged."""
+    return STRATEGY_ALIASES.get(name, name) if isinstance(name, str) else name
+
+
+def canonical_weight_sync_backend(name: str) -> str:
+    """`nccl`/`gloo` -> `broadcast`, `cuda_ipc` -> `shm`; anything else unchanged."""
+    return WEIGHT_SYNC_BACKEND_ALIASES.get(name, name) if isinstance(name, str) else name
+
+
+@dataclass
+class PlacementConfig:
+    """Where trainer and engines run."""
+
+    colocate_all: bool = False
+    """Trainer and engines share devices; the engine sleeps while the trainer trains. Synchronous
+    trainer only. Default false (SkyRL: true)."""
+
+
+@dataclass
+class FullyAsyncConfig:
+    """Fully-async training: generation continues while the trainer steps; weights sync in flight."""
+
+    enabled: bool = True
+    """Run the fully-async trainer. Default true (SkyRL: false)."""
+    max_staleness_steps: int = 4
+    """A trajectory group scheduled at step i is trained at step j <= i + max_staleness_steps. Default 4."""
+    num_parallel_generation_workers: int = 24
+    """Concurrent generation groups; policy_mini_batch_size <= this <= policy_mini_batch_size *
+    (max_staleness_steps + 1). Default 24 (= 8 * (4 / 2 + 1), SkyRL's rule of thumb)."""
+    clear_kv_cache_on_weight_sync: bool = False
+    """Drop the KV of in-flight requests on every sync: they are reset and re-prefilled with the new
+    weights (fate `recompute`). Default false: they keep KV from older weights (fate `keep`)."""
+
+
+@dataclass
+class LoraConfig:
+    """LoRA adapters on the policy."""
+
+    rank: int = 0
+    """Rank of the adapters; 0 (default) disables LoRA."""
+    alpha: int = 16
+    """LoRA scaling alpha. Default 16."""
+    dropout: float = 0.0
+    """Dropout on the adapters, in [0, 1). Default 0."""
+
+
+@dataclass
+class ModelConfig:
+    """The policy model."""
+
+    path: str | None = None
+    """Hugging Face model id or local directory. Default none (required to train)."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+
+
+@dataclass
+class OptimizerConfig:
+    """AdamW settings."""
+
+    lr: float = 1e-6
+    """Learning rate, > 0. Default 1e-6."""
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """AdamW betas, two values in [0, 1). Default [0.9, 0.999]."""
+    weight_decay: float = 1e-2
+    """AdamW weight decay, >= 0. Default 0.01."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping norm, > 0. Default 1.0."""
+
+
+@dataclass
+class PolicyConfig:
+    """The trained policy."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optimizer_config: OptimizerConfig = field(default_factory=OptimizerConfig)
+
+
+@dataclass
+class AlgorithmConfig:
+    """The RL objective."""
+
+    advantage_estimator: str = "grpo"
+    """`grpo` (default) or `rloo`."""
+    eps_clip_low: float = 0.2
+    """PPO ratio clip below 1, >= 0. Default 0.2."""
+    eps_clip_high: float = 0.2
+    """PPO ratio clip above 1, >= 0. Default 0.2."""
+    use_kl_loss: bool = False
+    """Add a KL-to-reference loss (needs a reference model). Default false."""
+    kl_loss_coef: float = 0.001
+    """Weight of the KL loss, >= 0. Default 0.001."""
+    loss_reduction: str = "token_mean"
+    """`token_mean` (default), `sequence_mean` or `seq_mean_token_sum_norm`."""
+    grpo_norm_by_std: bool = True
+    """Divide GRPO advantages by the group's reward std. Default true."""
+
+
+@dataclass
+class TrainerConfig:
+    """The training loop and the policy workers."""
+
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    fully_async: FullyAsyncConfig = field(default_factory=FullyAsyncConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    strategy: str = "fsdp"
+    """`fsdp` (default) or `megatron`; SkyRL's `fsdp2` is read as `fsdp`."""
+    train_batch_size: int = 8
+    """Prompts per training step, >= 1. Default 8."""
+    policy_mini_batch_size: int = 8
+    """Prompts per optimizer step, >= 1, divides train_batch_size. Default 8."""
+    micro_train_batch_size_per_gpu: int = 1
+    """Sequences per forward/backward on one rank, >= 1. Default 1."""
+    update_epochs_per_batch: int = 1
+    """Passes over each training batch, >= 1. Default 1."""
+    epochs: int = 1
+    """Passes over the dataset, >= 1. Default 1."""
+    seed: int = 42
+    """Seed for data order, sampling and initialisation, >= 0. Default 42."""
+    ckpt_path: str | None = None
+    """Directory for resumable checkpoints; none (default) disables checkpointing."""
+    ckpt_interval: int = 10
+    """Save a checkpoint every this many steps, >= 1. Default 10."""
+
+    def __post_init__(self) -> None:
+        self.strategy = canonical_strategy(self.strategy)
+
+
+@dataclass
+class InferenceEngineConfig:
+    """The inference engines and how weights reach them."""
+
+    num_engines: int = 1
+    """Number of engines, >= 1. Default 1."""
+    tensor_parallel_size: int = 1
+    """Tensor-parallel ranks per engine, >= 1. Default 1."""
+    weight_sync_backend: str = "broadcast"
+    """Weight transport: `inprocess`, `shm` (one host) or `broadcast` (torch.distributed; default).
+    SkyRL's `nccl` / `gloo` mean `broadcast`, `cuda_ipc` means `shm`."""
+    offload_kv_for_weight_sync: bool = False
+    """Non-colocated only, no LoRA: sleep the engine during a sync, freeing its memory; the KV of
+    in-flight requests is copied to host and restored (unless cleared). Default false."""
+    enable_prefix_caching: bool = True
+    """Reuse KV of shared prompt prefixes (keys include the weight version). Default true."""
+    enable_chunked_prefill: bool = True
+    """Split long prefills across steps. Default true."""
+    block_size: int = 16
+    """Tokens per KV block, >= 1. Default 16."""
+    num_kv_blocks: int | None = None
+    """KV blocks per engine, >= 1; none (default) derives it from kv_cache_memory_gib."""
+    kv_cache_memory_gib: float = 1.0
+    """KV memory per engine when num_kv_blocks is none, > 0. Default 1.0."""
+    max_num_seqs: int = 64
+    """Requests running at once per engine, >= 1. Default 64."""
+    max_num_batched_tokens: int = 2048
+    """Tokens per engine step, >= 1. Default 2048."""
+    max_model_len: int | None = None
+    """Longest prompt + generation; none (default) uses the model's max_position_embeddings."""
+    dtype: str = "float32"
+    """Engine weights and KV: `float32` (default), `bfloat16` or `float16` (SkyRL: `model_dtype`)."""
+    device: str = "cpu"
+    """Torch device of the engine: `cpu` (default), `cuda`, `cuda:N`."""
+
+    def __post_init__(self) -> None:
+        self.weight_sync_backend = canonical_weight_sync_backend(self.weight_sync_backend)
+
+
+@dataclass
+class SamplingConfig:
+    """Sampling for rollouts (SkyRL: `generator.sampling_params`)."""
+
+    temperature: float = 1.0
+    """Softmax temperature, >= 0 (0 is greedy). Default 1.0."""
+    top_p: float = 1.0
+    """Nucleus mass, in (0, 1]. Default 1.0 (off)."""
+    top_k: int = -1
+    """Keep the k most likely tokens; -1 (default) or 0 turns it off."""
+    max_generate_length: int = 1024
+    """Most tokens generated per response, >= 1. Default 1024."""
+    stop: list[str] | None = None
+    """Stop strings; none (default) stops only at EOS."""
+
+
+@dataclass
+class GeneratorConfig:
+    """Rollout generation."""
+
+    inference_engine: InferenceEngineConfig = field(default_factory=InferenceEngineConfig)
+    sampling_params: SamplingConfig = field(default_factory=SamplingConfig)
+    n_samples_per_prompt: int = 4
+    """Responses per prompt (the GRPO group size), >= 1. Default 4."""
+
+
+@dataclass
+class Config:
+    """Everything a run needs. `Config()` is the default fully-async, non-colocated setup."""
+
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    generator: GeneratorConfig = field(default_factory=GeneratorConfig)

@@ -1,0 +1,230 @@
+"""validate(cfg): every type error, out-of-range value and contradictory combination, at once.
+
+Each rule names the keys it reads; a rule is skipped when one of its keys already has a type error,
+so a wrong type is reported once and not again as a puzzling range or combination error.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from inflight.config.errors import ConfigError, Violation
+from inflight.config.keys import get_key, is_instance, schema_keys, type_name
+from inflight.config.schema import STRATEGY_ALIASES, WEIGHT_SYNC_BACKEND_ALIASES, Config
+
+Rule = Callable[[Config], Iterator[Violation]]
+_RULES: list[tuple[frozenset[str], Rule]] = []
+
+COLOCATE = "trainer.placement.colocate_all"
+FULLY_ASYNC = "trainer.fully_async.enabled"
+CLEAR_KV = "trainer.fully_async.clear_kv_cache_on_weight_sync"
+OFFLOAD_KV = "generator.inference_engine.offload_kv_for_weight_sync"
+PREFIX_CACHING = "generator.inference_engine.enable_prefix_caching"
+LORA_RANK = "trainer.policy.model.lora.rank"
+SYNC_KEYS = (COLOCATE, FULLY_ASYNC, CLEAR_KV, OFFLOAD_KV, PREFIX_CACHING, LORA_RANK)
+"""The keys `plan_weight_sync` reads; `validate_sync` checks exactly these and their rules."""
+
+CHOICES: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
+    "trainer.strategy": (("fsdp", "megatron"), STRATEGY_ALIASES),
+    "generator.inference_engine.weight_sync_backend": (
+        ("inprocess", "shm", "broadcast"),
+        WEIGHT_SYNC_BACKEND_ALIASES,
+    ),
+    "trainer.algorithm.advantage_estimator": (("grpo", "rloo"), {}),
+    "trainer.algorithm.loss_reduction": (("token_mean", "sequence_mean", "seq_mean_token_sum_norm"), {}),
+    "generator.inference_engine.dtype": (("float32", "bfloat16", "float16"), {}),
+}
+_DEVICE = re.compile(r"^(cpu|cuda|mps)(:\d+)?$")
+
+
+def validate(cfg: Config) -> None:
+    """Raise one `ConfigError` listing every violation in `cfg`; return None when it is valid."""
+    violations = collect_violations(cfg)
+    if violations:
+        raise ConfigError(violations)
+
+
+def validate_sync(cfg: Config) -> None:
+    """Like `validate`, restricted to the keys the weight-sync plan reads (`SYNC_KEYS`)."""
+    violations = collect_violations(cfg, only=frozenset(SYNC_KEYS))
+    if violations:
+        raise ConfigError(violations)
+
+
+def collect_violations(cfg: Config, only: frozenset[str] | None = None) -> list[Violation]:
+    """Every violation in `cfg` (types first, then rules); `only` restricts to rules on those keys."""
+    leaves, _ = schema_keys()
+    out = [_type_violation(k, get_key(cfg, k), tp) for k, tp in leaves.items() if only is None or k in only]
+    out = [v for v in out if v is not None]
+    bad = {v.key for v in out}
+    for keys, rule in _RULES:
+        if (only is None or keys <= only) and not keys & bad:
+            out.extend(rule(cfg))
+    return out
+
+
+def _type_violation(key: str, value: Any, tp: Any) -> Violation | None:
+    if is_instance(value, tp):
+        return None
+    default = get_key(Config(), key)
+    example = default if isinstance(default, str) else json.dumps(default)
+    got = f"{type(value).__name__} {value!r}"
+    return Violation(key, value, f"expected {type_name(tp)}, got {got}", f"write e.g. {key}={example}")
+
+
+def _rule(*keys: str) -> Callable[[Rule], Rule]:
+    def register(fn: Rule) -> Rule:
+        _RULES.append((frozenset(keys), fn))
+        return fn
+
+    return register
+
+
+def _range_rule(key: str, ok: Callable[[Any], bool], rule: str, fix: str) -> None:
+    def check(cfg: Config) -> Iterator[Violation]:
+        value = get_key(cfg, key)
+        if not ok(value):
+            yield Violation(key, value, rule, fix)
+
+    _rule(key)(check)
+
+
+_IE = "generator.inference_engine."
+_RANGES: list[tuple[tuple[str, ...], Callable[[Any], bool], str, str]] = [
+    (
+        (
+            "trainer.train_batch_size", "trainer.policy_mini_batch_size", "trainer.micro_train_batch_size_per_gpu",
+            "trainer.update_epochs_per_batch", "trainer.epochs", "trainer.ckpt_interval",
+            "trainer.fully_async.num_parallel_generation_workers", "generator.n_samples_per_prompt",
+            _IE + "num_engines", _IE + "tensor_parallel_size", _IE + "block_size", _IE + "max_num_seqs",
+            _IE + "max_num_batched_tokens", "generator.sampling_params.max_generate_length",
+        ),
+        lambda v: v >= 1, "must be >= 1", "set {key} to a positive integer",
+    ),
+    (
+        ("trainer.fully_async.max_staleness_steps", LORA_RANK, "trainer.seed", "trainer.policy.model.lora.alpha"),
+        lambda v: v >= 0, "must be >= 0", "set {key} to 0 or more",
+    ),
+    (
+        (_IE + "num_kv_blocks", _IE + "max_model_len"),
+        lambda v: v is None or v >= 1, "must be >= 1 or null", "set {key}=null to derive it",
+    ),
+    (
+        ("trainer.policy.optimizer_config.lr", "trainer.policy.optimizer_config.max_grad_norm",
+         _IE + "kv_cache_memory_gib"),
+        lambda v: v > 0, "must be > 0", "set {key} to a positive number",
+    ),
+    (
+        ("trainer.policy.optimizer_config.weight_decay", "trainer.algorithm.eps_clip_low",
+         "trainer.algorithm.eps_clip_high", "trainer.algorithm.kl_loss_coef", "generator.sampling_params.temperature"),
+        lambda v: v >= 0, "must be >= 0", "set {key} to 0 or more",
+    ),
+    (("generator.sampling_params.top_p",), lambda v: 0 < v <= 1, "must be in (0, 1]", "use 1.0 to disable it"),
+    (("generator.sampling_params.top_k",), lambda v: v >= -1, "must be >= -1", "use -1 (or 0) to disable it"),
+    (("trainer.policy.model.lora.dropout",), lambda v: 0 <= v < 1, "must be in [0, 1)", "use 0.0 for none"),
+    (
+        ("trainer.policy.optimizer_config.adam_betas",),
+        lambda v: len(v) == 2 and all(0 <= b < 1 for b in v),
+        "must be two values in [0, 1)", "write e.g. {key}=[0.9,0.999]",
+    ),
+    (
+        (_IE + "device",),
+        lambda v: bool(_DEVICE.match(v)),
+        "must be a torch device: cpu, cuda, cuda:N or mps", "write e.g. {key}=cuda:0",
+    ),
+]  # fmt: skip
+"""(keys, ok(value), rule, fix) for single-key range rules; `{key}` in the fix is the key."""
+for _keys, _ok, _text, _fix in _RANGES:
+    for _key in _keys:
+        _range_rule(_key, _ok, _text, _fix.format(key=_key))
+
+
+def _choice_rule(key: str, allowed: tuple[str, ...], aliases: dict[str, str]) -> None:
+    def check(cfg: Config) -> Iterator[Violation]:
+        value = get_key(cfg, key)
+        if value not in allowed and value not in aliases:
+            close = difflib.get_close_matches(value, list(allowed) + list(aliases), n=1)
+            hint = f"did you mean '{close[0]}'? " if close else ""
+            yield Violation(
+                key, value, f"must be one of {', '.join(allowed)}", f"{hint}use one of {list(allowed)}"
+            )
+
+    _rule(key)(check)
+
+
+for _key, (_allowed, _aliases) in CHOICES.items():
+    _choice_rule(_key, _allowed, _aliases)
+
+
+@_rule(COLOCATE, FULLY_ASYNC)
+def _colocate_excludes_fully_async(cfg: Config) -> Iterator[Violation]:
+    if cfg.trainer.placement.colocate_all and cfg.trainer.fully_async.enabled:
+        yield Violation(
+            COLOCATE, True,
+            f"colocated engines sleep while the trainer trains, so they exclude {FULLY_ASYNC}=true",
+            f"set {COLOCATE}=false for fully-async training, or {FULLY_ASYNC}=false for a synchronous trainer",
+        )  # fmt: skip
+
+
+@_rule(OFFLOAD_KV, COLOCATE)
+def _offload_needs_non_colocated(cfg: Config) -> Iterator[Violation]:
+    if cfg.generator.inference_engine.offload_kv_for_weight_sync and cfg.trainer.placement.colocate_all:
+        yield Violation(
+            OFFLOAD_KV, True,
+            f"is for non-colocated engines only ({COLOCATE}=true already sleeps and wakes them around each sync)",
+            f"set {OFFLOAD_KV}=false, or {COLOCATE}=false",
+        )  # fmt: skip
+
+
+@_rule(OFFLOAD_KV, LORA_RANK)
+def _offload_needs_no_lora(cfg: Config) -> Iterator[Violation]:
+    rank = cfg.trainer.policy.model.lora.rank
+    if cfg.generator.inference_engine.offload_kv_for_weight_sync and rank > 0:
+        yield Violation(
+            OFFLOAD_KV, True,
+            f"does not support LoRA weight sync ({LORA_RANK}={rank}; adapters bypass the sleep/wake path)",
+            f"set {OFFLOAD_KV}=false, or {LORA_RANK}=0",
+        )  # fmt: skip
+
+
+@_rule(FULLY_ASYNC, "trainer.train_batch_size", "trainer.policy_mini_batch_size")
+def _batch_sizes(cfg: Config) -> Iterator[Violation]:
+    t = cfg.trainer
+    train, mini = t.train_batch_size, t.policy_mini_batch_size
+    if train < 1 or mini < 1:
+        return  # reported by the range rules
+    if t.fully_async.enabled and train != mini:
+        yield Violation(
+            "trainer.train_batch_size", train,
+            f"must equal trainer.policy_mini_batch_size ({mini}) when {FULLY_ASYNC}=true (one optimizer step per sync)",
+            f"set trainer.train_batch_size={mini}",
+        )  # fmt: skip
+    elif train % mini:
+        yield Violation(
+            "trainer.train_batch_size", train,
+            f"must be a multiple of trainer.policy_mini_batch_size ({mini})",
+            f"set trainer.train_batch_size={max(1, train // mini) * mini}",
+        )  # fmt: skip
+
+
+@_rule(
+    FULLY_ASYNC, "trainer.policy_mini_batch_size", "trainer.fully_async.max_staleness_steps",
+    "trainer.fully_async.num_parallel_generation_workers",
+)  # fmt: skip
+def _generation_workers(cfg: Config) -> Iterator[Violation]:
+    fa, mini = cfg.trainer.fully_async, cfg.trainer.policy_mini_batch_size
+    if not fa.enabled or mini < 1 or fa.max_staleness_steps < 0 or fa.num_parallel_generation_workers < 1:
+        return
+    low, high = mini, mini * (fa.max_staleness_steps + 1)
+    if not low <= fa.num_parallel_generation_workers <= high:
+        key = "trainer.fully_async.num_parallel_generation_workers"
+        yield Violation(
+            key, fa.num_parallel_generation_workers,
+            f"must be in [policy_mini_batch_size, policy_mini_batch_size * (max_staleness_steps + 1)] = [{low}, {high}]"
+            " (fewer starves the trainer; more is wasted by the staleness limit)",
+            f"set {key}={mini * (fa.max_staleness_steps // 2 + 1)}",
+        )  # fmt: skip

@@ -1,0 +1,110 @@
+"""plan_weight_sync: THE policy for how a weight sync runs (docs/design.md section 4).
+
+Pure: config in, plan out. The FSDP worker, the Megatron worker and the dispatch all execute the
+plan it returns; none of them re-derives any part of it (SkyRL's bug was two workers deriving the
+reset decision separately, from the wrong flag).
+
+| colocate | fully_async | clear_kv | offload_kv | sleep | offload | kv_fate   | reset running | reset prefix cache |
+| -------- | ----------- | -------- | ---------- | ----- | ------- | --------- | ------------- | ------------------ |
+| false    | false       | any      | false      | no    | no      | none      | no            | if prefix caching  |
+| false    | false       | any      | true       | yes   | no      | none      | no            | if prefix caching  |
+| false    | true        | false    | false      | no    | no      | keep      | no            | no                 |
+| false    | true        | false    | true       | yes   | yes     | offload   | no            | no                 |
+| false    | true        | true     | false      | no    | no      | recompute | yes           | if prefix caching  |
+| false    | true        | true     | true       | yes   | no      | recompute | yes           | if prefix caching  |
+| true     | (false)     | any      | (false)    | yes*  | no      | none      | no            | if prefix caching  |
+
+`*` colocated: the engine sleeps after generation (the trainer needs the memory), not during the
+sync; the sync wakes the weights, receives them, then wakes the KV pool. Every plan pauses with
+`keep` (in the synchronous rows nothing is in flight, so it only holds back new requests).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from inflight.config import Config, validate_sync
+
+PauseMode = Literal["keep", "abort", "wait"]
+KVFate = Literal["none", "keep", "offload", "recompute"]
+ResetOwner = Literal["none", "worker", "transport"]
+
+
+@dataclass(frozen=True)
+class SyncPlan:
+    """How one weight sync runs.
+
+    - `pause_mode`: how the engines pause before the update (`keep`: in-flight requests freeze in place).
+    - `sleep`: the engines sleep (free both memory pools) for the update; `offload_kv` says whether
+      the KV pool is copied to host (restored bit-exactly) or discarded.
+    - `kv_fate`: what happens to the KV of frozen requests: `none` (nothing is in flight), `keep`,
+      `offload` or `recompute` (reset and re-prefilled with the new weights).
+    - `reset_prefix_cache` / `reset_running_requests`: the reset to issue after the weights land,
+      as one call `reset_prefix_cache(reset_running_requests=...)`, by `reset_owner`: `transport`
+      when the transport owns it (it then must issue exactly that call), `worker` otherwise,
+      `none` when nothing is reset.
+    - `colocated`: the engine was put to sleep after generation; the sync only wakes it.
+    """
+
+    pause_mode: PauseMode
+    sleep: bool
+    offload_kv: bool
+    kv_fate: KVFate
+    reset_prefix_cache: bool
+    reset_running_requests: bool
+    reset_owner: ResetOwner
+    colocated: bool = False
+
+    @property
+    def resets(self) -> bool:
+        """Whether any reset is issued during the sync."""
+        return self.reset_prefix_cache or self.reset_running_requests
+
+    def steps(self) -> tuple[str, ...]:
+        """The sync's operations in order, for the executor and for logs.
+
+        `pause` (with `pause_mode`), `sleep` (with `offload_kv`; absent when colocated, where the
+        engine already slept after generation), `wake_up_weights`, `send_weights` (begin, load
+        chunks, finish; a transport-owned reset happens inside it), `wake_up_kv_cache`, `reset`
+        (worker-owned, with the two reset flags) and `resume` (always, also when a step fails).
+        """
+        asleep = self.sleep or self.colocated
+        steps = ["pause"]
+        steps += ["sleep"] if self.sleep and not self.colocated else []
+        steps += ["wake_up_weights"] if asleep else []
+        steps += ["send_weights"]
+        steps += ["wake_up_kv_cache"] if asleep else []
+        steps += ["reset"] if self.reset_owner == "worker" else []
+        return (*steps, "resume")
+
+
+def plan_weight_sync(cfg: Config, transport_handles_prefix_cache_reset: bool = False) -> SyncPlan:
+    """The plan for `cfg`, exactly the table in this module's docstring (docs/design.md section 4).
+
+    `transport_handles_prefix_cache_reset`: the transport issues the reset itself (its
+    `handles_prefix_cache_reset`), so the worker must not. `trainer.strategy` plays no part: FSDP
+    and Megatron get the same plan. Raises `ConfigError` when the keys it reads contradict each
+    other (e.g. colocated and fully-async).
+    """
+    validate_sync(cfg)
+    engine, fully_async = cfg.generator.inference_engine, cfg.trainer.fully_async
+    colocated, offload = cfg.trainer.placement.colocate_all, engine.offload_kv_for_weight_sync
+    fate: KVFate
+    if colocated or not fully_async.enabled:
+        fate = "none"  # synchronous trainer: nothing is in flight during the sync
+    elif fully_async.clear_kv_cache_on_weight_sync:
+        fate = "recompute"
+    else:
+        fate = "offload" if offload else "keep"
+    sleep = colocated or offload
+    # Clearing always resets the frozen requests, whether sleep discarded their KV or it stayed in
+    # place: they must not resume on KV that the new weights did not compute.
+    reset_running = fate == "recompute"
+    # Frozen requests that keep their KV keep their cached blocks too; the new weight version in
+    # the prefix keys already isolates requests that start after the update.
+    reset_prefix = engine.enable_prefix_caching and fate in ("none", "recompute")
+    owner: ResetOwner = "none"
+    if reset_prefix or reset_running:
+        owner = "transport" if transport_handles_prefix_cache_reset else "worker"
+    return SyncPlan("keep", sleep, fate == "offload", fate, reset_prefix, reset_running, owner, colocated)
