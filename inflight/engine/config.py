@@ -28,6 +28,9 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     seed: int = 0
     weight_version: int = 0
+    # Keep the pre-update weights until an update finishes, so a failed one can be rolled back
+    # (abort_weight_update). Costs up to one extra copy of the weights during an update.
+    weight_update_rollback: bool = True
 
     def validate(self) -> None:
         """Raise InvalidRequestError listing every invalid setting."""

@@ -78,6 +78,7 @@ class LLMEngine:
         self._draining = False  # pause(mode="wait") in progress
         self._update_loaded: set[str] | None = None  # names loaded by the update in progress
         self._weights_valid = True  # False after sleep or a failed update, until a full update lands
+        self._old_weights: dict[str, torch.Tensor] | None = None  # storage to roll back to, per parameter
 
     # ---- set-up helpers -----------------------------------------------------------------------
     @staticmethod
@@ -146,6 +147,8 @@ class LLMEngine:
                 outputs.append(self._finish(request, "abort"))
                 self.stats.aborted_requests += 1
         self._pending_outputs.extend(outputs)
+        if self._draining:  # aborting the last in-flight request completes a wait pause
+            self._check_drained()
         return outputs
 
     @_locked
@@ -243,10 +246,12 @@ class LLMEngine:
         'wait' lets requests already added run to completion first. Returns aborted outputs."""
         if mode not in PAUSE_MODES:
             raise InvalidRequestError(f"pause mode {mode!r} is not one of {PAUSE_MODES}")
-        if self._paused:
-            return []
+        if self._paused or (self._draining and mode == "wait"):
+            return []  # a second wait must not move the admission cutoff past later arrivals
         self.stats.pauses += 1
         if mode == "abort":
+            self._draining = False
+            self.scheduler.admission_cutoff = None
             outputs = self.abort([r.request_id for r in self.scheduler.unfinished()])
             self._paused = True
             return outputs
@@ -291,6 +296,9 @@ class LLMEngine:
             self.pool.invalidate_all()
         self.weights.sleep()
         self._weights_valid = False
+        self._old_weights = None
+        if self._update_loaded is not None:  # what was loaded so far is gone with the weights
+            self._update_loaded = set()
 
     @_locked
     def wake_up(self, tags: list[str] | None = None) -> None:
@@ -315,9 +323,14 @@ class LLMEngine:
     # ---- weight updates -----------------------------------------------------------------------
     @_locked
     def begin_weight_update(self) -> None:
-        """Start an update; generation does not run until it finishes with every parameter."""
+        """Start an update; generation does not run until it finishes with every parameter or is
+        aborted. With `weight_update_rollback` and complete weights now, abort_weight_update()
+        can bring the current weights back."""
         if not self.weights.awake:
             raise EngineStateError("weights are asleep; wake_up(['weights']) before a weight update")
+        if self._update_loaded is None and self._old_weights is None:  # not restarting a failed one
+            rollback = self.config.weight_update_rollback and self._weights_valid
+            self._old_weights = {} if rollback else None
         self._update_loaded = set()
 
     @_locked
@@ -326,10 +339,12 @@ class LLMEngine:
         WeightUpdateError and leaves the engine blocked until a complete update lands."""
         if self._update_loaded is None:
             raise EngineStateError("call begin_weight_update() before load_weights()")
+        if not self.weights.awake:
+            raise EngineStateError("weights are asleep; wake_up(['weights']) before load_weights()")
         chunk = list(named_tensors)
         try:
             self._check_chunk(chunk)
-            self._update_loaded |= self.model.copy_weights(chunk)
+            self._update_loaded |= self.model.copy_weights(chunk, keep_old=self._old_weights)
         except WeightUpdateError:
             self._weights_valid = False
             self.stats.failed_weight_updates += 1
@@ -370,7 +385,24 @@ class LLMEngine:
                 f"weight version {new_version} must be greater than the current {self.weight_version}"
             )
         self._update_loaded = None
+        self._old_weights = None
         self._weights_valid = True
         self.weight_version = new_version
         self.stats.weight_updates += 1
         return new_version
+
+    @_locked
+    def abort_weight_update(self) -> bool:
+        """Abandon the update in progress (or the one that just failed). Returns True when the
+        weights from before begin_weight_update() are back (version unchanged, generation may
+        resume); False when there was nothing to roll back to (after sleep, or rollback disabled):
+        the engine then stays unable to run until a complete update lands."""
+        self._update_loaded = None
+        if self._old_weights is None:
+            return False
+        params = dict(self.model.named_parameters())
+        for name, old in self._old_weights.items():
+            params[name].data = old
+        self._old_weights = None
+        self._weights_valid = True
+        return True

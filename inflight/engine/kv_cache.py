@@ -51,6 +51,9 @@ class KVCache:
     def sleep(self, offload: bool) -> None:
         """Release the device tensor; keep a host copy when `offload`, else discard (new epoch)."""
         if self.tensor is None:
+            if not offload and self._host_copy is not None:  # discarding an offloaded pool
+                self._host_copy = None
+                self.epoch += 1
             return
         if offload:
             on_host = self.tensor.device.type == "cpu"

@@ -168,10 +168,14 @@ class DecoderForCausalLM(nn.Module):
             return "model.embed_tokens.weight"
         return hf_name
 
-    def copy_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+    def copy_weights(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], keep_old: dict[str, torch.Tensor] | None = None
+    ) -> set[str]:
         """Copy HF-named tensors into the parameters (cast to their dtype); returns the names set.
 
-        Raises WeightUpdateError on an unknown name or a wrong shape, before touching that parameter.
+        With `keep_old`, a parameter's first write gives it new storage and files the old storage
+        there (no extra copy), so the caller can roll back. Raises WeightUpdateError on an unknown
+        name or a wrong shape, before touching that parameter.
         """
         params = dict(self.named_parameters())
         loaded = set()
@@ -186,7 +190,11 @@ class DecoderForCausalLM(nn.Module):
                 raise WeightUpdateError(
                     f"parameter {hf_name!r} has shape {tuple(tensor.shape)}, expected {tuple(param.shape)}"
                 )
-            with torch.no_grad():
-                param.copy_(tensor)
+            if keep_old is not None and name not in keep_old:
+                keep_old[name] = param.data
+                param.data = tensor.detach().to(device=param.device, dtype=param.dtype, copy=True).contiguous()
+            else:
+                with torch.no_grad():
+                    param.copy_(tensor)
             loaded.add(name)
         return loaded
