@@ -1,8 +1,8 @@
 """The engine's two memory pools: the paged KV cache and the model weights, each able to sleep.
 
 `KVCache` holds one tensor [layers, 2, blocks, block_size, kv_heads, head_dim]. Sleeping either moves
-it to host memory (restored bit-identically, same block ids) or discards it; a discard bumps the
-epoch so that the scheduler can find requests whose KV no longer exists. `WeightsPool` drops and
+it to host memory (restored bit-identically, same block ids) or discards it (the engine then starts
+a new KV epoch in the BlockPool, so that the scheduler finds requests whose KV no longer exists). `WeightsPool` drops and
 re-creates the model's parameters; non-parameter buffers (rotary tables) are never touched.
 """
 
@@ -30,7 +30,6 @@ class KVCache:
         self.device = device
         self.tensor: torch.Tensor | None = torch.zeros(self.shape, dtype=dtype, device=device)
         self._host_copy: torch.Tensor | None = None
-        self.epoch = 0  # bumped whenever the contents are discarded
 
     @staticmethod
     def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype) -> int:
@@ -49,17 +48,14 @@ class KVCache:
         return self.tensor[index, 0], self.tensor[index, 1]
 
     def sleep(self, offload: bool) -> None:
-        """Release the device tensor; keep a host copy when `offload`, else discard (new epoch)."""
+        """Release the device tensor; keep a host copy when `offload`, else discard the contents."""
         if self.tensor is None:
-            if not offload and self._host_copy is not None:  # discarding an offloaded pool
+            if not offload:  # discarding an offloaded pool
                 self._host_copy = None
-                self.epoch += 1
             return
         if offload:
             on_host = self.tensor.device.type == "cpu"
             self._host_copy = self.tensor if on_host else self.tensor.to("cpu")
-        else:
-            self.epoch += 1
         self.tensor = None
 
     def wake_up(self) -> None:
