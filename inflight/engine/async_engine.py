@@ -171,6 +171,9 @@ class AsyncEngine:
     async def finish_weight_update(self, version: int | None = None) -> int:
         return await self._call(self.engine.finish_weight_update, version)
 
+    async def abort_weight_update(self) -> bool:
+        return await self._call(self.engine.abort_weight_update)
+
     @property
     def weight_version(self) -> int:
         return self.engine.weight_version
