@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from inflight.engine.attention import PrefillChunk, build_metadata
+from inflight.engine.attention import PrefillChunk, Workspace, build_metadata
 from inflight.engine.kv_cache import KVCache
 from inflight.engine.models.common import DecoderForCausalLM
 from inflight.engine.request import Request
@@ -19,11 +19,13 @@ class ModelRunner:
         self.device = kv_cache.device
         self.generator = torch.Generator(device="cpu")
         self.generator.manual_seed(seed)
+        self.workspace = Workspace()
 
     @torch.inference_mode()
     def execute(self, scheduled: list[tuple[Request, int]]) -> list[tuple[Request, int, float]]:
         """Run one step; returns (request, token, logprob) for each request that reached its end."""
-        decodes = [(r, n) for r, n in scheduled if n == 1]
+        # decodes longest context first: attention groups them by similar length
+        decodes = sorted(((r, n) for r, n in scheduled if n == 1), key=lambda rn: -rn[0].num_computed_tokens)
         prefills = [(r, n) for r, n in scheduled if n > 1]
         ordered = decodes + prefills
         size = self.block_size
@@ -47,6 +49,7 @@ class ModelRunner:
             [r.block_ids for r, _ in prefills],
             size,
             self.device,
+            self.workspace,
         )
         ids = torch.tensor(input_ids, dtype=torch.long, device=self.device)
         pos = torch.tensor(positions, dtype=torch.long, device=self.device)
