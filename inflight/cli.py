@@ -1,4 +1,4 @@
-"""The `inflight` command line: generate | bench (train and serve arrive with their layers)."""
+"""The `inflight` command line: generate | serve | bench (train arrives with its layer)."""
 
 from __future__ import annotations
 
@@ -70,8 +70,10 @@ def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
         from inflight.bench.engine_bench import main as bench_main
     elif args.what == "weight-sync":
         from inflight.bench.weight_sync_bench import main as bench_main
+    elif args.what == "serve":
+        from inflight.bench.serve_bench import main as bench_main
     else:
-        print(f"error: unknown benchmark {args.what!r}; available: engine, weight-sync", file=sys.stderr)
+        print(f"error: unknown benchmark {args.what!r}; available: engine, weight-sync, serve", file=sys.stderr)
         return 2
     return bench_main(rest)
 
@@ -92,8 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--device", default="cpu")
     gen.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     gen.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    bench = sub.add_parser("bench", help="run a benchmark (engine | weight-sync); options after it go to the benchmark")
-    bench.add_argument("what", help="engine | weight-sync")
+    sub.add_parser("serve", add_help=False, help="run the OpenAI-compatible server (see inflight serve --help)")
+    bench = sub.add_parser("bench", help="run a benchmark (engine | weight-sync | serve); options after it go to the benchmark")
+    bench.add_argument("what", help="engine | weight-sync | serve")
     return parser
 
 
@@ -102,6 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     args, rest = parser.parse_known_args(argv)
     if args.command == "bench":
         return cmd_bench(args, rest)
+    if args.command == "serve":
+        from inflight.server.main import main as serve_main
+
+        return serve_main(rest, prog="inflight serve")
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     return cmd_generate(args)

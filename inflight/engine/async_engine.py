@@ -25,7 +25,7 @@ class AsyncEngine:
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
         self._futures: dict[str, asyncio.Future[RequestOutput]] = {}
-        self._streams: dict[str, asyncio.Queue[RequestOutput]] = {}
+        self._streams: dict[str, asyncio.Queue[RequestOutput | Exception]] = {}
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
 
@@ -75,6 +75,8 @@ class AsyncEngine:
             if not future.done():
                 future.set_exception(err)
         self._futures.clear()
+        for queue in self._streams.values():
+            queue.put_nowait(err)
 
     async def close(self) -> None:
         """Stop the loop (requests still in the engine stay there)."""
@@ -118,13 +120,15 @@ class AsyncEngine:
         """Yield a snapshot after every step that ran the request; the last one is finished."""
         self._ensure_started()
         request_id = request_id or uuid.uuid4().hex
-        queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        queue: asyncio.Queue[RequestOutput | Exception] = asyncio.Queue()
         self.engine.add_request(request_id, prompt_token_ids, params, cache_salt)
         self._streams[request_id] = queue
         self._kick()
         try:
             while True:
                 output = await queue.get()
+                if isinstance(output, Exception):
+                    raise output
                 yield output
                 if output.finished:
                     return

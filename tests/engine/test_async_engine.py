@@ -77,3 +77,25 @@ def test_cancelled_generate_aborts_request(tiny_model_factory):
 
     unfinished, aborted = asyncio.run(run())
     assert not unfinished and aborted == 1
+
+
+def test_a_failing_step_fails_waiters_and_streams(tiny_model_factory, monkeypatch):
+    async def run():
+        engine = AsyncEngine.from_config(EngineConfig(model=str(tiny_model_factory("qwen2")), block_size=4))
+
+        def broken_step():
+            raise RuntimeError("boom")
+
+        monkeypatch.setattr(engine.engine, "step", broken_step)
+        waiter = asyncio.create_task(engine.generate(PROMPTS[0], GREEDY))
+
+        async def consume():
+            return [s async for s in engine.generate_stream(PROMPTS[1], GREEDY)]
+
+        streamer = asyncio.create_task(consume())
+        results = await asyncio.wait_for(asyncio.gather(waiter, streamer, return_exceptions=True), timeout=10)
+        await engine.close()
+        return results
+
+    results = asyncio.run(run())
+    assert all(isinstance(r, RuntimeError) and str(r) == "boom" for r in results)

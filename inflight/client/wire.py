@@ -1,0 +1,73 @@
+"""The HTTP wire format shared by the server and RemoteClient: route paths, and weight chunks as
+HF-named tensors in one safetensors buffer (the request body)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import torch
+from safetensors.torch import load as _load
+from safetensors.torch import save as _save
+
+CONTENT_TYPE = "application/octet-stream"
+
+GENERATE = "/inflight/v1/generate"
+PAUSE = "/pause"
+RESUME = "/resume"
+SLEEP = "/sleep"
+WAKE_UP = "/wake_up"
+RESET_PREFIX_CACHE = "/reset_prefix_cache"
+WEIGHTS_BEGIN = "/weight_update/begin"
+WEIGHTS_CHUNK = "/weight_update/chunk"
+WEIGHTS_FINISH = "/weight_update/finish"
+WEIGHTS_ABORT = "/weight_update/abort"
+WEIGHT_VERSION = "/weight_version"
+HEALTH = "/health"
+METRICS = "/metrics"
+
+
+def encode_tensors(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> bytes:
+    """Serialize (hf_name, tensor) pairs; tensors are moved to CPU and copied where safetensors needs
+    a tensor of its own (views, non-contiguous tensors, tied weights sharing one storage)."""
+    out: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for name, tensor in named_tensors:
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"weight {name!r} is a {type(tensor).__name__}, not a torch.Tensor")
+        t = tensor.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        storage = t.untyped_storage()
+        if not t.is_contiguous() or storage.data_ptr() in seen or storage.nbytes() != t.nbytes:
+            t = t.contiguous().clone()
+            storage = t.untyped_storage()
+        seen.add(storage.data_ptr())
+        out[name] = t
+    return _save(out)
+
+
+def decode_tensors(data: bytes) -> list[tuple[str, torch.Tensor]]:
+    """Parse a safetensors buffer into (hf_name, tensor) pairs; raises ValueError on bad bytes."""
+    if not data:
+        raise ValueError("the body is empty; expected a safetensors buffer of HF-named tensors")
+    try:
+        return list(_load(bytes(data)).items())
+    except Exception as err:  # safetensors raises its own error type (and others) on bad bytes
+        raise ValueError(f"the body is not a valid safetensors buffer: {err}") from err
+
+
+def chunk_by_bytes(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], max_bytes: int
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Group tensors into chunks of at most `max_bytes` (a larger tensor travels alone)."""
+    chunk: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, tensor in named_tensors:
+        nbytes = tensor.numel() * tensor.element_size()
+        if chunk and size + nbytes > max_bytes:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append((name, tensor))
+        size += nbytes
+    if chunk:
+        yield chunk

@@ -1,0 +1,5 @@
+import sys
+
+from inflight.server.main import main
+
+sys.exit(main())

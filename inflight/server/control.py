@@ -1,0 +1,102 @@
+"""Control routes: pause/resume, sleep/wake_up, reset_prefix_cache, chunked weight updates, and the
+read-only /weight_version, /health and /metrics.
+
+Parameters travel in the query string (`/pause?mode=keep`); a weight chunk is the request body, one
+safetensors buffer of HF-named tensors. Mutating routes require the control token when one is set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import JSONResponse, Response
+
+from inflight.client import wire
+from inflight.engine.async_engine import AsyncEngine
+from inflight.server.errors import APIError, error_response
+from inflight.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
+from inflight.server.protocol import PauseMode
+
+
+def build_control_router(engine: AsyncEngine, control_auth, metrics: ServerMetrics) -> APIRouter:
+    router = APIRouter()
+    guarded = [Depends(control_auth)]
+
+    @router.post(wire.PAUSE, dependencies=guarded)
+    async def pause(mode: PauseMode = "keep") -> dict[str, Any]:
+        """abort: finish in-flight requests now; keep: freeze them; wait: let them finish first."""
+        aborted = await engine.pause(mode)
+        return {"success": True, "mode": mode, "paused": engine.engine.is_paused, "num_aborted": len(aborted)}
+
+    @router.post(wire.RESUME, dependencies=guarded)
+    async def resume() -> dict[str, Any]:
+        await engine.resume()
+        return {"success": True, "paused": engine.engine.is_paused}
+
+    @router.post(wire.SLEEP, dependencies=guarded)
+    async def sleep(offload_kv: bool = False) -> dict[str, Any]:
+        await engine.sleep(offload_kv)
+        return {"success": True, "offload_kv": offload_kv}
+
+    @router.post(wire.WAKE_UP, dependencies=guarded)
+    async def wake_up(tags: Annotated[list[str] | None, Query()] = None) -> dict[str, Any]:
+        await engine.wake_up(tags)
+        return {"success": True, "weights_awake": engine.engine.weights.awake,
+                "kv_cache_awake": engine.engine.kv_cache.awake}
+
+    @router.post(wire.RESET_PREFIX_CACHE, dependencies=guarded)
+    async def reset_prefix_cache(reset_running_requests: bool = False):
+        """200 {"success": true} when the cache is now empty; 409 {"success": false, ...} when blocks
+        held by running or frozen requests kept their hashes (never a silent 200)."""
+        ok = await engine.reset_prefix_cache(reset_running_requests)
+        if ok:
+            return {"success": True}
+        err = APIError(409, "the prefix cache is not empty: blocks held by running or frozen requests keep "
+                       "their hashes; pass reset_running_requests=true or wait for them",
+                       code="prefix_cache_not_reset")
+        return error_response(err, extra={"success": False})
+
+    @router.post(wire.WEIGHTS_BEGIN, dependencies=guarded)
+    async def begin_weight_update() -> dict[str, Any]:
+        await engine.begin_weight_update()
+        return {"success": True}
+
+    @router.post(wire.WEIGHTS_CHUNK, dependencies=guarded)
+    async def load_weights_chunk(request: Request) -> dict[str, Any]:
+        body = await request.body()
+        try:
+            tensors = await asyncio.to_thread(wire.decode_tensors, body)
+        except ValueError as err:
+            raise APIError(400, str(err), code="invalid_weights") from err
+        await engine.load_weights(tensors)
+        return {"success": True, "num_tensors": len(tensors)}
+
+    @router.post(wire.WEIGHTS_FINISH, dependencies=guarded)
+    async def finish_weight_update(version: int | None = None) -> dict[str, Any]:
+        new_version = await engine.finish_weight_update(version)
+        return {"success": True, "weight_version": new_version}
+
+    @router.post(wire.WEIGHTS_ABORT, dependencies=guarded)
+    async def abort_weight_update() -> dict[str, Any]:
+        restored = await engine.abort_weight_update()
+        return {"success": True, "restored": restored, "weight_version": engine.weight_version}
+
+    @router.get(wire.WEIGHT_VERSION)
+    async def weight_version() -> dict[str, Any]:
+        return {"weight_version": engine.weight_version}
+
+    @router.get(wire.HEALTH)
+    async def health() -> JSONResponse:
+        e = engine.engine
+        return JSONResponse({
+            "status": "ok", "weight_version": e.weight_version, "paused": e.is_paused,
+            "weights_awake": e.weights.awake, "kv_cache_awake": e.kv_cache.awake, "can_run": e.can_run,
+        })
+
+    @router.get(wire.METRICS)
+    async def prometheus_metrics() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    return router

@@ -1,0 +1,119 @@
+"""Token ids to text, incrementally: per-request text deltas for streaming, and stop strings.
+
+`IncrementalDetokenizer` decodes only a short window of recent tokens per step (the method vLLM and
+HF's TextStreamer use), holding text back while it ends in an incomplete UTF-8 sequence (U+FFFD).
+`ChoiceTracker` turns successive `RequestOutput` snapshots of one request into `Delta`s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from inflight.engine.request import RequestOutput
+
+REPLACEMENT = "\ufffd"
+
+
+class IncrementalDetokenizer:
+    """Text of the tokens added so far, returned as deltas."""
+
+    CONTEXT_TOKENS = 6  # prompt tail decoded with the output, so leading spaces come out right
+
+    def __init__(self, tokenizer, prompt_token_ids: list[int], skip_special_tokens: bool = True) -> None:
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self.ids = list(prompt_token_ids[-self.CONTEXT_TOKENS :])
+        self.prefix_offset = 0
+        self.read_offset = len(self.ids)
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+
+    def _advance(self, final: bool) -> str:
+        prefix_text = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        new_text = self._decode(self.ids[self.prefix_offset :])
+        if len(new_text) > len(prefix_text) and (final or not new_text.endswith(REPLACEMENT)):
+            self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+            return new_text[len(prefix_text) :]
+        return ""
+
+    def add(self, token_ids: list[int]) -> str:
+        """Append tokens; returns the newly complete text (possibly empty)."""
+        self.ids.extend(token_ids)
+        return self._advance(final=False) if token_ids else ""
+
+    def flush(self) -> str:
+        """Text still held back (an incomplete character comes out as U+FFFD, as decode() does)."""
+        return self._advance(final=True)
+
+
+@dataclass
+class Delta:
+    """What one choice produced since its previous delta."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[float] | None
+    token_weight_versions: list[int]
+    finish_reason: str | None
+
+
+@dataclass
+class ChoiceTracker:
+    """State of one choice: all tokens so far, the text handed out, stop strings."""
+
+    index: int
+    tokenizer: object
+    prompt_token_ids: list[int]
+    stop: list[str] = field(default_factory=list)
+    skip_special_tokens: bool = True
+    incremental: bool = True  # False: only a final snapshot comes, decoded in one go
+    decode: bool = True  # False: tokens only, no text (the token-in/token-out route)
+    output_token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] | None = None
+    token_weight_versions: list[int] = field(default_factory=list)
+    text: str = ""
+    emitted: int = 0
+    finish_reason: str | None = None
+    num_cached_tokens: int = 0
+    num_recomputed_tokens: int = 0
+    stopped: bool = False  # a stop string matched: the engine request is to be aborted
+
+    def __post_init__(self) -> None:
+        self._detok = IncrementalDetokenizer(self.tokenizer, self.prompt_token_ids, self.skip_special_tokens)
+        self._hold = max((len(s) for s in self.stop), default=1) - 1
+        self._decoded = ""
+
+    def update(self, snapshot: RequestOutput) -> Delta:
+        if self.finish_reason is not None:  # already stopped by a stop string
+            return Delta(self.index, "", [], None, [], None)
+        start = len(self.output_token_ids)
+        new_ids = snapshot.output_token_ids[start:]
+        new_logprobs = snapshot.logprobs[start:] if snapshot.logprobs is not None else None
+        new_versions = snapshot.token_weight_versions[start:]
+        self.output_token_ids.extend(new_ids)
+        if new_logprobs is not None:
+            self.logprobs = (self.logprobs or []) + new_logprobs
+        self.token_weight_versions.extend(new_versions)
+        self.num_cached_tokens = snapshot.num_cached_tokens
+        self.num_recomputed_tokens = snapshot.num_recomputed_tokens
+        if not self.decode:
+            delta = ""
+        elif self.incremental:
+            delta = self._detok.add(new_ids) + (self._detok.flush() if snapshot.finished else "")
+        else:  # decode everything again (meant for one final snapshot); the delta is the new suffix
+            full = self.tokenizer.decode(self.output_token_ids, skip_special_tokens=self.skip_special_tokens)
+            delta, self._decoded = full[len(self._decoded) :], full
+        searched = max(0, len(self.text) - self._hold)
+        self.text += delta
+        if self.stop:
+            hits = [i for i in (self.text.find(s, searched) for s in self.stop) if i >= 0]
+            if hits:
+                self.text = self.text[: min(hits)]
+                self.finish_reason, self.stopped = "stop", True
+        if self.finish_reason is None and snapshot.finished:
+            self.finish_reason = snapshot.finish_reason
+        upto = len(self.text) if self.finish_reason is not None else max(self.emitted, len(self.text) - self._hold)
+        text, self.emitted = self.text[self.emitted : upto], upto
+        return Delta(self.index, text, new_ids, new_logprobs, new_versions, self.finish_reason)

@@ -1,0 +1,159 @@
+"""Running the engine requests behind one API call (one per prompt and choice) and turning their
+outputs into `Delta`s.
+
+Every engine request is added before anything is awaited, so input the engine rejects fails the call
+up front (a 4xx before any response byte) and the requests already added are aborted. A call whose
+client goes away is aborted too: streams by their consumer closing, others by polling the
+connection while they wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+from inflight.engine.async_engine import AsyncEngine
+from inflight.engine.request import RequestOutput, SamplingParams
+from inflight.server.detokenize import ChoiceTracker, Delta
+
+DISCONNECT_POLL_S = 1.0
+ACCEPTED = -1  # index of the first delta `run_calls` yields: every engine request was accepted
+
+
+class ClientDisconnected(Exception):
+    """The HTTP client went away; its engine requests were aborted."""
+
+
+@dataclass
+class EngineCall:
+    """One engine request: what to generate and the tracker that turns its outputs into deltas."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    cache_salt: str | None
+    tracker: ChoiceTracker
+
+
+async def _settle(tasks: list[asyncio.Future]) -> None:
+    """Let the just-created tasks run up to their first wait; re-raise the first that failed
+    (after cancelling the others, which aborts their engine requests)."""
+    await asyncio.sleep(0)
+    failed = next((t for t in tasks if t.done() and not t.cancelled() and t.exception() is not None), None)
+    if failed is not None:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise failed.exception()  # type: ignore[misc]
+
+
+async def run_calls(
+    engine: AsyncEngine,
+    calls: list[EngineCall],
+    stream: bool,
+    is_disconnected: Callable[[], Awaitable[bool]] | None = None,
+) -> AsyncIterator[Delta]:
+    """Yield deltas of all calls as they come; the last delta of each call has its finish_reason.
+
+    The first delta (index ACCEPTED) says that the engine accepted every request; input it rejects
+    raises from that first step instead.
+    """
+    needs_stream = stream or any(c.tracker.stop for c in calls)
+    source = _streamed(engine, calls) if needs_stream else _one_shot(engine, calls)
+    try:
+        if is_disconnected is None:  # nothing to poll (streams notice a disconnect when they write)
+            async for delta in source:
+                yield delta
+            return
+        first = True
+        while True:
+            step = asyncio.ensure_future(anext(source))
+            try:
+                while True:
+                    # the first step adds the requests: never abandon it, so bad input raises here
+                    done, _ = await asyncio.wait({step}, timeout=None if first else DISCONNECT_POLL_S)
+                    if done:
+                        break
+                    if is_disconnected is not None and await is_disconnected():
+                        raise ClientDisconnected()
+            finally:
+                if not step.done():
+                    step.cancel()
+                    await asyncio.gather(step, return_exceptions=True)
+            first = False
+            try:
+                delta = step.result()
+            except StopAsyncIteration:
+                return
+            yield delta
+    finally:
+        await source.aclose()
+
+
+async def _one_shot(engine: AsyncEngine, calls: list[EngineCall]) -> AsyncIterator[Delta]:
+    tasks = [
+        asyncio.ensure_future(engine.generate(c.prompt_token_ids, c.params, c.request_id, c.cache_salt))
+        for c in calls
+    ]
+    try:
+        await _settle(tasks)
+        yield Delta(ACCEPTED, "", [], None, [], None)
+        for call, task in zip(calls, tasks, strict=True):
+            yield call.tracker.update(await task)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _streamed(engine: AsyncEngine, calls: list[EngineCall]) -> AsyncIterator[Delta]:
+    streams = [engine.generate_stream(c.prompt_token_ids, c.params, c.request_id, c.cache_salt) for c in calls]
+    firsts = [asyncio.ensure_future(anext(s)) for s in streams]
+    queue: asyncio.Queue[tuple[int, RequestOutput | None, BaseException | None]] = asyncio.Queue()
+
+    async def pump(i: int) -> None:
+        try:
+            snapshot = await firsts[i]
+            queue.put_nowait((i, snapshot, None))
+            while not snapshot.finished:
+                snapshot = await anext(streams[i])
+                queue.put_nowait((i, snapshot, None))
+        except Exception as err:
+            queue.put_nowait((i, None, err))
+
+    pumps: list[asyncio.Task] = []
+    try:
+        await _settle(firsts)
+        yield Delta(ACCEPTED, "", [], None, [], None)
+        pumps = [asyncio.ensure_future(pump(i)) for i in range(len(calls))]
+        remaining = len(calls)
+        while remaining:
+            i, snapshot, err = await queue.get()
+            if err is not None:
+                raise err
+            assert snapshot is not None
+            tracker = calls[i].tracker
+            if tracker.finish_reason is not None:
+                continue
+            delta = tracker.update(snapshot)
+            if tracker.stopped:
+                pumps[i].cancel()  # its generate_stream aborts the engine request
+            if delta.finish_reason is not None:
+                remaining -= 1
+            yield delta
+    finally:
+        for t in [*firsts, *pumps]:
+            t.cancel()
+        await asyncio.gather(*firsts, *pumps, return_exceptions=True)
+        for s in streams:
+            await s.aclose()
+
+
+async def collect(deltas: AsyncIterator[Delta]) -> None:
+    """Drain the deltas (the trackers hold the results)."""
+    async for _ in deltas:
+        pass
+
+
+__all__ = ["ACCEPTED", "ClientDisconnected", "EngineCall", "collect", "run_calls"]

@@ -1,0 +1,88 @@
+"""`python -m inflight.server` (and `inflight serve`): load a model and serve it over HTTP."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import sys
+from pathlib import Path
+
+
+def build_parser(prog: str = "python -m inflight.server") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description="OpenAI-compatible inference server with "
+                                     "in-flight weight updates (native paged-KV engine)")
+    parser.add_argument("--model", required=True, help="local Hugging Face model directory")
+    parser.add_argument("--tokenizer", default=None, help="tokenizer directory (default: --model)")
+    parser.add_argument("--served-model-name", default=None, help="model name in the API (default: dir name)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--api-key", default=os.environ.get("INFLIGHT_API_KEY"),
+                        help="require this bearer key on the OpenAI routes (env INFLIGHT_API_KEY)")
+    parser.add_argument("--control-token", default=os.environ.get("INFLIGHT_CONTROL_TOKEN"),
+                        help="require this bearer token on the control routes (env INFLIGHT_CONTROL_TOKEN)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--num-kv-blocks", type=int, default=None)
+    parser.add_argument("--kv-cache-memory-gib", type=float, default=1.0)
+    parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--no-prefix-caching", action="store_true")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--weight-version", type=int, default=0, help="initial weight version")
+    parser.add_argument("--max-body-bytes", type=int, default=None, help="cap on request bodies")
+    parser.add_argument("--max-weight-chunk-bytes", type=int, default=None, help="cap on a weight chunk body")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    return parser
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m inflight.server") -> int:
+    """Parse `argv`, load the engine and serve until interrupted; returns the exit status."""
+    args = build_parser(prog).parse_args(argv)
+    import torch
+    import uvicorn
+    from transformers import AutoTokenizer
+
+    from inflight.engine import AsyncEngine, EngineConfig, EngineError, LLMEngine
+    from inflight.server.app import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_WEIGHT_CHUNK_BYTES, create_app
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if not _is_loopback(args.host) and not args.control_token:
+        print(f"warning: serving on {args.host} without --control-token: anyone who can reach it can pause "
+              "the engine and replace its weights", file=sys.stderr)
+    config = EngineConfig(
+        model=args.model, device=args.device, dtype=args.dtype, block_size=args.block_size,
+        num_kv_blocks=args.num_kv_blocks, kv_cache_memory_gib=args.kv_cache_memory_gib,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len, enable_prefix_caching=not args.no_prefix_caching,
+        seed=args.seed, weight_version=args.weight_version,
+    )
+    try:
+        engine = LLMEngine(config)
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
+    except (EngineError, OSError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    app = create_app(
+        AsyncEngine(engine), tokenizer, args.served_model_name or Path(args.model).resolve().name,
+        api_key=args.api_key, control_token=args.control_token,
+        max_body_bytes=args.max_body_bytes or DEFAULT_MAX_BODY_BYTES,
+        max_weight_chunk_bytes=args.max_weight_chunk_bytes or DEFAULT_MAX_WEIGHT_CHUNK_BYTES,
+    )
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                           timeout_graceful_shutdown=5))
+    server.run()
+    return 0 if server.started else 1
