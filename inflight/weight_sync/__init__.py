@@ -1,5 +1,28 @@
-"""Weight sync: the one plan every backend follows (plan.py); transports and orchestration."""
+"""Weight sync: the one plan every backend follows (plan.py), chunking and the transports."""
 
+from inflight.weight_sync.broadcast import BroadcastReceiver, BroadcastTransport
+from inflight.weight_sync.chunking import TensorMeta, WeightChunk, iter_chunks
+from inflight.weight_sync.inprocess import InProcessTransport
 from inflight.weight_sync.plan import KVFate, PauseMode, ResetOwner, SyncPlan, plan_weight_sync
+from inflight.weight_sync.shm import ShmReceiver, ShmTransport
+from inflight.weight_sync.transport import Receiver, TransportError, WeightTransport, abort_client_update
 
-__all__ = ["KVFate", "PauseMode", "ResetOwner", "SyncPlan", "plan_weight_sync"]
+__all__ = [
+    "BroadcastReceiver",
+    "BroadcastTransport",
+    "InProcessTransport",
+    "KVFate",
+    "PauseMode",
+    "Receiver",
+    "ResetOwner",
+    "ShmReceiver",
+    "ShmTransport",
+    "SyncPlan",
+    "TensorMeta",
+    "TransportError",
+    "WeightChunk",
+    "WeightTransport",
+    "abort_client_update",
+    "iter_chunks",
+    "plan_weight_sync",
+]

@@ -1,0 +1,338 @@
+"""PolicyWorker: everything the training backends share, including THE executor of a weight sync.
+
+A backend (FSDP, Megatron, a plain single-process model) supplies only how to build its model,
+how to compute token log-probabilities (and, if it needs to, its own forward/backward and
+optimizer step), and how to produce full HF-named tensors from its shards
+(`iter_full_hf_tensors`). Everything else lives here once: the micro-batched training step, the
+cross-rank agreement on a sync's outcome, and `broadcast_to_inference_engines`, which executes a
+`SyncPlan` step by step. No backend decides anything about a sync: the plan does
+(`inflight.weight_sync.plan_weight_sync`), and this file carries it out.
+
+Every rank calls `broadcast_to_inference_engines` (gathering full tensors is a collective); rank 0
+talks to the engines, the other ranks only take part in the gathers.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from inflight.config import Config
+from inflight.train.batch import TrainBatch
+from inflight.train.losses import LossFn, cross_entropy_loss
+from inflight.weight_sync.inprocess import InProcessTransport
+from inflight.weight_sync.plan import SyncPlan
+from inflight.weight_sync.transport import WeightTransport
+
+log = logging.getLogger(__name__)
+
+
+class WeightSyncError(RuntimeError):
+    """A weight sync failed (raised on the ranks other than 0 when rank 0's sync failed)."""
+
+
+@dataclass
+class SyncReport:
+    """What one sync did: outcome, engine weight version afterwards, timings and volume.
+
+    `timings` holds `pause_s` (generation paused: from the pause call until resume returned),
+    `send_s` (the send_weights step: gathering, moving and loading the weights), `total_s` and one
+    `<step>_s` entry per executed step. `restored`: after a failed send, whether the engines are
+    back on their pre-update weights. `prefix_cache_empty`: what the reset call returned.
+    """
+
+    ok: bool
+    version: int
+    steps: tuple[str, ...] = ()
+    timings: dict[str, float] = field(default_factory=dict)
+    bytes: int = 0
+    chunks: int = 0
+    restored: bool | None = None
+    prefix_cache_empty: bool | None = None
+
+
+class _TensorStream:
+    """The backend's tensor iterator, drainable after a failure so the other ranks finish their
+    gathers. A plain iterator, not a generator: a consumer that stops early (a chunker closed by an
+    exception) must not close the backend's generator, or the drain would have nothing to drain."""
+
+    def __init__(self, tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
+        self._tensors = iter(tensors)
+        self.done = False
+        self.failed = False
+
+    def __iter__(self) -> _TensorStream:
+        return self
+
+    def __next__(self) -> tuple[str, torch.Tensor]:
+        try:
+            return next(self._tensors)
+        except StopIteration:
+            self.done = True
+            raise
+        except BaseException:
+            self.failed = True
+            raise
+
+    def drain(self) -> None:
+        if not (self.done or self.failed):
+            for _ in self:
+                pass
+
+
+class PolicyWorker(ABC):
+    """One rank of the policy: a model, its optimizer, a training step, and the weight sync.
+
+    Backends implement `build_model` (set `self.model`), `compute_logprobs` and
+    `iter_full_hf_tensors`; they may override `build_optimizer`, `forward_backward` and
+    `optimizer_step`. `loss_fn(logprobs, batch) -> scalar` is pluggable (default: token-level
+    cross-entropy; see `inflight.train.losses.policy_gradient_loss`).
+    """
+
+    def __init__(
+        self,
+        cfg: Config,
+        rank: int = 0,
+        world_size: int = 1,
+        loss_fn: LossFn | None = None,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        self.cfg = cfg
+        self.rank = rank
+        self.world_size = world_size
+        self.loss_fn = loss_fn or cross_entropy_loss
+        self.device = torch.device(device)
+        temperature = cfg.generator.sampling_params.temperature
+        self.temperature = temperature if temperature > 0 else 1.0
+        self.model: torch.nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.global_step = 0
+
+    # ---- backend hooks --------------------------------------------------------------------------
+    @abstractmethod
+    def build_model(self) -> None:
+        """Create `self.model` (sharded / parallel as the backend does it)."""
+
+    @abstractmethod
+    def compute_logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        """[B, T] token log-probabilities of `batch` under the current model, with gradients
+        (`inflight.train.losses.token_logprobs` of the logits, at `self.temperature`)."""
+
+    @abstractmethod
+    def iter_full_hf_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every parameter as a full (unsharded) tensor under its Hugging Face name, in the same
+        order on every rank. A collective: every rank must consume it to the end. Rank 0's tensors
+        are sent to the engines; other ranks may yield anything (their values are not used)."""
+
+    def build_optimizer(self) -> None:
+        """AdamW over the trainable parameters, from `trainer.policy.optimizer_config`."""
+        opt = self.cfg.trainer.policy.optimizer_config
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            params, lr=opt.lr, betas=tuple(opt.adam_betas), weight_decay=opt.weight_decay
+        )
+
+    def forward_backward(self, batch: TrainBatch, scale: float) -> dict[str, float]:
+        """Accumulate the gradient of `scale * loss_fn(logprobs, batch)`; returns metrics."""
+        logprobs = self.compute_logprobs(batch)
+        loss = self.loss_fn(logprobs, batch)
+        (loss * scale).backward()
+        return {"loss": float(loss.detach())}
+
+    def optimizer_step(self) -> dict[str, float]:
+        """Clip the gradient norm, step, zero the gradients; returns the pre-clip norm."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        max_norm = self.cfg.trainer.policy.optimizer_config.max_grad_norm
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        if hasattr(norm, "full_tensor"):  # a DTensor from sharded parameters
+            norm = norm.full_tensor()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"grad_norm": float(norm)}
+
+    def agree(self, ok: bool, version: int) -> tuple[bool, int]:
+        """Rank 0's sync outcome on every rank (a broadcast on the trainer's default group)."""
+        if self.world_size == 1 or not dist.is_initialized():
+            return ok, version
+        flag = torch.tensor([int(ok), version], dtype=torch.int64, device=self._collective_device())
+        dist.broadcast(flag, src=0)
+        return bool(flag[0]), int(flag[1])
+
+    def _collective_device(self) -> torch.device:
+        return self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+
+    # ---- common -----------------------------------------------------------------------------------
+    def setup(self) -> PolicyWorker:
+        """Build the model and the optimizer; returns self."""
+        torch.manual_seed(self.cfg.trainer.seed)
+        self.build_model()
+        if self.optimizer is None:
+            self.build_optimizer()
+        return self
+
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        """One optimizer step over this rank's `batch`, in micro-batches of
+        `trainer.micro_train_batch_size_per_gpu` (gradients accumulated, each scaled by 1/count).
+        With several ranks, each must get the same number of sequences."""
+        self.model.train()
+        parts = batch.to(self.device).split(self.cfg.trainer.micro_train_batch_size_per_gpu)
+        losses = [self.forward_backward(part, 1.0 / len(parts))["loss"] for part in parts]
+        metrics = {"loss": sum(losses) / len(losses), **self.optimizer_step()}
+        self.global_step += 1
+        return metrics
+
+    @torch.no_grad()
+    def logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        """Token log-probabilities without gradients (e.g. for old or reference logprobs)."""
+        self.model.eval()
+        return self.compute_logprobs(batch.to(self.device)).detach()
+
+    def full_hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """The full HF-named state (CPU copies). A collective: call it on every rank."""
+        return {name: t.detach().to("cpu", copy=True) for name, t in self.iter_full_hf_tensors()}
+
+    # ---- the sync executor ------------------------------------------------------------------------
+    async def broadcast_to_inference_engines(
+        self,
+        client: Any,
+        plan: SyncPlan,
+        version: int,
+        transport: WeightTransport | None = None,
+    ) -> SyncReport:
+        """Execute `plan.steps()` against the engines behind `client`, sending this model's weights
+        as weight version `version` through `transport` (default: in-process, via the client).
+
+        pause (plan.pause_mode) -> sleep (plan.offload_kv) -> wake weights -> send weights in
+        chunks -> wake KV -> reset (reset_prefix_cache(reset_running_requests=...)), each only where
+        the plan has it, and resume in `finally`. If the send fails, the update is aborted so the
+        engines go back to their pre-update weights (version unchanged), generation resumes, and the
+        error is re-raised; where the old weights are gone (the engines slept), they stay paused
+        until a complete update lands, and the error says so. Every rank must call this; only rank
+        0 uses `client` and `transport`.
+        """
+        stream = _TensorStream(self.iter_full_hf_tensors())
+        if self.rank != 0:
+            stream.drain()
+            ok, new_version = self.agree(True, version)
+            if not ok:
+                raise WeightSyncError(f"rank 0 failed to sync weight version {version} to the engines")
+            return SyncReport(ok=True, version=new_version)
+        transport = transport or InProcessTransport()
+        try:
+            report = await self._execute(client, plan, version, transport, stream)
+        except BaseException:
+            stream.drain()
+            self.agree(False, version)
+            raise
+        self.agree(True, report.version)
+        return report
+
+    async def _execute(
+        self, client: Any, plan: SyncPlan, version: int, transport: WeightTransport, stream: _TensorStream
+    ) -> SyncReport:
+        report = SyncReport(ok=False, version=version - 1)
+        steps: list[str] = []
+        start = time.perf_counter()
+        paused_at: float | None = None
+        kv_asleep = False
+        failure: BaseException | None = None
+        try:
+            for step in plan.steps():
+                began = time.perf_counter()
+                if step == "pause":
+                    paused_at = began
+                    await client.pause(plan.pause_mode)
+                elif step == "sleep":
+                    kv_asleep = True
+                    await client.sleep(offload_kv=plan.offload_kv)
+                elif step == "wake_up_weights":
+                    await client.wake_up(["weights"])
+                elif step == "send_weights":
+                    report.version = await self._send_weights(
+                        client, plan, version, transport, stream, report
+                    )
+                elif step == "wake_up_kv_cache":
+                    await client.wake_up(["kv_cache"])
+                    kv_asleep = False
+                elif step == "reset":
+                    report.prefix_cache_empty = await client.reset_prefix_cache(
+                        reset_running_requests=plan.reset_running_requests
+                    )
+                elif step == "resume":
+                    continue  # in `finally`, also after a failure
+                else:
+                    raise ValueError(f"unknown sync step {step!r} in the plan")
+                report.timings[f"{step}_s"] = time.perf_counter() - began
+                steps.append(step)
+            report.ok = True
+        except BaseException as err:
+            failure = err
+            if kv_asleep:  # the KV pool (offloaded or discarded) must be back before anything runs
+                try:
+                    await client.wake_up(["kv_cache"])
+                except Exception as wake_err:
+                    err.add_note(f"waking the KV cache after the failure failed too: {wake_err}")
+            raise
+        finally:
+            if paused_at is not None:
+                await self._resume(client, failure, report, steps)
+                report.timings["pause_s"] = time.perf_counter() - paused_at
+            report.timings["total_s"] = time.perf_counter() - start
+            report.timings.setdefault("send_s", report.timings.get("send_weights_s", 0.0))
+            report.steps = tuple(steps)
+        if report.prefix_cache_empty is None:
+            report.prefix_cache_empty = getattr(transport, "last_prefix_cache_empty", None)
+        if report.prefix_cache_empty is False:
+            log.warning("the prefix cache still holds blocks after the sync's reset (requests hold them)")
+        return report
+
+    async def _resume(
+        self, client: Any, failure: BaseException | None, report: SyncReport, steps: list[str]
+    ) -> None:
+        began = time.perf_counter()
+        try:
+            await client.resume()
+        except Exception as err:
+            if failure is None:
+                raise
+            failure.add_note(f"the engines stay paused ({err}); they resume once a complete update lands")
+            return
+        report.timings["resume_s"] = time.perf_counter() - began
+        steps.append("resume")
+
+    async def _send_weights(
+        self,
+        client: Any,
+        plan: SyncPlan,
+        version: int,
+        transport: WeightTransport,
+        stream: _TensorStream,
+        report: SyncReport,
+    ) -> int:
+        """begin -> one send per chunk -> finish; on any failure abort the update and re-raise."""
+        try:
+            await transport.begin(client)
+            for chunk in transport.chunks(stream):
+                await transport.send_chunk(client, chunk)
+                report.chunks += 1
+                report.bytes += chunk.payload_bytes
+            return await transport.finish(client, version, plan)
+        except BaseException as err:
+            try:
+                report.restored = await transport.abort(client)
+            except Exception as abort_err:
+                report.restored = False
+                err.add_note(f"aborting the weight update failed too: {abort_err}")
+            if not report.restored:
+                err.add_note(
+                    "the engines could not go back to their pre-update weights (after sleep they are "
+                    "dropped); they stay unable to run until a complete update lands"
+                )
+            raise

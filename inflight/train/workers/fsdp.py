@@ -1,0 +1,47 @@
+"""FSDPPolicyWorker: a transformers causal LM sharded with FSDP2 (`fully_shard`).
+
+Each decoder layer is its own FSDP unit and the root holds the rest (embeddings, final norm, LM
+head). Training is the base class's micro-batched step (FSDP2 all-gathers parameters for the
+forward and reduce-scatters averaged gradients); AdamW steps on the local shards. For a weight
+sync every parameter is gathered to a full tensor (`DTensor.full_tensor()`, one all-gather per
+parameter, in `named_parameters()` order on every rank, so memory never holds more than one full
+parameter beyond the shards); the names are the Hugging Face ones, which FSDP2 keeps unchanged.
+
+torch.distributed must be initialised by the caller (gloo on CPU, nccl on CUDA) with this worker's
+rank and world size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+
+from inflight.train.workers.local import LocalPolicyWorker
+
+
+class FSDPPolicyWorker(LocalPolicyWorker):
+    """One FSDP2 rank. Same constructor as `LocalPolicyWorker`; `rank`/`world_size` default to
+    torch.distributed's."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if dist.is_initialized():
+            self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+
+    def build_model(self) -> None:
+        if not dist.is_initialized():
+            raise RuntimeError("FSDPPolicyWorker needs torch.distributed initialised (init_process_group)")
+        model = self.load_hf_model()
+        for layer in model.model.layers:
+            fully_shard(layer)
+        fully_shard(model)
+        self.model = model
+
+    def iter_full_hf_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, param in self.model.named_parameters():
+            full = param.full_tensor() if isinstance(param, DTensor) else param
+            yield name, full.detach()

@@ -1,0 +1,330 @@
+"""MegatronPolicyWorker: a megatron-core GPTModel with tensor parallelism, seen from outside in HF terms.
+
+Every rank of the default process group runs one worker; megatron's `parallel_state` groups them
+into tensor-parallel groups of `tensor_parallel_size`, the rest is data parallelism. The model is
+built from a Hugging Face directory (`MegatronLayout` checks that it fits), the checkpoint is loaded
+into the TP shards, and for a weight sync the shards are gathered and unfused back into the exact HF
+names and layouts (`megatron_convert`), so an engine cannot tell this worker from FSDP. Training,
+the loss and the sync are the base class's; this file adds the TP-aware parts: log-probabilities
+through megatron's vocab-parallel cross-entropy, and the gradient reduction and clipping norm over
+sharded and replicated parameters.
+
+Without CUDA, megatron-core runs behind `megatron_cpu_shim` (applied here, nowhere else). The
+batch must be right-padded: megatron's rotary embedding numbers positions from 0 in every row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import ExitStack
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from safetensors import safe_open
+from transformers import AutoConfig
+
+from inflight.config import Config
+from inflight.train.batch import TrainBatch
+from inflight.train.losses import LossFn
+from inflight.train.workers import megatron_cpu_shim
+from inflight.train.workers.base import PolicyWorker
+from inflight.train.workers.megatron_convert import (
+    ConversionError,
+    MegatronLayout,
+    hf_to_megatron_shard,
+    is_tensor_parallel,
+    megatron_param_names,
+    megatron_shards_to_hf,
+)
+
+
+class _SafetensorsReader:
+    """Read single HF tensors by name from a directory's safetensors files, lazily."""
+
+    def __init__(self, model_dir: str | Path) -> None:
+        files = sorted(Path(model_dir).glob("*.safetensors"))
+        if not files:
+            raise ConversionError(f"{str(model_dir)!r} has no *.safetensors weights")
+        self._stack = ExitStack()
+        self._where = {}
+        for file in files:
+            handle = self._stack.enter_context(safe_open(str(file), framework="pt"))
+            for name in handle.keys():
+                self._where[name] = handle
+
+    def get(self, name: str) -> torch.Tensor:
+        handle = self._where.get(name)
+        if handle is None:
+            raise ConversionError(f"the checkpoint lacks {name!r}")
+        return handle.get_tensor(name)
+
+    def close(self) -> None:
+        self._stack.close()
+
+
+def _is_qk_layernorm(name: str) -> bool:
+    return name.endswith(("self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight"))
+
+
+def _configured_tp(cfg: Config) -> int | None:
+    """SkyRL's `trainer.policy.megatron_config.tensor_model_parallel_size`, where the schema has it."""
+    megatron_config = getattr(cfg.trainer.policy, "megatron_config", None)
+    return getattr(megatron_config, "tensor_model_parallel_size", None)
+
+
+class MegatronPolicyWorker(PolicyWorker):
+    """One megatron-core rank. Same constructor as `LocalPolicyWorker`, plus `tensor_parallel_size`
+    (default: `trainer.policy.megatron_config.tensor_model_parallel_size` where configured, else 1).
+
+    torch.distributed must be initialised by the caller (gloo on CPU, nccl on CUDA); `rank` and
+    `world_size` default to its. Every rank of a TP group must get the same batch.
+    """
+
+    def __init__(
+        self,
+        cfg: Config,
+        model_path: str | Path | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+        loss_fn: LossFn | None = None,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        tensor_parallel_size: int | None = None,
+    ) -> None:
+        super().__init__(cfg, rank, world_size, loss_fn, device)
+        if dist.is_initialized():
+            self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.model_path = model_path or cfg.trainer.policy.model.path
+        if self.model_path is None:
+            raise ValueError("no model: set trainer.policy.model.path or pass model_path")
+        self.dtype = dtype
+        self.tp = tensor_parallel_size or _configured_tp(cfg) or 1
+        self.hf_config = AutoConfig.from_pretrained(self.model_path)
+        self.layout = MegatronLayout.from_hf_config(self.hf_config, self.tp)
+
+    # ---- building -----------------------------------------------------------------------------
+    def build_model(self) -> None:
+        """Initialise megatron's parallel state, build the GPTModel and load the HF checkpoint."""
+        if not dist.is_initialized():
+            raise RuntimeError(
+                "MegatronPolicyWorker needs torch.distributed initialised (init_process_group)"
+            )
+        if self.world_size % self.tp:
+            raise ConversionError(
+                f"world size {self.world_size} is not divisible by tensor_parallel_size={self.tp}"
+            )
+        megatron_cpu_shim.apply()
+        from megatron.core import parallel_state, tensor_parallel
+
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)  # megatron allocates on torch.cuda.current_device()
+        if not parallel_state.model_parallel_is_initialized():
+            parallel_state.initialize_model_parallel(tensor_model_parallel_size=self.tp)
+        elif parallel_state.get_tensor_model_parallel_world_size() != self.tp:
+            raise RuntimeError("megatron's parallel state is already initialised with another TP size")
+        tensor_parallel.model_parallel_cuda_manual_seed(self.cfg.trainer.seed)
+        self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
+        self.tp_group = parallel_state.get_tensor_model_parallel_group()
+        self.dp_group = parallel_state.get_data_parallel_group()
+        self.model = self._build_gpt_model().to(self.device)
+        self._names = megatron_param_names(self.layout)
+        built = {name for name, _ in self.model.named_parameters()}
+        if built != set(self._names):
+            raise ConversionError(
+                "the GPTModel's parameters differ from the conversion table: "
+                f"extra {sorted(built - set(self._names))}, missing {sorted(set(self._names) - built)}"
+            )
+        reader = _SafetensorsReader(self.model_path)
+        try:
+            self._load_shards(reader.get)
+        finally:
+            reader.close()
+
+    def _build_gpt_model(self) -> torch.nn.Module:
+        from megatron.core.models.gpt import GPTModel
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+        from megatron.core.transformer.transformer_config import TransformerConfig
+
+        lay = self.layout
+        config = TransformerConfig(
+            num_layers=lay.num_layers,
+            hidden_size=lay.hidden_size,
+            num_attention_heads=lay.num_heads,
+            num_query_groups=lay.num_kv_heads,
+            kv_channels=lay.head_dim,
+            ffn_hidden_size=lay.ffn_hidden_size,
+            normalization="RMSNorm",
+            layernorm_epsilon=lay.rms_norm_eps,
+            gated_linear_unit=True,
+            activation_func=F.silu,
+            add_bias_linear=False,
+            add_qkv_bias=lay.qkv_bias,
+            qk_layernorm=lay.qk_norm,
+            hidden_dropout=0.0,
+            attention_dropout=0.0,
+            tensor_model_parallel_size=self.tp,
+            params_dtype=self.dtype,
+            use_cpu_initialization=self.device.type == "cpu",
+            perform_initialization=False,  # every parameter is overwritten from the checkpoint
+            # no fused kernels or CUDA-extension paths: the same numerics on every device
+            bias_activation_fusion=False,
+            bias_dropout_fusion=False,
+            masked_softmax_fusion=False,
+            apply_rope_fusion=False,
+            gradient_accumulation_fusion=False,
+            persist_layer_norm=False,
+        )
+        spec = get_gpt_layer_local_spec(qk_layernorm=lay.qk_norm, normalization="RMSNorm")
+        return GPTModel(
+            config,
+            spec,
+            vocab_size=lay.padded_vocab_size,
+            max_sequence_length=lay.max_position_embeddings,
+            pre_process=True,
+            post_process=True,
+            parallel_output=True,
+            share_embeddings_and_output_weights=lay.tie_word_embeddings,
+            position_embedding_type="rope",
+            rotary_base=lay.rope_theta,
+        )
+
+    def _load_shards(self, get_hf: Callable[[str], torch.Tensor]) -> None:
+        params = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for name in self._names:
+                shard = hf_to_megatron_shard(name, get_hf, self.layout, self.tp_rank)
+                if tuple(shard.shape) != tuple(params[name].shape):
+                    raise ConversionError(
+                        f"{name}: the converted shard has shape {tuple(shard.shape)}, "
+                        f"the model {tuple(params[name].shape)}"
+                    )
+                params[name].copy_(shard)
+
+    def load_hf_tensors(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Overwrite every parameter from full HF-named tensors (a checkpoint); all must be given."""
+        state = dict(named_tensors)
+
+        def get_hf(name: str) -> torch.Tensor:
+            if name not in state:
+                raise ConversionError(f"the Hugging Face weights lack {name!r}")
+            return state[name]
+
+        self._load_shards(get_hf)
+
+    # ---- forward ------------------------------------------------------------------------------
+    def _vocab_parallel_logits(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """This rank's slice [B, T, V_padded / tp] of the logits; padded vocabulary entries are -inf."""
+        input_ids = input_ids.to(self.device)
+        seq = input_ids.shape[1]
+        positions = torch.arange(seq, device=self.device).expand_as(input_ids)
+        masked = torch.ones(seq, seq, dtype=torch.bool, device=self.device).triu(1)[
+            None, None
+        ]  # True = hidden
+        if attention_mask is not None:  # padding keys are hidden too, as transformers does
+            masked = masked | ~attention_mask.to(self.device, torch.bool)[:, None, None, :]
+        logits = self.model(input_ids, positions, attention_mask=masked)
+        lay = self.layout
+        if lay.padded_vocab_size == lay.vocab_size:
+            return logits
+        per_rank = lay.padded_vocab_size // self.tp
+        vocab_ids = torch.arange(per_rank, device=logits.device) + self.tp_rank * per_rank
+        return logits.masked_fill(vocab_ids >= lay.vocab_size, float("-inf"))
+
+    def compute_logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        """[B, T] temperature-scaled token log-probabilities (position 0 is 0), computed with the
+        vocabulary split across the TP ranks (megatron's vocab-parallel cross-entropy)."""
+        from megatron.core import tensor_parallel
+
+        logits = self._vocab_parallel_logits(batch.input_ids, batch.attention_mask)[:, :-1].float()
+        targets = batch.input_ids[:, 1:].to(self.device)
+        nll = tensor_parallel.vocab_parallel_cross_entropy(
+            (logits / self.temperature).transpose(0, 1).contiguous(), targets.transpose(0, 1).contiguous()
+        )
+        return F.pad(-nll.transpose(0, 1), (1, 0))
+
+    @torch.no_grad()
+    def forward_logits(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Full-vocabulary float32 logits [B, T, vocab_size], gathered over TP, in eval mode (collective)."""
+        from megatron.core import tensor_parallel
+
+        self.model.eval()
+        local = self._vocab_parallel_logits(input_ids, attention_mask)
+        full = tensor_parallel.gather_from_tensor_model_parallel_region(local)
+        return full[..., : self.layout.vocab_size].float()
+
+    # ---- optimizer step -------------------------------------------------------------------------
+    def optimizer_step(self) -> dict[str, float]:
+        """Complete the gradients across ranks, clip by the full model's norm, step, zero."""
+        self._reduce_grads()
+        norm = self._clip_grads(self.cfg.trainer.policy.optimizer_config.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"grad_norm": norm}
+
+    def _reduce_grads(self) -> None:
+        """Complete the TP-replicated parameters' gradients, then average data-parallel replicas.
+
+        q/k layernorms (qk-norm) are replicated but each TP rank applies them to its own heads only,
+        so their full gradient is the sum over TP ranks (as megatron's `finalize_model_grads` does).
+        The other replicated parameters (the hidden-size norms, without sequence parallelism) already
+        get the full gradient on every rank; averaging keeps them bit-identical across ranks.
+        """
+        dp = dist.get_world_size(self.dp_group)
+        for name, param in self.model.named_parameters():
+            if param.grad is None:
+                continue
+            if self.tp > 1 and not is_tensor_parallel(name):
+                dist.all_reduce(param.grad, group=self.tp_group)
+                if not _is_qk_layernorm(name):
+                    param.grad.div_(self.tp)
+            if dp > 1:
+                dist.all_reduce(param.grad, group=self.dp_group)
+                param.grad.div_(dp)
+
+    def _clip_grads(self, max_norm: float) -> float:
+        """Scale the gradients so the full (unsharded) model's norm is at most `max_norm`; returns
+        the norm before clipping (TP-split gradients summed over the TP group, replicated ones once)."""
+        squares = torch.zeros((), dtype=torch.float32, device=self.device)
+        for name, param in self.model.named_parameters():
+            if param.grad is not None and (is_tensor_parallel(name) or self.tp_rank == 0):
+                squares += param.grad.float().pow(2).sum()
+        if self.tp > 1:
+            dist.all_reduce(squares, group=self.tp_group)
+        norm = squares.sqrt().item()
+        if max_norm and norm > max_norm:
+            scale = max_norm / (norm + 1e-6)  # as torch.nn.utils.clip_grad_norm_
+            for param in self.model.parameters():
+                if param.grad is not None:
+                    param.grad.mul_(scale)
+        return norm
+
+    # ---- weights out ----------------------------------------------------------------------------
+    @torch.no_grad()
+    def iter_full_hf_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every full HF-named tensor, gathered from the TP shards (a collective; every rank gets all).
+
+        Names and layouts are exactly the HF checkpoint's (q/k/v and gate/up unfused, vocabulary
+        padding dropped, no `lm_head.weight` when tied), as the FSDP worker produces them.
+        """
+        params = dict(self.model.named_parameters())
+        for name in self._names:
+            local = params[name].detach().contiguous()
+            if self.tp > 1 and is_tensor_parallel(name):
+                shards = [torch.empty_like(local) for _ in range(self.tp)]
+                dist.all_gather(shards, local, group=self.tp_group)
+            else:
+                shards = [local]
+            yield from megatron_shards_to_hf(name, shards, self.layout)
+
+    def shutdown(self) -> None:
+        """Drop the model and megatron's parallel state (the default process group is the caller's)."""
+        from megatron.core import parallel_state
+
+        self.model = self.optimizer = None
+        parallel_state.destroy_model_parallel()

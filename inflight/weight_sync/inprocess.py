@@ -1,0 +1,38 @@
+"""In-process transport: the tensors go straight to the client's `load_weights`.
+
+For a `LocalClient` (engine in the trainer's process) nothing is copied on the way: the engine
+copies each tensor into its parameters. For a `RemoteClient` this is "weights over the control
+API" (the client serialises them), which is the slow path and fine for small models.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from inflight.weight_sync.chunking import WeightChunk
+from inflight.weight_sync.plan import SyncPlan
+from inflight.weight_sync.transport import WeightTransport, abort_client_update, transport_reset
+
+
+class InProcessTransport(WeightTransport):
+    """Hands each chunk to `client.load_weights`; lifecycle calls go to the client too."""
+
+    name = "inprocess"
+    last_prefix_cache_empty: bool | None = None
+
+    async def begin(self, client: Any) -> None:
+        await client.begin_weight_update()
+
+    async def send_chunk(self, client: Any, chunk: WeightChunk) -> None:
+        await client.load_weights(chunk.named_tensors())
+
+    async def finish(self, client: Any, version: int, plan: SyncPlan) -> int:
+        new_version = await client.finish_weight_update(version)
+        reset = transport_reset(plan)
+        self.last_prefix_cache_empty = None
+        if reset is not None:
+            self.last_prefix_cache_empty = await client.reset_prefix_cache(**reset)
+        return int(new_version)
+
+    async def abort(self, client: Any) -> bool:
+        return await abort_client_update(client)

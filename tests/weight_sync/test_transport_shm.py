@@ -1,0 +1,147 @@
+"""Shared-memory transport: a real engine in another process (spawn) and one in this process's
+thread receive the same update; torch is the oracle (every received parameter torch.equal to the
+sent tensor), transformers checks the engine generates with the new weights."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from inflight.config import load_config
+from inflight.engine import EngineConfig, LLMEngine, SamplingParams, WeightUpdateError
+from inflight.engine.models.loader import iter_safetensors
+from inflight.testing.oracle import hf_greedy
+from inflight.weight_sync import ShmReceiver, ShmTransport, plan_weight_sync
+
+SMALL = dict(
+    hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    vocab_size=384,
+)  # fmt: skip
+CHUNK = 16 * 1024  # the embedding (48 KiB) and LM head travel in pieces
+PROMPT = [5, 17, 99, 3, 250, 42]
+GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+
+
+def engine_process(
+    kind: str, host: str, port: int, rank: int, receivers: int, model_dir: str, out: str
+) -> None:
+    """Child: an engine on `model_dir` serving updates until the sender closes, then its parameters
+    and a greedy generation are written to `out` (safetensors + json)."""
+    torch.set_num_threads(1)
+    if kind == "broadcast":  # the engine's own default group must not get in the way
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", init_method=f"file://{out}.pg", rank=0, world_size=1)
+        from inflight.weight_sync import BroadcastReceiver as receiver_cls
+    else:
+        receiver_cls = ShmReceiver
+    engine = LLMEngine(EngineConfig(model=model_dir, block_size=4))
+    receiver = receiver_cls(host, port, rank=rank, num_receivers=receivers, timeout=120)
+    receiver.serve(engine)
+    save_file({n: p.detach().contiguous() for n, p in engine.model.named_parameters()}, out)
+    tokens = engine.generate([PROMPT], GREEDY)[0].output_token_ids
+    Path(out + ".json").write_text(json.dumps({"tokens": tokens, "version": engine.weight_version}))
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tiny_model_factory):
+    return tiny_model_factory("qwen2", seed=0, **SMALL), tiny_model_factory("qwen2", seed=1, **SMALL)
+
+
+async def send_update(transport, weights: dict[str, torch.Tensor], version: int) -> int:
+    plan = plan_weight_sync(load_config(None, []))
+    await transport.begin(None)
+    for chunk in transport.chunks(weights.items()):
+        await transport.send_chunk(None, chunk)
+    return await transport.finish(None, version, plan)
+
+
+async def failed_update(transport, weights: dict[str, torch.Tensor]) -> bool:
+    """Half an update, then a chunk the engines refuse; returns what abort says."""
+    items = sorted(weights.items())
+    await transport.begin(None)
+    for chunk in transport.chunks(items[: len(items) // 2]):
+        await transport.send_chunk(None, chunk)
+    name, tensor = items[-1]
+    with pytest.raises(WeightUpdateError, match=name.replace(".", r"\.")):
+        for chunk in transport.chunks([(name, tensor[:1])]):
+            await transport.send_chunk(None, chunk)
+    return await transport.abort(None)
+
+
+def run_two_engines(kind: str, make_transport, make_local_receiver, model_dirs, hf_model_factory, tmp_path):
+    """Engine 1 in a spawned process, engine 2 in a thread here; both on model A, updated to B."""
+    dir_a, dir_b = model_dirs
+    weights_a = dict(iter_safetensors(dir_a))
+    weights_b = {n: t.clone() for n, t in iter_safetensors(dir_b)}
+    out = str(tmp_path / "engine1.safetensors")
+    transport = make_transport()
+    child = mp.get_context("spawn").Process(
+        target=engine_process, args=(kind, "127.0.0.1", transport.port, 1, 2, str(dir_a), out)
+    )
+    child.start()
+    local = LLMEngine(EngineConfig(model=str(dir_a), block_size=4))
+    box = {}
+
+    def serve_local():
+        box["receiver"] = make_local_receiver(transport.port)
+        box["receiver"].serve(local)
+
+    thread = threading.Thread(target=serve_local, daemon=True)
+    thread.start()
+    try:
+        assert asyncio.run(send_update(transport, weights_b, version=1)) == 1
+        assert asyncio.run(failed_update(transport, weights_a)) is True  # both engines back on B
+        assert local.weight_version == 1 and local.can_run  # restored: the engine may run again
+    finally:
+        transport.close()
+        child.join(120)
+        if child.is_alive():
+            child.kill()
+    thread.join(30)
+    assert child.exitcode == 0
+    received = load_file(out)
+    params = dict(local.model.named_parameters())
+    for name, tensor in weights_b.items():
+        assert torch.equal(received[name], tensor), name
+        assert torch.equal(params[name], tensor), name
+    result = json.loads(Path(out + ".json").read_text())
+    assert result["version"] == 1
+    assert result["tokens"] == hf_greedy(hf_model_factory(dir_b), PROMPT, 8)[0]
+    assert box["receiver"].updates == 1
+    return transport
+
+
+def test_shm_transport_updates_engines_in_two_processes(model_dirs, hf_model_factory, tmp_path):
+    transport = run_two_engines(
+        "shm",
+        lambda: ShmTransport(port=0, num_receivers=2, max_chunk_bytes=CHUNK, timeout=120),
+        lambda port: ShmReceiver("127.0.0.1", port, rank=2, num_receivers=2),
+        model_dirs, hf_model_factory, tmp_path,
+    )  # fmt: skip
+    assert not os.path.exists(transport.path)  # the buffer is unlinked on close
+
+
+def test_shm_buffer_is_allocated_once_and_reused(model_dirs):
+    dir_a, _ = model_dirs
+    engine = LLMEngine(EngineConfig(model=str(dir_a), block_size=4))
+    weights = {n: t.clone() for n, t in iter_safetensors(dir_a)}
+    with ShmTransport(port=0, max_chunk_bytes=CHUNK, timeout=60) as transport:
+        receiver = ShmReceiver("127.0.0.1", transport.port)
+        receiver.serve_in_thread(engine)
+        pointer = transport.buffer.data_ptr()
+        for version in (1, 2, 3):
+            assert asyncio.run(send_update(transport, weights, version)) == version
+        assert transport.buffer.data_ptr() == pointer
+        assert int(transport.version.item()) == transport.channel.seq - 2  # last chunk's message
+    receiver._thread.join(10)
+    assert not receiver._thread.is_alive()
+    assert engine.weight_version == 3
