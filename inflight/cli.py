@@ -68,8 +68,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
     if args.what == "engine":
         from inflight.bench.engine_bench import main as bench_main
+    elif args.what == "weight-sync" and any(a.startswith("--transport") for a in rest):
+        from inflight.bench.transport_bench import main as bench_main  # bytes/s per transport
     elif args.what == "weight-sync":
-        from inflight.bench.weight_sync_bench import main as bench_main
+        from inflight.bench.weight_sync_bench import main as bench_main  # pause per KV fate
     elif args.what == "serve":
         from inflight.bench.serve_bench import main as bench_main
     else:
