@@ -29,10 +29,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-MODEL_DEFAULT = dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=8,
-                     num_key_value_heads=4, vocab_size=1024, max_position_embeddings=1024)
-MODEL_SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                   num_key_value_heads=2, vocab_size=512, max_position_embeddings=512)
+MODEL_DEFAULT = dict(
+    hidden_size=256,
+    intermediate_size=768,
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    vocab_size=1024,
+    max_position_embeddings=1024,
+)
+MODEL_SMALL = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=512,
+    max_position_embeddings=512,
+)
 
 
 @dataclass
@@ -65,10 +79,15 @@ def summarize(traces: list[Trace], wall_s: float) -> dict[str, float]:
     latency = [(t.end - t.start) * 1e3 for t in traces]
     tokens = sum(len(t.tokens) for t in traces)
     return {
-        "requests_per_s": len(traces) / wall_s, "output_tokens_per_s": tokens / wall_s, "wall_s": wall_s,
-        "ttft_ms_p50": _pct(ttft, 50), "ttft_ms_p99": _pct(ttft, 99),
-        "itl_ms_p50": _pct(itl, 50), "itl_ms_p99": _pct(itl, 99),
-        "latency_ms_p50": _pct(latency, 50), "latency_ms_p99": _pct(latency, 99),
+        "requests_per_s": len(traces) / wall_s,
+        "output_tokens_per_s": tokens / wall_s,
+        "wall_s": wall_s,
+        "ttft_ms_p50": _pct(ttft, 50),
+        "ttft_ms_p99": _pct(ttft, 99),
+        "itl_ms_p50": _pct(itl, 50),
+        "itl_ms_p99": _pct(itl, 99),
+        "latency_ms_p50": _pct(latency, 50),
+        "latency_ms_p99": _pct(latency, 99),
     }
 
 
@@ -85,8 +104,9 @@ async def _closed_loop(prompts: list[list[int]], concurrency: int, one) -> tuple
 
 
 # ---- in process ---------------------------------------------------------------------------------
-async def _inprocess(model_dir: str, engine_kwargs: dict, prompts, params, concurrency: int,
-                     warmup: list[list[int]]) -> dict[str, tuple[list[Trace], float]]:
+async def _inprocess(
+    model_dir: str, engine_kwargs: dict, prompts, params, concurrency: int, warmup: list[list[int]]
+) -> dict[str, tuple[list[Trace], float]]:
     from inflight.engine import AsyncEngine, EngineConfig
 
     engine = AsyncEngine.from_config(EngineConfig(model=model_dir, **engine_kwargs))
@@ -94,7 +114,7 @@ async def _inprocess(model_dir: str, engine_kwargs: dict, prompts, params, concu
     async def stream(prompt: list[int]) -> Trace:
         trace = Trace(time.perf_counter())
         async for snap in engine.generate_stream(prompt, params):
-            new = snap.output_token_ids[len(trace.tokens):]
+            new = snap.output_token_ids[len(trace.tokens) :]
             if new:
                 trace.arrivals.append((time.perf_counter(), len(new)))
                 trace.tokens.extend(new)
@@ -109,8 +129,10 @@ async def _inprocess(model_dir: str, engine_kwargs: dict, prompts, params, concu
 
     try:
         await asyncio.gather(*(whole(p) for p in warmup))
-        return {"stream": await _closed_loop(prompts, concurrency, stream),
-                "generate": await _closed_loop(prompts, concurrency, whole)}
+        return {
+            "stream": await _closed_loop(prompts, concurrency, stream),
+            "generate": await _closed_loop(prompts, concurrency, whole),
+        }
     finally:
         await engine.close()
 
@@ -128,8 +150,22 @@ def start_server(model_dir: str, engine_args: list[str], threads: int, timeout_s
 
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "inflight.server", "--model", model_dir, "--port", str(port),
-           "--served-model-name", "bench", "--threads", str(threads), "--log-level", "warning", *engine_args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "inflight.server",
+        "--model",
+        model_dir,
+        "--port",
+        str(port),
+        "--served-model-name",
+        "bench",
+        "--threads",
+        str(threads),
+        "--log-level",
+        "warning",
+        *engine_args,
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -144,19 +180,29 @@ def start_server(model_dir: str, engine_args: list[str], threads: int, timeout_s
     raise TimeoutError(f"server did not become healthy within {timeout_s} s")
 
 
-async def _server(url: str, prompts, params, concurrency: int,
-                  warmup: list[list[int]]) -> dict[str, tuple[list[Trace], float]]:
+async def _server(
+    url: str, prompts, params, concurrency: int, warmup: list[list[int]]
+) -> dict[str, tuple[list[Trace], float]]:
     import httpx
 
     from inflight.client import RemoteClient
 
     limits = httpx.Limits(max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8)
-    async with httpx.AsyncClient(base_url=url, timeout=None, limits=limits) as http, \
-            RemoteClient(url, max_connections=concurrency + 8) as rc:
+    async with (
+        httpx.AsyncClient(base_url=url, timeout=None, limits=limits) as http,
+        RemoteClient(url, max_connections=concurrency + 8) as rc,
+    ):
 
         async def stream(prompt: list[int]) -> Trace:
-            body = {"model": "bench", "prompt": prompt, "max_tokens": params.max_tokens, "temperature": 0.0,
-                    "ignore_eos": True, "stream": True, "return_token_ids": True}
+            body = {
+                "model": "bench",
+                "prompt": prompt,
+                "max_tokens": params.max_tokens,
+                "temperature": 0.0,
+                "ignore_eos": True,
+                "stream": True,
+                "return_token_ids": True,
+            }
             trace = Trace(time.perf_counter())
             async with http.stream("POST", "/v1/completions", json=body) as response:
                 response.raise_for_status()
@@ -178,14 +224,25 @@ async def _server(url: str, prompts, params, concurrency: int,
             return trace
 
         await asyncio.gather(*(whole(p) for p in warmup))
-        return {"stream": await _closed_loop(prompts, concurrency, stream),
-                "generate": await _closed_loop(prompts, concurrency, whole)}
+        return {
+            "stream": await _closed_loop(prompts, concurrency, stream),
+            "generate": await _closed_loop(prompts, concurrency, whole),
+        }
 
 
 # ---- the run ------------------------------------------------------------------------------------
-def run(model_dir: str, *, requests: int = 64, concurrency: int = 16, prompt_len: int = 64,
-        max_tokens: int = 64, threads: int = 1, seed: int = 0, max_num_seqs: int = 64,
-        block_size: int = 16) -> dict[str, Any]:
+def run(
+    model_dir: str,
+    *,
+    requests: int = 64,
+    concurrency: int = 16,
+    prompt_len: int = 64,
+    max_tokens: int = 64,
+    threads: int = 1,
+    seed: int = 0,
+    max_num_seqs: int = 64,
+    block_size: int = 16,
+) -> dict[str, Any]:
     """Measure both sides on the same workload; returns the results (see the module docstring)."""
     import torch
 
@@ -210,10 +267,19 @@ def run(model_dir: str, *, requests: int = 64, concurrency: int = 16, prompt_len
             proc.kill()
             proc.wait(timeout=30)
     result: dict[str, Any] = {
-        "config": {"requests": requests, "concurrency": concurrency, "prompt_len": prompt_len,
-                   "max_tokens": max_tokens, "threads": threads, "max_num_seqs": max_num_seqs,
-                   "block_size": block_size, "model_dir": model_dir, "cpu_count": os.cpu_count()},
-        "paths": {}, "contention": monitor.summary(),
+        "config": {
+            "requests": requests,
+            "concurrency": concurrency,
+            "prompt_len": prompt_len,
+            "max_tokens": max_tokens,
+            "threads": threads,
+            "max_num_seqs": max_num_seqs,
+            "block_size": block_size,
+            "model_dir": model_dir,
+            "cpu_count": os.cpu_count(),
+        },
+        "paths": {},
+        "contention": monitor.summary(),
     }
     for path in ("stream", "generate"):
         (lt, lw), (rt, rw) = local[path], remote[path]
@@ -221,40 +287,64 @@ def run(model_dir: str, *, requests: int = 64, concurrency: int = 16, prompt_len
         ok = all(len(t.tokens) == max_tokens for t in lt + rt)
         inproc, server = summarize(lt, lw), summarize(rt, rw)
         overhead = {"requests_per_s": inproc["requests_per_s"] / server["requests_per_s"]}
-        for key in ("ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99", "latency_ms_p50", "latency_ms_p99"):
+        for key in (
+            "ttft_ms_p50",
+            "ttft_ms_p99",
+            "itl_ms_p50",
+            "itl_ms_p99",
+            "latency_ms_p50",
+            "latency_ms_p99",
+        ):
             if path == "stream" or key.startswith("latency"):
                 overhead[key] = server[key] / inproc[key] if inproc[key] > 0 else float("nan")
-        result["paths"][path] = {"inprocess": inproc, "server": server, "overhead": overhead,
-                                 "same_tokens_fraction": same, "all_complete": ok}
+        result["paths"][path] = {
+            "inprocess": inproc,
+            "server": server,
+            "overhead": overhead,
+            "same_tokens_fraction": same,
+            "all_complete": ok,
+        }
     return result
 
 
 def format_table(result: dict[str, Any]) -> str:
     c = result["config"]
-    lines = [f"inflight bench serve: {c['requests']} requests x {c['max_tokens']} tokens (prompt {c['prompt_len']}), "
-             f"{c['concurrency']} concurrent, {c['threads']} torch thread(s) per side",
-             f"{'path':<9}{'side':<11}{'req/s':>8}{'tok/s':>9}{'ttft p50':>10}{'ttft p99':>10}"
-             f"{'itl p50':>9}{'itl p99':>9}{'lat p50':>9}{'lat p99':>9}   (ms)"]
+    lines = [
+        f"inflight bench serve: {c['requests']} requests x {c['max_tokens']} tokens (prompt {c['prompt_len']}), "
+        f"{c['concurrency']} concurrent, {c['threads']} torch thread(s) per side",
+        f"{'path':<9}{'side':<11}{'req/s':>8}{'tok/s':>9}{'ttft p50':>10}{'ttft p99':>10}"
+        f"{'itl p50':>9}{'itl p99':>9}{'lat p50':>9}{'lat p99':>9}   (ms)",
+    ]
     for path, r in result["paths"].items():
         for side in ("inprocess", "server"):
             s = r[side]
             ttft = f"{s['ttft_ms_p50']:>10.1f}{s['ttft_ms_p99']:>10.1f}" if path == "stream" else f"{'':>20}"
             itl = f"{s['itl_ms_p50']:>9.2f}{s['itl_ms_p99']:>9.2f}" if path == "stream" else f"{'':>18}"
-            lines.append(f"{path:<9}{side:<11}{s['requests_per_s']:>8.2f}{s['output_tokens_per_s']:>9.0f}{ttft}{itl}"
-                         f"{s['latency_ms_p50']:>9.0f}{s['latency_ms_p99']:>9.0f}")
+            lines.append(
+                f"{path:<9}{side:<11}{s['requests_per_s']:>8.2f}{s['output_tokens_per_s']:>9.0f}{ttft}{itl}"
+                f"{s['latency_ms_p50']:>9.0f}{s['latency_ms_p99']:>9.0f}"
+            )
         o = r["overhead"]
         extra = "".join(f", {k} x{v:.2f}" for k, v in o.items() if k != "requests_per_s")
-        lines.append(f"{'':<9}overhead: requests/s x{o['requests_per_s']:.2f}{extra}; "
-                     f"identical outputs: {r['same_tokens_fraction']:.0%}, all complete: {r['all_complete']}")
+        lines.append(
+            f"{'':<9}overhead: requests/s x{o['requests_per_s']:.2f}{extra}; "
+            f"identical outputs: {r['same_tokens_fraction']:.0%}, all complete: {r['all_complete']}"
+        )
     cont = result["contention"]
-    lines.append(f"other processes used {cont['mean_other_cores']} cores on average (max {cont['max_other_cores']})")
+    lines.append(
+        f"other processes used {cont['mean_other_cores']} cores on average (max {cont['max_other_cores']})"
+    )
     return "\n".join(lines)
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="inflight bench serve", description=__doc__.split("\n")[0])
-    parser.add_argument("--model-dir", help="a local HF model dir (default: a random model built in a temp dir)")
-    parser.add_argument("--small", action="store_true", help="a tiny model (hidden 64, 2 layers) for smoke runs")
+    parser.add_argument(
+        "--model-dir", help="a local HF model dir (default: a random model built in a temp dir)"
+    )
+    parser.add_argument(
+        "--small", action="store_true", help="a tiny model (hidden 64, 2 layers) for smoke runs"
+    )
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--prompt-len", type=int, default=64)
@@ -275,10 +365,20 @@ def main(argv: list[str] | None = None) -> int:
             from inflight.testing import make_tiny_model
 
             shape = MODEL_SMALL if args.small else MODEL_DEFAULT
-            model_dir = str(make_tiny_model(model_dir or Path(tmp) / "model", "qwen2", seed=args.seed, **shape))
-        result = run(model_dir, requests=args.requests, concurrency=args.concurrency, prompt_len=args.prompt_len,
-                     max_tokens=args.max_tokens, threads=args.threads, seed=args.seed,
-                     max_num_seqs=args.max_num_seqs, block_size=args.block_size)
+            model_dir = str(
+                make_tiny_model(model_dir or Path(tmp) / "model", "qwen2", seed=args.seed, **shape)
+            )
+        result = run(
+            model_dir,
+            requests=args.requests,
+            concurrency=args.concurrency,
+            prompt_len=args.prompt_len,
+            max_tokens=args.max_tokens,
+            threads=args.threads,
+            seed=args.seed,
+            max_num_seqs=args.max_num_seqs,
+            block_size=args.block_size,
+        )
     print(format_table(result))
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))

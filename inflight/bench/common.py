@@ -1,0 +1,162 @@
+"""Helpers shared by the benchmarks: timing, matmul peak, isolation in a subprocess, CPU contention."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import resource
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any, TypeVar
+
+import torch
+
+T = TypeVar("T")
+_HZ = os.sysconf("SC_CLK_TCK")
+
+
+def median(values: list[float]) -> float:
+    return float(statistics.median(values))
+
+
+def timed(fn: Callable[[], T]) -> tuple[float, T]:
+    """Run `fn` once; returns (seconds, result)."""
+    start = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - start, result
+
+
+def matmul_peak_flops(dtype: torch.dtype = torch.float32, n: int = 2048, repeats: int = 5) -> float:
+    """Best FLOP/s of an n×n @ n×n matmul with torch's current thread count (2·n³ per product)."""
+    a = torch.randn(n, n).to(dtype)
+    b = torch.randn(n, n).to(dtype)
+    out = torch.matmul(a, b)  # warm-up, and the output buffer
+    best = float("inf")
+    for _ in range(repeats):
+        seconds, _ = timed(lambda: torch.matmul(a, b, out=out))
+        best = min(best, seconds)
+    return 2 * n**3 / best
+
+
+def peak_rss_mib() -> float:
+    """Peak resident memory of this process (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class Worker:
+    """One spawned process kept alive across calls: its own memory and threads, state between calls.
+
+    `call(fn, *args)` runs a module-level function there (arguments and result picklable); functions
+    keep state across calls in module globals of the worker process.
+    """
+
+    def __init__(self) -> None:
+        self._pool = ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn"))
+
+    def call(self, fn: Callable[..., T], *args: Any) -> T:
+        return self._pool.submit(fn, *args).result()
+
+    def __enter__(self) -> Worker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._pool.shutdown()
+
+
+# ---- CPU used by processes that are not ours ------------------------------------------------------
+def _read_procs() -> dict[int, tuple[int, str, int, int]]:
+    """pid -> (ppid, name, utime + stime, that + cutime + cstime), in jiffies, for every process."""
+    procs = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        # 0-based from the state field: ppid is 1, then utime, stime, cutime, cstime are 11..14
+        own = int(fields[11]) + int(fields[12])
+        procs[int(entry)] = (int(fields[1]), name, own, own + int(fields[13]) + int(fields[14]))
+    return procs
+
+
+def _busy_jiffies() -> int:
+    with open("/proc/stat") as f:
+        values = [int(x) for x in f.readline().split()[1:9]]
+    return sum(values) - values[3] - values[4]  # minus idle and iowait
+
+
+def _ours(procs: dict[int, tuple[int, str, int, int]]) -> set[int]:
+    """This process and its live descendants."""
+    ours, frontier = {os.getpid()}, [os.getpid()]
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, *_) in procs.items():
+        children.setdefault(ppid, []).append(pid)
+    while frontier:
+        for child in children.get(frontier.pop(), []):
+            ours.add(child)
+            frontier.append(child)
+    return ours
+
+
+class CpuMonitor:
+    """Samples, in a background thread, how many cores processes outside this process tree use.
+
+    Our own time includes reaped children (cutime/cstime), so subprocesses that exit between samples
+    are not mistaken for other load. Use as a context manager; read `summary()` afterwards.
+    """
+
+    def __init__(self, interval_s: float = 1.0) -> None:
+        self.interval_s = interval_s
+        self.samples: list[float] = []
+        self.times: list[float] = []  # time.monotonic() at the end of each sample
+        self.by_name: dict[str, float] = {}  # core-seconds of other processes, by command name
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> CpuMonitor:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        prev_t, prev_busy, prev = time.monotonic(), _busy_jiffies(), _read_procs()
+        while not self._stop.wait(self.interval_s):
+            now_t, busy, procs = time.monotonic(), _busy_jiffies(), _read_procs()
+            ours = _ours(procs)
+            # reaped children move into their parent's cutime/cstime: count those for our tree
+            ours_delta = sum(procs[p][3] - (prev[p][3] if p in prev else 0) for p in ours)
+            other = max(0.0, (busy - prev_busy - ours_delta) / _HZ / (now_t - prev_t))
+            self.samples.append(other)
+            self.times.append(now_t)
+            for pid, (_, name, jiffies, _) in procs.items():
+                if pid not in ours and pid in prev and jiffies > prev[pid][2]:
+                    self.by_name[name] = self.by_name.get(name, 0.0) + (jiffies - prev[pid][2]) / _HZ
+            prev_t, prev_busy, prev = now_t, busy, procs
+
+    def mean_between(self, start: float, end: float) -> float:
+        """Mean cores used by others during [start, end] (monotonic times), from the samples that
+        overlap it; call after the monitor stopped. NaN when no sample overlaps."""
+        picked = [
+            v for t, v in zip(self.times, self.samples, strict=True) if start < t < end + self.interval_s
+        ]
+        return round(statistics.fmean(picked), 3) if picked else float("nan")
+
+    def summary(self) -> dict[str, Any]:
+        """Mean and max cores used by others, and the busiest other commands (core-seconds)."""
+        top = sorted(self.by_name.items(), key=lambda kv: -kv[1])[:5]
+        return {
+            "mean_other_cores": round(statistics.fmean(self.samples), 3) if self.samples else 0.0,
+            "max_other_cores": round(max(self.samples), 3) if self.samples else 0.0,
+            "samples": len(self.samples),
+            "top_other_processes": [{"name": n, "core_seconds": round(s, 2)} for n, s in top if s >= 0.05],
+        }

@@ -1,0 +1,25 @@
+"""The engine benchmark runs end to end in its smallest form and reports sane fields (no timing checks)."""
+
+import json
+
+from inflight.bench.engine_bench import main
+
+
+def test_engine_bench_small(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    argv = "--small --requests 4 --min-len 4 --max-len 10 --repeats 1 --hf-batch-sizes 4 --threads 1".split()
+    argv += ["--out", str(out)]
+    assert main(argv) == 0
+    assert "speedup" in capsys.readouterr().out
+    result = json.loads(out.read_text())
+    engine, hf = result["engine"], result["transformers"]
+    expected = result["workload"]["output_tokens"]
+    assert engine["output_tokens"] == hf["output_tokens"] == expected
+    assert hf["generated_tokens"] >= expected
+    for side in (engine, hf):
+        for key in ("median_s", "output_tok_per_s", "flops_per_s", "fraction_of_peak", "peak_rss_mib"):
+            assert side[key] > 0, key
+    assert engine["startup_s"] > 0 and engine["params"] > 0
+    assert engine["prefix_cache_hit_tokens"] == 0
+    assert result["machine"]["matmul_peak_flops"] > 0 and result["speedup"] > 0
+    assert 0.0 <= result["greedy_agreement"] <= 1.0
