@@ -29,24 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-MODEL_DEFAULT = dict(
-    hidden_size=256,
-    intermediate_size=768,
-    num_hidden_layers=4,
-    num_attention_heads=8,
-    num_key_value_heads=4,
-    vocab_size=1024,
-    max_position_embeddings=1024,
-)
-MODEL_SMALL = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=512,
-    max_position_embeddings=512,
-)
+from inflight.bench.common import MODEL_SHAPES
 
 
 @dataclass
@@ -364,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         if model_dir is None or not (Path(model_dir) / "config.json").is_file():
             from inflight.testing import make_tiny_model
 
-            shape = MODEL_SMALL if args.small else MODEL_DEFAULT
+            shape = MODEL_SHAPES["tiny" if args.small else "demo"]
             model_dir = str(
                 make_tiny_model(model_dir or Path(tmp) / "model", "qwen2", seed=args.seed, **shape)
             )

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import torch
 
-from inflight.bench.common import CpuMonitor
-from inflight.bench.weight_sync_bench import MODEL_50M, MODEL_SMALL, memcpy_seconds
+from inflight.bench.common import MODEL_SHAPES, CpuMonitor
+from inflight.bench.weight_sync_bench import memcpy_seconds
 from inflight.config import load_config
 from inflight.engine import EngineConfig, LLMEngine
 from inflight.engine.models.loader import iter_safetensors
@@ -41,15 +41,6 @@ from inflight.weight_sync import (
     plan_weight_sync,
 )
 
-MODEL_500M = dict(
-    hidden_size=1280,
-    intermediate_size=3456,
-    num_hidden_layers=24,
-    num_attention_heads=20,
-    num_key_value_heads=4,
-    vocab_size=32000,
-    max_position_embeddings=1024,
-)
 TRANSPORTS = ("inprocess", "shm", "broadcast")
 
 
@@ -184,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = args.model
         if model_dir is None:
-            shape = MODEL_SMALL if args.small else MODEL_500M if args.large else MODEL_50M
+            shape = MODEL_SHAPES["tiny" if args.small else "500m" if args.large else "50m"]
             model_dir = str(make_tiny_model(Path(tmp) / "m", "qwen2", seed=0, **shape))
         results = run(model_dir, transports, chunk_bytes, args.repeats, args.threads, not args.no_rollback)
     print(format_table(results))

@@ -18,28 +18,11 @@ from pathlib import Path
 
 import torch
 
+from inflight.bench.common import MODEL_SHAPES
 from inflight.engine import EngineConfig, LLMEngine, SamplingParams
 from inflight.engine.models.loader import iter_safetensors
 from inflight.testing import make_tiny_model
 
-MODEL_50M = dict(
-    hidden_size=512,
-    intermediate_size=1536,
-    num_hidden_layers=13,
-    num_attention_heads=8,
-    num_key_value_heads=4,
-    vocab_size=8192,
-    max_position_embeddings=1024,
-)
-MODEL_SMALL = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=512,
-    max_position_embeddings=512,
-)
 FATES = ("keep", "offload", "recompute")
 
 
@@ -145,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = make_tiny_model(
-            Path(tmp) / "m", "qwen2", seed=0, **(MODEL_SMALL if args.small else MODEL_50M)
+            Path(tmp) / "m", "qwen2", seed=0, **MODEL_SHAPES["tiny" if args.small else "50m"]
         )
         results = run(str(model_dir), args.requests, args.prompt_len, args.repeats)
     print(format_table(results))

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from inflight.bench.weight_sync_bench import MODEL_SMALL, format_table, run
+from inflight.bench.common import MODEL_SHAPES
+from inflight.bench.weight_sync_bench import format_table, run
 from inflight.testing import make_tiny_model
 
 
 def test_weight_sync_bench_reports_every_fate(tmp_path):
-    model_dir = make_tiny_model(tmp_path / "m", "qwen2", seed=0, **MODEL_SMALL)
+    model_dir = make_tiny_model(tmp_path / "m", "qwen2", seed=0, **MODEL_SHAPES["tiny"])
     results = run(str(model_dir), num_requests=3, prompt_len=20, repeats=1)
     assert set(results["fates"]) == {"keep", "offload", "recompute"}
     assert results["memcpy_s"] > 0 and results["weight_bytes"] > 0

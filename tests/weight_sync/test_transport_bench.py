@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from inflight.bench.transport_bench import MODEL_SMALL, format_table, main, run
+from inflight.bench.common import MODEL_SHAPES
+from inflight.bench.transport_bench import format_table, main, run
 from inflight.testing import make_tiny_model
 
 
 def test_transport_bench_reports_bytes_per_second_and_pause(tmp_path):
-    model_dir = make_tiny_model(tmp_path / "m", "qwen2", seed=0, **MODEL_SMALL)
+    model_dir = make_tiny_model(tmp_path / "m", "qwen2", seed=0, **MODEL_SHAPES["tiny"])
     results = run(str(model_dir), ["inprocess", "shm"], chunk_bytes=64 * 1024, repeats=1, threads=1)
     assert results["memcpy_s"] > 0 and results["weight_bytes"] > 64 * 1024
     assert set(results["transports"]) == {"inprocess", "shm"}
