@@ -1,4 +1,4 @@
-"""The `inflight` command line: generate | serve | bench (train arrives with its layer)."""
+"""The `inflight` command line: train | generate | serve | bench."""
 
 from __future__ import annotations
 
@@ -96,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--device", default="cpu")
     gen.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     gen.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    sub.add_parser("train", add_help=False, help="fully-async GRPO (see inflight train --help)")
     sub.add_parser("serve", add_help=False, help="run the OpenAI-compatible server (see inflight serve --help)")
     bench = sub.add_parser("bench", help="run a benchmark (engine | weight-sync | serve); options after it go to the benchmark")
     bench.add_argument("what", help="engine | weight-sync | serve")
@@ -107,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
     args, rest = parser.parse_known_args(argv)
     if args.command == "bench":
         return cmd_bench(args, rest)
+    if args.command == "train":
+        from inflight.train.main import main as train_main
+
+        return train_main(rest)
     if args.command == "serve":
         from inflight.server.main import main as serve_main
 

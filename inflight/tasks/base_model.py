@@ -1,0 +1,207 @@
+"""The tiny base model for the built-in task, and its supervised warm-up.
+
+`build_base_model` writes a random Qwen2-shaped model (hidden 128, 4 layers, 4 heads, 2 KV heads,
+MLP 512, tied embeddings: about 0.8M parameters) with the character tokenizer as a Hugging Face
+directory. `warm_up` trains it on `a+b=` -> sum + EOS with teacher forcing (loss on the answer
+tokens) for a few hundred steps, stopping early at a time budget or a target accuracy so that RL
+still has room to improve it, and saves it back where the engine can load it. Measured on 2 CPU
+cores (docs: /work/shared/CALIBRATION.md): ~300 steps in ~45 s give ~30% greedy accuracy; a 0.1M
+model plateaus near 55%, which is why the model is this size.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, Qwen2Config
+
+from inflight.tasks.addition import AdditionTask
+from inflight.tasks.base import Problem
+from inflight.tasks.tokenizer import make_char_tokenizer
+
+BASE_MODEL_SHAPE = dict(
+    hidden_size=128,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=512,
+    tie_word_embeddings=True,
+    max_position_embeddings=64,
+)
+
+
+def build_base_model(path: str | Path, seed: int = 0, **overrides) -> Path:
+    """Write a random-init Qwen2 model and the character tokenizer to `path`; returns it.
+    `overrides` go into the Qwen2 config (e.g. hidden_size=64 for tests)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer = make_char_tokenizer()
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        rms_norm_eps=1e-6,
+        initializer_range=0.02,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+        **(BASE_MODEL_SHAPE | overrides),
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    save_model(model, tokenizer, path)
+    return path
+
+
+def save_model(model: torch.nn.Module, tokenizer, path: str | Path) -> None:
+    """Save model + tokenizer as an HF directory with EOS/PAD in the generation config."""
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+
+
+def supervised_batch(task: AdditionTask, problems: Sequence[Problem]) -> dict[str, torch.Tensor]:
+    """Right-padded `prompt + answer + EOS` ids, with labels only on answer and EOS tokens
+    (`-100` elsewhere, so `labels[:, t]` is the target predicted at position t - 1)."""
+    eos, pad = task.tokenizer.eos_token_id, task.tokenizer.pad_token_id
+    rows, labels = [], []
+    for p in problems:
+        prompt, answer = task.encode_prompt(p.prompt), task.encode(p.answer) + [eos]
+        rows.append(prompt + answer)
+        labels.append([-100] * len(prompt) + answer)
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    lab = torch.full((len(rows), width), -100, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, (r, lb) in enumerate(zip(rows, labels, strict=True)):
+        ids[i, : len(r)], lab[i, : len(lb)], mask[i, : len(r)] = torch.tensor(r), torch.tensor(lb), 1
+    return {"input_ids": ids, "labels": lab, "attention_mask": mask}
+
+
+@torch.no_grad()
+def teacher_forced_accuracy(model: torch.nn.Module, task: AdditionTask, problems: Sequence[Problem]) -> float:
+    """Greedy exact-match accuracy without generating: greedy decoding yields exactly `answer + EOS`
+    iff the argmax at every answer position (given the true prefix) is the true next token. One
+    forward pass instead of one per token."""
+    model.eval()
+    batch = supervised_batch(task, problems)
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    pred, target = logits[:, :-1].argmax(-1), batch["labels"][:, 1:]
+    ok = ((pred == target) | (target == -100)).all(dim=1)
+    return float(ok.float().mean())
+
+
+@dataclass
+class WarmupReport:
+    steps: int
+    seconds: float
+    accuracy: float
+    loss: float
+    stopped_by: str  # "steps" | "time" | "accuracy"
+
+
+def warm_up(
+    model_dir: str | Path,
+    task: AdditionTask | None = None,
+    steps: int = 400,
+    batch_size: int = 128,
+    lr: float = 1e-3,
+    betas: tuple[float, float] = (0.9, 0.98),
+    max_seconds: float | None = 60.0,
+    target_accuracy: float | None = 0.3,
+    eval_every: int = 25,
+    seed: int = 0,
+    log: Callable[[str], None] | None = None,
+    threads: int | None = None,
+) -> WarmupReport:
+    """Supervised warm-up of the model in `model_dir` on `task`'s problem distribution (never its
+    held-out set); saves the result back to `model_dir`. Stops after `steps`, at `max_seconds`, or
+    once the teacher-forced greedy accuracy on the held-out set reaches `target_accuracy` (checked
+    every `eval_every` steps).
+
+    `threads`: torch threads; None keeps the current setting, 0 picks by measuring: the first
+    steps run with 2 threads, then with 1, and the faster setting stays. (On 2 vCPUs, 2 threads
+    are ~2x faster on an idle machine but collapse when another process is busy, because OpenMP
+    threads spin-wait for each other: see /work/shared/CALIBRATION.md.)"""
+    task = task or AdditionTask()
+    torch.manual_seed(seed)
+    rng = random.Random(seed + 17)
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 20))
+    started = time.perf_counter()
+    accuracy, loss_value, stopped_by, step = 0.0, float("nan"), "steps", 0
+    evals = task.eval_problems()
+    probe = _ThreadProbe(threads)
+    for step in range(1, steps + 1):
+        probe.before(step)
+        model.train()
+        pairs = task.sample_pairs(rng, batch_size)
+        batch = supervised_batch(task, [Problem("w", f"{a}+{b}=", str(a + b)) for a, b in pairs])
+        loss = model(**batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+        loss_value = float(loss.detach())
+        probe.after(step, log)
+        elapsed = time.perf_counter() - started
+        if step % eval_every == 0 or step == steps:
+            accuracy = teacher_forced_accuracy(model, task, evals)
+            if log is not None:
+                log(f"warm-up step {step}: loss {loss_value:.3f}, accuracy {accuracy:.1%}, {elapsed:.0f}s")
+            if target_accuracy is not None and accuracy >= target_accuracy:
+                stopped_by = "accuracy"
+                break
+        if max_seconds is not None and elapsed >= max_seconds:
+            stopped_by = "time"
+            accuracy = teacher_forced_accuracy(model, task, evals)
+            break
+    save_model(model, task.tokenizer, model_dir)
+    return WarmupReport(step, time.perf_counter() - started, accuracy, loss_value, stopped_by)
+
+
+class _ThreadProbe:
+    """Times steps 2-3 with 1 torch thread and steps 5-6 with 2 (steps 1 and 4 warm up), then keeps
+    the faster; gives up on 2 at once when step 4 alone is much slower than 1 thread's steps."""
+
+    ONE, TWO = (1, 2, 3), (4, 5, 6)
+
+    def __init__(self, threads: int | None) -> None:
+        self.auto = threads == 0
+        if threads:
+            torch.set_num_threads(threads)
+        self.times: dict[int, list[float]] = {1: [], 2: []}
+        self.t0 = 0.0
+
+    def before(self, step: int) -> None:
+        if not self.auto:
+            return
+        if step in self.ONE or step in self.TWO:
+            torch.set_num_threads(1 if step in self.ONE else 2)
+            self.t0 = time.perf_counter()
+
+    def after(self, step: int, log: Callable[[str], None] | None) -> None:
+        if not self.auto or not (step in self.ONE or step in self.TWO):
+            return
+        took = time.perf_counter() - self.t0
+        one = sum(self.times[1]) / max(len(self.times[1]), 1)
+        if step == self.TWO[0] and took > 3 * one:  # 2 threads are fighting something: stop now
+            self._choose(1, log, f"2 threads took {1000 * took:.0f} ms for one step, 1 thread {1000 * one:.0f} ms")
+        elif step not in (self.ONE[0], self.TWO[0]):
+            self.times[1 if step in self.ONE else 2].append(took)
+            if step == self.TWO[-1]:
+                two = sum(self.times[2]) / len(self.times[2])
+                self._choose(2 if two < one else 1, log,
+                             f"{1000 * two:.0f} ms/step with 2, {1000 * one:.0f} ms/step with 1")
+
+    def _choose(self, threads: int, log: Callable[[str], None] | None, why: str) -> None:
+        self.auto = False
+        torch.set_num_threads(threads)
+        if log is not None:
+            log(f"warm-up threads: {threads} ({why})")

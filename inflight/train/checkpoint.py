@@ -1,0 +1,117 @@
+"""Resumable checkpoints: model, optimizer, step, weight version and the record of consumed prompts.
+
+Layout under `trainer.ckpt_path`:
+
+    global_step_<k>/model/       HF directory (config, tokenizer, model.safetensors): the engine and
+                                 the worker both load it on resume
+    global_step_<k>/optimizer_rank<r>.pt
+    global_step_<k>/state.json   step, weight version, data-loader record, trainer extras
+    latest                       the name of the newest complete checkpoint
+
+A checkpoint is written under a temporary name and renamed when complete, and `latest` is replaced
+atomically, so a run killed at any moment leaves the previous checkpoint usable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import save_file
+
+from inflight.train.workers.base import PolicyWorker
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+@dataclass
+class CheckpointState:
+    path: Path
+    step: int
+    weight_version: int
+    data: dict[str, Any]
+    extra: dict[str, Any]
+
+    @property
+    def model_dir(self) -> Path:
+        return self.path / "model"
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def save_model_dir(worker: PolicyWorker, base_model_dir: str | Path, out: Path) -> None:
+    """The worker's full weights as an HF directory (non-weight files copied from the base model).
+    A collective: every rank must call it; rank 0 writes."""
+    state = worker.full_hf_state_dict()
+    if worker.rank != 0:
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    for item in Path(base_model_dir).iterdir():
+        if item.is_file() and not item.name.endswith(WEIGHT_SUFFIXES) and item.name != "model.safetensors.index.json":
+            shutil.copy2(item, out / item.name)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+
+
+def save_checkpoint(
+    root: str | Path,
+    step: int,
+    worker: PolicyWorker,
+    base_model_dir: str | Path,
+    weight_version: int,
+    data: dict[str, Any],
+    extra: dict[str, Any] | None = None,
+    keep: int = 2,
+) -> Path:
+    """Write checkpoint `global_step_<step>` under `root`; keeps the newest `keep`. Returns its path."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"global_step_{step}"
+    tmp = root / f".global_step_{step}.tmp"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    save_model_dir(worker, base_model_dir, tmp / "model")
+    tmp.mkdir(parents=True, exist_ok=True)
+    torch.save(worker.optimizer.state_dict(), tmp / f"optimizer_rank{worker.rank}.pt")
+    if worker.world_size > 1 and dist.is_initialized():
+        dist.barrier()  # every rank's optimizer file is in place before rank 0 publishes
+    if worker.rank == 0:
+        state = {"step": step, "weight_version": weight_version, "data": data, "extra": extra or {}}
+        (tmp / "state.json").write_text(json.dumps(state))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _write_atomic(root / "latest", final.name)
+        for old in sorted(root.glob("global_step_*"), key=lambda p: int(p.name.rsplit("_", 1)[1]))[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def load_latest(root: str | Path | None) -> CheckpointState | None:
+    """The newest complete checkpoint under `root`, or None."""
+    if root is None:
+        return None
+    pointer = Path(root) / "latest"
+    if not pointer.is_file():
+        return None
+    path = Path(root) / pointer.read_text().strip()
+    state_file = path / "state.json"
+    if not state_file.is_file():
+        return None
+    state = json.loads(state_file.read_text())
+    return CheckpointState(path, int(state["step"]), int(state["weight_version"]), state["data"], state.get("extra", {}))
+
+
+def load_optimizer(worker: PolicyWorker, ckpt: CheckpointState) -> None:
+    """Restore the optimizer state saved by this rank."""
+    state = torch.load(ckpt.path / f"optimizer_rank{worker.rank}.pt", weights_only=False)
+    worker.optimizer.load_state_dict(state)

@@ -1,0 +1,70 @@
+"""The default `inflight train` job (also `examples/default.yaml`): fully-async GRPO on the built-in
+addition task with the tiny base model, sized to learn visibly on 2 CPU cores in a few minutes
+(recipe measured in /work/shared/CALIBRATION.md: 16 prompts x 8 samples, temperature 1, lr 1e-4,
+betas (0.9, 0.99), clip 0.2, gradient clip 1, token-mean loss, zero-advantage groups dropped)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+DEFAULT_JOB_YAML = """\
+# inflight train: the default job (what `inflight train` runs with no --config).
+# Fully-async GRPO with in-flight weight updates on the built-in addition task; the tiny base model
+# is built and warmed up first because trainer.policy.model.path is null.
+trainer:
+  strategy: fsdp                      # one process: the local worker (FSDP with world size 1)
+  train_batch_size: 16                # prompts per step
+  policy_mini_batch_size: 16          # one optimizer step per training step
+  micro_train_batch_size_per_gpu: 128 # the whole step in one forward/backward
+  epochs: 1
+  seed: 42
+  policy:
+    model:
+      path: null                      # null: build + warm up the tiny base model
+    optimizer_config:
+      lr: 1.0e-4
+      adam_betas: [0.9, 0.99]
+      weight_decay: 0.0
+      max_grad_norm: 1.0
+  algorithm:
+    advantage_estimator: grpo
+    eps_clip_low: 0.2
+    eps_clip_high: 0.2
+    loss_reduction: token_mean
+  fully_async:
+    enabled: true
+    max_staleness_steps: 1            # generate the next batch while training on this one
+    num_parallel_generation_workers: 32
+    clear_kv_cache_on_weight_sync: false   # KV fate: keep
+generator:
+  n_samples_per_prompt: 8
+  sampling_params:
+    temperature: 1.0
+    max_generate_length: 8
+  inference_engine:
+    weight_sync_backend: shm          # engine in its own process, weights via one shared buffer
+    offload_kv_for_weight_sync: false
+    enable_prefix_caching: true
+    max_num_seqs: 256
+    max_num_batched_tokens: 4096
+    max_model_len: 64
+    kv_cache_memory_gib: 0.05
+job:
+  task: addition
+  num_train: 40000                    # training problems (the held-out 200 are never among them)
+  max_steps: 2000
+  max_train_seconds: 240              # RL time budget: the whole job stays well under 10 minutes
+  eval_interval: 100                  # held-out greedy accuracy every 100 steps (in the plot)
+  output_dir: runs/inflight
+  warmup_steps: 400
+  warmup_max_seconds: 90
+  warmup_target_accuracy: 0.3         # stop the warm-up early: RL gets the rest
+  tis: token                          # truncated importance sampling for tokens older than the policy
+"""
+
+
+def default_job() -> dict[str, Any]:
+    """The default job as a mapping (`inflight train` with no --config)."""
+    return yaml.safe_load(DEFAULT_JOB_YAML)

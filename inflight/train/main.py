@@ -1,0 +1,158 @@
+"""`inflight train [--config YAML] [key=value ...]`: warm-up (built-in model), evaluate, RL, evaluate.
+
+With no arguments it runs the default job (`inflight.train.defaults`, also `examples/default.yaml`):
+it builds the tiny base model and the character tokenizer, warms the model up with a short
+supervised phase, prints its greedy accuracy on 200 held-out problems, runs fully-async GRPO with
+in-flight weight updates, and prints the accuracy after. Overrides use dotted keys of the shared
+schema (`trainer.fully_async.enabled=false`) or of the `job:` section (`job.max_steps=50`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from inflight.config import Config, ConfigError, config_from_dict, dump_config
+from inflight.config.loader import read_yaml
+from inflight.train.defaults import default_job
+from inflight.train.job_config import JobConfig, split_job_config
+
+
+def build_parser(prog: str = "inflight train") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default=None, help="YAML config (default: the built-in default job)")
+    parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    parser.add_argument("--ray", action="store_true", help="run the engine and the policy as Ray actors")
+    parser.add_argument("--ray-address", default=None, help="join this Ray cluster (implies --ray)")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. job.max_steps=50")
+    return parser
+
+
+def resolve_config(config_path: str | None, overrides: list[str]) -> tuple[Config, JobConfig]:
+    data = read_yaml(config_path) if config_path else default_job()
+    job, rest, other = split_job_config(data, overrides)
+    if job.ray_address:
+        job.ray = True
+    return config_from_dict(rest, other), job
+
+
+def make_task(cfg: Config, job: JobConfig):
+    from inflight.tasks import AdditionTask, ChainAdditionTask, JsonlTask
+
+    if job.task == "jsonl":
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(cfg.trainer.policy.model.path)
+        return JsonlTask(tokenizer, job.train_data, job.eval_data, job.num_eval,
+                         max_new_tokens=cfg.generator.sampling_params.max_generate_length)
+    tokenizer = None
+    if cfg.trainer.policy.model.path is not None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(cfg.trainer.policy.model.path)
+    cls = ChainAdditionTask if job.task == "chain_addition" else AdditionTask
+    return cls(tokenizer, num_train=job.num_train, num_eval=job.num_eval, seed=cfg.trainer.seed)
+
+
+def prepare_base_model(cfg: Config, job: JobConfig, task, say) -> dict[str, Any]:
+    """Build and warm up the tiny base model when no model path is given; sets the path."""
+    from inflight.tasks import build_base_model, warm_up
+
+    path = Path(job.base_model_dir or Path(job.output_dir) / "base_model")
+    say(f"building the tiny base model in {path} and warming it up (supervised, <= {job.warmup_max_seconds} s)")
+    build_base_model(path, seed=cfg.trainer.seed)
+    report = warm_up(path, task, steps=job.warmup_steps, batch_size=job.warmup_batch_size, lr=job.warmup_lr,
+                     max_seconds=job.warmup_max_seconds, target_accuracy=job.warmup_target_accuracy,
+                     seed=cfg.trainer.seed, log=say, threads=job.warmup_threads)
+    cfg.trainer.policy.model.path = str(path)
+    say(f"warm-up: {report.steps} steps in {report.seconds:.0f} s (stopped by {report.stopped_by})")
+    return {"steps": report.steps, "seconds": report.seconds, "accuracy": report.accuracy}
+
+
+async def run_job(cfg: Config, job: JobConfig, task, say) -> dict[str, Any]:
+    from inflight.train.metrics import plot_metrics
+
+    if job.ray:
+        from inflight.cluster import make_ray_trainer as make_trainer
+    else:
+        from inflight.train.trainer import make_trainer
+    trainer = make_trainer(cfg, job, task)
+    summary: dict[str, Any] = {"mode": trainer.mode}
+    try:
+        await trainer.setup()
+        if trainer.resumed_from is not None:
+            say(f"resumed from {trainer.resumed_from} (step {trainer.global_step})")
+        before = await trainer.evaluate()
+        say(f"greedy accuracy before RL: {before['accuracy']:.1%} ({len(task.eval_problems()[:job.num_eval])} "
+            "held-out problems)")
+        trainer.logger.log(trainer.global_step, {"time": 0.0, "eval/accuracy": before["accuracy"]})
+        started = time.perf_counter()
+        history = await trainer.train()
+        train_s = time.perf_counter() - started
+        after = await trainer.evaluate()
+        trainer.logger.log(trainer.global_step, {"time": train_s, "eval/accuracy": after["accuracy"]})
+        samples = sum(r.get("samples", 0) for r in history)
+        summary.update(before=before["accuracy"], after=after["accuracy"], steps=trainer.global_step,
+                       train_seconds=train_s, samples=samples, samples_per_s=samples / max(train_s, 1e-9))
+    finally:
+        await trainer.close()
+    out = Path(job.output_dir)
+    if job.plot and (out / "metrics.jsonl").is_file() and history:
+        summary["plot"] = str(plot_metrics(out / "metrics.jsonl", out / "reward_staleness.png",
+                                           f"{trainer.mode} GRPO on {task.name}"))
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `inflight train`; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    overrides = list(args.overrides)
+    if args.ray or args.ray_address:
+        overrides.append("job.ray=true")
+    if args.ray_address:
+        overrides.append(f"job.ray_address={args.ray_address}")
+    try:
+        cfg, job = resolve_config(args.config, overrides)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.print_config:
+        print(dump_config(cfg) + "job:\n" + "".join(f"  {k}: {json.dumps(v)}\n" for k, v in vars(job).items()))
+        return 0
+    from rich.console import Console
+
+    console = Console()
+
+    def say(text: str) -> None:
+        console.print(text, highlight=False)
+
+    if job.task == "jsonl" and cfg.trainer.policy.model.path is None:
+        print("error: job.task=jsonl needs trainer.policy.model.path (a local HF model directory)", file=sys.stderr)
+        return 2
+    started = time.perf_counter()
+    task = make_task(cfg, job)
+    warm = None
+    if cfg.trainer.policy.model.path is None:
+        warm = prepare_base_model(cfg, job, task, say)
+    summary = asyncio.run(run_job(cfg, job, task, say))
+    summary["total_seconds"] = time.perf_counter() - started
+    if warm is not None:
+        summary["warmup"] = warm
+    Path(job.output_dir).mkdir(parents=True, exist_ok=True)
+    (Path(job.output_dir) / "summary.json").write_text(json.dumps(summary, indent=2))
+    say(f"greedy accuracy after RL: {summary['after']:.1%} (before: {summary['before']:.1%}); "
+        f"{summary['steps']} {summary['mode']} steps in {summary['train_seconds']:.0f} s "
+        f"({summary['samples_per_s']:.0f} samples/s); total {summary['total_seconds']:.0f} s")
+    say(f"metrics: {Path(job.output_dir) / 'metrics.jsonl'}  tensorboard: {Path(job.output_dir) / 'tensorboard'}"
+        + (f"  plot: {summary['plot']}" if "plot" in summary else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

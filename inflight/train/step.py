@@ -1,0 +1,225 @@
+"""THE training step, shared by the synchronous and the fully-async trainer.
+
+Groups of trajectories in, one (or a few) optimizer steps on a `PolicyWorker` out: group advantages
+(GRPO / RLOO), zero-advantage groups dropped, a padded `RLBatch` with the rollout log-probabilities
+and per-token weight versions, the off-policy correction when some tokens were sampled by older
+weights than the trainer holds (proximal forward + truncated importance sampling), an optional KL
+penalty to a frozen reference, then mini-batches and micro-batches with an exact token-mean (or
+sequence-mean) gradient over each mini-batch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from inflight.config import Config
+from inflight.train.algorithms import (
+    RLBatch,
+    group_advantages,
+    importance_stats,
+    informative_groups,
+    rl_loss,
+    truncated_is_weights,
+)
+from inflight.train.generator import TrajectoryGroup
+from inflight.train.workers.base import PolicyWorker
+
+
+@dataclass
+class StepOptions:
+    """Training-step settings that the config schema does not have (yet)."""
+
+    tis: str = "token"
+    """Off-policy correction for stale tokens: `token`, `sequence` or `none`."""
+    tis_cap: float = 2.0
+    """Truncation of the importance weights."""
+    drop_zero_advantage_groups: bool = True
+    """Leave out groups whose rewards are all equal (no signal; saves compute)."""
+    correct_threshold: float = 1.0
+    """A trajectory counts as correct (accuracy metric) when its reward is at least this."""
+
+
+def build_batch(groups: Sequence[TrajectoryGroup], advantages: torch.Tensor, pad_id: int) -> RLBatch:
+    """Right-padded [B, T] tensors of every trajectory in `groups` (row order: group by group).
+    `advantages` [B] per trajectory. Rollout log-probabilities and versions sit at the position of
+    the token they score (`logprobs[b, t]` scores token t), prompt positions have version -1."""
+    trajs = [t for g in groups for t in g.trajectories]
+    width = max(len(t.prompt_ids) + len(t.response_ids) for t in trajs)
+    shape = (len(trajs), width)
+    ids = torch.full(shape, pad_id, dtype=torch.long)
+    attention = torch.zeros(shape, dtype=torch.long)
+    mask = torch.zeros(shape, dtype=torch.float32)
+    rollout = torch.zeros(shape, dtype=torch.float32)
+    versions = torch.full(shape, -1, dtype=torch.long)
+    for row, t in enumerate(trajs):
+        p, r = len(t.prompt_ids), len(t.response_ids)
+        ids[row, : p + r] = torch.tensor(t.prompt_ids + t.response_ids)
+        attention[row, : p + r] = 1
+        mask[row, p : p + r] = torch.tensor(t.loss_mask, dtype=torch.float32)
+        rollout[row, p : p + r] = torch.tensor(t.logprobs, dtype=torch.float32)
+        versions[row, p : p + r] = torch.tensor(t.versions)
+    return RLBatch(
+        input_ids=ids,
+        loss_mask=mask,
+        attention_mask=attention,
+        advantages=advantages.float(),
+        old_logprobs=rollout,
+        rollout_logprobs=rollout,
+        versions=versions,
+    )
+
+
+class TrainingStep:
+    """Callable `(groups, policy_version) -> metrics` over one `PolicyWorker` (set up already).
+
+    `policy_version`: the weight version the worker's weights are (the engines' version after the
+    last sync); tokens sampled by an older version are stale. `reference`: a frozen worker for the
+    KL penalty (`trainer.algorithm.use_kl_loss`).
+    """
+
+    def __init__(
+        self,
+        worker: PolicyWorker,
+        cfg: Config,
+        pad_id: int,
+        options: StepOptions | None = None,
+        reference: PolicyWorker | None = None,
+    ) -> None:
+        self.worker, self.cfg, self.pad_id = worker, cfg, pad_id
+        self.options = options or StepOptions()
+        self.reference = reference
+        alg = cfg.trainer.algorithm
+        self.kl_coef = alg.kl_loss_coef if alg.use_kl_loss else 0.0
+        if self.kl_coef > 0 and reference is None:
+            raise ValueError("trainer.algorithm.use_kl_loss needs a reference worker")
+        self.loss_fn = rl_loss(alg.eps_clip_low, alg.eps_clip_high, alg.loss_reduction, self.kl_coef,
+                               self.options.tis, self.options.tis_cap)
+        worker.loss_fn = self.loss_fn
+
+    def __call__(self, groups: Sequence[TrajectoryGroup], policy_version: int) -> dict[str, float | None]:
+        started = time.perf_counter()
+        alg, opts = self.cfg.trainer.algorithm, self.options
+        rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
+        metrics = rollout_metrics(groups, policy_version, opts.correct_threshold)
+        keep = informative_groups(rewards) if opts.drop_zero_advantage_groups else torch.ones(len(groups), dtype=torch.bool)
+        metrics["groups_trained"] = float(keep.sum())
+        metrics["groups_dropped"] = float(len(groups) - keep.sum())
+        if not keep.any():  # nothing to learn from: no forward, no ratios, no optimizer step
+            metrics.update(train_s=time.perf_counter() - started, optimizer_steps=0.0, is_ratio_mean=None,
+                           is_ratio_max=None, is_ratio_min=None)
+            return metrics
+        kept = [g for g, k in zip(groups, keep.tolist(), strict=True) if k]
+        adv = group_advantages(rewards[keep], alg.advantage_estimator, alg.grpo_norm_by_std)
+        batch = build_batch(kept, adv.reshape(-1), self.pad_id).to(self.worker.device)
+        metrics.update(self._off_policy(batch, policy_version, len(kept)))
+        if self.kl_coef > 0:
+            batch.ref_logprobs = self.reference.logprobs(batch)
+        metrics.update(self._optimize(batch, len(kept)))
+        if "is_ratio_mean" not in metrics:
+            # on-policy batch: the PPO ratio of the first mini-batch, taken before any update, IS the
+            # trainer / rollout importance ratio (old = rollout log-probabilities); or TIS off
+            ratios = self.first_pass_ratios
+            metrics.update(is_ratio_mean=ratios.get("ratio_mean"), is_ratio_max=ratios.get("ratio_max"),
+                           is_ratio_min=ratios.get("ratio_min"))
+        metrics["train_s"] = time.perf_counter() - started
+        metrics["trained_tokens"] = float(batch.loss_mask.sum())
+        return metrics
+
+    def single_pass(self, num_groups: int) -> bool:
+        """Whether the batch gets exactly one optimizer step (one mini-batch, one epoch): then every
+        forward of the step runs on the weights the step starts from, the proximal policy."""
+        trainer = self.cfg.trainer
+        groups_per_mini = max(1, round(num_groups * trainer.policy_mini_batch_size / trainer.train_batch_size))
+        return trainer.update_epochs_per_batch == 1 and groups_per_mini >= num_groups
+
+    def _off_policy(self, batch: RLBatch, policy_version: int, num_groups: int) -> dict[str, float]:
+        """Use the proximal policy and TIS weights when any token is older than the policy."""
+        mask = batch.loss_mask
+        stale = bool(((batch.versions < policy_version) & (mask > 0)).any())
+        out = {"off_policy": float(stale)}
+        if not stale or self.options.tis == "none":
+            return out
+        if self.single_pass(num_groups):
+            batch.old_logprobs = None  # the training forward itself is the proximal policy (see rl_loss)
+            return out
+        t0 = time.perf_counter()
+        prox = self.worker.logprobs(batch)
+        weights = truncated_is_weights(prox, batch.rollout_logprobs, mask, self.options.tis, self.options.tis_cap)
+        batch.old_logprobs, batch.is_weights = prox, weights
+        out.update(importance_stats(prox, batch.rollout_logprobs, weights, mask, self.options.tis_cap))
+        out["prox_forward_s"] = time.perf_counter() - t0
+        return out
+
+    def _optimize(self, batch: RLBatch, num_groups: int) -> dict[str, float]:
+        """Mini-batches by groups (`policy_mini_batch_size / train_batch_size` of the step), each
+        one optimizer step, micro-batches scaled so the gradient is the exact reduction over the
+        mini-batch; `update_epochs_per_batch` passes."""
+        trainer = self.cfg.trainer
+        n = len(batch) // num_groups  # samples per group
+        groups_per_mini = max(1, round(num_groups * trainer.policy_mini_batch_size / trainer.train_batch_size))
+        micro = trainer.micro_train_batch_size_per_gpu
+        per_token = self.cfg.trainer.algorithm.loss_reduction == "token_mean"
+        sums: dict[str, float] = {}
+        extremes: dict[str, float] = {}
+        first_pass: dict[str, float] | None = None
+        count = 0
+        self.worker.model.train()
+        for _ in range(trainer.update_epochs_per_batch):
+            for start in range(0, num_groups, groups_per_mini):
+                mini = batch.select(slice(start * n, min(num_groups, start + groups_per_mini) * n))
+                parts = mini.to(self.worker.device).split(micro)
+                total = float(mini.loss_mask.sum()) if per_token else float((mini.loss_mask.sum(1) > 0).sum())
+                for part in parts:
+                    share = float(part.loss_mask.sum()) if per_token else float((part.loss_mask.sum(1) > 0).sum())
+                    if share == 0:
+                        continue
+                    out = self.worker.forward_backward(part, share / max(total, 1.0))
+                    for key, value in {**out, **self.loss_fn.stats}.items():
+                        if key.endswith("_max"):
+                            extremes[key] = max(extremes.get(key, value), value)
+                        elif key.endswith("_min"):
+                            extremes[key] = min(extremes.get(key, value), value)
+                        else:
+                            sums[key] = sums.get(key, 0.0) + value * share / max(total, 1.0)
+                if first_pass is None:  # before any optimizer step: the policy that starts the step
+                    first_pass = {"ratio_mean": sums.get("ratio_mean", 1.0), "ratio_max": extremes.get("ratio_max", 1.0),
+                                  "ratio_min": extremes.get("ratio_min", 1.0)}
+                for key, value in self.worker.optimizer_step().items():
+                    sums[key] = sums.get(key, 0.0) + value
+                count += 1
+        self.worker.global_step += 1
+        metrics = {key: value / count for key, value in sums.items()} | extremes
+        metrics["optimizer_steps"] = float(count)
+        self.first_pass_ratios = first_pass or {}
+        return metrics
+
+
+def rollout_metrics(groups: Sequence[TrajectoryGroup], policy_version: int, threshold: float = 1.0) -> dict[str, float]:
+    """Reward, accuracy, lengths and staleness (in weight versions, from the per-token versions,
+    relative to `policy_version`) of a step's groups."""
+    trajs = [t for g in groups for t in g.trajectories]
+    rewards = torch.tensor([float(t.reward) for t in trajs])
+    lengths = torch.tensor([float(t.num_generated) for t in trajs])
+    versions = torch.tensor([v for t in trajs for v in t.model_versions] or [policy_version], dtype=torch.float32)
+    staleness = policy_version - versions
+    per_traj = torch.tensor([policy_version - min(t.model_versions, default=policy_version) for t in trajs],
+                            dtype=torch.float32)
+    return {
+        "reward": float(rewards.mean()),
+        "accuracy": float((rewards >= threshold - 1e-9).float().mean()),
+        "response_length": float(lengths.mean()),
+        "groups": float(len(groups)),
+        "samples": float(len(trajs)),
+        "staleness_mean": float(staleness.mean()),
+        "staleness_max": float(staleness.max()),
+        "staleness_traj_max_mean": float(per_traj.mean()),
+        "mixed_version_fraction": float(sum(len(set(t.model_versions)) > 1 for t in trajs) / len(trajs)),
+        "recomputed_tokens": float(sum(t.num_recomputed_tokens for t in trajs)),
+        "cached_tokens": float(sum(t.num_cached_tokens for t in trajs)),
+        "generated_tokens": float(lengths.sum()),
+        "truncated_fraction": float(sum(t.finish_reason == "length" for t in trajs) / len(trajs)),
+    }

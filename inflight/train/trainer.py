@@ -1,0 +1,445 @@
+"""The synchronous and the fully-async GRPO trainers, sharing one training step and one weight sync.
+
+Both own the same parts (`RLTrainer.setup`): an inference engine (in a child process when the
+weight-sync backend is `shm` or `broadcast`, in this process for `inprocess`), a policy worker
+with `TrainingStep` as its loss and optimizer step, a `WorkerDispatch` that pushes new weights to
+the engine after every step following `plan_weight_sync` (pause, [sleep], send, [reset], resume),
+a generator, the data loader that records consumed prompts, metrics and checkpoints.
+
+- `SyncTrainer`: generate a batch, train on it, sync (nothing is in flight during the sync).
+- `FullyAsyncTrainer`: `num_parallel_generation_workers` asyncio tasks generate groups
+  continuously under the `StalenessManager`'s capacity law; the trainer takes
+  `policy_mini_batch_size` groups from the output buffer per step and syncs the weights in flight
+  (the requests frozen by the pause keep, offload or recompute their KV as the plan says).
+
+The training step runs in a worker thread so the event loop keeps feeding the engine meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from inflight.config import Config
+from inflight.engine.config import EngineConfig
+from inflight.tasks.base import Problem, Task
+from inflight.train.checkpoint import load_latest
+from inflight.train.engine_process import EngineProcess, ReceiverSpec, engine_stats
+from inflight.train.generator import GenerateFn, TaskGenerator, TrajectoryGroup
+from inflight.train.job_config import JobConfig
+from inflight.train.metrics import MetricsLogger
+from inflight.train.policy import LocalPolicy, ensure_process_group, make_worker
+from inflight.train.staleness import AsyncDataLoader, OutputBuffer, PromptRef, StalenessManager
+
+__all__ = ["FullyAsyncTrainer", "RLTrainer", "SyncTrainer", "engine_config", "ensure_process_group",
+           "make_trainer", "make_worker"]
+
+KV_COUNTERS = ("resets", "kv_invalidated_resets", "recomputed_tokens", "preemptions", "prefix_cache_hit_tokens",
+               "weight_updates", "pauses")
+
+
+def engine_config(cfg: Config, model_dir: str | Path, weight_version: int = 0) -> EngineConfig:
+    """The engine settings of `generator.inference_engine` for `model_dir`."""
+    ie = cfg.generator.inference_engine
+    return EngineConfig(
+        model=str(model_dir), device=ie.device, dtype=ie.dtype, block_size=ie.block_size,
+        num_kv_blocks=ie.num_kv_blocks, kv_cache_memory_gib=ie.kv_cache_memory_gib, max_num_seqs=ie.max_num_seqs,
+        max_num_batched_tokens=ie.max_num_batched_tokens, max_model_len=ie.max_model_len,
+        enable_prefix_caching=ie.enable_prefix_caching, enable_chunked_prefill=ie.enable_chunked_prefill,
+        seed=cfg.trainer.seed, weight_version=weight_version,
+    )
+
+
+class RLTrainer:
+    """What both trainers share. `await trainer.setup()`, then `await trainer.train()`,
+    `await trainer.evaluate()`, and finally `await trainer.close()`."""
+
+    mode = "base"
+
+    def __init__(
+        self,
+        cfg: Config,
+        job: JobConfig,
+        task: Task,
+        generate: GenerateFn | None = None,
+        logger: MetricsLogger | None = None,
+    ) -> None:
+        self.cfg, self.job, self.task = cfg, job, task
+        self._custom_generate = generate
+        self.logger = logger
+        self.global_step = 0
+        self.engine_proc: EngineProcess | None = None
+        self.local_engine = None
+        self.transport = None
+        self.client: Any = None
+        self.resumed_from: Path | None = None
+        self.policy: Any = None
+        self.history: list[dict[str, Any]] = []
+        self._engine_counters: dict[str, int] | None = None
+        self._started = 0.0
+        self._consumed_file = None
+        self._error: BaseException | None = None
+
+    # ---- set-up -------------------------------------------------------------------------------
+    async def setup(self) -> RLTrainer:
+        cfg, job = self.cfg, self.job
+        if cfg.generator.inference_engine.num_engines != 1:
+            raise NotImplementedError("the trainers drive one engine (generator.inference_engine.num_engines=1)")
+        torch.set_num_threads(job.threads)
+        self.base_model_dir = cfg.trainer.policy.model.path
+        if self.base_model_dir is None:
+            raise ValueError("no model: set trainer.policy.model.path")
+        ckpt = load_latest(cfg.trainer.ckpt_path) if job.resume else None
+        model_dir = ckpt.model_dir if ckpt else self.base_model_dir
+        version = ckpt.weight_version if ckpt else 0
+        await self._setup_engine_and_policy(model_dir, version, ckpt)
+        self.loader: AsyncDataLoader[Problem] = AsyncDataLoader(
+            self.task.train_problems(), cfg.trainer.epochs, cfg.trainer.seed
+        )
+        if ckpt is not None:
+            self.loader.load_state(ckpt.data)
+            self.global_step = ckpt.step
+            self.resumed_from = ckpt.path
+        sampling = cfg.generator.sampling_params
+        self.generator = self._custom_generate or TaskGenerator(
+            self.client, self.task, n=cfg.generator.n_samples_per_prompt, temperature=sampling.temperature,
+            top_p=sampling.top_p, top_k=sampling.top_k,
+            max_tokens=min(sampling.max_generate_length, self.task.max_new_tokens),
+            max_context=cfg.generator.inference_engine.max_model_len, seed=cfg.trainer.seed,
+        )
+        out = Path(job.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        if self.logger is None:
+            self.logger = MetricsLogger(out, job.tensorboard, job.progress, job.max_steps,
+                                        log_interval=job.log_interval, append=ckpt is not None)
+        self._consumed_file = (out / "consumed.jsonl").open("a" if ckpt is not None else "w")
+        return self
+
+    async def _setup_engine_and_policy(self, model_dir: str | Path, version: int, ckpt) -> None:
+        """Start the engine (sets `client`, `transport`) and the policy (sets `policy`)."""
+        await self._start_engine(model_dir, version)
+        self.policy = await asyncio.to_thread(
+            LocalPolicy(self.cfg, self.job, self._pad_id()).setup,
+            model_dir, self.base_model_dir, self.client, self.transport, version, ckpt,
+        )
+
+    # the local policy's parts, for inspection and tests
+    @property
+    def worker(self):
+        return self.policy.worker
+
+    @property
+    def reference(self):
+        return self.policy.reference
+
+    @property
+    def dispatch(self):
+        return self.policy.dispatch
+
+    @property
+    def policy_version(self) -> int:
+        """The weight version the policy (and, after each sync, the engines) hold."""
+        return self.policy.weight_version
+
+    def _pad_id(self) -> int:
+        tok = self.task.tokenizer
+        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        return int(pad or 0)
+
+    async def _start_engine(self, model_dir: str | Path, version: int) -> None:
+        backend = self.cfg.generator.inference_engine.weight_sync_backend
+        econf = engine_config(self.cfg, model_dir, version)
+        if backend == "inprocess":
+            from inflight.client import LocalClient
+            from inflight.engine import AsyncEngine, LLMEngine
+            from inflight.weight_sync import InProcessTransport
+
+            self.local_engine = AsyncEngine(LLMEngine(econf))
+            self.client = LocalClient(self.local_engine)
+            self.transport = InProcessTransport()
+            return
+        if backend == "shm":
+            from inflight.weight_sync import ShmTransport
+
+            remove_stale_shm_buffers()
+            path = SHM_DIR / f"{SHM_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}"
+            self.transport = ShmTransport(max_chunk_bytes=_chunk_bytes(model_dir), path=str(path))
+        else:
+            from inflight.weight_sync import BroadcastTransport
+
+            self.transport = BroadcastTransport(max_chunk_bytes=_chunk_bytes(model_dir),
+                                                device=self.job.trainer_device)
+        spec = ReceiverSpec(backend, "127.0.0.1", self.transport.port, econf.device)
+        self.engine_proc = await asyncio.to_thread(EngineProcess, econf, self.job.engine_threads, spec)
+        self.client = self.engine_proc.client
+        if backend == "broadcast":
+            await asyncio.to_thread(self.transport.connect)
+
+    async def close(self) -> None:
+        """Stop the engine and release transports and files (idempotent)."""
+        if self.transport is not None:
+            await asyncio.to_thread(self.transport.close)
+            self.transport = None
+        if self.engine_proc is not None:
+            await asyncio.to_thread(self.engine_proc.close)
+            self.engine_proc = None
+        if self.local_engine is not None:
+            await self.local_engine.close()
+            self.local_engine = None
+        if self.logger is not None:
+            self.logger.close()
+        if self._consumed_file is not None and not self._consumed_file.closed:
+            self._consumed_file.close()
+
+    # ---- evaluation ---------------------------------------------------------------------------
+    async def evaluate(self, problems: Sequence[Problem] | None = None) -> dict[str, float]:
+        """Greedy accuracy and mean reward on the held-out problems, through the engine."""
+        problems = list(problems if problems is not None else self.task.eval_problems()[: self.job.num_eval])
+        greedy = TaskGenerator(self.client, self.task, n=1, temperature=0.0,
+                               max_context=self.cfg.generator.inference_engine.max_model_len)
+        started = time.perf_counter()
+        groups = await asyncio.gather(*(greedy(p) for p in problems))
+        rewards = [g.trajectories[0].reward for g in groups]
+        return {
+            "accuracy": sum(r >= 1.0 - 1e-9 for r in rewards) / len(rewards),
+            "reward": sum(rewards) / len(rewards),
+            "seconds": time.perf_counter() - started,
+        }
+
+    # ---- pieces the loops share ---------------------------------------------------------------
+    async def _generate(self, ref: PromptRef[Problem]) -> TrajectoryGroup:
+        version = self.policy_version
+        if isinstance(self.generator, TaskGenerator):
+            group = await self.generator(ref.item, epoch=ref.epoch, index=ref.index, version=version)
+        else:
+            group = await self.generator(ref.item)
+        group.epoch, group.index, group.scheduled_version, group.ref = ref.epoch, ref.index, version, ref
+        return group
+
+    def _should_stop(self) -> bool:
+        job = self.job
+        if job.max_steps is not None and self.global_step >= job.max_steps:
+            return True
+        return job.max_train_seconds is not None and time.perf_counter() - self._started >= job.max_train_seconds
+
+    def _record_consumed(self, step: int, prompt_ids: list[str], kind: str = "trained") -> None:
+        if self._consumed_file is not None:
+            self._consumed_file.write(json.dumps({"step": step, kind: prompt_ids}) + "\n")
+            self._consumed_file.flush()
+
+    def reject(self, group: TrajectoryGroup) -> None:
+        """A group filtered out at generation: consumed, never trained."""
+        self.loader.mark_consumed(group.ref)
+        self._record_consumed(self.global_step + 1, [group.prompt_id], "rejected")
+
+    async def _kv_counters(self) -> dict[str, float]:
+        stats = await engine_stats(self.client)
+        if stats is None:
+            return {}
+        previous, self._engine_counters = self._engine_counters or stats, stats
+        return {f"kv/{k}": float(stats[k] - previous.get(k, 0)) for k in KV_COUNTERS if k in stats}
+
+    async def _train_on(self, groups: list[TrajectoryGroup], waited_s: float, step_started: float) -> dict[str, Any]:
+        """The shared tail of every step: train, sync the weights, record, checkpoint."""
+        policy_version = self.policy_version
+        t0 = time.perf_counter()
+        metrics: dict[str, Any] = await self.policy.train(groups, policy_version)
+        train_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        report = await self.policy.sync()
+        sync_s = time.perf_counter() - t0
+        self.global_step += 1
+        for group in groups:
+            self.loader.mark_consumed(group.ref)
+        data_state = self.loader.state()  # captured right after the step: no await in between
+        self._record_consumed(self.global_step, [g.prompt_id for g in groups])
+        step_s = time.perf_counter() - step_started
+        metrics.update(await self._kv_counters())
+        metrics.update({
+            "time": time.perf_counter() - self._started,
+            "epoch": float(max(g.epoch for g in groups)),
+            "weight_version": float(report["version"]),
+            "timing/wait_s": waited_s,
+            "timing/train_s": train_s,
+            "timing/sync_s": sync_s,
+            "timing/pause_s": report["timings"].get("pause_s", 0.0),
+            "timing/send_s": report["timings"].get("send_s", 0.0),
+            "timing/step_s": step_s,
+            "throughput/tokens_per_s": metrics["generated_tokens"] / max(step_s, 1e-9),
+            "throughput/samples_per_s": metrics["samples"] / max(step_s, 1e-9),
+        })
+        if self.job.eval_interval and self.global_step % self.job.eval_interval == 0:
+            metrics["eval/accuracy"] = (await self.evaluate())["accuracy"]
+        self.history.append(self.logger.log(self.global_step, metrics))
+        ckpt = self.cfg.trainer.ckpt_path
+        if ckpt and self.global_step % self.cfg.trainer.ckpt_interval == 0:
+            await self._save(data_state)
+        return metrics
+
+    async def _save(self, data_state: dict[str, Any] | None = None) -> Path:
+        data_state = data_state or self.loader.state()
+        return Path(await self.policy.save(self.cfg.trainer.ckpt_path, self.global_step, data_state,
+                                           {"mode": self.mode}, self.job.max_ckpts_to_keep))
+
+    async def train(self) -> list[dict[str, Any]]:
+        """Run until `job.max_steps`, `job.max_train_seconds` or the end of the data; returns the
+        per-step records. Saves a final checkpoint when checkpointing is on."""
+        self._started = time.perf_counter()
+        if self._engine_counters is None:
+            await self._kv_counters()
+        start_step = self.global_step
+        await self._run()
+        if self.cfg.trainer.ckpt_path and self.global_step > start_step and \
+                self.global_step % self.cfg.trainer.ckpt_interval != 0:
+            await self._save()
+        return self.history
+
+    async def _run(self) -> None:
+        raise NotImplementedError
+
+    async def _stop_generation(self) -> None:
+        """Finish whatever is still generating (abort), so the engine is idle for evaluation."""
+        try:
+            await self.client.pause("abort")
+        finally:
+            await self.client.resume()
+
+
+class SyncTrainer(RLTrainer):
+    """Generate `train_batch_size` groups with the current weights, train, sync, repeat."""
+
+    mode = "sync"
+
+    async def _run(self) -> None:
+        batch = self.cfg.trainer.train_batch_size
+        colocated = self.cfg.trainer.placement.colocate_all
+        while not self._should_stop():
+            started = time.perf_counter()
+            refs = [r for r in (self.loader.next() for _ in range(batch)) if r is not None]
+            if not refs:
+                break
+            groups = list(await asyncio.gather(*(self._generate(r) for r in refs)))
+            waited = time.perf_counter() - started
+            if self.job.dynamic_sampling:
+                for g in [g for g in groups if not g.informative]:
+                    self.reject(g)
+                groups = [g for g in groups if g.informative]
+                if not groups:
+                    continue
+            if colocated:  # the trainer needs the memory; the sync wakes the engine up again
+                await self.client.sleep(offload_kv=False)
+            await self._train_on(groups, waited, started)
+
+
+class FullyAsyncTrainer(RLTrainer):
+    """K generation workers under the staleness manager; one training step per mini-batch."""
+
+    mode = "fully_async"
+
+    async def _run(self) -> None:
+        trainer = self.cfg.trainer
+        mini = trainer.policy_mini_batch_size
+        if trainer.train_batch_size != mini:
+            raise ValueError("the fully-async trainer takes one optimizer step per training step: set "
+                             "trainer.train_batch_size equal to trainer.policy_mini_batch_size")
+        workers_n = trainer.fully_async.num_parallel_generation_workers
+        self.staleness = StalenessManager(trainer.fully_async.max_staleness_steps, mini, workers_n,
+                                          global_step=self.global_step + 1, accepted=self.global_step * mini)
+        self.buffer: OutputBuffer[TrajectoryGroup] = OutputBuffer()
+        workers = [asyncio.create_task(self._worker(), name=f"generation-worker-{i}") for i in range(workers_n)]
+        try:
+            while not self._should_stop():
+                started = time.perf_counter()
+                groups = await self.buffer.get(mini)
+                if self._error is not None:
+                    raise self._error
+                if not groups:
+                    break
+                await self._train_on(groups, time.perf_counter() - started, started)
+                self.staleness.step_done()
+        finally:
+            for w in workers:
+                w.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+            if self.client is not None:
+                try:
+                    await self._stop_generation()
+                except Exception:  # the engine may be gone already (shutdown after an error)
+                    pass
+
+    async def _worker(self) -> None:
+        manager, buffer = self.staleness, self.buffer
+        while True:
+            await manager.start()
+            seq = buffer.ticket()  # groups reach the trainer in the order they start
+            ref = self.loader.next()
+            if ref is None:
+                manager.cancel()
+                buffer.skip(seq)
+                self._maybe_close_buffer()
+                return
+            try:
+                group = await self._generate(ref)
+            except asyncio.CancelledError:
+                manager.cancel()
+                raise
+            except BaseException as err:
+                manager.cancel()
+                self._error = err
+                buffer.close()
+                raise
+            if self.job.dynamic_sampling and not group.informative:
+                manager.reject()
+                buffer.skip(seq)
+                self.reject(group)
+            else:
+                manager.accept()
+                buffer.put(group, seq)
+            self._maybe_close_buffer()
+
+    def _maybe_close_buffer(self) -> None:
+        if self.loader.exhausted and self.staleness.running == 0:
+            self.buffer.close()
+
+
+def make_trainer(cfg: Config, job: JobConfig, task: Task, **kwargs: Any) -> RLTrainer:
+    """`FullyAsyncTrainer` when `trainer.fully_async.enabled`, else `SyncTrainer`."""
+    cls = FullyAsyncTrainer if cfg.trainer.fully_async.enabled else SyncTrainer
+    return cls(cfg, job, task, **kwargs)
+
+
+SHM_DIR = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+SHM_PREFIX = "inflight-weights-train-"
+
+
+def remove_stale_shm_buffers() -> list[Path]:
+    """Unlink the shared-memory weight buffers of trainers that died without cleaning up (killed):
+    their file names carry the trainer's pid. Returns what was removed."""
+    removed = []
+    for path in SHM_DIR.glob(SHM_PREFIX + "*"):
+        try:
+            pid = int(path.name[len(SHM_PREFIX):].split("-", 1)[0])
+            os.kill(pid, 0)
+        except ValueError:
+            continue
+        except ProcessLookupError:
+            path.unlink(missing_ok=True)
+            removed.append(path)
+        except PermissionError:  # alive, someone else's
+            continue
+    return removed
+
+
+def _chunk_bytes(model_dir: str | Path) -> int:
+    """A shared buffer that holds the whole model in one chunk when it is small (<= 256 MiB)."""
+    size = sum(f.stat().st_size for f in Path(model_dir).glob("*.safetensors"))
+    return int(min(max(size + (1 << 20), 16 << 20), 256 << 20))

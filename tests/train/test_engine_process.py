@@ -1,0 +1,60 @@
+"""The engine in its own process: ProcessClient generation, errors crossing the pipe with their
+class, a shared-memory weight sync through the dispatch with requests in flight, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+from rl_support import small_task, warm_model_dir
+
+from inflight.config import load_config
+from inflight.engine import EngineConfig, InvalidRequestError, SamplingParams
+from inflight.train import LocalPolicyWorker, WorkerDispatch
+from inflight.train.engine_process import EngineProcess, ReceiverSpec
+from inflight.weight_sync import ShmTransport
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return warm_model_dir(tmp_path_factory)
+
+
+def test_process_client_generates_syncs_in_flight_and_closes(model_dir):
+    task = small_task()
+    transport = ShmTransport(max_chunk_bytes=16 << 20)
+    proc = EngineProcess(EngineConfig(model=str(model_dir), num_kv_blocks=64), 1,
+                         ReceiverSpec("shm", "127.0.0.1", transport.port))
+    cfg = load_config(None, [f"trainer.policy.model.path={model_dir}", "trainer.policy.optimizer_config.lr=1e-2"])
+
+    async def main():
+        client = proc.client
+        prompt = task.encode_prompt("3+4=")
+        greedy = await client.generate(prompt, SamplingParams(max_tokens=4, temperature=0.0))
+        assert greedy.token_weight_versions and set(greedy.token_weight_versions) == {0}
+        with pytest.raises(InvalidRequestError, match="outside the vocabulary"):
+            await client.generate([999], SamplingParams(max_tokens=2))
+        worker = LocalPolicyWorker(cfg).setup()
+        with torch.no_grad():
+            for p in worker.model.parameters():
+                p.add_(torch.randn_like(p) * 0.05)
+        dispatch = WorkerDispatch([worker], client, transport, cfg)
+        long = SamplingParams(max_tokens=20, temperature=1.0, ignore_eos=True, seed=1)
+        in_flight = [asyncio.create_task(client.generate(prompt, long)) for _ in range(8)]
+        await asyncio.sleep(0.01)
+        report = await dispatch.save_weights_for_sampler()
+        outs = await asyncio.gather(*in_flight)
+        assert report.ok and report.steps == ("pause", "send_weights", "resume")
+        assert await client.weight_version() == 1
+        assert all(len(o.output_token_ids) == 20 for o in outs)
+        assert any(1 in o.token_weight_versions for o in outs)  # tokens after the sync: new weights
+        stats = await client.stats()
+        assert stats["weight_updates"] == 1 and stats["pauses"] == 1
+
+    try:
+        asyncio.run(main())
+    finally:
+        transport.close()
+        proc.close()
+    assert proc.process.poll() is not None

@@ -1,0 +1,57 @@
+"""Every example config loads, and each says what its name promises (plan, trainer, worker)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from inflight.train.defaults import DEFAULT_JOB_YAML, default_job
+from inflight.train.main import resolve_config
+from inflight.weight_sync import plan_weight_sync
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def test_default_example_is_the_built_in_default():
+    assert yaml.safe_load((EXAMPLES / "default.yaml").read_text()) == default_job()
+    assert (EXAMPLES / "default.yaml").read_text() == DEFAULT_JOB_YAML
+
+
+@pytest.mark.parametrize(
+    "name, fully_async, fate, strategy, worker",
+    [
+        ("default", True, "keep", "fsdp", "auto"),
+        ("synchronous", False, "none", "fsdp", "auto"),
+        ("kv_keep", True, "keep", "fsdp", "auto"),
+        ("kv_offload", True, "offload", "fsdp", "auto"),
+        ("kv_recompute", True, "recompute", "fsdp", "auto"),
+        ("fsdp", True, "keep", "fsdp", "fsdp"),
+        ("megatron", True, "keep", "megatron", "auto"),
+        ("hf_gpu", True, "keep", "fsdp", "auto"),
+    ],
+)
+def test_example(name, fully_async, fate, strategy, worker):
+    cfg, job = resolve_config(str(EXAMPLES / f"{name}.yaml"), [])
+    assert cfg.trainer.fully_async.enabled is fully_async
+    assert plan_weight_sync(cfg).kv_fate == fate
+    assert cfg.trainer.strategy == strategy and job.worker == worker
+
+
+def test_no_config_means_the_default_job_and_overrides_apply():
+    cfg, job = resolve_config(None, ["job.max_steps=5", "trainer.fully_async.enabled=false"])
+    assert job.max_steps == 5 and not cfg.trainer.fully_async.enabled
+    assert cfg.trainer.policy.optimizer_config.lr == 1e-4 and cfg.generator.n_samples_per_prompt == 8
+
+
+def test_job_config_errors_are_listed():
+    from inflight.config import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        resolve_config(None, ["job.max_step=5", "job.threads=zero"])
+    assert err.value.keys == ["job.max_step", "job.threads"]
+    assert "did you mean 'job.max_steps'" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        resolve_config(None, ["job.tis=tokens", "job.task=jsonl"])
+    assert err.value.keys == ["job.tis", "job.train_data"]

@@ -1,0 +1,23 @@
+"""Metrics: JSONL records, TensorBoard event files, the PNG plot."""
+
+from __future__ import annotations
+
+import json
+
+from inflight.train.metrics import MetricsLogger, plot_metrics, read_metrics
+
+
+def test_jsonl_tensorboard_and_plot(tmp_path):
+    logger = MetricsLogger(tmp_path, tensorboard=True, progress=True, total_steps=3, log_interval=1)
+    logger.log(0, {"time": 0.0, "eval/accuracy": 0.25})
+    for step in (1, 2, 3):
+        logger.log(step, {"time": step * 0.5, "reward": 0.1 * step, "accuracy": 0.1 * step,
+                          "staleness_mean": 0.5, "staleness_max": 1.0, "is_ratio_mean": None,
+                          "timing/train_s": 0.2, "nan": float("nan")})
+    logger.close()
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in records] == [0, 1, 2, 3] and records[1]["nan"] is None
+    assert json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[2])["reward"] == 0.2
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    png = plot_metrics(tmp_path / "metrics.jsonl", tmp_path / "plot.png", "test")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
