@@ -3,5 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
-if [ $# -eq 0 ]; then set -- generate --ignore-eos; fi
+if [ $# -eq 0 ]; then set -- train; fi
 exec .venv/bin/inflight "$@"
