@@ -74,8 +74,10 @@ def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
         from inflight.bench.weight_sync_bench import main as bench_main  # pause per KV fate
     elif args.what == "serve":
         from inflight.bench.serve_bench import main as bench_main
+    elif args.what == "rl":
+        from inflight.bench.rl_bench import main as bench_main
     else:
-        print(f"error: unknown benchmark {args.what!r}; available: engine, weight-sync, serve", file=sys.stderr)
+        print(f"error: unknown benchmark {args.what!r}; available: engine, weight-sync, serve, rl", file=sys.stderr)
         return 2
     return bench_main(rest)
 
@@ -98,8 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     sub.add_parser("train", add_help=False, help="fully-async GRPO (see inflight train --help)")
     sub.add_parser("serve", add_help=False, help="run the OpenAI-compatible server (see inflight serve --help)")
-    bench = sub.add_parser("bench", help="run a benchmark (engine | weight-sync | serve); options after it go to the benchmark")
-    bench.add_argument("what", help="engine | weight-sync | serve")
+    bench = sub.add_parser("bench", help="run a benchmark (engine | weight-sync | serve | rl); options after it go to the benchmark")
+    bench.add_argument("what", help="engine | weight-sync | serve | rl")
     return parser
 
 

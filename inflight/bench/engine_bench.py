@@ -2,14 +2,15 @@
 
 Workload: a random Qwen2-shaped model (~50M parameters by default), N requests with prompt and
 output lengths drawn uniformly (seeded), random prompt token ids, greedy, EOS ignored, so both sides
-must produce exactly the requested output tokens. The baseline gets its best static batching: requests
-sorted by output length, left-padded batches of a few sizes (the best one is reported); every row of a
-batch decodes the batch's longest output (`min_new_tokens = max_new_tokens`) and is then cut to its
+must produce exactly the requested output tokens. The baseline gets its best static batching:
+requests sorted by output length, left-padded batches of a few sizes (the best one is reported); with
+no stop token, every row of a batch decodes the batch's longest output and is then cut to its
 requested length, so the useful output tokens are the same on both sides and the extra decoding is
 reported as `generated_tokens`. Each side runs in its own spawned process with the same torch thread
-count; timings are medians over `--repeats` runs after a warm-up. Achieved FLOP/s counts the useful
-work (2·params per prompt or output token through the trunk, the LM head per output token, and
-attention) against a matmul peak measured in the same process just before the timed runs.
+count; the two alternate pass by pass so that both see the same background load. Timings are medians
+over `--repeats` passes after a warm-up. Achieved FLOP/s counts the useful work (2·params per prompt
+or output token through the trunk, the LM head per output token, and attention) against the best
+matmul peak measured in the two processes (before and after the passes).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from inflight.bench.common import CpuMonitor, Worker, median
+from inflight.bench.common import MODEL_SHAPES, CpuMonitor, Worker, median
 
 DEFAULT_HF_BATCH_SIZES = (32, 64)
 
@@ -52,7 +53,7 @@ class ModelShape:
         return self.num_hidden_layers * (2 * h * h + 2 * h * kv + 3 * h * self.intermediate_size)
 
 
-FULL_MODEL = ModelShape(512, 13, 1536, 8, 4, 8192)
+FULL_MODEL = ModelShape(**MODEL_SHAPES["50m"])  # hidden 512, 13 layers, MLP 1536, 8/4 heads, vocab 8192
 SMALL_MODEL = ModelShape(128, 4, 512, 4, 2, 512)
 
 
@@ -209,6 +210,9 @@ class TransformersSide:
         ).eval()
         self.load_s = time.perf_counter() - start
         self.pad = self.model.generation_config.pad_token_id or 0
+        # like the engine's ignore_eos: no stop token (min_new_tokens would instead forbid EOS,
+        # changing greedy picks whenever EOS is the top token)
+        self.model.generation_config.eos_token_id = None
         self.warm: set[int] = set()
 
     def info(self) -> dict[str, Any]:
@@ -247,11 +251,11 @@ class TransformersSide:
                     input_ids=ids,
                     attention_mask=mask,
                     max_new_tokens=steps,
-                    min_new_tokens=steps,  # every row decodes `steps` tokens: EOS cannot end it early
                     do_sample=False,
                     pad_token_id=self.pad,
                 )
             new = out[:, width:]
+            assert new.shape[1] == steps, f"transformers stopped after {new.shape[1]} of {steps} tokens"
             generated += new.numel()
             for row, i in enumerate(batch):
                 outputs[i] = new[row, : work.output_lens[i]].tolist()
@@ -354,13 +358,13 @@ def _measure(
                 entry["generated_tokens"], entry["outputs"] = timed_pass(hf_worker, entry, size)
             best = min(cfg.hf_batch_sizes, key=lambda b: hf["batch_sizes"][str(b)]["times_s"][0])
             hf["best_batch_size"] = best
-        if cfg.profile:
-            engine["profile"] = engine_worker.call(_call, "profile")
         for side, worker in ((engine, engine_worker), (hf, hf_worker)):
             if side is not None:
                 closing = worker.call(_close)
                 side["peak_flops"].append(closing.pop("peak_flops_after"))
                 side.update(closing)
+        if cfg.profile:  # after the peak RSS was read: the profiler's events take gigabytes
+            engine["profile"] = engine_worker.call(_call, "profile")
     return engine, hf
 
 

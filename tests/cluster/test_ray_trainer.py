@@ -1,0 +1,76 @@
+"""Through Ray: the engine and the policy as actors (placement group, local Ray instance), a short
+fully-async run for each KV fate with a real engine; its metrics file holds every field."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray", reason="ray is not installed: pip install torch==2.13.0 -e '.[ray]'")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
+from rl_support import rl_config, small_task, warm_model_dir  # noqa: E402
+
+from inflight.cluster import RayFullyAsyncTrainer, RaySyncTrainer, init_ray, make_ray_trainer  # noqa: E402
+
+REQUIRED = ("reward", "accuracy", "staleness_mean", "staleness_max", "is_ratio_mean", "kv/resets",
+            "kv/recomputed_tokens", "timing/wait_s", "timing/train_s", "timing/sync_s", "timing/pause_s",
+            "throughput/tokens_per_s")
+
+FATES = {
+    "keep": ["generator.inference_engine.weight_sync_backend=shm"],
+    "offload": ["generator.inference_engine.weight_sync_backend=shm",
+                "generator.inference_engine.offload_kv_for_weight_sync=true"],
+    "recompute": ["generator.inference_engine.weight_sync_backend=broadcast",
+                  "trainer.fully_async.clear_kv_cache_on_weight_sync=true"],
+}
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    init_ray(object_store_mib=256)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return warm_model_dir(tmp_path_factory)
+
+
+def _run(cfg, job):
+    async def main():
+        trainer = make_ray_trainer(cfg, job, small_task())
+        try:
+            await trainer.setup()
+            history = await trainer.train()
+            return trainer, history, await trainer.client.weight_version()
+        finally:
+            await trainer.close()
+
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize("fate", list(FATES))
+def test_fully_async_through_ray(ray_cluster, model_dir, tmp_path, fate):
+    cfg, job = rl_config(model_dir, tmp_path, FATES[fate] + ["job.max_steps=3", "job.ray=true"])
+    trainer, history, version = _run(cfg, job)
+    assert isinstance(trainer, RayFullyAsyncTrainer) and trainer.policy.kv_fate == fate
+    assert version == 3 == trainer.global_step
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    for r in records:
+        assert not [k for k in REQUIRED if k not in r]
+        assert r["weight_version"] == r["step"]
+    assert trainer.engine_actor is None and trainer.placement is None  # released
+
+
+def test_sync_through_ray_with_weights_through_the_object_store(ray_cluster, model_dir, tmp_path):
+    cfg, job = rl_config(model_dir, tmp_path, ["trainer.fully_async.enabled=false", "job.max_steps=2",
+                                               "job.ray=true"])  # weight_sync_backend=inprocess
+    trainer, history, version = _run(cfg, job)
+    assert isinstance(trainer, RaySyncTrainer) and version == 2
+    assert all(r["staleness_max"] == 0 for r in history)
