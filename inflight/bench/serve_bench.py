@@ -52,6 +52,15 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
+
+async def timed_whole(generate, prompt: list[int], params) -> Trace:
+    """One non-streaming request through `generate` (engine or client), timed as a Trace."""
+    trace = Trace(time.perf_counter())
+    out = await generate(prompt, params)
+    trace.arrivals.append((time.perf_counter(), len(out.output_token_ids)))
+    trace.tokens = list(out.output_token_ids)
+    return trace
+
 def summarize(traces: list[Trace], wall_s: float) -> dict[str, float]:
     """requests/s, output tokens/s, latency percentiles (milliseconds)."""
     ttft = [(t.arrivals[0][0] - t.start) * 1e3 for t in traces if t.arrivals]
@@ -104,11 +113,7 @@ async def _inprocess(
         return trace
 
     async def whole(prompt: list[int]) -> Trace:
-        trace = Trace(time.perf_counter())
-        out = await engine.generate(prompt, params)
-        trace.arrivals.append((time.perf_counter(), len(out.output_token_ids)))
-        trace.tokens = list(out.output_token_ids)
-        return trace
+        return await timed_whole(engine.generate, prompt, params)
 
     try:
         await asyncio.gather(*(whole(p) for p in warmup))
@@ -200,11 +205,7 @@ async def _server(
             return trace
 
         async def whole(prompt: list[int]) -> Trace:
-            trace = Trace(time.perf_counter())
-            out = await rc.generate(prompt, params)
-            trace.arrivals.append((time.perf_counter(), len(out.output_token_ids)))
-            trace.tokens = list(out.output_token_ids)
-            return trace
+            return await timed_whole(rc.generate, prompt, params)
 
         await asyncio.gather(*(whole(p) for p in warmup))
         return {

@@ -128,8 +128,9 @@ class Scheduler:
             budget -= n
         for request, n in scheduled:
             start = request.num_computed_tokens
-            self.stats.recomputed_tokens += max(0, min(start + n, request.max_computed_tokens) - start)
-            request.num_recomputed_tokens += max(0, min(start + n, request.max_computed_tokens) - start)
+            recomputed = max(0, min(start + n, request.max_computed_tokens) - start)
+            self.stats.recomputed_tokens += recomputed
+            request.num_recomputed_tokens += recomputed
         return scheduled
 
     def after_step(self, scheduled: list[tuple[Request, int]]) -> None:
