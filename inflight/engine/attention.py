@@ -1,21 +1,29 @@
-"""Attention over the paged KV cache in plain PyTorch (SDPA), correct for mixed batches.
+"""Attention over the paged KV cache, correct for mixed batches.
 
-A step's new tokens are laid out decodes first (one token per sequence, sorted by context length
-and cut into groups of similar length so padding stays small), then prefill chunks. New keys and
-values are written into the cache at `slot_mapping`. Each decode group gathers its blocks with one
-`index_select` into a reused workspace (no fresh allocation proportional to the context) and
-attends in one batched SDPA with a length mask; each prefill chunk attends causally with its offset.
+A step's new tokens are laid out decodes first (one token per sequence), then prefill chunks. New
+keys and values are written into the cache at `slot_mapping`. Decodes attend through one of two
+backends chosen when the metadata is built:
+
+- `native` (CPU): one call of the C kernel in `inflight.engine.kernels` per layer walks each
+  sequence's block table in place: nothing is gathered and nothing grows with the context.
+- `torch` (any device, and the CPU fallback): decodes are sorted by context length and cut into
+  groups of similar length; each group gathers its blocks with one `index_select` into a reused
+  workspace and attends in one batched SDPA with a length mask.
+
+Prefill chunks attend causally with SDPA (gathering their cached context when there is one).
 Metadata is built once per step and shared by every layer.
 """
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
 DECODE_GROUP_SIZE = 16
+_KV_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 
 
 @dataclass
@@ -28,6 +36,17 @@ class DecodeGroup:
 
 
 @dataclass
+class NativeDecode:
+    """The native kernel's view of the step's decodes."""
+
+    lib: ctypes.CDLL
+    count: int
+    block_tables: torch.Tensor  # [count, max_blocks] int32, padded with block 0
+    context_lens: torch.Tensor  # [count] int32
+    max_context: int
+
+
+@dataclass
 class PrefillChunk:
     start: int  # offset of the chunk's first token in the step's flattened tokens
     length: int  # number of new tokens
@@ -37,29 +56,38 @@ class PrefillChunk:
 
 
 class Workspace:
-    """Gather buffers reused across layers and steps; they only grow."""
+    """Buffers reused across layers and steps; they only grow."""
 
     def __init__(self) -> None:
-        self.buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.buffers: dict[str, torch.Tensor] = {}
+
+    def take(self, name: str, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A flat buffer of at least `numel` elements (the first `numel` are returned)."""
+        buf = self.buffers.get(name)
+        if buf is None or buf.numel() < numel or buf.dtype != dtype or buf.device != device:
+            size = max(numel, 2 * buf.numel() if buf is not None else 0)
+            buf = self.buffers[name] = torch.empty(size, dtype=dtype, device=device)
+        return buf[:numel]
 
     def get(self, num_blocks: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Two [num_blocks, block elements] buffers shaped like rows of `like` (a 2-D cache view)."""
-        if self.buffers is None or self.buffers[0].shape[0] < num_blocks or self.buffers[0].dtype != like.dtype:
-            rows = max(num_blocks, 2 * (self.buffers[0].shape[0] if self.buffers else 0))
-            self.buffers = tuple(torch.empty(rows, like.shape[1], dtype=like.dtype, device=like.device)
-                                 for _ in range(2))
-        return self.buffers[0][:num_blocks], self.buffers[1][:num_blocks]
+        """Two [num_blocks, block elements] gather buffers shaped like rows of `like` (a 2-D cache view)."""
+        numel = num_blocks * like.shape[1]
+        return tuple(self.take(name, numel, like.dtype, like.device).view(num_blocks, like.shape[1])
+                     for name in ("gather_k", "gather_v"))
 
 
 @dataclass
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] flat slot index (block_id * block_size + offset) per new token
     decode_groups: list[DecodeGroup] = field(default_factory=list)
+    native: NativeDecode | None = None
     prefills: list[PrefillChunk] = field(default_factory=list)
     workspace: Workspace = field(default_factory=Workspace)
 
     @property
     def num_decode(self) -> int:
+        if self.native is not None:
+            return self.native.count
         return sum(g.count for g in self.decode_groups)
 
 
@@ -72,22 +100,23 @@ def build_metadata(
     block_size: int,
     device: torch.device,
     workspace: Workspace | None = None,
+    native_lib: ctypes.CDLL | None = None,
 ) -> AttentionMetadata:
-    """Turn the scheduler's per-request lists into tensors, once per step. Decodes must come in
-    descending context length (the runner sorts them) so that groups pad little."""
+    """Turn the scheduler's per-request lists into tensors, once per step. With `native_lib` (CPU
+    only) decodes use the native kernel; otherwise they must come in descending context length (the
+    runner sorts them) so that groups pad little."""
     meta = AttentionMetadata(torch.tensor(slot_mapping, dtype=torch.long, device=device))
     if workspace is not None:
         meta.workspace = workspace
-    for start in range(0, len(decode_tables), DECODE_GROUP_SIZE):
-        tables = decode_tables[start : start + DECODE_GROUP_SIZE]
-        lens = decode_context_lens[start : start + DECODE_GROUP_SIZE]
-        width = max(len(t) for t in tables)
-        flat = [b for t in tables for b in t + [0] * (width - len(t))]
-        positions = torch.arange(width * block_size, device=device)
-        mask = positions[None, :] < torch.tensor(lens, device=device)[:, None]
-        meta.decode_groups.append(DecodeGroup(
-            start, len(tables), width, torch.tensor(flat, dtype=torch.long, device=device), mask[:, None, None, :]
-        ))
+    if decode_tables and native_lib is not None:
+        width = max(len(t) for t in decode_tables)
+        padded = [t + [0] * (width - len(t)) for t in decode_tables]
+        meta.native = NativeDecode(
+            native_lib, len(decode_tables), torch.tensor(padded, dtype=torch.int32),
+            torch.tensor(decode_context_lens, dtype=torch.int32), max(decode_context_lens),
+        )  # fmt: skip
+    else:
+        meta.decode_groups = _decode_groups(decode_tables, decode_context_lens, block_size, device)
     for chunk, table in zip(prefills, prefill_tables, strict=True):
         if chunk.context_len > chunk.length:
             chunk.block_ids = torch.tensor(table, dtype=torch.long, device=device)
@@ -97,8 +126,50 @@ def build_metadata(
     return meta
 
 
+def _decode_groups(tables: list[list[int]], lens: list[int], block_size: int, device) -> list[DecodeGroup]:
+    groups = []
+    for start in range(0, len(tables), DECODE_GROUP_SIZE):
+        group_tables = tables[start : start + DECODE_GROUP_SIZE]
+        group_lens = lens[start : start + DECODE_GROUP_SIZE]
+        width = max(len(t) for t in group_tables)
+        flat = [b for t in group_tables for b in t + [0] * (width - len(t))]
+        positions = torch.arange(width * block_size, device=device)
+        mask = positions[None, :] < torch.tensor(group_lens, device=device)[:, None]
+        groups.append(DecodeGroup(
+            start, len(group_tables), width, torch.tensor(flat, dtype=torch.long, device=device), mask[:, None, None, :]
+        ))  # fmt: skip
+    return groups
+
+
 def _gather(cache_2d: torch.Tensor, block_ids: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     return torch.index_select(cache_2d, 0, block_ids, out=out[: block_ids.numel()])
+
+
+def _native_decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out: torch.Tensor) -> None:
+    """Decode attention for the first `count` rows of q, written into the same rows of out."""
+    nd, ws = meta.native, meta.workspace
+    count, num_heads, head_dim = nd.count, q.shape[1], q.shape[2]
+    num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
+    groups, threads = num_heads // num_kv_heads, torch.get_num_threads()
+    q32 = q[:count].float().contiguous()
+    direct = out.dtype == torch.float32
+    o32 = out[:count] if direct else ws.take("native_out", q32.numel(), torch.float32, q.device).view_as(q32)
+    scratch = ws.take("native_scratch", threads * groups * (nd.max_context + head_dim), torch.float32, q.device)
+    status = nd.lib.paged_decode_attention(
+        q32.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), nd.block_tables.data_ptr(),
+        nd.context_lens.data_ptr(), o32.data_ptr(), scratch.data_ptr(), count, num_heads, num_kv_heads,
+        head_dim, block_size, nd.block_tables.shape[1], nd.max_context, scale,
+        _KV_DTYPE_CODES[k_cache.dtype], threads,
+    )  # fmt: skip
+    if status != 0:
+        raise RuntimeError(f"native decode attention failed with status {status}")
+    if not direct:
+        out[:count] = o32
+
+
+def native_supports(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether the native decode kernel handles a KV cache of this dtype on this device."""
+    return device.type == "cpu" and dtype in _KV_DTYPE_CODES
 
 
 def paged_attention(
@@ -114,8 +185,10 @@ def paged_attention(
     num_kv_heads, head_dim = k.shape[1], k.shape[2]
     k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k)
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v)
-    k_rows, v_rows = k_cache.view(k_cache.shape[0], -1), v_cache.view(v_cache.shape[0], -1)
     out = torch.empty_like(q)
+    if meta.native is not None:
+        _native_decode(q, k_cache, v_cache, meta, scale, out)
+    k_rows, v_rows = k_cache.view(k_cache.shape[0], -1), v_cache.view(v_cache.shape[0], -1)
     gathered = max([g.block_ids.numel() for g in meta.decode_groups]
                    + [c.block_ids.numel() for c in meta.prefills if c.block_ids is not None] + [0])
     k_buf, v_buf = meta.workspace.get(gathered, k_rows) if gathered else (None, None)

@@ -8,6 +8,7 @@ import torch
 
 from inflight.engine.errors import InvalidRequestError
 
+ATTENTION_BACKENDS = ("auto", "native", "torch")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -31,6 +32,9 @@ class EngineConfig:
     # Keep the pre-update weights until an update finishes, so a failed one can be rolled back
     # (abort_weight_update). Costs up to one extra copy of the weights during an update.
     weight_update_rollback: bool = True
+    # Decode attention: "native" (the C kernel over paged KV, CPU), "torch" (gather + SDPA, any
+    # device) or "auto" (native where it is supported and builds, else torch).
+    attention_backend: str = "auto"
 
     def validate(self) -> None:
         """Raise InvalidRequestError listing every invalid setting."""
@@ -42,6 +46,8 @@ class EngineConfig:
                 problems.append(f"{key}={getattr(self, key)!r} must be >= 1")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             problems.append(f"num_kv_blocks={self.num_kv_blocks!r} must be >= 1 (or None to derive it)")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            problems.append(f"attention_backend={self.attention_backend!r} must be one of {list(ATTENTION_BACKENDS)}")
         if self.kv_cache_memory_gib <= 0:
             problems.append(f"kv_cache_memory_gib={self.kv_cache_memory_gib!r} must be > 0")
         try:

@@ -69,7 +69,9 @@ class LLMEngine:
             self.pool,
             self.stats,
         )
-        self.runner = ModelRunner(self.model, self.kv_cache, config.block_size, config.seed)
+        self.runner = ModelRunner(
+            self.model, self.kv_cache, config.block_size, config.seed, config.attention_backend
+        )
         self.weight_version = config.weight_version
         self.requests: dict[str, Request] = {}
         self._arrivals = itertools.count()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from inflight.engine.attention import PrefillChunk, Workspace, build_metadata
+from inflight.engine import kernels
+from inflight.engine.attention import PrefillChunk, Workspace, build_metadata, native_supports
 from inflight.engine.kv_cache import KVCache
 from inflight.engine.models.common import DecoderForCausalLM
 from inflight.engine.request import Request
@@ -12,7 +13,9 @@ from inflight.engine.sampler import sample
 
 
 class ModelRunner:
-    def __init__(self, model: DecoderForCausalLM, kv_cache: KVCache, block_size: int, seed: int) -> None:
+    def __init__(
+        self, model: DecoderForCausalLM, kv_cache: KVCache, block_size: int, seed: int, attention_backend: str = "auto"
+    ) -> None:
         self.model = model
         self.kv_cache = kv_cache
         self.block_size = block_size
@@ -20,6 +23,21 @@ class ModelRunner:
         self.generator = torch.Generator(device="cpu")
         self.generator.manual_seed(seed)
         self.workspace = Workspace()
+        self.native_lib = self._native_lib(attention_backend, kv_cache)
+
+    @staticmethod
+    def _native_lib(backend: str, kv_cache: KVCache):
+        """The native kernel library when the backend uses it (`native` raises if it cannot)."""
+        if backend == "torch":
+            return None
+        if not native_supports(kv_cache.dtype, kv_cache.device):
+            if backend == "native":
+                raise kernels.NativeKernelError(
+                    f"attention_backend='native' supports CPU float32/bfloat16 KV caches, not "
+                    f"{kv_cache.dtype} on {kv_cache.device}; use attention_backend='torch' or 'auto'"
+                )
+            return None
+        return kernels.load(required=backend == "native")
 
     @torch.inference_mode()
     def execute(self, scheduled: list[tuple[Request, int]]) -> list[tuple[Request, int, float]]:
@@ -50,6 +68,7 @@ class ModelRunner:
             size,
             self.device,
             self.workspace,
+            self.native_lib,
         )
         ids = torch.tensor(input_ids, dtype=torch.long, device=self.device)
         pos = torch.tensor(positions, dtype=torch.long, device=self.device)

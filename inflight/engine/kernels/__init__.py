@@ -1,0 +1,107 @@
+"""Native CPU kernels, compiled on first use with the system C compiler and loaded with ctypes.
+
+PyTorch has no attention over a paged KV cache on CPU; the one kernel here fills that gap. The
+shared library is built from the C source next to this file into a per-user cache directory keyed
+by the source, the compiler flags and the CPU's feature flags (the code is built for the host CPU),
+so each machine compiles once (about a second). Where no compiler is found, `load()` returns None
+and callers use their PyTorch path; `INFLIGHT_NATIVE_KERNELS=0` forces that.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+_SOURCE = Path(__file__).with_name("paged_attention.c")
+_FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
+_LOCK = threading.Lock()
+_LOADED: dict[str, ctypes.CDLL | None] = {}
+
+
+class NativeKernelError(RuntimeError):
+    """The native kernels were required but could not be built or loaded."""
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return os.uname().machine
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("INFLIGHT_KERNEL_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "inflight", "kernels"
+    )
+    return Path(root)
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+
+
+def library_path() -> Path:
+    """Where the shared library for this source, these flags and this CPU lives (built or not)."""
+    key = hashlib.sha256(_SOURCE.read_bytes() + " ".join(_FLAGS).encode() + _cpu_flags().encode())
+    return _cache_dir() / f"paged_attention-{key.hexdigest()[:16]}.so"
+
+
+def _build(target: Path, compiler: str) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # build beside the target and rename: concurrent processes never load a half-written file
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        result = subprocess.run([compiler, *_FLAGS, "-o", tmp, str(_SOURCE), "-lm"],
+                                capture_output=True, text=True, timeout=120)
+        if result.returncode != 0:
+            raise NativeKernelError(f"{compiler} failed to build {_SOURCE.name}:\n{result.stderr.strip()}")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+    fn = lib.paged_decode_attention
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int] * 7 + [ctypes.c_float, ctypes.c_int, ctypes.c_int]
+    return lib
+
+
+def load(required: bool = False) -> ctypes.CDLL | None:
+    """The compiled kernels (built on first use), or None when disabled or no compiler is found.
+
+    With `required`, failure raises NativeKernelError naming the reason instead.
+    """
+    with _LOCK:
+        if "lib" not in _LOADED:
+            _LOADED["lib"], _LOADED["error"] = _try_load()
+        lib, error = _LOADED["lib"], _LOADED["error"]
+    if lib is None and required:
+        raise NativeKernelError(f"native attention kernel unavailable: {error}")
+    return lib
+
+
+def _try_load() -> tuple[ctypes.CDLL | None, str | None]:
+    if os.environ.get("INFLIGHT_NATIVE_KERNELS", "1") == "0":
+        return None, "disabled by INFLIGHT_NATIVE_KERNELS=0"
+    compiler = _compiler()
+    target = library_path()
+    try:
+        if not target.exists():
+            if compiler is None:
+                return None, "no C compiler found (install gcc or set CC)"
+            _build(target, compiler)
+        return _bind(ctypes.CDLL(str(target))), None
+    except (OSError, subprocess.SubprocessError, NativeKernelError) as exc:
+        return None, str(exc)

@@ -1,0 +1,96 @@
+/* Decode attention straight over the paged KV cache (one new query token per sequence).
+ *
+ * No gather: each (sequence, kv head) walks its own block table and reads keys and values where
+ * they lie. Scores go to a per-thread scratch row, so a step allocates nothing that grows with
+ * the context. Keys/values may be float32 or bfloat16; queries, accumulation and output are
+ * float32. Grouped-query attention: the G = H / KVH query heads of a kv head share each key read.
+ *
+ * Layouts: q, out [B, H, D]; caches [num_blocks, block_size, KVH, D]; block_tables [B, max_blocks];
+ * context_lens [B]; scratch [num_threads, G * (max_context + D)].
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#include <omp.h>
+
+static inline float bf16_to_f32(uint16_t x) {
+    uint32_t u = (uint32_t)x << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+#define DEFINE_DECODE(NAME, T, LOAD)                                                              \
+static void NAME(const float *q, const T *k_cache, const T *v_cache, const int32_t *block_tables, \
+                 const int32_t *context_lens, float *out, float *scratch, int B, int H, int KVH,  \
+                 int D, int bs, int max_blocks, int max_context, float scale, int num_threads) { \
+    const int G = H / KVH;                                                                        \
+    const long token_stride = (long)KVH * D;                                                      \
+    _Pragma("omp parallel for num_threads(num_threads) schedule(dynamic, 1)")                     \
+    for (int item = 0; item < B * KVH; item++) {                                                  \
+        const int b = item / KVH, kvh = item % KVH;                                               \
+        const int len = context_lens[b];                                                          \
+        float *scores = scratch + (long)omp_get_thread_num() * G * (max_context + D);             \
+        float *acc = scores + (long)G * max_context;                                              \
+        const float *qh = q + ((long)b * H + (long)kvh * G) * D;                                  \
+        const int32_t *table = block_tables + (long)b * max_blocks;                               \
+        float maxs[G];                                                                            \
+        for (int g = 0; g < G; g++) maxs[g] = -INFINITY;                                          \
+        for (int pos = 0; pos < len; pos++) {                                                     \
+            const T *kp = k_cache + ((long)table[pos / bs] * bs + pos % bs) * token_stride        \
+                          + (long)kvh * D;                                                        \
+            for (int g = 0; g < G; g++) {                                                         \
+                const float *qg = qh + (long)g * D;                                               \
+                float dot = 0.f;                                                                  \
+                _Pragma("omp simd reduction(+:dot)")                                              \
+                for (int d = 0; d < D; d++) dot += qg[d] * LOAD(kp[d]);                           \
+                dot *= scale;                                                                     \
+                scores[(long)g * max_context + pos] = dot;                                        \
+                if (dot > maxs[g]) maxs[g] = dot;                                                 \
+            }                                                                                     \
+        }                                                                                         \
+        float sums[G];                                                                            \
+        for (int g = 0; g < G; g++) {                                                             \
+            float *s = scores + (long)g * max_context, total = 0.f;                               \
+            for (int pos = 0; pos < len; pos++) { s[pos] = expf(s[pos] - maxs[g]); total += s[pos]; } \
+            sums[g] = total;                                                                      \
+            memset(acc + (long)g * D, 0, sizeof(float) * D);                                      \
+        }                                                                                         \
+        for (int pos = 0; pos < len; pos++) {                                                     \
+            const T *vp = v_cache + ((long)table[pos / bs] * bs + pos % bs) * token_stride        \
+                          + (long)kvh * D;                                                        \
+            for (int g = 0; g < G; g++) {                                                         \
+                const float p = scores[(long)g * max_context + pos];                              \
+                float *a = acc + (long)g * D;                                                     \
+                _Pragma("omp simd")                                                               \
+                for (int d = 0; d < D; d++) a[d] += p * LOAD(vp[d]);                              \
+            }                                                                                     \
+        }                                                                                         \
+        for (int g = 0; g < G; g++) {                                                             \
+            float *o = out + ((long)b * H + (long)kvh * G + g) * D;                               \
+            const float inv = 1.f / sums[g];                                                      \
+            for (int d = 0; d < D; d++) o[d] = acc[(long)g * D + d] * inv;                        \
+        }                                                                                         \
+    }                                                                                             \
+}
+
+#define LOAD_F32(x) (x)
+#define LOAD_BF16(x) bf16_to_f32(x)
+DEFINE_DECODE(decode_f32, float, LOAD_F32)
+DEFINE_DECODE(decode_bf16, uint16_t, LOAD_BF16)
+
+/* kv_dtype: 0 = float32, 1 = bfloat16. Returns 0, or -1 for an unsupported dtype. */
+int paged_decode_attention(const float *q, const void *k_cache, const void *v_cache,
+                           const int32_t *block_tables, const int32_t *context_lens, float *out,
+                           float *scratch, int B, int H, int KVH, int D, int bs, int max_blocks,
+                           int max_context, float scale, int kv_dtype, int num_threads) {
+    if (kv_dtype == 0)
+        decode_f32(q, k_cache, v_cache, block_tables, context_lens, out, scratch, B, H, KVH, D, bs,
+                   max_blocks, max_context, scale, num_threads);
+    else if (kv_dtype == 1)
+        decode_bf16(q, k_cache, v_cache, block_tables, context_lens, out, scratch, B, H, KVH, D, bs,
+                    max_blocks, max_context, scale, num_threads);
+    else
+        return -1;
+    return 0;
+}
