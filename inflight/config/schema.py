@@ -33,6 +33,11 @@ class PlacementConfig:
     colocate_all: bool = False
     """Trainer and engines share devices; the engine sleeps while the trainer trains. Synchronous
     trainer only. Default false (SkyRL: true)."""
+    policy_num_nodes: int = 1
+    """Nodes the policy workers run on, >= 1. Default 1."""
+    policy_num_gpus_per_node: int = 1
+    """Policy ranks per node (GPUs; processes on CPU), >= 1. Default 1. The policy has
+    policy_num_nodes * policy_num_gpus_per_node ranks."""
 
 
 @dataclass
@@ -87,11 +92,21 @@ class OptimizerConfig:
 
 
 @dataclass
+class MegatronConfig:
+    """The Megatron backend (`trainer.strategy=megatron`)."""
+
+    tensor_model_parallel_size: int = 1
+    """Ranks each layer is split over, >= 1; must divide the policy's ranks (the rest is data
+    parallelism) and the model's attention and KV heads. Default 1."""
+
+
+@dataclass
 class PolicyConfig:
     """The trained policy."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     optimizer_config: OptimizerConfig = field(default_factory=OptimizerConfig)
+    megatron_config: MegatronConfig = field(default_factory=MegatronConfig)
 
 
 @dataclass
@@ -156,6 +171,14 @@ class InferenceEngineConfig:
     weight_sync_backend: str = "broadcast"
     """Weight transport: `inprocess`, `shm` (one host) or `broadcast` (torch.distributed; default).
     SkyRL's `nccl` / `gloo` mean `broadcast`, `cuda_ipc` means `shm`."""
+    weight_sync_host: str = "127.0.0.1"
+    """Address the trainer's `shm` / `broadcast` sender listens on (the engines connect to it).
+    Default 127.0.0.1 (one host)."""
+    weight_sync_port: int = 0
+    """Port of that sender, in [0, 65535]; 0 (default) picks a free one."""
+    weight_sync_chunk_size_mb: float | None = None
+    """Largest chunk a sync sends at once, in MiB, > 0 (the size of the shared / broadcast buffer);
+    larger tensors go in pieces. None (default): the whole model when it is small, at most 256 MiB."""
     offload_kv_for_weight_sync: bool = False
     """Non-colocated only, no LoRA: sleep the engine during a sync, freeing its memory; the KV of
     in-flight requests is copied to host and restored (unless cleared). Default false."""

@@ -25,6 +25,9 @@ CLEAR_KV = "trainer.fully_async.clear_kv_cache_on_weight_sync"
 OFFLOAD_KV = "generator.inference_engine.offload_kv_for_weight_sync"
 PREFIX_CACHING = "generator.inference_engine.enable_prefix_caching"
 LORA_RANK = "trainer.policy.model.lora.rank"
+MEGATRON_TP = "trainer.policy.megatron_config.tensor_model_parallel_size"
+POLICY_NODES = "trainer.placement.policy_num_nodes"
+POLICY_GPUS = "trainer.placement.policy_num_gpus_per_node"
 SYNC_KEYS = (COLOCATE, FULLY_ASYNC, CLEAR_KV, OFFLOAD_KV, PREFIX_CACHING, LORA_RANK)
 """The keys `plan_weight_sync` reads; `validate_sync` checks exactly these and their rules."""
 
@@ -102,6 +105,7 @@ _RANGES: list[tuple[tuple[str, ...], Callable[[Any], bool], str, str]] = [
             "trainer.fully_async.num_parallel_generation_workers", "generator.n_samples_per_prompt",
             _IE + "num_engines", _IE + "tensor_parallel_size", _IE + "block_size", _IE + "max_num_seqs",
             _IE + "max_num_batched_tokens", "generator.sampling_params.max_generate_length",
+            MEGATRON_TP, POLICY_NODES, POLICY_GPUS,
         ),
         lambda v: v >= 1, "must be >= 1", "set {key} to a positive integer",
     ),
@@ -118,6 +122,12 @@ _RANGES: list[tuple[tuple[str, ...], Callable[[Any], bool], str, str]] = [
          _IE + "kv_cache_memory_gib"),
         lambda v: v > 0, "must be > 0", "set {key} to a positive number",
     ),
+    (
+        (_IE + "weight_sync_chunk_size_mb",),
+        lambda v: v is None or v > 0, "must be > 0 or null", "set {key}=null to size it from the model",
+    ),
+    ((_IE + "weight_sync_port",), lambda v: 0 <= v <= 65535, "must be in [0, 65535]", "use 0 for a free port"),
+    ((_IE + "weight_sync_host",), lambda v: bool(v.strip()), "must not be empty", "write e.g. {key}=127.0.0.1"),
     (
         ("trainer.policy.optimizer_config.weight_decay", "trainer.algorithm.eps_clip_low",
          "trainer.algorithm.eps_clip_high", "trainer.algorithm.kl_loss_coef", "generator.sampling_params.temperature"),
@@ -228,3 +238,18 @@ def _generation_workers(cfg: Config) -> Iterator[Violation]:
             " (fewer starves the trainer; more is wasted by the staleness limit)",
             f"set {key}={mini * (fa.max_staleness_steps // 2 + 1)}",
         )  # fmt: skip
+
+
+@_rule("trainer.strategy", MEGATRON_TP, POLICY_NODES, POLICY_GPUS)
+def _tensor_parallel_divides_policy_ranks(cfg: Config) -> Iterator[Violation]:
+    placement, tp = cfg.trainer.placement, cfg.trainer.policy.megatron_config.tensor_model_parallel_size
+    ranks = placement.policy_num_nodes * placement.policy_num_gpus_per_node
+    if cfg.trainer.strategy != "megatron" or tp < 1 or ranks < 1 or ranks % tp == 0:
+        return
+    divisors = [d for d in range(1, ranks + 1) if ranks % d == 0]
+    yield Violation(
+        MEGATRON_TP, tp,
+        f"must divide the policy's ranks ({POLICY_NODES} * {POLICY_GPUS} = {ranks}): each rank holds "
+        "one slice of a tensor-parallel group",
+        f"set {MEGATRON_TP} to one of {divisors}, or {POLICY_GPUS} to a multiple of {tp}",
+    )  # fmt: skip

@@ -8,6 +8,8 @@ from inflight.config import Config, ConfigError, Violation, collect_violations, 
 
 FA = "trainer.fully_async."
 IE = "generator.inference_engine."
+TP = "trainer.policy.megatron_config.tensor_model_parallel_size"
+GPUS = "trainer.placement.policy_num_gpus_per_node"
 
 
 def _violations(*overrides: str) -> list[Violation]:
@@ -191,6 +193,13 @@ def test_validate_accepts_skyrl_value_aliases_set_in_code():
         ("generator.sampling_params.top_k=-2", "must be >= -1"),
         ("trainer.policy.model.lora.dropout=1", "must be in [0, 1)"),
         (f"{IE}device=gpu", "must be a torch device: cpu, cuda, cuda:N or mps"),
+        (f"{TP}=0", "must be >= 1"),
+        ("trainer.placement.policy_num_nodes=0", "must be >= 1"),
+        ("trainer.placement.policy_num_gpus_per_node=-2", "must be >= 1"),
+        (f"{IE}weight_sync_port=-1", "must be in [0, 65535]"),
+        (f"{IE}weight_sync_port=65536", "must be in [0, 65535]"),
+        (f"{IE}weight_sync_chunk_size_mb=0", "must be > 0 or null"),
+        (f"{IE}weight_sync_host=' '", "must not be empty"),
     ],
 )
 def test_values_out_of_range(override, rule):
@@ -282,3 +291,33 @@ def test_fully_async_rules_do_not_apply_to_the_synchronous_trainer():
     load_config(
         None, [f"{FA}enabled=false", f"{FA}num_parallel_generation_workers=1", "trainer.train_batch_size=32"]
     )
+
+
+# --- megatron tensor parallelism -----------------------------------------------------------------
+
+
+def test_tensor_parallel_size_must_divide_the_policy_ranks():
+    v = _one("trainer.strategy=megatron", f"{TP}=3", f"{GPUS}=4")
+    assert (v.key, v.value) == (TP, 3)
+    assert "must divide the policy's ranks" in v.rule and "= 4" in v.rule
+    assert v.fix == f"set {TP} to one of [1, 2, 4], or {GPUS} to a multiple of 3"
+    cfg = load_config(
+        None, ["trainer.strategy=megatron", f"{TP}=2", f"{GPUS}=2", "trainer.placement.policy_num_nodes=3"]
+    )
+    assert cfg.trainer.policy.megatron_config.tensor_model_parallel_size == 2
+
+
+def test_tensor_parallel_rule_reads_only_megatron_runs():
+    load_config(None, [f"{TP}=2"])  # fsdp (the default) does not use it
+
+
+def test_tensor_parallel_violation_is_listed_with_the_others():
+    keys = [
+        v.key for v in _violations("trainer.strategy=megatron", f"{TP}=2", "trainer.epochs=0", f"{TP}x=1")
+    ]
+    assert sorted(keys) == sorted([f"{TP}x", "trainer.epochs", TP])
+
+
+def test_tensor_parallel_size_type_error_is_reported_once():
+    v = _one("trainer.strategy=megatron", f"{TP}=two")
+    assert v.rule == "expected int, got str 'two'"

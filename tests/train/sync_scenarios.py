@@ -1,8 +1,8 @@
 """Requests in flight across a sync through WorkerDispatch, and the oracles for how they must end.
 
-Shared by the plan-row, failure and FSDP tests. The freeze point of each request is read back from
-its output: the tokens sampled by weight version 0 were sampled before the sync, and a request
-frozen mid-decode had KV for everything but its last sampled token.
+Shared by the plan-row, failure and policy-backend (FSDP, Megatron) tests. The freeze point of each
+request is read back from its output: the tokens sampled by weight version 0 were sampled before
+the sync, and a request frozen mid-decode had KV for everything but its last sampled token.
 """
 
 from __future__ import annotations
@@ -135,6 +135,51 @@ def check_fate(
             assert f.after == recomputed, f"{rid}: not the new weights re-reading the sequence"
             assert out.num_recomputed_tokens == f.num_cached
     assert differ, "the oracle cannot tell keep from recompute here"
+
+
+def expected_fate(plan) -> str:
+    """How frozen requests must end: the plan's fate, or for the synchronous rows (where nothing
+    should be in flight) what the engine guarantees: kept KV without sleep, and with the KV
+    discarded by sleep the backstop's reset (recompute)."""
+    if plan.kv_fate == "none":
+        return "recompute" if plan.sleep and not plan.offload_kv else "keep"
+    return "recompute" if plan.kv_fate == "recompute" else "keep"
+
+
+def check_row(plan, report: dict, stats: dict, stale: list[int], prefix: bool, weights: dict) -> str:
+    """A sync with PROMPTS in flight did what its plan row says: the plan's steps, version 1, every
+    weight byte sent, reset counts, and the old version's cached blocks survive only where nothing
+    reset or discarded them. Returns the fate the frozen requests must show (`check_fate`)."""
+    assert report["ok"] and report["steps"] == plan.steps()
+    assert report["version"] == 1
+    assert report["chunks"] > 1 and report["bytes"] == sum(t.nbytes for t in weights.values())
+    fate, n = expected_fate(plan), len(PROMPTS)
+    assert stats["resets"] == (n if plan.reset_running_requests else 0)
+    backstop = fate == "recompute" and not plan.reset_running_requests
+    assert stats["kv_invalidated_resets"] == (n if backstop else 0)
+    discarded = plan.sleep and not plan.offload_kv
+    assert bool(stale) == (prefix and not plan.reset_prefix_cache and not discarded)
+    return fate
+
+
+async def colocated_sync(client, dispatch) -> tuple:
+    """The colocated cycle: generate, sleep (as the colocated trainer does after generation), sync
+    through `dispatch`, generate again. Returns (report, the greedy output of WARM after the sync)."""
+    await client.generate(WARM, greedy_params(4))
+    await client.sleep(offload_kv=False)
+    report = await dispatch.save_weights_for_sampler()
+    return report, await client.generate(WARM, greedy_params(8))
+
+
+def check_colocated(report: dict, plan, prefix: bool, after: RequestOutput, hf_new: torch.nn.Module) -> None:
+    """The engine woke, loaded the new weights, reset the cache (with prefix caching) and generates
+    exactly as the new model, recomputing everything."""
+    reset = ("reset",) if prefix else ()
+    steps = ("pause", "wake_up_weights", "send_weights", "wake_up_kv_cache", *reset, "resume")
+    assert report["steps"] == plan.steps() == steps
+    assert report["prefix_cache_empty"] is (True if prefix else None)
+    assert after.output_token_ids == hf_greedy(hf_new, WARM, 8)
+    assert after.token_weight_versions == [1] * 8 and after.num_cached_tokens == 0
 
 
 class FailingTransport(InProcessTransport):

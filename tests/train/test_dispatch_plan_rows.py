@@ -8,10 +8,21 @@ and the executed steps are the plan's.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import asdict
 
 import pytest
-from conftest_weights import greedy_params, hf_greedy, make_engine, tiny_models
-from sync_scenarios import PROMPTS, ROWS, WARM, check_fate, row_config, stale_cached_blocks, start_in_flight
+from conftest_weights import make_engine, tiny_models
+from sync_scenarios import (
+    PROMPTS,
+    ROWS,
+    check_colocated,
+    check_fate,
+    check_row,
+    colocated_sync,
+    row_config,
+    stale_cached_blocks,
+    start_in_flight,
+)
 
 from inflight.client import LocalClient
 from inflight.config import load_config
@@ -29,15 +40,6 @@ def models(tmp_path_factory):
 def worker_b(models):
     """A real (single-process) policy worker whose weights are model B."""
     return LocalPolicyWorker(load_config(None, []), model_path=str(models.dir_b)).setup()
-
-
-def expected_fate(plan) -> str:
-    """How frozen requests must end: the plan's fate, or for the synchronous rows (where nothing
-    should be in flight) what the engine guarantees: kept KV without sleep, and with the KV
-    discarded by sleep the backstop's reset (recompute)."""
-    if plan.kv_fate == "none":
-        return "recompute" if plan.sleep and not plan.offload_kv else "keep"
-    return "recompute" if plan.kv_fate == "recompute" else "keep"
 
 
 async def in_flight_sync(models, worker, cfg, prefix: bool, transport=None, receiver=None):
@@ -59,21 +61,11 @@ async def in_flight_sync(models, worker, cfg, prefix: bool, transport=None, rece
 def test_plan_row_with_requests_in_flight(models, worker_b, row, prefix):
     cfg = row_config(row, prefix)
     engine, dispatch, report, stale, outputs = asyncio.run(in_flight_sync(models, worker_b, cfg, prefix))
-    plan = dispatch.plan
-    assert report.ok and report.steps == plan.steps()
-    assert report.version == dispatch.weight_version == engine.weight_version == 1
-    assert report.chunks > 1 and report.bytes == sum(t.nbytes for t in models.weights_b.values())
+    fate = check_row(dispatch.plan, asdict(report), asdict(engine.stats), stale, prefix, models.weights_b)
+    assert report.version == dispatch.weight_version == engine.weight_version
     assert {"pause_s", "send_s", "total_s"} <= set(dispatch.timings)
     assert dispatch.timings["pause_s"] <= dispatch.timings["total_s"]
-    fate = expected_fate(plan)
     check_fate(outputs, fate, models.hf_a, models.hf_b)
-    n = len(PROMPTS)
-    assert engine.stats.resets == (n if plan.reset_running_requests else 0)
-    backstop = fate == "recompute" and not plan.reset_running_requests
-    assert engine.stats.kv_invalidated_resets == (n if backstop else 0)
-    # the old version's cached blocks survive only where nothing reset or discarded them
-    discarded = plan.sleep and not plan.offload_kv
-    assert bool(stale) == (prefix and not plan.reset_prefix_cache and not discarded)
 
 
 @pytest.mark.parametrize("prefix", [False, True], ids=["no-prefix-cache", "prefix-cache"])
@@ -81,29 +73,14 @@ def test_colocated_row(models, worker_b, prefix):
     """Colocated: the engine slept after generation; the sync wakes it, loads B, resets the cache."""
 
     async def run():
-        engine = make_engine(models, enable_prefix_caching=prefix)
-        client = LocalClient(AsyncEngine(engine))
-        await client.generate(WARM, greedy_params(4))
-        await client.sleep(offload_kv=False)  # what the colocated trainer does after generation
+        client = LocalClient(AsyncEngine(make_engine(models, enable_prefix_caching=prefix)))
         dispatch = WorkerDispatch([worker_b], client, InProcessTransport(), row_config("colocated", prefix))
-        report = await dispatch.save_weights_for_sampler()
-        after = await client.generate(WARM, greedy_params(8))
+        report, after = await colocated_sync(client, dispatch)
         await client.engine.close()
-        return engine, dispatch, report, after
+        return dispatch.plan, report, after
 
-    engine, dispatch, report, after = asyncio.run(run())
-    assert (
-        report.steps
-        == dispatch.plan.steps()
-        == (
-            ("pause", "wake_up_weights", "send_weights", "wake_up_kv_cache")
-            + (("reset",) if prefix else ())
-            + ("resume",)
-        )
-    )
-    assert report.prefix_cache_empty is (True if prefix else None)
-    assert after.output_token_ids == hf_greedy(models.hf_b, WARM, 8)
-    assert after.token_weight_versions == [1] * 8 and after.num_cached_tokens == 0
+    plan, report, after = asyncio.run(run())
+    check_colocated(asdict(report), plan, prefix, after, models.hf_b)
 
 
 def test_transport_owned_reset_through_shm(models, worker_b):

@@ -266,6 +266,22 @@ def test_unsupported_layouts_are_refused():
         MegatronLayout.from_hf_config(config, tp=2)
 
 
+def test_tensor_parallel_size_comes_from_the_config(model_dirs):
+    """trainer.policy.megatron_config.tensor_model_parallel_size sizes the worker's TP groups (what
+    `make_worker` relies on); an explicit tensor_parallel_size wins."""
+    from inflight.train.workers.megatron import MegatronPolicyWorker
+
+    path = model_dirs["qwen2"]
+    tp2 = load_config(None, [
+        "trainer.strategy=megatron", "trainer.placement.policy_num_gpus_per_node=2",
+        "trainer.policy.megatron_config.tensor_model_parallel_size=2",
+    ])  # fmt: skip
+    worker = MegatronPolicyWorker(tp2, model_path=path)
+    assert worker.tp == worker.layout.tp == 2
+    assert MegatronPolicyWorker(tp2, model_path=path, tensor_parallel_size=1).tp == 1
+    assert MegatronPolicyWorker(load_config(None, []), model_path=path).tp == 1
+
+
 # ---- two TP ranks -------------------------------------------------------------------------------
 @pytest.mark.parametrize("case", list(CASES))
 def test_megatron_forward_matches_transformers(model_dirs, ranks_output, case):

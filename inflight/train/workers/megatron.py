@@ -68,15 +68,9 @@ def _is_qk_layernorm(name: str) -> bool:
     return name.endswith(("self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight"))
 
 
-def _configured_tp(cfg: Config) -> int | None:
-    """SkyRL's `trainer.policy.megatron_config.tensor_model_parallel_size`, where the schema has it."""
-    megatron_config = getattr(cfg.trainer.policy, "megatron_config", None)
-    return getattr(megatron_config, "tensor_model_parallel_size", None)
-
-
 class MegatronPolicyWorker(PolicyWorker):
     """One megatron-core rank. Same constructor as `LocalPolicyWorker`, plus `tensor_parallel_size`
-    (default: `trainer.policy.megatron_config.tensor_model_parallel_size` where configured, else 1).
+    (default: `trainer.policy.megatron_config.tensor_model_parallel_size`).
 
     torch.distributed must be initialised by the caller (gloo on CPU, nccl on CUDA); `rank` and
     `world_size` default to its. Every rank of a TP group must get the same batch.
@@ -100,7 +94,7 @@ class MegatronPolicyWorker(PolicyWorker):
         if self.model_path is None:
             raise ValueError("no model: set trainer.policy.model.path or pass model_path")
         self.dtype = dtype
-        self.tp = tensor_parallel_size or _configured_tp(cfg) or 1
+        self.tp = tensor_parallel_size or cfg.trainer.policy.megatron_config.tensor_model_parallel_size
         self.hf_config = AutoConfig.from_pretrained(self.model_path)
         self.layout = MegatronLayout.from_hf_config(self.hf_config, self.tp)
 
@@ -113,7 +107,9 @@ class MegatronPolicyWorker(PolicyWorker):
             )
         if self.world_size % self.tp:
             raise ConversionError(
-                f"world size {self.world_size} is not divisible by tensor_parallel_size={self.tp}"
+                f"world size {self.world_size} is not divisible by tensor_parallel_size={self.tp}: set "
+                "trainer.policy.megatron_config.tensor_model_parallel_size to a divisor of the number "
+                "of ranks, or launch a multiple of it"
             )
         megatron_cpu_shim.apply()
         from megatron.core import parallel_state, tensor_parallel
