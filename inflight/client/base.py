@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Protocol, runtime_checkable
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from inflight.client.wire import DEFAULT_WEIGHT_GROUP
 from inflight.engine.request import RequestOutput, SamplingParams
 
 
@@ -56,6 +57,39 @@ class InferenceClient(Protocol):
 
     async def weight_version(self) -> int: ...
 
+    async def init_weight_transfer(
+        self,
+        master_address: str = "127.0.0.1",
+        master_port: int = 0,
+        *,
+        backend: str | None = None,
+        group_name: str = DEFAULT_WEIGHT_GROUP,
+        device: str | torch.device = "cpu",
+        max_chunk_bytes: int | None = None,
+        dtype: torch.dtype | None = None,
+        timeout_s: float = 600.0,
+        override_existing: bool = True,
+    ) -> dict[str, Any]:
+        """Form a weight broadcast group: this process is rank 0 (hosting the rendezvous at
+        master_address:master_port, 0 for a free port), every engine joins at ranks 1..N. Returns
+        the group's description. In process there is nothing to join."""
+        ...
+
+    async def load_weights_broadcast(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """`load_weights` with the bytes over the broadcast group (between begin and finish)."""
+        ...
+
+    async def update_weights_broadcast(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None
+    ) -> int:
+        """begin → load_weights_broadcast → finish, all or nothing: on any failure the update is
+        aborted (the engines go back to their old weights where they can) and the error re-raised."""
+        ...
+
+    async def close_weight_transfer(self) -> None:
+        """Leave the broadcast group (every engine and this process)."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -66,3 +100,24 @@ async def update_weights(
     await client.begin_weight_update()
     await client.load_weights(named_tensors)
     return await client.finish_weight_update(version)
+
+
+async def update_all_or_nothing(
+    client: InferenceClient, load: Callable[[], Awaitable[None]], version: int | None = None
+) -> int:
+    """begin → `load()` → finish; on failure abort the update and re-raise (with a note when the old
+    weights could not come back, e.g. after sleep). Returns the new weight version."""
+    await client.begin_weight_update()
+    try:
+        await load()
+        return await client.finish_weight_update(version)
+    except BaseException as err:
+        try:
+            restored = await client.abort_weight_update()
+        except Exception as abort_err:
+            err.add_note(f"aborting the weight update failed too: {abort_err}")
+        else:
+            if not restored:
+                err.add_note("the engines could not go back to their pre-update weights; they stay "
+                             "unable to run until a complete update lands")
+        raise

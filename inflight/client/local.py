@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 
+from inflight.client.base import update_all_or_nothing
 from inflight.engine.async_engine import AsyncEngine
 from inflight.engine.request import RequestOutput, SamplingParams
 
@@ -56,6 +58,23 @@ class LocalClient:
 
     async def weight_version(self) -> int:
         return self.engine.weight_version
+
+    async def init_weight_transfer(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """Nothing to join: the engine is in this process and takes the tensors directly."""
+        return {"world_size": 1, "backend": None, "in_process": True}
+
+    async def load_weights_broadcast(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """In process, the same as `load_weights`."""
+        await self.engine.load_weights(named_tensors)
+
+    async def update_weights_broadcast(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None
+    ) -> int:
+        """begin → load → finish, aborted (old weights back) on failure, as RemoteClient does it."""
+        return await update_all_or_nothing(self, lambda: self.load_weights_broadcast(named_tensors), version)
+
+    async def close_weight_transfer(self) -> None:
+        """Nothing to leave."""
 
     async def close(self) -> None:
         """Nothing to release: the engine belongs to whoever made it."""

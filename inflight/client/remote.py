@@ -6,31 +6,52 @@ server fails. Transport errors are retried with exponential backoff for idempote
 generation request is only re-sent when the server provably never got it (connection refused), and
 then to another server. A server that dies mid-request closes the connection, which surfaces as
 `ServerUnavailableError`; one that hangs without closing is caught by polling its /health while the
-request waits.
+request waits. Weight updates can also carry their bytes over a broadcast group this client hosts
+(`init_weight_transfer`, `update_weights_broadcast`; see `inflight.client.broadcast`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import torch
 
 from inflight.client import wire
+from inflight.client.base import update_all_or_nothing
 from inflight.client.errors import (
     FanOutError,
     InconsistentServersError,
+    RemoteError,
     ServerUnavailableError,
     error_from_response,
 )
 from inflight.client.router import Router
 from inflight.engine.request import RequestOutput, SamplingParams
 
+if TYPE_CHECKING:  # imported on use: torch.distributed and the weight-sync package
+    from inflight.client.broadcast import WeightBroadcaster
+    from inflight.weight_sync.chunking import WeightChunk
+
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+_BROADCAST_GRACE_S = 10.0  # how long a chunk's broadcast may lag behind the servers' answers
+# errors a server answers only after it has received the chunk's broadcast (the engine refused it)
+_AFTER_BROADCAST_CODES = ("weight_update_error", "engine_state_error")
+
+
+async def _group_in_step(err: BaseException, sent: asyncio.Future) -> bool:
+    """After a broadcast chunk failed with `err`: whether every rank still took part in its
+    broadcast (`sent`), i.e. the engines refused the tensors afterwards and the group is usable."""
+    errors = err.errors.values() if isinstance(err, FanOutError) else [err]
+    if not all(isinstance(e, RemoteError) and e.code in _AFTER_BROADCAST_CODES for e in errors):
+        return False
+    done, _ = await asyncio.wait({sent}, timeout=_BROADCAST_GRACE_S)
+    return bool(done) and sent.exception() is None
 
 
 def _json(response: httpx.Response) -> Any:
@@ -80,6 +101,7 @@ class RemoteClient:
         self._http_loop: asyncio.AbstractEventLoop | None = None
         self._health: dict[str, tuple[float, bool]] = {}  # url -> (when, healthy): one probe serves all
         self._probes: dict[str, asyncio.Future[bool]] = {}
+        self._broadcaster: WeightBroadcaster | None = None  # rank 0, once init_weight_transfer has run
 
     async def __aenter__(self) -> RemoteClient:
         return self
@@ -97,6 +119,11 @@ class RemoteClient:
         return self._http[pool]
 
     async def close(self) -> None:
+        if self._broadcaster is not None:
+            try:
+                await self.close_weight_transfer(retries=0)
+            except Exception:  # best effort: a server that is gone has no group to leave
+                pass
         if self._http_loop is asyncio.get_running_loop():
             for client in self._http.values():
                 await client.aclose()
@@ -142,12 +169,14 @@ class RemoteClient:
     async def _fan_out(
         self, what: str, method: str, path: str, *, idempotent: bool = True, **kwargs: Any
     ) -> dict[str, httpx.Response]:
-        """Send to every server at once; raise (naming each failing server) if any fails."""
+        """Send to every server at once; raise (naming each failing server) if any fails.
+        `json_by_url` gives each server a JSON body of its own."""
         headers = {**self._control_headers, **kwargs.pop("headers", {})}
+        json_by_url: dict[str, Any] | None = kwargs.pop("json_by_url", None)
         results = await asyncio.gather(
             *(
                 self._send(url, method, path, idempotent=idempotent, timeout=self._control_timeout,
-                           headers=headers, **kwargs)
+                           headers=headers, **({"json": json_by_url[url]} if json_by_url else {}), **kwargs)
                 for url in self.urls
             ),
             return_exceptions=True,
@@ -316,6 +345,95 @@ class RemoteClient:
     async def abort_weight_update(self) -> bool:
         responses = await self._fan_out("abort_weight_update()", "POST", wire.WEIGHTS_ABORT, idempotent=False)
         return all(bool(r.json()["restored"]) for r in responses.values())
+
+    # ---- weight updates over a broadcast group -----------------------------------------------------
+    async def init_weight_transfer(
+        self,
+        master_address: str = "127.0.0.1",
+        master_port: int = 0,
+        *,
+        backend: str | None = None,
+        group_name: str = wire.DEFAULT_WEIGHT_GROUP,
+        device: str | torch.device = "cpu",
+        max_chunk_bytes: int | None = None,
+        dtype: torch.dtype | None = None,
+        timeout_s: float = 600.0,
+        override_existing: bool = True,
+    ) -> dict[str, Any]:
+        """Host a weight broadcast group (rank 0, rendezvous at master_address:master_port, 0 for a
+        free port; an address the servers can reach) and have server i join it at rank i + 1.
+        Returns once every rank has joined: master address and port, world size, backend and each
+        server's rank. `override_existing`: a group a server is already in (e.g. one this client
+        dropped after a failure, or a previous trainer's) is replaced; False makes that a conflict.
+        `timeout_s` bounds the rendezvous and every broadcast."""
+        from inflight.client.broadcast import WeightBroadcaster, in_daemon_thread
+
+        if self._broadcaster is not None:
+            self._broadcaster.close()
+            self._broadcaster = None
+        sender = WeightBroadcaster(
+            len(self.urls) + 1, master_address, master_port, backend=backend, device=device,
+            group_name=group_name, max_chunk_bytes=max_chunk_bytes or self.chunk_bytes, dtype=dtype,
+            timeout_s=timeout_s,
+        )
+        ranks = {url: i + 1 for i, url in enumerate(self.urls)}
+        bodies = {url: {**sender.init_request(r), "override_existing": override_existing} for url, r in ranks.items()}
+        cancel = threading.Event()
+        formed = in_daemon_thread(sender.connect, cancel)
+        try:
+            await self._fan_out("init_weight_transfer()", "POST", wire.INIT_WEIGHT_TRANSFER,
+                                idempotent=False, json_by_url=bodies)
+            await formed
+        except BaseException:
+            cancel.set()
+            sender.close()
+            raise
+        self._broadcaster = sender
+        return {"master_address": master_address, "master_port": sender.port, "world_size": sender.world_size,
+                "backend": sender.backend, "group_name": group_name, "ranks": ranks}
+
+    async def load_weights_broadcast(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Send the tensors to every server over the broadcast group, one chunk at a time: each
+        chunk's metadata over HTTP, its bytes in one broadcast (between begin and finish)."""
+        sender = self._broadcaster
+        if sender is None:
+            raise RuntimeError("no weight broadcast group: call init_weight_transfer() first")
+        for chunk in sender.chunks(named_tensors):
+            await self._broadcast_chunk(sender, chunk)
+
+    async def _broadcast_chunk(self, sender: WeightBroadcaster, chunk: WeightChunk) -> None:
+        from inflight.client.broadcast import in_daemon_thread
+
+        sent = in_daemon_thread(sender.send, chunk)
+        try:
+            await self._fan_out(f"load_weights_broadcast(chunk {chunk.index}, {chunk.nbytes} bytes)", "POST",
+                                wire.WEIGHTS_BROADCAST, idempotent=False, json=chunk.metadata())
+        except BaseException as err:
+            if not await _group_in_step(err, sent):
+                self._broadcaster = None
+                sender.close()
+                err.add_note("not every server took part in the chunk's broadcast; the weight group is "
+                             "dropped: call init_weight_transfer() again")
+            raise
+        await sent
+
+    async def update_weights_broadcast(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None
+    ) -> int:
+        """begin → load_weights_broadcast → finish on every server, all or nothing: on any failure
+        the update is aborted (old weights back where the servers kept them) and the error re-raised."""
+        if self._broadcaster is None:
+            raise RuntimeError("no weight broadcast group: call init_weight_transfer() first")
+        return await update_all_or_nothing(self, lambda: self.load_weights_broadcast(named_tensors), version)
+
+    async def close_weight_transfer(self, retries: int | None = None) -> None:
+        """Have every server leave the broadcast group, then drop this side of it."""
+        sender, self._broadcaster = self._broadcaster, None
+        try:
+            await self._fan_out("close_weight_transfer()", "POST", wire.DESTROY_WEIGHT_TRANSFER, retries=retries)
+        finally:
+            if sender is not None:
+                sender.close()
 
     async def weight_versions(self) -> dict[str, int]:
         responses = await self._fan_out("weight_version()", "GET", wire.WEIGHT_VERSION)

@@ -10,6 +10,7 @@ from safetensors.torch import load as _load
 from safetensors.torch import save as _save
 
 CONTENT_TYPE = "application/octet-stream"
+DEFAULT_WEIGHT_GROUP = "inflight-weights"  # name of the weight broadcast group unless told otherwise
 
 GENERATE = "/inflight/v1/generate"
 PAUSE = "/pause"
@@ -21,6 +22,10 @@ WEIGHTS_BEGIN = "/weight_update/begin"
 WEIGHTS_CHUNK = "/weight_update/chunk"
 WEIGHTS_FINISH = "/weight_update/finish"
 WEIGHTS_ABORT = "/weight_update/abort"
+WEIGHTS_BROADCAST = "/weight_update/broadcast"
+INIT_WEIGHT_TRANSFER = "/init_weight_update_communicator"  # SkyRL's name for joining the group
+INIT_WEIGHT_TRANSFER_ALIAS = "/init_weight_transfer"
+DESTROY_WEIGHT_TRANSFER = "/destroy_weights_update_group"
 WEIGHT_VERSION = "/weight_version"
 HEALTH = "/health"
 METRICS = "/metrics"

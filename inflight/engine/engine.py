@@ -114,10 +114,19 @@ class LLMEngine:
         cache_salt: str | None = None,
     ) -> None:
         """Queue a request; raises InvalidRequestError naming the bad value (nothing else changes)."""
-        params = params or SamplingParams()
-        params.validate()
+        params = self.check_request(prompt_token_ids, params)
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use by an unfinished request")
+        request = Request(request_id, list(prompt_token_ids), params, next(self._arrivals), cache_salt)
+        self.requests[request_id] = request
+        self.scheduler.add(request)
+
+    def check_request(self, prompt_token_ids: list[int], params: SamplingParams | None = None) -> SamplingParams:
+        """Validate a request's input without queueing it; returns the params to use. Raises
+        InvalidRequestError naming the bad value. Takes no lock (it reads only what never changes),
+        so callers on an event loop can reject bad input while a step runs."""
+        params = params or SamplingParams()
+        params.validate()
         if not prompt_token_ids:
             raise InvalidRequestError("prompt_token_ids is empty; give at least one token")
         bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
@@ -135,9 +144,7 @@ class LLMEngine:
                 f"request needs up to {needed} KV blocks ({longest} tokens) but the cache has "
                 f"{self.pool.num_blocks}; lower max_tokens or raise num_kv_blocks/kv_cache_memory_gib"
             )
-        request = Request(request_id, list(prompt_token_ids), params, next(self._arrivals), cache_salt)
-        self.requests[request_id] = request
-        self.scheduler.add(request)
+        return params
 
     @_locked
     def abort(self, request_ids: Iterable[str]) -> list[RequestOutput]:

@@ -17,6 +17,7 @@ from inflight.server.errors import APIError, install_error_handlers
 from inflight.server.metrics import ServerMetrics
 from inflight.server.middleware import BodyLimitMiddleware
 from inflight.server.openai_api import ServeContext, build_router
+from inflight.server.weight_transfer import WeightTransfer
 
 DEFAULT_MAX_BODY_BYTES = 16 * 2**20
 DEFAULT_MAX_WEIGHT_CHUNK_BYTES = 4 * 2**30
@@ -85,6 +86,7 @@ def create_app(
     """The inference server: OpenAI routes (API key), control routes (control token), /health and
     /metrics (open). Bodies over `max_body_bytes` (weight chunks: `max_weight_chunk_bytes`) get 413."""
     metrics = ServerMetrics(async_engine)
+    transfer = WeightTransfer(async_engine)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -94,16 +96,18 @@ def create_app(
         finally:
             sampler.cancel()
             await asyncio.gather(sampler, return_exceptions=True)
+            transfer.close()
             await async_engine.close()
 
     app = FastAPI(title="inflight", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     ctx = ServeContext(async_engine, tokenizer, served_model_name, int(time.time()))
     app.state.inflight = ctx
     app.state.metrics = metrics
+    app.state.weight_transfer = transfer
     install_error_handlers(app)
     routers = [
         build_router(ctx, bearer_auth(api_key, "API key", 401)),
-        build_control_router(async_engine, bearer_auth(control_token, "control token", 403), metrics),
+        build_control_router(async_engine, bearer_auth(control_token, "control token", 403), metrics, transfer),
     ]
     for router in routers:
         app.include_router(router)

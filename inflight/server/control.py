@@ -1,8 +1,9 @@
-"""Control routes: pause/resume, sleep/wake_up, reset_prefix_cache, chunked weight updates, and the
-read-only /weight_version, /health and /metrics.
+"""Control routes: pause/resume, sleep/wake_up, reset_prefix_cache, weight updates (chunks over HTTP,
+or over a broadcast group the server joins), and the read-only /weight_version, /health, /metrics.
 
 Parameters travel in the query string (`/pause?mode=keep`); a weight chunk is the request body, one
-safetensors buffer of HF-named tensors. Mutating routes require the control token when one is set.
+safetensors buffer of HF-named tensors; the broadcast-group routes take JSON bodies (see
+`inflight.server.weight_transfer`). Mutating routes require the control token when one is set.
 """
 
 from __future__ import annotations
@@ -18,11 +19,16 @@ from inflight.engine.async_engine import AsyncEngine
 from inflight.server.errors import APIError, error_response
 from inflight.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from inflight.server.protocol import PauseMode
+from inflight.server.weight_transfer import BroadcastChunkRequest, InitWeightTransferRequest, WeightTransfer
 
 
-def build_control_router(engine: AsyncEngine, control_auth, metrics: ServerMetrics) -> APIRouter:
+def build_control_router(
+    engine: AsyncEngine, control_auth, metrics: ServerMetrics, transfer: WeightTransfer
+) -> APIRouter:
+    """The control routes over `engine`; `transfer` holds the server's broadcast-group membership."""
     router = APIRouter()
     guarded = [Depends(control_auth)]
+    _add_weight_transfer_routes(router, guarded, transfer)
 
     @router.post(wire.PAUSE, dependencies=guarded)
     async def pause(mode: PauseMode = "keep") -> dict[str, Any]:
@@ -61,6 +67,7 @@ def build_control_router(engine: AsyncEngine, control_auth, metrics: ServerMetri
     @router.post(wire.WEIGHTS_BEGIN, dependencies=guarded)
     async def begin_weight_update() -> dict[str, Any]:
         await engine.begin_weight_update()
+        transfer.clear_pieces()
         return {"success": True}
 
     @router.post(wire.WEIGHTS_CHUNK, dependencies=guarded)
@@ -81,6 +88,7 @@ def build_control_router(engine: AsyncEngine, control_auth, metrics: ServerMetri
     @router.post(wire.WEIGHTS_ABORT, dependencies=guarded)
     async def abort_weight_update() -> dict[str, Any]:
         restored = await engine.abort_weight_update()
+        transfer.clear_pieces()
         return {"success": True, "restored": restored, "weight_version": engine.weight_version}
 
     @router.get(wire.WEIGHT_VERSION)
@@ -93,6 +101,7 @@ def build_control_router(engine: AsyncEngine, control_auth, metrics: ServerMetri
         return JSONResponse({
             "status": "ok", "weight_version": e.weight_version, "paused": e.is_paused,
             "weights_awake": e.weights.awake, "kv_cache_awake": e.kv_cache.awake, "can_run": e.can_run,
+            "weight_transfer": transfer.describe(),
         })
 
     @router.get(wire.METRICS)
@@ -100,3 +109,21 @@ def build_control_router(engine: AsyncEngine, control_auth, metrics: ServerMetri
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     return router
+
+
+def _add_weight_transfer_routes(router: APIRouter, guarded: list, transfer: WeightTransfer) -> None:
+    async def init_weight_transfer(body: InitWeightTransferRequest) -> dict[str, Any]:
+        """Join the trainer's weight broadcast group; answers once every rank has joined."""
+        return {"success": True, **await transfer.init(body)}
+
+    for path in (wire.INIT_WEIGHT_TRANSFER, wire.INIT_WEIGHT_TRANSFER_ALIAS):
+        router.add_api_route(path, init_weight_transfer, methods=["POST"], dependencies=guarded)
+
+    @router.post(wire.WEIGHTS_BROADCAST, dependencies=guarded)
+    async def load_weights_broadcast(body: BroadcastChunkRequest) -> dict[str, Any]:
+        """Receive one chunk over the group (between begin and finish) and load it."""
+        return {"success": True, "num_tensors": await transfer.receive(body)}
+
+    @router.post(wire.DESTROY_WEIGHT_TRANSFER, dependencies=guarded)
+    async def destroy_weight_transfer() -> dict[str, Any]:
+        return {"success": True, "destroyed": await transfer.destroy()}
