@@ -1,5 +1,5 @@
-"""Clients of inference engines: `InferenceClient` protocol, `LocalClient` (in process) and
-`RemoteClient` (HTTP, several servers, with a router)."""
+"""Clients of inference engines: `InferenceClient` protocol, `LocalClient` (in process),
+`RemoteClient` (HTTP, several servers, with a router) and `FanOutClient` (any clients as one)."""
 
 from inflight.client.base import InferenceClient, update_weights
 from inflight.client.errors import (
@@ -14,6 +14,7 @@ from inflight.client.errors import (
     ServerError,
     ServerUnavailableError,
 )
+from inflight.client.fanout import FanOutClient
 from inflight.client.local import LocalClient
 from inflight.client.remote import RemoteClient
 from inflight.client.router import Router
@@ -21,6 +22,7 @@ from inflight.client.router import Router
 __all__ = [
     "AuthenticationError",
     "ClientError",
+    "FanOutClient",
     "FanOutError",
     "InconsistentServersError",
     "InferenceClient",

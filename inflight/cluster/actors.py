@@ -1,24 +1,27 @@
-"""Ray actors: an inference engine (`EngineActor`) and the trained policy (`PolicyActor`), and the
-InferenceClient that drives an engine actor (`RayEngineClient`).
+"""Ray actors: an inference engine (`EngineActor`) and one rank of the trained policy
+(`PolicyActor`), and the InferenceClient that drives an engine actor (`RayEngineClient`).
 
 The engine actor is an async actor holding an AsyncEngine; every client call is one actor call
-(`apply_op`, the same dispatch the engine process uses). Weights go from the policy actor to the
+(`apply_op`, the same dispatch the engine process uses). Weights go from policy rank 0 to every
 engine actor through the configured transport (`shm` on one node, `broadcast` across nodes) whose
-receiver runs in a thread of the engine actor; with `inprocess` they travel as actor-call
-arguments through Ray's object store (the slow path).
+receivers run in a thread of each engine actor; with `inprocess` they travel as actor-call
+arguments through Ray's object store (the slow path). Several engines are driven through one
+`FanOutClient`, so a sync is the same plan executed once against all of them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import uuid
+import socket
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import ray
 import torch
 
+from inflight.client.fanout import FanOutClient
 from inflight.config import Config
 from inflight.engine.config import EngineConfig
 from inflight.train.checkpoint import CheckpointState
@@ -26,6 +29,8 @@ from inflight.train.engine_process import OpClient, ReceiverSpec, apply_op, star
 from inflight.train.generator import TrajectoryGroup
 from inflight.train.job_config import JobConfig
 from inflight.train.policy import LocalPolicy
+from inflight.train.trainer import make_sender, receiver_spec
+from inflight.weight_sync import transport_kind
 
 
 class RayEngineClient(OpClient):
@@ -61,45 +66,76 @@ class EngineActor:
 
 @ray.remote
 class PolicyActor:
-    """The policy worker, training step, dispatch and the weight transport's sending side."""
+    """One rank of the policy: its worker, the training step and the dispatch; rank 0 also holds
+    the weight transport's sending side and the client of every engine. With several ranks they
+    form one torch.distributed group (gloo on CPU, nccl on CUDA) at rank 0's `rendezvous()`."""
 
-    def __init__(self, cfg: Config, job: JobConfig, pad_id: int, chunk_bytes: int) -> None:
+    def __init__(
+        self, cfg: Config, job: JobConfig, pad_id: int, model_dir: str, rank: int = 0, world_size: int = 1
+    ) -> None:
         torch.set_num_threads(job.threads)
-        self.cfg, self.job = cfg, job
+        if world_size > 1 and job.worker not in ("auto", "fsdp", "megatron"):
+            raise ValueError(f"job.worker={job.worker!r} cannot train on {world_size} ranks: use fsdp")
+        self.cfg, self.job, self.rank, self.world_size = cfg, job, rank, world_size
         self.policy = LocalPolicy(cfg, job, pad_id)
-        backend = cfg.generator.inference_engine.weight_sync_backend
         self.transport: Any = None
-        if backend == "shm":
-            from inflight.train.trainer import SHM_DIR, SHM_PREFIX, remove_stale_shm_buffers
-            from inflight.weight_sync import ShmTransport
+        if rank == 0:  # only rank 0 talks to the engines
+            self.transport = make_sender(cfg, model_dir, job.trainer_device, host=_node_ip())
 
-            remove_stale_shm_buffers()
-            path = SHM_DIR / f"{SHM_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}"
-            self.transport = ShmTransport(host=_node_ip(), max_chunk_bytes=chunk_bytes, path=str(path))
-        elif backend == "broadcast":
-            from inflight.weight_sync import BroadcastTransport
-
-            self.transport = BroadcastTransport(host=_node_ip(), max_chunk_bytes=chunk_bytes,
-                                                device=job.trainer_device)
-        else:
-            from inflight.weight_sync import InProcessTransport
-
-            self.transport = InProcessTransport()
-
-    def receiver_spec(self, engine_device: str) -> ReceiverSpec | None:
-        """Where the engine actor's receiver connects (None for `inprocess`)."""
-        kind = self.cfg.generator.inference_engine.weight_sync_backend
+    def receiver_spec(self, engine_device: str, index: int = 0) -> ReceiverSpec | None:
+        """Where engine `index`'s receiver connects (None for `inprocess`); rank 0 only."""
+        kind = transport_kind(self.cfg)
         if kind == "inprocess":
             return None
-        return ReceiverSpec(kind, self.transport.channel.host, self.transport.port, engine_device)
+        return receiver_spec(
+            self.transport, kind, engine_device, index, self.cfg.generator.inference_engine.num_engines
+        )
 
-    async def setup(self, engine: Any, model_dir: str, base_model_dir: str, version: int,
-                    ckpt: CheckpointState | None) -> int:
-        client = RayEngineClient(engine)
-        if self.cfg.generator.inference_engine.weight_sync_backend == "broadcast":
-            await asyncio.to_thread(self.transport.connect)
-        await asyncio.to_thread(self.policy.setup, model_dir, base_model_dir, client, self.transport, version, ckpt)
+    def rendezvous(self) -> str:
+        """The init method of the policy ranks' process group, on rank 0's node."""
+        with socket.socket() as s:
+            s.bind((_node_ip(), 0))
+            return f"tcp://{_node_ip()}:{s.getsockname()[1]}"
+
+    async def setup(
+        self,
+        engines: list[Any],
+        model_dir: str,
+        base_model_dir: str,
+        version: int,
+        ckpt: CheckpointState | None,
+        init_method: str | None = None,
+    ) -> int:
+        """Join the ranks' group (blocks until every rank has), load the worker; rank 0 drives
+        `engines` (EngineActor handles) through one client."""
+        if self.world_size > 1:
+            await asyncio.to_thread(self._join, init_method)
+        client = None
+        if self.rank == 0:
+            clients = [RayEngineClient(e) for e in engines]
+            client = clients[0] if len(clients) == 1 else FanOutClient(clients)
+            if transport_kind(self.cfg) == "broadcast":
+                await asyncio.to_thread(self.transport.connect)
+        await asyncio.to_thread(
+            self.policy.setup, model_dir, base_model_dir, client, self.transport, version, ckpt
+        )
         return self.policy.weight_version
+
+    def _join(self, init_method: str | None) -> None:
+        import torch.distributed as dist
+
+        backend = "nccl" if torch.device(self.job.trainer_device).type == "cuda" else "gloo"
+        dist.init_process_group(backend, init_method=init_method, rank=self.rank, world_size=self.world_size)
+
+    def describe(self) -> dict[str, Any]:
+        """This rank's place and worker (for logs and tests)."""
+        worker = self.policy.worker
+        return {
+            "rank": worker.rank,
+            "world_size": worker.world_size,
+            "worker": type(worker).__name__,
+            "pid": os.getpid(),
+        }
 
     def kv_fate(self) -> str:
         return self.policy.kv_fate
@@ -129,23 +165,37 @@ def _node_ip() -> str:
 
 
 class RayPolicy:
-    """The driver's view of a `PolicyActor`: the same `train` / `sync` / `save` / `weight_version`
-    as `LocalPolicy` (the version is cached here and updated by each sync)."""
+    """The driver's view of the `PolicyActor` ranks: the same `train` / `sync` / `save` /
+    `weight_version` as `LocalPolicy`. Every call goes to every rank at once (they meet in
+    collectives) and answers with rank 0's result; the version is cached here, updated by each sync.
 
-    def __init__(self, actor: Any, version: int, kv_fate: str) -> None:
-        self.actor, self._version, self.kv_fate = actor, version, kv_fate
+    Every rank trains on the whole batch: FSDP shards parameters, gradients and optimizer state
+    over the ranks and averages their (identical) gradients, so a step equals the one-rank step."""
+
+    def __init__(self, actors: Sequence[Any], version: int, kv_fate: str) -> None:
+        self.actors = list(actors)
+        self._version, self.kv_fate = version, kv_fate
+
+    @property
+    def actor(self) -> Any:
+        """Rank 0's actor."""
+        return self.actors[0]
 
     @property
     def weight_version(self) -> int:
         return self._version
 
+    async def _all(self, method: str, *args: Any) -> Any:
+        results = await asyncio.gather(*(getattr(a, method).remote(*args) for a in self.actors))
+        return results[0]
+
     async def train(self, groups: list[TrajectoryGroup], policy_version: int) -> dict[str, Any]:
-        return await self.actor.train.remote(groups, policy_version)
+        return await self._all("train", groups, policy_version)
 
     async def sync(self) -> dict[str, Any]:
-        report = await self.actor.sync.remote()
+        report = await self._all("sync")
         self._version = int(report["version"])
         return report
 
     async def save(self, root: str | Path, step: int, data: dict, extra: dict, keep: int) -> str:
-        return await self.actor.save.remote(str(root), step, data, extra, keep)
+        return await self._all("save", str(root), step, data, extra, keep)

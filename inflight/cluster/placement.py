@@ -1,9 +1,10 @@
-"""Placement of the policy and engine actors: one placement group, colocated or not.
+"""Placement of the policy ranks and the engines: one placement group, colocated or not.
 
-Not colocated: two bundles, the policy's (`job.threads` CPUs, a GPU when `job.trainer_device` is
-CUDA) and the engine's (`job.engine_threads` CPUs, a GPU when the engine's device is CUDA), packed
-on one node when the weights go through shared memory (`shm`), spread freely otherwise. Colocated
-(`trainer.placement.colocate_all`): one bundle that both actors share (half a GPU each on CUDA).
+Not colocated: one bundle per policy rank (`job.threads` CPUs, a GPU when `job.trainer_device` is
+CUDA) and one per engine (`job.engine_threads` CPUs, a GPU when the engine's device is CUDA).
+Colocated (`trainer.placement.colocate_all`): max(ranks, engines) shared bundles; policy rank i and
+engine i sit on bundle i and split its resources. The group is packed on one node when the weights
+go through shared memory (`shm`), spread freely otherwise.
 """
 
 from __future__ import annotations
@@ -17,13 +18,17 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from inflight.config import Config
 from inflight.train.job_config import JobConfig
+from inflight.train.trainer import policy_ranks
 
 
 @dataclass
 class Placement:
+    """The reserved group and the actor options of each policy rank and each engine."""
+
     group: Any
-    policy_options: dict[str, Any]
-    engine_options: dict[str, Any]
+    bundles: list[dict[str, float]]
+    policy_options: list[dict[str, Any]]
+    engine_options: list[dict[str, Any]]
 
     def remove(self) -> None:
         remove_placement_group(self.group)
@@ -33,27 +38,64 @@ def _is_cuda(device: str) -> bool:
     return device.startswith("cuda")
 
 
-def make_placement(cfg: Config, job: JobConfig, timeout_s: float = 120.0) -> Placement:
-    """Reserve the resources of one policy and one engine actor; returns the actor options."""
-    engine_device = cfg.generator.inference_engine.device
+def _spec(bundle: int, cpus: float, gpus: float) -> dict[str, Any]:
+    return {"bundle": bundle, "num_cpus": cpus, "num_gpus": gpus}
+
+
+def plan_bundles(
+    cfg: Config, job: JobConfig, num_policy: int | None = None
+) -> tuple[list[dict], list[dict], list[dict]]:
+    """(bundles, policy specs, engine specs): what `make_placement` reserves, without Ray.
+    `num_policy`: policy ranks (default: `policy_ranks(cfg)`)."""
+    num_policy = num_policy or policy_ranks(cfg)
+    num_engines = cfg.generator.inference_engine.num_engines
     policy_gpu = 1 if _is_cuda(job.trainer_device) else 0
-    engine_gpu = 1 if _is_cuda(engine_device) else 0
-    if cfg.trainer.placement.colocate_all:
-        gpus = max(policy_gpu, engine_gpu)
-        bundles = [{"CPU": max(job.threads, job.engine_threads), **({"GPU": gpus} if gpus else {})}]
-        share = {"num_cpus": bundles[0]["CPU"] / 2, "num_gpus": gpus / 2}
-        policy, engine = dict(share, bundle=0), dict(share, bundle=0)
-    else:
-        bundles = [{"CPU": job.threads, **({"GPU": 1} if policy_gpu else {})},
-                   {"CPU": job.engine_threads, **({"GPU": 1} if engine_gpu else {})}]
-        policy = {"num_cpus": job.threads, "num_gpus": policy_gpu, "bundle": 0}
-        engine = {"num_cpus": job.engine_threads, "num_gpus": engine_gpu, "bundle": 1}
+    engine_gpu = 1 if _is_cuda(cfg.generator.inference_engine.device) else 0
+    if not cfg.trainer.placement.colocate_all:
+        bundles = [_bundle(job.threads, policy_gpu)] * num_policy + [
+            _bundle(job.engine_threads, engine_gpu)
+        ] * num_engines
+        policy = [_spec(i, job.threads, policy_gpu) for i in range(num_policy)]
+        engines = [_spec(num_policy + i, job.engine_threads, engine_gpu) for i in range(num_engines)]
+        return bundles, policy, engines
+    size = max(num_policy, num_engines)
+    gpus = max(policy_gpu, engine_gpu)
+    bundles = [_bundle(max(job.threads, job.engine_threads), gpus)] * size
+    sharing = [(i < num_policy) + (i < num_engines) for i in range(size)]  # actors on bundle i
+
+    def share(i: int) -> dict[str, Any]:
+        return _spec(i, bundles[i]["CPU"] / sharing[i], gpus / sharing[i])
+
+    return bundles, [share(i) for i in range(num_policy)], [share(i) for i in range(num_engines)]
+
+
+def _bundle(cpus: int, gpus: int) -> dict[str, float]:
+    return {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
+
+
+def required_cpus(cfg: Config, job: JobConfig, num_policy: int | None = None) -> int:
+    """CPUs the placement group reserves (a local Ray instance is started with at least these)."""
+    return int(sum(b["CPU"] for b in plan_bundles(cfg, job, num_policy)[0]))
+
+
+def make_placement(
+    cfg: Config, job: JobConfig, num_policy: int | None = None, timeout_s: float = 120.0
+) -> Placement:
+    """Reserve the resources of `num_policy` policy ranks and `num_engines` engines."""
+    bundles, policy, engines = plan_bundles(cfg, job, num_policy)
     same_node = cfg.generator.inference_engine.weight_sync_backend == "shm"
     group = placement_group(bundles, strategy="STRICT_PACK" if same_node else "PACK")
-    ray.get(group.ready(), timeout=timeout_s)
+    try:
+        ray.get(group.ready(), timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError as err:
+        remove_placement_group(group)
+        raise RuntimeError(
+            f"the Ray cluster cannot place {bundles} within {timeout_s:.0f} s "
+            f"(available: {ray.available_resources()})"
+        ) from err
 
     def options(spec: dict[str, Any]) -> dict[str, Any]:
         strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=spec["bundle"])
         return {"num_cpus": spec["num_cpus"], "num_gpus": spec["num_gpus"], "scheduling_strategy": strategy}
 
-    return Placement(group, options(policy), options(engine))
+    return Placement(group, bundles, [options(s) for s in policy], [options(s) for s in engines])

@@ -31,12 +31,15 @@ from inflight.engine.request import RequestOutput, SamplingParams
 
 @dataclass
 class ReceiverSpec:
-    """Where the child's weight receiver connects: `kind` is `shm` or `broadcast`."""
+    """Where the child's weight receiver connects: `kind` is `shm` or `broadcast`; `rank` is this
+    engine's receiver rank (1..`num_receivers`) among the engines the sender updates."""
 
     kind: str
     host: str
     port: int
     device: str = "cpu"
+    rank: int = 1
+    num_receivers: int = 1
 
 
 class EngineProcessError(RuntimeError):
@@ -44,15 +47,10 @@ class EngineProcessError(RuntimeError):
 
 
 def _make_receiver(spec: ReceiverSpec):
-    if spec.kind == "shm":
-        from inflight.weight_sync.shm import ShmReceiver
+    from inflight.weight_sync import make_receiver
 
-        return ShmReceiver(spec.host, spec.port)
-    if spec.kind == "broadcast":
-        from inflight.weight_sync.broadcast import BroadcastReceiver
-
-        return BroadcastReceiver(spec.host, spec.port, device=spec.device)
-    raise ValueError(f"unknown receiver kind {spec.kind!r}")
+    return make_receiver(spec.kind, spec.host, spec.port, rank=spec.rank, num_receivers=spec.num_receivers,
+                         device=spec.device)
 
 
 def _child_main(conn, config: EngineConfig, threads: int, receiver: ReceiverSpec | None) -> None:

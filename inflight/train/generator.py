@@ -4,7 +4,8 @@
 the task's environment concurrently (single-turn by default; multi-turn when the environment
 answers with observations), and returns a `TrajectoryGroup`. For every response token it keeps the
 token id, the engine's log-probability, the weight version that sampled it and a loss mask that is
-0 on environment tokens (observations are context, not actions). Any `async (problem) ->
+0 on environment tokens (observations are context, not actions). The turns of one episode share a
+`session_id`, so a client over several engines keeps the episode on one engine. Any `async (problem) ->
 TrajectoryGroup` callable can take its place in the trainers.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -138,6 +140,7 @@ class TaskGenerator:
         env = self.task.make_env(problem)
         prompt = self.task.encode_prompt(env.reset())
         traj = Trajectory(prompt, [], [], [], [], 0.0, "stop", num_turns=0)
+        session = uuid.uuid4().hex  # every turn on one engine: its prefix cache holds the episode
         for turn in range(max(1, env.max_turns)):
             budget = self.max_tokens
             if self.max_context is not None:
@@ -146,7 +149,8 @@ class TaskGenerator:
                     traj.finish_reason = "length"
                     break
             seed = None if self.seed is None else request_seed(self.seed, epoch, problem.id, sample, turn)
-            out = await self.client.generate(prompt + traj.response_ids, self.params(budget, seed))
+            out = await self.client.generate(prompt + traj.response_ids, self.params(budget, seed),
+                                             session_id=session)
             tokens = list(out.output_token_ids)
             traj.response_ids += tokens
             traj.logprobs += list(out.logprobs or [0.0] * len(tokens))

@@ -28,7 +28,7 @@ def build_parser(prog: str = "inflight train") -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=None, help="YAML config (default: the built-in default job)")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-    parser.add_argument("--ray", action="store_true", help="run the engine and the policy as Ray actors")
+    parser.add_argument("--ray", action="store_true", help="run the engines and the policy ranks as Ray actors")
     parser.add_argument("--ray-address", default=None, help="join this Ray cluster (implies --ray)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. job.max_steps=50")
     return parser

@@ -1,7 +1,8 @@
 """The synchronous and the fully-async GRPO trainers, sharing one training step and one weight sync.
 
-Both own the same parts (`RLTrainer.setup`): an inference engine (in a child process when the
-weight-sync backend is `shm` or `broadcast`, in this process for `inprocess`), a policy worker
+Both own the same parts (`RLTrainer.setup`): `generator.inference_engine.num_engines` inference
+engines (each in a child process when the weight-sync backend is `shm` or `broadcast`, in this
+process for `inprocess`; several behind one `FanOutClient`), a policy worker
 with `TrainingStep` as its loss and optimizer step, a `WorkerDispatch` that pushes new weights to
 the engine after every step following `plan_weight_sync` (pause, [sleep], send, [reset], resume),
 a generator, the data loader that records consumed prompts, metrics and checkpoints.
@@ -29,6 +30,7 @@ from typing import Any
 
 import torch
 
+from inflight.client.fanout import FanOutClient
 from inflight.config import Config
 from inflight.engine.config import EngineConfig
 from inflight.tasks.base import Problem, Task
@@ -39,23 +41,34 @@ from inflight.train.job_config import JobConfig
 from inflight.train.metrics import MetricsLogger
 from inflight.train.policy import LocalPolicy, ensure_process_group, make_worker
 from inflight.train.staleness import AsyncDataLoader, OutputBuffer, PromptRef, StalenessManager
+from inflight.weight_sync import make_transport, transport_kind
+from inflight.weight_sync.transport import WeightTransport
 
 __all__ = ["FullyAsyncTrainer", "RLTrainer", "SyncTrainer", "engine_config", "ensure_process_group",
-           "make_trainer", "make_worker"]
+           "make_sender", "make_trainer", "make_worker", "policy_ranks"]
 
 KV_COUNTERS = ("resets", "kv_invalidated_resets", "recomputed_tokens", "preemptions", "prefix_cache_hit_tokens",
                "weight_updates", "pauses")
 
 
-def engine_config(cfg: Config, model_dir: str | Path, weight_version: int = 0) -> EngineConfig:
-    """The engine settings of `generator.inference_engine` for `model_dir`."""
+def policy_ranks(cfg: Config) -> int:
+    """The policy's ranks: `trainer.placement.policy_num_nodes` x `policy_num_gpus_per_node`."""
+    placement = cfg.trainer.placement
+    return placement.policy_num_nodes * placement.policy_num_gpus_per_node
+
+
+def engine_config(
+    cfg: Config, model_dir: str | Path, weight_version: int = 0, index: int = 0
+) -> EngineConfig:
+    """The settings of engine `index` of `generator.inference_engine` for `model_dir`; each engine
+    gets its own sampling seed, or unseeded requests would sample alike on every engine."""
     ie = cfg.generator.inference_engine
     return EngineConfig(
         model=str(model_dir), device=ie.device, dtype=ie.dtype, block_size=ie.block_size,
         num_kv_blocks=ie.num_kv_blocks, kv_cache_memory_gib=ie.kv_cache_memory_gib, max_num_seqs=ie.max_num_seqs,
         max_num_batched_tokens=ie.max_num_batched_tokens, max_model_len=ie.max_model_len,
         enable_prefix_caching=ie.enable_prefix_caching, enable_chunked_prefill=ie.enable_chunked_prefill,
-        seed=cfg.trainer.seed, weight_version=weight_version,
+        seed=cfg.trainer.seed + index, weight_version=weight_version,
     )
 
 
@@ -77,8 +90,8 @@ class RLTrainer:
         self._custom_generate = generate
         self.logger = logger
         self.global_step = 0
-        self.engine_proc: EngineProcess | None = None
-        self.local_engine = None
+        self.engine_procs: list[EngineProcess] = []
+        self.local_engines: list[Any] = []
         self.transport = None
         self.client: Any = None
         self.resumed_from: Path | None = None
@@ -92,8 +105,7 @@ class RLTrainer:
     # ---- set-up -------------------------------------------------------------------------------
     async def setup(self) -> RLTrainer:
         cfg, job = self.cfg, self.job
-        if cfg.generator.inference_engine.num_engines != 1:
-            raise NotImplementedError("the trainers drive one engine (generator.inference_engine.num_engines=1)")
+        self._check_policy_ranks()
         torch.set_num_threads(job.threads)
         self.base_model_dir = cfg.trainer.policy.model.path
         if self.base_model_dir is None:
@@ -123,6 +135,13 @@ class RLTrainer:
                                         log_interval=job.log_interval, append=ckpt is not None)
         self._consumed_file = (out / "consumed.jsonl").open("a" if ckpt is not None else "w")
         return self
+
+    def _check_policy_ranks(self) -> None:
+        ranks = policy_ranks(self.cfg)
+        if ranks != 1:
+            raise ValueError(f"the policy has {ranks} ranks (trainer.placement.policy_num_nodes x "
+                             "policy_num_gpus_per_node); the in-process trainer runs one: "
+                             "use --ray (job.ray=true)")
 
     async def _setup_engine_and_policy(self, model_dir: str | Path, version: int, ckpt) -> None:
         """Start the engine (sets `client`, `transport`) and the policy (sets `policy`)."""
@@ -156,45 +175,37 @@ class RLTrainer:
         return int(pad or 0)
 
     async def _start_engine(self, model_dir: str | Path, version: int) -> None:
-        backend = self.cfg.generator.inference_engine.weight_sync_backend
-        econf = engine_config(self.cfg, model_dir, version)
-        if backend == "inprocess":
+        """Start `num_engines` engines and set `client` and `transport`: in this process for the
+        `inprocess` backend, each in its own process otherwise. Several engines are driven through
+        one `FanOutClient` (generation routed, control calls and weights to every engine)."""
+        ie = self.cfg.generator.inference_engine
+        configs = [engine_config(self.cfg, model_dir, version, i) for i in range(ie.num_engines)]
+        self.transport = make_sender(self.cfg, model_dir, self.job.trainer_device)
+        kind = transport_kind(self.cfg)
+        if kind == "inprocess":
             from inflight.client import LocalClient
             from inflight.engine import AsyncEngine, LLMEngine
-            from inflight.weight_sync import InProcessTransport
 
-            self.local_engine = AsyncEngine(LLMEngine(econf))
-            self.client = LocalClient(self.local_engine)
-            self.transport = InProcessTransport()
-            return
-        if backend == "shm":
-            from inflight.weight_sync import ShmTransport
-
-            remove_stale_shm_buffers()
-            path = SHM_DIR / f"{SHM_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}"
-            self.transport = ShmTransport(max_chunk_bytes=_chunk_bytes(model_dir), path=str(path))
+            self.local_engines = [AsyncEngine(LLMEngine(c)) for c in configs]
+            clients = [LocalClient(e) for e in self.local_engines]
         else:
-            from inflight.weight_sync import BroadcastTransport
-
-            self.transport = BroadcastTransport(max_chunk_bytes=_chunk_bytes(model_dir),
-                                                device=self.job.trainer_device)
-        spec = ReceiverSpec(backend, "127.0.0.1", self.transport.port, econf.device)
-        self.engine_proc = await asyncio.to_thread(EngineProcess, econf, self.job.engine_threads, spec)
-        self.client = self.engine_proc.client
-        if backend == "broadcast":
-            await asyncio.to_thread(self.transport.connect)
+            specs = [receiver_spec(self.transport, kind, c.device, i, len(configs))
+                     for i, c in enumerate(configs)]
+            self.engine_procs = await _start_processes(configs, specs, self.job.engine_threads)
+            clients = [p.client for p in self.engine_procs]
+            if kind == "broadcast":
+                await asyncio.to_thread(self.transport.connect)
+        self.client = clients[0] if len(clients) == 1 else FanOutClient(clients)
 
     async def close(self) -> None:
-        """Stop the engine and release transports and files (idempotent)."""
+        """Stop the engines and release transports and files (idempotent)."""
         if self.transport is not None:
             await asyncio.to_thread(self.transport.close)
             self.transport = None
-        if self.engine_proc is not None:
-            await asyncio.to_thread(self.engine_proc.close)
-            self.engine_proc = None
-        if self.local_engine is not None:
-            await self.local_engine.close()
-            self.local_engine = None
+        procs, self.engine_procs = self.engine_procs, []
+        await asyncio.gather(*(asyncio.to_thread(p.close) for p in procs))
+        engines, self.local_engines = self.local_engines, []
+        await asyncio.gather(*(e.close() for e in engines))
         if self.logger is not None:
             self.logger.close()
         if self._consumed_file is not None and not self._consumed_file.closed:
@@ -439,7 +450,31 @@ def remove_stale_shm_buffers() -> list[Path]:
     return removed
 
 
-def _chunk_bytes(model_dir: str | Path) -> int:
-    """A shared buffer that holds the whole model in one chunk when it is small (<= 256 MiB)."""
-    size = sum(f.stat().st_size for f in Path(model_dir).glob("*.safetensors"))
-    return int(min(max(size + (1 << 20), 16 << 20), 256 << 20))
+def make_sender(
+    cfg: Config, model_dir: str | Path, device: str = "cpu", host: str | None = None
+) -> WeightTransport:
+    """Policy rank 0's weight sender to all `num_engines` engines (`make_transport`); a shared
+    buffer is named after this process, so a later run can remove it if this one gets killed."""
+    path = None
+    if transport_kind(cfg) == "shm":
+        remove_stale_shm_buffers()
+        path = str(SHM_DIR / f"{SHM_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}")
+    return make_transport(cfg, model_dir=model_dir, host=host, device=device,
+                          num_receivers=cfg.generator.inference_engine.num_engines, path=path)
+
+
+def receiver_spec(sender: Any, backend: str, device: str, index: int, num_engines: int) -> ReceiverSpec:
+    """Where engine `index` (of `num_engines`) connects its weight receiver to `sender`."""
+    return ReceiverSpec(backend, sender.channel.host, sender.port, device, index + 1, num_engines)
+
+
+async def _start_processes(configs: Sequence[EngineConfig], specs: Sequence[ReceiverSpec],
+                           threads: int) -> list[EngineProcess]:
+    """Start one engine process per config, concurrently; on any failure stop the started ones."""
+    started = await asyncio.gather(*(asyncio.to_thread(EngineProcess, c, threads, s)
+                                     for c, s in zip(configs, specs, strict=True)), return_exceptions=True)
+    failures = [r for r in started if isinstance(r, BaseException)]
+    if failures:
+        await asyncio.gather(*(asyncio.to_thread(p.close) for p in started if isinstance(p, EngineProcess)))
+        raise failures[0]
+    return list(started)

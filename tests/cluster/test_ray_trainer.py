@@ -1,5 +1,6 @@
-"""Through Ray: the engine and the policy as actors (placement group, local Ray instance), a short
-fully-async run for each KV fate with a real engine; its metrics file holds every field."""
+"""Through Ray: the engines and the policy ranks as actors (placement group, local Ray instance), a
+short fully-async run for each KV fate with a real engine, and one with two engines and two FSDP
+ranks; its metrics file holds every field."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ FATES = {
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    init_ray(object_store_mib=256)
+    init_ray(object_store_mib=256, num_cpus=4)  # room for 2 policy ranks + 2 engines
     yield
     ray.shutdown()
 
@@ -48,6 +49,9 @@ def _run(cfg, job):
         try:
             await trainer.setup()
             history = await trainer.train()
+            two = len(trainer.engine_actors) > 1
+            trainer.versions = await trainer.client.weight_versions() if two else None
+            trainer.ranks = [await a.describe.remote() for a in trainer.policy_actors]
             return trainer, history, await trainer.client.weight_version()
         finally:
             await trainer.close()
@@ -65,7 +69,7 @@ def test_fully_async_through_ray(ray_cluster, model_dir, tmp_path, fate):
     for r in records:
         assert not [k for k in REQUIRED if k not in r]
         assert r["weight_version"] == r["step"]
-    assert trainer.engine_actor is None and trainer.placement is None  # released
+    assert trainer.engine_actors == [] and trainer.placement is None  # released
 
 
 def test_sync_through_ray_with_weights_through_the_object_store(ray_cluster, model_dir, tmp_path):
@@ -74,3 +78,20 @@ def test_sync_through_ray_with_weights_through_the_object_store(ray_cluster, mod
     trainer, history, version = _run(cfg, job)
     assert isinstance(trainer, RaySyncTrainer) and version == 2
     assert all(r["staleness_max"] == 0 for r in history)
+
+
+def test_two_engines_and_two_fsdp_ranks_through_ray(ray_cluster, model_dir, tmp_path):
+    """Generation spread over two engine actors, two policy actors training as one FSDP group over
+    gloo, every sync reaching both engines through the broadcast group (1 sender, 2 receivers)."""
+    cfg, job = rl_config(model_dir, tmp_path, FATES["recompute"] + [
+        "generator.inference_engine.num_engines=2", "trainer.placement.policy_num_gpus_per_node=2",
+        "job.max_steps=2", "job.ray=true"])
+    trainer, history, version = _run(cfg, job)
+    assert version == 2 == trainer.global_step and trainer.versions == {"engine-0": 2, "engine-1": 2}
+    assert [(r["rank"], r["world_size"], r["worker"]) for r in trainer.ranks] == [
+        (0, 2, "FSDPPolicyWorker"), (1, 2, "FSDPPolicyWorker")]
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    for r in records:
+        assert not [k for k in REQUIRED if k not in r]
+        assert r["weight_version"] == r["step"] and r["kv/weight_updates"] == 2  # both engines
+    assert trainer.policy_actors == [] and trainer.placement is None

@@ -102,3 +102,37 @@ def test_multi_turn_masks_environment_tokens(model_dir):
         assert 0 < t.reward <= 1.0
     batch = build_batch(groups, torch.zeros(sum(len(g.trajectories) for g in groups)), pad_id=0)
     assert int(batch.loss_mask.sum()) == sum(t.num_generated for g in groups for t in g.trajectories)
+
+
+class RecordingClient(LocalClient):
+    """A LocalClient that records the session of each request it serves."""
+
+    def __init__(self, engine) -> None:
+        super().__init__(engine)
+        self.sessions: list[str | None] = []
+
+    async def generate(self, prompt_token_ids, params=None, **kwargs):
+        self.sessions.append(kwargs.get("session_id"))
+        return await super().generate(prompt_token_ids, params, **kwargs)
+
+
+def test_every_turn_of_an_episode_goes_to_one_engine(model_dir):
+    from inflight.client.fanout import FanOutClient
+
+    task = ChainAdditionTask(max_digits=1, num_eval=20, num_train=50, turns=3)
+
+    async def main():
+        engines = [AsyncEngine(LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=64, seed=i)))
+                   for i in range(2)]
+        clients = [RecordingClient(e) for e in engines]
+        try:
+            gen = TaskGenerator(FanOutClient(clients), task, n=8, temperature=1.0, seed=3, max_context=32)
+            groups = await generate_groups(gen, task.train_problems()[:4])
+        finally:
+            await asyncio.gather(*(e.close() for e in engines))
+        return groups, [c.sessions for c in clients]
+
+    groups, sessions = asyncio.run(main())
+    turns = sum(t.num_turns for g in groups for t in g.trajectories)
+    assert sum(map(len, sessions)) == turns > 32 and all(sessions)  # some episodes took several turns
+    assert None not in sessions[0] + sessions[1] and not set(sessions[0]) & set(sessions[1])

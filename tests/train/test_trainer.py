@@ -111,3 +111,42 @@ def test_multi_turn_task_with_kl_to_the_reference(model_dir, tmp_path):
     assert version == 3 and trainer.reference is not None
     trained = [r for r in history if r.get("optimizer_steps")]
     assert trained and all("kl" in r for r in trained)
+
+
+def test_fully_async_with_two_engine_processes(model_dir, tmp_path):
+    """Two engines, each in its own process with its own shared-memory receiver: generation is
+    spread over both, every sync reaches both, the counters add up over both."""
+    from inflight.client.fanout import FanOutClient
+
+    cfg, job = rl_config(model_dir, tmp_path, ["generator.inference_engine.num_engines=2", "job.max_steps=2",
+                                               "generator.inference_engine.weight_sync_backend=shm",
+                                               "trainer.fully_async.clear_kv_cache_on_weight_sync=true"])
+
+    async def main():
+        trainer = make_trainer(cfg, job, small_task())
+        try:
+            await trainer.setup()
+            history = await trainer.train()
+            client = trainer.client
+            return trainer, history, await client.weight_versions(), await client.engine_stats()
+        finally:
+            await trainer.close()
+
+    trainer, history, versions, stats = asyncio.run(main())
+    assert isinstance(trainer.client, FanOutClient) and len(trainer.client) == 2
+    assert versions == {"engine-0": 2, "engine-1": 2} and trainer.global_step == 2
+    assert all(s["weight_updates"] == 2 and s["generated_tokens"] > 0 for s in stats.values())
+    assert trainer.engine_procs == [] and trainer.dispatch.plan.kv_fate == "recompute"
+    for r in history:
+        assert not [k for k in REQUIRED if k not in r] and r["weight_version"] == r["step"]
+    assert sum(r["kv/weight_updates"] for r in history) == 4  # both engines' counters
+
+
+def test_colocated_sync_trainer_sleeps_and_wakes_every_in_process_engine(model_dir, tmp_path):
+    cfg, job = rl_config(model_dir, tmp_path, ["trainer.fully_async.enabled=false", "job.max_steps=2",
+                                               "trainer.placement.colocate_all=true",
+                                               "generator.inference_engine.num_engines=2"])
+    trainer, history, version, _, after = _train(cfg, job, evaluate=True)
+    assert len(trainer.client) == 2 and version == 2 and after is not None
+    assert [r["staleness_max"] for r in history] == [0.0, 0.0]
+    assert trainer.local_engines == []  # closed
