@@ -150,11 +150,11 @@ def _native_decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, o
     nd, ws = meta.native, meta.workspace
     count, num_heads, head_dim = nd.count, q.shape[1], q.shape[2]
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
-    groups, threads = num_heads // num_kv_heads, torch.get_num_threads()
+    threads = torch.get_num_threads()
     q32 = q[:count].float().contiguous()
     direct = out.dtype == torch.float32
     o32 = out[:count] if direct else ws.take("native_out", q32.numel(), torch.float32, q.device).view_as(q32)
-    scratch = ws.take("native_scratch", threads * groups * (nd.max_context + head_dim), torch.float32, q.device)
+    scratch = ws.take("native_scratch", threads * num_heads * (nd.max_context + head_dim), torch.float32, q.device)
     status = nd.lib.paged_decode_attention(
         q32.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), nd.block_tables.data_ptr(),
         nd.context_lens.data_ptr(), o32.data_ptr(), scratch.data_ptr(), count, num_heads, num_kv_heads,

@@ -1,12 +1,13 @@
 /* Decode attention straight over the paged KV cache (one new query token per sequence).
  *
- * No gather: each (sequence, kv head) walks its own block table and reads keys and values where
- * they lie. Scores go to a per-thread scratch row, so a step allocates nothing that grows with
+ * No gather: each sequence walks its own block table and reads keys and values where they lie, a
+ * token at a time (its keys for every kv head are one contiguous run, which keeps the reads
+ * sequential). Scores go to a per-thread scratch row, so a step allocates nothing that grows with
  * the context. Keys/values may be float32 or bfloat16; queries, accumulation and output are
- * float32. Grouped-query attention: the G = H / KVH query heads of a kv head share each key read.
+ * float32. Grouped-query attention: query head h reads kv head h / (H / KVH).
  *
  * Layouts: q, out [B, H, D]; caches [num_blocks, block_size, KVH, D]; block_tables [B, max_blocks];
- * context_lens [B]; scratch [num_threads, G * (max_context + D)].
+ * context_lens [B]; scratch [num_threads, H * (max_context + D)].
  */
 #include <math.h>
 #include <stdint.h>
@@ -25,52 +26,44 @@ static void NAME(const float *q, const T *k_cache, const T *v_cache, const int32
                  const int32_t *context_lens, float *out, float *scratch, int B, int H, int KVH,  \
                  int D, int bs, int max_blocks, int max_context, float scale, int num_threads) { \
     const int G = H / KVH;                                                                        \
-    const long token_stride = (long)KVH * D;                                                      \
+    const long token_stride = (long)KVH * D; /* a token's keys for all kv heads are contiguous */ \
     _Pragma("omp parallel for num_threads(num_threads) schedule(dynamic, 1)")                     \
-    for (int item = 0; item < B * KVH; item++) {                                                  \
-        const int b = item / KVH, kvh = item % KVH;                                               \
+    for (int b = 0; b < B; b++) {                                                                 \
         const int len = context_lens[b];                                                          \
-        float *scores = scratch + (long)omp_get_thread_num() * G * (max_context + D);             \
-        float *acc = scores + (long)G * max_context;                                              \
-        const float *qh = q + ((long)b * H + (long)kvh * G) * D;                                  \
+        float *scores = scratch + (long)omp_get_thread_num() * H * (max_context + D);             \
+        float *acc = scores + (long)H * max_context;                                              \
+        const float *qb = q + (long)b * H * D;                                                    \
         const int32_t *table = block_tables + (long)b * max_blocks;                               \
-        float maxs[G];                                                                            \
-        for (int g = 0; g < G; g++) maxs[g] = -INFINITY;                                          \
         for (int pos = 0; pos < len; pos++) {                                                     \
-            const T *kp = k_cache + ((long)table[pos / bs] * bs + pos % bs) * token_stride        \
-                          + (long)kvh * D;                                                        \
-            for (int g = 0; g < G; g++) {                                                         \
-                const float *qg = qh + (long)g * D;                                               \
+            const T *kp = k_cache + ((long)table[pos / bs] * bs + pos % bs) * token_stride;       \
+            for (int h = 0; h < H; h++) {                                                         \
+                const float *qh = qb + (long)h * D;                                               \
+                const T *kh = kp + (long)(h / G) * D;                                             \
                 float dot = 0.f;                                                                  \
                 _Pragma("omp simd reduction(+:dot)")                                              \
-                for (int d = 0; d < D; d++) dot += qg[d] * LOAD(kp[d]);                           \
-                dot *= scale;                                                                     \
-                scores[(long)g * max_context + pos] = dot;                                        \
-                if (dot > maxs[g]) maxs[g] = dot;                                                 \
+                for (int d = 0; d < D; d++) dot += qh[d] * LOAD(kh[d]);                           \
+                scores[(long)h * max_context + pos] = dot * scale;                                \
             }                                                                                     \
         }                                                                                         \
-        float sums[G];                                                                            \
-        for (int g = 0; g < G; g++) {                                                             \
-            float *s = scores + (long)g * max_context, total = 0.f;                               \
-            for (int pos = 0; pos < len; pos++) { s[pos] = expf(s[pos] - maxs[g]); total += s[pos]; } \
-            sums[g] = total;                                                                      \
-            memset(acc + (long)g * D, 0, sizeof(float) * D);                                      \
+        for (int h = 0; h < H; h++) {                                                             \
+            float *s = scores + (long)h * max_context, top = -INFINITY, total = 0.f;              \
+            for (int pos = 0; pos < len; pos++) top = s[pos] > top ? s[pos] : top;                \
+            for (int pos = 0; pos < len; pos++) { s[pos] = expf(s[pos] - top); total += s[pos]; } \
+            const float inv = 1.f / total;                                                        \
+            for (int pos = 0; pos < len; pos++) s[pos] *= inv;                                    \
         }                                                                                         \
+        memset(acc, 0, sizeof(float) * H * D);                                                    \
         for (int pos = 0; pos < len; pos++) {                                                     \
-            const T *vp = v_cache + ((long)table[pos / bs] * bs + pos % bs) * token_stride        \
-                          + (long)kvh * D;                                                        \
-            for (int g = 0; g < G; g++) {                                                         \
-                const float p = scores[(long)g * max_context + pos];                              \
-                float *a = acc + (long)g * D;                                                     \
+            const T *vp = v_cache + ((long)table[pos / bs] * bs + pos % bs) * token_stride;       \
+            for (int h = 0; h < H; h++) {                                                         \
+                const float p = scores[(long)h * max_context + pos];                              \
+                const T *vh = vp + (long)(h / G) * D;                                             \
+                float *a = acc + (long)h * D;                                                     \
                 _Pragma("omp simd")                                                               \
-                for (int d = 0; d < D; d++) a[d] += p * LOAD(vp[d]);                              \
+                for (int d = 0; d < D; d++) a[d] += p * LOAD(vh[d]);                              \
             }                                                                                     \
         }                                                                                         \
-        for (int g = 0; g < G; g++) {                                                             \
-            float *o = out + ((long)b * H + (long)kvh * G + g) * D;                               \
-            const float inv = 1.f / sums[g];                                                      \
-            for (int d = 0; d < D; d++) o[d] = acc[(long)g * D + d] * inv;                        \
-        }                                                                                         \
+        memcpy(out + (long)b * H * D, acc, sizeof(float) * H * D);                                \
     }                                                                                             \
 }
 
