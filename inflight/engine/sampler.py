@@ -33,8 +33,10 @@ def sample(
     default_generator: torch.Generator,
 ) -> tuple[list[int], list[float]]:
     """Sample one token per row of `logits` [N, V] (float32). Returns (token ids, logprobs)."""
-    temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], dtype=logits.dtype)
-    scaled = logits / temps.to(logits.device)[:, None]
+    temps = [p.temperature if p.temperature > 0 else 1.0 for p in params]
+    scaled = logits
+    if any(t != 1.0 for t in temps):  # dividing by 1.0 changes nothing: skip a pass over [N, V]
+        scaled = logits / torch.tensor(temps, dtype=logits.dtype, device=logits.device)[:, None]
     logprobs_all = torch.log_softmax(scaled, dim=-1)
     tokens = scaled.argmax(dim=-1).cpu()
     for row, (p, gen) in enumerate(zip(params, generators, strict=True)):
