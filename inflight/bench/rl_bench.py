@@ -1,9 +1,14 @@
 """`inflight bench rl`: fully-async against synchronous GRPO on the same task, model and machine.
 
 Both modes start from the same warmed-up base model and run for the same RL time budget, in
-alternation (`--repeats` rounds), so background load hits both alike. Reported per mode: steps/s,
-samples/s, held-out greedy accuracy after, and the time to first reach `--target` held-out accuracy
-(evaluated every `--eval-interval` steps); then the async / sync ratios.
+alternation (`--repeats` rounds), so background load hits both alike. The default task, `count_up`,
+has long-tailed answer lengths (most a few tokens, a few ~60), the stragglers a synchronous step
+waits for; `--task addition` runs the short-answer task. The trainer (this process) and the engine
+(its child process) are pinned to different cores (`--no-pin` leaves placement to the OS).
+Reported per mode: steps/s, samples/s, held-out greedy accuracy after, the time to first reach
+`--target` held-out accuracy (evaluated every `--eval-interval` steps), the generated length
+percentiles (p50/p90/p99/max tokens), the CPU time other processes took during the run; then the
+async / sync samples/s ratio and the reference answers' length percentiles.
 """
 
 from __future__ import annotations
@@ -13,20 +18,31 @@ import asyncio
 import json
 import os
 import statistics
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+DEFAULT_TARGETS = {"addition": 0.6, "chain_addition": 0.6, "count_up": 0.45}
+"""Held-out accuracy to time per task (warm-ups stop near 30%)."""
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="inflight bench rl", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default=None, help="a warmed-up model dir (default: build + warm up)")
+    parser.add_argument("--task", default="count_up", choices=sorted(DEFAULT_TARGETS),
+                        help="built-in task (default count_up: long-tailed answer lengths)")
+    parser.add_argument("--model", default=None,
+                        help="a warmed-up model dir for the task (default: build + warm up)")
     parser.add_argument("--seconds", type=float, default=60.0, help="RL time per run (default 60)")
     parser.add_argument("--repeats", type=int, default=1, help="rounds of (async, sync) runs (default 1)")
-    parser.add_argument("--target", type=float, default=0.6, help="held-out accuracy to time (default 0.6)")
+    parser.add_argument("--target", type=float, default=None,
+                        help="held-out accuracy to time (default per task)")
     parser.add_argument("--eval-interval", type=int, default=25, help="steps between evaluations")
+    parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
+                        help="pin trainer and engine to separate cores (default on)")
     parser.add_argument("--output-dir", default="runs/bench_rl")
-    parser.add_argument("overrides", nargs="*", help="config overrides for both modes (job.*, trainer.*, ...)")
+    parser.add_argument("overrides", nargs="*",
+                        help="config overrides for both modes (job.*, trainer.*, ...)")
     return parser
 
 
@@ -37,11 +53,204 @@ def _time_to(records: list[dict[str, Any]], target: float) -> float | None:
     return None
 
 
+# ---- placement and CPU accounting ---------------------------------------------------------------
+def _threads_of(pid: int) -> list[int]:
+    try:
+        return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return []
+
+
+def children_of(pid: int) -> list[int]:
+    """Ids of the live child processes of `pid` (from /proc)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
+def pin(pid: int, cores: set[int]) -> None:
+    """Restrict every thread of process `pid` to `cores` (affinity is per thread on Linux)."""
+    for tid in _threads_of(pid):
+        try:
+            os.sched_setaffinity(tid, cores)
+        except OSError:  # the thread ended meanwhile
+            pass
+
+
+class CorePinning:
+    """While active, this process (the trainer) runs on the first allowed core and every child it
+    starts (the engine process) on the second; a watcher re-pins every 0.2 s, since threads the
+    child started before its first pinning keep the core they were born on. Does nothing when
+    disabled or when fewer than two cores are allowed."""
+
+    def __init__(self, enabled: bool = True, interval_s: float = 0.2) -> None:
+        self.saved = sorted(os.sched_getaffinity(0))
+        self.enabled = enabled and len(self.saved) >= 2
+        self.trainer_cores, self.engine_cores = {self.saved[0]}, {self.saved[-1]}
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
+
+    def describe(self) -> dict[str, Any]:
+        """Which cores each side runs on (None: not pinned)."""
+        if not self.enabled:
+            return {"trainer": None, "engine": None}
+        return {"trainer": sorted(self.trainer_cores), "engine": sorted(self.engine_cores)}
+
+    def __enter__(self) -> CorePinning:
+        if self.enabled:
+            pin(os.getpid(), self.trainer_cores)
+            self._watcher = threading.Thread(target=self._watch, daemon=True, name="core-pinning")
+            self._watcher.start()
+        return self
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            for child in children_of(os.getpid()):
+                pin(child, self.engine_cores)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._watcher is not None:
+            self._stop.set()
+            self._watcher.join()
+            pin(os.getpid(), set(self.saved))
+
+
+def _busy_s() -> float:
+    fields = [float(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_s() -> float:
+    t = os.times()  # children count once reaped: the engine process is waited for at close
+    return t.user + t.system + t.children_user + t.children_system
+
+
+class CpuMeter:
+    """CPU seconds this process and its reaped children used over a span, and the rest of the
+    machine's busy CPU time (other processes: the load that hit this run)."""
+
+    def __enter__(self) -> CpuMeter:
+        self.t0, self.busy0, self.own0 = time.perf_counter(), _busy_s(), _own_cpu_s()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        wall = time.perf_counter() - self.t0
+        own, busy = _own_cpu_s() - self.own0, _busy_s() - self.busy0
+        other = max(0.0, busy - own)
+        self.result = {"wall_s": wall, "own_cpu_s": own, "other_cpu_s": other,
+                       "other_cpu_share": other / max(wall * (os.cpu_count() or 1), 1e-9)}
+
+
+# ---- the runs -----------------------------------------------------------------------------------
+def record_response_lengths(task) -> list[int]:
+    """Make `task` note the tokens (plus EOS) of every training response it scores, held-out
+    evaluations left out; returns the list it fills. Single-turn tasks only (they score through
+    `task.reward`); the step metrics hold only means, and the tail is what this bench is about."""
+    lengths: list[int] = []
+    held_out = {p.id for p in task.eval_problems()}
+    score = task.reward
+
+    def reward(problem, response: str) -> float:
+        if problem.id not in held_out:
+            # + EOS; a response cut off at the limit has none
+            lengths.append(min(len(task.encode(response)) + 1, task.max_new_tokens))
+        return score(problem, response)
+
+    task.reward = reward  # an instance attribute: the environments call task.reward
+    return lengths
+
+
+def make_bench_task(cfg, job):
+    """The job's task; built-in tasks get their own tokenizer unless a model directory is set."""
+    from inflight.tasks import BUILTIN_TASKS, make_builtin_task
+
+    if job.task not in BUILTIN_TASKS:
+        from inflight.train.main import make_task
+
+        return make_task(cfg, job)
+    tokenizer = None
+    if cfg.trainer.policy.model.path is not None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(cfg.trainer.policy.model.path)
+    return make_builtin_task(job.task, tokenizer, num_train=job.num_train, num_eval=job.num_eval,
+                             seed=cfg.trainer.seed)
+
+
+def prepare_model(cfg, job, task, say) -> str:
+    """Build the tiny base model with the task's tokenizer and warm it up; returns its directory."""
+    from inflight.tasks import build_base_model, warm_up
+
+    path = Path(job.base_model_dir or Path(job.output_dir) / "base_model")
+    say(f"building the tiny base model for {task.name} in {path} and warming it up "
+        f"(supervised, <= {job.warmup_max_seconds} s)")
+    build_base_model(path, seed=cfg.trainer.seed, tokenizer=task.tokenizer)
+    report = warm_up(path, task, steps=job.warmup_steps, batch_size=job.warmup_batch_size, lr=job.warmup_lr,
+                     max_seconds=job.warmup_max_seconds, target_accuracy=job.warmup_target_accuracy,
+                     seed=cfg.trainer.seed, log=say, threads=job.warmup_threads)
+    say(f"warm-up: {report.steps} steps in {report.seconds:.0f} s, accuracy {report.accuracy:.1%} "
+        f"(stopped by {report.stopped_by})")
+    return str(path)
+
+
+def run_mode(common: list[str], model: str, enabled: bool, run_dir: Path, target: float,
+             pinning: bool) -> dict[str, Any]:
+    """One RL run (fully async when `enabled`) from `model`; its row of the result."""
+    from inflight.tasks.lengths import percentiles
+    from inflight.train.main import resolve_config, run_job
+    from inflight.train.metrics import read_metrics
+
+    cfg, job = resolve_config(None, [*common, f"trainer.policy.model.path={model}",
+                                     f"trainer.fully_async.enabled={str(enabled).lower()}",
+                                     f"job.output_dir={run_dir}"])
+    task = make_bench_task(cfg, job)
+    lengths = record_response_lengths(task)
+    load = os.getloadavg()[0]
+    with CorePinning(pinning) as cores, CpuMeter() as meter:
+        summary = asyncio.run(run_job(cfg, job, task, lambda _t: None))
+    records = [r for r in read_metrics(run_dir / "metrics.jsonl") if "reward" in r]
+    return {"steps_per_s": summary["steps"] / summary["train_seconds"],
+            "samples_per_s": summary["samples_per_s"], "before": summary["before"], "after": summary["after"],
+            "time_to_target_s": _time_to(records, target),
+            "response_length_tokens": percentiles(lengths),
+            "load_before": load, "cores": cores.describe(), **meter.result}
+
+
+def _say_row(say, mode: str, rnd: int, row: dict[str, Any], target: float) -> None:
+    reached = row["time_to_target_s"]
+    say(f"{mode:>11} round {rnd}: {row['steps_per_s']:.2f} steps/s, {row['samples_per_s']:.0f} samples/s, "
+        f"accuracy {row['before']:.1%} -> {row['after']:.1%}, time to {target:.0%}: "
+        f"{f'{reached:.0f} s' if reached is not None else 'not reached'}, response tokens p50/p90/p99/max "
+        f"{_quartet(row['response_length_tokens'])} (load {row['load_before']:.1f}, other processes "
+        f"{row['other_cpu_share']:.0%} of the CPUs)")
+
+
+def _quartet(stats: dict[str, float]) -> str:
+    return "/".join(f"{stats[k]:.0f}" for k in ("p50", "p90", "p99", "max"))
+
+
+def summarize(results: dict[str, list[dict[str, Any]]]) -> tuple[dict[str, dict[str, float]], float]:
+    """Per-mode means and the fully-async / sync samples/s ratio."""
+    keys = ("steps_per_s", "samples_per_s", "after", "other_cpu_share")
+    mean = {m: {k: statistics.mean(r[k] for r in rows) for k in keys} for m, rows in results.items()}
+    return mean, mean["fully_async"]["samples_per_s"] / max(mean["sync"]["samples_per_s"], 1e-9)
+
+
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
-    from inflight.train.main import make_task, prepare_base_model, resolve_config, run_job
-    from inflight.train.metrics import read_metrics
+    from inflight.tasks.lengths import answer_length_stats
+    from inflight.train.defaults import task_overrides
+    from inflight.train.main import resolve_config
 
     args = build_parser().parse_args(argv)
     console = Console()
@@ -50,40 +259,29 @@ def main(argv: list[str] | None = None) -> int:
         console.print(text, highlight=False)
 
     out = Path(args.output_dir)
-    common = [*args.overrides, "job.progress=false", "job.max_steps=null", "job.plot=false", "job.log_interval=1000000",
+    target = args.target if args.target is not None else DEFAULT_TARGETS[args.task]
+    # the warm-up stops at its target accuracy, not at a time cap, so a busy machine still gives
+    # both modes a comparable starting model
+    common = [*task_overrides(args.task), "job.warmup_max_seconds=900", *args.overrides, "job.progress=false",
+              "job.max_steps=null", "job.plot=false", "job.log_interval=1000000",
               f"job.max_train_seconds={args.seconds}", f"job.eval_interval={args.eval_interval}"]
     cfg, job = resolve_config(None, [*common, f"job.output_dir={out / 'base'}"])
-    task = make_task(cfg, job)
-    model = args.model
-    if model is None:
-        prepare_base_model(cfg, job, task, say)
-        model = cfg.trainer.policy.model.path
+    task = make_bench_task(cfg, job)
+    lengths = answer_length_stats(task)
+    say(f"{task.name}: reference answer tokens (incl. EOS) p50/p90/p99/max {_quartet(lengths)}")
+    model = args.model or prepare_model(cfg, job, task, say)
     results: dict[str, list[dict[str, Any]]] = {"fully_async": [], "sync": []}
     for rnd in range(args.repeats):
-        for mode, enabled in (("fully_async", "true"), ("sync", "false")):
-            run_dir = out / f"{mode}-{rnd}"
-            cfg, job = resolve_config(None, [*common, f"trainer.policy.model.path={model}",
-                                             f"trainer.fully_async.enabled={enabled}", f"job.output_dir={run_dir}"])
-            load = os.getloadavg()[0]
-            started = time.perf_counter()
-            summary = asyncio.run(run_job(cfg, job, make_task(cfg, job), lambda _t: None))
-            records = [r for r in read_metrics(run_dir / "metrics.jsonl") if "reward" in r]
-            row = {"steps_per_s": summary["steps"] / summary["train_seconds"],
-                   "samples_per_s": summary["samples_per_s"], "before": summary["before"],
-                   "after": summary["after"], "time_to_target_s": _time_to(records, args.target),
-                   "load_before": load, "wall_s": time.perf_counter() - started}
+        for mode, enabled in (("fully_async", True), ("sync", False)):
+            row = run_mode(common, model, enabled, out / f"{mode}-{rnd}", target, args.pin)
             results[mode].append(row)
-            say(f"{mode:>11} round {rnd}: {row['steps_per_s']:.2f} steps/s, {row['samples_per_s']:.0f} samples/s, "
-                f"accuracy {row['before']:.1%} -> {row['after']:.1%}, time to {args.target:.0%}: "
-                f"{row['time_to_target_s'] if row['time_to_target_s'] is not None else 'not reached'}"
-                f" (load {load:.1f})")
-    mean = {m: {k: statistics.mean(r[k] for r in rows) for k in ("steps_per_s", "samples_per_s", "after")}
-            for m, rows in results.items()}
-    ratio = mean["fully_async"]["samples_per_s"] / mean["sync"]["samples_per_s"]
-    say(f"fully-async / sync throughput: {ratio:.2f}x (samples/s {mean['fully_async']['samples_per_s']:.0f} vs "
-        f"{mean['sync']['samples_per_s']:.0f}); accuracy after {args.seconds:.0f} s: "
+            _say_row(say, mode, rnd, row, target)
+    mean, ratio = summarize(results)
+    say(f"fully-async / sync throughput: {ratio:.2f}x (samples/s "
+        f"{mean['fully_async']['samples_per_s']:.0f} vs {mean['sync']['samples_per_s']:.0f}); accuracy after {args.seconds:.0f} s: "
         f"{mean['fully_async']['after']:.1%} vs {mean['sync']['after']:.1%}")
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_rl.json").write_text(json.dumps({"args": vars(args), "results": results, "mean": mean,
-                                                   "throughput_ratio": ratio}, indent=2))
+    (out / "bench_rl.json").write_text(json.dumps({
+        "args": vars(args), "task": task.name, "target": target, "answer_length_tokens": lengths,
+        "results": results, "mean": mean, "throughput_ratio": ratio}, indent=2))
     return 0

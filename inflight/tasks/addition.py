@@ -79,6 +79,10 @@ class AdditionTask(Task):
                 out.append(pair)
         return out
 
+    def sample_problems(self, rng: random.Random, n: int) -> list[Problem]:
+        """`n` fresh random problems (from `sample_pairs`)."""
+        return [make_problem(0, a, b, prefix="sample") for a, b in self.sample_pairs(rng, n)]
+
     @cached_property
     def _train(self) -> list[Problem]:
         pairs = self.sample_pairs(random.Random(self.seed), self.num_train)

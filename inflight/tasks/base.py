@@ -9,6 +9,7 @@ trained on). Single-turn is the default (`SingleTurnEnv`: one response, scored, 
 
 from __future__ import annotations
 
+import random
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -92,6 +93,11 @@ class Task(ABC):
 
     def make_env(self, problem: Problem) -> Environment:
         return SingleTurnEnv(self, problem)
+
+    def sample_problems(self, rng: random.Random, n: int) -> list[Problem]:
+        """`n` training problems for the supervised warm-up (default: drawn from `train_problems`;
+        generated tasks override it with fresh problems)."""
+        return rng.choices(list(self.train_problems()), k=n)
 
     @property
     def stop_token_ids(self) -> list[int]:

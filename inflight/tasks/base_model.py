@@ -2,9 +2,10 @@
 
 `build_base_model` writes a random Qwen2-shaped model (hidden 128, 4 layers, 4 heads, 2 KV heads,
 MLP 512, tied embeddings: about 0.8M parameters) with the character tokenizer as a Hugging Face
-directory. `warm_up` trains it on `a+b=` -> sum + EOS with teacher forcing (loss on the answer
-tokens) for a few hundred steps, stopping early at a time budget or a target accuracy so that RL
-still has room to improve it, and saves it back where the engine can load it. Measured on 2 CPU
+directory. `warm_up` trains it on a task's problems (`a+b=` -> sum + EOS for addition) with teacher
+forcing (loss on the answer tokens, long-tailed batches in length buckets) for a few hundred steps,
+stopping early at a time budget or a target accuracy so that RL still has room to improve it, and
+saves it back where the engine can load it. Measured on 2 CPU
 cores (docs: /work/shared/CALIBRATION.md): ~300 steps in ~45 s give ~30% greedy accuracy; a 0.1M
 model plateaus near 55%, which is why the model is this size.
 """
@@ -21,7 +22,7 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 from inflight.tasks.addition import AdditionTask
-from inflight.tasks.base import Problem
+from inflight.tasks.base import Problem, Task
 from inflight.tasks.tokenizer import make_char_tokenizer
 
 BASE_MODEL_SHAPE = dict(
@@ -31,16 +32,17 @@ BASE_MODEL_SHAPE = dict(
     num_key_value_heads=2,
     intermediate_size=512,
     tie_word_embeddings=True,
-    max_position_embeddings=64,
+    max_position_embeddings=128,  # room for count_up's ~100-token answers; no parameters depend on it
 )
 
 
-def build_base_model(path: str | Path, seed: int = 0, **overrides) -> Path:
-    """Write a random-init Qwen2 model and the character tokenizer to `path`; returns it.
-    `overrides` go into the Qwen2 config (e.g. hidden_size=64 for tests)."""
+def build_base_model(path: str | Path, seed: int = 0, tokenizer=None, **overrides) -> Path:
+    """Write a random-init Qwen2 model and `tokenizer` (default: the addition character tokenizer;
+    give the task's for other tasks) to `path`; returns it. `overrides` go into the Qwen2 config
+    (e.g. hidden_size=64 for tests)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    tokenizer = make_char_tokenizer()
+    tokenizer = tokenizer if tokenizer is not None else make_char_tokenizer()
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         rms_norm_eps=1e-6,
@@ -64,7 +66,7 @@ def save_model(model: torch.nn.Module, tokenizer, path: str | Path) -> None:
     tokenizer.save_pretrained(path)
 
 
-def supervised_batch(task: AdditionTask, problems: Sequence[Problem]) -> dict[str, torch.Tensor]:
+def supervised_batch(task: Task, problems: Sequence[Problem]) -> dict[str, torch.Tensor]:
     """Right-padded `prompt + answer + EOS` ids, with labels only on answer and EOS tokens
     (`-100` elsewhere, so `labels[:, t]` is the target predicted at position t - 1)."""
     eos, pad = task.tokenizer.eos_token_id, task.tokenizer.pad_token_id
@@ -83,7 +85,7 @@ def supervised_batch(task: AdditionTask, problems: Sequence[Problem]) -> dict[st
 
 
 @torch.no_grad()
-def teacher_forced_accuracy(model: torch.nn.Module, task: AdditionTask, problems: Sequence[Problem]) -> float:
+def teacher_forced_accuracy(model: torch.nn.Module, task: Task, problems: Sequence[Problem]) -> float:
     """Greedy exact-match accuracy without generating: greedy decoding yields exactly `answer + EOS`
     iff the argmax at every answer position (given the true prefix) is the true next token. One
     forward pass instead of one per token."""
@@ -93,6 +95,30 @@ def teacher_forced_accuracy(model: torch.nn.Module, task: AdditionTask, problems
     pred, target = logits[:, :-1].argmax(-1), batch["labels"][:, 1:]
     ok = ((pred == target) | (target == -100)).all(dim=1)
     return float(ok.float().mean())
+
+
+def length_buckets(lengths: Sequence[int], parts: int = 4, keep: float = 0.75) -> list[list[int]]:
+    """Indices of `lengths` in `parts` groups of neighbouring lengths when that pads to at most
+    `keep` of the tokens one right-padded batch would (long-tailed lengths); else one group."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    size = -(-len(order) // parts)
+    groups = [order[i:i + size] for i in range(0, len(order), size)]
+    padded = sum(len(g) * lengths[g[-1]] for g in groups)
+    return groups if padded <= keep * len(lengths) * max(lengths, default=0) else [list(range(len(lengths)))]
+
+
+def supervised_backward(model: torch.nn.Module, task: Task, problems: Sequence[Problem]) -> float:
+    """Accumulate the gradient of the mean answer-token loss over `problems` (in length buckets,
+    each weighted by its share of the answer tokens, so the mean is that of one batch); returns it."""
+    lengths = [len(task.encode_prompt(p.prompt)) + len(task.encode(p.answer)) + 1 for p in problems]
+    batches = [supervised_batch(task, [problems[i] for i in g]) for g in length_buckets(lengths)]
+    counts = [int((b["labels"] != -100).sum()) for b in batches]
+    total = 0.0
+    for batch, count in zip(batches, counts, strict=True):
+        loss = model(**batch).loss * (count / sum(counts))
+        loss.backward()
+        total += float(loss.detach())
+    return total
 
 
 @dataclass
@@ -106,7 +132,7 @@ class WarmupReport:
 
 def warm_up(
     model_dir: str | Path,
-    task: AdditionTask | None = None,
+    task: Task | None = None,
     steps: int = 400,
     batch_size: int = 128,
     lr: float = 1e-3,
@@ -140,15 +166,11 @@ def warm_up(
     for step in range(1, steps + 1):
         probe.before(step)
         model.train()
-        pairs = task.sample_pairs(rng, batch_size)
-        batch = supervised_batch(task, [Problem("w", f"{a}+{b}=", str(a + b)) for a, b in pairs])
-        loss = model(**batch).loss
-        loss.backward()
+        loss_value = supervised_backward(model, task, task.sample_problems(rng, batch_size))
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
-        loss_value = float(loss.detach())
         probe.after(step, log)
         elapsed = time.perf_counter() - started
         if step % eval_every == 0 or step == steps:

@@ -26,7 +26,8 @@ class JobConfig:
     """Run settings outside the shared schema (YAML section `job:`, overrides `job.<key>=...`)."""
 
     task: str = "addition"
-    """`addition` (built-in, default), `chain_addition` (multi-turn variant) or `jsonl` (your data)."""
+    """`addition` (built-in, default), `chain_addition` (multi-turn variant), `count_up` (built-in,
+    long-tailed answer lengths; needs `inflight.train.defaults.task_overrides`) or `jsonl` (your data)."""
     train_data: str | None = None
     """JSONL file of {"prompt", "answer"} lines for `task: jsonl`."""
     eval_data: str | None = None
@@ -88,8 +89,8 @@ class JobConfig:
 
     def validate(self) -> list[Violation]:
         problems = []
-        choices = {"task": ("addition", "chain_addition", "jsonl"), "worker": ("auto", "local", "fsdp", "megatron"),
-                   "tis": ("none", "token", "sequence")}
+        choices = {"task": ("addition", "chain_addition", "count_up", "jsonl"),
+                   "worker": ("auto", "local", "fsdp", "megatron"), "tis": ("none", "token", "sequence")}
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
                 problems.append(Violation(f"{SECTION}.{key}", getattr(self, key), "is not a known choice",

@@ -43,7 +43,8 @@ def resolve_config(config_path: str | None, overrides: list[str]) -> tuple[Confi
 
 
 def make_task(cfg: Config, job: JobConfig):
-    from inflight.tasks import AdditionTask, ChainAdditionTask, JsonlTask
+    from inflight.tasks import JsonlTask
+    from inflight.tasks.registry import make_builtin_task
 
     if job.task == "jsonl":
         from transformers import AutoTokenizer
@@ -56,8 +57,8 @@ def make_task(cfg: Config, job: JobConfig):
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(cfg.trainer.policy.model.path)
-    cls = ChainAdditionTask if job.task == "chain_addition" else AdditionTask
-    return cls(tokenizer, num_train=job.num_train, num_eval=job.num_eval, seed=cfg.trainer.seed)
+    return make_builtin_task(job.task, tokenizer, num_train=job.num_train, num_eval=job.num_eval,
+                             seed=cfg.trainer.seed)
 
 
 def prepare_base_model(cfg: Config, job: JobConfig, task, say) -> dict[str, Any]:
@@ -66,7 +67,7 @@ def prepare_base_model(cfg: Config, job: JobConfig, task, say) -> dict[str, Any]
 
     path = Path(job.base_model_dir or Path(job.output_dir) / "base_model")
     say(f"building the tiny base model in {path} and warming it up (supervised, <= {job.warmup_max_seconds} s)")
-    build_base_model(path, seed=cfg.trainer.seed)
+    build_base_model(path, seed=cfg.trainer.seed, tokenizer=task.tokenizer)
     report = warm_up(path, task, steps=job.warmup_steps, batch_size=job.warmup_batch_size, lr=job.warmup_lr,
                      max_seconds=job.warmup_max_seconds, target_accuracy=job.warmup_target_accuracy,
                      seed=cfg.trainer.seed, log=say, threads=job.warmup_threads)

@@ -118,3 +118,22 @@ def test_jsonl_errors_name_the_line(tmp_path, text, message):
 def test_jsonl_missing_file(tmp_path):
     with pytest.raises(DatasetError, match="does not exist"):
         load_jsonl(tmp_path / "nope.jsonl")
+
+
+def test_sample_problems_for_the_warm_up():
+    import random
+
+    task = AdditionTask(num_train=50)
+    pairs = task.sample_pairs(random.Random(5), 20)
+    problems = task.sample_problems(random.Random(5), 20)
+    assert [p.prompt for p in problems] == [f"{a}+{b}=" for a, b in pairs]  # the warm-up's data as before
+    assert all(p.answer == str(a + b) for p, (a, b) in zip(problems, pairs, strict=True))
+
+    from inflight.tasks import Task
+
+    class Fixed(AdditionTask):
+        sample_problems = Task.sample_problems  # the default: draws from the training problems
+
+    fixed = Fixed(num_train=30)
+    drawn = fixed.sample_problems(random.Random(1), 100)
+    assert len(drawn) == 100 and set(drawn) <= set(fixed.train_problems())

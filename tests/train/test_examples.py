@@ -55,3 +55,15 @@ def test_job_config_errors_are_listed():
     with pytest.raises(ConfigError) as err:
         resolve_config(None, ["job.tis=tokens", "job.task=jsonl"])
     assert err.value.keys == ["job.tis", "job.train_data"]
+
+
+@pytest.mark.parametrize("task", ["addition", "chain_addition", "count_up"])
+def test_each_builtin_task_is_built_by_name(task):
+    from inflight.tasks.registry import BUILTIN_TASKS
+    from inflight.train.main import make_task
+
+    cfg, job = resolve_config(str(EXAMPLES / "count_up.yaml") if task == "count_up" else None,
+                              [f"job.task={task}", "job.num_train=20", "job.num_eval=5"])  # fmt: skip
+    built = make_task(cfg, job)
+    assert type(built) is BUILTIN_TASKS[task]
+    assert len(built.eval_problems()) == 5

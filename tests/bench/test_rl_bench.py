@@ -1,0 +1,137 @@
+"""`inflight bench rl`: core pinning, CPU accounting, the summary, and a smoke run on a tiny budget."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from inflight.bench.rl_bench import (
+    CorePinning,
+    CpuMeter,
+    _time_to,
+    children_of,
+    main,
+    record_response_lengths,
+    summarize,
+)
+from inflight.tasks import CountUpTask, build_base_model
+from inflight.tasks.count_up import make_problem
+
+TWO_CORES = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two allowed cores")
+
+
+def _wait_for(condition, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@TWO_CORES
+def test_core_pinning_separates_this_process_and_its_children():
+    before = os.sched_getaffinity(0)
+    with CorePinning(True, interval_s=0.05) as pinning:
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        try:
+            assert child.pid in children_of(os.getpid())
+            assert os.sched_getaffinity(0) == pinning.trainer_cores
+            assert _wait_for(lambda: os.sched_getaffinity(child.pid) == pinning.engine_cores)
+            assert pinning.trainer_cores.isdisjoint(pinning.engine_cores)
+            assert pinning.describe() == {
+                "trainer": sorted(pinning.trainer_cores),
+                "engine": sorted(pinning.engine_cores),
+            }
+        finally:
+            child.kill()
+            child.wait()
+    assert os.sched_getaffinity(0) == before
+
+
+def test_core_pinning_disabled_touches_nothing():
+    before = os.sched_getaffinity(0)
+    with CorePinning(False) as pinning:
+        assert os.sched_getaffinity(0) == before
+    assert pinning.describe() == {"trainer": None, "engine": None}
+
+
+def test_cpu_meter_counts_own_and_other_cpu():
+    with CpuMeter() as meter:
+        end = time.process_time() + 0.3
+        while time.process_time() < end:
+            pass
+    r = meter.result
+    assert r["own_cpu_s"] >= 0.25 and r["wall_s"] >= 0.25
+    assert r["other_cpu_s"] >= 0.0 and 0.0 <= r["other_cpu_share"] <= 1.0
+
+
+def test_time_to_target_and_summary():
+    records = [{"time": 1.0, "eval/accuracy": 0.2}, {"time": 2.0}, {"time": 3.0, "eval/accuracy": 0.5}]
+    assert _time_to(records, 0.45) == 3.0 and _time_to(records, 0.6) is None
+    row = {"steps_per_s": 2.0, "samples_per_s": 300.0, "after": 0.5, "other_cpu_share": 0.1}
+    mean, ratio = summarize({"fully_async": [row, {**row, "samples_per_s": 500.0}], "sync": [row]})
+    assert mean["fully_async"]["samples_per_s"] == 400.0 and ratio == pytest.approx(4 / 3)
+
+
+def test_response_lengths_recorded_for_training_problems_only():
+    task = CountUpTask(num_train=5, num_eval=3)
+    lengths = record_response_lengths(task)
+    train, held_out = task.train_problems()[0], task.eval_problems()[0]
+    task.make_env(train).step("10,13,16")  # through the environment, as the generator scores
+    task.reward(train, "1")
+    assert task.make_env(held_out).step("10,13,16").done
+    assert lengths == [9, 2]  # 8 characters + EOS, 1 + EOS; the held-out response left out
+    p = make_problem("x", 7, 3, 30)
+    assert task.reward(p, "10,13,16,19,22,25,28,31") == 1.0 and lengths[-1] == 24
+    task.reward(p, "1," * 40)  # ran to the token limit: counted as the limit
+    assert lengths[-1] == task.max_new_tokens
+
+
+def test_bench_rl_smoke_on_count_up(tmp_path):
+    task = CountUpTask(num_train=1)
+    model = build_base_model(
+        tmp_path / "m",
+        tokenizer=task.tokenizer,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=64,
+    )
+    out = tmp_path / "bench"
+    assert (
+        main(
+            [
+                "--model",
+                str(model),
+                "--seconds",
+                "1",
+                "--eval-interval",
+                "1000",
+                "--output-dir",
+                str(out),
+                "job.num_eval=8",
+                "job.num_train=64",
+                "job.tensorboard=false",
+            ]
+        )
+        == 0
+    )
+    result = json.loads((out / "bench_rl.json").read_text())
+    assert result["task"] == "count_up" and result["target"] == 0.45
+    lengths = result["answer_length_tokens"]
+    assert lengths["p50"] < lengths["p90"] <= lengths["p99"] <= lengths["max"] <= task.max_new_tokens
+    for mode in ("fully_async", "sync"):
+        (row,) = result["results"][mode]
+        assert row["samples_per_s"] > 0 and "other_cpu_share" in row
+        generated = row["response_length_tokens"]
+        assert 1 <= generated["p50"] <= generated["max"] <= task.max_new_tokens
+        pinned = len(os.sched_getaffinity(0)) >= 2
+        assert (row["cores"]["engine"] is not None) == pinned
+    assert result["throughput_ratio"] > 0
