@@ -7,22 +7,84 @@ waits for all of them before it returns or raises: a call that failed on any eng
 (`FanOutError`, naming each failing engine; the engine's own error when there is one engine), and
 the engines where it succeeded have completed it, so the caller (the sync executor) can bring all
 of them back to one state with `abort_weight_update` / `resume`.
+
+Weight updates over a broadcast group (`init_weight_transfer`, ...): this process hosts ONE group
+over every engine (`WeightGroupHost`), so each chunk's bytes travel in one broadcast whatever the
+number of engines. That needs member clients able to join a group hosted elsewhere (the process
+and Ray engine clients); for others it raises NotImplementedError naming the alternatives.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
-from typing import Any
+import threading
+from collections.abc import Awaitable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from inflight.client.base import update_all_or_nothing
 from inflight.client.errors import FanOutError, InconsistentServersError
 from inflight.client.router import Router
+from inflight.client.wire import DEFAULT_WEIGHT_GROUP
 from inflight.engine.request import RequestOutput, SamplingParams
 
+if TYPE_CHECKING:  # imported on use: torch.distributed and the weight-sync package
+    from inflight.client.broadcast import WeightBroadcaster
 
-class FanOutClient:
+JOIN_METHODS = ("join_weight_group", "receive_weight_chunk", "leave_weight_group")
+"""What a member client needs for its engine to be a rank of a group hosted elsewhere."""
+_BROADCAST_GRACE_S = 10.0  # how long a chunk's broadcast may lag behind the engines' answers
+
+
+class HostsWeightGroup:
+    """The InferenceClient calls for weight updates over a broadcast group, for a client that hosts
+    the group (rank 0) over the engines behind `_group_members()` (a `WeightGroupHost`)."""
+
+    _weight_group: WeightGroupHost | None = None
+
+    def _group_members(self) -> dict[str, Any]:
+        """Name -> client (with `JOIN_METHODS`) of each engine to join, in rank order."""
+        raise NotImplementedError
+
+    async def init_weight_transfer(
+        self, master_address: str = "127.0.0.1", master_port: int = 0, **options: Any
+    ) -> dict[str, Any]:
+        """Host a weight broadcast group over every engine (this process rank 0, engine i rank
+        i + 1); `options` as in `InferenceClient.init_weight_transfer`. A group formed before is
+        left first."""
+        members = self._group_members()
+        await self.close_weight_transfer()
+        host = WeightGroupHost(members)
+        info = await host.form(master_address, master_port, **options)
+        self._weight_group = host
+        return info
+
+    async def load_weights_broadcast(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """`load_weights` with each chunk's bytes in one broadcast (between begin and finish)."""
+        await self._group().load(named_tensors)
+
+    async def update_weights_broadcast(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None
+    ) -> int:
+        """begin → load_weights_broadcast → finish on every engine, all or nothing: on failure the
+        update is aborted (old weights back where the engines kept them) and the error re-raised."""
+        self._group()
+        return await update_all_or_nothing(self, lambda: self.load_weights_broadcast(named_tensors), version)
+
+    async def close_weight_transfer(self) -> None:
+        """Have every engine leave the group, then drop this side of it."""
+        host, self._weight_group = self._weight_group, None
+        if host is not None:
+            await host.close()
+
+    def _group(self) -> WeightGroupHost:
+        if self._weight_group is None or self._weight_group.sender is None:
+            raise RuntimeError("no weight broadcast group: call init_weight_transfer() first")
+        return self._weight_group
+
+
+class FanOutClient(HostsWeightGroup):
     """InferenceClient over `clients` (any InferenceClients); `names` label them in errors."""
 
     def __init__(
@@ -41,15 +103,7 @@ class FanOutClient:
 
     async def _all(self, what: str, op: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """`op` on every engine concurrently; raise if it failed on any (after all have finished)."""
-        results = await asyncio.gather(
-            *(getattr(c, op)(*args, **kwargs) for c in self.clients.values()), return_exceptions=True
-        )
-        errors = {n: r for n, r in zip(self.names, results, strict=True) if isinstance(r, BaseException)}
-        if errors:
-            if len(self.clients) == 1:
-                raise errors[self.names[0]]
-            raise FanOutError(what, errors, len(self.clients)) from next(iter(errors.values()))
-        return dict(zip(self.names, results, strict=True))
+        return await _gather(what, {n: getattr(c, op)(*args, **kwargs) for n, c in self.clients.items()})
 
     # ---- generation ---------------------------------------------------------------------------
     async def generate(
@@ -127,8 +181,145 @@ class FanOutClient:
                 total[key] = total.get(key, 0) + value
         return total
 
+    # ---- weight updates over one broadcast group ----------------------------------------------------
+    def _group_members(self) -> dict[str, Any]:
+        lacking = [
+            f"{n} ({type(c).__name__})"
+            for n, c in self.clients.items()
+            if not all(callable(getattr(c, m, None)) for m in JOIN_METHODS)
+        ]
+        if lacking:
+            raise NotImplementedError(
+                "FanOutClient forms one weight broadcast group only over clients that can join a group "
+                f"hosted elsewhere (process and Ray engine clients); {', '.join(lacking)} cannot. Use "
+                "load_weights (the same tensors to every engine), a RemoteClient over all the servers' URLs "
+                "(one broadcast group spanning them), or the `broadcast` weight-sync transport "
+                "(generator.inference_engine.weight_sync_backend=broadcast)"
+            )
+        return self.clients
+
     async def close(self) -> None:
+        try:
+            await self.close_weight_transfer()
+        except Exception:  # best effort: an engine that is gone has no group to leave
+            pass
         await self._all("close()", "close")
+
+
+class WeightGroupHost:
+    """One weight broadcast group this process hosts (rank 0) over the engines behind `members`
+    (name -> a client with `JOIN_METHODS`; member i joins at rank i + 1). Used by FanOutClient and
+    by the process and Ray engine clients (one member).
+
+    As with the HTTP servers, an engine that fails a chunk before joining its broadcast leaves the
+    others waiting in it until the group's timeout; the group is then dropped.
+    """
+
+    def __init__(self, members: dict[str, Any]) -> None:
+        self.members = dict(members)
+        self.sender: WeightBroadcaster | None = None
+
+    async def form(
+        self,
+        master_address: str = "127.0.0.1",
+        master_port: int = 0,
+        *,
+        backend: str | None = None,
+        group_name: str = DEFAULT_WEIGHT_GROUP,
+        device: str | torch.device = "cpu",
+        max_chunk_bytes: int | None = None,
+        dtype: torch.dtype | None = None,
+        timeout_s: float = 600.0,
+        override_existing: bool = True,
+    ) -> dict[str, Any]:
+        """Host the rendezvous at master_address:master_port (0: a free port) and have every member
+        join; returns once all have (address, port, world size, backend, each member's rank)."""
+        from inflight.client.broadcast import WeightBroadcaster, in_daemon_thread
+        from inflight.weight_sync.chunking import DEFAULT_CHUNK_BYTES
+
+        sender = WeightBroadcaster(
+            len(self.members) + 1, master_address, master_port, backend=backend, device=device,
+            group_name=group_name, max_chunk_bytes=max_chunk_bytes or DEFAULT_CHUNK_BYTES, dtype=dtype,
+            timeout_s=timeout_s,
+        )  # fmt: skip
+        ranks = {name: i + 1 for i, name in enumerate(self.members)}
+        cancel = threading.Event()
+        formed = in_daemon_thread(sender.connect, cancel)
+        joins = {
+            n: c.join_weight_group({**sender.init_request(ranks[n]), "override_existing": override_existing})
+            for n, c in self.members.items()
+        }
+        try:
+            await _gather("init_weight_transfer()", joins)
+            await formed
+        except BaseException:
+            cancel.set()
+            sender.close()
+            raise
+        self.sender = sender
+        return {
+            "master_address": master_address,
+            "master_port": sender.port,
+            "world_size": sender.world_size,
+            "backend": sender.backend,
+            "group_name": group_name,
+            "ranks": ranks,
+        }
+
+    async def load(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Each chunk: its metadata to every member, its bytes in one broadcast."""
+        from inflight.client.broadcast import in_daemon_thread
+
+        sender = self.sender
+        if sender is None:
+            raise RuntimeError("no weight broadcast group: call init_weight_transfer() first")
+        for chunk in sender.chunks(named_tensors):
+            sent = in_daemon_thread(sender.send, chunk)
+            what = f"load_weights_broadcast(chunk {chunk.index}, {chunk.nbytes} bytes)"
+            try:
+                await _gather(
+                    what, {n: c.receive_weight_chunk(chunk.metadata()) for n, c in self.members.items()}
+                )
+            except BaseException as err:
+                if not await _completed(sent):
+                    self.sender = None
+                    sender.close()
+                    err.add_note(
+                        "not every engine took part in the chunk's broadcast; the weight group is "
+                        "dropped: call init_weight_transfer() again"
+                    )
+                raise
+            await sent
+
+    async def close(self) -> None:
+        """Have every member leave, then drop the group (also when leaving failed)."""
+        sender, self.sender = self.sender, None
+        try:
+            await _gather(
+                "close_weight_transfer()", {n: c.leave_weight_group() for n, c in self.members.items()}
+            )
+        finally:
+            if sender is not None:
+                sender.close()
+
+
+async def _gather(what: str, calls: dict[str, Awaitable[Any]]) -> dict[str, Any]:
+    """Await every call concurrently; raise if any failed (after all have finished): the engine's
+    own error when there is one engine, else a FanOutError naming each failing one."""
+    names = list(calls)
+    results = await asyncio.gather(*calls.values(), return_exceptions=True)
+    errors = {n: r for n, r in zip(names, results, strict=True) if isinstance(r, BaseException)}
+    if errors:
+        if len(names) == 1:
+            raise errors[names[0]]
+        raise FanOutError(what, errors, len(names)) from next(iter(errors.values()))
+    return dict(zip(names, results, strict=True))
+
+
+async def _completed(sent: asyncio.Future) -> bool:
+    """Whether a chunk's broadcast still completed (every rank took part: the group is in step)."""
+    done, _ = await asyncio.wait({sent}, timeout=_BROADCAST_GRACE_S)
+    return bool(done) and sent.exception() is None
 
 
 def _common_version(versions: dict[str, Any], problem: str) -> int:

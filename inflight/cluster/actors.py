@@ -128,19 +128,21 @@ class PolicyActor:
         dist.init_process_group(backend, init_method=init_method, rank=self.rank, world_size=self.world_size)
 
     def describe(self) -> dict[str, Any]:
-        """This rank's place and worker (for logs and tests)."""
+        """This rank's place, worker, and the rows and forward/backward passes it has trained on."""
         worker = self.policy.worker
         return {
             "rank": worker.rank,
             "world_size": worker.world_size,
             "worker": type(worker).__name__,
             "pid": os.getpid(),
+            **self.policy.step_fn.counts,
         }
 
     def kv_fate(self) -> str:
         return self.policy.kv_fate
 
     async def train(self, groups: list[TrajectoryGroup], policy_version: int) -> dict[str, Any]:
+        """One training step on this rank's share of `groups` (the whole step, see RayPolicy)."""
         return await self.policy.train(groups, policy_version)
 
     async def sync(self) -> dict[str, Any]:
@@ -169,8 +171,10 @@ class RayPolicy:
     `weight_version` as `LocalPolicy`. Every call goes to every rank at once (they meet in
     collectives) and answers with rank 0's result; the version is cached here, updated by each sync.
 
-    Every rank trains on the whole batch: FSDP shards parameters, gradients and optimizer state
-    over the ranks and averages their (identical) gradients, so a step equals the one-rank step."""
+    Data parallel: the step's groups go into the object store once and every rank reads them;
+    each trains on its own share of every mini-batch (`inflight.train.data_parallel`: the ranks
+    need the whole step for the global advantages, token counts and mini-batches), and the
+    averaged gradient equals the one-rank step's. Rank 0's metrics cover the whole step."""
 
     def __init__(self, actors: Sequence[Any], version: int, kv_fate: str) -> None:
         self.actors = list(actors)
@@ -190,7 +194,8 @@ class RayPolicy:
         return results[0]
 
     async def train(self, groups: list[TrajectoryGroup], policy_version: int) -> dict[str, Any]:
-        return await self._all("train", groups, policy_version)
+        shared = ray.put(groups) if len(self.actors) > 1 else groups  # serialised once for all ranks
+        return await self._all("train", shared, policy_version)
 
     async def sync(self) -> dict[str, Any]:
         report = await self._all("sync")

@@ -36,12 +36,16 @@ class RLBatch(TrainBatch):
     - `ref_logprobs` [B, T]: log-probabilities under the reference policy (KL penalty).
     - `rollout_logprobs` [B, T]: the engine's log-probabilities, kept for metrics.
     - `versions` [B, T]: weight version that sampled each token (-1 on prompt / environment tokens).
+    - `token_sum_norm` [B]: the divisor of each sequence's token sum under `seq_mean_token_sum_norm`
+      (the longest masked length of its mini-batch), so the loss does not depend on how the
+      mini-batch is cut into micro-batches or dealt to ranks; absent: the batch's own longest.
     """
 
     is_weights: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
     rollout_logprobs: torch.Tensor | None = None
     versions: torch.Tensor | None = None
+    token_sum_norm: torch.Tensor | None = None
 
 
 # ---- advantages ----------------------------------------------------------------------------------
@@ -122,10 +126,12 @@ def importance_stats(
 
 
 # ---- losses --------------------------------------------------------------------------------------
-def reduce_loss(values: torch.Tensor, mask: torch.Tensor, reduction: str = "token_mean") -> torch.Tensor:
+def reduce_loss(
+    values: torch.Tensor, mask: torch.Tensor, reduction: str = "token_mean", norm: torch.Tensor | None = None
+) -> torch.Tensor:
     """`token_mean`: mean over every masked token of the batch. `sequence_mean`: mean over
     sequences of each one's token mean. `seq_mean_token_sum_norm`: mean over sequences of each
-    one's token sum divided by the longest masked length in the batch (Dr. GRPO)."""
+    one's token sum divided by `norm` [B] (default: the longest masked length in the batch; Dr. GRPO)."""
     mask = mask.to(values.dtype)
     if reduction == "token_mean":
         return (values * mask).sum() / mask.sum().clamp_min(1.0)
@@ -135,7 +141,8 @@ def reduce_loss(values: torch.Tensor, mask: torch.Tensor, reduction: str = "toke
         per_seq = (values * mask).sum(dim=1) / per_seq_tokens.clamp_min(1.0)
         return per_seq[rows].sum() / rows.sum().clamp_min(1)
     if reduction == "seq_mean_token_sum_norm":
-        per_seq = (values * mask).sum(dim=1) / per_seq_tokens.max().clamp_min(1.0)
+        divisor = per_seq_tokens.max() if norm is None else norm.to(values.dtype)
+        per_seq = (values * mask).sum(dim=1) / divisor.clamp_min(1.0)
         return per_seq[rows].sum() / rows.sum().clamp_min(1)
     raise ValueError(f"unknown loss reduction {reduction!r}; use one of {LOSS_REDUCTIONS}")
 
@@ -209,7 +216,7 @@ def rl_loss(
             per_token = per_token + kl_coef * kl
             stats["kl"] = float(reduce_loss(kl.detach(), mask))
         loss_fn.stats = stats
-        return reduce_loss(per_token, mask, reduction)
+        return reduce_loss(per_token, mask, reduction, getattr(batch, "token_sum_norm", None))
 
     loss_fn.stats = {}
     return loss_fn

@@ -43,7 +43,8 @@ class TrainBatch:
         """Micro-batches of at most `size` sequences, in order."""
         return [self.select(slice(i, i + size)) for i in range(0, len(self), size)]
 
-    def select(self, rows: slice) -> TrainBatch:
+    def select(self, rows: slice | torch.Tensor) -> TrainBatch:
+        """The rows `rows` (a slice, or a tensor of row indices) of every tensor."""
         return replace(
             self, **{f.name: v[rows] for f in fields(self) if (v := getattr(self, f.name)) is not None}
         )

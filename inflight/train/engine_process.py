@@ -25,8 +25,10 @@ from typing import Any
 
 import torch
 
+from inflight.client.fanout import HostsWeightGroup
 from inflight.engine.config import EngineConfig
 from inflight.engine.request import RequestOutput, SamplingParams
+from inflight.train.engine_weight_group import engine_weight_group
 
 
 @dataclass
@@ -118,8 +120,12 @@ async def apply_op(engine, op: str, args: tuple = (), kwargs: dict | None = None
     if op == "pause":
         await engine.pause(*args, **kwargs)
         return None
+    if op in GROUP_OPS:
+        return await getattr(engine_weight_group(engine), GROUP_OPS[op])(*args, **kwargs)
     if op not in CLIENT_OPS:
         raise ValueError(f"unknown engine operation {op!r}")
+    if op in ("begin_weight_update", "abort_weight_update"):
+        engine_weight_group(engine).clear_pieces()
     return await getattr(engine, op)(*args, **kwargs)
 
 
@@ -127,6 +133,8 @@ CLIENT_OPS = frozenset({
     "generate", "pause", "resume", "sleep", "wake_up", "reset_prefix_cache", "begin_weight_update",
     "load_weights", "finish_weight_update", "abort_weight_update", "weight_version", "stats",
 })
+GROUP_OPS = {"join_weight_group": "join", "receive_weight_chunk": "receive", "leave_weight_group": "leave"}
+"""Operations on the engine's membership of a weight broadcast group its client hosts."""
 
 
 def start_receiver(engine, receiver: ReceiverSpec | None) -> None:
@@ -204,9 +212,10 @@ class EngineProcess:
         self.close()
 
 
-class OpClient:
+class OpClient(HostsWeightGroup):
     """The InferenceClient protocol over one coroutine, `_call(op, *args)`, that runs the operation
-    on a remote AsyncEngine (`apply_op` on the other side): the pipe client and the Ray client."""
+    on a remote AsyncEngine (`apply_op` on the other side): the pipe client and the Ray client.
+    Weight updates over a broadcast group: this process hosts it, the engine joins at rank 1."""
 
     async def _call(self, op: str, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError
@@ -256,10 +265,27 @@ class OpClient:
         """The engine's counters (`EngineStats.as_dict()`)."""
         return await self._call("stats")
 
+    # ---- weight updates over a broadcast group this process hosts (see HostsWeightGroup) -----------
+    def _group_members(self) -> dict[str, Any]:
+        return {"engine": self}
+
+    async def join_weight_group(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Have the engine join a weight group hosted elsewhere (`WeightBroadcaster.init_request`)."""
+        return await self._call("join_weight_group", request)
+
+    async def receive_weight_chunk(self, metadata: dict[str, Any]) -> int:
+        """Have the engine join one chunk's broadcast and load what it completes."""
+        return await self._call("receive_weight_chunk", metadata)
+
+    async def leave_weight_group(self) -> bool:
+        return await self._call("leave_weight_group")
+
     async def close(self) -> None:
-        """Nothing to release here: whoever started the engine stops it."""
-
-
+        """Leave the weight group if any (best effort); whoever started the engine stops it."""
+        try:
+            await self.close_weight_transfer()
+        except Exception:  # an engine that is gone has no group to leave
+            pass
 
 
 class ProcessClient(OpClient):

@@ -6,6 +6,9 @@ and per-token weight versions, the off-policy correction when some tokens were s
 weights than the trainer holds (proximal forward + truncated importance sampling), an optional KL
 penalty to a frozen reference, then mini-batches and micro-batches with an exact token-mean (or
 sequence-mean) gradient over each mini-batch.
+
+Data parallel: every rank is handed the whole step and trains on its share of each mini-batch
+(`inflight.train.data_parallel`); the averaged gradient is the one-rank gradient of the whole batch.
 """
 
 from __future__ import annotations
@@ -25,8 +28,21 @@ from inflight.train.algorithms import (
     rl_loss,
     truncated_is_weights,
 )
+from inflight.train.data_parallel import (
+    Shard,
+    StepStats,
+    data_parallel,
+    local_batch,
+    micro_batches,
+    shard_step,
+)
 from inflight.train.generator import TrajectoryGroup
 from inflight.train.workers.base import PolicyWorker
+
+LOSS_STAT_KEYS = ("loss", "clip_fraction", "ratio_mean", "ratio_max", "ratio_min", "kl", "is_ratio_mean",
+                  "is_ratio_max", "is_ratio_min", "is_weight_mean", "is_truncated_fraction")
+"""Statistics of the loss that are combined over the data-parallel ranks (the same on every rank)."""
+IMPORTANCE_KEYS = ("is_ratio_mean", "is_ratio_max", "is_ratio_min", "is_weight_mean", "is_truncated_fraction")
 
 
 @dataclass
@@ -99,8 +115,14 @@ class TrainingStep:
         self.loss_fn = rl_loss(alg.eps_clip_low, alg.eps_clip_high, alg.loss_reduction, self.kl_coef,
                                self.options.tis, self.options.tis_cap)
         worker.loss_fn = self.loss_fn
+        self.dp = data_parallel(worker)
+        self.first_pass_ratios: dict[str, float] = {}
+        self.counts = {"trained_rows": 0, "passes": 0}
+        """This rank's rows with tokens trained on and forward/backward passes, over every step."""
 
     def __call__(self, groups: Sequence[TrajectoryGroup], policy_version: int) -> dict[str, float | None]:
+        """Train on this rank's share of `groups` (every data-parallel rank gets all of them and
+        trains on its own rows; see `inflight.train.data_parallel`); returns the step's metrics."""
         started = time.perf_counter()
         alg, opts = self.cfg.trainer.algorithm, self.options
         rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
@@ -114,11 +136,16 @@ class TrainingStep:
             return metrics
         kept = [g for g, k in zip(groups, keep.tolist(), strict=True) if k]
         adv = group_advantages(rewards[keep], alg.advantage_estimator, alg.grpo_norm_by_std)
-        batch = build_batch(kept, adv.reshape(-1), self.pad_id).to(self.worker.device)
-        metrics.update(self._off_policy(batch, policy_version, len(kept)))
+        batch = build_batch(kept, adv.reshape(-1), self.pad_id)
+        shard = shard_step(len(kept), len(batch) // len(kept), self.groups_per_mini(len(kept)),
+                           self.cfg.trainer.micro_train_batch_size_per_gpu, self.dp)
+        if alg.loss_reduction == "seq_mean_token_sum_norm":
+            batch.token_sum_norm = mini_batch_longest(batch, shard)
+        local = local_batch(batch, shard).to(self.worker.device)
+        metrics.update(self._off_policy(batch, local, policy_version, len(kept)))
         if self.kl_coef > 0:
-            batch.ref_logprobs = self.reference.logprobs(batch)
-        metrics.update(self._optimize(batch, len(kept)))
+            local.ref_logprobs = self.reference.logprobs(local)
+        metrics.update(self._optimize(batch, local, shard))
         if "is_ratio_mean" not in metrics:
             # on-policy batch: the PPO ratio of the first mini-batch, taken before any update, IS the
             # trainer / rollout importance ratio (old = rollout log-probabilities); or TIS off
@@ -129,73 +156,84 @@ class TrainingStep:
         metrics["trained_tokens"] = float(batch.loss_mask.sum())
         return metrics
 
+    def groups_per_mini(self, num_groups: int) -> int:
+        """Groups per optimizer step: `policy_mini_batch_size / train_batch_size` of the step's."""
+        trainer = self.cfg.trainer
+        return max(1, round(num_groups * trainer.policy_mini_batch_size / trainer.train_batch_size))
+
     def single_pass(self, num_groups: int) -> bool:
         """Whether the batch gets exactly one optimizer step (one mini-batch, one epoch): then every
         forward of the step runs on the weights the step starts from, the proximal policy."""
-        trainer = self.cfg.trainer
-        groups_per_mini = max(1, round(num_groups * trainer.policy_mini_batch_size / trainer.train_batch_size))
-        return trainer.update_epochs_per_batch == 1 and groups_per_mini >= num_groups
+        return self.cfg.trainer.update_epochs_per_batch == 1 and self.groups_per_mini(num_groups) >= num_groups
 
-    def _off_policy(self, batch: RLBatch, policy_version: int, num_groups: int) -> dict[str, float]:
-        """Use the proximal policy and TIS weights when any token is older than the policy."""
-        mask = batch.loss_mask
-        stale = bool(((batch.versions < policy_version) & (mask > 0)).any())
+    def _off_policy(self, batch: RLBatch, local: RLBatch, policy_version: int, num_groups: int) -> dict[str, float]:
+        """Use the proximal policy and TIS weights when any token of the step (`batch`, on every
+        rank alike) is older than the policy; this rank's rows (`local`) get them."""
+        stale = bool(((batch.versions < policy_version) & (batch.loss_mask > 0)).any())
         out = {"off_policy": float(stale)}
         if not stale or self.options.tis == "none":
             return out
         if self.single_pass(num_groups):
-            batch.old_logprobs = None  # the training forward itself is the proximal policy (see rl_loss)
+            local.old_logprobs = None  # the training forward itself is the proximal policy (see rl_loss)
             return out
         t0 = time.perf_counter()
-        prox = self.worker.logprobs(batch)
-        weights = truncated_is_weights(prox, batch.rollout_logprobs, mask, self.options.tis, self.options.tis_cap)
-        batch.old_logprobs, batch.is_weights = prox, weights
-        out.update(importance_stats(prox, batch.rollout_logprobs, weights, mask, self.options.tis_cap))
+        prox, mask = self.worker.logprobs(local), local.loss_mask
+        weights = truncated_is_weights(prox, local.rollout_logprobs, mask, self.options.tis, self.options.tis_cap)
+        local.old_logprobs, local.is_weights = prox, weights
+        stats = StepStats()
+        stats.add(importance_stats(prox, local.rollout_logprobs, weights, mask, self.options.tis_cap),
+                  float(mask.sum()) / max(float(batch.loss_mask.sum()), 1.0))
+        stats = stats.reduced(self.dp, IMPORTANCE_KEYS)
+        out.update(stats.sums | stats.extremes)
         out["prox_forward_s"] = time.perf_counter() - t0
         return out
 
-    def _optimize(self, batch: RLBatch, num_groups: int) -> dict[str, float]:
-        """Mini-batches by groups (`policy_mini_batch_size / train_batch_size` of the step), each
-        one optimizer step, micro-batches scaled so the gradient is the exact reduction over the
-        mini-batch; `update_epochs_per_batch` passes."""
+    def _optimize(self, batch: RLBatch, local: RLBatch, shard: Shard) -> dict[str, float]:
+        """One optimizer step per mini-batch, `update_epochs_per_batch` passes. Each rank runs the
+        same number of micro-batches (padding with weight 0 where its share is smaller), each
+        scaled by its share of the mini-batch's GLOBAL count times the data-parallel size: the
+        backends average the ranks' gradients, which makes it the exact reduction over the mini-batch."""
         trainer = self.cfg.trainer
-        n = len(batch) // num_groups  # samples per group
-        groups_per_mini = max(1, round(num_groups * trainer.policy_mini_batch_size / trainer.train_batch_size))
-        micro = trainer.micro_train_batch_size_per_gpu
-        per_token = self.cfg.trainer.algorithm.loss_reduction == "token_mean"
-        sums: dict[str, float] = {}
-        extremes: dict[str, float] = {}
-        first_pass: dict[str, float] | None = None
-        count = 0
+        per_token = trainer.algorithm.loss_reduction == "token_mean"
+        stats, first_pass, count = StepStats(), None, 0
         self.worker.model.train()
         for _ in range(trainer.update_epochs_per_batch):
-            for start in range(0, num_groups, groups_per_mini):
-                mini = batch.select(slice(start * n, min(num_groups, start + groups_per_mini) * n))
-                parts = mini.to(self.worker.device).split(micro)
-                total = float(mini.loss_mask.sum()) if per_token else float((mini.loss_mask.sum(1) > 0).sum())
-                for part in parts:
-                    share = float(part.loss_mask.sum()) if per_token else float((part.loss_mask.sum(1) > 0).sum())
-                    if share == 0:
-                        continue
-                    out = self.worker.forward_backward(part, share / max(total, 1.0))
-                    for key, value in {**out, **self.loss_fn.stats}.items():
-                        if key.endswith("_max"):
-                            extremes[key] = max(extremes.get(key, value), value)
-                        elif key.endswith("_min"):
-                            extremes[key] = min(extremes.get(key, value), value)
-                        else:
-                            sums[key] = sums.get(key, 0.0) + value * share / max(total, 1.0)
+            for mini in shard.mini_batches:
+                total = max(_count(batch.loss_mask[mini.rows], per_token), 1.0)
+                for part, real in micro_batches(local, mini, trainer.micro_train_batch_size_per_gpu):
+                    share = _count(part.loss_mask, per_token) / total if real else 0.0
+                    out = self.worker.forward_backward(part, share * self.dp.size)
+                    self.counts["passes"] += 1
+                    self.counts["trained_rows"] += int((part.loss_mask.sum(1) > 0).sum()) if real else 0
+                    if share > 0:
+                        stats.add({**out, **self.loss_fn.stats}, share)
                 if first_pass is None:  # before any optimizer step: the policy that starts the step
-                    first_pass = {"ratio_mean": sums.get("ratio_mean", 1.0), "ratio_max": extremes.get("ratio_max", 1.0),
-                                  "ratio_min": extremes.get("ratio_min", 1.0)}
-                for key, value in self.worker.optimizer_step().items():
-                    sums[key] = sums.get(key, 0.0) + value
+                    first_pass = stats.copy()
+                stats.add(self.worker.optimizer_step(), 1.0)
                 count += 1
         self.worker.global_step += 1
-        metrics = {key: value / count for key, value in sums.items()} | extremes
+        stats = stats.reduced(self.dp, LOSS_STAT_KEYS)
+        first = first_pass.reduced(self.dp, LOSS_STAT_KEYS)
+        self.first_pass_ratios = {"ratio_mean": first.sums.get("ratio_mean", 1.0),
+                                  "ratio_max": first.extremes.get("ratio_max", 1.0),
+                                  "ratio_min": first.extremes.get("ratio_min", 1.0)}
+        metrics = {key: value / count for key, value in stats.sums.items()} | stats.extremes
         metrics["optimizer_steps"] = float(count)
-        self.first_pass_ratios = first_pass or {}
         return metrics
+
+
+def _count(mask: torch.Tensor, per_token: bool) -> float:
+    """What the loss averages over: masked tokens, or sequences with any masked token."""
+    return float(mask.sum()) if per_token else float((mask.sum(1) > 0).sum())
+
+
+def mini_batch_longest(batch: RLBatch, shard: Shard) -> torch.Tensor:
+    """[B] the longest masked length of each row's mini-batch (`seq_mean_token_sum_norm`'s divisor)."""
+    lengths = batch.loss_mask.sum(1)
+    norm = torch.zeros_like(lengths)
+    for mini in shard.mini_batches:
+        norm[mini.rows] = lengths[mini.rows].max()
+    return norm
 
 
 def rollout_metrics(groups: Sequence[TrajectoryGroup], policy_version: int, threshold: float = 1.0) -> dict[str, float]:

@@ -1,17 +1,20 @@
 """FanOutClient over real in-process engines: generation spread by outstanding requests and kept on
 one engine per session (its prefix cache hits), control calls and weights reaching every engine,
-versions that must agree, summed counters, and one engine's error passed through unchanged."""
+versions that must agree, summed counters, one engine's error passed through unchanged, and one
+weight broadcast group over every engine (or a NotImplementedError naming the alternatives)."""
 
 from __future__ import annotations
 
 import asyncio
 
 import pytest
+import torch
 
-from inflight.client import InconsistentServersError, LocalClient, update_weights
+from inflight.client import FanOutError, InconsistentServersError, LocalClient, update_weights
 from inflight.client.fanout import FanOutClient
 from inflight.engine import AsyncEngine, EngineConfig, EngineStateError, LLMEngine, SamplingParams
 from inflight.engine.models.loader import iter_safetensors
+from inflight.train.engine_process import OpClient, apply_op
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 
@@ -94,3 +97,57 @@ def test_one_engine_raises_its_own_error(model_dir):
             await client.resume()
 
     _run(model_dir, body, n=1)
+
+
+class InProcessOpClient(OpClient):
+    """The process / Ray engine client's calls, run on an in-process engine (`apply_op`)."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+
+    async def _call(self, op, *args, **kwargs):
+        return await apply_op(self.engine, op, args, kwargs)
+
+
+def _weights_of(engine) -> dict[str, torch.Tensor]:
+    params = dict(engine.model.named_parameters())
+    return {n: params[engine.model.resolve(n)].detach().clone() for n in engine.model.hf_parameter_names()}
+
+
+def test_broadcast_over_clients_that_cannot_join_names_the_alternatives(model_dir):
+    async def body(client, engines):
+        with pytest.raises(NotImplementedError, match="engine-0 \\(LocalClient\\).*RemoteClient.*broadcast"):
+            await client.init_weight_transfer()
+        with pytest.raises(RuntimeError, match="init_weight_transfer"):
+            await client.load_weights_broadcast([])
+
+    _run(model_dir, body)
+
+
+def test_one_broadcast_group_over_every_engine(model_dir, tiny_model_factory):
+    """Two engines joined through their op clients (ranks 1 and 2): each chunk's bytes in one
+    broadcast (64 KiB chunks: some tensors in pieces); a refused update keeps the old weights and
+    the group in step; after closing, no group."""
+    new = list(iter_safetensors(tiny_model_factory("qwen2", seed=1)))
+    wrong = [(n, torch.zeros(t.numel() + 1) if n == "model.norm.weight" else t) for n, t in new]
+
+    async def body(local, engines):
+        client = FanOutClient([InProcessOpClient(c.engine) for c in local.clients.values()])
+        info = await client.init_weight_transfer(max_chunk_bytes=64 * 1024, timeout_s=60)
+        version = await client.update_weights_broadcast(new, version=4)
+        updated = [_weights_of(e) for e in engines]
+        with pytest.raises(FanOutError, match="size mismatch|shape"):
+            await client.update_weights_broadcast(wrong, version=5)
+        kept = await client.weight_versions(), [_weights_of(e) for e in engines]
+        again = await client.update_weights_broadcast(new)  # the group is still in step
+        await client.close_weight_transfer()
+        with pytest.raises(RuntimeError, match="init_weight_transfer"):
+            await client.update_weights_broadcast(new)
+        return info, version, updated, kept, again
+
+    info, version, updated, (versions, kept), again = _run(model_dir, body)
+    assert info["world_size"] == 3 and info["ranks"] == {"engine-0": 1, "engine-1": 2}
+    expected = dict(new)
+    for weights in updated + kept:
+        assert weights.keys() == expected.keys() and all(torch.equal(weights[n], expected[n]) for n in weights)
+    assert version == 4 and versions == {"engine-0": 4, "engine-1": 4} and again == 5

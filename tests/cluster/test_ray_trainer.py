@@ -1,6 +1,6 @@
 """Through Ray: the engines and the policy ranks as actors (placement group, local Ray instance), a
-short fully-async run for each KV fate with a real engine, and one with two engines and two FSDP
-ranks; its metrics file holds every field."""
+short fully-async run for each KV fate with a real engine, and one with two engines and two
+data-parallel FSDP ranks; its metrics file holds every field."""
 
 from __future__ import annotations
 
@@ -82,7 +82,8 @@ def test_sync_through_ray_with_weights_through_the_object_store(ray_cluster, mod
 
 def test_two_engines_and_two_fsdp_ranks_through_ray(ray_cluster, model_dir, tmp_path):
     """Generation spread over two engine actors, two policy actors training as one FSDP group over
-    gloo, every sync reaching both engines through the broadcast group (1 sender, 2 receivers)."""
+    gloo, each on its share of every step (data parallel), every sync reaching both engines through
+    the broadcast group (1 sender, 2 receivers)."""
     cfg, job = rl_config(model_dir, tmp_path, FATES["recompute"] + [
         "generator.inference_engine.num_engines=2", "trainer.placement.policy_num_gpus_per_node=2",
         "job.max_steps=2", "job.ray=true"])
@@ -90,6 +91,9 @@ def test_two_engines_and_two_fsdp_ranks_through_ray(ray_cluster, model_dir, tmp_
     assert version == 2 == trainer.global_step and trainer.versions == {"engine-0": 2, "engine-1": 2}
     assert [(r["rank"], r["world_size"], r["worker"]) for r in trainer.ranks] == [
         (0, 2, "FSDPPolicyWorker"), (1, 2, "FSDPPolicyWorker")]
+    trained = sum(r["groups_trained"] for r in history) * cfg.generator.n_samples_per_prompt
+    rows = [r["trained_rows"] for r in trainer.ranks]
+    assert sum(rows) == trained and trainer.ranks[0]["passes"] == trainer.ranks[1]["passes"]
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     for r in records:
         assert not [k for k in REQUIRED if k not in r]

@@ -110,6 +110,21 @@ def test_loss_reductions_by_hand():
         reduce_loss(values, mask, "sum")
 
 
+def test_token_sum_norm_is_the_given_divisor():
+    """`seq_mean_token_sum_norm` divides by the given per-row divisor (its mini-batch's longest
+    response), so a micro-batch or a rank's share is reduced as within the whole mini-batch."""
+    values = torch.tensor([[4.0, 0.0], [1.0, 1.0]])
+    mask = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
+    norm = torch.tensor([5.0, 5.0])
+    got = reduce_loss(values[:1], mask[:1], "seq_mean_token_sum_norm", norm[:1])
+    torch.testing.assert_close(got, torch.tensor(4.0 / 5))
+    batch = RLBatch(input_ids=torch.zeros(2, 2, dtype=torch.long), loss_mask=mask, advantages=torch.ones(2),
+                    old_logprobs=torch.zeros(2, 2), token_sum_norm=norm)
+    lp = torch.zeros(2, 2)
+    fn = rl_loss(reduction="seq_mean_token_sum_norm")
+    torch.testing.assert_close(fn(lp, batch), torch.tensor(-(1 / 5 + 2 / 5) / 2))
+
+
 def test_kl_k3():
     lp = torch.log(torch.tensor([0.5, 0.2]))
     ref = torch.log(torch.tensor([0.25, 0.2]))

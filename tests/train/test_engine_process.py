@@ -1,5 +1,6 @@
 """The engine in its own process: ProcessClient generation, errors crossing the pipe with their
-class, a shared-memory weight sync through the dispatch with requests in flight, shutdown."""
+class, a shared-memory weight sync through the dispatch with requests in flight, shutdown, and
+weight updates over a broadcast group the client hosts."""
 
 from __future__ import annotations
 
@@ -9,8 +10,17 @@ import pytest
 import torch
 from rl_support import small_task, warm_model_dir
 
+from inflight.client import LocalClient, update_weights
 from inflight.config import load_config
-from inflight.engine import EngineConfig, InvalidRequestError, SamplingParams
+from inflight.engine import (
+    AsyncEngine,
+    EngineConfig,
+    InvalidRequestError,
+    LLMEngine,
+    SamplingParams,
+    WeightUpdateError,
+)
+from inflight.engine.models.loader import iter_safetensors
 from inflight.train import LocalPolicyWorker, WorkerDispatch
 from inflight.train.engine_process import EngineProcess, ReceiverSpec
 from inflight.weight_sync import ShmTransport
@@ -58,3 +68,42 @@ def test_process_client_generates_syncs_in_flight_and_closes(model_dir):
         transport.close()
         proc.close()
     assert proc.process.poll() is not None
+
+
+def test_process_client_updates_weights_over_a_broadcast_group(model_dir):
+    """The client hosts rank 0, the engine process joins at rank 1; each chunk's metadata through
+    the pipe, its bytes in one broadcast (64 KiB chunks: some tensors in pieces). Oracle: an
+    in-process engine given the same tensors by `load_weights` generates the same tokens and
+    log-probabilities. A refused update keeps the group in step; after closing there is none."""
+    gen = torch.Generator().manual_seed(0)
+    new = [(n, t + 0.05 * torch.randn(t.shape, generator=gen)) for n, t in iter_safetensors(model_dir)]
+    wrong = [(n, torch.zeros(3)) if n == "model.norm.weight" else (n, t) for n, t in new]
+    greedy = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    prompt = small_task().encode_prompt("3+4=")
+    proc = EngineProcess(EngineConfig(model=str(model_dir), num_kv_blocks=64), 1)
+
+    async def main():
+        client = proc.client
+        info = await client.init_weight_transfer(max_chunk_bytes=64 * 1024, timeout_s=60)
+        version = await client.update_weights_broadcast(new, version=2)
+        with pytest.raises(WeightUpdateError):
+            await client.update_weights_broadcast(wrong, version=3)
+        still = await client.weight_version()
+        again = await client.update_weights_broadcast(new)  # the group is still in step
+        output = await client.generate(prompt, greedy)
+        await client.close_weight_transfer()
+        with pytest.raises(RuntimeError, match="init_weight_transfer"):
+            await client.load_weights_broadcast(new)
+        oracle = LocalClient(AsyncEngine(LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=64))))
+        await update_weights(oracle, new)
+        expected = await oracle.generate(prompt, greedy)
+        await oracle.engine.close()
+        return info, version, still, again, output, expected
+
+    try:
+        info, version, still, again, output, expected = asyncio.run(main())
+    finally:
+        proc.close()
+    assert info["world_size"] == 2 and info["ranks"] == {"engine": 1}
+    assert (version, still, again) == (2, 2, 3)
+    assert output.output_token_ids == expected.output_token_ids and output.logprobs == expected.logprobs

@@ -59,6 +59,17 @@ def test_micro_batches_give_the_exact_token_mean_gradient(model_dir, tmp_path):
     assert m1["off_policy"] == 0 and "prox_forward_s" not in m1
 
 
+def test_micro_batches_give_the_exact_dr_grpo_gradient(model_dir, tmp_path):
+    """`seq_mean_token_sum_norm` divides by the mini-batch's longest response, not each
+    micro-batch's: one row per micro-batch gives the gradient of the whole mini-batch at once."""
+    groups = _groups(0, [[1, 0, 0, 1], [0, 0, 1, 0]])
+    dr = ["trainer.algorithm.loss_reduction=seq_mean_token_sum_norm"]
+    whole, _ = _grads(model_dir, tmp_path, 64, groups, 0, dr)
+    pieces, _ = _grads(model_dir, tmp_path, 1, groups, 0, dr)
+    for a, b in zip(whole, pieces, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+
+
 def test_stale_tokens_turn_on_tis(model_dir, tmp_path):
     groups = _groups(0, [[1, 0, 0, 1], [0, 0, 1, 0]])
     _, single = _grads(model_dir, tmp_path, 64, groups, 2)

@@ -1,0 +1,159 @@
+"""Data parallelism of the training step: which rows each data-parallel rank trains on.
+
+Every rank receives the whole step (its groups are a few token lists) and derives the same global
+view from it: advantages, the dropped groups, the mini-batches and each mini-batch's token count.
+The groups of each mini-batch are then dealt round-robin to the data-parallel ranks. Every rank
+runs the same number of forwards and backwards, whatever its share: a rank with fewer rows runs
+zero-weight padding micro-batches, because FSDP (all-gather / reduce-scatter) and Megatron (the
+gradient all-reduce) meet in collectives inside each of them. The loss of a micro-batch is scaled
+by its share of the GLOBAL mini-batch count times the data-parallel size, so the gradient the
+backends average over the ranks is the single-rank gradient of the whole mini-batch.
+
+Ranks of one tensor-parallel group (Megatron) are one data-parallel rank: they get the same rows.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from inflight.train.batch import TrainBatch
+
+
+@dataclass(frozen=True)
+class DataParallel:
+    """A worker's data-parallel rank and size, and the group its ranks reduce metrics over
+    (None: the default group)."""
+
+    rank: int = 0
+    size: int = 1
+    group: Any = None
+    device: torch.device = torch.device("cpu")
+
+
+def data_parallel(worker: Any) -> DataParallel:
+    """The worker's place among the data-parallel ranks (Megatron: its data-parallel group, the
+    ranks of one tensor-parallel group share a place; FSDP: every rank is one)."""
+    if getattr(worker, "world_size", 1) <= 1 or not dist.is_initialized():
+        return DataParallel()
+    device = worker.device if dist.get_backend() == "nccl" else torch.device("cpu")
+    group = getattr(worker, "dp_group", None)
+    if group is not None:
+        return DataParallel(dist.get_rank(group), dist.get_world_size(group), group, device)
+    tp = getattr(worker, "tp", 1)
+    return DataParallel(worker.rank // tp, worker.world_size // tp, None, device)
+
+
+@dataclass(frozen=True)
+class MiniBatch:
+    """One optimizer step's rows: `rows` in the step's batch (every rank's), `local` this rank's
+    rows of it in the rank's batch, and `micro_batches`, the forward/backward passes every rank
+    runs for it (enough for the largest share)."""
+
+    rows: slice
+    local: slice
+    micro_batches: int
+
+
+@dataclass(frozen=True)
+class Shard:
+    """A rank's part of a step: its rows of the step's batch, mini-batch after mini-batch."""
+
+    rows: list[int]
+    mini_batches: list[MiniBatch]
+
+
+def shard_step(num_groups: int, group_size: int, groups_per_mini: int, micro: int, dp: DataParallel) -> Shard:
+    """Mini-batches of `groups_per_mini` consecutive groups (of `group_size` rows each); the groups
+    of each one dealt round-robin to the `dp.size` ranks; micro-batches of at most `micro` rows."""
+    rows: list[int] = []
+    minis: list[MiniBatch] = []
+    for start in range(0, num_groups, groups_per_mini):
+        stop = min(num_groups, start + groups_per_mini)
+        mine = range(start + dp.rank, stop, dp.size)
+        largest = math.ceil((stop - start) / dp.size) * group_size
+        first = len(rows)
+        rows.extend(r for g in mine for r in range(g * group_size, (g + 1) * group_size))
+        local = slice(first, len(rows))
+        minis.append(
+            MiniBatch(slice(start * group_size, stop * group_size), local, max(1, math.ceil(largest / micro)))
+        )
+    return Shard(rows, minis)
+
+
+def padding(batch: TrainBatch) -> TrainBatch:
+    """A one-row micro-batch that counts nothing (zero loss mask): what a rank whose share has run
+    out forwards and backwards, with weight 0, to take part in the other ranks' collectives."""
+    row = batch.select(slice(0, 1))
+    advantages = None if row.advantages is None else torch.zeros_like(row.advantages)
+    return replace(row, loss_mask=torch.zeros_like(row.loss_mask), advantages=advantages)
+
+
+def local_batch(batch: TrainBatch, shard: Shard) -> TrainBatch:
+    """The rank's rows of the step's batch, or one padding row when it has none (its proximal and
+    reference forwards still run: they are collectives too)."""
+    if not shard.rows:
+        return padding(batch)
+    return batch.select(torch.tensor(shard.rows, dtype=torch.long))
+
+
+def micro_batches(batch: TrainBatch, mini: MiniBatch, size: int) -> list[tuple[TrainBatch, bool]]:
+    """The rank's micro-batches of `mini` (at most `size` rows each) and padding up to
+    `mini.micro_batches`; each with whether it is real."""
+    parts = [(part, True) for part in batch.select(mini.local).split(size)]
+    return parts + [(padding(batch), False)] * (mini.micro_batches - len(parts))
+
+
+class StepStats:
+    """A step's loss statistics: weighted sums (a mean over the step once every rank's are added)
+    and extremes (keys ending in `_max` / `_min`). Until `reduced`, a rank holds its part only."""
+
+    def __init__(
+        self, sums: dict[str, float] | None = None, extremes: dict[str, float] | None = None
+    ) -> None:
+        self.sums = dict(sums or {})
+        self.extremes = dict(extremes or {})
+
+    def add(self, stats: dict[str, float], weight: float) -> None:
+        for key, value in stats.items():
+            if key.endswith("_max"):
+                self.extremes[key] = max(self.extremes.get(key, value), value)
+            elif key.endswith("_min"):
+                self.extremes[key] = min(self.extremes.get(key, value), value)
+            else:
+                self.sums[key] = self.sums.get(key, 0.0) + value * weight
+
+    def copy(self) -> StepStats:
+        return StepStats(self.sums, self.extremes)
+
+    def reduced(self, dp: DataParallel, keys: tuple[str, ...]) -> StepStats:
+        """Every rank's `keys` combined (sums added, extremes taken; a key no rank has stays
+        absent); other keys stay this rank's. A collective over `dp.group` when `dp.size > 1`."""
+        if dp.size == 1:
+            return self.copy()
+        sums = [k for k in keys if not k.endswith(("_max", "_min"))]
+        tops = [k for k in keys if k.endswith("_max")]
+        lows = [k for k in keys if k.endswith("_min")]
+        added = torch.tensor(
+            [[self.sums.get(k, 0.0), float(k in self.sums)] for k in sums], dtype=torch.float64
+        )
+        peaks = torch.tensor(
+            [self.extremes.get(k, -math.inf) for k in tops] + [-self.extremes.get(k, math.inf) for k in lows],
+            dtype=torch.float64,
+        )
+        added, peaks = added.to(dp.device), peaks.to(dp.device)
+        dist.all_reduce(added, op=dist.ReduceOp.SUM, group=dp.group)
+        dist.all_reduce(peaks, op=dist.ReduceOp.MAX, group=dp.group)
+        out = StepStats(
+            {k: v for k, v in self.sums.items() if k not in keys},
+            {k: v for k, v in self.extremes.items() if k not in keys},
+        )
+        out.sums |= {k: float(v) for k, (v, has) in zip(sums, added.tolist(), strict=True) if has}
+        values = peaks.tolist()
+        out.extremes |= {k: v for k, v in zip(tops, values[: len(tops)], strict=True) if v != -math.inf}
+        out.extremes |= {k: -v for k, v in zip(lows, values[len(tops) :], strict=True) if v != -math.inf}
+        return out

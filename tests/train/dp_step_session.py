@@ -1,0 +1,115 @@
+"""The data-parallel training-step scenarios, run by 2 spawned FSDP ranks (gloo) and, for the
+reference, by one unsharded worker on the whole batch (see test_step_data_parallel.py).
+
+Each scenario is a step whose ranks get unequal shares: one rank with more micro-batches than the
+other, one rank with nothing to train on (its groups have zero advantage) while the other runs a
+proximal and a reference forward, and zero-advantage groups kept with another loss reduction.
+Plain SGD, so the updated parameters compare to 1e-5 (Adam's first step is about lr * sign(g)).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from rl_support import rl_config
+
+from inflight.tasks import Problem
+from inflight.train.generator import Trajectory, TrajectoryGroup
+from inflight.train.step import StepOptions, TrainingStep
+
+BASE = ("trainer.policy.optimizer_config.weight_decay=0.0",)
+SCENARIOS: dict[str, dict] = {
+    # 3 informative groups: rank 0 gets two (4 rows), rank 1 one (2 rows) -> 2 padding micro-batches;
+    # stale tokens with one optimizer step: TIS inside the training forward
+    "uneven": dict(rewards=[[1, 0], [0, 1], [1, 1], [1, 0]], version=1, overrides=[
+        "trainer.micro_train_batch_size_per_gpu=1"]),
+    # 1 informative group: rank 1's share (the zero-advantage groups) is dropped, it trains on
+    # nothing; two epochs of stale tokens: a proximal forward, and a reference forward for the KL
+    "idle": dict(rewards=[[1, 0], [1, 1], [0, 0]], version=2, overrides=[
+        "trainer.micro_train_batch_size_per_gpu=2", "trainer.update_epochs_per_batch=2",
+        "trainer.algorithm.use_kl_loss=true", "trainer.algorithm.kl_loss_coef=0.5"]),
+    # zero-advantage groups kept: 2 mini-batches of 2 groups, rank 1 gets only the zero-advantage
+    # ones; Dr. GRPO's reduction, whose divisor is the mini-batch's longest response
+    "kept-zero": dict(rewards=[[1, 0], [1, 1], [0, 1], [0, 0]], version=0, drop=False, overrides=[
+        "trainer.micro_train_batch_size_per_gpu=1", "trainer.fully_async.enabled=false",
+        "trainer.policy_mini_batch_size=2", "trainer.algorithm.loss_reduction=seq_mean_token_sum_norm"]),
+}  # fmt: skip
+COMPARED_METRICS = ("loss", "ratio_mean", "clip_fraction", "kl", "is_ratio_mean", "is_ratio_max",
+                    "is_weight_mean", "trained_tokens", "optimizer_steps")  # fmt: skip
+
+
+def groups_of(rewards: list[list[float]], version: int) -> list[TrajectoryGroup]:
+    """Groups of random responses (1 to 5 tokens) sampled by weight version `version`."""
+    gen = torch.Generator().manual_seed(7)
+    groups = []
+    for g, rs in enumerate(rewards):
+        trajs = []
+        for r in rs:
+            n = int(torch.randint(1, 6, (1,), generator=gen))
+            ids = torch.randint(2, 14, (n,), generator=gen).tolist()
+            logprobs = (-torch.rand(n, generator=gen) - 1.0).tolist()
+            trajs.append(Trajectory([5, 12, 7, 13], ids, logprobs, [version] * n, [1] * n, float(r), "stop"))
+        groups.append(TrajectoryGroup(Problem(f"p{g}", "3+5=", "8"), trajs))
+    return groups
+
+
+def run_scenario(name: str, model_dir: str, out: str, make_worker) -> dict:
+    """One step of scenario `name` on `make_worker(cfg)` workers (set up by the caller's recipe)."""
+    sc = SCENARIOS[name]
+    cfg, _ = rl_config(Path(model_dir), Path(out), [*BASE, *sc["overrides"]])
+    worker = make_worker(cfg).setup()
+    worker.optimizer = torch.optim.SGD([p for p in worker.model.parameters() if p.requires_grad], lr=0.5)
+    reference = None
+    if cfg.trainer.algorithm.use_kl_loss:
+        reference = make_worker(cfg)
+        reference.build_model()
+    step = TrainingStep(
+        worker, cfg, 0, StepOptions(drop_zero_advantage_groups=sc.get("drop", True)), reference
+    )
+    before = worker.full_hf_state_dict()
+    metrics = step(groups_of(sc["rewards"], 0), sc["version"])
+    state = worker.full_hf_state_dict()
+    moved = max(float((state[k] - t).abs().max()) for k, t in before.items())
+    return {"state": state, "moved": moved, "metrics": metrics, **step.counts}
+
+
+def megatron_scenario(model_dir: str, out_dir: str) -> dict:
+    """Scenario `uneven` on 2 Megatron ranks of one tensor-parallel group (one data-parallel rank:
+    both must train on every row), then megatron's parallel state torn down."""
+    from inflight.train.workers.megatron import MegatronPolicyWorker
+
+    made = []
+
+    def make(cfg):
+        made.append(MegatronPolicyWorker(cfg, model_path=model_dir, tensor_parallel_size=2))
+        return made[-1]
+
+    try:
+        return run_scenario("uneven", model_dir, out_dir, make)
+    finally:
+        made[0].shutdown()
+
+
+def run_rank(rank: int, port: int, model_dir: str, out_dir: str, backend: str = "fsdp") -> None:
+    """A spawned rank: every scenario on FSDP, or `uneven` on Megatron; results saved for the test."""
+    from inflight.train.workers.fsdp import FSDPPolicyWorker
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    # a rank left waiting in a collective fails after this instead of hanging the test
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=90))
+    try:
+        if backend == "megatron":
+            results = {"uneven": megatron_scenario(model_dir, out_dir)}
+        else:
+            make = lambda cfg: FSDPPolicyWorker(cfg, model_path=model_dir)  # noqa: E731
+            results = {name: run_scenario(name, model_dir, out_dir, make) for name in SCENARIOS}
+        if rank != 0:
+            results = {name: {**result, "state": None} for name, result in results.items()}
+        torch.save(results, Path(out_dir) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
