@@ -1,7 +1,10 @@
-"""TrainBatch: the token-level tensors one training step consumes."""
+"""TrainBatch: the token-level tensors one training step consumes, and how its rows are cut into
+micro-batches that pay for little padding."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 
 import torch
@@ -53,3 +56,62 @@ class TrainBatch:
         return replace(
             self, **{f.name: v.to(device) for f in fields(self) if (v := getattr(self, f.name)) is not None}
         )
+
+    def widths(self) -> torch.Tensor:
+        """[B] each row's length up to and including its last real token (right padding excluded)."""
+        width = self.input_ids.shape[1]
+        if self.attention_mask is None:
+            return torch.full((len(self),), width, dtype=torch.long)
+        columns = torch.arange(1, width + 1, device=self.attention_mask.device)
+        return (self.attention_mask.ne(0) * columns).amax(dim=1).cpu()
+
+    def trimmed(self) -> TrainBatch:
+        """The batch cut to its longest row: the trailing columns that are padding in every row
+        dropped from every [B, T] tensor. Right padding never changes the real tokens' outputs
+        (causal attention), so the losses and their gradients are unchanged."""
+        width = self.input_ids.shape[1]
+        keep = max(int(self.widths().max()), 1) if len(self) else width
+        if keep >= width:
+            return self
+        per_token = {f.name: v for f in fields(self) if (v := getattr(self, f.name)) is not None
+                     and v.dim() >= 2 and v.shape[1] == width}
+        return replace(self, **{name: v[:, :keep] for name, v in per_token.items()})
+
+
+def plan_micro_batches(
+    lengths: Sequence[int], max_rows: int, max_tokens: int | None = None, pass_cost: float = 0.0
+) -> list[list[int]]:
+    """Micro-batches (lists of indices into `lengths`) of rows sorted longest first, each padded
+    only to its own longest row: at most `max_rows` rows and `max_tokens` padded tokens (rows x
+    longest; a longer row runs alone), cut where the padded tokens plus `pass_cost` per micro-batch
+    are fewest (ties: fewer micro-batches). `pass_cost=math.inf`: the fewest micro-batches."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    if not order:
+        return []
+    width = torch.tensor([lengths[i] for i in order], dtype=torch.float64)
+    cuts = _best_cuts(width, max_rows, max_tokens, pass_cost)
+    parts, stop = [], len(order)
+    while stop > 0:
+        parts.append(order[cuts[stop] : stop])
+        stop = cuts[stop]
+    return parts[::-1]
+
+
+def _best_cuts(width: torch.Tensor, max_rows: int, max_tokens: int | None, pass_cost: float) -> list[int]:
+    """cuts[j]: where the last micro-batch of the best plan of the first j rows (`width` sorted
+    longest first) starts. Dynamic programming over the last cut, one vector op per row."""
+    n = len(width)
+    # an infinite pass cost means: fewest passes first, then fewest padded tokens
+    per_pass = float(n * width.max() + 1) if math.isinf(pass_cost) else pass_cost + 1e-6
+    best = torch.zeros(n + 1, dtype=torch.float64)
+    cuts = [0] * (n + 1)
+    for stop in range(1, n + 1):
+        start = max(0, stop - max_rows)
+        rows = stop - torch.arange(start, stop, dtype=torch.float64)
+        cost = best[start:stop] + per_pass + rows * width[start:stop]
+        if max_tokens is not None:
+            cost[(rows * width[start:stop] > max_tokens) & (rows > 1)] = math.inf
+        # the latest of equal starts: the fuller micro-batches come first
+        last = len(cost) - 1 - int(torch.argmin(cost.flip(0)))
+        best[stop], cuts[stop] = cost[last], start + last
+    return cuts

@@ -9,19 +9,25 @@ gradient all-reduce) meet in collectives inside each of them. The loss of a micr
 by its share of the GLOBAL mini-batch count times the data-parallel size, so the gradient the
 backends average over the ranks is the single-rank gradient of the whole mini-batch.
 
+Micro-batches pay for little padding: a rank's rows of a mini-batch are sorted by length and cut
+where padded tokens plus a per-pass cost are fewest (`inflight.train.batch.plan_micro_batches`),
+each padded only to its own longest row. Every rank plans every rank's share (the lengths are the
+step's, known to all), so they agree on the number of passes without a collective.
+
 Ranks of one tensor-parallel group (Megatron) are one data-parallel rank: they get the same rows.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from inflight.train.batch import TrainBatch
+from inflight.train.batch import TrainBatch, plan_micro_batches
 
 
 @dataclass(frozen=True)
@@ -51,12 +57,14 @@ def data_parallel(worker: Any) -> DataParallel:
 @dataclass(frozen=True)
 class MiniBatch:
     """One optimizer step's rows: `rows` in the step's batch (every rank's), `local` this rank's
-    rows of it in the rank's batch, and `micro_batches`, the forward/backward passes every rank
-    runs for it (enough for the largest share)."""
+    rows of it in the rank's batch, `micro_batches`, the forward/backward passes every rank runs
+    for it (enough for the largest share), and `parts`, this rank's real ones (row indices into
+    the rank's batch; the rest of the passes are padding)."""
 
     rows: slice
     local: slice
     micro_batches: int
+    parts: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -67,28 +75,57 @@ class Shard:
     mini_batches: list[MiniBatch]
 
 
-def shard_step(num_groups: int, group_size: int, groups_per_mini: int, micro: int, dp: DataParallel) -> Shard:
+@dataclass(frozen=True)
+class MicroPlan:
+    """How a rank's rows of a mini-batch are cut into micro-batches (see `plan_micro_batches`):
+    at most `max_rows` rows and `max_tokens` padded tokens each, `pass_cost` padded tokens
+    charged per pass."""
+
+    max_rows: int
+    max_tokens: int | None = None
+    pass_cost: float = 0.0
+
+    def cut(self, lengths: Sequence[int]) -> list[list[int]]:
+        return plan_micro_batches(lengths, self.max_rows, self.max_tokens, self.pass_cost)
+
+
+def shard_step(
+    num_groups: int,
+    group_size: int,
+    groups_per_mini: int,
+    micro: int | MicroPlan,
+    dp: DataParallel,
+    lengths: Sequence[int] | None = None,
+) -> Shard:
     """Mini-batches of `groups_per_mini` consecutive groups (of `group_size` rows each); the groups
-    of each one dealt round-robin to the `dp.size` ranks; micro-batches of at most `micro` rows."""
+    of each one dealt round-robin to the `dp.size` ranks; each rank's share cut into micro-batches
+    of at most `micro` rows (or as a `MicroPlan` says) by the rows' `lengths` (default: all equal)."""
+    plan = micro if isinstance(micro, MicroPlan) else MicroPlan(micro, pass_cost=math.inf)
+    lengths = list(lengths) if lengths is not None else [1] * (num_groups * group_size)
     rows: list[int] = []
     minis: list[MiniBatch] = []
     for start in range(0, num_groups, groups_per_mini):
         stop = min(num_groups, start + groups_per_mini)
-        mine = range(start + dp.rank, stop, dp.size)
-        largest = math.ceil((stop - start) / dp.size) * group_size
+        shares = [_share(range(start + r, stop, dp.size), group_size) for r in range(dp.size)]
+        cuts = [plan.cut([lengths[i] for i in share]) for share in shares]
         first = len(rows)
-        rows.extend(r for g in mine for r in range(g * group_size, (g + 1) * group_size))
-        local = slice(first, len(rows))
-        minis.append(
-            MiniBatch(slice(start * group_size, stop * group_size), local, max(1, math.ceil(largest / micro)))
-        )
+        rows.extend(shares[dp.rank])
+        parts = tuple(tuple(first + i for i in part) for part in cuts[dp.rank])
+        passes = max(1, *(len(c) for c in cuts))
+        every = slice(start * group_size, stop * group_size)
+        minis.append(MiniBatch(every, slice(first, len(rows)), passes, parts))
     return Shard(rows, minis)
+
+
+def _share(groups: range, group_size: int) -> list[int]:
+    return [r for g in groups for r in range(g * group_size, (g + 1) * group_size)]
 
 
 def padding(batch: TrainBatch) -> TrainBatch:
     """A one-row micro-batch that counts nothing (zero loss mask): what a rank whose share has run
-    out forwards and backwards, with weight 0, to take part in the other ranks' collectives."""
-    row = batch.select(slice(0, 1))
+    out forwards and backwards, with weight 0, to take part in the other ranks' collectives. The
+    batch's shortest row, trimmed: the cheapest pass."""
+    row = batch.select(batch.widths().argmin().reshape(1).to(batch.input_ids.device)).trimmed()
     advantages = None if row.advantages is None else torch.zeros_like(row.advantages)
     return replace(row, loss_mask=torch.zeros_like(row.loss_mask), advantages=advantages)
 
@@ -101,11 +138,14 @@ def local_batch(batch: TrainBatch, shard: Shard) -> TrainBatch:
     return batch.select(torch.tensor(shard.rows, dtype=torch.long))
 
 
-def micro_batches(batch: TrainBatch, mini: MiniBatch, size: int) -> list[tuple[TrainBatch, bool]]:
-    """The rank's micro-batches of `mini` (at most `size` rows each) and padding up to
-    `mini.micro_batches`; each with whether it is real."""
-    parts = [(part, True) for part in batch.select(mini.local).split(size)]
-    return parts + [(padding(batch), False)] * (mini.micro_batches - len(parts))
+def micro_batches(batch: TrainBatch, mini: MiniBatch) -> list[tuple[TrainBatch, torch.Tensor | None]]:
+    """The rank's micro-batches of `mini`, each trimmed to its longest row, and padding passes up
+    to `mini.micro_batches`; each with its row indices in `batch` (None: padding)."""
+    out: list[tuple[TrainBatch, torch.Tensor | None]] = []
+    for part in mini.parts:
+        rows = torch.tensor(part, dtype=torch.long, device=batch.input_ids.device)
+        out.append((batch.select(rows).trimmed(), rows))
+    return out + [(padding(batch), None)] * (mini.micro_batches - len(out))
 
 
 class StepStats:

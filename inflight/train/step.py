@@ -5,7 +5,9 @@ Groups of trajectories in, one (or a few) optimizer steps on a `PolicyWorker` ou
 and per-token weight versions, the off-policy correction when some tokens were sampled by older
 weights than the trainer holds (proximal forward + truncated importance sampling), an optional KL
 penalty to a frozen reference, then mini-batches and micro-batches with an exact token-mean (or
-sequence-mean) gradient over each mini-batch.
+sequence-mean) gradient over each mini-batch. Micro-batches are cut from rows sorted by length and
+padded only to their own longest row (`inflight.train.batch.plan_micro_batches`): the gradient does
+not depend on the cut, and the long tail of a few rows no longer pads every other one.
 
 Data parallel: every rank is handed the whole step and trains on its share of each mini-batch
 (`inflight.train.data_parallel`); the averaged gradient is the one-rank gradient of the whole batch.
@@ -29,6 +31,7 @@ from inflight.train.algorithms import (
     truncated_is_weights,
 )
 from inflight.train.data_parallel import (
+    MicroPlan,
     Shard,
     StepStats,
     data_parallel,
@@ -57,6 +60,18 @@ class StepOptions:
     """Leave out groups whose rewards are all equal (no signal; saves compute)."""
     correct_threshold: float = 1.0
     """A trajectory counts as correct (accuracy metric) when its reward is at least this."""
+    max_tokens_per_micro_batch: int | None = None
+    """Cap on the padded tokens (rows x longest row) of one forward/backward, besides
+    `trainer.micro_train_batch_size_per_gpu` rows; a longer row runs alone. None: no cap."""
+    micro_batch_pass_tokens: float = 64.0
+    """What one more forward/backward costs, in padded tokens: a rank's rows of a mini-batch,
+    sorted by length, are cut into micro-batches where padded tokens plus this per pass are fewest.
+    64 is about a pass's fixed cost on the small CPU models (raise it where passes cost more);
+    `math.inf`: the fewest passes the caps allow (still sorted and trimmed)."""
+
+    def micro_plan(self, max_rows: int) -> MicroPlan:
+        """How to cut micro-batches of at most `max_rows` rows."""
+        return MicroPlan(max_rows, self.max_tokens_per_micro_batch, self.micro_batch_pass_tokens)
 
 
 def build_batch(groups: Sequence[TrajectoryGroup], advantages: torch.Tensor, pad_id: int) -> RLBatch:
@@ -117,13 +132,15 @@ class TrainingStep:
         worker.loss_fn = self.loss_fn
         self.dp = data_parallel(worker)
         self.first_pass_ratios: dict[str, float] = {}
-        self.counts = {"trained_rows": 0, "passes": 0}
-        """This rank's rows with tokens trained on and forward/backward passes, over every step."""
+        self.counts = {"trained_rows": 0, "passes": 0, "padded_tokens": 0, "real_tokens": 0}
+        """This rank's rows with tokens trained on, forward/backward passes and the tokens they ran
+        (with and without padding), over every step."""
 
     def __call__(self, groups: Sequence[TrajectoryGroup], policy_version: int) -> dict[str, float | None]:
         """Train on this rank's share of `groups` (every data-parallel rank gets all of them and
         trains on its own rows; see `inflight.train.data_parallel`); returns the step's metrics."""
         started = time.perf_counter()
+        padded, real = self.counts["padded_tokens"], self.counts["real_tokens"]
         alg, opts = self.cfg.trainer.algorithm, self.options
         rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
         metrics = rollout_metrics(groups, policy_version, opts.correct_threshold)
@@ -138,13 +155,14 @@ class TrainingStep:
         adv = group_advantages(rewards[keep], alg.advantage_estimator, alg.grpo_norm_by_std)
         batch = build_batch(kept, adv.reshape(-1), self.pad_id)
         shard = shard_step(len(kept), len(batch) // len(kept), self.groups_per_mini(len(kept)),
-                           self.cfg.trainer.micro_train_batch_size_per_gpu, self.dp)
+                           opts.micro_plan(self.cfg.trainer.micro_train_batch_size_per_gpu), self.dp,
+                           batch.widths().tolist())
         if alg.loss_reduction == "seq_mean_token_sum_norm":
             batch.token_sum_norm = mini_batch_longest(batch, shard)
         local = local_batch(batch, shard).to(self.worker.device)
-        metrics.update(self._off_policy(batch, local, policy_version, len(kept)))
+        metrics.update(self._off_policy(batch, local, shard, policy_version, len(kept)))
         if self.kl_coef > 0:
-            local.ref_logprobs = self.reference.logprobs(local)
+            local.ref_logprobs = shard_logprobs(self.reference, local, shard)
         metrics.update(self._optimize(batch, local, shard))
         if "is_ratio_mean" not in metrics:
             # on-policy batch: the PPO ratio of the first mini-batch, taken before any update, IS the
@@ -154,6 +172,8 @@ class TrainingStep:
                            is_ratio_min=ratios.get("ratio_min"))
         metrics["train_s"] = time.perf_counter() - started
         metrics["trained_tokens"] = float(batch.loss_mask.sum())
+        metrics["train_padded_tokens"] = float(self.counts["padded_tokens"] - padded)
+        metrics["train_real_tokens"] = float(self.counts["real_tokens"] - real)
         return metrics
 
     def groups_per_mini(self, num_groups: int) -> int:
@@ -166,7 +186,9 @@ class TrainingStep:
         forward of the step runs on the weights the step starts from, the proximal policy."""
         return self.cfg.trainer.update_epochs_per_batch == 1 and self.groups_per_mini(num_groups) >= num_groups
 
-    def _off_policy(self, batch: RLBatch, local: RLBatch, policy_version: int, num_groups: int) -> dict[str, float]:
+    def _off_policy(
+        self, batch: RLBatch, local: RLBatch, shard: Shard, policy_version: int, num_groups: int
+    ) -> dict[str, float]:
         """Use the proximal policy and TIS weights when any token of the step (`batch`, on every
         rank alike) is older than the policy; this rank's rows (`local`) get them."""
         stale = bool(((batch.versions < policy_version) & (batch.loss_mask > 0)).any())
@@ -177,7 +199,7 @@ class TrainingStep:
             local.old_logprobs = None  # the training forward itself is the proximal policy (see rl_loss)
             return out
         t0 = time.perf_counter()
-        prox, mask = self.worker.logprobs(local), local.loss_mask
+        prox, mask = shard_logprobs(self.worker, local, shard), local.loss_mask
         weights = truncated_is_weights(prox, local.rollout_logprobs, mask, self.options.tis, self.options.tis_cap)
         local.old_logprobs, local.is_weights = prox, weights
         stats = StepStats()
@@ -199,14 +221,10 @@ class TrainingStep:
         self.worker.model.train()
         for _ in range(trainer.update_epochs_per_batch):
             for mini in shard.mini_batches:
-                total = max(_count(batch.loss_mask[mini.rows], per_token), 1.0)
-                for part, real in micro_batches(local, mini, trainer.micro_train_batch_size_per_gpu):
-                    share = _count(part.loss_mask, per_token) / total if real else 0.0
-                    out = self.worker.forward_backward(part, share * self.dp.size)
-                    self.counts["passes"] += 1
-                    self.counts["trained_rows"] += int((part.loss_mask.sum(1) > 0).sum()) if real else 0
-                    if share > 0:
-                        stats.add({**out, **self.loss_fn.stats}, share)
+                mask = batch.loss_mask[mini.rows]
+                totals = max(_count(mask, per_token), 1.0), max(_count(mask, True), 1.0)
+                for part, rows in micro_batches(local, mini):
+                    self._pass(part, rows is not None, per_token, totals, stats)
                 if first_pass is None:  # before any optimizer step: the policy that starts the step
                     first_pass = stats.copy()
                 stats.add(self.worker.optimizer_step(), 1.0)
@@ -220,6 +238,38 @@ class TrainingStep:
         metrics = {key: value / count for key, value in stats.sums.items()} | stats.extremes
         metrics["optimizer_steps"] = float(count)
         return metrics
+
+    def _pass(
+        self, part: RLBatch, real: bool, per_token: bool, totals: tuple[float, float], stats: StepStats
+    ) -> None:
+        """One forward/backward of a micro-batch (`real`, or padding: weight 0). The loss counts by
+        the micro-batch's share of what the reduction averages over (`totals[0]`, the mini-batch's),
+        the loss statistics, token means, by its share of the mini-batch's tokens (`totals[1]`):
+        both sums are then the mini-batch's, however its rows were cut and ordered."""
+        share = _count(part.loss_mask, per_token) / totals[0] if real else 0.0
+        out = self.worker.forward_backward(part, share * self.dp.size)
+        self.counts["passes"] += 1
+        self.counts["padded_tokens"] += part.input_ids.numel()
+        if not real:
+            return
+        self.counts["trained_rows"] += int((part.loss_mask.sum(1) > 0).sum())
+        self.counts["real_tokens"] += int(part.widths().sum())
+        if share > 0:
+            stats.add(out, share)
+            stats.add(self.loss_fn.stats, _count(part.loss_mask, True) / totals[1])
+
+
+def shard_logprobs(worker: PolicyWorker, local: RLBatch, shard: Shard) -> torch.Tensor:
+    """[B, T] log-probabilities (no gradients) of the rank's rows `local`, forwarded in the
+    micro-batches of the training passes (the same number on every rank: FSDP's forwards are
+    collectives) and put back at each row's place; 0 beyond a row's micro-batch."""
+    out = torch.zeros(local.loss_mask.shape, dtype=torch.float32, device=local.input_ids.device)
+    for mini in shard.mini_batches:
+        for part, rows in micro_batches(local, mini):
+            logprobs = worker.logprobs(part)
+            if rows is not None:
+                out[rows, : logprobs.shape[1]] = logprobs.to(out)
+    return out
 
 
 def _count(mask: torch.Tensor, per_token: bool) -> float:

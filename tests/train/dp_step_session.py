@@ -3,7 +3,8 @@ reference, by one unsharded worker on the whole batch (see test_step_data_parall
 
 Each scenario is a step whose ranks get unequal shares: one rank with more micro-batches than the
 other, one rank with nothing to train on (its groups have zero advantage) while the other runs a
-proximal and a reference forward, and zero-advantage groups kept with another loss reduction.
+proximal and a reference forward, zero-advantage groups kept with another loss reduction, and
+long-tailed lengths that each rank cuts into a different number of micro-batches.
 Plain SGD, so the updated parameters compare to 1e-5 (Adam's first step is about lr * sign(g)).
 """
 
@@ -37,19 +38,26 @@ SCENARIOS: dict[str, dict] = {
     "kept-zero": dict(rewards=[[1, 0], [1, 1], [0, 1], [0, 0]], version=0, drop=False, overrides=[
         "trainer.micro_train_batch_size_per_gpu=1", "trainer.fully_async.enabled=false",
         "trainer.policy_mini_batch_size=2", "trainer.algorithm.loss_reduction=seq_mean_token_sum_norm"]),
+    # long-tailed lengths, micro-batches cut by length (every distinct length its own): the ranks'
+    # shares cut into different numbers of micro-batches, each rank pads up to the larger
+    "long-tail": dict(rewards=[[1, 0], [0, 1], [1, 0], [0, 1], [1, 0]], version=0, lengths=(1, 1, 2, 3, 9, 20),
+                      options=dict(micro_batch_pass_tokens=0.0), overrides=[
+        "trainer.micro_train_batch_size_per_gpu=3", "trainer.algorithm.loss_reduction=sequence_mean"]),
 }  # fmt: skip
 COMPARED_METRICS = ("loss", "ratio_mean", "clip_fraction", "kl", "is_ratio_mean", "is_ratio_max",
                     "is_weight_mean", "trained_tokens", "optimizer_steps")  # fmt: skip
 
 
-def groups_of(rewards: list[list[float]], version: int) -> list[TrajectoryGroup]:
-    """Groups of random responses (1 to 5 tokens) sampled by weight version `version`."""
+def groups_of(rewards: list[list[float]], version: int, lengths: tuple[int, ...] = ()) -> list[TrajectoryGroup]:
+    """Groups of random responses (1 to 5 tokens, or drawn from `lengths`) sampled by weight
+    version `version`."""
     gen = torch.Generator().manual_seed(7)
     groups = []
     for g, rs in enumerate(rewards):
         trajs = []
         for r in rs:
-            n = int(torch.randint(1, 6, (1,), generator=gen))
+            pick = torch.randint(len(lengths), (1,), generator=gen) if lengths else None
+            n = int(torch.randint(1, 6, (1,), generator=gen)) if pick is None else lengths[int(pick)]
             ids = torch.randint(2, 14, (n,), generator=gen).tolist()
             logprobs = (-torch.rand(n, generator=gen) - 1.0).tolist()
             trajs.append(Trajectory([5, 12, 7, 13], ids, logprobs, [version] * n, [1] * n, float(r), "stop"))
@@ -67,11 +75,10 @@ def run_scenario(name: str, model_dir: str, out: str, make_worker) -> dict:
     if cfg.trainer.algorithm.use_kl_loss:
         reference = make_worker(cfg)
         reference.build_model()
-    step = TrainingStep(
-        worker, cfg, 0, StepOptions(drop_zero_advantage_groups=sc.get("drop", True)), reference
-    )
+    options = StepOptions(drop_zero_advantage_groups=sc.get("drop", True), **sc.get("options", {}))
+    step = TrainingStep(worker, cfg, 0, options, reference)
     before = worker.full_hf_state_dict()
-    metrics = step(groups_of(sc["rewards"], 0), sc["version"])
+    metrics = step(groups_of(sc["rewards"], 0, sc.get("lengths", ())), sc["version"])
     state = worker.full_hf_state_dict()
     moved = max(float((state[k] - t).abs().max()) for k, t in before.items())
     return {"state": state, "moved": moved, "metrics": metrics, **step.counts}

@@ -179,10 +179,12 @@ class PolicyWorker(ABC):
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         """One optimizer step over this rank's `batch`, in micro-batches of
-        `trainer.micro_train_batch_size_per_gpu` (gradients accumulated, each scaled by 1/count).
-        With several ranks, each must get the same number of sequences."""
+        `trainer.micro_train_batch_size_per_gpu` (gradients accumulated, each scaled by 1/count),
+        each trimmed to its longest row. With several ranks, each must get the same number of
+        sequences."""
         self.model.train()
-        parts = batch.to(self.device).split(self.cfg.trainer.micro_train_batch_size_per_gpu)
+        micro = self.cfg.trainer.micro_train_batch_size_per_gpu
+        parts = [part.trimmed() for part in batch.to(self.device).split(micro)]
         losses = [self.forward_backward(part, 1.0 / len(parts))["loss"] for part in parts]
         metrics = {"loss": sum(losses) / len(losses), **self.optimizer_step()}
         self.global_step += 1

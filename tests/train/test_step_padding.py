@@ -1,0 +1,128 @@
+"""The training step pays for little padding and computes what it did fully padded: each
+micro-batch is as wide as its own longest row, and the update, the metrics and the proximal and
+reference log-probabilities equal those of the unsorted step padded to its longest row, for every
+loss reduction, on- and off-policy, with and without KL."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from rl_support import rl_config, warm_model_dir
+
+from inflight.tasks import Problem
+from inflight.train import LocalPolicyWorker
+from inflight.train import step as step_module
+from inflight.train.algorithms import group_advantages
+from inflight.train.data_parallel import DataParallel, MicroPlan, padding, shard_step
+from inflight.train.generator import Trajectory, TrajectoryGroup
+from inflight.train.step import StepOptions, TrainingStep, build_batch, shard_logprobs
+
+COMPARED = ("loss", "ratio_mean", "clip_fraction", "kl", "is_ratio_mean", "is_ratio_max", "is_weight_mean",
+            "is_truncated_fraction", "trained_tokens", "optimizer_steps")
+REGIMES = {
+    "on-policy": (0, []),
+    "stale-in-forward-tis": (1, []),  # one optimizer step: TIS inside the training forward
+    # 2 mini-batches x 2 epochs: a proximal forward for the TIS weights, and a reference for the KL
+    "stale-proximal-kl": (1, ["trainer.update_epochs_per_batch=2", "trainer.policy_mini_batch_size=2",
+                              "trainer.fully_async.enabled=false",
+                              "trainer.algorithm.use_kl_loss=true", "trainer.algorithm.kl_loss_coef=0.5"]),
+}
+REDUCTIONS = ("token_mean", "sequence_mean", "seq_mean_token_sum_norm")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return warm_model_dir(tmp_path_factory)
+
+
+def long_tail_groups(version: int, num_groups: int = 4, seed: int = 3) -> list[TrajectoryGroup]:
+    """Groups of 4 with response lengths from a long tail (most 1-3 tokens, a few 12-24)."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.tensor([1, 1, 2, 2, 3, 3, 5, 12, 24])
+    groups = []
+    for g in range(num_groups):
+        trajs = []
+        for r in (1.0, 0.0, 0.0, 1.0):
+            n = int(lengths[torch.randint(len(lengths), (1,), generator=gen)])
+            ids = torch.randint(2, 14, (n,), generator=gen).tolist()
+            trajs.append(Trajectory([5, 12, 7, 13], ids, (-torch.rand(n, generator=gen) - 0.5).tolist(),
+                                    [version] * n, [1] * n, r, "stop"))
+        groups.append(TrajectoryGroup(Problem(f"p{g}", "3+5=", "8"), trajs))
+    return groups
+
+
+def fully_padded(batch, mini):
+    """The step before length-aware micro-batches (with `micro` >= the rows): the mini-batch's
+    rows in their order, padded to the step's longest row, in one pass."""
+    rows = torch.arange(mini.local.start, mini.local.stop)
+    return [(batch.select(rows), rows)] + [(padding(batch), None)] * (mini.micro_batches - 1)
+
+
+def run_step(model_dir, tmp_path, overrides, version, micro, options, monkeypatch=None) -> dict:
+    """One step with plain SGD (so parameters compare to 1e-5); the updated state, the metrics and
+    the [rows, width] of every forward/backward."""
+    cfg, _ = rl_config(model_dir, tmp_path, [f"trainer.micro_train_batch_size_per_gpu={micro}", *overrides])
+    worker = LocalPolicyWorker(cfg).setup()
+    worker.optimizer = torch.optim.SGD([p for p in worker.model.parameters() if p.requires_grad], lr=0.5)
+    reference = None
+    if cfg.trainer.algorithm.use_kl_loss:
+        reference = LocalPolicyWorker(cfg)
+        reference.build_model()
+    if monkeypatch is not None:
+        monkeypatch.setattr(step_module, "micro_batches", fully_padded)
+    shapes, original = [], worker.forward_backward
+
+    def spy(part, scale):
+        shapes.append((part.widths().tolist(), part.input_ids.shape[1], part.loss_mask.sum() > 0))
+        return original(part, scale)
+
+    worker.forward_backward = spy
+    step = TrainingStep(worker, cfg, 0, options, reference)
+    metrics = step(long_tail_groups(0), version)
+    if monkeypatch is not None:
+        monkeypatch.undo()
+    return {"state": worker.full_hf_state_dict(), "metrics": metrics, "shapes": shapes, "counts": step.counts}
+
+
+def test_each_micro_batch_is_padded_to_its_own_longest_row(model_dir, tmp_path):
+    out = run_step(model_dir, tmp_path, [], 0, 4, StepOptions())
+    real_parts = [(widths, width) for widths, width, real in out["shapes"] if real]
+    assert len(real_parts) >= 3
+    for widths, width in real_parts:
+        assert width == max(widths)
+    padded = sum(len(widths) * width for widths, width in real_parts)
+    real = sum(sum(widths) for widths, _ in real_parts)
+    longest = max(w for widths, _ in real_parts for w in widths)
+    assert padded < 1.3 * real < 0.6 * longest * sum(len(widths) for widths, _ in real_parts)
+    assert out["metrics"]["train_padded_tokens"] == padded and out["metrics"]["train_real_tokens"] == real
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("regime", list(REGIMES))
+def test_the_update_equals_the_fully_padded_one(model_dir, tmp_path, monkeypatch, regime, reduction):
+    version, overrides = REGIMES[regime]
+    overrides = [*overrides, f"trainer.algorithm.loss_reduction={reduction}"]
+    want = run_step(model_dir, tmp_path, overrides, version, 64, StepOptions(), monkeypatch)
+    # every distinct length its own micro-batch, at most 3 rows, at most 30 padded tokens
+    options = StepOptions(max_tokens_per_micro_batch=30, micro_batch_pass_tokens=0.0)
+    got = run_step(model_dir, tmp_path, overrides, version, 3, options)
+    assert len(got["shapes"]) > 2 * len(want["shapes"])
+    for key, tensor in want["state"].items():
+        torch.testing.assert_close(got["state"][key], tensor, atol=1e-5, rtol=0, msg=key)
+    for key in COMPARED:
+        assert (key in got["metrics"]) == (key in want["metrics"]), key
+        if key in want["metrics"]:
+            assert got["metrics"][key] == pytest.approx(want["metrics"][key], abs=1e-5), key
+    assert got["metrics"]["train_padded_tokens"] < 0.7 * want["metrics"]["train_padded_tokens"]
+
+
+def test_logprobs_come_back_to_their_rows(model_dir, tmp_path):
+    cfg, _ = rl_config(model_dir, tmp_path)
+    worker = LocalPolicyWorker(cfg).setup()
+    groups = long_tail_groups(0, num_groups=3)
+    batch = build_batch(groups, group_advantages(torch.ones(3, 4)).reshape(-1), 0)
+    shard = shard_step(3, 4, 3, MicroPlan(2, pass_cost=0.0), DataParallel(), batch.widths().tolist())
+    got, want = shard_logprobs(worker, batch, shard), worker.logprobs(batch)
+    attention = batch.attention_mask.bool()
+    torch.testing.assert_close(got[attention], want[attention], atol=1e-5, rtol=0)
+    assert (got[~attention] == 0).all()
