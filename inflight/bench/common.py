@@ -173,3 +173,24 @@ class CpuMonitor:
             "samples": len(self.samples),
             "top_other_processes": [{"name": n, "core_seconds": round(s, 2)} for n, s in top if s >= 0.05],
         }
+
+
+def tree_cpu_seconds(roots: list[int]) -> float:
+    """CPU seconds used so far by the processes `roots` and their live descendants (reaped
+    children included through cutime/cstime)."""
+    procs = _read_procs()
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, *_) in procs.items():
+        children.setdefault(ppid, []).append(pid)
+    seen, frontier = set(), [r for r in roots if r in procs]
+    while frontier:
+        pid = frontier.pop()
+        if pid not in seen:
+            seen.add(pid)
+            frontier.extend(children.get(pid, []))
+    return sum(procs[p][3] for p in seen) / _HZ
+
+
+def busy_cpu_seconds() -> float:
+    """CPU seconds all CPUs spent busy since boot (not idle, not waiting for I/O), all processes."""
+    return _busy_jiffies() / _HZ

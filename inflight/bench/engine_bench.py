@@ -1,16 +1,19 @@
-"""Offline throughput: the inflight engine against `transformers` generate() on the same workload.
+"""Offline throughput: the inflight engine against `transformers` generate() and vLLM, same workload.
 
 Workload: a random Qwen2-shaped model (~50M parameters by default), N requests with prompt and
-output lengths drawn uniformly (seeded), random prompt token ids, greedy, EOS ignored, so both sides
-must produce exactly the requested output tokens. The baseline gets its best static batching:
+output lengths drawn uniformly (seeded), random prompt token ids, greedy, EOS ignored, so every side
+must produce exactly the requested output tokens. `transformers` gets its best static batching:
 requests sorted by output length, left-padded batches of a few sizes (the best one is reported); with
 no stop token, every row of a batch decodes the batch's longest output and is then cut to its
-requested length, so the useful output tokens are the same on both sides and the extra decoding is
-reported as `generated_tokens`. Each side runs in its own spawned process with the same torch thread
-count; the two alternate pass by pass so that both see the same background load. Timings are medians
-over `--repeats` passes after a warm-up. Achieved FLOP/s counts the useful work (2·params per prompt
-or output token through the trunk, the LM head per output token, and attention) against the best
-matmul peak measured in the two processes (before and after the passes).
+requested length, so the useful output tokens are the same on every side and the extra decoding is
+reported as `generated_tokens`. vLLM (`--against vllm`) runs offline `LLM.generate` on token-id
+prompts from its own virtual environment (`vllm_side`). Each side runs in its own process with the
+same thread count; they alternate pass by pass so that all see the same background load, and a
+result is refused when other processes (or the benchmark's idle sides) used more than a few percent
+of the CPUs during a timed pass. Timings are medians over `--repeats` passes after a warm-up.
+Achieved FLOP/s counts the useful work (2·params per prompt or output token through the trunk, the LM
+head per output token, and attention) against the best matmul peak measured in the sides' processes
+(before and after the passes).
 """
 
 from __future__ import annotations
@@ -22,13 +25,33 @@ import random
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from inflight.bench.common import MODEL_SHAPES, CpuMonitor, Worker, median
+from inflight.bench import vllm_side
+from inflight.bench.common import (
+    MODEL_SHAPES,
+    CpuMonitor,
+    Worker,
+    busy_cpu_seconds,
+    median,
+    tree_cpu_seconds,
+)
+from inflight.bench.engine_report import (
+    DEFAULT_MAX_OTHER_CPU,
+    agreement,
+    format_report,
+    quiet_times,
+    rates,
+    refusal,
+)
+from inflight.bench.engine_sides import call_side, close_side, open_side, setup_process
 
 DEFAULT_HF_BATCH_SIZES = (32, 64)
+PEERS = ("transformers", "vllm")
 
 
 @dataclass(frozen=True)
@@ -66,8 +89,11 @@ class BenchConfig:
     min_len: int = 16
     max_len: int = 256
     dtype: str = "float32"
-    against: str = "transformers"  # or "none"
-    repeats: int = 3
+    against: tuple[str, ...] = ("transformers",)  # any of PEERS; empty: the engine alone
+    repeats: int = 3  # quiet timed passes wanted per side
+    max_rounds: int = 0  # rounds of passes at most, until every side has `repeats` quiet ones; 0: 3 × repeats
+    # a pass is quiet when other processes used at most this share of the CPUs meanwhile
+    max_other_cpu: float = DEFAULT_MAX_OTHER_CPU
     hf_batch_sizes: tuple[int, ...] = DEFAULT_HF_BATCH_SIZES
     threads: int = 2
     seed: int = 0
@@ -75,10 +101,19 @@ class BenchConfig:
     max_num_batched_tokens: int = 2048
     model_dir: str | None = None
     profile: bool = False  # one extra engine run under torch.profiler; the op table goes in the result
+    vllm_python: str | None = None  # None: vllm_side.default_python()
+    vllm_kv_cache_gib: int = 2
+    vllm_env: dict[str, str] = field(default_factory=dict)  # on top of vllm_side.vllm_env's settings
+    vllm_kwargs: dict[str, Any] = field(default_factory=dict)  # extra vllm.LLM(...) arguments
 
     @property
     def shape(self) -> ModelShape:
         return SMALL_MODEL if self.small else FULL_MODEL
+
+    @property
+    def quiet_limit(self) -> float:
+        """Cores that others may use during a quiet pass."""
+        return self.max_other_cpu * (os.cpu_count() or 1)
 
 
 @dataclass
@@ -121,251 +156,192 @@ def make_workload(cfg: BenchConfig) -> Workload:
     return work
 
 
-# ---- the two sides, each in its own worker process -----------------------------------------------
-_SIDE: dict[str, Any] = {}  # in a worker process: the loaded side
-
-
-def _setup_process(threads: int) -> None:
-    import torch
-    from transformers.utils import logging
-
-    torch.set_num_threads(threads)
-    torch.manual_seed(0)
-    logging.disable_progress_bar()
-
-
-def _measure_peak(dtype: str) -> float:
-    import torch
-
-    from inflight.bench.common import matmul_peak_flops
-
-    return matmul_peak_flops(getattr(torch, dtype))
-
-
-class EngineSide:
-    """The inflight engine, loaded (timed: load + first step) and warmed up."""
-
-    def __init__(self, model_dir: str, cfg: BenchConfig, work: Workload) -> None:
-        from inflight.engine import EngineConfig, LLMEngine
-
-        self.work = work
-        engine_cfg = EngineConfig(
-            model=model_dir,
-            dtype=cfg.dtype,
-            max_num_seqs=cfg.max_num_seqs,
-            max_num_batched_tokens=cfg.max_num_batched_tokens,
-            seed=cfg.seed,
-        )
-        start = time.perf_counter()
-        self.engine = LLMEngine(engine_cfg)
-        self.engine.generate([work.prompts[0]], self._params(1))
-        self.startup_s = time.perf_counter() - start
-        self.engine.generate(work.prompts, self._params(2))  # warm-up: every prefill, one decode step
-        self.all_params = [self._params(n) for n in work.output_lens]
-        self.hits_before = self.engine.stats.prefix_cache_hit_tokens
-
-    @staticmethod
-    def _params(max_tokens: int) -> Any:
-        from inflight.engine import SamplingParams
-
-        return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, logprobs=True)
-
-    def info(self) -> dict[str, Any]:
-        return {"startup_s": self.startup_s, "params": sum(p.numel() for p in self.engine.model.parameters())}
-
-    def run(self) -> tuple[float, list[list[int]]]:
-        """One timed pass over the workload: (seconds, output token ids per request)."""
-        self.engine.reset_prefix_cache()  # the same prompts again must not hit the cache
-        start = time.perf_counter()
-        outputs = self.engine.generate(self.work.prompts, self.all_params)
-        return time.perf_counter() - start, [o.output_token_ids for o in outputs]
-
-    def profile(self) -> str:
-        """One pass under torch.profiler: the op table by self CPU time."""
-        from torch.profiler import ProfilerActivity, profile
-
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            self.run()
-        return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
-
-    def finish(self) -> dict[str, Any]:
-        stats = self.engine.stats
-        return {
-            "prefix_cache_hit_tokens": stats.prefix_cache_hit_tokens - self.hits_before,
-            "preemptions": stats.preemptions,
-        }
-
-
-class TransformersSide:
-    """`transformers` generate() with static, length-sorted, left-padded batches."""
-
-    def __init__(self, model_dir: str, cfg: BenchConfig, work: Workload) -> None:
-        import torch
-        from transformers import AutoModelForCausalLM
-
-        self.work = work
-        start = time.perf_counter()
-        self.model = AutoModelForCausalLM.from_pretrained(
-            model_dir, dtype=getattr(torch, cfg.dtype), attn_implementation="sdpa"
-        ).eval()
-        self.load_s = time.perf_counter() - start
-        self.pad = self.model.generation_config.pad_token_id or 0
-        # like the engine's ignore_eos: no stop token (min_new_tokens would instead forbid EOS,
-        # changing greedy picks whenever EOS is the top token)
-        self.model.generation_config.eos_token_id = None
-        self.warm: set[int] = set()
-
-    def info(self) -> dict[str, Any]:
-        return {"load_s": self.load_s}
-
-    def batches(self, batch_size: int) -> list[list[int]]:
-        work = self.work
-        order = sorted(range(len(work.prompts)), key=lambda i: (work.output_lens[i], len(work.prompts[i])))
-        return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-
-    def run(self, batch_size: int) -> tuple[float, int, list[list[int]]]:
-        """One timed pass: (seconds, tokens decoded including the cut-off ones, outputs per request)."""
-        batches = self.batches(batch_size)
-        if batch_size not in self.warm:
-            self._generate(batches[-1:], cap=2)  # warm-up on the widest batch
-            self.warm.add(batch_size)
-        start = time.perf_counter()
-        outputs, generated = self._generate(batches)
-        return time.perf_counter() - start, generated, [outputs[i] for i in range(len(self.work.prompts))]
-
-    def _generate(self, batches: list[list[int]], cap: int | None = None) -> tuple[dict[int, list[int]], int]:
-        import torch
-
-        work, outputs, generated = self.work, {}, 0
-        for batch in batches:
-            width = max(len(work.prompts[i]) for i in batch)
-            ids = torch.full((len(batch), width), self.pad, dtype=torch.long)
-            mask = torch.zeros((len(batch), width), dtype=torch.long)
-            for row, i in enumerate(batch):
-                prompt = work.prompts[i]
-                ids[row, width - len(prompt) :] = torch.tensor(prompt)
-                mask[row, width - len(prompt) :] = 1
-            steps = min(cap or 1 << 30, max(work.output_lens[i] for i in batch))
-            with torch.inference_mode():
-                out = self.model.generate(
-                    input_ids=ids,
-                    attention_mask=mask,
-                    max_new_tokens=steps,
-                    do_sample=False,
-                    pad_token_id=self.pad,
-                )
-            new = out[:, width:]
-            assert new.shape[1] == steps, f"transformers stopped after {new.shape[1]} of {steps} tokens"
-            generated += new.numel()
-            for row, i in enumerate(batch):
-                outputs[i] = new[row, : work.output_lens[i]].tolist()
-        return outputs, generated
-
-    def finish(self) -> dict[str, Any]:
-        return {}
-
-
-_SIDES = {"engine": EngineSide, "transformers": TransformersSide}
-
-
-def _open(kind: str, model_dir: str, cfg: BenchConfig, work: Workload) -> dict[str, Any]:
-    """In a worker: load the side, then measure the matmul peak there."""
-    _setup_process(cfg.threads)
-    _SIDE["side"] = _SIDES[kind](model_dir, cfg, work)
-    _SIDE["dtype"] = cfg.dtype
-    return {**_SIDE["side"].info(), "peak_flops": [_measure_peak(cfg.dtype)]}
-
-
-def _call(method: str, *args: Any) -> Any:
-    return getattr(_SIDE["side"], method)(*args)
-
-
-def _close() -> dict[str, Any]:
-    """In a worker: the side's counters, a second peak measurement, the process's peak RSS."""
-    from inflight.bench.common import peak_rss_mib
-
-    return {
-        **_SIDE["side"].finish(),
-        "peak_flops_after": _measure_peak(_SIDE["dtype"]),
-        "peak_rss_mib": peak_rss_mib(),
-    }
-
-
-# ---- orchestration and report ------------------------------------------------------------------
+# ---- orchestration ------------------------------------------------------------------------------
 def _build_model(cfg: BenchConfig, model_dir: Path) -> None:
     from inflight.testing import make_tiny_model
 
-    _setup_process(cfg.threads)
+    setup_process(cfg.threads)
     if not (model_dir / "config.json").is_file():
         make_tiny_model(model_dir, "qwen2", seed=cfg.seed, **asdict(cfg.shape))
 
 
-def _rates(times: list[float], work: Workload, peak: float) -> dict[str, float]:
-    seconds = median(times)
-    return {
-        "median_s": seconds,
-        "best_s": min(times),
-        "best_output_tok_per_s": work.output_tokens / min(times),
-        "output_tok_per_s": work.output_tokens / seconds,
-        "total_tok_per_s": (work.output_tokens + work.prompt_tokens) / seconds,
-        "flops_per_s": work.flops["total"] / seconds,
-        "fraction_of_peak": work.flops["total"] / seconds / peak,
-    }
+def _record(opened: dict[str, Any]) -> dict[str, Any]:
+    return {"times_s": [], "other_cores": [], "idle_sides_cores": [], **opened}
 
 
-def _agreement(a: list[list[int]], b: list[list[int]]) -> float:
-    """Fraction of output tokens on the common greedy prefix of the two sides' outputs."""
-    same = 0
-    for x, y in zip(a, b, strict=True):
-        for s, t in zip(x, y, strict=False):
-            if s != t:
-                break
-            same += 1
-    return same / max(1, sum(len(x) for x in a))
+def _timed_pass(
+    record: dict[str, Any], run: Callable[[], tuple[Any, ...]], idle_pids: list[int]
+) -> tuple[Any, ...]:
+    """Run one pass; record its time, the cores that processes outside this benchmark used
+    meanwhile (all busy CPU time less this process tree's), and those the idle sides used."""
+    ours = [os.getpid()]
+    busy, mine, idle = busy_cpu_seconds(), tree_cpu_seconds(ours), tree_cpu_seconds(idle_pids)
+    start = time.monotonic()
+    seconds, *rest = run()
+    wall = time.monotonic() - start
+    others = busy_cpu_seconds() - busy - (tree_cpu_seconds(ours) - mine)
+    record["times_s"].append(seconds)
+    record["other_cores"].append(round(max(0.0, others) / wall, 3))
+    record["idle_sides_cores"].append(round((tree_cpu_seconds(idle_pids) - idle) / wall, 3))
+    return tuple(rest)
 
 
-def _measure(
-    cfg: BenchConfig, work: Workload, model_dir: Path
-) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """Alternate engine and transformers passes, so both see the same background load.
+def _settle(
+    pids: list[int], window_s: float = 0.25, max_cores: float = 0.05, timeout_s: float = 10.0
+) -> None:
+    """Wait until the sides' processes are idle: vLLM's keep a core busy for about a second after
+    a pass, which would otherwise land in the next side's pass."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        before = tree_cpu_seconds(pids)
+        time.sleep(window_s)
+        if tree_cpu_seconds(pids) - before <= max_cores * window_s:
+            return
 
-    Round one times every transformers batch size once; the fastest there (`best_batch_size`) is
-    the one timed in the later rounds and reported. Each pass records its interval, so that the
-    cores other processes used meanwhile can be reported (`other_cores`).
+
+def _measure(cfg: BenchConfig, work: Workload, model_dir: Path) -> dict[str, dict[str, Any]]:
+    """Open every side, then alternate their passes, so that all see the same background load,
+    round after round until each side has `repeats` quiet passes (or `max_rounds` ran).
+
+    Transformers times every batch size until it has a quiet pass, then its fastest one
+    (`best_batch_size`, by best quiet pass) until that has enough. Returns a record per side.
     """
-
-    def timed_pass(worker: Worker, side: dict[str, Any], *args: Any) -> tuple[Any, ...]:
-        start = time.monotonic()
-        seconds, *rest = worker.call(_call, "run", *args)
-        side["times_s"].append(seconds)
-        side["intervals"].append((start, time.monotonic()))
-        return tuple(rest)
-
-    engine: dict[str, Any] = {"times_s": [], "intervals": []}
-    hf: dict[str, Any] | None = None
-    with Worker() as engine_worker, Worker() as hf_worker:
-        engine.update(engine_worker.call(_open, "engine", str(model_dir), cfg, work))
-        if cfg.against == "transformers":
-            hf = {"batch_sizes": {str(b): {"times_s": [], "intervals": []} for b in cfg.hf_batch_sizes}}
-            hf.update(hf_worker.call(_open, "transformers", str(model_dir), cfg, work))
-        best: int | None = None
-        for _ in range(cfg.repeats):
-            (engine["outputs"],) = timed_pass(engine_worker, engine)
-            if hf is None:
-                continue
-            for size in cfg.hf_batch_sizes if best is None else (best,):
-                entry = hf["batch_sizes"][str(size)]
-                entry["generated_tokens"], entry["outputs"] = timed_pass(hf_worker, entry, size)
-            best = min(cfg.hf_batch_sizes, key=lambda b: hf["batch_sizes"][str(b)]["times_s"][0])
-            hf["best_batch_size"] = best
-        for side, worker in ((engine, engine_worker), (hf, hf_worker)):
-            if side is not None:
-                closing = worker.call(_close)
-                side["peak_flops"].append(closing.pop("peak_flops_after"))
-                side.update(closing)
+    with ExitStack() as stack:
+        sides: dict[str, dict[str, Any]] = {}
+        runs: dict[str, Callable[..., tuple[Any, ...]]] = {}
+        pids: dict[str, int] = {}
+        workers: dict[str, Worker] = {}
+        if "vllm" in cfg.against:  # first: a missing or broken vLLM fails before the long loads
+            vllm_worker, sides["vllm"] = vllm_side.start_worker(cfg)
+            stack.enter_context(vllm_worker)
+            pids["vllm"], runs["vllm"] = vllm_worker.pid, lambda: vllm_side.run_pass(vllm_worker)
+        for kind in ("engine", "transformers"):
+            if kind == "engine" or kind in cfg.against:
+                worker = workers[kind] = stack.enter_context(Worker())
+                opened = worker.call(open_side, kind, str(model_dir), cfg, work)
+                sides[kind] = _record(opened) if kind == "engine" else opened  # transformers: per size
+                pids[kind] = worker.call(os.getpid)
+                runs[kind] = lambda *args, w=worker: w.call(call_side, "run", *args)
+                sides[kind]["close"] = lambda w=worker: w.call(close_side)
+        if "vllm" in sides:
+            sides["vllm"] = _record(
+                {**sides["vllm"], **vllm_side.open_model(vllm_worker, cfg, work, str(model_dir))}
+            )
+            sides["vllm"]["close"] = lambda: vllm_worker.request("close", dtype=cfg.dtype)
+        if "transformers" in sides:
+            sides["transformers"]["batch_sizes"] = {str(b): _record({}) for b in cfg.hf_batch_sizes}
+        for _ in range(cfg.max_rounds or 3 * cfg.repeats):
+            if not _round(cfg, sides, runs, pids):
+                break
+        for side in sides.values():
+            closing = side.pop("close")()
+            side["peak_flops"].append(closing.pop("peak_flops_after"))
+            side.update(closing)
         if cfg.profile:  # after the peak RSS was read: the profiler's events take gigabytes
-            engine["profile"] = engine_worker.call(_call, "profile")
-    return engine, hf
+            sides["engine"]["profile"] = workers["engine"].call(call_side, "profile")
+    return sides
+
+
+def _round(
+    cfg: BenchConfig,
+    sides: dict[str, dict[str, Any]],
+    runs: dict[str, Callable[..., tuple[Any, ...]]],
+    pids: dict[str, int],
+) -> bool:
+    """One timed pass of each side still short of quiet passes (transformers: of the batch sizes
+    `_transformers_round` picks); False when none ran."""
+
+    def settled_others(name: str) -> list[int]:
+        """The other sides' pids, once all sides are idle."""
+        _settle(list(pids.values()))
+        return [pid for other, pid in pids.items() if other != name]
+
+    def short(record: dict[str, Any]) -> bool:
+        return len(quiet_times(record, cfg.quiet_limit)) < cfg.repeats
+
+    ran = False
+    for name in ("engine", "vllm"):
+        if name in sides and short(sides[name]):
+            (sides[name]["outputs"],) = _timed_pass(sides[name], runs[name], settled_others(name))
+            ran = True
+    if "transformers" in sides:
+
+        def timed_hf(size: int) -> tuple[Any, ...]:
+            entry = sides["transformers"]["batch_sizes"][str(size)]
+            return _timed_pass(entry, lambda: runs["transformers"](size), settled_others("transformers"))
+
+        ran = _transformers_round(cfg, sides["transformers"], timed_hf) or ran
+    return ran
+
+
+def _transformers_round(
+    cfg: BenchConfig, hf: dict[str, Any], timed: Callable[[int], tuple[Any, ...]]
+) -> bool:
+    """Time each batch size without a quiet pass yet, and the best one (by its best quiet pass)
+    while it is short of quiet passes; False when none ran."""
+    quiet = {b: quiet_times(hf["batch_sizes"][str(b)], cfg.quiet_limit) for b in cfg.hf_batch_sizes}
+    best = min((b for b in quiet if quiet[b]), key=lambda b: min(quiet[b]), default=None)
+    todo = [b for b in cfg.hf_batch_sizes if not quiet[b] or (b == best and len(quiet[b]) < cfg.repeats)]
+    for size in todo:
+        entry = hf["batch_sizes"][str(size)]
+        entry["generated_tokens"], entry["outputs"] = timed(size)
+    quiet = {b: quiet_times(hf["batch_sizes"][str(b)], cfg.quiet_limit) for b in cfg.hf_batch_sizes}
+    times = {b: quiet[b] or hf["batch_sizes"][str(b)]["times_s"] for b in cfg.hf_batch_sizes}
+    hf["best_batch_size"] = min(cfg.hf_batch_sizes, key=lambda b: (not quiet[b], min(times[b])))
+    return bool(todo)
+
+
+def _side_result(
+    side: dict[str, Any],
+    record: dict[str, Any],
+    outputs: list[list[int]],
+    work: Workload,
+    cfg: BenchConfig,
+    peak: float,
+) -> dict[str, Any]:
+    """The side's rates over its quiet passes (over all of them when none was quiet)."""
+    quiet = quiet_times(record, cfg.quiet_limit)
+    rate = rates(
+        quiet or record["times_s"], work.output_tokens, work.prompt_tokens, work.flops["total"], peak
+    )
+    counts = {"quiet_passes": len(quiet), "passes": len(record["times_s"])}
+    return {**side, **rate, **counts, "output_tokens": sum(len(o) for o in outputs)}
+
+
+def _transformers_result(
+    hf: dict[str, Any], work: Workload, cfg: BenchConfig, peak: float
+) -> tuple[dict[str, Any], list[list[int]]]:
+    """The best batch size's rates on top of the per-size records; and that size's outputs."""
+    sizes = hf["batch_sizes"]
+    for entry in sizes.values():
+        entry["median_s"] = median(quiet_times(entry, cfg.quiet_limit) or entry["times_s"])
+        entry["output_tok_per_s"] = work.output_tokens / entry["median_s"]
+    best = sizes[str(hf["best_batch_size"])]
+    outputs = best["outputs"]
+    for entry in sizes.values():
+        del entry["outputs"]
+    return {
+        **_side_result(hf, best, outputs, work, cfg, peak),
+        "generated_tokens": best["generated_tokens"],
+    }, outputs
+
+
+def _compare(
+    result: dict[str, Any], peer: str, engine_outputs: list[list[int]], peer_outputs: list[list[int]]
+) -> None:
+    """Engine / peer throughput ratios and greedy agreement, under the keys the report reads."""
+    engine, other = result["engine"], result[peer]
+    median_ratio = engine["output_tok_per_s"] / other["output_tok_per_s"]
+    best_ratio = engine["best_output_tok_per_s"] / other["best_output_tok_per_s"]
+    if peer == "transformers":
+        result.update(
+            speedup=median_ratio,
+            speedup_best=best_ratio,
+            greedy_agreement=agreement(engine_outputs, peer_outputs),
+        )
+    else:
+        result.update(engine_vs_vllm=median_ratio, engine_vs_vllm_best=best_ratio)
+        other["greedy_agreement_with_engine"] = agreement(engine_outputs, peer_outputs)
 
 
 def run_benchmark(cfg: BenchConfig) -> dict[str, Any]:
@@ -375,12 +351,10 @@ def run_benchmark(cfg: BenchConfig) -> dict[str, Any]:
         model_dir = Path(cfg.model_dir or Path(tmp) / "model")
         with CpuMonitor() as monitor:
             _build_model(cfg, model_dir)  # here: it is set-up, not measured
-            engine, hf = _measure(cfg, work, model_dir)
-    for side in [engine, *(hf["batch_sizes"].values() if hf else [])]:
-        side["other_cores"] = [monitor.mean_between(*span) for span in side.pop("intervals")]
-    peak = max(engine["peak_flops"] + (hf["peak_flops"] if hf else []))
-    engine_outputs = engine.pop("outputs")
+            sides = _measure(cfg, work, model_dir)
+    peak = max(f for side in sides.values() for f in side["peak_flops"])
     result: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "config": {**asdict(cfg), "shape": asdict(cfg.shape)},
         "workload": {
             "requests": cfg.requests,
@@ -394,103 +368,95 @@ def run_benchmark(cfg: BenchConfig) -> dict[str, Any]:
             "matmul_peak_flops": peak,
             "other_load": monitor.summary(),
         },
-        "engine": {
-            **engine,
-            **_rates(engine["times_s"], work, peak),
-            "output_tokens": sum(len(o) for o in engine_outputs),
-        },
     }
-    if hf is not None:
-        sizes = hf["batch_sizes"]
-        for entry in sizes.values():
-            entry["median_s"] = median(entry["times_s"])
-            entry["output_tok_per_s"] = work.output_tokens / entry["median_s"]
-        best = str(hf["best_batch_size"])
-        hf_outputs = sizes[best]["outputs"]
-        for entry in sizes.values():
-            del entry["outputs"]
-        result["transformers"] = {
-            **hf,
-            **_rates(sizes[best]["times_s"], work, peak),
-            "generated_tokens": sizes[best]["generated_tokens"],
-            "output_tokens": sum(len(o) for o in hf_outputs),
-        }
-        result["speedup"] = result["engine"]["output_tok_per_s"] / result["transformers"]["output_tok_per_s"]
-        result["speedup_best"] = (
-            result["engine"]["best_output_tok_per_s"] / result["transformers"]["best_output_tok_per_s"]
-        )
-        result["greedy_agreement"] = _agreement(engine_outputs, hf_outputs)
+    engine_outputs = sides["engine"].pop("outputs")
+    result["engine"] = _side_result(sides["engine"], sides["engine"], engine_outputs, work, cfg, peak)
+    if "transformers" in sides:
+        result["transformers"], hf_outputs = _transformers_result(sides["transformers"], work, cfg, peak)
+        _compare(result, "transformers", engine_outputs, hf_outputs)
+    if "vllm" in sides:
+        vllm_outputs = sides["vllm"].pop("outputs")
+        result["vllm"] = _side_result(sides["vllm"], sides["vllm"], vllm_outputs, work, cfg, peak)
+        _compare(result, "vllm", engine_outputs, vllm_outputs)
     return result
 
 
-def _passes(side: dict[str, Any]) -> str:
-    return ", ".join(f"{t:.1f}s ({c:.1f})" for t, c in zip(side["times_s"], side["other_cores"], strict=True))
-
-
-def format_report(result: dict[str, Any]) -> str:
-    """A plain-text table of the headline numbers."""
-    wl, machine, engine = result["workload"], result["machine"], result["engine"]
-    shape = result["config"]["shape"]
-    lines = [
-        f"model: hidden {shape['hidden_size']}, {shape['num_hidden_layers']} layers, vocab "
-        f"{shape['vocab_size']}, {engine['params'] / 1e6:.1f}M params, {result['config']['dtype']}",
-        f"workload: {wl['requests']} requests, {wl['prompt_tokens']} prompt + {wl['output_tokens']} output "
-        f"tokens, {wl['flops_per_run']['total'] / 1e12:.2f} TFLOP per run",
-        f"matmul peak: {machine['matmul_peak_flops'] / 1e9:.1f} GFLOP/s with {machine['torch_threads']} threads; "
-        f"other processes used {machine['other_load']['mean_other_cores']:.2f} cores on average "
-        f"(max {machine['other_load']['max_other_cores']:.2f})",
-        "",
-        f"{'side':<26}{'median s':>9}{'out tok/s':>10}{'all tok/s':>10}{'GFLOP/s':>8}{'% peak':>7}"
-        f"{'best s':>8}{'best out tok/s':>15}{'RSS MiB':>8}",
-    ]
-    sides = [("inflight engine", engine)]
-    if "transformers" in result:
-        hf = result["transformers"]
-        sides.append((f"transformers (batch {hf['best_batch_size']})", hf))
-    for name, side in sides:
-        lines.append(
-            f"{name:<26}{side['median_s']:>9.2f}{side['output_tok_per_s']:>10.1f}{side['total_tok_per_s']:>10.1f}"
-            f"{side['flops_per_s'] / 1e9:>8.1f}{100 * side['fraction_of_peak']:>7.1f}{side['best_s']:>8.2f}"
-            f"{side['best_output_tok_per_s']:>15.1f}{side['peak_rss_mib']:>8.0f}"
+# ---- command line --------------------------------------------------------------------------------
+def _against(value: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in value.split(",") if n.strip() and n.strip() != "none")
+    unknown = [n for n in names if n not in PEERS]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown peer(s) {', '.join(unknown)}; choose from {', '.join(PEERS)}, none"
         )
-    lines += ["", f"engine startup (load + first step): {engine['startup_s']:.2f} s"]
-    lines.append(f"engine passes (other processes' cores meanwhile): {_passes(engine)}")
-    if "transformers" in result:
-        hf = result["transformers"]
-        for size, entry in hf["batch_sizes"].items():
-            lines.append(
-                f"transformers batch {size}: {entry['output_tok_per_s']:.1f} out tok/s; {_passes(entry)}"
-            )
-        lines += [
-            f"transformers load: {hf['load_s']:.2f} s; decoded {hf['generated_tokens']} tokens for "
-            f"{hf['output_tokens']} useful ones; engine produced {engine['output_tokens']}",
-            f"speedup (engine / transformers output tok/s): {result['speedup']:.2f}x median, "
-            f"{result['speedup_best']:.2f}x best pass; greedy agreement: {100 * result['greedy_agreement']:.1f}%",
-        ]
-    return "\n".join(lines)
+    return names
 
 
-def _parse(argv: list[str]) -> tuple[BenchConfig, argparse.Namespace]:
+def _key_value(value: str) -> tuple[str, str]:
+    key, sep, val = value.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {value!r}")
+    return key, val
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="inflight bench engine", description=__doc__.split("\n")[0])
-    parser.add_argument("--small", action="store_true", help="hidden 128, 4 layers, vocab 512")
-    parser.add_argument("--requests", type=int, default=64)
-    parser.add_argument("--min-len", type=int, default=16, help="shortest prompt and output")
-    parser.add_argument("--max-len", type=int, default=256, help="longest prompt and output")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
-    parser.add_argument("--against", choices=["transformers", "none"], default="transformers")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs per side (median reported)")
-    parser.add_argument(
+    add = parser.add_argument
+    add("--small", action="store_true", help="hidden 128, 4 layers, vocab 512")
+    add("--requests", type=int, default=64)
+    add("--min-len", type=int, default=16, help="shortest prompt and output")
+    add("--max-len", type=int, default=256, help="longest prompt and output")
+    add("--dtype", choices=["float32", "bfloat16"], default="float32")
+    add(
+        "--against",
+        type=_against,
+        default=("transformers",),
+        help="comma list of transformers, vllm; or none",
+    )
+    add("--repeats", type=int, default=3, help="quiet timed runs per side (their median is reported)")
+    add("--max-rounds", type=int, default=0, help="rounds of passes at most (default: 3 x --repeats)")
+    add(
         "--hf-batch-sizes",
         default=",".join(map(str, DEFAULT_HF_BATCH_SIZES)),
         help="comma-separated batch sizes tried for transformers (best reported)",
     )
-    parser.add_argument("--threads", type=int, default=2, help="torch threads per side")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-num-seqs", type=int, default=64)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    parser.add_argument("--model-dir", help="reuse (or create) the model here instead of a temp dir")
-    parser.add_argument("--profile", action="store_true", help="print a torch.profiler op table")
-    parser.add_argument("--out", help="write the JSON results here")
+    add("--threads", type=int, default=2, help="threads per side (torch threads; vLLM's bound CPUs)")
+    add("--seed", type=int, default=0)
+    add("--max-num-seqs", type=int, default=64)
+    add("--max-num-batched-tokens", type=int, default=2048)
+    add("--model-dir", help="reuse (or create) the model here instead of a temp dir")
+    add("--profile", action="store_true", help="print a torch.profiler op table")
+    add("--out", help="write the JSON results here")
+    add(
+        "--vllm-python",
+        help=f"vLLM's interpreter (default: ${vllm_side.ENV_VAR}, else {vllm_side.DEFAULT_VENV}/bin/python)",
+    )
+    add("--vllm-kv-cache-gib", type=int, default=2, help="VLLM_CPU_KVCACHE_SPACE")
+    add(
+        "--vllm-env",
+        type=_key_value,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra environment for vLLM's worker (repeatable; overrides the defaults)",
+    )
+    add("--vllm-kwargs", type=json.loads, default={}, help="extra vllm.LLM(...) arguments, a JSON object")
+    add(
+        "--allow-noisy",
+        action="store_true",
+        help="report even when a side got fewer than --repeats quiet passes",
+    )
+    add(
+        "--max-other-cpu",
+        type=float,
+        default=DEFAULT_MAX_OTHER_CPU,
+        help="fraction of the CPUs that others may use during a quiet timed pass",
+    )
+    return parser
+
+
+def _parse(argv: list[str]) -> tuple[BenchConfig, argparse.Namespace]:
+    parser = _parser()
     args = parser.parse_args(argv)
     if not 1 <= args.min_len <= args.max_len:
         parser.error("need 1 <= --min-len <= --max-len")
@@ -509,22 +475,47 @@ def _parse(argv: list[str]) -> tuple[BenchConfig, argparse.Namespace]:
         seed=args.seed,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        max_rounds=args.max_rounds,
+        max_other_cpu=args.max_other_cpu,
         model_dir=args.model_dir,
         profile=args.profile,
+        vllm_python=args.vllm_python or vllm_side.default_python(),
+        vllm_kv_cache_gib=args.vllm_kv_cache_gib,
+        vllm_env=dict(args.vllm_env),
+        vllm_kwargs=args.vllm_kwargs,
     )
     return cfg, args
 
 
+def _write(path: str | None, result: dict[str, Any]) -> None:
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(result, indent=2))
+
+
 def main(argv: list[str] | None = None) -> int:
-    """`inflight bench engine [flags]`: run, print the table, optionally write JSON. Returns 0."""
+    """`inflight bench engine [flags]`: run, print the table, optionally write JSON.
+
+    Returns 0; 2 when vLLM's venv is missing or broken; 3 when a side got fewer than `--repeats`
+    quiet passes (the JSON, if asked for, is still written, with `refused` set)."""
     cfg, args = _parse(sys.argv[1:] if argv is None else argv)
-    result = run_benchmark(cfg)
+    try:
+        if "vllm" in cfg.against:
+            vllm_side.check_python(cfg.vllm_python or vllm_side.default_python())
+        result = run_benchmark(cfg)
+    except vllm_side.VllmUnavailable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    refused = None if args.allow_noisy else refusal(result)
+    if refused:
+        result["refused"] = refused
+        _write(args.out, result)
+        print(refused, file=sys.stderr)
+        return 3
     print(format_report(result))
     if "profile" in result["engine"]:
         print("\nengine profile (one run, torch.profiler, by self CPU time):\n" + result["engine"]["profile"])
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=2))
+    _write(args.out, result)
     return 0
 
 

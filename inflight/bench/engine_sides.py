@@ -1,0 +1,180 @@
+"""The sides of `inflight bench engine` that run in a spawned copy of this interpreter: the inflight
+engine and `transformers` generate(). `_open`, `_call` and `_close` are what the orchestrator calls
+through `Worker`; the loaded side lives in this module's globals in the worker process."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from inflight.bench.engine_bench import BenchConfig, Workload
+
+_SIDE: dict[str, Any] = {}  # in a worker process: the loaded side
+
+
+def setup_process(threads: int) -> None:
+    import torch
+    from transformers.utils import logging
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    logging.disable_progress_bar()
+
+
+def _measure_peak(dtype: str) -> float:
+    import torch
+
+    from inflight.bench.common import matmul_peak_flops
+
+    return matmul_peak_flops(getattr(torch, dtype))
+
+
+class EngineSide:
+    """The inflight engine, loaded (timed: load + first step) and warmed up."""
+
+    def __init__(self, model_dir: str, cfg: BenchConfig, work: Workload) -> None:
+        from inflight.engine import EngineConfig, LLMEngine
+
+        self.work = work
+        engine_cfg = EngineConfig(
+            model=model_dir,
+            dtype=cfg.dtype,
+            max_num_seqs=cfg.max_num_seqs,
+            max_num_batched_tokens=cfg.max_num_batched_tokens,
+            seed=cfg.seed,
+        )
+        start = time.perf_counter()
+        self.engine = LLMEngine(engine_cfg)
+        self.engine.generate([work.prompts[0]], self._params(1))
+        self.startup_s = time.perf_counter() - start
+        self.engine.generate(work.prompts, self._params(2))  # warm-up: every prefill, one decode step
+        self.all_params = [self._params(n) for n in work.output_lens]
+        self.hits_before = self.engine.stats.prefix_cache_hit_tokens
+
+    @staticmethod
+    def _params(max_tokens: int) -> Any:
+        from inflight.engine import SamplingParams
+
+        return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, logprobs=True)
+
+    def info(self) -> dict[str, Any]:
+        return {"startup_s": self.startup_s, "params": sum(p.numel() for p in self.engine.model.parameters())}
+
+    def run(self) -> tuple[float, list[list[int]]]:
+        """One timed pass over the workload: (seconds, output token ids per request)."""
+        self.engine.reset_prefix_cache()  # the same prompts again must not hit the cache
+        start = time.perf_counter()
+        outputs = self.engine.generate(self.work.prompts, self.all_params)
+        return time.perf_counter() - start, [o.output_token_ids for o in outputs]
+
+    def profile(self) -> str:
+        """One pass under torch.profiler: the op table by self CPU time."""
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            self.run()
+        return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
+
+    def finish(self) -> dict[str, Any]:
+        stats = self.engine.stats
+        return {
+            "prefix_cache_hit_tokens": stats.prefix_cache_hit_tokens - self.hits_before,
+            "preemptions": stats.preemptions,
+        }
+
+
+class TransformersSide:
+    """`transformers` generate() with static, length-sorted, left-padded batches."""
+
+    def __init__(self, model_dir: str, cfg: BenchConfig, work: Workload) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        self.work = work
+        start = time.perf_counter()
+        self.model = AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=getattr(torch, cfg.dtype), attn_implementation="sdpa"
+        ).eval()
+        self.load_s = time.perf_counter() - start
+        self.pad = self.model.generation_config.pad_token_id or 0
+        # like the engine's ignore_eos: no stop token (min_new_tokens would instead forbid EOS,
+        # changing greedy picks whenever EOS is the top token)
+        self.model.generation_config.eos_token_id = None
+        self.warm: set[int] = set()
+
+    def info(self) -> dict[str, Any]:
+        return {"load_s": self.load_s}
+
+    def batches(self, batch_size: int) -> list[list[int]]:
+        work = self.work
+        order = sorted(range(len(work.prompts)), key=lambda i: (work.output_lens[i], len(work.prompts[i])))
+        return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+
+    def run(self, batch_size: int) -> tuple[float, int, list[list[int]]]:
+        """One timed pass: (seconds, tokens decoded including the cut-off ones, outputs per request)."""
+        batches = self.batches(batch_size)
+        if batch_size not in self.warm:
+            self._generate(batches[-1:], cap=2)  # warm-up on the widest batch
+            self.warm.add(batch_size)
+        start = time.perf_counter()
+        outputs, generated = self._generate(batches)
+        return time.perf_counter() - start, generated, [outputs[i] for i in range(len(self.work.prompts))]
+
+    def _generate(self, batches: list[list[int]], cap: int | None = None) -> tuple[dict[int, list[int]], int]:
+        import torch
+
+        work, outputs, generated = self.work, {}, 0
+        for batch in batches:
+            width = max(len(work.prompts[i]) for i in batch)
+            ids = torch.full((len(batch), width), self.pad, dtype=torch.long)
+            mask = torch.zeros((len(batch), width), dtype=torch.long)
+            for row, i in enumerate(batch):
+                prompt = work.prompts[i]
+                ids[row, width - len(prompt) :] = torch.tensor(prompt)
+                mask[row, width - len(prompt) :] = 1
+            steps = min(cap or 1 << 30, max(work.output_lens[i] for i in batch))
+            with torch.inference_mode():
+                out = self.model.generate(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    max_new_tokens=steps,
+                    do_sample=False,
+                    pad_token_id=self.pad,
+                )
+            new = out[:, width:]
+            assert new.shape[1] == steps, f"transformers stopped after {new.shape[1]} of {steps} tokens"
+            generated += new.numel()
+            for row, i in enumerate(batch):
+                outputs[i] = new[row, : work.output_lens[i]].tolist()
+        return outputs, generated
+
+    def finish(self) -> dict[str, Any]:
+        return {}
+
+
+_SIDES = {"engine": EngineSide, "transformers": TransformersSide}
+
+
+def open_side(kind: str, model_dir: str, cfg: BenchConfig, work: Workload) -> dict[str, Any]:
+    """In a worker: load the side, then measure the matmul peak there."""
+    setup_process(cfg.threads)
+    _SIDE["side"] = _SIDES[kind](model_dir, cfg, work)
+    _SIDE["dtype"] = cfg.dtype
+    return {**_SIDE["side"].info(), "peak_flops": [_measure_peak(cfg.dtype)]}
+
+
+def call_side(method: str, *args: Any) -> Any:
+    """In a worker: call a method of the loaded side."""
+    return getattr(_SIDE["side"], method)(*args)
+
+
+def close_side() -> dict[str, Any]:
+    """In a worker: the side's counters, a second peak measurement, the process's peak RSS."""
+    from inflight.bench.common import peak_rss_mib
+
+    return {
+        **_SIDE["side"].finish(),
+        "peak_flops_after": _measure_peak(_SIDE["dtype"]),
+        "peak_rss_mib": peak_rss_mib(),
+    }
