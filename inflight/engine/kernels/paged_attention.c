@@ -9,6 +9,7 @@
  * Layouts: q, out [B, H, D]; caches [num_blocks, block_size, KVH, D]; block_tables [B, max_blocks];
  * context_lens [B]; scratch [num_threads, H * (max_context + D)].
  */
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -46,8 +47,10 @@ static void NAME(const float *q, const T *k_cache, const T *v_cache, const int32
             }                                                                                     \
         }                                                                                         \
         for (int h = 0; h < H; h++) {                                                             \
-            float *s = scores + (long)h * max_context, top = -INFINITY, total = 0.f;              \
+            float *s = scores + (long)h * max_context, top = -FLT_MAX, total = 0.f;              \
+            _Pragma("omp simd reduction(max:top)")                                                \
             for (int pos = 0; pos < len; pos++) top = s[pos] > top ? s[pos] : top;                \
+            _Pragma("omp simd reduction(+:total)")                                                \
             for (int pos = 0; pos < len; pos++) { s[pos] = expf(s[pos] - top); total += s[pos]; } \
             const float inv = 1.f / total;                                                        \
             for (int pos = 0; pos < len; pos++) s[pos] *= inv;                                    \
