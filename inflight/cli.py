@@ -65,7 +65,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+BENCHMARKS = "engine | weight-sync | serve | rl"
+
+
 def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
+    if args.what is None:
+        print(f"usage: inflight bench {{{BENCHMARKS.replace(' | ', ',')}}} [options]; "
+              "`inflight bench X --help` lists benchmark X's options")
+        return 0 if {"-h", "--help"} & set(rest) else 2
     if args.what == "engine":
         from inflight.bench.engine_bench import main as bench_main
     elif args.what == "weight-sync" and any(a.startswith("--transport") for a in rest):
@@ -100,8 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     sub.add_parser("train", add_help=False, help="fully-async GRPO (see inflight train --help)")
     sub.add_parser("serve", add_help=False, help="run the OpenAI-compatible server (see inflight serve --help)")
-    bench = sub.add_parser("bench", help="run a benchmark (engine | weight-sync | serve | rl); options after it go to the benchmark")
-    bench.add_argument("what", help="engine | weight-sync | serve | rl")
+    # no help of its own: `inflight bench X --help` must reach benchmark X's parser
+    bench = sub.add_parser("bench", add_help=False, help=f"run a benchmark ({BENCHMARKS}); options after it go to the benchmark")
+    bench.add_argument("what", nargs="?", help=BENCHMARKS)
     return parser
 
 
