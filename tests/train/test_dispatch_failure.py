@@ -8,24 +8,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from conftest_weights import hf_greedy, make_engine, tiny_models
+from conftest_weights import hf_greedy, make_engine
 from sync_scenarios import PROMPTS, FailingTransport, check_fate, row_config, start_in_flight
 
 from inflight.client import LocalClient
-from inflight.config import load_config
 from inflight.engine import AsyncEngine
-from inflight.train import LocalPolicyWorker, WorkerDispatch
+from inflight.train import WorkerDispatch
 from inflight.weight_sync import InProcessTransport, TransportError
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    return tiny_models(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def worker_b(models):
-    return LocalPolicyWorker(load_config(None, []), model_path=str(models.dir_b)).setup()
 
 
 @pytest.mark.parametrize("row", ["async-keep", "async-clear"])

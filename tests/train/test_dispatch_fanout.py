@@ -8,15 +8,14 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from conftest_weights import SMALL, hf_greedy, make_engine, tiny_models
+from conftest_weights import SMALL, hf_greedy, make_engine
 from sync_scenarios import PROMPTS, check_fate, row_config, start_in_flight
 
 from inflight.client import FanOutError, LocalClient
 from inflight.client.fanout import FanOutClient
-from inflight.config import load_config
 from inflight.engine import AsyncEngine, SamplingParams, WeightUpdateError
 from inflight.testing import make_tiny_model
-from inflight.train import LocalPolicyWorker, WorkerDispatch
+from inflight.train import WorkerDispatch
 from inflight.weight_sync import InProcessTransport, ShmReceiver, ShmTransport
 
 # row -> (fate, transport)
@@ -27,14 +26,6 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    return tiny_models(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def worker_b(models):
-    return LocalPolicyWorker(load_config(None, []), model_path=str(models.dir_b)).setup()
 
 
 def _transport(kind: str, engines):

@@ -11,7 +11,7 @@ import asyncio
 from dataclasses import asdict
 
 import pytest
-from conftest_weights import make_engine, tiny_models
+from conftest_weights import make_engine
 from sync_scenarios import (
     PROMPTS,
     ROWS,
@@ -25,21 +25,9 @@ from sync_scenarios import (
 )
 
 from inflight.client import LocalClient
-from inflight.config import load_config
 from inflight.engine import AsyncEngine
-from inflight.train import LocalPolicyWorker, WorkerDispatch
+from inflight.train import WorkerDispatch
 from inflight.weight_sync import InProcessTransport, ShmReceiver, ShmTransport
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    return tiny_models(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def worker_b(models):
-    """A real (single-process) policy worker whose weights are model B."""
-    return LocalPolicyWorker(load_config(None, []), model_path=str(models.dir_b)).setup()
 
 
 async def in_flight_sync(models, worker, cfg, prefix: bool, transport=None, receiver=None):

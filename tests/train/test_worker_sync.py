@@ -16,7 +16,7 @@ import socket
 import pytest
 import torch
 import torch.multiprocessing as mp
-from conftest_weights import hf_greedy, tiny_models
+from conftest_weights import hf_greedy
 from sync_scenarios import PROMPTS, ROWS, check_colocated, check_fate, check_row, row_config
 from sync_session import (
     LOGIT_PROMPT,
@@ -42,10 +42,6 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    return tiny_models(tmp_path_factory)
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
