@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from inflight.engine.errors import InvalidRequestError
+from inflight.engine.models.linear import LINEAR_BACKENDS
 
 ATTENTION_BACKENDS = ("auto", "native", "torch")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -35,6 +36,12 @@ class EngineConfig:
     # Decode attention: "native" (the C kernel over paged KV, CPU), "torch" (gather + SDPA, any
     # device) or "auto" (native where it is supported and builds, else torch).
     attention_backend: str = "auto"
+    # Linear layers: "onednn" (weights prepacked once for oneDNN, CPU float32/bfloat16), "torch"
+    # (F.linear) or "auto" (onednn where supported, else torch).
+    linear_backend: str = "auto"
+    # RMSNorm, residual add, rotary and silu*mul: "native" (fused C kernels, CPU float32/bfloat16),
+    # "torch" (PyTorch ops) or "auto" (native where supported and the kernels build, else torch).
+    elementwise_backend: str = "auto"
 
     def validate(self) -> None:
         """Raise InvalidRequestError listing every invalid setting."""
@@ -48,6 +55,12 @@ class EngineConfig:
             problems.append(f"num_kv_blocks={self.num_kv_blocks!r} must be >= 1 (or None to derive it)")
         if self.attention_backend not in ATTENTION_BACKENDS:
             problems.append(f"attention_backend={self.attention_backend!r} must be one of {list(ATTENTION_BACKENDS)}")
+        if self.elementwise_backend not in ATTENTION_BACKENDS:
+            problems.append(
+                f"elementwise_backend={self.elementwise_backend!r} must be one of {list(ATTENTION_BACKENDS)}"
+            )
+        if self.linear_backend not in LINEAR_BACKENDS:
+            problems.append(f"linear_backend={self.linear_backend!r} must be one of {list(LINEAR_BACKENDS)}")
         if self.kv_cache_memory_gib <= 0:
             problems.append(f"kv_cache_memory_gib={self.kv_cache_memory_gib!r} must be > 0")
         try:

@@ -15,9 +15,10 @@ from inflight.engine.blocks import BlockPool
 from inflight.engine.config import EngineConfig
 from inflight.engine.errors import EngineStateError, InvalidRequestError, WeightUpdateError
 from inflight.engine.kv_cache import KVCache, WeightsPool
+from inflight.engine.models.linear import resolve_linear_backend
 from inflight.engine.models.loader import load_model
 from inflight.engine.request import Request, RequestOutput, SamplingParams
-from inflight.engine.runner import ModelRunner
+from inflight.engine.runner import ModelRunner, layer_ops
 from inflight.engine.scheduler import Scheduler, SchedulerConfig
 from inflight.engine.stats import EngineStats
 
@@ -43,6 +44,13 @@ class LLMEngine:
         self._lock = threading.RLock()
         self.device = torch.device(config.device)
         self.model = load_model(config.model, config.torch_dtype, self.device)
+        try:
+            linear_backend = resolve_linear_backend(config.linear_backend, config.torch_dtype, self.device)
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc)) from None
+        self.model.use_packed_linears(linear_backend == "onednn")
+        self.linear_backend = linear_backend
+        self.model.use_ops(layer_ops(config.elementwise_backend, config.torch_dtype, self.device))
         hf = self.model.config
         self.max_model_len = min(config.max_model_len or hf.max_position_embeddings, hf.max_position_embeddings)
         if not config.enable_chunked_prefill and config.max_num_batched_tokens < self.max_model_len:
@@ -412,6 +420,7 @@ class LLMEngine:
         params = dict(self.model.named_parameters())
         for name, old in self._old_weights.items():
             params[name].data = old
+        self.model.weights_changed()
         self._old_weights = None
         self._weights_valid = True
         return True

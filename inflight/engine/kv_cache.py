@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from inflight.engine.models.linear import invalidate_packed
+
 
 class KVCache:
     """Paged key/value storage for every layer."""
@@ -80,6 +82,7 @@ class WeightsPool:
     def sleep(self) -> None:
         for _, param in self.model.named_parameters():
             param.data = torch.empty(0, dtype=param.dtype, device=param.device)
+        invalidate_packed(self.model)  # packed copies of the weights go with them
         self.awake = False
 
     def wake_up(self) -> None:
@@ -89,6 +92,7 @@ class WeightsPool:
         for name, param in self.model.named_parameters():
             shape, dtype, device = self._specs[name]
             param.data = torch.empty(shape, dtype=dtype, device=device)
+        invalidate_packed(self.model)
         self.awake = True
 
     @property

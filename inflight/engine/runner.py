@@ -8,8 +8,24 @@ from inflight.engine import kernels
 from inflight.engine.attention import PrefillChunk, Workspace, build_metadata, native_supports
 from inflight.engine.kv_cache import KVCache
 from inflight.engine.models.common import DecoderForCausalLM
+from inflight.engine.models.layer_ops import NativeOps, TorchOps
 from inflight.engine.request import Request
 from inflight.engine.sampler import sample
+
+
+def layer_ops(backend: str, dtype: torch.dtype, device: torch.device) -> TorchOps:
+    """The elementwise implementation for `EngineConfig.elementwise_backend` (`native` raises if it cannot)."""
+    if backend == "torch":
+        return TorchOps()
+    if not native_supports(dtype, device):
+        if backend == "native":
+            raise kernels.NativeKernelError(
+                f"elementwise_backend='native' supports CPU float32/bfloat16 models, not {dtype} on {device}; "
+                "use elementwise_backend='torch' or 'auto'"
+            )
+        return TorchOps()
+    lib = kernels.load(required=backend == "native")
+    return TorchOps() if lib is None else NativeOps(lib)
 
 
 class ModelRunner:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 from torch.profiler import ProfilerActivity, profile
 
 from inflight.engine import EngineConfig, LLMEngine, SamplingParams, kernels

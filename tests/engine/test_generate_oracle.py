@@ -31,11 +31,14 @@ def _check_against_hf(hf, prompts, outputs, max_tokens=MAX_TOKENS, atol=1e-4):
         assert torch.allclose(torch.tensor(out.logprobs), torch.tensor(logprobs), atol=atol, rtol=0)
 
 
-@pytest.mark.parametrize("backend", ["native", "torch"])
+@pytest.mark.parametrize(("backend", "linear"), [("native", "onednn"), ("torch", "torch")])
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3", "llama"])
-def test_batched_greedy_matches_transformers(arch, backend, tiny_model_factory, hf_model_factory):
+def test_batched_greedy_matches_transformers(arch, backend, linear, tiny_model_factory, hf_model_factory):
+    """All native paths (fused kernels, packed linears) and all PyTorch paths."""
     model_dir = tiny_model_factory(arch)
-    engine = LLMEngine(EngineConfig(model=str(model_dir), block_size=8, attention_backend=backend))
+    config = EngineConfig(model=str(model_dir), block_size=8, attention_backend=backend, linear_backend=linear,
+                          elementwise_backend=backend)  # fmt: skip
+    engine = LLMEngine(config)
     prompts = _prompts(1)
     outputs = engine.generate(prompts, _greedy())
     _check_against_hf(hf_model_factory(model_dir), prompts, outputs)

@@ -1,9 +1,11 @@
 """Native CPU kernels, compiled on first use with the system C compiler and loaded with ctypes.
 
-PyTorch has no attention over a paged KV cache on CPU; the one kernel here fills that gap. The
-shared library is built from the C source next to this file into a per-user cache directory keyed
-by the source, the compiler flags and the CPU's feature flags (the code is built for the host CPU),
-so each machine compiles once (about a second). Where no compiler is found, `load()` returns None
+PyTorch has no attention over a paged KV cache on CPU (`paged_attention.c` fills that gap), and its
+eager elementwise ops cost one pass and one temporary each (`elementwise.c` fuses a decoder
+layer's RMSNorm, residual add, rotary and silu*mul). One shared library is built from the C
+sources next to this file into a per-user cache directory keyed by the sources, the compiler flags
+and the CPU's feature flags (the code is built for the host CPU), so each machine compiles once
+(about two seconds). Where no compiler is found, `load()` returns None
 and callers use their PyTorch path; `INFLIGHT_NATIVE_KERNELS=0` forces that.
 """
 
@@ -18,7 +20,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-_SOURCE = Path(__file__).with_name("paged_attention.c")
+_SOURCES = sorted(Path(__file__).parent.glob("*.c"))
 # -ffast-math: vectorised expf (libmvec) and reassociated sums; the kernel never sees inf or nan
 _FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 _LOCK = threading.Lock()
@@ -52,8 +54,9 @@ def _compiler() -> str | None:
 
 def library_path() -> Path:
     """Where the shared library for this source, these flags and this CPU lives (built or not)."""
-    key = hashlib.sha256(_SOURCE.read_bytes() + " ".join(_FLAGS).encode() + _cpu_flags().encode())
-    return _cache_dir() / f"paged_attention-{key.hexdigest()[:16]}.so"
+    key = hashlib.sha256(b"".join(src.read_bytes() for src in _SOURCES))
+    key.update(" ".join(_FLAGS).encode() + _cpu_flags().encode())
+    return _cache_dir() / f"inflight_kernels-{key.hexdigest()[:16]}.so"
 
 
 def _build(target: Path, compiler: str) -> None:
@@ -62,10 +65,11 @@ def _build(target: Path, compiler: str) -> None:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        result = subprocess.run([compiler, *_FLAGS, "-o", tmp, str(_SOURCE), "-lm"],
+        result = subprocess.run([compiler, *_FLAGS, "-o", tmp, *map(str, _SOURCES), "-lm"],
                                 capture_output=True, text=True, timeout=120)
         if result.returncode != 0:
-            raise NativeKernelError(f"{compiler} failed to build {_SOURCE.name}:\n{result.stderr.strip()}")
+            names = ", ".join(src.name for src in _SOURCES)
+            raise NativeKernelError(f"{compiler} failed to build {names}:\n{result.stderr.strip()}")
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
@@ -76,6 +80,15 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     fn = lib.paged_decode_attention
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int] * 7 + [ctypes.c_float, ctypes.c_int, ctypes.c_int]
+    ptr, long, int_ = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
+    signatures = {
+        "fused_rms_norm": [ptr] * 4 + [long, int_, ctypes.c_float, int_, int_],
+        "fused_rotary": [ptr, long, int_, int_, ptr, ptr, int_, int_],
+        "fused_silu_mul": [ptr, ptr, long, ptr, long, int_, int_, int_],
+    }
+    for name, argtypes in signatures.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = ctypes.c_int, argtypes
     return lib
 
 

@@ -19,6 +19,8 @@ from transformers.activations import ACT2FN
 from inflight.engine.attention import AttentionMetadata, paged_attention
 from inflight.engine.errors import WeightUpdateError
 from inflight.engine.kv_cache import KVCache
+from inflight.engine.models.layer_ops import TorchOps
+from inflight.engine.models.linear import PackedLinear, invalidate_packed, packed_linears
 
 
 @dataclass(frozen=True)
@@ -36,15 +38,17 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
+        return TorchOps.rms_norm(x, self.weight, self.eps)
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+@dataclass
+class ForwardContext:
+    """What every layer of one forward shares."""
+
+    ops: TorchOps
+    positions: torch.Tensor  # [T] int64
+    cos_sin: torch.Tensor  # the rotary table [max_pos, 2, head_dim], float32
+    meta: AttentionMetadata
 
 
 class Attention(nn.Module):
@@ -60,25 +64,26 @@ class Attention(nn.Module):
         else:
             o_bias = qkv_bias
         hidden = config.hidden_size
-        self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=qkv_bias)
-        self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=qkv_bias)
-        self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=qkv_bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=o_bias)
+        self.q_proj = PackedLinear(hidden, self.num_heads * self.head_dim, bias=qkv_bias)
+        self.k_proj = PackedLinear(hidden, self.num_kv_heads * self.head_dim, bias=qkv_bias)
+        self.v_proj = PackedLinear(hidden, self.num_kv_heads * self.head_dim, bias=qkv_bias)
+        self.o_proj = PackedLinear(self.num_heads * self.head_dim, hidden, bias=o_bias)
         if spec.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.qk_norm = spec.qk_norm
 
-    def forward(self, x, cos, sin, meta: AttentionMetadata, k_cache, v_cache) -> torch.Tensor:
-        n = x.shape[0]
+    def forward(self, x: torch.Tensor, ctx: ForwardContext, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        n, ops = x.shape[0], ctx.ops
         q = self.q_proj(x).view(n, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
-        out = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)
+            q = ops.rms_norm(q, self.q_norm.weight, self.q_norm.eps)
+            k = ops.rms_norm(k, self.k_norm.weight, self.k_norm.eps)
+        q = ops.rotary(q, ctx.cos_sin, ctx.positions)
+        k = ops.rotary(k, ctx.cos_sin, ctx.positions)
+        out = paged_attention(q, k, v, k_cache, v_cache, ctx.meta, self.scale)
         return self.o_proj(out.reshape(n, -1))
 
 
@@ -86,13 +91,15 @@ class MLP(nn.Module):
     def __init__(self, config: PretrainedConfig) -> None:
         super().__init__()
         bias = bool(getattr(config, "mlp_bias", False))
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
-        self.act = ACT2FN[config.hidden_act]
+        self.gate_proj = PackedLinear(config.hidden_size, config.intermediate_size, bias=bias)
+        self.up_proj = PackedLinear(config.hidden_size, config.intermediate_size, bias=bias)
+        self.down_proj = PackedLinear(config.intermediate_size, config.hidden_size, bias=bias)
+        self.act = None if config.hidden_act in ("silu", "swish") else ACT2FN[config.hidden_act]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+    def forward(self, x: torch.Tensor, ops: TorchOps) -> torch.Tensor:
+        if self.act is not None:  # not SwiGLU: no fused kernel
+            return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(ops.silu_mul(self.gate_proj(x), self.up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -103,9 +110,14 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x, cos, sin, meta, k_cache, v_cache) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, meta, k_cache, v_cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, residual, normed, ctx: ForwardContext, k_cache, v_cache, next_norm: RMSNorm) -> torch.Tensor:
+        """`residual` is the stream (updated in place), `normed` its input_layernorm; returns the
+        stream after this layer normalised by `next_norm` (the next layer's input norm, or the final)."""
+        ops = ctx.ops
+        attn = self.self_attn(normed, ctx, k_cache, v_cache)
+        post = self.post_attention_layernorm
+        normed = ops.add_rms_norm(residual, attn, post.weight, post.eps)
+        return ops.add_rms_norm(residual, self.mlp(normed, ops), next_norm.weight, next_norm.eps)
 
 
 class Backbone(nn.Module):
@@ -125,12 +137,13 @@ class DecoderForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = Backbone(config, self.spec)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = PackedLinear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if self.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.head_dim = self.model.layers[0].self_attn.head_dim
         self.cos_sin: torch.Tensor | None = None  # [max_pos, 2, head_dim] float32, not a parameter
+        self.ops: TorchOps = TorchOps()
 
     def init_rotary(self, device: torch.device) -> None:
         """Precompute the cos/sin table with the family's own HF rope-init function."""
@@ -142,13 +155,29 @@ class DecoderForCausalLM(nn.Module):
         self.cos_sin = torch.stack((emb.cos() * scaling, emb.sin() * scaling), dim=1).to(device)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta, kv: KVCache) -> torch.Tensor:
-        x = self.model.embed_tokens(input_ids)
-        cos_sin = self.cos_sin[positions].to(x.dtype)
-        cos, sin = cos_sin[:, 0, None, :], cos_sin[:, 1, None, :]
-        for i, layer in enumerate(self.model.layers):
+        ctx = ForwardContext(self.ops, positions, self.cos_sin, meta)
+        layers = self.model.layers
+        residual = self.model.embed_tokens(input_ids)
+        first = layers[0].input_layernorm
+        normed = self.ops.rms_norm(residual, first.weight, first.eps)
+        for i, layer in enumerate(layers):
+            next_norm = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.model.norm
             k_cache, v_cache = kv.layer(i)
-            x = layer(x, cos, sin, meta, k_cache, v_cache)
-        return self.model.norm(x)
+            normed = layer(residual, normed, ctx, k_cache, v_cache, next_norm)
+        return normed
+
+    def use_ops(self, ops: TorchOps) -> None:
+        """The implementation of the elementwise steps (TorchOps, or NativeOps for fused kernels)."""
+        self.ops = ops
+
+    def use_packed_linears(self, enabled: bool) -> None:
+        """Run every linear layer on oneDNN-packed weights (CPU) or on plain `F.linear`."""
+        for linear in packed_linears(self):
+            linear.use_packed(enabled)
+
+    def weights_changed(self) -> None:
+        """Drop derived copies of the weights (packed linears); call after any change to them."""
+        invalidate_packed(self)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
@@ -177,6 +206,14 @@ class DecoderForCausalLM(nn.Module):
         there (no extra copy), so the caller can roll back. Raises WeightUpdateError on an unknown
         name or a wrong shape, before touching that parameter.
         """
+        try:
+            return self._copy_weights(named_tensors, keep_old)
+        finally:
+            self.weights_changed()
+
+    def _copy_weights(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], keep_old: dict[str, torch.Tensor] | None
+    ) -> set[str]:
         params = dict(self.named_parameters())
         loaded = set()
         for hf_name, tensor in named_tensors:

@@ -1,0 +1,135 @@
+/* Fused elementwise steps of a decoder layer: RMSNorm (optionally after the residual add), rotary
+ * embedding in place, and silu(gate) * up.
+ *
+ * Each replaces three to eight PyTorch ops (and their temporaries) with one pass over the data. The
+ * arithmetic follows `transformers` step by step: math in float32, and for bfloat16 tensors every
+ * intermediate that transformers stores in bfloat16 is rounded to bfloat16 at the same point
+ * (round to nearest even), so bf16 results stay as close to the oracle as PyTorch's own ops.
+ *
+ * dtype: 0 = float32, 1 = bfloat16. Tensors are contiguous row-major; `threads` bounds OpenMP.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+static inline float bf16_load(uint16_t x) {
+    uint32_t u = (uint32_t)x << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline uint16_t bf16_store(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    u += 0x7FFFu + ((u >> 16) & 1u); /* round to nearest even; inputs are finite */
+    return (uint16_t)(u >> 16);
+}
+
+static inline float bf16_round(float f) { return bf16_load(bf16_store(f)); }
+
+/* Work below this many elements runs on one thread: waking the others costs more. */
+#define PARALLEL_MIN 32768L
+
+#define F32_LOAD(x) (x)
+#define F32_STORE(x) (x)
+#define F32_ROUND(x) (x)
+#define BF16_ROUND(x) bf16_round(x)
+
+/* out = weight * dtype(x * rsqrt(mean(x^2) + eps)); with delta: x = dtype(x + delta) first, stored back. */
+#define DEFINE_NORM(NAME, T, LOAD, STORE, ROUND)                                                   \
+static void NAME(T *x, const T *delta, const T *weight, T *out, long rows, int dim, float eps,     \
+                 int threads) {                                                                    \
+    _Pragma("omp parallel for num_threads(threads) schedule(static) if(rows * dim >= PARALLEL_MIN)") \
+    for (long r = 0; r < rows; r++) {                                                              \
+        T *xr = x + r * dim;                                                                       \
+        T *orow = out + r * dim;                                                                   \
+        float sumsq = 0.f;                                                                         \
+        if (delta) {                                                                               \
+            const T *dr = delta + r * dim;                                                         \
+            for (int i = 0; i < dim; i++) {                                                        \
+                float v = ROUND(LOAD(xr[i]) + LOAD(dr[i]));                                        \
+                xr[i] = STORE(v);                                                                  \
+                sumsq += v * v;                                                                    \
+            }                                                                                      \
+        } else {                                                                                   \
+            _Pragma("omp simd reduction(+:sumsq)")                                                 \
+            for (int i = 0; i < dim; i++) { float v = LOAD(xr[i]); sumsq += v * v; }              \
+        }                                                                                          \
+        const float inv = 1.f / sqrtf(sumsq / dim + eps);                                          \
+        for (int i = 0; i < dim; i++)                                                              \
+            orow[i] = STORE(LOAD(weight[i]) * ROUND(LOAD(xr[i]) * inv));                           \
+    }                                                                                              \
+}
+
+/* x [tokens, heads, dim] in place: x * cos + rotate_half(x) * sin, cos/sin from the float32 table
+ * [max_pos, 2, dim] at each token's position (cast to the tensor's dtype first, as transformers does). */
+#define DEFINE_ROTARY(NAME, T, LOAD, STORE, ROUND)                                                 \
+static void NAME(T *x, long tokens, int heads, int dim, const float *table, const int64_t *positions, \
+                 int threads) {                                                                    \
+    const int half = dim / 2;                                                                      \
+    _Pragma("omp parallel for num_threads(threads) schedule(static) if(tokens * heads * dim >= PARALLEL_MIN)") \
+    for (long t = 0; t < tokens; t++) {                                                            \
+        const float *cos_row = table + positions[t] * 2 * dim;                                     \
+        const float *sin_row = cos_row + dim;                                                      \
+        for (int h = 0; h < heads; h++) {                                                          \
+            T *v = x + (t * heads + h) * dim;                                                      \
+            for (int i = 0; i < half; i++) {                                                       \
+                const float a = LOAD(v[i]), b = LOAD(v[i + half]);                                 \
+                const float c1 = ROUND(cos_row[i]), s1 = ROUND(sin_row[i]);                        \
+                const float c2 = ROUND(cos_row[i + half]), s2 = ROUND(sin_row[i + half]);          \
+                v[i] = STORE(ROUND(ROUND(a * c1) + ROUND(-b * s1)));                               \
+                v[i + half] = STORE(ROUND(ROUND(b * c2) + ROUND(a * s2)));                         \
+            }                                                                                      \
+        }                                                                                          \
+    }                                                                                              \
+}
+
+/* out [rows, dim] = dtype(silu(gate)) * up; gate and up rows are `stride` elements apart (so one
+ * [rows, 2 * dim] gate|up matrix can be passed as two pointers with stride 2 * dim). */
+#define DEFINE_SILU_MUL(NAME, T, LOAD, STORE, ROUND)                                               \
+static void NAME(const T *gate, const T *up, long stride, T *out, long rows, int dim, int threads) { \
+    _Pragma("omp parallel for num_threads(threads) schedule(static) if(rows * dim >= PARALLEL_MIN)") \
+    for (long r = 0; r < rows; r++) {                                                              \
+        const T *g = gate + r * stride, *u = up + r * stride;                                      \
+        T *o = out + r * dim;                                                                      \
+        _Pragma("omp simd")                                                                        \
+        for (int i = 0; i < dim; i++) {                                                            \
+            const float x = LOAD(g[i]);                                                            \
+            o[i] = STORE(ROUND(ROUND(x / (1.f + expf(-x))) * LOAD(u[i])));                         \
+        }                                                                                          \
+    }                                                                                              \
+}
+
+DEFINE_NORM(norm_f32, float, F32_LOAD, F32_STORE, F32_ROUND)
+DEFINE_NORM(norm_bf16, uint16_t, bf16_load, bf16_store, BF16_ROUND)
+DEFINE_ROTARY(rotary_f32, float, F32_LOAD, F32_STORE, F32_ROUND)
+DEFINE_ROTARY(rotary_bf16, uint16_t, bf16_load, bf16_store, BF16_ROUND)
+DEFINE_SILU_MUL(silu_mul_f32, float, F32_LOAD, F32_STORE, F32_ROUND)
+DEFINE_SILU_MUL(silu_mul_bf16, uint16_t, bf16_load, bf16_store, BF16_ROUND)
+
+/* delta may be NULL (plain RMSNorm). Returns 0, or -1 for an unsupported dtype. */
+int fused_rms_norm(void *x, const void *delta, const void *weight, void *out, long rows, int dim, float eps,
+                   int dtype, int threads) {
+    if (dtype == 0) norm_f32(x, delta, weight, out, rows, dim, eps, threads);
+    else if (dtype == 1) norm_bf16(x, delta, weight, out, rows, dim, eps, threads);
+    else return -1;
+    return 0;
+}
+
+int fused_rotary(void *x, long tokens, int heads, int dim, const float *table, const int64_t *positions,
+                 int dtype, int threads) {
+    if (dim % 2) return -2;
+    if (dtype == 0) rotary_f32(x, tokens, heads, dim, table, positions, threads);
+    else if (dtype == 1) rotary_bf16(x, tokens, heads, dim, table, positions, threads);
+    else return -1;
+    return 0;
+}
+
+int fused_silu_mul(const void *gate, const void *up, long stride, void *out, long rows, int dim, int dtype,
+                   int threads) {
+    if (dtype == 0) silu_mul_f32(gate, up, stride, out, rows, dim, threads);
+    else if (dtype == 1) silu_mul_bf16(gate, up, stride, out, rows, dim, threads);
+    else return -1;
+    return 0;
+}

@@ -1,0 +1,113 @@
+"""The elementwise steps of a decoder layer, in two interchangeable implementations.
+
+`TorchOps` is the reference: PyTorch ops written as `transformers` writes them. `NativeOps` calls
+the fused C kernels of `inflight.engine.kernels` (one pass, no temporaries) and falls back to
+`TorchOps` for what they do not cover (other dtypes or devices, non-contiguous input). Tests hold
+the two equal.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+
+
+class TorchOps:
+    """The reference implementation (PyTorch eager, transformers' order of operations)."""
+
+    @staticmethod
+    def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+        return weight * x32.to(dtype)
+
+    def add_rms_norm(
+        self, residual: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> torch.Tensor:
+        """residual += delta (in place), then RMSNorm of the sum."""
+        residual.add_(delta)
+        return self.rms_norm(residual, weight, eps)
+
+    @staticmethod
+    def rotary(x: torch.Tensor, cos_sin_table: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x [T, H, D] rotated by the table [max_pos, 2, D] at each token's position."""
+        cos_sin = cos_sin_table[positions].to(x.dtype)
+        cos, sin = cos_sin[:, 0, None, :], cos_sin[:, 1, None, :]
+        half = x.shape[-1] // 2
+        return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+    @staticmethod
+    def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.silu(gate) * up
+
+
+class NativeOps(TorchOps):
+    """The fused C kernels; TorchOps where they do not apply."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self.lib = lib
+
+    @staticmethod
+    def _native(*tensors: torch.Tensor) -> bool:
+        first = tensors[0]
+        return (
+            first.device.type == "cpu"
+            and first.dtype in _DTYPE_CODES
+            and all(t.dtype == first.dtype and t.is_contiguous() for t in tensors)
+        )
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        if not self._native(x, weight):
+            return TorchOps.rms_norm(x, weight, eps)
+        out = torch.empty_like(x)
+        self._norm(x, None, weight, out, eps)
+        return out
+
+    def add_rms_norm(
+        self, residual: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> torch.Tensor:
+        if not self._native(residual, delta, weight):
+            return super().add_rms_norm(residual, delta, weight, eps)
+        out = torch.empty_like(residual)
+        self._norm(residual, delta, weight, out, eps)
+        return out
+
+    def _norm(self, x, delta, weight, out, eps: float) -> None:
+        dim = x.shape[-1]
+        status = self.lib.fused_rms_norm(
+            x.data_ptr(), None if delta is None else delta.data_ptr(), weight.data_ptr(), out.data_ptr(),
+            x.numel() // dim, dim, eps, _DTYPE_CODES[x.dtype], torch.get_num_threads(),
+        )  # fmt: skip
+        if status != 0:
+            raise RuntimeError(f"fused_rms_norm failed with status {status}")
+
+    def rotary(self, x: torch.Tensor, cos_sin_table: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """In place when native (x is returned)."""
+        if not (self._native(x) and cos_sin_table.dtype == torch.float32 and cos_sin_table.is_contiguous()
+                and positions.dtype == torch.int64 and positions.is_contiguous()):  # fmt: skip
+            return TorchOps.rotary(x, cos_sin_table, positions)
+        tokens, heads, dim = x.shape
+        status = self.lib.fused_rotary(
+            x.data_ptr(), tokens, heads, dim, cos_sin_table.data_ptr(), positions.data_ptr(),
+            _DTYPE_CODES[x.dtype], torch.get_num_threads(),
+        )  # fmt: skip
+        if status != 0:
+            raise RuntimeError(f"fused_rotary failed with status {status}")
+        return x
+
+    def silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        if not self._native(gate, up) or gate.shape != up.shape:
+            return TorchOps.silu_mul(gate, up)
+        dim = gate.shape[-1]
+        out = torch.empty_like(gate)
+        status = self.lib.fused_silu_mul(
+            gate.data_ptr(), up.data_ptr(), dim, out.data_ptr(), gate.numel() // dim, dim,
+            _DTYPE_CODES[gate.dtype], torch.get_num_threads(),
+        )  # fmt: skip
+        if status != 0:
+            raise RuntimeError(f"fused_silu_mul failed with status {status}")
+        return out

@@ -1,0 +1,102 @@
+"""Linear layers that multiply by a oneDNN-prepacked copy of their weight on CPU.
+
+PyTorch's CPU `F.linear` hands fp32 to a BLAS that re-lays out the weight on every call; for the
+engine's shapes (a few to a few hundred rows against a weight that has left the cache since the
+previous layer) that runs at a third to two thirds of the speed of a oneDNN matmul on a weight
+reordered once into oneDNN's blocked layout (`inflight bench engine` and the measurements in
+docs/design.md). So each `PackedLinear` keeps its HF-named `weight` parameter, the one that
+updates, checkpoints and `named_parameters()` see, plus a packed copy derived from it.
+
+A packed copy is a cache of the weight and must never outlive it. It is rebuilt on first use after
+`invalidate_packed()`, which every code path that changes weights calls (loading, updates,
+rollback, sleep, wake), and also whenever the weight's storage or in-place version counter differs
+from the ones it was packed from, so a direct `param.copy_()` cannot leave it stale either.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+LINEAR_BACKENDS = ("auto", "onednn", "torch")
+_PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def onednn_available() -> bool:
+    """Whether this torch build has the oneDNN packed-linear ops."""
+    return (
+        torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    )
+
+
+def onednn_supports(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether packed linears can run for weights of this dtype on this device."""
+    return device.type == "cpu" and dtype in _PACKABLE_DTYPES and onednn_available()
+
+
+class PackedLinear(nn.Linear):
+    """`nn.Linear` (same parameters, same names) that, once `use_packed(True)`, runs on a packed copy."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
+        super().__init__(in_features, out_features, bias=bias)
+        self.packed_enabled = False
+        self._packed: torch.Tensor | None = None
+        self._packed_from: tuple[int, int] | None = None  # (data_ptr, _version) of the packed weight
+
+    def use_packed(self, enabled: bool) -> None:
+        self.packed_enabled = enabled
+        self.invalidate()
+
+    def invalidate(self) -> None:
+        """Drop the packed copy (its memory too); the next forward packs the current weight."""
+        self._packed = None
+        self._packed_from = None
+
+    def _source_key(self) -> tuple[int, int]:
+        return self.weight.data_ptr(), self.weight._version
+
+    def packed_weight(self) -> torch.Tensor:
+        """The packed copy of the current weight, packing it first when there is none or it is stale."""
+        key = self._source_key()
+        if self._packed is None or self._packed_from != key:
+            with torch.no_grad():
+                self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
+            self._packed_from = key
+        return self._packed
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.packed_enabled:
+            return F.linear(x, self.weight, self.bias)
+        rows = x.reshape(-1, self.in_features)
+        out = torch.ops.mkldnn._linear_pointwise(
+            rows.contiguous(), self.packed_weight(), self.bias, "none", [], ""
+        )
+        return out.view(*x.shape[:-1], self.out_features)
+
+
+def packed_linears(module: nn.Module) -> list[PackedLinear]:
+    return [m for m in module.modules() if isinstance(m, PackedLinear)]
+
+
+def invalidate_packed(module: nn.Module) -> None:
+    """Drop every packed copy under `module`: call after any change to its weights."""
+    for linear in packed_linears(module):
+        linear.invalidate()
+
+
+def resolve_linear_backend(backend: str, dtype: torch.dtype, device: torch.device) -> str:
+    """`auto` -> `onednn` where supported, else `torch`; `onednn` raises where it cannot run."""
+    if backend not in LINEAR_BACKENDS:
+        raise ValueError(f"linear_backend={backend!r} must be one of {list(LINEAR_BACKENDS)}")
+    supported = onednn_supports(dtype, device)
+    if backend == "onednn" and not supported:
+        raise ValueError(
+            f"linear_backend='onednn' needs CPU float32/bfloat16 weights and a torch build with oneDNN, not "
+            f"{dtype} on {device} (oneDNN available: {onednn_available()}); use linear_backend='torch' or 'auto'"
+        )
+    if backend == "auto":
+        return "onednn" if supported else "torch"
+    return backend

@@ -1,0 +1,139 @@
+"""oneDNN-packed linear layers: same results as F.linear, never stale after a weight change, used by default on CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
+
+from inflight.engine import EngineConfig, InvalidRequestError, LLMEngine, SamplingParams
+from inflight.engine.models.linear import PackedLinear, onednn_available
+from inflight.engine.models.loader import iter_safetensors
+from inflight.testing.oracle import hf_greedy
+
+pytestmark = pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN")
+GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+PROMPTS = [[5, 6, 7, 8, 9], list(range(20, 47))]
+
+
+def _packed(in_features: int, out_features: int, bias: bool, dtype: torch.dtype) -> PackedLinear:
+    linear = PackedLinear(in_features, out_features, bias=bias).to(dtype)
+    linear.use_packed(True)
+    return linear
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("rows", [1, 7, 64])
+def test_packed_equals_f_linear(dtype, bias, rows):
+    torch.manual_seed(rows)
+    linear = _packed(96, 160, bias, dtype)
+    x = torch.randn(rows, 96, dtype=dtype)
+    with torch.inference_mode():
+        got, want = linear(x), F.linear(x, linear.weight, linear.bias)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert got.dtype == dtype and got.shape == (rows, 160)
+    torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+
+
+def test_leading_dimensions_are_kept():
+    linear = _packed(32, 48, True, torch.float32)
+    x = torch.randn(2, 3, 32)
+    with torch.inference_mode():
+        torch.testing.assert_close(linear(x), F.linear(x, linear.weight, linear.bias), atol=1e-5, rtol=1e-5)
+
+
+def test_in_place_weight_change_repacks():
+    linear = _packed(32, 48, False, torch.float32)
+    x = torch.randn(4, 32)
+    with torch.inference_mode():
+        linear(x)  # packs the first weight
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(48, 32))
+    with torch.inference_mode():
+        torch.testing.assert_close(linear(x), x @ linear.weight.T, atol=1e-5, rtol=1e-5)
+
+
+def _ops(engine: LLMEngine) -> set[str]:
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        engine.generate([PROMPTS[0]], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
+    return {event.key for event in prof.key_averages()}
+
+
+def test_engine_uses_packed_linears_by_default_on_cpu(tiny_model_factory):
+    model_dir = str(tiny_model_factory("qwen2"))
+    packed = LLMEngine(EngineConfig(model=model_dir, block_size=4))
+    plain = LLMEngine(EngineConfig(model=model_dir, block_size=4, linear_backend="torch"))
+    assert packed.linear_backend == "onednn" and plain.linear_backend == "torch"
+    assert "mkldnn::_linear_pointwise" in _ops(packed)
+    plain_ops = _ops(plain)
+    assert "mkldnn::_linear_pointwise" not in plain_ops and "aten::linear" in plain_ops
+
+
+def test_back_to_back_updates_without_a_step_serve_the_last_weights(tiny_model_factory, hf_model_factory):
+    """Packed copies follow every update even when no forward ran between them (freed storage is
+    often handed to the next update at the same address)."""
+    dirs = [tiny_model_factory("qwen2", seed=s) for s in (0, 1, 2, 3)]
+    engine = LLMEngine(EngineConfig(model=str(dirs[0]), block_size=4))
+    engine.generate(PROMPTS, GREEDY)  # packs the first weights
+    for model_dir in dirs[1:]:
+        engine.pause("keep")
+        engine.begin_weight_update()
+        engine.load_weights(iter_safetensors(model_dir))
+        engine.finish_weight_update()
+        engine.resume()
+    hf_last = hf_model_factory(dirs[-1])
+    for prompt, out in zip(PROMPTS, engine.generate(PROMPTS, GREEDY), strict=True):
+        assert out.output_token_ids == hf_greedy(hf_last, prompt, 12)[0]
+
+
+def test_sleep_frees_packed_copies_and_wake_plus_update_serves_new_weights(
+    tiny_model_factory, hf_model_factory
+):
+    model_a, model_b = tiny_model_factory("qwen2", seed=0), tiny_model_factory("qwen2", seed=1)
+    engine = LLMEngine(EngineConfig(model=str(model_a), block_size=4))
+    engine.generate(PROMPTS, GREEDY)
+    linears = [m for m in engine.model.modules() if isinstance(m, PackedLinear)]
+    assert linears and all(m._packed is not None for m in linears)
+    engine.sleep()
+    assert all(m._packed is None for m in linears)
+    engine.wake_up()
+    engine.begin_weight_update()
+    engine.load_weights(iter_safetensors(model_b))
+    engine.finish_weight_update()
+    hf_b = hf_model_factory(model_b)
+    for prompt, out in zip(PROMPTS, engine.generate(PROMPTS, GREEDY), strict=True):
+        assert out.output_token_ids == hf_greedy(hf_b, prompt, 12)[0]
+
+
+def test_rollback_serves_the_old_weights_again(tiny_model_factory, hf_model_factory):
+    model_a, model_b = tiny_model_factory("qwen2", seed=0), tiny_model_factory("qwen2", seed=1)
+    engine = LLMEngine(EngineConfig(model=str(model_a), block_size=4))
+    engine.generate(PROMPTS, GREEDY)
+    engine.pause("keep")
+    engine.begin_weight_update()
+    engine.load_weights(iter_safetensors(model_b))
+    engine.runner.model(torch.tensor([5]), torch.tensor([0]), _no_kv_meta(engine), engine.kv_cache)  # packs B
+    assert engine.abort_weight_update() is True
+    engine.resume()
+    hf_a = hf_model_factory(model_a)
+    for prompt, out in zip(PROMPTS, engine.generate(PROMPTS, GREEDY), strict=True):
+        assert out.output_token_ids == hf_greedy(hf_a, prompt, 12)[0]
+
+
+def _no_kv_meta(engine: LLMEngine):
+    from inflight.engine.attention import PrefillChunk, build_metadata
+
+    block = engine.pool.num_blocks - 1  # the last block: a scratch slot for this one-token forward
+    return build_metadata([block * engine.config.block_size], [], [], [PrefillChunk(0, 1, 1)], [[block]],
+                          engine.config.block_size, engine.device)  # fmt: skip
+
+
+def test_config_names_bad_linear_backend(tiny_model_factory):
+    with pytest.raises(InvalidRequestError, match="linear_backend='fast'"):
+        LLMEngine(EngineConfig(model=str(tiny_model_factory("qwen2")), linear_backend="fast"))
+    with pytest.raises(InvalidRequestError, match="linear_backend='onednn'.*float16"):
+        LLMEngine(
+            EngineConfig(model=str(tiny_model_factory("qwen2")), dtype="float16", linear_backend="onednn")
+        )
