@@ -42,7 +42,10 @@ def _reference(q, k_cache, v_cache, tables, lens, scale):
 
 @needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("heads,kv_heads,head_dim,block", [(8, 2, 64, 16), (4, 4, 32, 4), (6, 1, 16, 8)])
+@pytest.mark.parametrize(
+    "heads,kv_heads,head_dim,block",
+    [(8, 2, 64, 16), (4, 4, 32, 4), (2, 1, 128, 16), (6, 1, 16, 8), (4, 2, 48, 8)],
+)  # 32/64/128 are compiled for their size, 16 and 48 take the any-size path
 def test_kernel_equals_sdpa_on_scattered_blocks(dtype, heads, kv_heads, head_dim, block):
     lens = [1, 2, block, block + 1, 37, 100, 3 * block - 1]
     q, k_cache, v_cache, tables = _paged_case(0, heads, kv_heads, head_dim, block, lens, dtype)
@@ -91,7 +94,9 @@ def test_backend_is_validated(tiny_model_factory):
 
 def test_native_refuses_an_unsupported_cache_dtype(tiny_model_factory):
     with pytest.raises(kernels.NativeKernelError, match="float32/bfloat16"):
-        LLMEngine(EngineConfig(model=str(tiny_model_factory("qwen2")), dtype="float16", attention_backend="native"))
+        LLMEngine(
+            EngineConfig(model=str(tiny_model_factory("qwen2")), dtype="float16", attention_backend="native")
+        )
 
 
 def test_disabled_kernels_fall_back_or_fail_loudly(tiny_model_factory, monkeypatch):

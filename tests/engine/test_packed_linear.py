@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 from inflight.engine import EngineConfig, InvalidRequestError, LLMEngine, SamplingParams
+from inflight.engine.models import linear as linear_module
 from inflight.engine.models.linear import PackedLinear, onednn_available
 from inflight.engine.models.loader import iter_safetensors
 from inflight.testing.oracle import hf_greedy
@@ -15,6 +16,14 @@ from inflight.testing.oracle import hf_greedy
 pytestmark = pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN")
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
 PROMPTS = [[5, 6, 7, 8, 9], list(range(20, 47))]
+
+
+@pytest.fixture(autouse=True)
+def always_packed(request, monkeypatch):
+    """The tiny test models are below the small-matmul bound, where F.linear runs instead: lift it
+    so every forward here goes through the packed copies (except in the test of that bound)."""
+    if "small_matmuls" not in request.node.name:
+        monkeypatch.setattr(linear_module, "_SMALL_ROWS", 0)
 
 
 def _packed(in_features: int, out_features: int, bias: bool, dtype: torch.dtype) -> PackedLinear:
@@ -42,6 +51,17 @@ def test_leading_dimensions_are_kept():
     x = torch.randn(2, 3, 32)
     with torch.inference_mode():
         torch.testing.assert_close(linear(x), F.linear(x, linear.weight, linear.bias), atol=1e-5, rtol=1e-5)
+
+
+def test_small_matmuls_take_f_linear_and_large_ones_the_packed_weight():
+    small = _packed(128, 128, False, torch.float32)
+    with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        small(torch.randn(8, 128))
+    assert "mkldnn::_linear_pointwise" not in {e.key for e in prof.key_averages()}
+    for linear, rows in ((small, 64), (_packed(512, 512, False, torch.float32), 1)):
+        with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU]) as prof:
+            linear(torch.randn(rows, linear.in_features))
+        assert "mkldnn::_linear_pointwise" in {e.key for e in prof.key_averages()}
 
 
 def test_in_place_weight_change_repacks():

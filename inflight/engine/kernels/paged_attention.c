@@ -22,12 +22,22 @@ static inline float bf16_to_f32(uint16_t x) {
     return f;
 }
 
-#define DEFINE_DECODE(NAME, T, LOAD)                                                              \
+/* Blocks lie anywhere in the pool and the hardware prefetcher stops at page boundaries: while
+ * reading a token's row, ask for the same row of the sequence's next block. */
+static inline void prefetch_row(const void *row, long bytes) {
+    for (long off = 0; off < bytes; off += 64) __builtin_prefetch((const char *)row + off, 0, 3);
+}
+
+/* HEAD_DIM > 0 fixes the head size at compile time (the common sizes): the compiler then unrolls
+ * the per-head loops and keeps a head's vectors in registers. 0: any head size. */
+#define DEFINE_DECODE(NAME, T, LOAD, HEAD_DIM)                                                    \
 static void NAME(const float *q, const T *k_cache, const T *v_cache, const int32_t *block_tables, \
                  const int32_t *context_lens, float *out, float *scratch, int B, int H, int KVH,  \
-                 int D, int bs, int max_blocks, int max_context, float scale, int num_threads) { \
+                 int head_dim, int bs, int max_blocks, int max_context, float scale, int num_threads) { \
+    const int D = HEAD_DIM > 0 ? HEAD_DIM : head_dim;                                             \
     const int G = H / KVH;                                                                        \
     const long token_stride = (long)KVH * D; /* a token's keys for all kv heads are contiguous */ \
+    const long row_bytes = token_stride * (long)sizeof(T);                                        \
     _Pragma("omp parallel for num_threads(num_threads) schedule(dynamic, 1)")                     \
     for (int b = 0; b < B; b++) {                                                                 \
         const int len = context_lens[b];                                                          \
@@ -37,6 +47,7 @@ static void NAME(const float *q, const T *k_cache, const T *v_cache, const int32
         const int32_t *table = block_tables + (long)b * max_blocks;                               \
         for (int pos = 0; pos < len; pos++) {                                                     \
             const T *kp = k_cache + ((long)table[pos / bs] * bs + pos % bs) * token_stride;       \
+            if (pos + bs < len) prefetch_row(k_cache + ((long)table[pos / bs + 1] * bs + pos % bs) * token_stride, row_bytes); \
             for (int h = 0; h < H; h++) {                                                         \
                 const float *qh = qb + (long)h * D;                                               \
                 const T *kh = kp + (long)(h / G) * D;                                             \
@@ -58,6 +69,7 @@ static void NAME(const float *q, const T *k_cache, const T *v_cache, const int32
         memset(acc, 0, sizeof(float) * H * D);                                                    \
         for (int pos = 0; pos < len; pos++) {                                                     \
             const T *vp = v_cache + ((long)table[pos / bs] * bs + pos % bs) * token_stride;       \
+            if (pos + bs < len) prefetch_row(v_cache + ((long)table[pos / bs + 1] * bs + pos % bs) * token_stride, row_bytes); \
             for (int h = 0; h < H; h++) {                                                         \
                 const float p = scores[(long)h * max_context + pos];                              \
                 const T *vh = vp + (long)(h / G) * D;                                             \
@@ -72,21 +84,34 @@ static void NAME(const float *q, const T *k_cache, const T *v_cache, const int32
 
 #define LOAD_F32(x) (x)
 #define LOAD_BF16(x) bf16_to_f32(x)
-DEFINE_DECODE(decode_f32, float, LOAD_F32)
-DEFINE_DECODE(decode_bf16, uint16_t, LOAD_BF16)
+DEFINE_DECODE(decode_f32, float, LOAD_F32, 0)
+DEFINE_DECODE(decode_f32_d32, float, LOAD_F32, 32)
+DEFINE_DECODE(decode_f32_d64, float, LOAD_F32, 64)
+DEFINE_DECODE(decode_f32_d128, float, LOAD_F32, 128)
+DEFINE_DECODE(decode_bf16, uint16_t, LOAD_BF16, 0)
+DEFINE_DECODE(decode_bf16_d32, uint16_t, LOAD_BF16, 32)
+DEFINE_DECODE(decode_bf16_d64, uint16_t, LOAD_BF16, 64)
+DEFINE_DECODE(decode_bf16_d128, uint16_t, LOAD_BF16, 128)
+
+typedef void (*decode_fn)(const float *, const void *, const void *, const int32_t *, const int32_t *,
+                          float *, float *, int, int, int, int, int, int, int, float, int);
+
+static decode_fn pick(int kv_dtype, int D) {
+    if (kv_dtype == 0)
+        return (decode_fn)(D == 32 ? decode_f32_d32 : D == 64 ? decode_f32_d64 : D == 128 ? decode_f32_d128 : decode_f32);
+    if (kv_dtype == 1)
+        return (decode_fn)(D == 32 ? decode_bf16_d32 : D == 64 ? decode_bf16_d64 : D == 128 ? decode_bf16_d128 : decode_bf16);
+    return 0;
+}
 
 /* kv_dtype: 0 = float32, 1 = bfloat16. Returns 0, or -1 for an unsupported dtype. */
 int paged_decode_attention(const float *q, const void *k_cache, const void *v_cache,
                            const int32_t *block_tables, const int32_t *context_lens, float *out,
                            float *scratch, int B, int H, int KVH, int D, int bs, int max_blocks,
                            int max_context, float scale, int kv_dtype, int num_threads) {
-    if (kv_dtype == 0)
-        decode_f32(q, k_cache, v_cache, block_tables, context_lens, out, scratch, B, H, KVH, D, bs,
-                   max_blocks, max_context, scale, num_threads);
-    else if (kv_dtype == 1)
-        decode_bf16(q, k_cache, v_cache, block_tables, context_lens, out, scratch, B, H, KVH, D, bs,
-                    max_blocks, max_context, scale, num_threads);
-    else
-        return -1;
+    decode_fn fn = pick(kv_dtype, D);
+    if (!fn) return -1;
+    fn(q, k_cache, v_cache, block_tables, context_lens, out, scratch, B, H, KVH, D, bs, max_blocks, max_context,
+       scale, num_threads);
     return 0;
 }
