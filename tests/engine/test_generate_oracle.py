@@ -125,6 +125,8 @@ def test_stop_tokens_and_eos(tiny_model_factory, hf_model_factory):
     full = engine.generate([prompt], _greedy(12))[0]
     stop = full.output_token_ids[5]
     first = full.output_token_ids.index(stop)
-    stopped = engine.generate([prompt], SamplingParams(max_tokens=12, temperature=0, stop_token_ids=[stop]))[0]
+    stopped = engine.generate([prompt], SamplingParams(max_tokens=12, temperature=0, stop_token_ids=[stop]))[
+        0
+    ]
     assert stopped.finish_reason == "stop"
     assert stopped.output_token_ids == full.output_token_ids[: first + 1]

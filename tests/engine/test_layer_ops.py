@@ -68,6 +68,23 @@ def test_rotary_matches_transformers(dtype, heads):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_rotary_and_silu_mul_on_column_slices_of_a_fused_output(dtype):
+    """q/k of a fused q|k|v matrix and gate/up of a fused gate|up matrix are strided views."""
+    torch.manual_seed(2)
+    tokens, dim, table = 11, 32, torch.randn(64, 2, 32)
+    positions = torch.randint(0, 64, (tokens,))
+    qkv = torch.randn(tokens, 4 * dim + 2 * dim + 2 * dim, dtype=dtype)
+    q = qkv[:, : 4 * dim].view(tokens, 4, dim)
+    want = TorchOps.rotary(q.clone(), table, positions)
+    got = NativeOps(lib).rotary(q, table, positions)
+    assert got.data_ptr() == qkv.data_ptr()  # rotated in place inside the fused matrix
+    _close(got, want, dtype)
+    gate_up = torch.randn(5, 2 * 96, dtype=dtype)
+    gate, up = gate_up.split(96, dim=-1)
+    _close(NativeOps(lib).silu_mul(gate, up), torch.nn.functional.silu(gate) * up, dtype, exact_bf16=False)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows", [3, 64])
 def test_silu_mul_matches_pytorch(dtype, rows):
     gate, up = torch.randn(rows, 1536, dtype=dtype) * 4, torch.randn(rows, 1536, dtype=dtype)

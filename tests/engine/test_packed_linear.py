@@ -9,7 +9,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from inflight.engine import EngineConfig, InvalidRequestError, LLMEngine, SamplingParams
 from inflight.engine.models import linear as linear_module
-from inflight.engine.models.linear import PackedLinear, onednn_available
+from inflight.engine.models.linear import FusedLinear, PackedLinear, invalidate_packed, onednn_available
 from inflight.engine.models.loader import iter_safetensors
 from inflight.testing.oracle import hf_greedy
 
@@ -75,6 +75,39 @@ def test_in_place_weight_change_repacks():
         torch.testing.assert_close(linear(x), x @ linear.weight.T, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("biases", [(True, True, True), (False, False, False), (True, False, True)])
+def test_fused_linear_equals_its_parts(dtype, biases):
+    torch.manual_seed(0)
+    parts = [_packed(64, width, bias, dtype) for width, bias in zip((64, 32, 32), biases, strict=True)]
+    fused = FusedLinear(parts)
+    x = torch.randn(9, 64, dtype=dtype)
+    with torch.inference_mode():
+        outs = fused(x)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    for out, part in zip(outs, parts, strict=True):
+        torch.testing.assert_close(out, F.linear(x, part.weight, part.bias), atol=tol, rtol=tol)
+
+
+def test_fused_linear_follows_every_part():
+    parts = [_packed(32, 16, True, torch.float32) for _ in range(2)]
+    fused, x = FusedLinear(parts), torch.randn(4, 32)
+    with torch.inference_mode():
+        fused(x)
+    with torch.no_grad():
+        parts[1].bias.add_(1.0)  # only the second part's bias moves
+    with torch.inference_mode():
+        torch.testing.assert_close(
+            fused(x)[1], F.linear(x, parts[1].weight, parts[1].bias), atol=1e-5, rtol=1e-5
+        )
+    parts[0].weight.data = torch.randn(16, 32)  # new storage
+    invalidate_packed(torch.nn.ModuleList(parts))
+    with torch.inference_mode():
+        torch.testing.assert_close(
+            fused(x)[0], F.linear(x, parts[0].weight, parts[0].bias), atol=1e-5, rtol=1e-5
+        )
+
+
 def _ops(engine: LLMEngine) -> set[str]:
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         engine.generate([PROMPTS[0]], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
@@ -114,10 +147,17 @@ def test_sleep_frees_packed_copies_and_wake_plus_update_serves_new_weights(
     model_a, model_b = tiny_model_factory("qwen2", seed=0), tiny_model_factory("qwen2", seed=1)
     engine = LLMEngine(EngineConfig(model=str(model_a), block_size=4))
     engine.generate(PROMPTS, GREEDY)
-    linears = [m for m in engine.model.modules() if isinstance(m, PackedLinear)]
-    assert linears and all(m._packed is not None for m in linears)
+    modules = list(engine.model.modules())
+    holders = [m for m in modules if isinstance(m, PackedLinear)] + [
+        f for m in modules for f in getattr(m, "fused_linears", ())
+    ]
+    packed = [h for h in holders if h._packed is not None]
+    assert {type(h).__name__ for h in packed} == {
+        "PackedLinear",
+        "FusedLinear",
+    }  # o/down/lm_head and q|k|v, gate|up
     engine.sleep()
-    assert all(m._packed is None for m in linears)
+    assert all(h._packed is None for h in holders)
     engine.wake_up()
     engine.begin_weight_update()
     engine.load_weights(iter_safetensors(model_b))

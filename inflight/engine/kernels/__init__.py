@@ -83,7 +83,7 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     ptr, long, int_ = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
     signatures = {
         "fused_rms_norm": [ptr] * 4 + [long, int_, ctypes.c_float, int_, int_],
-        "fused_rotary": [ptr, long, int_, int_, ptr, ptr, int_, int_],
+        "fused_rotary": [ptr, long, long, int_, int_, ptr, ptr, int_, int_],
         "fused_silu_mul": [ptr, ptr, long, ptr, long, int_, int_, int_],
     }
     for name, argtypes in signatures.items():

@@ -63,17 +63,19 @@ static void NAME(T *x, const T *delta, const T *weight, T *out, long rows, int d
 }
 
 /* x [tokens, heads, dim] in place: x * cos + rotate_half(x) * sin, cos/sin from the float32 table
- * [max_pos, 2, dim] at each token's position (cast to the tensor's dtype first, as transformers does). */
+ * [max_pos, 2, dim] at each token's position (cast to the tensor's dtype first, as transformers does).
+ * A token's heads are contiguous; tokens are `token_stride` elements apart (x may be a column slice
+ * of a fused q|k|v matrix). */
 #define DEFINE_ROTARY(NAME, T, LOAD, STORE, ROUND)                                                 \
-static void NAME(T *x, long tokens, int heads, int dim, const float *table, const int64_t *positions, \
-                 int threads) {                                                                    \
+static void NAME(T *x, long tokens, long token_stride, int heads, int dim, const float *table,     \
+                 const int64_t *positions, int threads) {                                          \
     const int half = dim / 2;                                                                      \
     _Pragma("omp parallel for num_threads(threads) schedule(static) if(tokens * heads * dim >= PARALLEL_MIN)") \
     for (long t = 0; t < tokens; t++) {                                                            \
         const float *cos_row = table + positions[t] * 2 * dim;                                     \
         const float *sin_row = cos_row + dim;                                                      \
         for (int h = 0; h < heads; h++) {                                                          \
-            T *v = x + (t * heads + h) * dim;                                                      \
+            T *v = x + t * token_stride + (long)h * dim;                                           \
             for (int i = 0; i < half; i++) {                                                       \
                 const float a = LOAD(v[i]), b = LOAD(v[i + half]);                                 \
                 const float c1 = ROUND(cos_row[i]), s1 = ROUND(sin_row[i]);                        \
@@ -117,11 +119,11 @@ int fused_rms_norm(void *x, const void *delta, const void *weight, void *out, lo
     return 0;
 }
 
-int fused_rotary(void *x, long tokens, int heads, int dim, const float *table, const int64_t *positions,
-                 int dtype, int threads) {
+int fused_rotary(void *x, long tokens, long token_stride, int heads, int dim, const float *table,
+                 const int64_t *positions, int dtype, int threads) {
     if (dim % 2) return -2;
-    if (dtype == 0) rotary_f32(x, tokens, heads, dim, table, positions, threads);
-    else if (dtype == 1) rotary_bf16(x, tokens, heads, dim, table, positions, threads);
+    if (dtype == 0) rotary_f32(x, tokens, token_stride, heads, dim, table, positions, threads);
+    else if (dtype == 1) rotary_bf16(x, tokens, token_stride, heads, dim, table, positions, threads);
     else return -1;
     return 0;
 }

@@ -20,7 +20,7 @@ from inflight.engine.attention import AttentionMetadata, paged_attention
 from inflight.engine.errors import WeightUpdateError
 from inflight.engine.kv_cache import KVCache
 from inflight.engine.models.layer_ops import TorchOps
-from inflight.engine.models.linear import PackedLinear, invalidate_packed, packed_linears
+from inflight.engine.models.linear import FusedLinear, PackedLinear, invalidate_packed, packed_linears
 
 
 @dataclass(frozen=True)
@@ -72,12 +72,15 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.qk_norm = spec.qk_norm
+        self.qkv = FusedLinear([self.q_proj, self.k_proj, self.v_proj])
+        self.fused_linears = (self.qkv,)  # a plain tuple: not submodules, the parameters stay q/k/v's
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         n, ops = x.shape[0], ctx.ops
-        q = self.q_proj(x).view(n, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        q, k, v = self.qkv(x)
+        q = q.view(n, self.num_heads, self.head_dim)
+        k = k.view(n, self.num_kv_heads, self.head_dim)
+        v = v.view(n, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q = ops.rms_norm(q, self.q_norm.weight, self.q_norm.eps)
             k = ops.rms_norm(k, self.k_norm.weight, self.k_norm.eps)
@@ -95,11 +98,13 @@ class MLP(nn.Module):
         self.up_proj = PackedLinear(config.hidden_size, config.intermediate_size, bias=bias)
         self.down_proj = PackedLinear(config.intermediate_size, config.hidden_size, bias=bias)
         self.act = None if config.hidden_act in ("silu", "swish") else ACT2FN[config.hidden_act]
+        self.gate_up = FusedLinear([self.gate_proj, self.up_proj])
+        self.fused_linears = (self.gate_up,)
 
     def forward(self, x: torch.Tensor, ops: TorchOps) -> torch.Tensor:
         if self.act is not None:  # not SwiGLU: no fused kernel
             return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
-        return self.down_proj(ops.silu_mul(self.gate_proj(x), self.up_proj(x)))
+        return self.down_proj(ops.silu_mul(*self.gate_up(x)))
 
 
 class DecoderLayer(nn.Module):

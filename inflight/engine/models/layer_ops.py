@@ -85,14 +85,23 @@ class NativeOps(TorchOps):
         if status != 0:
             raise RuntimeError(f"fused_rms_norm failed with status {status}")
 
+    @staticmethod
+    def _rows_of_heads(x: torch.Tensor) -> bool:
+        """x [T, H, D] whose tokens are rows of contiguous heads (a column slice of a wider matrix is fine)."""
+        return x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == x.shape[2]
+
     def rotary(self, x: torch.Tensor, cos_sin_table: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """In place when native (x is returned)."""
-        if not (self._native(x) and cos_sin_table.dtype == torch.float32 and cos_sin_table.is_contiguous()
-                and positions.dtype == torch.int64 and positions.is_contiguous()):  # fmt: skip
+        native = (
+            x.device.type == "cpu" and x.dtype in _DTYPE_CODES and self._rows_of_heads(x)
+            and cos_sin_table.dtype == torch.float32 and cos_sin_table.is_contiguous()
+            and positions.dtype == torch.int64 and positions.is_contiguous()
+        )  # fmt: skip
+        if not native:
             return TorchOps.rotary(x, cos_sin_table, positions)
         tokens, heads, dim = x.shape
         status = self.lib.fused_rotary(
-            x.data_ptr(), tokens, heads, dim, cos_sin_table.data_ptr(), positions.data_ptr(),
+            x.data_ptr(), tokens, x.stride(0), heads, dim, cos_sin_table.data_ptr(), positions.data_ptr(),
             _DTYPE_CODES[x.dtype], torch.get_num_threads(),
         )  # fmt: skip
         if status != 0:
@@ -100,12 +109,18 @@ class NativeOps(TorchOps):
         return x
 
     def silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-        if not self._native(gate, up) or gate.shape != up.shape:
+        """gate and up may be the two column halves of one fused gate|up matrix."""
+        native = (
+            gate.device.type == "cpu" and gate.dtype in _DTYPE_CODES and up.dtype == gate.dtype
+            and gate.dim() == 2 and gate.shape == up.shape and gate.stride(1) == 1 and up.stride(1) == 1
+            and gate.stride(0) == up.stride(0)
+        )  # fmt: skip
+        if not native:
             return TorchOps.silu_mul(gate, up)
-        dim = gate.shape[-1]
-        out = torch.empty_like(gate)
+        rows, dim = gate.shape
+        out = torch.empty(rows, dim, dtype=gate.dtype)
         status = self.lib.fused_silu_mul(
-            gate.data_ptr(), up.data_ptr(), dim, out.data_ptr(), gate.numel() // dim, dim,
+            gate.data_ptr(), up.data_ptr(), gate.stride(0), out.data_ptr(), rows, dim,
             _DTYPE_CODES[gate.dtype], torch.get_num_threads(),
         )  # fmt: skip
         if status != 0:

@@ -84,14 +84,70 @@ class PackedLinear(nn.Linear):
         return out.view(*x.shape[:-1], self.out_features)
 
 
+def _tensor_key(t: torch.Tensor | None) -> tuple[int, int]:
+    return (0, 0) if t is None else (t.data_ptr(), t._version)
+
+
+class FusedLinear:
+    """Linears that read the same input (q/k/v, gate/up) multiplied as one packed matmul.
+
+    One call instead of several: at the few rows of a decode step the fixed cost of each call and
+    the narrow outputs dominate (2 threads, 13 layers, q/k/v + gate/up: 1.43x at 1 row, 1.13x at
+    32, 1.06x at 256, bf16). The parts stay the modules that own the HF-named parameters; this
+    holds a packed copy of their concatenated weights (and biases), keyed like PackedLinear's and
+    dropped by `invalidate_packed`. Outputs are column slices of one matrix (row stride = the sum
+    of the parts' widths).
+    """
+
+    def __init__(self, parts: list[PackedLinear]) -> None:
+        self.parts = parts
+        self.widths = [p.out_features for p in parts]
+        self.numel = sum(p.weight.numel() for p in parts)
+        self.invalidate()
+
+    def invalidate(self) -> None:
+        self._packed: torch.Tensor | None = None
+        self._bias: torch.Tensor | None = None
+        self._packed_from: tuple | None = None
+
+    def _source_key(self) -> tuple:
+        return tuple((_tensor_key(p.weight), _tensor_key(p.bias)) for p in self.parts)
+
+    def _pack(self) -> torch.Tensor:
+        key = self._source_key()
+        if self._packed is None or self._packed_from != key:
+            with torch.no_grad():
+                weight = torch.cat([p.weight.detach() for p in self.parts])
+                self._packed = torch.ops.mkldnn._reorder_linear_weight(weight)
+                biases = [p.bias for p in self.parts]
+                self._bias = None if all(b is None for b in biases) else torch.cat(
+                    [b.detach() if b is not None else weight.new_zeros(p.out_features)
+                     for b, p in zip(biases, self.parts, strict=True)]
+                )  # fmt: skip
+            self._packed_from = key
+        return self._packed
+
+    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """Each part's output for `x` [rows, in_features]."""
+        first = self.parts[0]
+        if not first.packed_enabled or (x.shape[0] < _SMALL_ROWS and self.numel <= _SMALL_WEIGHT_NUMEL):
+            return [p(x) for p in self.parts]
+        packed = self._pack()
+        out = torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, self._bias, "none", [], "")
+        return list(out.split(self.widths, dim=-1))
+
+
 def packed_linears(module: nn.Module) -> list[PackedLinear]:
     return [m for m in module.modules() if isinstance(m, PackedLinear)]
 
 
 def invalidate_packed(module: nn.Module) -> None:
-    """Drop every packed copy under `module`: call after any change to its weights."""
-    for linear in packed_linears(module):
-        linear.invalidate()
+    """Drop every packed copy under `module` (fused ones included): call after any change to its weights."""
+    for m in module.modules():
+        if isinstance(m, PackedLinear):
+            m.invalidate()
+        for fused in getattr(m, "fused_linears", ()):
+            fused.invalidate()
 
 
 def resolve_linear_backend(backend: str, dtype: torch.dtype, device: torch.device) -> str:
