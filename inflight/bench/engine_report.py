@@ -171,7 +171,8 @@ def format_report(result: dict[str, Any]) -> str:
         lines.append(_row("vLLM", result["vllm"]))
     lines += [
         "",
-        f"engine startup (load + first step): {engine['startup_s']:.2f} s",
+        f"engine startup (load + first step): {engine['startup_s']:.2f} s; full-size warm-up pass "
+        f"{engine.get('warmup_s', float('nan')):.2f} s",
         "passes: seconds (cores used meanwhile by other processes / by this benchmark's idle sides); "
         f"medians over the quiet ones (at most {_limit(result):.2f} cores used)",
         f"engine passes ({engine['quiet_passes']} quiet of {engine['passes']}): {_passes(engine)}",

@@ -19,7 +19,7 @@ def test_engine_bench_small(tmp_path, capsys):
     for side in (engine, hf):
         for key in ("median_s", "output_tok_per_s", "flops_per_s", "fraction_of_peak", "peak_rss_mib"):
             assert side[key] > 0, key
-    assert engine["startup_s"] > 0 and engine["params"] > 0
+    assert engine["startup_s"] > 0 and engine["params"] > 0 and engine["warmup_s"] > 0
     assert engine["prefix_cache_hit_tokens"] == 0
     assert len(engine["idle_sides_cores"]) == len(engine["other_cores"]) == 1
     assert result["machine"]["matmul_peak_flops"] > 0 and result["speedup"] > 0
