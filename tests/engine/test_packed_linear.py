@@ -58,9 +58,10 @@ def test_small_matmuls_take_f_linear_and_large_ones_the_packed_weight():
     with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU]) as prof:
         small(torch.randn(8, 128))
     assert "mkldnn::_linear_pointwise" not in {e.key for e in prof.key_averages()}
-    for linear, rows in ((small, 64), (_packed(512, 512, False, torch.float32), 1)):
+    small_bf16 = _packed(128, 128, False, torch.bfloat16)  # bf16 F.linear is no faster: always packed
+    for linear, rows in ((small, 64), (_packed(512, 512, False, torch.float32), 1), (small_bf16, 8)):
         with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU]) as prof:
-            linear(torch.randn(rows, linear.in_features))
+            linear(torch.randn(rows, linear.in_features, dtype=linear.weight.dtype))
         assert "mkldnn::_linear_pointwise" in {e.key for e in prof.key_averages()}
 
 

@@ -20,11 +20,27 @@ import torch.nn.functional as F
 from torch import nn
 
 LINEAR_BACKENDS = ("auto", "onednn", "torch")
-# A oneDNN call costs ~15 us before any arithmetic; F.linear ~5 us. For weights this small and this
-# few rows the overhead dominates and F.linear is faster (measured on 2 cores: 128x128 at 16 rows
-# 11 vs 19 us); above either bound the packed matmul wins.
+# A oneDNN call costs ~15 us before any arithmetic; float32 F.linear (MKL) ~5 us. For float32
+# weights this small and this few rows the overhead dominates and F.linear is faster (measured on 2
+# cores: 128x128 at 16 rows 11 vs 19 us); above either bound the packed matmul wins. bfloat16
+# F.linear goes through oneDNN anyway, without the packed weight: packed always wins there.
 _SMALL_WEIGHT_NUMEL = 128 * 512
 _SMALL_ROWS = 64
+_LINEAR_POINTWISE = None  # torch.ops.mkldnn._linear_pointwise.default, resolved on first use
+
+
+def _small(rows: int, weight_numel: int, dtype: torch.dtype) -> bool:
+    """Whether F.linear beats the packed matmul for this call (see _SMALL_ROWS)."""
+    return rows < _SMALL_ROWS and weight_numel <= _SMALL_WEIGHT_NUMEL and dtype == torch.float32
+
+
+def _linear_pointwise(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    global _LINEAR_POINTWISE
+    if _LINEAR_POINTWISE is None:  # the overload itself: skips the packet's per-call dispatch in Python
+        _LINEAR_POINTWISE = torch.ops.mkldnn._linear_pointwise.default
+    return _LINEAR_POINTWISE(x, packed, bias, "none", [], "")
+
+
 _PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 
 
@@ -76,11 +92,9 @@ class PackedLinear(nn.Linear):
         if not self.packed_enabled:
             return F.linear(x, self.weight, self.bias)
         rows = x.reshape(-1, self.in_features)
-        if rows.shape[0] < _SMALL_ROWS and self.weight.numel() <= _SMALL_WEIGHT_NUMEL:
+        if _small(rows.shape[0], self.weight.numel(), self.weight.dtype):
             return F.linear(x, self.weight, self.bias)
-        out = torch.ops.mkldnn._linear_pointwise(
-            rows.contiguous(), self.packed_weight(), self.bias, "none", [], ""
-        )
+        out = _linear_pointwise(rows.contiguous(), self.packed_weight(), self.bias)
         return out.view(*x.shape[:-1], self.out_features)
 
 
@@ -130,10 +144,10 @@ class FusedLinear:
     def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
         """Each part's output for `x` [rows, in_features]."""
         first = self.parts[0]
-        if not first.packed_enabled or (x.shape[0] < _SMALL_ROWS and self.numel <= _SMALL_WEIGHT_NUMEL):
+        if not first.packed_enabled or _small(x.shape[0], self.numel, first.weight.dtype):
             return [p(x) for p in self.parts]
         packed = self._pack()
-        out = torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, self._bias, "none", [], "")
+        out = _linear_pointwise(x.contiguous(), packed, self._bias)
         return list(out.split(self.widths, dim=-1))
 
 
