@@ -99,6 +99,7 @@ class BenchConfig:
     seed: int = 0
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
+    block_size: int | None = None  # KV block size on every side; None: each one's own (16 / 128)
     model_dir: str | None = None
     profile: bool = False  # one extra engine run under torch.profiler; the op table goes in the result
     vllm_python: str | None = None  # None: vllm_side.default_python()
@@ -424,6 +425,12 @@ def _parser() -> argparse.ArgumentParser:
     add("--seed", type=int, default=0)
     add("--max-num-seqs", type=int, default=64)
     add("--max-num-batched-tokens", type=int, default=2048)
+    add(
+        "--block-size",
+        type=int,
+        default=None,
+        help="KV block size for the engine and vLLM alike (default: each one's own, 16 and 128)",
+    )
     add("--model-dir", help="reuse (or create) the model here instead of a temp dir")
     add("--profile", action="store_true", help="print a torch.profiler op table")
     add("--out", help="write the JSON results here")
@@ -475,6 +482,7 @@ def _parse(argv: list[str]) -> tuple[BenchConfig, argparse.Namespace]:
         seed=args.seed,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        block_size=args.block_size,
         max_rounds=args.max_rounds,
         max_other_cpu=args.max_other_cpu,
         model_dir=args.model_dir,

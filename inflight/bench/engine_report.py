@@ -111,12 +111,20 @@ def _row(name: str, side: dict[str, Any]) -> str:
     )
 
 
+def _block_sizes(result: dict[str, Any]) -> str:
+    chosen = result["config"].get("block_size")
+    if chosen is not None:
+        return f"{chosen} on every side"
+    return f"engine {result['engine'].get('block_size', '?')}, vLLM its default (128 on CPU)"
+
+
 def _header(result: dict[str, Any]) -> list[str]:
     wl, machine, engine = result["workload"], result["machine"], result["engine"]
     shape = result["config"]["shape"]
     return [
         f"model: hidden {shape['hidden_size']}, {shape['num_hidden_layers']} layers, vocab "
-        f"{shape['vocab_size']}, {engine['params'] / 1e6:.1f}M params, {result['config']['dtype']}",
+        f"{shape['vocab_size']}, {engine['params'] / 1e6:.1f}M params, {result['config']['dtype']}; KV block "
+        f"size {_block_sizes(result)}",
         f"workload: {wl['requests']} requests, {wl['prompt_tokens']} prompt + {wl['output_tokens']} output "
         f"tokens, {wl['flops_per_run']['total'] / 1e12:.2f} TFLOP per run",
         f"matmul peak: {machine['matmul_peak_flops'] / 1e9:.1f} GFLOP/s with {machine['torch_threads']} threads; "

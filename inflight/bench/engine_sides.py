@@ -37,12 +37,14 @@ class EngineSide:
         from inflight.engine import EngineConfig, LLMEngine
 
         self.work = work
+        block = {} if cfg.block_size is None else {"block_size": cfg.block_size}
         engine_cfg = EngineConfig(
             model=model_dir,
             dtype=cfg.dtype,
             max_num_seqs=cfg.max_num_seqs,
             max_num_batched_tokens=cfg.max_num_batched_tokens,
             seed=cfg.seed,
+            **block,
         )
         start = time.perf_counter()
         self.engine = LLMEngine(engine_cfg)
@@ -62,7 +64,10 @@ class EngineSide:
 
     def info(self) -> dict[str, Any]:
         params = sum(p.numel() for p in self.engine.model.parameters())
-        return {"startup_s": self.startup_s, "warmup_s": self.warmup_s, "params": params}
+        return {
+            "startup_s": self.startup_s, "warmup_s": self.warmup_s, "params": params,
+            "block_size": self.engine.config.block_size,
+        }  # fmt: skip
 
     def run(self) -> tuple[float, list[list[int]]]:
         """One timed pass over the workload: (seconds, output token ids per request)."""

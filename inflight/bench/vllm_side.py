@@ -228,7 +228,7 @@ def open_model(worker: VllmWorker, cfg: BenchConfig, work: Workload, model_dir: 
         max_num_batched_tokens=cfg.max_num_batched_tokens,
         prompts=work.prompts,
         output_lens=work.output_lens,
-        kwargs=cfg.vllm_kwargs,
+        kwargs={**({} if cfg.block_size is None else {"block_size": cfg.block_size}), **cfg.vllm_kwargs},
     )
     return {**opened, **log_facts(worker.log_text())}
 
