@@ -60,7 +60,8 @@ class EngineSide:
     def _params(max_tokens: int) -> Any:
         from inflight.engine import SamplingParams
 
-        return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, logprobs=True)
+        # no logprobs, like the vLLM side (asked for none): both compute tokens only
+        return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, logprobs=False)
 
     def info(self) -> dict[str, Any]:
         params = sum(p.numel() for p in self.engine.model.parameters())

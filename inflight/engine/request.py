@@ -93,7 +93,7 @@ class Request:
         self.arrival = arrival
         self.num_prompt_tokens = len(prompt_token_ids)
         self.token_ids: list[int] = list(prompt_token_ids)
-        self.logprobs: list[float] = []
+        self.logprobs: list[float | None] = []  # None where params.logprobs is off (not computed)
         self.token_weight_versions: list[int] = []
         self.status = RequestStatus.WAITING
         self.finish_reason: str | None = None
@@ -128,7 +128,7 @@ class Request:
     def finished(self) -> bool:
         return self.status == RequestStatus.FINISHED
 
-    def append_token(self, token_id: int, logprob: float, weight_version: int) -> None:
+    def append_token(self, token_id: int, logprob: float | None, weight_version: int) -> None:
         self.token_ids.append(token_id)
         self.logprobs.append(logprob)
         self.token_weight_versions.append(weight_version)

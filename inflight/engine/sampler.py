@@ -31,13 +31,13 @@ def sample(
     params: list[SamplingParams],
     generators: list[torch.Generator | None],
     default_generator: torch.Generator,
-) -> tuple[list[int], list[float]]:
-    """Sample one token per row of `logits` [N, V] (float32). Returns (token ids, logprobs)."""
+) -> tuple[list[int], list[float | None]]:
+    """Sample one token per row of `logits` [N, V] (float32). Returns (token ids, logprobs); a
+    request that did not ask for logprobs gets None (nothing computed for it)."""
     temps = [p.temperature if p.temperature > 0 else 1.0 for p in params]
     scaled = logits
     if any(t != 1.0 for t in temps):  # dividing by 1.0 changes nothing: skip a pass over [N, V]
         scaled = logits / torch.tensor(temps, dtype=logits.dtype, device=logits.device)[:, None]
-    logprobs_all = torch.log_softmax(scaled, dim=-1)
     tokens = scaled.argmax(dim=-1).cpu()
     for row, (p, gen) in enumerate(zip(params, generators, strict=True)):
         if p.greedy:
@@ -48,6 +48,13 @@ def sample(
         noise = torch.empty_like(probs).exponential_(generator=gen or default_generator)
         tokens[row] = (probs / noise).argmax()
     token_list = tokens.tolist()
-    idx = torch.tensor(token_list, device=logits.device)
-    lps = logprobs_all.gather(1, idx[:, None]).squeeze(1).tolist()
+    wanted = [row for row, p in enumerate(params) if p.logprobs]
+    lps: list[float | None] = [None] * len(params)
+    if wanted:
+        rows = scaled if len(wanted) == len(params) else scaled[torch.tensor(wanted, device=logits.device)]
+        idx = torch.tensor([token_list[row] for row in wanted], device=logits.device)
+        # log_softmax at one index: x[i] - logsumexp(x), without writing the [N, V] log-probabilities
+        picked = rows.gather(1, idx[:, None]).squeeze(1) - torch.logsumexp(rows, dim=-1)
+        for row, lp in zip(wanted, picked.tolist(), strict=True):
+            lps[row] = lp
     return token_list, lps

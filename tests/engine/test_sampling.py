@@ -69,3 +69,34 @@ def test_logprob_uses_temperature_scaled_distribution():
     greedy = SamplingParams(temperature=0.0)
     (token,), (logprob,) = sample(logits, [greedy], [None], gen)
     assert token == 0 and abs(logprob - torch.log_softmax(logits[0], -1)[0].item()) < 1e-6
+
+
+def test_logprobs_only_for_the_requests_that_ask():
+    """A mixed batch: rows that ask get log_softmax at their token (temperature-scaled), the rest None."""
+    torch.manual_seed(3)
+    logits = torch.randn(4, 50) * 3
+    params = [
+        SamplingParams(temperature=0.0, logprobs=True),
+        SamplingParams(temperature=0.0, logprobs=False),
+        SamplingParams(temperature=0.5, seed=1, logprobs=True),
+        SamplingParams(temperature=0.0, logprobs=False),
+    ]
+    gens = [None, None, torch.Generator().manual_seed(1), None]
+    tokens, lps = sample(logits, params, gens, torch.Generator().manual_seed(0))
+    assert lps[1] is None and lps[3] is None
+    for row, temp in ((0, 1.0), (2, 0.5)):
+        want = torch.log_softmax(logits[row] / temp, dim=-1)[tokens[row]].item()
+        assert abs(lps[row] - want) < 1e-5
+    none_wanted = sample(logits[:1], [params[1]], [None], torch.Generator())
+    assert none_wanted == ([tokens[0]], [None])
+
+
+def test_request_without_logprobs_returns_none(tiny_model_factory):
+    engine = LLMEngine(EngineConfig(model=str(tiny_model_factory("qwen2")), block_size=4))
+    plain, with_lp = engine.generate(
+        [[5, 6, 7], [5, 6, 7]],
+        [SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, logprobs=False),
+         SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)],
+    )  # fmt: skip
+    assert plain.logprobs is None and plain.output_token_ids == with_lp.output_token_ids
+    assert len(with_lp.logprobs) == 4 and all(isinstance(lp, float) for lp in with_lp.logprobs)
