@@ -9,7 +9,7 @@ import torch
 from inflight.engine.errors import InvalidRequestError
 from inflight.engine.models.linear import LINEAR_BACKENDS
 
-ATTENTION_BACKENDS = ("auto", "native", "torch")
+NATIVE_BACKENDS = ("auto", "native", "torch")  # choices of attention_backend and elementwise_backend
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -53,11 +53,13 @@ class EngineConfig:
                 problems.append(f"{key}={getattr(self, key)!r} must be >= 1")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             problems.append(f"num_kv_blocks={self.num_kv_blocks!r} must be >= 1 (or None to derive it)")
-        if self.attention_backend not in ATTENTION_BACKENDS:
-            problems.append(f"attention_backend={self.attention_backend!r} must be one of {list(ATTENTION_BACKENDS)}")
-        if self.elementwise_backend not in ATTENTION_BACKENDS:
+        if self.attention_backend not in NATIVE_BACKENDS:
             problems.append(
-                f"elementwise_backend={self.elementwise_backend!r} must be one of {list(ATTENTION_BACKENDS)}"
+                f"attention_backend={self.attention_backend!r} must be one of {list(NATIVE_BACKENDS)}"
+            )
+        if self.elementwise_backend not in NATIVE_BACKENDS:
+            problems.append(
+                f"elementwise_backend={self.elementwise_backend!r} must be one of {list(NATIVE_BACKENDS)}"
             )
         if self.linear_backend not in LINEAR_BACKENDS:
             problems.append(f"linear_backend={self.linear_backend!r} must be one of {list(LINEAR_BACKENDS)}")

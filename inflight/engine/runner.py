@@ -13,18 +13,25 @@ from inflight.engine.request import Request
 from inflight.engine.sampler import sample
 
 
-def layer_ops(backend: str, dtype: torch.dtype, device: torch.device) -> TorchOps:
-    """The elementwise implementation for `EngineConfig.elementwise_backend` (`native` raises if it cannot)."""
+def native_library(key: str, backend: str, dtype: torch.dtype, device: torch.device, holds: str):
+    """The native kernel library for the setting `key` (auto | native | torch), or None to use
+    PyTorch: always for `torch`, and for `auto` where the kernels do not apply or build. `native`
+    raises NativeKernelError naming `key` when it cannot run."""
     if backend == "torch":
-        return TorchOps()
+        return None
     if not native_supports(dtype, device):
         if backend == "native":
             raise kernels.NativeKernelError(
-                f"elementwise_backend='native' supports CPU float32/bfloat16 models, not {dtype} on {device}; "
-                "use elementwise_backend='torch' or 'auto'"
+                f"{key}='native' supports CPU float32/bfloat16 {holds}, not {dtype} on {device}; "
+                f"use {key}='torch' or 'auto'"
             )
-        return TorchOps()
-    lib = kernels.load(required=backend == "native")
+        return None
+    return kernels.load(required=backend == "native")
+
+
+def layer_ops(backend: str, dtype: torch.dtype, device: torch.device) -> TorchOps:
+    """The elementwise implementation for `EngineConfig.elementwise_backend`."""
+    lib = native_library("elementwise_backend", backend, dtype, device, "models")
     return TorchOps() if lib is None else NativeOps(lib)
 
 
@@ -39,21 +46,9 @@ class ModelRunner:
         self.generator = torch.Generator(device="cpu")
         self.generator.manual_seed(seed)
         self.workspace = Workspace()
-        self.native_lib = self._native_lib(attention_backend, kv_cache)
-
-    @staticmethod
-    def _native_lib(backend: str, kv_cache: KVCache):
-        """The native kernel library when the backend uses it (`native` raises if it cannot)."""
-        if backend == "torch":
-            return None
-        if not native_supports(kv_cache.dtype, kv_cache.device):
-            if backend == "native":
-                raise kernels.NativeKernelError(
-                    f"attention_backend='native' supports CPU float32/bfloat16 KV caches, not "
-                    f"{kv_cache.dtype} on {kv_cache.device}; use attention_backend='torch' or 'auto'"
-                )
-            return None
-        return kernels.load(required=backend == "native")
+        self.native_lib = native_library(
+            "attention_backend", attention_backend, kv_cache.dtype, kv_cache.device, "KV caches"
+        )
 
     @torch.inference_mode()
     def execute(self, scheduled: list[tuple[Request, int]]) -> list[tuple[Request, int, float]]:

@@ -58,6 +58,11 @@ def onednn_supports(dtype: torch.dtype, device: torch.device) -> bool:
     return device.type == "cpu" and dtype in _PACKABLE_DTYPES and onednn_available()
 
 
+def _tensor_key(t: torch.Tensor | None) -> tuple[int, int]:
+    """What identifies a tensor's current contents: its storage pointer and in-place version."""
+    return (0, 0) if t is None else (t.data_ptr(), t._version)
+
+
 class PackedLinear(nn.Linear):
     """`nn.Linear` (same parameters, same names) that, once `use_packed(True)`, runs on a packed copy."""
 
@@ -76,12 +81,9 @@ class PackedLinear(nn.Linear):
         self._packed = None
         self._packed_from = None
 
-    def _source_key(self) -> tuple[int, int]:
-        return self.weight.data_ptr(), self.weight._version
-
     def packed_weight(self) -> torch.Tensor:
         """The packed copy of the current weight, packing it first when there is none or it is stale."""
-        key = self._source_key()
+        key = _tensor_key(self.weight)
         if self._packed is None or self._packed_from != key:
             with torch.no_grad():
                 self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
@@ -96,10 +98,6 @@ class PackedLinear(nn.Linear):
             return F.linear(x, self.weight, self.bias)
         out = _linear_pointwise(rows.contiguous(), self.packed_weight(), self.bias)
         return out.view(*x.shape[:-1], self.out_features)
-
-
-def _tensor_key(t: torch.Tensor | None) -> tuple[int, int]:
-    return (0, 0) if t is None else (t.data_ptr(), t._version)
 
 
 class FusedLinear:
