@@ -44,8 +44,10 @@ def _reference(q, k_cache, v_cache, tables, lens, scale):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
     "heads,kv_heads,head_dim,block",
-    [(8, 2, 64, 16), (4, 4, 32, 4), (2, 1, 128, 16), (6, 1, 16, 8), (4, 2, 48, 8)],
-)  # 32/64/128 are compiled for their size, 16 and 48 take the any-size path
+    [(8, 2, 64, 16), (4, 4, 32, 4), (2, 1, 128, 16), (6, 1, 16, 8), (4, 2, 48, 8), (8, 4, 64, 24),
+     (4, 2, 64, 128), (2, 1, 8, 16), (2, 2, 40, 16)],
+)  # with AVX-512, head sizes 16..128 in steps of 16 take the 16-token-tile path (blocks of 24 end
+# inside a tile); 8 and 40 take the any-size path, as do all sizes without AVX-512
 def test_kernel_equals_sdpa_on_scattered_blocks(dtype, heads, kv_heads, head_dim, block):
     lens = [1, 2, block, block + 1, 37, 100, 3 * block - 1]
     q, k_cache, v_cache, tables = _paged_case(0, heads, kv_heads, head_dim, block, lens, dtype)

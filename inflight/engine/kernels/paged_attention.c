@@ -93,10 +93,174 @@ DEFINE_DECODE(decode_bf16_d32, uint16_t, LOAD_BF16, 32)
 DEFINE_DECODE(decode_bf16_d64, uint16_t, LOAD_BF16, 64)
 DEFINE_DECODE(decode_bf16_d128, uint16_t, LOAD_BF16, 128)
 
+#if defined(__AVX512F__)
+/* The AVX-512 path (head sizes 16..128 in steps of 16). A sequence is read in tiles of up to 16
+ * tokens of one block, every head on a tile while it is in L1. Keys: the query times each token's
+ * keys gives 16 vectors, which one transposing add tree turns into the tile's 16 scores (no
+ * horizontal sum per dot product, no division per token). Values: accumulators stay in registers
+ * for the tile. Software prefetch runs 32 tokens ahead through the keys and on into the values,
+ * each head of a tile asking for its share of the tile ahead. Measured on the 13-layer 49M decode
+ * shapes, 64 sequences, cold caches: 1.7x (bf16) and 1.35x (fp32) the portable path below. */
+#include <immintrin.h>
+
+static inline __m512 load16_f32(const float *p) { return _mm512_loadu_ps(p); }
+
+static inline __m512 load16_bf16(const uint16_t *p) {
+    __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+
+/* Lane i of the result: the sum of the 16 lanes of r[i]. */
+static inline __m512 sum16x16(const __m512 *r) {
+    __m512 pairs[8], quads[4], halves[2];
+    for (int i = 0; i < 8; i++) /* per 128-bit chunk: [a0+a2, b0+b2, a1+a3, b1+b3] */
+        pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]),
+                                 _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]));
+    for (int i = 0; i < 4; i++) { /* per chunk: the chunk's sum of 4 rows */
+        __m512d x = _mm512_castps_pd(pairs[2 * i]), y = _mm512_castps_pd(pairs[2 * i + 1]);
+        quads[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                                 _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+    }
+    for (int i = 0; i < 2; i++) /* chunks 0+1 and 2+3 of two row quads */
+        halves[i] = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2 * i], quads[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                  _mm512_shuffle_f32x4(quads[2 * i], quads[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(halves[0], halves[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(halves[0], halves[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* How far ahead of the tile being read its sequence's rows are fetched, in tokens; into L2 only:
+ * prefetching into L1 as well evicts the tile being read (measured: 30-40% slower). */
+#define PREFETCH_AHEAD 32
+
+/* Prefetch part `part` of `parts` of the tile (up to 16 rows, within one block) at `pos`. */
+static inline void prefetch_tile_part(const char *tile, int rows, long row_bytes, int part, int parts) {
+    const char *first = tile + (long)rows * part / parts * row_bytes;
+    const char *end = tile + (long)rows * (part + 1) / parts * row_bytes;
+    for (const char *p = first; p < end; p += 64) __builtin_prefetch(p, 0, 2);
+}
+
+/* The tile `ahead` tokens after `pos` in the stream a sequence is read in: its keys, then its values
+ * (so the values' first tiles arrive while the last keys are read). Its row count in *rows; 0 past
+ * the values' end. */
+static inline const char *tile_ahead(const char *k_cache, const char *v_cache, int in_values,
+                                     const int32_t *table, int pos, int ahead, int len, int bs,
+                                     long row_bytes, int *rows) {
+    const char *cache = in_values ? v_cache : k_cache;
+    pos += ahead;
+    if (pos >= len && !in_values) { pos -= len; cache = v_cache; }
+    if (pos >= len) { *rows = 0; return cache; }
+    const int off = pos % bs;
+    *rows = bs - off < 16 ? bs - off : 16;
+    *rows = len - pos < *rows ? len - pos : *rows;
+    return cache + ((long)table[pos / bs] * bs + off) * row_bytes;
+}
+
+/* C: the head size in 16-float chunks, a compile-time constant in each instance. A tile is up to
+ * 16 consecutive tokens of one block: every head reads it while it is in L1. */
+#define DEFINE_DECODE_AVX512(NAME, T, LOAD16, C)                                                   \
+static void NAME(const float *q, const T *k_cache, const T *v_cache, const int32_t *block_tables, \
+                 const int32_t *context_lens, float *out, float *scratch, int B, int H, int KVH,  \
+                 int head_dim, int bs, int max_blocks, int max_context, float scale, int num_threads) { \
+    (void)head_dim;                                                                               \
+    const int D = 16 * C, G = H / KVH;                                                            \
+    const long token_stride = (long)KVH * D, row_bytes = token_stride * (long)sizeof(T);          \
+    const __m512 scale16 = _mm512_set1_ps(scale);                                                 \
+    _Pragma("omp parallel for num_threads(num_threads) schedule(dynamic, 1)")                     \
+    for (int b = 0; b < B; b++) {                                                                 \
+        const int len = context_lens[b];                                                          \
+        float *scores = scratch + (long)omp_get_thread_num() * H * (max_context + D);             \
+        float *acc = scores + (long)H * max_context;                                              \
+        const float *qb = q + (long)b * H * D;                                                    \
+        const int32_t *table = block_tables + (long)b * max_blocks;                               \
+        for (int pos = 0; pos < PREFETCH_AHEAD; pos += 16) { /* the tiles no earlier one fetched */ \
+            int rows;                                                                             \
+            const char *first = tile_ahead((const char *)k_cache, (const char *)v_cache, 0, table, 0, pos, \
+                                           len, bs, row_bytes, &rows);                            \
+            prefetch_tile_part(first, rows, row_bytes, 0, 1);                                     \
+        }                                                                                         \
+        for (int pos = 0; pos < len; pos += 16) {                                                 \
+            const int off = pos % bs, m0 = bs - off < 16 ? bs - off : 16;                         \
+            const int m = len - pos < m0 ? len - pos : m0;                                        \
+            const T *tile = k_cache + ((long)table[pos / bs] * bs + off) * token_stride;          \
+            int ahead_rows;                                                                       \
+            const char *ahead = tile_ahead((const char *)k_cache, (const char *)v_cache, 0, table, pos, \
+                                           PREFETCH_AHEAD, len, bs, row_bytes, &ahead_rows);      \
+            for (int h = 0; h < H; h++) {                                                         \
+                prefetch_tile_part(ahead, ahead_rows, row_bytes, h, H);                           \
+                const T *kh = tile + (long)(h / G) * D;                                           \
+                const float *qh = qb + (long)h * D;                                               \
+                __m512 r[16];                                                                     \
+                for (int i = 0; i < 16; i++) {                                                    \
+                    if (i >= m) { r[i] = _mm512_setzero_ps(); continue; }                         \
+                    const T *k = kh + (long)i * token_stride;                                     \
+                    __m512 dot = _mm512_mul_ps(_mm512_loadu_ps(qh), LOAD16(k));                   \
+                    for (int c = 1; c < C; c++) dot = _mm512_fmadd_ps(_mm512_loadu_ps(qh + 16 * c), LOAD16(k + 16 * c), dot); \
+                    r[i] = dot;                                                                   \
+                }                                                                                 \
+                _mm512_mask_storeu_ps(scores + (long)h * max_context + pos, (__mmask16)((1u << m) - 1), \
+                                      _mm512_mul_ps(sum16x16(r), scale16));                       \
+            }                                                                                     \
+            if (m < 16) pos += m - 16; /* a block ended inside the tile: the next one starts there */ \
+        }                                                                                         \
+        for (int h = 0; h < H; h++) {                                                             \
+            float *s = scores + (long)h * max_context, top = -FLT_MAX, total = 0.f;              \
+            _Pragma("omp simd reduction(max:top)")                                                \
+            for (int pos = 0; pos < len; pos++) top = s[pos] > top ? s[pos] : top;                \
+            _Pragma("omp simd reduction(+:total)")                                                \
+            for (int pos = 0; pos < len; pos++) { s[pos] = expf(s[pos] - top); total += s[pos]; } \
+            const float inv = 1.f / total;                                                        \
+            for (int pos = 0; pos < len; pos++) s[pos] *= inv;                                    \
+        }                                                                                         \
+        memset(acc, 0, sizeof(float) * H * D);                                                    \
+        for (int pos = 0; pos < len; pos += 16) {                                                 \
+            const int off = pos % bs, m0 = bs - off < 16 ? bs - off : 16;                         \
+            const int m = len - pos < m0 ? len - pos : m0;                                        \
+            const T *tile = v_cache + ((long)table[pos / bs] * bs + off) * token_stride;          \
+            int ahead_rows;                                                                       \
+            const char *ahead = tile_ahead((const char *)k_cache, (const char *)v_cache, 1, table, pos, \
+                                           PREFETCH_AHEAD, len, bs, row_bytes, &ahead_rows);      \
+            for (int h = 0; h < H; h++) {                                                         \
+                prefetch_tile_part(ahead, ahead_rows, row_bytes, h, H);                           \
+                const T *vh = tile + (long)(h / G) * D;                                           \
+                const float *p = scores + (long)h * max_context + pos;                            \
+                float *a = acc + (long)h * D;                                                     \
+                __m512 av[C];                                                                     \
+                for (int c = 0; c < C; c++) av[c] = _mm512_loadu_ps(a + 16 * c);                  \
+                for (int i = 0; i < m; i++) {                                                     \
+                    const __m512 pi = _mm512_set1_ps(p[i]);                                       \
+                    const T *v = vh + (long)i * token_stride;                                     \
+                    for (int c = 0; c < C; c++) av[c] = _mm512_fmadd_ps(pi, LOAD16(v + 16 * c), av[c]); \
+                }                                                                                 \
+                for (int c = 0; c < C; c++) _mm512_storeu_ps(a + 16 * c, av[c]);                  \
+            }                                                                                     \
+            if (m < 16) pos += m - 16;                                                            \
+        }                                                                                         \
+        memcpy(out + (long)b * H * D, acc, sizeof(float) * H * D);                                \
+    }                                                                                             \
+}
+
+DEFINE_DECODE_AVX512(avx512_f32_1, float, load16_f32, 1)
+DEFINE_DECODE_AVX512(avx512_f32_2, float, load16_f32, 2)
+DEFINE_DECODE_AVX512(avx512_f32_3, float, load16_f32, 3)
+DEFINE_DECODE_AVX512(avx512_f32_4, float, load16_f32, 4)
+DEFINE_DECODE_AVX512(avx512_f32_8, float, load16_f32, 8)
+DEFINE_DECODE_AVX512(avx512_bf16_1, uint16_t, load16_bf16, 1)
+DEFINE_DECODE_AVX512(avx512_bf16_2, uint16_t, load16_bf16, 2)
+DEFINE_DECODE_AVX512(avx512_bf16_3, uint16_t, load16_bf16, 3)
+DEFINE_DECODE_AVX512(avx512_bf16_4, uint16_t, load16_bf16, 4)
+DEFINE_DECODE_AVX512(avx512_bf16_8, uint16_t, load16_bf16, 8)
+#endif
+
 typedef void (*decode_fn)(const float *, const void *, const void *, const int32_t *, const int32_t *,
                           float *, float *, int, int, int, int, int, int, int, float, int);
 
 static decode_fn pick(int kv_dtype, int D) {
+#if defined(__AVX512F__)
+    if (kv_dtype == 0 && (D == 16 || D == 32 || D == 48 || D == 64 || D == 128))
+        return (decode_fn)(D == 16 ? avx512_f32_1 : D == 32 ? avx512_f32_2 : D == 48 ? avx512_f32_3 : D == 64 ? avx512_f32_4 : avx512_f32_8);
+    if (kv_dtype == 1 && (D == 16 || D == 32 || D == 48 || D == 64 || D == 128))
+        return (decode_fn)(D == 16 ? avx512_bf16_1 : D == 32 ? avx512_bf16_2 : D == 48 ? avx512_bf16_3 : D == 64 ? avx512_bf16_4 : avx512_bf16_8);
+#endif
     if (kv_dtype == 0)
         return (decode_fn)(D == 32 ? decode_f32_d32 : D == 64 ? decode_f32_d64 : D == 128 ? decode_f32_d128 : decode_f32);
     if (kv_dtype == 1)
