@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from inflight.engine import EngineConfig, LLMEngine, kernels
+from inflight.engine import EngineConfig, LLMEngine, attention, kernels
 from inflight.engine.attention import PrefillChunk, Workspace, build_metadata, paged_attention
 from inflight.engine.errors import InvalidRequestError
 
@@ -66,24 +66,31 @@ def test_kernel_equals_sdpa_on_scattered_blocks(dtype, heads, kv_heads, head_dim
 
 
 @needs_kernel
-def test_native_and_torch_paths_agree_in_a_mixed_step():
-    """Decodes through the kernel and through gather + SDPA, next to a prefill with cached context."""
+@pytest.mark.parametrize("prefill_limit", [1024, 6, 0])
+def test_native_and_torch_paths_agree_in_a_mixed_step(prefill_limit, monkeypatch):
+    """Decodes, a prefill chunk with cached context and one without, through the kernel (prefill
+    rows up to `prefill_limit` context tokens, SDPA above) and through gather + SDPA."""
+    monkeypatch.setattr(attention, "NATIVE_PREFILL_MAX_TOKENS", prefill_limit)
     heads, kv_heads, head_dim, block = 4, 2, 16, 4
     lens = [5, 9, 22, 3]
     q, k_cache, v_cache, tables = _paged_case(1, heads, kv_heads, head_dim, block, lens, torch.float32)
-    prefill_table = [b + 40 for b in range(3)]  # 3 more blocks for a 10-token context, 4 new tokens
-    k_cache = torch.cat([k_cache, torch.randn(44 - k_cache.shape[0], block, kv_heads, head_dim)])
-    v_cache = torch.cat([v_cache, torch.randn(44 - v_cache.shape[0], block, kv_heads, head_dim)])
-    n_tokens = len(lens) + 4
+    cached_table = [b + 40 for b in range(3)]  # 3 more blocks for a 10-token context, 4 new tokens
+    fresh_table = [43, 44]  # a 5-token prompt, nothing cached
+    k_cache = torch.cat([k_cache, torch.randn(45 - k_cache.shape[0], block, kv_heads, head_dim)])
+    v_cache = torch.cat([v_cache, torch.randn(45 - v_cache.shape[0], block, kv_heads, head_dim)])
+    n_tokens = len(lens) + 4 + 5
     qs = torch.randn(n_tokens, heads, head_dim)
     ks, vs = torch.randn(n_tokens, kv_heads, head_dim), torch.randn(n_tokens, kv_heads, head_dim)
     slots = [tables[i][(n - 1) // block] * block + (n - 1) % block for i, n in enumerate(lens)]
-    slots += [prefill_table[p // block] * block + p % block for p in range(6, 10)]
+    slots += [cached_table[p // block] * block + p % block for p in range(6, 10)]
+    slots += [fresh_table[p // block] * block + p % block for p in range(5)]
     results = []
     for native in (lib, None):
-        chunk = PrefillChunk(len(lens), 4, 10)
-        meta = build_metadata(slots, tables, lens, [chunk], [prefill_table], block, torch.device("cpu"),
-                              Workspace(), native)  # fmt: skip
+        chunks = [PrefillChunk(len(lens), 4, 10), PrefillChunk(len(lens) + 4, 5, 5)]
+        meta = build_metadata(slots, tables, lens, chunks, [cached_table, fresh_table], block,
+                              torch.device("cpu"), Workspace(), native)  # fmt: skip
+        if native is not None:
+            assert [c.native for c in chunks] == [10 <= prefill_limit, 5 <= prefill_limit]
         kc, vc = k_cache.clone(), v_cache.clone()
         results.append(paged_attention(qs, ks, vs, kc, vc, meta, head_dim**-0.5))
     torch.testing.assert_close(results[0], results[1], atol=1e-5, rtol=1e-5)

@@ -1,4 +1,6 @@
-/* Decode attention straight over the paged KV cache (one new query token per sequence).
+/* Attention straight over the paged KV cache, one query row at a time: a decode's new token, or
+ * one token of a prefill chunk (whose keys and values are already in the cache; its context length
+ * ends at itself, which makes it causal). A row with context length 0 is skipped.
  *
  * No gather: each sequence walks its own block table and reads keys and values where they lie, a
  * token at a time (its keys for every kv head are one contiguous run, which keeps the reads
@@ -41,6 +43,7 @@ static void NAME(const float *q, const T *k_cache, const T *v_cache, const int32
     _Pragma("omp parallel for num_threads(num_threads) schedule(dynamic, 1)")                     \
     for (int b = 0; b < B; b++) {                                                                 \
         const int len = context_lens[b];                                                          \
+        if (len == 0) continue; /* a row another path attends */                                  \
         float *scores = scratch + (long)omp_get_thread_num() * H * (max_context + D);             \
         float *acc = scores + (long)H * max_context;                                              \
         const float *qb = q + (long)b * H * D;                                                    \
@@ -168,6 +171,7 @@ static void NAME(const float *q, const T *k_cache, const T *v_cache, const int32
     _Pragma("omp parallel for num_threads(num_threads) schedule(dynamic, 1)")                     \
     for (int b = 0; b < B; b++) {                                                                 \
         const int len = context_lens[b];                                                          \
+        if (len == 0) continue; /* a row another path attends */                                  \
         float *scores = scratch + (long)omp_get_thread_num() * H * (max_context + D);             \
         float *acc = scores + (long)H * max_context;                                              \
         const float *qb = q + (long)b * H * D;                                                    \
