@@ -168,26 +168,33 @@ def _gather(cache_2d: torch.Tensor, block_ids: torch.Tensor, out: torch.Tensor) 
     return torch.index_select(cache_2d, 0, block_ids, out=out[: block_ids.numel()])
 
 
-def _native_decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out: torch.Tensor) -> None:
-    """Decode attention for the first `count` rows of q, written into the same rows of out."""
+def _rows_of_heads(x: torch.Tensor) -> bool:
+    """x [T, heads, D] whose rows hold contiguous heads (a column slice of a wider matrix is fine)."""
+    return x.stride(2) == 1 and x.stride(1) == x.shape[2]
+
+
+def _native_attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float, out: torch.Tensor) -> None:
+    """One kernel call: write the step's new keys/values into the caches, then attend the native
+    rows (decodes and short prefill chunks) into the same rows of `out`."""
     nd, ws = meta.native, meta.workspace
-    count, num_heads, head_dim = nd.count, q.shape[1], q.shape[2]
+    if not q.dtype == k.dtype == v.dtype == k_cache.dtype == v_cache.dtype:
+        raise RuntimeError(f"native attention needs q/k/v in the cache's dtype {k_cache.dtype}, not {q.dtype}")
+    num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
+    if not (_rows_of_heads(q) and _rows_of_heads(k) and _rows_of_heads(v) and k.stride(0) == v.stride(0)):
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        v = v if k.stride(0) == v.stride(0) else v.contiguous()
     threads = torch.get_num_threads()
-    q32 = q[:count].float().contiguous()
-    direct = out.dtype == torch.float32
-    o32 = out[:count] if direct else ws.take("native_out", q32.numel(), torch.float32, q.device).view_as(q32)
-    scratch = ws.take("native_scratch", threads * num_heads * (nd.max_context + head_dim), torch.float32, q.device)
-    status = nd.lib.paged_decode_attention(
-        q32.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), nd.block_tables.data_ptr(),
-        nd.context_lens.data_ptr(), o32.data_ptr(), scratch.data_ptr(), count, num_heads, num_kv_heads,
-        head_dim, block_size, nd.block_tables.shape[1], nd.max_context, scale,
-        _KV_DTYPE_CODES[k_cache.dtype], threads,
+    scratch = ws.take("native_scratch", threads * num_heads * (nd.max_context + 2 * head_dim), torch.float32, q.device)
+    status = nd.lib.paged_attention_rows(
+        q.data_ptr(), q.stride(0), k.data_ptr(), v.data_ptr(), k.stride(0), meta.slot_mapping.data_ptr(),
+        meta.slot_mapping.numel(), k_cache.data_ptr(), v_cache.data_ptr(), nd.block_tables.data_ptr(),
+        nd.context_lens.data_ptr(), out.data_ptr(), scratch.data_ptr(), nd.count, num_heads, num_kv_heads,
+        head_dim, block_size, nd.block_tables.shape[1], nd.max_context, scale, _KV_DTYPE_CODES[k_cache.dtype],
+        threads,
     )  # fmt: skip
     if status != 0:
-        raise RuntimeError(f"native decode attention failed with status {status}")
-    if not direct:
-        out[:count] = o32
+        raise RuntimeError(f"native paged attention failed with status {status}")
 
 
 def native_supports(dtype: torch.dtype, device: torch.device) -> bool:
@@ -206,11 +213,12 @@ def paged_attention(
 ) -> torch.Tensor:
     """q [T, H, D], k/v [T, KVH, D]; caches [blocks, block_size, KVH, D]. Returns [T, H, D]."""
     num_kv_heads, head_dim = k.shape[1], k.shape[2]
-    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k)
-    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v)
-    out = torch.empty_like(q)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if meta.native is not None:
-        _native_decode(q, k_cache, v_cache, meta, scale, out)
+        _native_attention(q, k, v, k_cache, v_cache, meta, scale, out)
+    else:
+        k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k)
+        v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v)
     k_rows, v_rows = k_cache.view(k_cache.shape[0], -1), v_cache.view(v_cache.shape[0], -1)
     gathered = max([g.block_ids.numel() for g in meta.decode_groups]
                    + [c.block_ids.numel() for c in meta.prefills if c.block_ids is not None and not c.native]

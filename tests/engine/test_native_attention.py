@@ -57,9 +57,8 @@ def test_kernel_equals_sdpa_on_scattered_blocks(dtype, heads, kv_heads, head_dim
                           Workspace(), lib)  # fmt: skip
     assert meta.native is not None and meta.native.block_tables.shape == (len(lens), width)
     out = torch.empty(len(lens), heads, head_dim, dtype=dtype)
-    from inflight.engine.attention import _native_decode
-
-    _native_decode(q.to(dtype), k_cache, v_cache, meta, scale, out)
+    no_new = torch.empty(0, kv_heads, head_dim, dtype=dtype)  # every key is in the cache already
+    attention._native_attention(q.to(dtype), no_new, no_new, k_cache, v_cache, meta, scale, out)
     expected = _reference(q.to(dtype).float(), k_cache, v_cache, tables, lens, scale)
     tol = 1e-5 if dtype == torch.float32 else 1e-2
     torch.testing.assert_close(out.float(), expected, atol=tol, rtol=tol)

@@ -77,11 +77,10 @@ def _build(target: Path, compiler: str) -> None:
 
 
 def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
-    fn = lib.paged_decode_attention
-    fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int] * 7 + [ctypes.c_float, ctypes.c_int, ctypes.c_int]
     ptr, long, int_ = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
     signatures = {
+        "paged_attention_rows": [ptr, long, ptr, ptr, long, ptr, long] + [ptr] * 6 + [int_] * 7
+        + [ctypes.c_float, int_, int_],
         "fused_rms_norm": [ptr] * 4 + [long, int_, ctypes.c_float, int_, int_],
         "fused_rotary": [ptr, long, long, int_, int_, ptr, ptr, int_, int_],
         "fused_silu_mul": [ptr, ptr, long, ptr, long, int_, int_, int_],

@@ -24,6 +24,13 @@ static inline float bf16_to_f32(uint16_t x) {
     return f;
 }
 
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    u += 0x7FFFu + ((u >> 16) & 1u); /* round to nearest even, as torch's float -> bfloat16 copy */
+    return (uint16_t)(u >> 16);
+}
+
 /* Blocks lie anywhere in the pool and the hardware prefetcher stops at page boundaries: while
  * reading a token's row, ask for the same row of the sequence's next block. */
 static inline void prefetch_row(const void *row, long bytes) {
@@ -32,10 +39,11 @@ static inline void prefetch_row(const void *row, long bytes) {
 
 /* HEAD_DIM > 0 fixes the head size at compile time (the common sizes): the compiler then unrolls
  * the per-head loops and keeps a head's vectors in registers. 0: any head size. */
-#define DEFINE_DECODE(NAME, T, LOAD, HEAD_DIM)                                                    \
-static void NAME(const float *q, const T *k_cache, const T *v_cache, const int32_t *block_tables, \
-                 const int32_t *context_lens, float *out, float *scratch, int B, int H, int KVH,  \
-                 int head_dim, int bs, int max_blocks, int max_context, float scale, int num_threads) { \
+#define DEFINE_DECODE(NAME, T, LOAD, STORE, HEAD_DIM)                                             \
+static void NAME(const T *q, long q_stride, const T *k_cache, const T *v_cache,                   \
+                 const int32_t *block_tables, const int32_t *context_lens, T *out, float *scratch, \
+                 int B, int H, int KVH, int head_dim, int bs, int max_blocks, int max_context,     \
+                 float scale, int num_threads) {                                                  \
     const int D = HEAD_DIM > 0 ? HEAD_DIM : head_dim;                                             \
     const int G = H / KVH;                                                                        \
     const long token_stride = (long)KVH * D; /* a token's keys for all kv heads are contiguous */ \
@@ -44,9 +52,10 @@ static void NAME(const float *q, const T *k_cache, const T *v_cache, const int32
     for (int b = 0; b < B; b++) {                                                                 \
         const int len = context_lens[b];                                                          \
         if (len == 0) continue; /* a row another path attends */                                  \
-        float *scores = scratch + (long)omp_get_thread_num() * H * (max_context + D);             \
+        float *scores = scratch + (long)omp_get_thread_num() * H * (max_context + 2 * D);         \
         float *acc = scores + (long)H * max_context;                                              \
-        const float *qb = q + (long)b * H * D;                                                    \
+        float *qb = acc + (long)H * D; /* the row's queries in float32 */                         \
+        for (long i = 0; i < (long)H * D; i++) qb[i] = LOAD(q[(long)b * q_stride + i]);           \
         const int32_t *table = block_tables + (long)b * max_blocks;                               \
         for (int pos = 0; pos < len; pos++) {                                                     \
             const T *kp = k_cache + ((long)table[pos / bs] * bs + pos % bs) * token_stride;       \
@@ -81,20 +90,22 @@ static void NAME(const float *q, const T *k_cache, const T *v_cache, const int32
                 for (int d = 0; d < D; d++) a[d] += p * LOAD(vh[d]);                              \
             }                                                                                     \
         }                                                                                         \
-        memcpy(out + (long)b * H * D, acc, sizeof(float) * H * D);                                \
+        for (long i = 0; i < (long)H * D; i++) out[(long)b * H * D + i] = STORE(acc[i]);          \
     }                                                                                             \
 }
 
 #define LOAD_F32(x) (x)
 #define LOAD_BF16(x) bf16_to_f32(x)
-DEFINE_DECODE(decode_f32, float, LOAD_F32, 0)
-DEFINE_DECODE(decode_f32_d32, float, LOAD_F32, 32)
-DEFINE_DECODE(decode_f32_d64, float, LOAD_F32, 64)
-DEFINE_DECODE(decode_f32_d128, float, LOAD_F32, 128)
-DEFINE_DECODE(decode_bf16, uint16_t, LOAD_BF16, 0)
-DEFINE_DECODE(decode_bf16_d32, uint16_t, LOAD_BF16, 32)
-DEFINE_DECODE(decode_bf16_d64, uint16_t, LOAD_BF16, 64)
-DEFINE_DECODE(decode_bf16_d128, uint16_t, LOAD_BF16, 128)
+#define STORE_F32(x) (x)
+#define STORE_BF16(x) f32_to_bf16(x)
+DEFINE_DECODE(decode_f32, float, LOAD_F32, STORE_F32, 0)
+DEFINE_DECODE(decode_f32_d32, float, LOAD_F32, STORE_F32, 32)
+DEFINE_DECODE(decode_f32_d64, float, LOAD_F32, STORE_F32, 64)
+DEFINE_DECODE(decode_f32_d128, float, LOAD_F32, STORE_F32, 128)
+DEFINE_DECODE(decode_bf16, uint16_t, LOAD_BF16, STORE_BF16, 0)
+DEFINE_DECODE(decode_bf16_d32, uint16_t, LOAD_BF16, STORE_BF16, 32)
+DEFINE_DECODE(decode_bf16_d64, uint16_t, LOAD_BF16, STORE_BF16, 64)
+DEFINE_DECODE(decode_bf16_d128, uint16_t, LOAD_BF16, STORE_BF16, 128)
 
 #if defined(__AVX512F__)
 /* The AVX-512 path (head sizes 16..128 in steps of 16). A sequence is read in tiles of up to 16
@@ -160,10 +171,11 @@ static inline const char *tile_ahead(const char *k_cache, const char *v_cache, i
 
 /* C: the head size in 16-float chunks, a compile-time constant in each instance. A tile is up to
  * 16 consecutive tokens of one block: every head reads it while it is in L1. */
-#define DEFINE_DECODE_AVX512(NAME, T, LOAD16, C)                                                   \
-static void NAME(const float *q, const T *k_cache, const T *v_cache, const int32_t *block_tables, \
-                 const int32_t *context_lens, float *out, float *scratch, int B, int H, int KVH,  \
-                 int head_dim, int bs, int max_blocks, int max_context, float scale, int num_threads) { \
+#define DEFINE_DECODE_AVX512(NAME, T, LOAD, STORE, LOAD16, C)                                     \
+static void NAME(const T *q, long q_stride, const T *k_cache, const T *v_cache,                   \
+                 const int32_t *block_tables, const int32_t *context_lens, T *out, float *scratch, \
+                 int B, int H, int KVH, int head_dim, int bs, int max_blocks, int max_context,     \
+                 float scale, int num_threads) {                                                  \
     (void)head_dim;                                                                               \
     const int D = 16 * C, G = H / KVH;                                                            \
     const long token_stride = (long)KVH * D, row_bytes = token_stride * (long)sizeof(T);          \
@@ -172,9 +184,10 @@ static void NAME(const float *q, const T *k_cache, const T *v_cache, const int32
     for (int b = 0; b < B; b++) {                                                                 \
         const int len = context_lens[b];                                                          \
         if (len == 0) continue; /* a row another path attends */                                  \
-        float *scores = scratch + (long)omp_get_thread_num() * H * (max_context + D);             \
+        float *scores = scratch + (long)omp_get_thread_num() * H * (max_context + 2 * D);         \
         float *acc = scores + (long)H * max_context;                                              \
-        const float *qb = q + (long)b * H * D;                                                    \
+        float *qb = acc + (long)H * D; /* the row's queries in float32 */                         \
+        for (long i = 0; i < (long)H * D; i++) qb[i] = LOAD(q[(long)b * q_stride + i]);           \
         const int32_t *table = block_tables + (long)b * max_blocks;                               \
         for (int pos = 0; pos < PREFETCH_AHEAD; pos += 16) { /* the tiles no earlier one fetched */ \
             int rows;                                                                             \
@@ -239,25 +252,24 @@ static void NAME(const float *q, const T *k_cache, const T *v_cache, const int32
             }                                                                                     \
             if (m < 16) pos += m - 16;                                                            \
         }                                                                                         \
-        memcpy(out + (long)b * H * D, acc, sizeof(float) * H * D);                                \
+        for (long i = 0; i < (long)H * D; i++) out[(long)b * H * D + i] = STORE(acc[i]);          \
     }                                                                                             \
 }
 
-DEFINE_DECODE_AVX512(avx512_f32_1, float, load16_f32, 1)
-DEFINE_DECODE_AVX512(avx512_f32_2, float, load16_f32, 2)
-DEFINE_DECODE_AVX512(avx512_f32_3, float, load16_f32, 3)
-DEFINE_DECODE_AVX512(avx512_f32_4, float, load16_f32, 4)
-DEFINE_DECODE_AVX512(avx512_f32_8, float, load16_f32, 8)
-DEFINE_DECODE_AVX512(avx512_bf16_1, uint16_t, load16_bf16, 1)
-DEFINE_DECODE_AVX512(avx512_bf16_2, uint16_t, load16_bf16, 2)
-DEFINE_DECODE_AVX512(avx512_bf16_3, uint16_t, load16_bf16, 3)
-DEFINE_DECODE_AVX512(avx512_bf16_4, uint16_t, load16_bf16, 4)
-DEFINE_DECODE_AVX512(avx512_bf16_8, uint16_t, load16_bf16, 8)
+DEFINE_DECODE_AVX512(avx512_f32_1, float, LOAD_F32, STORE_F32, load16_f32, 1)
+DEFINE_DECODE_AVX512(avx512_f32_2, float, LOAD_F32, STORE_F32, load16_f32, 2)
+DEFINE_DECODE_AVX512(avx512_f32_3, float, LOAD_F32, STORE_F32, load16_f32, 3)
+DEFINE_DECODE_AVX512(avx512_f32_4, float, LOAD_F32, STORE_F32, load16_f32, 4)
+DEFINE_DECODE_AVX512(avx512_f32_8, float, LOAD_F32, STORE_F32, load16_f32, 8)
+DEFINE_DECODE_AVX512(avx512_bf16_1, uint16_t, LOAD_BF16, STORE_BF16, load16_bf16, 1)
+DEFINE_DECODE_AVX512(avx512_bf16_2, uint16_t, LOAD_BF16, STORE_BF16, load16_bf16, 2)
+DEFINE_DECODE_AVX512(avx512_bf16_3, uint16_t, LOAD_BF16, STORE_BF16, load16_bf16, 3)
+DEFINE_DECODE_AVX512(avx512_bf16_4, uint16_t, LOAD_BF16, STORE_BF16, load16_bf16, 4)
+DEFINE_DECODE_AVX512(avx512_bf16_8, uint16_t, LOAD_BF16, STORE_BF16, load16_bf16, 8)
 #endif
 
-typedef void (*decode_fn)(const float *, const void *, const void *, const int32_t *, const int32_t *,
-                          float *, float *, int, int, int, int, int, int, int, float, int);
-
+typedef void (*decode_fn)(const void *, long, const void *, const void *, const int32_t *, const int32_t *,
+                          void *, float *, int, int, int, int, int, int, int, float, int);
 static decode_fn pick(int kv_dtype, int D) {
 #if defined(__AVX512F__)
     if (kv_dtype == 0 && (D == 16 || D == 32 || D == 48 || D == 64 || D == 128))
@@ -272,14 +284,26 @@ static decode_fn pick(int kv_dtype, int D) {
     return 0;
 }
 
-/* kv_dtype: 0 = float32, 1 = bfloat16. Returns 0, or -1 for an unsupported dtype. */
-int paged_decode_attention(const float *q, const void *k_cache, const void *v_cache,
-                           const int32_t *block_tables, const int32_t *context_lens, float *out,
-                           float *scratch, int B, int H, int KVH, int D, int bs, int max_blocks,
-                           int max_context, float scale, int kv_dtype, int num_threads) {
+/* Write the step's new keys and values into the caches, then attend every row with a nonzero
+ * context length. q, k_new, v_new: one row per new token (heads contiguous within a row, rows
+ * q_stride / kv_stride elements apart, so they may be column slices of one fused q|k|v matrix);
+ * slots[t]: the cache slot (block * bs + offset) of new token t. q, out and the caches share one
+ * dtype (kv_dtype: 0 = float32, 1 = bfloat16); scratch holds num_threads * H * (max_context + 2D)
+ * floats. Returns 0, or -1 for an unsupported dtype. */
+int paged_attention_rows(const void *q, long q_stride, const void *k_new, const void *v_new, long kv_stride,
+                         const int64_t *slots, long n_new, void *k_cache, void *v_cache,
+                         const int32_t *block_tables, const int32_t *context_lens, void *out, float *scratch,
+                         int B, int H, int KVH, int D, int bs, int max_blocks, int max_context, float scale,
+                         int kv_dtype, int num_threads) {
     decode_fn fn = pick(kv_dtype, D);
     if (!fn) return -1;
-    fn(q, k_cache, v_cache, block_tables, context_lens, out, scratch, B, H, KVH, D, bs, max_blocks, max_context,
-       scale, num_threads);
+    const long elem = kv_dtype == 0 ? 4 : 2, row_bytes = (long)KVH * D * elem;
+    _Pragma("omp parallel for num_threads(num_threads) schedule(static) if(n_new >= 256)")
+    for (long t = 0; t < n_new; t++) {
+        memcpy((char *)k_cache + slots[t] * row_bytes, (const char *)k_new + t * kv_stride * elem, row_bytes);
+        memcpy((char *)v_cache + slots[t] * row_bytes, (const char *)v_new + t * kv_stride * elem, row_bytes);
+    }
+    fn(q, q_stride, k_cache, v_cache, block_tables, context_lens, out, scratch, B, H, KVH, D, bs, max_blocks,
+       max_context, scale, num_threads);
     return 0;
 }
