@@ -76,18 +76,22 @@ class Attention(nn.Module):
         self.fused_linears = (self.qkv,)  # a plain tuple: not submodules, the parameters stay q/k/v's
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
-        n, ops = x.shape[0], ctx.ops
-        q, k, v = self.qkv(x)
-        q = q.view(n, self.num_heads, self.head_dim)
-        k = k.view(n, self.num_kv_heads, self.head_dim)
-        v = v.view(n, self.num_kv_heads, self.head_dim)
-        if self.qk_norm:
-            q = ops.rms_norm(q, self.q_norm.weight, self.q_norm.eps)
-            k = ops.rms_norm(k, self.k_norm.weight, self.k_norm.eps)
-        q = ops.rotary(q, ctx.cos_sin, ctx.positions)
-        k = ops.rotary(k, ctx.cos_sin, ctx.positions)
+        n, ops, heads, kv_heads, dim = x.shape[0], ctx.ops, self.num_heads, self.num_kv_heads, self.head_dim
+        fused = None if self.qk_norm else self.qkv.matrix(x)
+        if fused is not None:  # q|k side by side: one rotary call over all their heads
+            qk = ops.rotary(fused[:, : (heads + kv_heads) * dim].view(n, heads + kv_heads, dim), ctx.cos_sin, ctx.positions)
+            q, k = qk[:, :heads], qk[:, heads:]
+            v = fused[:, (heads + kv_heads) * dim :].view(n, kv_heads, dim)
+        else:
+            q, k, v = self.qkv(x)
+            q, k, v = q.view(n, heads, dim), k.view(n, kv_heads, dim), v.view(n, kv_heads, dim)
+            if self.qk_norm:
+                q = ops.rms_norm(q, self.q_norm.weight, self.q_norm.eps)
+                k = ops.rms_norm(k, self.k_norm.weight, self.k_norm.eps)
+            q = ops.rotary(q, ctx.cos_sin, ctx.positions)
+            k = ops.rotary(k, ctx.cos_sin, ctx.positions)
         out = paged_attention(q, k, v, k_cache, v_cache, ctx.meta, self.scale)
-        return self.o_proj(out.reshape(n, -1))
+        return self.o_proj.forward(out.reshape(n, -1))
 
 
 class MLP(nn.Module):
@@ -104,7 +108,7 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor, ops: TorchOps) -> torch.Tensor:
         if self.act is not None:  # not SwiGLU: no fused kernel
             return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
-        return self.down_proj(ops.silu_mul(*self.gate_up(x)))
+        return self.down_proj.forward(ops.silu_mul(*self.gate_up(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -119,10 +123,12 @@ class DecoderLayer(nn.Module):
         """`residual` is the stream (updated in place), `normed` its input_layernorm; returns the
         stream after this layer normalised by `next_norm` (the next layer's input norm, or the final)."""
         ops = ctx.ops
-        attn = self.self_attn(normed, ctx, k_cache, v_cache)
+        # .forward directly, here and below: Module.__call__ costs microseconds per call, and a
+        # decode step makes a few hundred of these calls (no hooks are ever registered on them)
+        attn = self.self_attn.forward(normed, ctx, k_cache, v_cache)
         post = self.post_attention_layernorm
         normed = ops.add_rms_norm(residual, attn, post.weight, post.eps)
-        return ops.add_rms_norm(residual, self.mlp(normed, ops), next_norm.weight, next_norm.eps)
+        return ops.add_rms_norm(residual, self.mlp.forward(normed, ops), next_norm.weight, next_norm.eps)
 
 
 class Backbone(nn.Module):
@@ -168,7 +174,7 @@ class DecoderForCausalLM(nn.Module):
         for i, layer in enumerate(layers):
             next_norm = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.model.norm
             k_cache, v_cache = kv.layer(i)
-            normed = layer(residual, normed, ctx, k_cache, v_cache, next_norm)
+            normed = layer.forward(residual, normed, ctx, k_cache, v_cache, next_norm)
         return normed
 
     def use_ops(self, ops: TorchOps) -> None:

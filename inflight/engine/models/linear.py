@@ -120,10 +120,16 @@ class FusedLinear:
     def invalidate(self) -> None:
         self._packed: torch.Tensor | None = None
         self._bias: torch.Tensor | None = None
-        self._packed_from: tuple | None = None
+        self._packed_from: list[int] | None = None
 
-    def _source_key(self) -> tuple:
-        return tuple((_tensor_key(p.weight), _tensor_key(p.bias)) for p in self.parts)
+    def _source_key(self) -> list[int]:
+        key = []
+        for part in self.parts:  # a plain loop: this runs on every call
+            weight, bias = part.weight, part.bias
+            key += (weight.data_ptr(), weight._version)
+            if bias is not None:
+                key += (bias.data_ptr(), bias._version)
+        return key
 
     def _pack(self) -> torch.Tensor:
         key = self._source_key()
@@ -139,13 +145,19 @@ class FusedLinear:
             self._packed_from = key
         return self._packed
 
-    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
-        """Each part's output for `x` [rows, in_features]."""
+    def matrix(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The parts' outputs for `x` [rows, in_features] side by side in one [rows, sum of widths]
+        matrix, or None where this call would not run fused (then call the parts)."""
         first = self.parts[0]
         if not first.packed_enabled or _small(x.shape[0], self.numel, first.weight.dtype):
+            return None
+        return _linear_pointwise(x.contiguous(), self._pack(), self._bias)
+
+    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """Each part's output for `x` [rows, in_features]."""
+        out = self.matrix(x)
+        if out is None:
             return [p(x) for p in self.parts]
-        packed = self._pack()
-        out = _linear_pointwise(x.contiguous(), packed, self._bias)
         return list(out.split(self.widths, dim=-1))
 
 
