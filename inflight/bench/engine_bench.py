@@ -34,9 +34,11 @@ from typing import Any
 from inflight.bench import vllm_side
 from inflight.bench.common import (
     MODEL_SHAPES,
+    TCMALLOC_NAMES,
     CpuMonitor,
     Worker,
     busy_cpu_seconds,
+    find_library,
     median,
     tree_cpu_seconds,
 )
@@ -104,6 +106,9 @@ class BenchConfig:
     profile: bool = False  # one extra engine run under torch.profiler; the op table goes in the result
     vllm_python: str | None = None  # None: vllm_side.default_python()
     vllm_kv_cache_gib: int = 2
+    # malloc of the engine's and transformers' processes: "auto" preloads tcmalloc where found (as on
+    # vLLM's side), "tcmalloc" requires it, "system" keeps glibc's
+    allocator: str = "auto"
     vllm_env: dict[str, str] = field(default_factory=dict)  # on top of vllm_side.vllm_env's settings
     vllm_kwargs: dict[str, Any] = field(default_factory=dict)  # extra vllm.LLM(...) arguments
 
@@ -200,6 +205,19 @@ def _settle(
             return
 
 
+def side_env(allocator: str) -> dict[str, str]:
+    """The environment of the engine's and transformers' worker processes for `allocator`."""
+    tcmalloc = None if allocator == "system" else find_library(TCMALLOC_NAMES)
+    if tcmalloc is None and allocator == "tcmalloc":
+        raise SystemExit(
+            "--allocator tcmalloc: libtcmalloc_minimal.so.4 not found (Debian/Ubuntu: apt-get install "
+            "libtcmalloc-minimal4); --allocator system or auto runs on glibc's malloc"
+        )
+    if tcmalloc is None:
+        return {}
+    return {"LD_PRELOAD": ":".join([tcmalloc, *filter(None, [os.environ.get("LD_PRELOAD")])])}
+
+
 def _measure(cfg: BenchConfig, work: Workload, model_dir: Path) -> dict[str, dict[str, Any]]:
     """Open every side, then alternate their passes, so that all see the same background load,
     round after round until each side has `repeats` quiet passes (or `max_rounds` ran).
@@ -216,10 +234,11 @@ def _measure(cfg: BenchConfig, work: Workload, model_dir: Path) -> dict[str, dic
             vllm_worker, sides["vllm"] = vllm_side.start_worker(cfg)
             stack.enter_context(vllm_worker)
             pids["vllm"], runs["vllm"] = vllm_worker.pid, lambda: vllm_side.run_pass(vllm_worker)
+        env = side_env(cfg.allocator)
         for kind in ("engine", "transformers"):
             if kind == "engine" or kind in cfg.against:
-                worker = workers[kind] = stack.enter_context(Worker())
-                opened = worker.call(open_side, kind, str(model_dir), cfg, work)
+                worker = workers[kind] = stack.enter_context(Worker(env))
+                opened = {**worker.call(open_side, kind, str(model_dir), cfg, work), "env": env}
                 sides[kind] = _record(opened) if kind == "engine" else opened  # transformers: per size
                 pids[kind] = worker.call(os.getpid)
                 runs[kind] = lambda *args, w=worker: w.call(call_side, "run", *args)
@@ -438,6 +457,13 @@ def _parser() -> argparse.ArgumentParser:
         "--vllm-python",
         help=f"vLLM's interpreter (default: ${vllm_side.ENV_VAR}, else {vllm_side.DEFAULT_VENV}/bin/python)",
     )
+    add(
+        "--allocator",
+        choices=("auto", "tcmalloc", "system"),
+        default="auto",
+        help="malloc of the engine's and transformers' processes: tcmalloc preloaded (as on vLLM's side, "
+        "whose CPU docs ask for it; auto: where found) or glibc's",
+    )
     add("--vllm-kv-cache-gib", type=int, default=2, help="VLLM_CPU_KVCACHE_SPACE")
     add(
         "--vllm-env",
@@ -489,6 +515,7 @@ def _parse(argv: list[str]) -> tuple[BenchConfig, argparse.Namespace]:
         profile=args.profile,
         vllm_python=args.vllm_python or vllm_side.default_python(),
         vllm_kv_cache_gib=args.vllm_kv_cache_gib,
+        allocator=args.allocator,
         vllm_env=dict(args.vllm_env),
         vllm_kwargs=args.vllm_kwargs,
     )

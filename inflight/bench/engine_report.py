@@ -166,6 +166,12 @@ def _vllm_lines(result: dict[str, Any]) -> list[str]:
     ]
 
 
+def _preload(env: dict[str, str]) -> str:
+    if "LD_PRELOAD" in env:
+        return f"LD_PRELOAD={env['LD_PRELOAD']} (--allocator system: glibc's malloc)"
+    return "glibc's malloc (tcmalloc, which vLLM's side preloads, not found or --allocator system)"
+
+
 def format_report(result: dict[str, Any]) -> str:
     """A plain-text table of the headline numbers, then the details of each side."""
     engine = result["engine"]
@@ -184,6 +190,7 @@ def format_report(result: dict[str, Any]) -> str:
         "passes: seconds (cores used meanwhile by other processes / by this benchmark's idle sides); "
         f"medians over the quiet ones (at most {_limit(result):.2f} cores used)",
         f"engine passes ({engine['quiet_passes']} quiet of {engine['passes']}): {_passes(engine)}",
+        f"engine (and transformers) process: {_preload(engine.get('env', {}))}",
     ]
     if "transformers" in result:
         lines += _transformers_lines(result)

