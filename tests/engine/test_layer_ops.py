@@ -92,6 +92,17 @@ def test_silu_mul_matches_pytorch(dtype, rows):
     _close(NativeOps(lib).silu_mul(gate, up), torch.nn.functional.silu(gate) * up, dtype, exact_bf16=False)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_mul_over_the_whole_float_range_and_ragged_rows(dtype):
+    """Saturating inputs (exp overflows or underflows) and rows that are not a multiple of 16 lanes."""
+    gate = torch.cat([torch.linspace(-120, 120, 301), torch.tensor([-1e30, -88.8, 88.8, 1e30, 0.0])])
+    gate = gate.reshape(6, 51).to(dtype)
+    up = torch.randn(6, 51).to(dtype)
+    got = NativeOps(lib).silu_mul(gate, up)
+    assert torch.isfinite(got).all()
+    _close(got, torch.nn.functional.silu(gate) * up, dtype, exact_bf16=False)
+
+
 def test_unsupported_inputs_fall_back_to_pytorch():
     ops, ref = NativeOps(lib), TorchOps()
     x = torch.randn(8, 32).t()  # not contiguous

@@ -103,12 +103,93 @@ static void NAME(const T *gate, const T *up, long stride, T *out, long rows, int
     }                                                                                              \
 }
 
+#if defined(__AVX512F__)
+/* silu(gate) * up, 16 lanes at a time, with an exp of its own: through libmvec's expf and a
+ * division this step cost 6% of the 49M bf16 workload. Cephes' expf polynomial after range
+ * reduction by ln 2 (relative error ~1e-7, like expf), a scalef for 2^n, a reciprocal estimate
+ * refined by one Newton step; bf16 rounding as bf16_store (round to nearest even). 1.5-1.8x the
+ * scalar-loop version on [64, 1536]. */
+#include <immintrin.h>
+
+static inline __m512 exp16(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-103.f)), _mm512_set1_ps(88.7f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.f));
+    return _mm512_scalef_ps(y, n);
+}
+
+static inline __m512 silu16(__m512 x) {
+    const __m512 d = _mm512_add_ps(_mm512_set1_ps(1.f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), x)));
+    __m512 inv = _mm512_rcp14_ps(d); /* 14 bits, then one Newton step: ~1 ulp, a third of a division's cost */
+    inv = _mm512_mul_ps(inv, _mm512_fnmadd_ps(d, inv, _mm512_set1_ps(2.f)));
+    return _mm512_mul_ps(x, inv);
+}
+
+static inline __m512 load16_bf16(const uint16_t *p, __mmask16 mask) {
+    const __m512i wide = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+
+static inline __m256i bf16x16(__m512 f) { /* round to nearest even, as bf16_store */
+#if defined(__AVX512BF16__)
+    return (__m256i)_mm512_cvtneps_pbh(f);
+#else
+    __m512i u = _mm512_castps_si512(f);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    u = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb));
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(u, 16));
+#endif
+}
+
+static inline __m512 round16_bf16(__m512 f) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bf16x16(f)), 16));
+}
+
+static void silu_mul_f32(const float *gate, const float *up, long stride, float *out, long rows, int dim,
+                         int threads) {
+    _Pragma("omp parallel for num_threads(threads) schedule(static) if(rows * dim >= PARALLEL_MIN)")
+    for (long r = 0; r < rows; r++) {
+        const float *g = gate + r * stride, *u = up + r * stride;
+        float *o = out + r * dim;
+        for (int i = 0; i < dim; i += 16) {
+            const __mmask16 m = dim - i >= 16 ? 0xFFFF : (__mmask16)((1u << (dim - i)) - 1);
+            const __m512 x = _mm512_maskz_loadu_ps(m, g + i);
+            _mm512_mask_storeu_ps(o + i, m, _mm512_mul_ps(silu16(x), _mm512_maskz_loadu_ps(m, u + i)));
+        }
+    }
+}
+
+static void silu_mul_bf16(const uint16_t *gate, const uint16_t *up, long stride, uint16_t *out, long rows,
+                          int dim, int threads) {
+    _Pragma("omp parallel for num_threads(threads) schedule(static) if(rows * dim >= PARALLEL_MIN)")
+    for (long r = 0; r < rows; r++) {
+        const uint16_t *g = gate + r * stride, *u = up + r * stride;
+        uint16_t *o = out + r * dim;
+        for (int i = 0; i < dim; i += 16) {
+            const __mmask16 m = dim - i >= 16 ? 0xFFFF : (__mmask16)((1u << (dim - i)) - 1);
+            const __m512 s = round16_bf16(silu16(load16_bf16(g + i, m)));
+            _mm256_mask_storeu_epi16(o + i, m, bf16x16(_mm512_mul_ps(s, load16_bf16(u + i, m))));
+        }
+    }
+}
+#else
+DEFINE_SILU_MUL(silu_mul_f32, float, F32_LOAD, F32_STORE, F32_ROUND)
+DEFINE_SILU_MUL(silu_mul_bf16, uint16_t, bf16_load, bf16_store, BF16_ROUND)
+#endif
+
 DEFINE_NORM(norm_f32, float, F32_LOAD, F32_STORE, F32_ROUND)
 DEFINE_NORM(norm_bf16, uint16_t, bf16_load, bf16_store, BF16_ROUND)
 DEFINE_ROTARY(rotary_f32, float, F32_LOAD, F32_STORE, F32_ROUND)
 DEFINE_ROTARY(rotary_bf16, uint16_t, bf16_load, bf16_store, BF16_ROUND)
-DEFINE_SILU_MUL(silu_mul_f32, float, F32_LOAD, F32_STORE, F32_ROUND)
-DEFINE_SILU_MUL(silu_mul_bf16, uint16_t, bf16_load, bf16_store, BF16_ROUND)
 
 /* delta may be NULL (plain RMSNorm). Returns 0, or -1 for an unsupported dtype. */
 int fused_rms_norm(void *x, const void *delta, const void *weight, void *out, long rows, int dim, float eps,
