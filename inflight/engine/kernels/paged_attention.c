@@ -31,6 +31,19 @@ static inline uint16_t f32_to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
+/* Softmax in place over the first `len` scores of each of `rows` rows, `stride` floats apart. */
+static inline void softmax_rows(float *scores, int rows, long stride, int len) {
+    for (int h = 0; h < rows; h++) {
+        float *s = scores + h * stride, top = -FLT_MAX, total = 0.f;
+#pragma omp simd reduction(max:top)
+        for (int pos = 0; pos < len; pos++) top = s[pos] > top ? s[pos] : top;
+#pragma omp simd reduction(+:total)
+        for (int pos = 0; pos < len; pos++) { s[pos] = expf(s[pos] - top); total += s[pos]; }
+        const float inv = 1.f / total;
+        for (int pos = 0; pos < len; pos++) s[pos] *= inv;
+    }
+}
+
 /* Blocks lie anywhere in the pool and the hardware prefetcher stops at page boundaries: while
  * reading a token's row, ask for the same row of the sequence's next block. */
 static inline void prefetch_row(const void *row, long bytes) {
@@ -69,15 +82,7 @@ static void NAME(const T *q, long q_stride, const T *k_cache, const T *v_cache, 
                 scores[(long)h * max_context + pos] = dot * scale;                                \
             }                                                                                     \
         }                                                                                         \
-        for (int h = 0; h < H; h++) {                                                             \
-            float *s = scores + (long)h * max_context, top = -FLT_MAX, total = 0.f;              \
-            _Pragma("omp simd reduction(max:top)")                                                \
-            for (int pos = 0; pos < len; pos++) top = s[pos] > top ? s[pos] : top;                \
-            _Pragma("omp simd reduction(+:total)")                                                \
-            for (int pos = 0; pos < len; pos++) { s[pos] = expf(s[pos] - top); total += s[pos]; } \
-            const float inv = 1.f / total;                                                        \
-            for (int pos = 0; pos < len; pos++) s[pos] *= inv;                                    \
-        }                                                                                         \
+        softmax_rows(scores, H, max_context, len);                                                \
         memset(acc, 0, sizeof(float) * H * D);                                                    \
         for (int pos = 0; pos < len; pos++) {                                                     \
             const T *vp = v_cache + ((long)table[pos / bs] * bs + pos % bs) * token_stride;       \
@@ -154,8 +159,8 @@ static inline void prefetch_tile_part(const char *tile, int rows, long row_bytes
 }
 
 /* The tile `ahead` tokens after `pos` in the stream a sequence is read in: its keys, then its values
- * (so the values' first tiles arrive while the last keys are read). Its row count in *rows; 0 past
- * the values' end. */
+ * (so the values' first tiles arrive while the last keys are read); ahead = 0: the tile at pos.
+ * Its row count (up to 16, within one block) in *rows; 0 past the values' end. */
 static inline const char *tile_ahead(const char *k_cache, const char *v_cache, int in_values,
                                      const int32_t *table, int pos, int ahead, int len, int bs,
                                      long row_bytes, int *rows) {
@@ -196,10 +201,9 @@ static void NAME(const T *q, long q_stride, const T *k_cache, const T *v_cache, 
             prefetch_tile_part(first, rows, row_bytes, 0, 1);                                     \
         }                                                                                         \
         for (int pos = 0; pos < len; pos += 16) {                                                 \
-            const int off = pos % bs, m0 = bs - off < 16 ? bs - off : 16;                         \
-            const int m = len - pos < m0 ? len - pos : m0;                                        \
-            const T *tile = k_cache + ((long)table[pos / bs] * bs + off) * token_stride;          \
-            int ahead_rows;                                                                       \
+            int m, ahead_rows;                                                                    \
+            const T *tile = (const T *)tile_ahead((const char *)k_cache, (const char *)v_cache, 0, table, \
+                                                  pos, 0, len, bs, row_bytes, &m);                \
             const char *ahead = tile_ahead((const char *)k_cache, (const char *)v_cache, 0, table, pos, \
                                            PREFETCH_AHEAD, len, bs, row_bytes, &ahead_rows);      \
             for (int h = 0; h < H; h++) {                                                         \
@@ -219,21 +223,12 @@ static void NAME(const T *q, long q_stride, const T *k_cache, const T *v_cache, 
             }                                                                                     \
             if (m < 16) pos += m - 16; /* a block ended inside the tile: the next one starts there */ \
         }                                                                                         \
-        for (int h = 0; h < H; h++) {                                                             \
-            float *s = scores + (long)h * max_context, top = -FLT_MAX, total = 0.f;              \
-            _Pragma("omp simd reduction(max:top)")                                                \
-            for (int pos = 0; pos < len; pos++) top = s[pos] > top ? s[pos] : top;                \
-            _Pragma("omp simd reduction(+:total)")                                                \
-            for (int pos = 0; pos < len; pos++) { s[pos] = expf(s[pos] - top); total += s[pos]; } \
-            const float inv = 1.f / total;                                                        \
-            for (int pos = 0; pos < len; pos++) s[pos] *= inv;                                    \
-        }                                                                                         \
+        softmax_rows(scores, H, max_context, len);                                                \
         memset(acc, 0, sizeof(float) * H * D);                                                    \
         for (int pos = 0; pos < len; pos += 16) {                                                 \
-            const int off = pos % bs, m0 = bs - off < 16 ? bs - off : 16;                         \
-            const int m = len - pos < m0 ? len - pos : m0;                                        \
-            const T *tile = v_cache + ((long)table[pos / bs] * bs + off) * token_stride;          \
-            int ahead_rows;                                                                       \
+            int m, ahead_rows;                                                                    \
+            const T *tile = (const T *)tile_ahead((const char *)k_cache, (const char *)v_cache, 1, table, \
+                                                  pos, 0, len, bs, row_bytes, &m);                \
             const char *ahead = tile_ahead((const char *)k_cache, (const char *)v_cache, 1, table, pos, \
                                            PREFETCH_AHEAD, len, bs, row_bytes, &ahead_rows);      \
             for (int h = 0; h < H; h++) {                                                         \
