@@ -168,9 +168,9 @@ def _gather(cache_2d: torch.Tensor, block_ids: torch.Tensor, out: torch.Tensor) 
     return torch.index_select(cache_2d, 0, block_ids, out=out[: block_ids.numel()])
 
 
-def _rows_of_heads(x: torch.Tensor) -> bool:
+def rows_of_heads(x: torch.Tensor) -> bool:
     """x [T, heads, D] whose rows hold contiguous heads (a column slice of a wider matrix is fine)."""
-    return x.stride(2) == 1 and x.stride(1) == x.shape[2]
+    return x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == x.shape[2]
 
 
 def _native_attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float, out: torch.Tensor) -> None:
@@ -181,9 +181,8 @@ def _native_attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale:
         raise RuntimeError(f"native attention needs q/k/v in the cache's dtype {k_cache.dtype}, not {q.dtype}")
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
-    if not (_rows_of_heads(q) and _rows_of_heads(k) and _rows_of_heads(v) and k.stride(0) == v.stride(0)):
+    if not (rows_of_heads(q) and rows_of_heads(k) and rows_of_heads(v) and k.stride(0) == v.stride(0)):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        v = v if k.stride(0) == v.stride(0) else v.contiguous()
     threads = torch.get_num_threads()
     scratch = ws.take("native_scratch", threads * num_heads * (nd.max_context + 2 * head_dim), torch.float32, q.device)
     status = nd.lib.paged_attention_rows(
@@ -221,8 +220,7 @@ def paged_attention(
         v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v)
     k_rows, v_rows = k_cache.view(k_cache.shape[0], -1), v_cache.view(v_cache.shape[0], -1)
     gathered = max([g.block_ids.numel() for g in meta.decode_groups]
-                   + [c.block_ids.numel() for c in meta.prefills if c.block_ids is not None and not c.native]
-                   + [0])
+                   + [c.block_ids.numel() for c in meta.prefills if c.block_ids is not None] + [0])
     k_buf, v_buf = meta.workspace.get(gathered, k_rows) if gathered else (None, None)
     for g in meta.decode_groups:
         kd = _gather(k_rows, g.block_ids, k_buf).view(g.count, -1, num_kv_heads, head_dim).transpose(1, 2)

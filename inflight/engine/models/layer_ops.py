@@ -12,6 +12,8 @@ import ctypes
 
 import torch
 
+from inflight.engine.attention import rows_of_heads
+
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 
 
@@ -85,15 +87,10 @@ class NativeOps(TorchOps):
         if status != 0:
             raise RuntimeError(f"fused_rms_norm failed with status {status}")
 
-    @staticmethod
-    def _rows_of_heads(x: torch.Tensor) -> bool:
-        """x [T, H, D] whose tokens are rows of contiguous heads (a column slice of a wider matrix is fine)."""
-        return x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == x.shape[2]
-
     def rotary(self, x: torch.Tensor, cos_sin_table: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """In place when native (x is returned)."""
         native = (
-            x.device.type == "cpu" and x.dtype in _DTYPE_CODES and self._rows_of_heads(x)
+            x.device.type == "cpu" and x.dtype in _DTYPE_CODES and rows_of_heads(x)
             and cos_sin_table.dtype == torch.float32 and cos_sin_table.is_contiguous()
             and positions.dtype == torch.int64 and positions.is_contiguous()
         )  # fmt: skip
