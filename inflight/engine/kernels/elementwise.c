@@ -154,33 +154,29 @@ static inline __m512 round16_bf16(__m512 f) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bf16x16(f)), 16));
 }
 
-static void silu_mul_f32(const float *gate, const float *up, long stride, float *out, long rows, int dim,
-                         int threads) {
-    _Pragma("omp parallel for num_threads(threads) schedule(static) if(rows * dim >= PARALLEL_MIN)")
-    for (long r = 0; r < rows; r++) {
-        const float *g = gate + r * stride, *u = up + r * stride;
-        float *o = out + r * dim;
-        for (int i = 0; i < dim; i += 16) {
-            const __mmask16 m = dim - i >= 16 ? 0xFFFF : (__mmask16)((1u << (dim - i)) - 1);
-            const __m512 x = _mm512_maskz_loadu_ps(m, g + i);
-            _mm512_mask_storeu_ps(o + i, m, _mm512_mul_ps(silu16(x), _mm512_maskz_loadu_ps(m, u + i)));
-        }
-    }
+static inline __m512 load16_f32(const float *p, __mmask16 mask) { return _mm512_maskz_loadu_ps(mask, p); }
+static inline void store16_f32(float *p, __mmask16 mask, __m512 v) { _mm512_mask_storeu_ps(p, mask, v); }
+static inline __m512 round16_f32(__m512 v) { return v; }
+static inline void store16_bf16(uint16_t *p, __mmask16 mask, __m512 v) {
+    _mm256_mask_storeu_epi16(p, mask, bf16x16(v));
 }
 
-static void silu_mul_bf16(const uint16_t *gate, const uint16_t *up, long stride, uint16_t *out, long rows,
-                          int dim, int threads) {
-    _Pragma("omp parallel for num_threads(threads) schedule(static) if(rows * dim >= PARALLEL_MIN)")
-    for (long r = 0; r < rows; r++) {
-        const uint16_t *g = gate + r * stride, *u = up + r * stride;
-        uint16_t *o = out + r * dim;
-        for (int i = 0; i < dim; i += 16) {
-            const __mmask16 m = dim - i >= 16 ? 0xFFFF : (__mmask16)((1u << (dim - i)) - 1);
-            const __m512 s = round16_bf16(silu16(load16_bf16(g + i, m)));
-            _mm256_mask_storeu_epi16(o + i, m, bf16x16(_mm512_mul_ps(s, load16_bf16(u + i, m))));
-        }
-    }
+#define DEFINE_SILU_MUL_AVX512(NAME, T, LOAD16, STORE16, ROUND16)                                  \
+static void NAME(const T *gate, const T *up, long stride, T *out, long rows, int dim, int threads) { \
+    _Pragma("omp parallel for num_threads(threads) schedule(static) if(rows * dim >= PARALLEL_MIN)") \
+    for (long r = 0; r < rows; r++) {                                                              \
+        const T *g = gate + r * stride, *u = up + r * stride;                                      \
+        T *o = out + r * dim;                                                                      \
+        for (int i = 0; i < dim; i += 16) {                                                        \
+            const __mmask16 m = dim - i >= 16 ? 0xFFFF : (__mmask16)((1u << (dim - i)) - 1);       \
+            const __m512 s = ROUND16(silu16(LOAD16(g + i, m)));                                    \
+            STORE16(o + i, m, _mm512_mul_ps(s, LOAD16(u + i, m)));                                 \
+        }                                                                                          \
+    }                                                                                              \
 }
+
+DEFINE_SILU_MUL_AVX512(silu_mul_f32, float, load16_f32, store16_f32, round16_f32)
+DEFINE_SILU_MUL_AVX512(silu_mul_bf16, uint16_t, load16_bf16, store16_bf16, round16_bf16)
 #else
 DEFINE_SILU_MUL(silu_mul_f32, float, F32_LOAD, F32_STORE, F32_ROUND)
 DEFINE_SILU_MUL(silu_mul_bf16, uint16_t, bf16_load, bf16_store, BF16_ROUND)
