@@ -2,11 +2,18 @@
 
 PyTorch has no attention over a paged KV cache on CPU (`paged_attention.c` fills that gap), and its
 eager elementwise ops cost one pass and one temporary each (`elementwise.c` fuses a decoder
-layer's RMSNorm, residual add, rotary and silu*mul). One shared library is built from the C
-sources next to this file into a per-user cache directory keyed by the sources, the compiler flags
-and the CPU's feature flags (the code is built for the host CPU), so each machine compiles once
-(about two seconds). Where no compiler is found, `load()` returns None
-and callers use their PyTorch path; `INFLIGHT_NATIVE_KERNELS=0` forces that.
+layer's RMSNorm, residual add, rotary and silu*mul).
+
+The C sources carry one code path per ISA level (`inflight.engine.cpu.ISA_LEVELS`): AVX-512,
+AVX2 + FMA, and portable C that any C11 compiler builds for any CPU (aarch64 included). One shared
+library per level is built from them with that level's flags (not `-march=native`: a library is
+exactly the code its level's tests ran) into a per-user cache keyed by the sources, the flags and
+the compiler, so each machine compiles a level once (about two seconds).
+
+`INFLIGHT_KERNEL_ISA` = native (default: the best level this CPU runs) | avx512 | avx2 | portable
+picks the level; a level the CPU cannot run raises `NativeKernelError` naming the missing CPU
+features. Where no compiler is found, `load()` returns None and callers use their PyTorch path;
+`INFLIGHT_NATIVE_KERNELS=0` forces that.
 """
 
 from __future__ import annotations
@@ -20,25 +27,60 @@ import tempfile
 import threading
 from pathlib import Path
 
-_SOURCES = sorted(Path(__file__).parent.glob("*.c"))
-# -ffast-math: vectorised expf (libmvec) and reassociated sums; the kernel never sees inf or nan
-_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
+from inflight.engine import cpu
+
+SOURCES = sorted(Path(__file__).parent.glob("*.c"))
+HEADERS = sorted(Path(__file__).parent.glob("*.h"))
+ISA_CHOICES = ("native", *cpu.ISA_LEVELS)
+# -ffast-math: vectorised expf (libmvec) and reassociated sums; the kernels clamp what could overflow
+_COMMON_FLAGS = ["-O3", "-ffast-math", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
+_X86_MARCH = {"avx512": "-march=x86-64-v4", "avx2": "-march=x86-64-v3", "portable": "-march=x86-64"}
 _LOCK = threading.Lock()
-_LOADED: dict[str, ctypes.CDLL | None] = {}
+_LOADED: dict[str, tuple[ctypes.CDLL | None, str | None]] = {}
 
 
 class NativeKernelError(RuntimeError):
     """The native kernels were required but could not be built or loaded."""
 
 
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
-    except OSError:
-        pass
-    return os.uname().machine
+def requested_isa() -> str:
+    """The value of INFLIGHT_KERNEL_ISA (default `native`), checked against the choices."""
+    value = os.environ.get("INFLIGHT_KERNEL_ISA", "native").strip().lower() or "native"
+    if value not in ISA_CHOICES:
+        raise NativeKernelError(f"INFLIGHT_KERNEL_ISA={value!r} must be one of {list(ISA_CHOICES)}")
+    return value
+
+
+def resolve_isa(requested: str | None = None) -> str:
+    """The ISA level to build for `requested` (default: INFLIGHT_KERNEL_ISA); `native` is the best
+    level this CPU runs. A level this CPU cannot run raises NativeKernelError saying what is missing."""
+    requested = requested_isa() if requested is None else requested
+    if requested == "native":
+        return cpu.best_isa_level()
+    if requested not in cpu.ISA_LEVELS:
+        raise NativeKernelError(f"kernel ISA {requested!r} must be one of {list(ISA_CHOICES)}")
+    missing = cpu.missing_flags(requested)
+    if missing:
+        raise NativeKernelError(
+            f"INFLIGHT_KERNEL_ISA={requested} needs CPU features this CPU ({cpu.cpu_model()}) lacks: "
+            f"{', '.join(missing)}; set INFLIGHT_KERNEL_ISA to one of {list(cpu.runnable_isa_levels())} "
+            "or to native"
+        )
+    return requested
+
+
+def compile_flags(isa: str, machine: str | None = None) -> list[str]:
+    """The compiler flags for ISA level `isa` on CPU architecture `machine` (default: this one)."""
+    machine = cpu.machine() if machine is None else machine
+    if machine in ("x86_64", "amd64"):
+        return [*_COMMON_FLAGS, _X86_MARCH[isa]]
+    if isa != "portable":
+        raise NativeKernelError(f"kernel ISA {isa!r} is x86-64 only; {machine} builds the portable level")
+    return list(_COMMON_FLAGS)
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
 
 
 def _cache_dir() -> Path:
@@ -48,27 +90,24 @@ def _cache_dir() -> Path:
     return Path(root)
 
 
-def _compiler() -> str | None:
-    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+def library_path(isa: str | None = None, compiler: str | None = None) -> Path:
+    """Where the shared library for these sources, this level's flags and this compiler lives."""
+    isa = resolve_isa(isa)
+    key = hashlib.sha256(b"".join(src.read_bytes() for src in (*SOURCES, *HEADERS)))
+    key.update(" ".join([*compile_flags(isa), str(compiler or _compiler())]).encode())
+    return _cache_dir() / f"inflight_kernels-{isa}-{key.hexdigest()[:16]}.so"
 
 
-def library_path() -> Path:
-    """Where the shared library for this source, these flags and this CPU lives (built or not)."""
-    key = hashlib.sha256(b"".join(src.read_bytes() for src in _SOURCES))
-    key.update(" ".join(_FLAGS).encode() + _cpu_flags().encode())
-    return _cache_dir() / f"inflight_kernels-{key.hexdigest()[:16]}.so"
-
-
-def _build(target: Path, compiler: str) -> None:
+def build(target: Path, compiler: str, flags: list[str]) -> None:
+    """Compile the sources with `flags` into `target` (atomically: built beside it, then renamed)."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    # build beside the target and rename: concurrent processes never load a half-written file
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        result = subprocess.run([compiler, *_FLAGS, "-o", tmp, *map(str, _SOURCES), "-lm"],
-                                capture_output=True, text=True, timeout=120)
+        result = subprocess.run([compiler, *flags, "-o", tmp, *map(str, SOURCES), "-lm"],
+                                capture_output=True, text=True, timeout=120)  # fmt: skip
         if result.returncode != 0:
-            names = ", ".join(src.name for src in _SOURCES)
+            names = ", ".join(src.name for src in SOURCES)
             raise NativeKernelError(f"{compiler} failed to build {names}:\n{result.stderr.strip()}")
         os.replace(tmp, target)
     finally:
@@ -84,6 +123,7 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         "fused_rms_norm": [ptr] * 4 + [long, int_, ctypes.c_float, int_, int_],
         "fused_rotary": [ptr, long, long, int_, int_, ptr, ptr, int_, int_],
         "fused_silu_mul": [ptr, ptr, long, ptr, long, int_, int_, int_],
+        "kernel_isa": [],
     }
     for name, argtypes in signatures.items():
         fn = getattr(lib, name)
@@ -91,30 +131,41 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     return lib
 
 
-def load(required: bool = False) -> ctypes.CDLL | None:
-    """The compiled kernels (built on first use), or None when disabled or no compiler is found.
+def load(required: bool = False, isa: str | None = None) -> ctypes.CDLL | None:
+    """The compiled kernels for ISA level `isa` (default: INFLIGHT_KERNEL_ISA), built on first use;
+    None when disabled or no compiler is found (with `required`, NativeKernelError naming why).
 
-    With `required`, failure raises NativeKernelError naming the reason instead.
-    """
-    with _LOCK:
-        if "lib" not in _LOADED:
-            _LOADED["lib"], _LOADED["error"] = _try_load()
-        lib, error = _LOADED["lib"], _LOADED["error"]
+    A level this CPU cannot run, or an unknown INFLIGHT_KERNEL_ISA, always raises: an explicit
+    choice is never silently replaced."""
+    if os.environ.get("INFLIGHT_NATIVE_KERNELS", "1") == "0":
+        lib, error = None, "disabled by INFLIGHT_NATIVE_KERNELS=0"
+    else:
+        level = resolve_isa(isa)
+        with _LOCK:
+            if level not in _LOADED:
+                _LOADED[level] = _try_load(level)
+            lib, error = _LOADED[level]
     if lib is None and required:
-        raise NativeKernelError(f"native attention kernel unavailable: {error}")
+        raise NativeKernelError(f"native kernels unavailable: {error}")
     return lib
 
 
-def _try_load() -> tuple[ctypes.CDLL | None, str | None]:
-    if os.environ.get("INFLIGHT_NATIVE_KERNELS", "1") == "0":
-        return None, "disabled by INFLIGHT_NATIVE_KERNELS=0"
+def loaded_isa(lib: ctypes.CDLL) -> str:
+    """The ISA level a loaded library's code paths were compiled for (asked of the library)."""
+    return cpu.ISA_LEVELS[lib.kernel_isa()]
+
+
+def _try_load(isa: str) -> tuple[ctypes.CDLL | None, str | None]:
     compiler = _compiler()
-    target = library_path()
+    target = library_path(isa, compiler)
     try:
         if not target.exists():
             if compiler is None:
                 return None, "no C compiler found (install gcc or set CC)"
-            _build(target, compiler)
-        return _bind(ctypes.CDLL(str(target))), None
+            build(target, compiler, compile_flags(isa))
+        lib = _bind(ctypes.CDLL(str(target)))
     except (OSError, subprocess.SubprocessError, NativeKernelError) as exc:
         return None, str(exc)
+    if loaded_isa(lib) != isa:
+        return None, f"the {isa} build compiled the {loaded_isa(lib)} code paths (check CC and its flags)"
+    return lib, None

@@ -12,6 +12,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "isa.h"
+
 static inline float bf16_load(uint16_t x) {
     uint32_t u = (uint32_t)x << 16;
     float f;
@@ -103,7 +105,7 @@ static void NAME(const T *gate, const T *up, long stride, T *out, long rows, int
     }                                                                                              \
 }
 
-#if defined(__AVX512F__)
+#if INFLIGHT_AVX512
 /* silu(gate) * up, 16 lanes at a time, with an exp of its own: through libmvec's expf and a
  * division this step cost 6% of the 49M bf16 workload. Cephes' expf polynomial after range
  * reduction by ln 2 (relative error ~1e-7, like expf), a scalef for 2^n, a reciprocal estimate

@@ -15,6 +15,8 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "isa.h"
 #include <omp.h>
 
 static inline float bf16_to_f32(uint16_t x) {
@@ -112,7 +114,7 @@ DEFINE_DECODE(decode_bf16_d32, uint16_t, LOAD_BF16, STORE_BF16, 32)
 DEFINE_DECODE(decode_bf16_d64, uint16_t, LOAD_BF16, STORE_BF16, 64)
 DEFINE_DECODE(decode_bf16_d128, uint16_t, LOAD_BF16, STORE_BF16, 128)
 
-#if defined(__AVX512F__)
+#if INFLIGHT_AVX512
 /* The AVX-512 path (head sizes 16..128 in steps of 16). A sequence is read in tiles of up to 16
  * tokens of one block, every head on a tile while it is in L1. Keys: the query times each token's
  * keys gives 16 vectors, which one transposing add tree turns into the tile's 16 scores (no
@@ -266,7 +268,7 @@ DEFINE_DECODE_AVX512(avx512_bf16_8, uint16_t, LOAD_BF16, STORE_BF16, load16_bf16
 typedef void (*decode_fn)(const void *, long, const void *, const void *, const int32_t *, const int32_t *,
                           void *, float *, int, int, int, int, int, int, int, float, int);
 static decode_fn pick(int kv_dtype, int D) {
-#if defined(__AVX512F__)
+#if INFLIGHT_AVX512
     if (kv_dtype == 0 && (D == 16 || D == 32 || D == 48 || D == 64 || D == 128))
         return (decode_fn)(D == 16 ? avx512_f32_1 : D == 32 ? avx512_f32_2 : D == 48 ? avx512_f32_3 : D == 64 ? avx512_f32_4 : avx512_f32_8);
     if (kv_dtype == 1 && (D == 16 || D == 32 || D == 48 || D == 64 || D == 128))
