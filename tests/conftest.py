@@ -11,6 +11,28 @@ import torch
 torch.set_num_threads(int(os.environ.get("INFLIGHT_TEST_THREADS", "1")))
 
 
+def kernel_isa_levels() -> tuple[str, ...]:
+    """The kernel ISA levels the tests run at: every level this CPU executes (so an AVX-512 machine
+    also proves the AVX2 and portable code), or only the one INFLIGHT_KERNEL_ISA forces."""
+    from inflight.engine import cpu, kernels
+
+    forced = kernels.requested_isa()
+    return cpu.runnable_isa_levels() if forced == "native" else (kernels.resolve_isa(forced),)
+
+
+def pytest_generate_tests(metafunc):
+    if "kernel_isa" in metafunc.fixturenames:
+        metafunc.parametrize("kernel_isa", kernel_isa_levels(), indirect=True)
+
+
+@pytest.fixture
+def kernel_isa(request, monkeypatch) -> str:
+    """Runs the test once per kernel ISA level (see kernel_isa_levels) with INFLIGHT_KERNEL_ISA set
+    to it: every engine the test builds loads that level's kernels."""
+    monkeypatch.setenv("INFLIGHT_KERNEL_ISA", request.param)
+    return request.param
+
+
 @pytest.fixture(scope="session")
 def tiny_model_factory(tmp_path_factory):
     """Returns build(arch="qwen2", seed=0, **overrides) -> model dir, cached per argument set."""

@@ -36,8 +36,10 @@ class EngineConfig:
     # Decode attention: "native" (the C kernel over paged KV, CPU), "torch" (gather + SDPA, any
     # device) or "auto" (native where it is supported and builds, else torch).
     attention_backend: str = "auto"
-    # Linear layers: "onednn" (weights prepacked once for oneDNN, CPU float32/bfloat16), "torch"
-    # (F.linear) or "auto" (onednn where supported, else torch).
+    # Linear layers: "onednn" (weights prepacked once for oneDNN in their dtype, CPU), "onednn_fp32"
+    # (bfloat16 weights packed and computed in float32: CPUs where oneDNN refuses bfloat16),
+    # "torch" (F.linear) or "auto" (onednn where oneDNN runs the dtype, else onednn_fp32 for
+    # bfloat16, else torch).
     linear_backend: str = "auto"
     # RMSNorm, residual add, rotary and silu*mul: "native" (fused C kernels, CPU float32/bfloat16),
     # "torch" (PyTorch ops) or "auto" (native where supported and the kernels build, else torch).

@@ -15,7 +15,7 @@ from inflight.engine.blocks import BlockPool
 from inflight.engine.config import EngineConfig
 from inflight.engine.errors import EngineStateError, InvalidRequestError, WeightUpdateError
 from inflight.engine.kv_cache import KVCache, WeightsPool
-from inflight.engine.models.linear import resolve_linear_backend
+from inflight.engine.models.linear import packed_compute_dtype, resolve_linear_backend
 from inflight.engine.models.loader import load_model
 from inflight.engine.request import Request, RequestOutput, SamplingParams
 from inflight.engine.runner import ModelRunner, layer_ops
@@ -48,7 +48,7 @@ class LLMEngine:
             linear_backend = resolve_linear_backend(config.linear_backend, config.torch_dtype, self.device)
         except ValueError as exc:
             raise InvalidRequestError(str(exc)) from None
-        self.model.use_packed_linears(linear_backend == "onednn")
+        self.model.use_packed_linears(packed_compute_dtype(linear_backend, config.torch_dtype))
         self.linear_backend = linear_backend
         self.model.use_ops(layer_ops(config.elementwise_backend, config.torch_dtype, self.device))
         hf = self.model.config

@@ -7,7 +7,8 @@ import random
 import pytest
 import torch
 
-from inflight.engine import EngineConfig, LLMEngine, SamplingParams
+from inflight.engine import EngineConfig, LLMEngine, SamplingParams, kernels
+from inflight.engine.models.linear import resolve_linear_backend
 from inflight.testing.oracle import hf_greedy
 
 PROMPT_LENS = [1, 7, 16, 33, 50]
@@ -31,10 +32,7 @@ def _check_against_hf(hf, prompts, outputs, max_tokens=MAX_TOKENS, atol=1e-4):
         assert torch.allclose(torch.tensor(out.logprobs), torch.tensor(logprobs), atol=atol, rtol=0)
 
 
-@pytest.mark.parametrize(("backend", "linear"), [("native", "onednn"), ("torch", "torch")])
-@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "llama"])
-def test_batched_greedy_matches_transformers(arch, backend, linear, tiny_model_factory, hf_model_factory):
-    """All native paths (fused kernels, packed linears) and all PyTorch paths."""
+def _batched_greedy_case(arch, backend, linear, tiny_model_factory, hf_model_factory) -> LLMEngine:
     model_dir = tiny_model_factory(arch)
     config = EngineConfig(model=str(model_dir), block_size=8, attention_backend=backend, linear_backend=linear,
                           elementwise_backend=backend)  # fmt: skip
@@ -43,6 +41,22 @@ def test_batched_greedy_matches_transformers(arch, backend, linear, tiny_model_f
     outputs = engine.generate(prompts, _greedy())
     _check_against_hf(hf_model_factory(model_dir), prompts, outputs)
     assert all(v == 0 for out in outputs for v in out.token_weight_versions)
+    return engine
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "llama"])
+def test_batched_greedy_matches_transformers_native(arch, kernel_isa, tiny_model_factory, hf_model_factory):
+    """Every native path (fused kernels, packed linears) at every kernel ISA level this CPU runs:
+    token for token, logprobs within 1e-4."""
+    engine = _batched_greedy_case(arch, "native", "onednn", tiny_model_factory, hf_model_factory)
+    assert kernels.loaded_isa(engine.runner.native_lib) == kernel_isa
+    assert kernels.loaded_isa(engine.model.ops.lib) == kernel_isa
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "llama"])
+def test_batched_greedy_matches_transformers_torch(arch, tiny_model_factory, hf_model_factory):
+    """Every PyTorch path."""
+    _batched_greedy_case(arch, "torch", "torch", tiny_model_factory, hf_model_factory)
 
 
 def test_tied_embeddings_match_transformers(tiny_model_factory, hf_model_factory):
@@ -104,9 +118,23 @@ def test_preemption_by_recompute(tiny_model_factory, hf_model_factory):
     assert engine.pool.num_free == engine.pool.num_blocks
 
 
-def test_bfloat16_close_to_transformers(tiny_model_factory, hf_model_factory):
+def _linear_backends_for(dtype: torch.dtype) -> list:
+    """Every linear backend that runs `dtype` weights here; the rest skipped, saying why."""
+    backends = []
+    for name in ("onednn", "onednn_fp32", "torch"):
+        try:
+            resolve_linear_backend(name, dtype, torch.device("cpu"))
+        except ValueError as exc:
+            backends.append(pytest.param(name, marks=pytest.mark.skip(reason=f"not on this CPU: {exc}")))
+        else:
+            backends.append(name)
+    return backends
+
+
+@pytest.mark.parametrize("linear", _linear_backends_for(torch.bfloat16))
+def test_bfloat16_close_to_transformers(linear, kernel_isa, tiny_model_factory, hf_model_factory):
     model_dir = tiny_model_factory("qwen2")
-    engine = LLMEngine(EngineConfig(model=str(model_dir), dtype="bfloat16", block_size=8))
+    engine = LLMEngine(EngineConfig(model=str(model_dir), dtype="bfloat16", block_size=8, linear_backend=linear))
     prompts = _prompts(8, lens=[6, 25])
     outputs = engine.generate(prompts, _greedy(1))
     hf = hf_model_factory(model_dir, torch.bfloat16)

@@ -7,9 +7,15 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
-from inflight.engine import EngineConfig, InvalidRequestError, LLMEngine, SamplingParams
+from inflight.engine import EngineConfig, InvalidRequestError, LLMEngine, SamplingParams, cpu
 from inflight.engine.models import linear as linear_module
-from inflight.engine.models.linear import FusedLinear, PackedLinear, invalidate_packed, onednn_available
+from inflight.engine.models.linear import (
+    FusedLinear,
+    PackedLinear,
+    invalidate_packed,
+    onednn_available,
+    resolve_linear_backend,
+)
 from inflight.engine.models.loader import iter_safetensors
 from inflight.testing.oracle import hf_greedy
 
@@ -26,18 +32,29 @@ def always_packed(request, monkeypatch):
         monkeypatch.setattr(linear_module, "_SMALL_ROWS", 0)
 
 
-def _packed(in_features: int, out_features: int, bias: bool, dtype: torch.dtype) -> PackedLinear:
+def _packed(in_features: int, out_features: int, bias: bool, dtype: torch.dtype,
+            compute: torch.dtype | None = None) -> PackedLinear:  # fmt: skip
     linear = PackedLinear(in_features, out_features, bias=bias).to(dtype)
-    linear.use_packed(True)
+    linear.use_packed(compute or dtype)
     return linear
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def _packings() -> list:
+    """(weight dtype, compute dtype) pairs: each dtype packed as itself, and bfloat16 computed in
+    float32 (what CPUs without AVX-512 run); bfloat16 packing is skipped where oneDNN refuses it."""
+    ok, why = cpu.onednn_packing(torch.bfloat16)
+    bf16 = pytest.param(torch.bfloat16, torch.bfloat16, id="bf16",
+                        marks=[] if ok else pytest.mark.skip(reason=f"oneDNN refuses bf16 on this CPU: {why}"))
+    return [pytest.param(torch.float32, torch.float32, id="fp32"), bf16,
+            pytest.param(torch.bfloat16, torch.float32, id="bf16-in-fp32")]  # fmt: skip
+
+
+@pytest.mark.parametrize(("dtype", "compute"), _packings())
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("rows", [1, 7, 64])
-def test_packed_equals_f_linear(dtype, bias, rows):
+def test_packed_equals_f_linear(dtype, compute, bias, rows):
     torch.manual_seed(rows)
-    linear = _packed(96, 160, bias, dtype)
+    linear = _packed(96, 160, bias, dtype, compute)
     x = torch.randn(rows, 96, dtype=dtype)
     with torch.inference_mode():
         got, want = linear(x), F.linear(x, linear.weight, linear.bias)
@@ -58,7 +75,7 @@ def test_small_matmuls_take_f_linear_and_large_ones_the_packed_weight():
     with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU]) as prof:
         small(torch.randn(8, 128))
     assert "mkldnn::_linear_pointwise" not in {e.key for e in prof.key_averages()}
-    small_bf16 = _packed(128, 128, False, torch.bfloat16)  # bf16 F.linear is no faster: always packed
+    small_bf16 = _packed(128, 128, False, torch.bfloat16, torch.float32)  # bf16 F.linear is no faster
     for linear, rows in ((small, 64), (_packed(512, 512, False, torch.float32), 1), (small_bf16, 8)):
         with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU]) as prof:
             linear(torch.randn(rows, linear.in_features, dtype=linear.weight.dtype))
@@ -76,11 +93,11 @@ def test_in_place_weight_change_repacks():
         torch.testing.assert_close(linear(x), x @ linear.weight.T, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("dtype", "compute"), _packings())
 @pytest.mark.parametrize("biases", [(True, True, True), (False, False, False), (True, False, True)])
-def test_fused_linear_equals_its_parts(dtype, biases):
+def test_fused_linear_equals_its_parts(dtype, compute, biases):
     torch.manual_seed(0)
-    parts = [_packed(64, width, bias, dtype) for width, bias in zip((64, 32, 32), biases, strict=True)]
+    parts = [_packed(64, width, bias, dtype, compute) for width, bias in zip((64, 32, 32), biases, strict=True)]
     fused = FusedLinear(parts)
     x = torch.randn(9, 64, dtype=dtype)
     with torch.inference_mode():
@@ -152,13 +169,13 @@ def test_sleep_frees_packed_copies_and_wake_plus_update_serves_new_weights(
     holders = [m for m in modules if isinstance(m, PackedLinear)] + [
         f for m in modules for f in getattr(m, "fused_linears", ())
     ]
-    packed = [h for h in holders if h._packed is not None]
+    packed = [h for h in holders if h.packed_weights.packed is not None]
     assert {type(h).__name__ for h in packed} == {
         "PackedLinear",
         "FusedLinear",
     }  # o/down/lm_head and q|k|v, gate|up
     engine.sleep()
-    assert all(h._packed is None for h in holders)
+    assert all(h.packed_weights.packed is None for h in holders)
     engine.wake_up()
     engine.begin_weight_update()
     engine.load_weights(iter_safetensors(model_b))
@@ -198,3 +215,61 @@ def test_config_names_bad_linear_backend(tiny_model_factory):
         LLMEngine(
             EngineConfig(model=str(tiny_model_factory("qwen2")), dtype="float16", linear_backend="onednn")
         )
+    with pytest.raises(InvalidRequestError, match="linear_backend='onednn_fp32'.*for bfloat16 weights"):
+        LLMEngine(EngineConfig(model=str(tiny_model_factory("qwen2")), linear_backend="onednn_fp32"))
+
+
+def test_bf16_packed_in_its_own_dtype_where_onednn_runs_it_else_in_float32(tiny_model_factory):
+    """auto never picks a path this CPU cannot run; the bf16-in-fp32 copy multiplies in float32."""
+    engine = LLMEngine(EngineConfig(model=str(tiny_model_factory("qwen2")), dtype="bfloat16", block_size=4))
+    native_bf16 = cpu.onednn_packing(torch.bfloat16)[0]
+    assert engine.linear_backend == ("onednn" if native_bf16 else "onednn_fp32")
+    engine.generate([PROMPTS[0]], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
+    packed = engine.model.lm_head.packed_weights.packed
+    assert packed.dtype == (torch.bfloat16 if native_bf16 else torch.float32)
+
+
+_AVX2_ONLY = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+
+
+def test_on_a_cpu_where_onednn_refuses_bf16_auto_computes_in_fp32_and_onednn_names_why(tiny_model_factory):
+    """The AVX2-only CPU (Zen 3) case, reproduced here by capping oneDNN's ISA in a fresh process:
+    oneDNN then refuses bf16 packing exactly as on that CPU. auto picks onednn_fp32 and matches
+    transformers' bf16 next token; an explicit onednn names oneDNN's reason and what to use."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = f"""
+import json, torch
+from transformers import AutoModelForCausalLM
+from inflight.engine import EngineConfig, InvalidRequestError, LLMEngine, SamplingParams
+model = {str(tiny_model_factory("qwen2"))!r}
+engine = LLMEngine(EngineConfig(model=model, dtype="bfloat16", block_size=4))
+out = engine.generate([{PROMPTS[1]!r}], SamplingParams(max_tokens=1, temperature=0.0))[0]
+hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16).eval()
+with torch.no_grad():
+    ref = hf(torch.tensor([{PROMPTS[1]!r}])).logits[0, -1].float().log_softmax(-1)
+try:
+    LLMEngine(EngineConfig(model=model, dtype="bfloat16", linear_backend="onednn"))
+    error = None
+except InvalidRequestError as exc:
+    error = str(exc)
+print(json.dumps(dict(backend=engine.linear_backend, logprob=out.logprobs[0],
+                      ref=ref[out.output_token_ids[0]].item(), top=ref.max().item(), error=error)))
+"""
+    env = {**os.environ, **_AVX2_ONLY}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["backend"] == "onednn_fp32"
+    assert abs(got["logprob"] - got["ref"]) < 0.1 and got["ref"] > got["top"] - 0.1
+    assert "avx512bw" in got["error"] and "'onednn_fp32'" in got["error"]
+
+
+def test_resolve_linear_backend_on_cpu():
+    cpu_device = torch.device("cpu")
+    assert resolve_linear_backend("auto", torch.float32, cpu_device) == "onednn"
+    assert resolve_linear_backend("auto", torch.float16, cpu_device) == "torch"
+    assert resolve_linear_backend("onednn_fp32", torch.bfloat16, cpu_device) == "onednn_fp32"

@@ -181,10 +181,11 @@ class DecoderForCausalLM(nn.Module):
         """The implementation of the elementwise steps (TorchOps, or NativeOps for fused kernels)."""
         self.ops = ops
 
-    def use_packed_linears(self, enabled: bool) -> None:
-        """Run every linear layer on oneDNN-packed weights (CPU) or on plain `F.linear`."""
+    def use_packed_linears(self, compute_dtype: torch.dtype | None) -> None:
+        """Run every linear layer on oneDNN-packed weights computing in `compute_dtype` (CPU), or on
+        plain `F.linear` (None)."""
         for linear in packed_linears(self):
-            linear.use_packed(enabled)
+            linear.use_packed(compute_dtype)
 
     def weights_changed(self) -> None:
         """Drop derived copies of the weights (packed linears); call after any change to them."""

@@ -11,6 +11,11 @@ A packed copy is a cache of the weight and must never outlive it. It is rebuilt 
 `invalidate_packed()`, which every code path that changes weights calls (loading, updates,
 rollback, sleep, wake), and also whenever the weight's storage or in-place version counter differs
 from the ones it was packed from, so a direct `param.copy_()` cannot leave it stale either.
+
+What oneDNN packs depends on the CPU, not only on the build: without AVX-512 (or AVX-NE-CONVERT)
+it refuses bfloat16 weights at run time. `resolve_linear_backend` asks it once (`cpu.onednn_packing`)
+and, for bfloat16 there, packs a float32 copy and computes in float32 (`onednn_fp32`): the same
+products and float32 sums oneDNN's bfloat16 matmul would make, rounded to bfloat16 at the end.
 """
 
 from __future__ import annotations
@@ -19,7 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-LINEAR_BACKENDS = ("auto", "onednn", "torch")
+from inflight.engine import cpu
+
+LINEAR_BACKENDS = ("auto", "onednn", "onednn_fp32", "torch")
 # A oneDNN call costs ~15 us before any arithmetic; float32 F.linear (MKL) ~5 us. For float32
 # weights this small and this few rows the overhead dominates and F.linear is faster (measured on 2
 # cores: 128x128 at 16 rows 11 vs 19 us); above either bound the packed matmul wins. bfloat16
@@ -41,11 +48,8 @@ def _linear_pointwise(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor 
     return _LINEAR_POINTWISE(x, packed, bias, "none", [], "")
 
 
-_PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
-
-
 def onednn_available() -> bool:
-    """Whether this torch build has the oneDNN packed-linear ops."""
+    """Whether this torch build has the oneDNN packed-linear ops (whether they run: `onednn_supports`)."""
     return (
         torch.backends.mkldnn.is_available()
         and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
@@ -54,73 +58,23 @@ def onednn_available() -> bool:
 
 
 def onednn_supports(dtype: torch.dtype, device: torch.device) -> bool:
-    """Whether packed linears can run for weights of this dtype on this device."""
-    return device.type == "cpu" and dtype in _PACKABLE_DTYPES and onednn_available()
+    """Whether oneDNN packs and multiplies weights of this dtype on this device (probed once)."""
+    return device.type == "cpu" and cpu.onednn_packing(dtype)[0]
 
 
-def _tensor_key(t: torch.Tensor | None) -> tuple[int, int]:
-    """What identifies a tensor's current contents: its storage pointer and in-place version."""
-    return (0, 0) if t is None else (t.data_ptr(), t._version)
+class PackedWeights:
+    """A packed copy of some linear layers' weights side by side (and their biases), in the dtype the
+    matmul computes in: a cache of the parameters, re-made whenever any of them has other storage
+    or another in-place version than the ones it was made from, dropped by `invalidate`."""
 
-
-class PackedLinear(nn.Linear):
-    """`nn.Linear` (same parameters, same names) that, once `use_packed(True)`, runs on a packed copy."""
-
-    def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
-        super().__init__(in_features, out_features, bias=bias)
-        self.packed_enabled = False
-        self._packed: torch.Tensor | None = None
-        self._packed_from: tuple[int, int] | None = None  # (data_ptr, _version) of the packed weight
-
-    def use_packed(self, enabled: bool) -> None:
-        self.packed_enabled = enabled
-        self.invalidate()
-
-    def invalidate(self) -> None:
-        """Drop the packed copy (its memory too); the next forward packs the current weight."""
-        self._packed = None
-        self._packed_from = None
-
-    def packed_weight(self) -> torch.Tensor:
-        """The packed copy of the current weight, packing it first when there is none or it is stale."""
-        key = _tensor_key(self.weight)
-        if self._packed is None or self._packed_from != key:
-            with torch.no_grad():
-                self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
-            self._packed_from = key
-        return self._packed
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.packed_enabled:
-            return F.linear(x, self.weight, self.bias)
-        rows = x.reshape(-1, self.in_features)
-        if _small(rows.shape[0], self.weight.numel(), self.weight.dtype):
-            return F.linear(x, self.weight, self.bias)
-        out = _linear_pointwise(rows.contiguous(), self.packed_weight(), self.bias)
-        return out.view(*x.shape[:-1], self.out_features)
-
-
-class FusedLinear:
-    """Linears that read the same input (q/k/v, gate/up) multiplied as one packed matmul.
-
-    One call instead of several: at the few rows of a decode step the fixed cost of each call and
-    the narrow outputs dominate (2 threads, 13 layers, q/k/v + gate/up: 1.43x at 1 row, 1.13x at
-    32, 1.06x at 256, bf16). The parts stay the modules that own the HF-named parameters; this
-    holds a packed copy of their concatenated weights (and biases), keyed like PackedLinear's and
-    dropped by `invalidate_packed`. Outputs are column slices of one matrix (row stride = the sum
-    of the parts' widths).
-    """
-
-    def __init__(self, parts: list[PackedLinear]) -> None:
+    def __init__(self, parts: list[nn.Linear]) -> None:
         self.parts = parts
-        self.widths = [p.out_features for p in parts]
-        self.numel = sum(p.weight.numel() for p in parts)
         self.invalidate()
 
     def invalidate(self) -> None:
-        self._packed: torch.Tensor | None = None
-        self._bias: torch.Tensor | None = None
-        self._packed_from: list[int] | None = None
+        self.packed: torch.Tensor | None = None
+        self.bias: torch.Tensor | None = None
+        self._made_from: list[int] | None = None
 
     def _source_key(self) -> list[int]:
         key = []
@@ -131,27 +85,90 @@ class FusedLinear:
                 key += (bias.data_ptr(), bias._version)
         return key
 
-    def _pack(self) -> torch.Tensor:
+    def get(self, compute_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(packed weight, bias) in `compute_dtype`, packing the current weights when needed."""
         key = self._source_key()
-        if self._packed is None or self._packed_from != key:
+        if self.packed is None or self._made_from != key or self.packed.dtype != compute_dtype:
             with torch.no_grad():
-                weight = torch.cat([p.weight.detach() for p in self.parts])
-                self._packed = torch.ops.mkldnn._reorder_linear_weight(weight)
-                biases = [p.bias for p in self.parts]
-                self._bias = None if all(b is None for b in biases) else torch.cat(
+                parts = self.parts
+                weight = torch.cat([p.weight.detach() for p in parts]) if len(parts) > 1 else parts[0].weight.detach()
+                self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.to(compute_dtype))
+                biases = [p.bias for p in parts]
+                self.bias = None if all(b is None for b in biases) else torch.cat(
                     [b.detach() if b is not None else weight.new_zeros(p.out_features)
-                     for b, p in zip(biases, self.parts, strict=True)]
-                )  # fmt: skip
-            self._packed_from = key
-        return self._packed
+                     for b, p in zip(biases, parts, strict=True)]
+                ).to(compute_dtype)  # fmt: skip
+            self._made_from = key
+        return self.packed, self.bias
+
+
+def _packed_matmul(x: torch.Tensor, weights: PackedWeights, compute_dtype: torch.dtype) -> torch.Tensor:
+    """x [rows, in] times the packed weights, in `compute_dtype`, returned in x's dtype."""
+    packed, bias = weights.get(compute_dtype)
+    out = _linear_pointwise(x.to(compute_dtype).contiguous(), packed, bias)
+    return out.to(x.dtype)
+
+
+class PackedLinear(nn.Linear):
+    """`nn.Linear` (same parameters, same names) that, once `use_packed(dtype)`, multiplies by a
+    oneDNN-packed copy of its weight computing in `dtype` (the weight's own, or float32 for
+    bfloat16 weights where oneDNN cannot pack bfloat16)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
+        super().__init__(in_features, out_features, bias=bias)
+        self.compute_dtype: torch.dtype | None = None
+        self.packed_weights = PackedWeights([self])
+
+    @property
+    def packed_enabled(self) -> bool:
+        return self.compute_dtype is not None
+
+    def use_packed(self, compute_dtype: torch.dtype | None) -> None:
+        """Multiply on a packed copy computing in `compute_dtype`; None: plain F.linear."""
+        self.compute_dtype = compute_dtype
+        self.invalidate()
+
+    def invalidate(self) -> None:
+        """Drop the packed copy (its memory too); the next forward packs the current weight."""
+        self.packed_weights.invalidate()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.compute_dtype is None:
+            return F.linear(x, self.weight, self.bias)
+        rows = x.reshape(-1, self.in_features)
+        if _small(rows.shape[0], self.weight.numel(), self.weight.dtype):
+            return F.linear(x, self.weight, self.bias)
+        out = _packed_matmul(rows, self.packed_weights, self.compute_dtype)
+        return out.view(*x.shape[:-1], self.out_features)
+
+
+class FusedLinear:
+    """Linears that read the same input (q/k/v, gate/up) multiplied as one packed matmul.
+
+    One call instead of several: at the few rows of a decode step the fixed cost of each call and
+    the narrow outputs dominate (2 threads, 13 layers, q/k/v + gate/up: 1.43x at 1 row, 1.13x at
+    32, 1.06x at 256, bf16). The parts stay the modules that own the HF-named parameters; this
+    holds a packed copy of their concatenated weights (and biases), computing in the parts'
+    compute dtype and dropped by `invalidate_packed`. Outputs are column slices of one matrix (row
+    stride = the sum of the parts' widths).
+    """
+
+    def __init__(self, parts: list[PackedLinear]) -> None:
+        self.parts = parts
+        self.widths = [p.out_features for p in parts]
+        self.numel = sum(p.weight.numel() for p in parts)
+        self.packed_weights = PackedWeights(parts)
+
+    def invalidate(self) -> None:
+        self.packed_weights.invalidate()
 
     def matrix(self, x: torch.Tensor) -> torch.Tensor | None:
         """The parts' outputs for `x` [rows, in_features] side by side in one [rows, sum of widths]
         matrix, or None where this call would not run fused (then call the parts)."""
         first = self.parts[0]
-        if not first.packed_enabled or _small(x.shape[0], self.numel, first.weight.dtype):
+        if first.compute_dtype is None or _small(x.shape[0], self.numel, first.weight.dtype):
             return None
-        return _linear_pointwise(x.contiguous(), self._pack(), self._bias)
+        return _packed_matmul(x, self.packed_weights, first.compute_dtype)
 
     def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
         """Each part's output for `x` [rows, in_features]."""
@@ -175,15 +192,38 @@ def invalidate_packed(module: nn.Module) -> None:
 
 
 def resolve_linear_backend(backend: str, dtype: torch.dtype, device: torch.device) -> str:
-    """`auto` -> `onednn` where supported, else `torch`; `onednn` raises where it cannot run."""
+    """`auto` -> `onednn` where oneDNN packs this dtype here, else `onednn_fp32` for bfloat16 weights
+    where it packs float32 (CPUs without AVX-512: bf16 computed in float32 runs 4-5x faster there
+    than torch's bf16 matmul), else `torch`. An explicit choice that cannot run raises ValueError
+    naming why and what to use instead."""
     if backend not in LINEAR_BACKENDS:
         raise ValueError(f"linear_backend={backend!r} must be one of {list(LINEAR_BACKENDS)}")
-    supported = onednn_supports(dtype, device)
-    if backend == "onednn" and not supported:
-        raise ValueError(
-            f"linear_backend='onednn' needs CPU float32/bfloat16 weights and a torch build with oneDNN, not "
-            f"{dtype} on {device} (oneDNN available: {onednn_available()}); use linear_backend='torch' or 'auto'"
-        )
     if backend == "auto":
-        return "onednn" if supported else "torch"
+        if onednn_supports(dtype, device):
+            return "onednn"
+        if dtype == torch.bfloat16 and onednn_supports(torch.float32, device):
+            return "onednn_fp32"
+        return "torch"
+    if backend == "onednn" and not onednn_supports(dtype, device):
+        raise ValueError(f"linear_backend='onednn' cannot run {dtype} weights on {device}: "
+                         f"{_why_not(dtype, device)}; {_instead(dtype, device)}")  # fmt: skip
+    if backend == "onednn_fp32" and not (dtype == torch.bfloat16 and onednn_supports(torch.float32, device)):
+        why = "it is for bfloat16 weights" if dtype != torch.bfloat16 else _why_not(torch.float32, device)
+        raise ValueError(f"linear_backend='onednn_fp32' cannot run {dtype} weights on {device}: {why}; "
+                         f"{_instead(dtype, device)}")  # fmt: skip
     return backend
+
+
+def packed_compute_dtype(backend: str, dtype: torch.dtype) -> torch.dtype | None:
+    """The dtype packed linears compute in for a resolved `backend` (None: no packing)."""
+    return {"onednn": dtype, "onednn_fp32": torch.float32}.get(backend)
+
+
+def _why_not(dtype: torch.dtype, device: torch.device) -> str:
+    if device.type != "cpu":
+        return "oneDNN packed linears run on CPU only"
+    return f"{cpu.onednn_packing(dtype)[1]} (CPU: {cpu.cpu_model()}, torch capability {cpu.torch_cpu_capability()})"
+
+
+def _instead(dtype: torch.dtype, device: torch.device) -> str:
+    return f"use linear_backend='auto' (here: {resolve_linear_backend('auto', dtype, device)!r}) or 'torch'"
