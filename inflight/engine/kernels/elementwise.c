@@ -58,7 +58,9 @@ static void NAME(T *x, const T *delta, const T *weight, T *out, long rows, int d
             _Pragma("omp simd reduction(+:sumsq)")                                                 \
             for (int i = 0; i < dim; i++) { float v = LOAD(xr[i]); sumsq += v * v; }              \
         }                                                                                          \
-        const float inv = 1.f / sqrtf(sumsq / dim + eps);                                          \
+        /* -ffast-math makes this rsqrtss and a Newton step, NaN for inf: a sum of squares that   \
+         * overflowed gives 0, as PyTorch's rsqrt(inf) */                                          \
+        const float ms = sumsq / dim + eps, inv = ms < 3e38f ? 1.f / sqrtf(ms) : 0.f;              \
         for (int i = 0; i < dim; i++)                                                              \
             orow[i] = STORE(LOAD(weight[i]) * ROUND(LOAD(xr[i]) * inv));                           \
     }                                                                                              \
@@ -90,7 +92,11 @@ static void NAME(T *x, long tokens, long token_stride, int heads, int dim, const
 }
 
 /* out [rows, dim] = dtype(silu(gate)) * up; gate and up rows are `stride` elements apart (so one
- * [rows, 2 * dim] gate|up matrix can be passed as two pointers with stride 2 * dim). */
+ * [rows, 2 * dim] gate|up matrix can be passed as two pointers with stride 2 * dim).
+ * The gate is clamped at -88 first: below that expf(-x) overflows to inf, and -ffast-math lowers the
+ * vectorised division to x * (2r - d * r * r) with r = rcpps(d), which is inf * 0 = NaN for d = inf.
+ * The clamp keeps d finite (r then flushes to 0) and the scalar tail's exact division small: silu is
+ * within 6e-37 of 0 there either way. */
 #define DEFINE_SILU_MUL(NAME, T, LOAD, STORE, ROUND)                                               \
 static void NAME(const T *gate, const T *up, long stride, T *out, long rows, int dim, int threads) { \
     _Pragma("omp parallel for num_threads(threads) schedule(static) if(rows * dim >= PARALLEL_MIN)") \
@@ -99,7 +105,7 @@ static void NAME(const T *gate, const T *up, long stride, T *out, long rows, int
         T *o = out + r * dim;                                                                      \
         _Pragma("omp simd")                                                                        \
         for (int i = 0; i < dim; i++) {                                                            \
-            const float x = LOAD(g[i]);                                                            \
+            const float x = fmaxf(LOAD(g[i]), -88.f);                                              \
             o[i] = STORE(ROUND(ROUND(x / (1.f + expf(-x))) * LOAD(u[i])));                         \
         }                                                                                          \
     }                                                                                              \
