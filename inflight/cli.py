@@ -1,4 +1,4 @@
-"""The `inflight` command line: train | generate | serve | bench."""
+"""The `inflight` command line: train | generate | serve | bench | env."""
 
 from __future__ import annotations
 
@@ -110,6 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     # no help of its own: `inflight bench X --help` must reach benchmark X's parser
     bench = sub.add_parser("bench", add_help=False, help=f"run a benchmark ({BENCHMARKS}); options after it go to the benchmark")
     bench.add_argument("what", nargs="?", help=BENCHMARKS)
+    env = sub.add_parser("env", help="what a bug report needs: CPU, kernel ISA, backends, versions")
+    env.add_argument("--json", action="store_true", help="one JSON object instead of text")
     return parser
 
 
@@ -126,6 +128,10 @@ def main(argv: list[str] | None = None) -> int:
         from inflight.server.main import main as serve_main
 
         return serve_main(rest, prog="inflight serve")
+    if args.command == "env":
+        from inflight.env_report import main as env_main
+
+        return env_main(["--json"] if args.json else [])
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     return cmd_generate(args)

@@ -55,6 +55,13 @@ def cpu_model() -> str:
     return _cpuinfo_field("model name") or platform.processor() or machine()
 
 
+def cpu_family_model() -> str:
+    """`family F model M` from /proc/cpuinfo (a VM's model name often hides the generation: AMD
+    family 25 model 1 is Zen 3, model 17 Zen 4), or empty."""
+    family, model = _cpuinfo_field("cpu family"), _cpuinfo_field("model")
+    return f"family {family} model {model}" if family else ""
+
+
 def missing_flags(level: str) -> list[str]:
     """The CPU flags that kernel ISA `level` needs and this CPU lacks (empty: it runs here)."""
     if level == "portable":

@@ -1,0 +1,70 @@
+"""Kernel ISA levels: each level this CPU runs builds its own code paths, `native` picks the best,
+a level the CPU cannot run is refused naming what is missing, and the portable C builds for aarch64."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+
+from inflight.engine import EngineConfig, LLMEngine, cpu, kernels
+
+ZEN3_FLAGS = frozenset("fpu sse sse2 ssse3 sse4_1 sse4_2 avx avx2 fma f16c bmi1 bmi2 movbe".split())
+
+
+def test_native_is_the_best_level_this_cpu_runs():
+    levels = cpu.runnable_isa_levels()
+    assert levels[-1] == "portable" and list(levels) == [lv for lv in cpu.ISA_LEVELS if lv in levels]
+    assert kernels.resolve_isa("native") == levels[0]
+
+
+def test_each_level_builds_a_library_of_its_own_code_paths(kernel_isa):
+    lib = kernels.load(required=True, isa=kernel_isa)
+    assert kernels.loaded_isa(lib) == kernel_isa
+    assert kernels.library_path(kernel_isa).name.startswith(f"inflight_kernels-{kernel_isa}-")
+    others = {kernels.library_path(level) for level in cpu.runnable_isa_levels() if level != kernel_isa}
+    assert kernels.library_path(kernel_isa) not in others
+
+
+def test_a_level_this_cpu_cannot_run_is_refused_naming_the_missing_features(monkeypatch, tiny_model_factory):
+    """On an AVX2-only CPU (Zen 3's flags): native is avx2; asking for avx512 names the missing
+    flags and the settings that work, at engine construction too, instead of crashing later."""
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: ZEN3_FLAGS)
+    monkeypatch.setattr(cpu, "machine", lambda: "x86_64")
+    assert cpu.runnable_isa_levels() == ("avx2", "portable")
+    assert kernels.resolve_isa("native") == "avx2"
+    with pytest.raises(kernels.NativeKernelError, match=r"avx512f, avx512bw.*one of \['avx2', 'portable'\]"):
+        kernels.resolve_isa("avx512")
+    monkeypatch.setenv("INFLIGHT_KERNEL_ISA", "avx512")
+    with pytest.raises(kernels.NativeKernelError, match="INFLIGHT_KERNEL_ISA=avx512 needs CPU features"):
+        LLMEngine(EngineConfig(model=str(tiny_model_factory("qwen2"))))
+
+
+def test_off_x86_only_the_portable_level_runs(monkeypatch):
+    monkeypatch.setattr(cpu, "machine", lambda: "aarch64")
+    assert cpu.runnable_isa_levels() == ("portable",)
+    assert "-march" not in " ".join(kernels.compile_flags("portable", "aarch64"))
+    with pytest.raises(kernels.NativeKernelError, match="x86-64 only"):
+        kernels.compile_flags("avx2", "aarch64")
+
+
+def test_an_unknown_isa_names_the_choices(monkeypatch):
+    monkeypatch.setenv("INFLIGHT_KERNEL_ISA", "sse9")
+    with pytest.raises(kernels.NativeKernelError, match=r"INFLIGHT_KERNEL_ISA='sse9' must be one of \['native'"):
+        kernels.load()
+
+
+CROSS_CC = shutil.which("aarch64-linux-gnu-gcc")
+
+
+@pytest.mark.skipif(CROSS_CC is None, reason="no aarch64 cross-compiler (Debian: apt-get install gcc-aarch64-linux-gnu)")
+def test_portable_kernels_cross_compile_for_aarch64(tmp_path):
+    """Apple silicon and Graviton build the portable level: the same flags, an aarch64 shared object,
+    and no warning (an x86 intrinsic leaking out of its #if would fail here)."""
+    target = tmp_path / "kernels-aarch64.so"
+    flags = [*kernels.compile_flags("portable", "aarch64"), "-Wall", "-Werror"]
+    built = subprocess.run([CROSS_CC, *flags, "-o", str(target), *map(str, kernels.SOURCES), "-lm"],
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert built.returncode == 0, built.stderr
+    assert target.read_bytes()[:4] == b"\x7fELF" and target.read_bytes()[18] == 183  # e_machine EM_AARCH64
