@@ -7,12 +7,21 @@ checks its input on the spot, then puts the request in an inbox that the worker 
 the engine before the next step or control call; cancellations travel the same way.
 `generate` simply awaits the request's final output, so a KEEP pause, a weight update and a resume
 in between are invisible to the caller except in `token_weight_versions`.
+
+Wake-ups cannot be lost: every change that may give the loop work (a submission, a cancellation, any
+control call) bumps a change counter from the thread that made it, in a `finally`, so a control call
+whose caller was cancelled or which raised still wakes the loop. The loop sleeps only when nothing
+changed since it last looked, and even then re-checks every IDLE_RECHECK_S (a work found that way is a
+missed wake-up: counted and logged). `health()` reports runnable work that no step has touched for
+`stall_s` seconds.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
+import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Iterable
@@ -27,6 +36,11 @@ from inflight.engine.errors import InvalidRequestError
 from inflight.engine.request import RequestOutput, SamplingParams
 
 Sink = asyncio.Future | asyncio.Queue  # where a request's output goes: a waiter or a stream
+IDLE_RECHECK_S = 0.5  # an idle loop looks for work this often even when nothing woke it (the backstop)
+DRAIN_POLL_S = 0.005  # how often pause(mode="wait") checks whether the drain has ended
+STALL_S = 10.0  # runnable work that no step has touched for this long is reported by health()
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -46,8 +60,9 @@ class _Abort:
 class AsyncEngine:
     """Asynchronous front of one LLMEngine (same lifecycle, as coroutines)."""
 
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: LLMEngine, stall_s: float = STALL_S) -> None:
         self.engine = engine
+        self.stall_s = stall_s
         self._futures: dict[str, asyncio.Future[RequestOutput]] = {}
         self._streams: dict[str, asyncio.Queue[RequestOutput | Exception]] = {}
         self._wakeup: asyncio.Event | None = None
@@ -55,10 +70,15 @@ class AsyncEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._inbox: deque[_Add | _Abort] = deque()  # filled on the event loop, applied by a worker
         self._inbox_lock = threading.Lock()  # applies the inbox in order, from one thread at a time
+        self._changes = 0  # bumped (from any thread) after each change that may give the loop work
+        self._changes_lock = threading.Lock()
+        self._last_progress = time.monotonic()  # when the loop last ran a step (or had nothing to do)
+        self.missed_wakeups = 0  # work the idle backstop found that no wake-up announced
 
     @classmethod
-    def from_config(cls, config: EngineConfig) -> AsyncEngine:
-        return cls(LLMEngine(config))
+    def from_config(cls, config: EngineConfig, stall_s: float = STALL_S) -> AsyncEngine:
+        """An AsyncEngine around a new LLMEngine built from `config`."""
+        return cls(LLMEngine(config), stall_s)
 
     # ---- loop ---------------------------------------------------------------------------------
     def _ensure_started(self) -> None:
@@ -67,35 +87,80 @@ class AsyncEngine:
             self._wakeup = asyncio.Event()
             self._task = self._loop.create_task(self._run())
 
-    def _kick(self) -> None:
-        if self._wakeup is not None:
-            self._wakeup.set()
+    def _notify(self) -> None:
+        """Any thread: record a change that may give the loop work, and wake the loop."""
+        self._bump()
+        self._wake()
+
+    def _bump(self) -> None:
+        with self._changes_lock:
+            self._changes += 1
+
+    def _wake(self) -> None:
+        loop, wakeup = self._loop, self._wakeup
+        if loop is None or wakeup is None:
+            return
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
+            wakeup.set()
+            return
+        try:
+            loop.call_soon_threadsafe(wakeup.set)
+        except RuntimeError:  # the loop is closed: nobody is left to wake
+            pass
 
     async def _run(self) -> None:
-        assert self._wakeup is not None
+        backstop = False  # the last idle wait ran out without a wake-up
         while True:
-            self._wakeup.clear()
+            seen = self._changes  # read before the step thread looks for work
             try:
-                ran, outputs, snapshots = await asyncio.to_thread(self._step_once)
+                ran, outputs, snapshots, changes = await asyncio.to_thread(self._step_once)
             except Exception as err:  # a failing step fails every waiter instead of hanging them
                 self._fail_all(err)
                 continue
             self._deliver(outputs, snapshots)
-            if not ran:
-                await self._wakeup.wait()
+            if ran and backstop and changes == seen:
+                self._count_missed_wakeup()
+            backstop = False if ran else await self._idle(seen)
 
-    def _step_once(self) -> tuple[bool, list[RequestOutput], dict[str, RequestOutput]]:
-        """Worker thread: apply the inbox, run one step if there is work, snapshot the streams."""
+    async def _idle(self, seen: int) -> bool:
+        """Sleep until a change after `seen` (at once if one happened already) or IDLE_RECHECK_S;
+        returns True when the wait ran out without a wake-up."""
+        assert self._wakeup is not None
+        self._wakeup.clear()
+        if self._changes != seen:
+            return False
+        try:
+            await asyncio.wait_for(self._wakeup.wait(), IDLE_RECHECK_S)
+        except TimeoutError:
+            return self._changes == seen
+        return False
+
+    def _count_missed_wakeup(self) -> None:
+        self.missed_wakeups += 1
+        logger.warning("the step loop found work that no wake-up announced (missed wake-up #%d); "
+                       "something changed the engine behind the AsyncEngine", self.missed_wakeups)
+
+    def _step_once(self) -> tuple[bool, list[RequestOutput], dict[str, RequestOutput], int]:
+        """Worker thread: apply the inbox, run one step if there is work, snapshot the streams.
+        Also returns the change counter as of the work check (read under the same lock)."""
         self._apply_inbox()
-        if not self.engine.has_work():
-            return False, [], {}
+        with self.engine.lock:
+            work, changes = self.engine.has_work(), self._changes
+        self._last_progress = time.monotonic()
+        if not work:
+            return False, [], {}, changes
         outputs = self.engine.step()
+        self._last_progress = time.monotonic()
         snapshots = {}
         for request_id in tuple(self._streams):
             snapshot = self.engine.get_request_output(request_id)
             if snapshot is not None:
                 snapshots[request_id] = snapshot
-        return True, outputs, snapshots
+        return True, outputs, snapshots, changes
 
     def _apply_inbox(self) -> None:
         """Worker thread: move queued requests into the engine and abort cancelled ones, in order."""
@@ -130,7 +195,7 @@ class AsyncEngine:
         else:
             self._futures[request_id] = sink
         self._inbox.append(_Add(request_id, list(prompt_token_ids), params, cache_salt, sink))
-        self._kick()
+        self._notify()
 
     def _cancel(self, request_id: str, sink: Sink) -> None:
         """If the request is still ours (registered, unfinished), forget it and have the step
@@ -140,7 +205,7 @@ class AsyncEngine:
             return
         del sinks[request_id]
         self._inbox.append(_Abort(request_id))
-        self._kick()
+        self._notify()
 
     def _reject(self, item: _Add, err: Exception) -> None:
         sinks: dict[str, Any] = self._streams if isinstance(item.sink, asyncio.Queue) else self._futures
@@ -231,19 +296,29 @@ class AsyncEngine:
     # ---- lifecycle ----------------------------------------------------------------------------
     async def _call(self, method, *args, **kwargs):
         """Run an engine call in a worker thread, after the requests submitted before it."""
-        result = await asyncio.to_thread(self._after_inbox, method, *args, **kwargs)
-        self._kick()
-        return result
+        self._ensure_started()
+        return await asyncio.to_thread(self._after_inbox, method, *args, **kwargs)
 
     def _after_inbox(self, method, *args, **kwargs):
-        self._apply_inbox()
-        return method(*args, **kwargs)
+        """Worker thread: apply the inbox, run the call, then wake the loop. The wake-up is issued
+        here, not by the awaiting coroutine: the call takes effect even when that coroutine is
+        cancelled (a caller's timeout, a client gone) or the call raises after changing state."""
+        try:
+            self._apply_inbox()
+            with self.engine.lock:  # the count moves with the change: a step that sees one sees both
+                try:
+                    return method(*args, **kwargs)
+                finally:
+                    self._bump()
+        finally:
+            self._wake()
 
     async def pause(self, mode: str = "keep") -> list[RequestOutput]:
-        """Pause; with mode='wait' this returns once the in-flight requests have finished."""
+        """Pause; with mode='wait' this returns once the in-flight requests have finished, or once
+        the drain was ended otherwise (a resume or another pause mode), never later."""
         outputs = await self._call(self.engine.pause, mode)
-        while not self.engine.is_paused:
-            await asyncio.sleep(0.005)
+        while self.engine.is_draining:
+            await asyncio.sleep(DRAIN_POLL_S)
         return outputs
 
     async def resume(self) -> None:
@@ -269,6 +344,20 @@ class AsyncEngine:
 
     async def abort_weight_update(self) -> bool:
         return await self._call(self.engine.abort_weight_update)
+
+    # ---- health -------------------------------------------------------------------------------
+    def health(self) -> dict[str, Any]:
+        """The step loop's state, read without the engine's lock: `stalled` is True when there is
+        work the engine could run (or callers waiting on a loop that is not running) and no step
+        has run for `stall_s` seconds. A paused engine's frozen requests are not stalled."""
+        started = self._task is not None and not self._task.done()
+        waiters = len(self._futures) + len(self._streams)
+        runnable = bool(self._inbox) or (self.engine.can_run and self.engine.scheduler.has_unfinished())
+        since = time.monotonic() - self._last_progress
+        stalled = (waiters > 0 and not started) or (runnable and since > self.stall_s)
+        return {"step_loop": "running" if started else "stopped", "waiters": waiters,
+                "seconds_since_step": round(since, 3), "stalled": stalled,
+                "missed_wakeups": self.missed_wakeups}
 
     @property
     def weight_version(self) -> int:

@@ -199,6 +199,16 @@ class LLMEngine:
     def is_paused(self) -> bool:
         return self._paused
 
+    @property
+    def lock(self) -> threading.RLock:
+        """The re-entrant lock every public method holds: hold it to make several calls one step."""
+        return self._lock
+
+    @property
+    def is_draining(self) -> bool:
+        """Whether a pause(mode='wait') is letting its in-flight requests finish."""
+        return self._draining
+
     @_locked
     def step(self) -> list[RequestOutput]:
         """Run one scheduling + model step; returns the requests that finished (or were aborted)."""
