@@ -7,7 +7,7 @@ import json
 import torch
 
 from inflight import cli
-from inflight.engine import cpu
+from inflight.engine import cpu, kernels
 from inflight.engine.models.linear import resolve_linear_backend
 
 
@@ -21,11 +21,12 @@ def test_json_report_says_what_runs_here(capsys):
     assert info["cpu"]["model"] == cpu.cpu_model() and info["cpu"]["torch_capability"] == cpu.torch_cpu_capability()
     assert info["cpu"]["flags"]["avx2"] == ("avx2" in cpu.cpu_flags())
     isa = info["kernel_isa"]
-    assert isa["chosen"] == cpu.best_isa_level() and isa["build"] == "ok" and "best level" in isa["why"]
+    assert isa["chosen"] == kernels.resolve_isa() and isa["build"] == "ok"
+    assert ("best level" in isa["why"]) == (kernels.requested_isa() == "native")
     assert set(isa["levels"]) == set(cpu.ISA_LEVELS) and isa["levels"]["portable"] == "runs"
     bf16 = info["auto_backends_cpu"]["bfloat16"]
     assert bf16["linear"].split()[0] == resolve_linear_backend("auto", torch.bfloat16, torch.device("cpu"))
-    assert bf16["attention"] == f"native ({cpu.best_isa_level()})"
+    assert bf16["attention"] == f"native ({kernels.resolve_isa()})"
     assert info["auto_backends_cpu"]["float16"]["attention"] == "torch"
     assert info["versions"]["torch"] == torch.__version__
     assert info["cuda"]["available"] == torch.cuda.is_available()
