@@ -10,8 +10,7 @@ from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm, apply_rotary_
 from inflight.engine import EngineConfig, InvalidRequestError, LLMEngine, SamplingParams, kernels
 from inflight.engine.models.layer_ops import NativeOps, TorchOps
 
-lib = kernels.load()
-pytestmark = pytest.mark.skipif(lib is None, reason="native kernels unavailable (no C compiler)")
+pytestmark = pytest.mark.skipif(kernels.load() is None, reason="native kernels unavailable (no C compiler)")
 DTYPES = [torch.float32, torch.bfloat16]
 
 
@@ -27,7 +26,7 @@ def _close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, exact_bf16
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("rows", "dim"), [(1, 64), (7, 96), (300, 512)])  # the last runs threaded
-def test_rms_norm_matches_transformers(dtype, rows, dim):
+def test_rms_norm_matches_transformers(dtype, rows, dim, lib):
     torch.manual_seed(rows)
     hf = Qwen2RMSNorm(dim, eps=1e-6).to(dtype)
     with torch.no_grad():
@@ -38,7 +37,7 @@ def test_rms_norm_matches_transformers(dtype, rows, dim):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_add_rms_norm_updates_the_residual_like_transformers(dtype):
+def test_add_rms_norm_updates_the_residual_like_transformers(dtype, lib):
     torch.manual_seed(1)
     hf = Qwen2RMSNorm(160, eps=1e-5).to(dtype)
     residual, delta = torch.randn(33, 160, dtype=dtype), torch.randn(33, 160, dtype=dtype)
@@ -52,7 +51,7 @@ def test_add_rms_norm_updates_the_residual_like_transformers(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("heads", [1, 4])
-def test_rotary_matches_transformers(dtype, heads):
+def test_rotary_matches_transformers(dtype, heads, lib):
     torch.manual_seed(heads)
     tokens, dim = 37, 64
     table = torch.randn(128, 2, dim)
@@ -68,7 +67,7 @@ def test_rotary_matches_transformers(dtype, heads):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_rotary_and_silu_mul_on_column_slices_of_a_fused_output(dtype):
+def test_rotary_and_silu_mul_on_column_slices_of_a_fused_output(dtype, lib):
     """q/k of a fused q|k|v matrix and gate/up of a fused gate|up matrix are strided views."""
     torch.manual_seed(2)
     tokens, dim, table = 11, 32, torch.randn(64, 2, 32)
@@ -86,14 +85,14 @@ def test_rotary_and_silu_mul_on_column_slices_of_a_fused_output(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows", [3, 64])
-def test_silu_mul_matches_pytorch(dtype, rows):
+def test_silu_mul_matches_pytorch(dtype, rows, lib):
     gate, up = torch.randn(rows, 1536, dtype=dtype) * 4, torch.randn(rows, 1536, dtype=dtype)
     # expf and PyTorch's vectorised exp differ in the last float32 bit, which can flip a bf16 rounding
     _close(NativeOps(lib).silu_mul(gate, up), torch.nn.functional.silu(gate) * up, dtype, exact_bf16=False)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_silu_mul_over_the_whole_float_range_and_ragged_rows(dtype):
+def test_silu_mul_over_the_whole_float_range_and_ragged_rows(dtype, lib):
     """Saturating inputs (exp overflows or underflows) and rows that are not a multiple of 16 lanes."""
     gate = torch.cat([torch.linspace(-120, 120, 301), torch.tensor([-1e30, -88.8, 88.8, 1e30, 0.0])])
     gate = gate.reshape(6, 51).to(dtype)
@@ -103,7 +102,7 @@ def test_silu_mul_over_the_whole_float_range_and_ragged_rows(dtype):
     _close(got, torch.nn.functional.silu(gate) * up, dtype, exact_bf16=False)
 
 
-def test_unsupported_inputs_fall_back_to_pytorch():
+def test_unsupported_inputs_fall_back_to_pytorch(lib):
     ops, ref = NativeOps(lib), TorchOps()
     x = torch.randn(8, 32).t()  # not contiguous
     w = torch.randn(8)
