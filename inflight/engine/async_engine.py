@@ -38,7 +38,7 @@ from inflight.engine.request import RequestOutput, SamplingParams
 Sink = asyncio.Future | asyncio.Queue  # where a request's output goes: a waiter or a stream
 IDLE_RECHECK_S = 0.5  # an idle loop looks for work this often even when nothing woke it (the backstop)
 DRAIN_POLL_S = 0.005  # how often pause(mode="wait") checks whether the drain has ended
-STALL_S = 10.0  # runnable work that no step has touched for this long is reported by health()
+STALL_S = 30.0  # runnable work that no step has touched for this long is reported by health()
 
 logger = logging.getLogger(__name__)
 

@@ -97,12 +97,15 @@ def build_control_router(
 
     @router.get(wire.HEALTH)
     async def health() -> JSONResponse:
+        """200 with the engine's state; 503 with status "stalled" when work the engine could run has
+        not been stepped for `AsyncEngine.stall_s` (a request that cannot make progress is never silent)."""
         e = engine.engine
+        loop = engine.health()
         return JSONResponse({
-            "status": "ok", "weight_version": e.weight_version, "paused": e.is_paused,
-            "weights_awake": e.weights.awake, "kv_cache_awake": e.kv_cache.awake, "can_run": e.can_run,
-            "weight_transfer": transfer.describe(),
-        })
+            "status": "stalled" if loop["stalled"] else "ok", "weight_version": e.weight_version,
+            "paused": e.is_paused, "weights_awake": e.weights.awake, "kv_cache_awake": e.kv_cache.awake,
+            "can_run": e.can_run, "weight_transfer": transfer.describe(), "step_loop": loop,
+        }, status_code=503 if loop["stalled"] else 200)
 
     @router.get(wire.METRICS)
     async def prometheus_metrics() -> Response:

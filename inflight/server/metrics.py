@@ -62,8 +62,16 @@ class _EngineCollector:
             "generation_tokens_per_second": ("sampled tokens per second, recent window", gen_rate),
             "prompt_tokens_per_second": ("prompt tokens computed per second, recent window", prompt_rate),
         }
+        loop = self.metrics.engine.health()
+        gauges["step_loop_stalled"] = ("1 while runnable work has gone unstepped for the stall limit",
+                                       int(loop["stalled"]))
+        gauges["requests_awaited"] = ("engine requests that callers are waiting on", loop["waiters"])
+        gauges["seconds_since_step"] = ("seconds since the step loop last looked for work",
+                                        loop["seconds_since_step"])
         for name, (doc, value) in gauges.items():
             yield GaugeMetricFamily(f"inflight_{name}", doc, value=float(value))
+        yield CounterMetricFamily("inflight_missed_wakeups", "work the step loop's idle backstop found "
+                                  "that no wake-up announced", value=loop["missed_wakeups"])
 
 
 class ServerMetrics:
