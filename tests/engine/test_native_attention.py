@@ -47,7 +47,8 @@ def _reference(q, k_cache, v_cache, tables, lens, scale):
     [(8, 2, 64, 16), (4, 4, 32, 4), (2, 1, 128, 16), (6, 1, 16, 8), (4, 2, 48, 8), (8, 4, 64, 24),
      (4, 2, 64, 128), (2, 1, 8, 16), (2, 2, 40, 16)],
 )  # with AVX-512, head sizes 16..128 in steps of 16 take the 16-token-tile path (blocks of 24 end
-# inside a tile); 8 and 40 take the any-size path, as do all sizes without AVX-512
+# inside a tile), with AVX2 16, 32, 48, 64 and 128 the 8-token one; 8 and 40 take the any-size path,
+# as do all sizes in the portable build
 def test_kernel_equals_sdpa_on_scattered_blocks(dtype, heads, kv_heads, head_dim, block):
     lens = [1, 2, block, block + 1, 37, 100, 3 * block - 1]
     q, k_cache, v_cache, tables = _paged_case(0, heads, kv_heads, head_dim, block, lens, dtype)
@@ -124,3 +125,15 @@ def test_kernel_builds_into_a_fresh_cache(tmp_path, monkeypatch):
     assert kernels.load(required=True) is not None
     assert kernels.library_path().parent == tmp_path and kernels.library_path().is_file()
     assert [p.name for p in tmp_path.iterdir()] == [kernels.library_path().name]  # no temp left over
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "heads,kv_heads,head_dim,block",
+    [(4, 2, 64, 12), (3, 1, 128, 20), (2, 2, 16, 12), (6, 3, 32, 20), (2, 1, 48, 12)],
+)
+def test_kernel_on_blocks_that_end_inside_a_tile(dtype, heads, kv_heads, head_dim, block):
+    """Blocks of 12 and 20 end inside an 8-token (AVX2) and a 16-token (AVX-512) tile, for every head
+    size with a tiled instance; the contexts of 37 and 100 end inside a tile too."""
+    test_kernel_equals_sdpa_on_scattered_blocks(dtype, heads, kv_heads, head_dim, block)

@@ -185,6 +185,102 @@ static void NAME(const T *gate, const T *up, long stride, T *out, long rows, int
 
 DEFINE_SILU_MUL_AVX512(silu_mul_f32, float, load16_f32, store16_f32, round16_f32)
 DEFINE_SILU_MUL_AVX512(silu_mul_bf16, uint16_t, load16_bf16, store16_bf16, round16_bf16)
+#elif INFLIGHT_AVX2
+/* silu(gate) * up, 8 lanes at a time, the AVX-512 version's arithmetic at 8 lanes: the same Cephes
+ * expf polynomial, 2^n added to the exponent bits (AVX2 has no scalef), a 12-bit reciprocal
+ * estimate refined by one Newton step, bf16 rounding as bf16_store. Ragged row ends: masked loads
+ * and stores for float32, a zero-padded 8-lane buffer for bfloat16 (no 16-bit masked moves).
+ * Measured on an AMD EPYC Zen 4 running the avx2 build on [64, 1536]: 2.6x (fp32) and 2.4x (bf16)
+ * the portable build's loop; the AVX-512 version is 1.6-1.7x faster again. RMSNorm and rotary stay
+ * plain C: -march=x86-64-v3 vectorises them with 32-byte vectors (1.1-1.9x portable; both together
+ * take under 4% of the attention's time on the 49M decode shapes), so no intrinsics for them. */
+#include <immintrin.h>
+
+/* e^x for x in [-86, 88.7] (clamped: 2^n must stay a normal float for the exponent add); below
+ * -86 it returns e^-86, which 1 + e^-x absorbs. */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-86.f)), _mm256_set1_ps(88.7f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.f));
+    const __m256i scale = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
+    return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(y), scale));
+}
+
+/* 1 + e^-x <= 3.3e38 stays finite, so the Newton step never meets inf * 0: past 2^126 the estimate
+ * is flushed to 0 and silu to -0, as PyTorch's x / inf. */
+static inline __m256 silu8(__m256 x) {
+    const __m256 d = _mm256_add_ps(_mm256_set1_ps(1.f), exp8(_mm256_sub_ps(_mm256_setzero_ps(), x)));
+    __m256 inv = _mm256_rcp_ps(d); /* 12 bits, then one Newton step: ~1 ulp */
+    inv = _mm256_mul_ps(inv, _mm256_fnmadd_ps(d, inv, _mm256_set1_ps(2.f)));
+    return _mm256_mul_ps(x, inv);
+}
+
+static inline __m256i tail_mask8(int n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* Round to nearest even as bf16_store, the low 16 bits cleared: the float the bf16 stands for. */
+static inline __m256i bf16_rounded_bits(__m256 f) {
+    const __m256i u = _mm256_castps_si256(f);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i sum = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), lsb));
+    return _mm256_and_si256(sum, _mm256_set1_epi32((int)0xFFFF0000u));
+}
+
+static inline __m256 round8_bf16(__m256 f) { return _mm256_castsi256_ps(bf16_rounded_bits(f)); }
+static inline __m256 round8_f32(__m256 v) { return v; }
+
+/* n: the lanes to read or write (8, or a row's last 1..7). */
+static inline __m256 load8_f32(const float *p, int n) {
+    return n == 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, tail_mask8(n));
+}
+
+static inline void store8_f32(float *p, int n, __m256 v) {
+    if (n == 8) _mm256_storeu_ps(p, v);
+    else _mm256_maskstore_ps(p, tail_mask8(n), v);
+}
+
+static inline __m256 load8_bf16(const uint16_t *p, int n) {
+    uint16_t buf[8] = {0};
+    if (n < 8) p = memcpy(buf, p, sizeof(uint16_t) * n);
+    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
+static inline void store8_bf16(uint16_t *p, int n, __m256 v) {
+    const __m256i bits = _mm256_srli_epi32(bf16_rounded_bits(v), 16);
+    const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(bits), _mm256_extracti128_si256(bits, 1));
+    if (n == 8) { _mm_storeu_si128((__m128i *)p, packed); return; }
+    uint16_t buf[8];
+    _mm_storeu_si128((__m128i *)buf, packed);
+    memcpy(p, buf, sizeof(uint16_t) * n);
+}
+
+#define DEFINE_SILU_MUL_AVX2(NAME, T, LOAD8, STORE8, ROUND8)                                       \
+static void NAME(const T *gate, const T *up, long stride, T *out, long rows, int dim, int threads) { \
+    _Pragma("omp parallel for num_threads(threads) schedule(static) if(rows * dim >= PARALLEL_MIN)") \
+    for (long r = 0; r < rows; r++) {                                                              \
+        const T *g = gate + r * stride, *u = up + r * stride;                                      \
+        T *o = out + r * dim;                                                                      \
+        int i = 0;                                                                                 \
+        for (; i + 8 <= dim; i += 8)                                                               \
+            STORE8(o + i, 8, _mm256_mul_ps(ROUND8(silu8(LOAD8(g + i, 8))), LOAD8(u + i, 8)));      \
+        const int n = dim - i;                                                                     \
+        if (n > 0) STORE8(o + i, n, _mm256_mul_ps(ROUND8(silu8(LOAD8(g + i, n))), LOAD8(u + i, n))); \
+    }                                                                                              \
+}
+
+DEFINE_SILU_MUL_AVX2(silu_mul_f32, float, load8_f32, store8_f32, round8_f32)
+DEFINE_SILU_MUL_AVX2(silu_mul_bf16, uint16_t, load8_bf16, store8_bf16, round8_bf16)
 #else
 DEFINE_SILU_MUL(silu_mul_f32, float, F32_LOAD, F32_STORE, F32_ROUND)
 DEFINE_SILU_MUL(silu_mul_bf16, uint16_t, bf16_load, bf16_store, BF16_ROUND)
