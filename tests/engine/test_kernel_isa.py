@@ -3,8 +3,10 @@ a level the CPU cannot run is refused naming what is missing, and the portable C
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -63,8 +65,22 @@ def test_portable_kernels_cross_compile_for_aarch64(tmp_path):
     """Apple silicon and Graviton build the portable level: the same flags, an aarch64 shared object,
     and no warning (an x86 intrinsic leaking out of its #if would fail here)."""
     target = tmp_path / "kernels-aarch64.so"
-    flags = [*kernels.compile_flags("portable", "aarch64"), "-Wall", "-Werror"]
-    built = subprocess.run([CROSS_CC, *flags, "-o", str(target), *map(str, kernels.SOURCES), "-lm"],
-                           capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert built.returncode == 0, built.stderr
+    kernels.build(target, CROSS_CC, [*kernels.compile_flags("portable", "aarch64"), "-Wall", "-Werror"])
     assert target.read_bytes()[:4] == b"\x7fELF" and target.read_bytes()[18] == 183  # e_machine EM_AARCH64
+    assert [p.name for p in tmp_path.iterdir()] == [target.name]  # no objects left over
+
+
+def test_loading_the_kernels_keeps_denormals(tmp_path):
+    """The library is built with -ffast-math but not linked with it: GCC's crtfastmath.o would set
+    flush-to-zero in the loading thread, and torch's float32 denormals would become 0 (checked in a
+    fresh process, since this one has loaded the kernels already)."""
+    script = (
+        "import torch; from inflight.engine import kernels\n"
+        "x = torch.tensor([1e-39]); before = (x * 1.0).item(); kernels.load(required=True)\n"
+        "print(before, (x * 1.0).item())"
+    )
+    env = {**os.environ, "INFLIGHT_KERNEL_CACHE": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    before, after = map(float, done.stdout.split())
+    assert before > 0 and after == before

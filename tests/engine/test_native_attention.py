@@ -12,8 +12,7 @@ from inflight.engine import EngineConfig, LLMEngine, attention, kernels
 from inflight.engine.attention import PrefillChunk, Workspace, build_metadata, paged_attention
 from inflight.engine.errors import InvalidRequestError
 
-lib = kernels.load()
-needs_kernel = pytest.mark.skipif(lib is None, reason="no C compiler: the native kernel cannot be built")
+needs_kernel = pytest.mark.skipif(kernels.load() is None, reason="no C compiler: the native kernel cannot be built")
 
 
 def _paged_case(seed: int, heads: int, kv_heads: int, head_dim: int, block: int, lens: list[int], dtype):
@@ -49,7 +48,7 @@ def _reference(q, k_cache, v_cache, tables, lens, scale):
 )  # with AVX-512, head sizes 16..128 in steps of 16 take the 16-token-tile path (blocks of 24 end
 # inside a tile), with AVX2 16, 32, 48, 64 and 128 the 8-token one; 8 and 40 take the any-size path,
 # as do all sizes in the portable build
-def test_kernel_equals_sdpa_on_scattered_blocks(dtype, heads, kv_heads, head_dim, block):
+def test_kernel_equals_sdpa_on_scattered_blocks(dtype, heads, kv_heads, head_dim, block, lib):
     lens = [1, 2, block, block + 1, 37, 100, 3 * block - 1]
     q, k_cache, v_cache, tables = _paged_case(0, heads, kv_heads, head_dim, block, lens, dtype)
     scale = head_dim**-0.5
@@ -67,7 +66,7 @@ def test_kernel_equals_sdpa_on_scattered_blocks(dtype, heads, kv_heads, head_dim
 
 @needs_kernel
 @pytest.mark.parametrize("prefill_limit", [1024, 6, 0])
-def test_native_and_torch_paths_agree_in_a_mixed_step(prefill_limit, monkeypatch):
+def test_native_and_torch_paths_agree_in_a_mixed_step(prefill_limit, monkeypatch, lib):
     """Decodes, a prefill chunk with cached context and one without, through the kernel (prefill
     rows up to `prefill_limit` context tokens, SDPA above) and through gather + SDPA."""
     monkeypatch.setattr(attention, "NATIVE_PREFILL_MAX_TOKENS", prefill_limit)
@@ -133,7 +132,7 @@ def test_kernel_builds_into_a_fresh_cache(tmp_path, monkeypatch):
     "heads,kv_heads,head_dim,block",
     [(4, 2, 64, 12), (3, 1, 128, 20), (2, 2, 16, 12), (6, 3, 32, 20), (2, 1, 48, 12)],
 )
-def test_kernel_on_blocks_that_end_inside_a_tile(dtype, heads, kv_heads, head_dim, block):
+def test_kernel_on_blocks_that_end_inside_a_tile(dtype, heads, kv_heads, head_dim, block, lib):
     """Blocks of 12 and 20 end inside an 8-token (AVX2) and a 16-token (AVX-512) tile, for every head
     size with a tiled instance; the contexts of 37 and 100 end inside a tile too."""
-    test_kernel_equals_sdpa_on_scattered_blocks(dtype, heads, kv_heads, head_dim, block)
+    test_kernel_equals_sdpa_on_scattered_blocks(dtype, heads, kv_heads, head_dim, block, lib)

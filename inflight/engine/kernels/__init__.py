@@ -32,8 +32,11 @@ from inflight.engine import cpu
 SOURCES = sorted(Path(__file__).parent.glob("*.c"))
 HEADERS = sorted(Path(__file__).parent.glob("*.h"))
 ISA_CHOICES = ("native", *cpu.ISA_LEVELS)
-# -ffast-math: vectorised expf (libmvec) and reassociated sums; the kernels clamp what could overflow
-_COMMON_FLAGS = ["-O3", "-ffast-math", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
+# -ffast-math: vectorised expf (libmvec) and reassociated sums; the kernels clamp what could overflow.
+# Compile flags only: linking with -ffast-math adds crtfastmath.o, whose constructor turns on
+# flush-to-zero for the thread that loads the library (torch's denormals would silently become 0).
+_COMMON_FLAGS = ["-O3", "-ffast-math", "-fopenmp", "-fPIC", "-std=c11"]
+_LINK_FLAGS = ["-shared", "-fopenmp"]
 _X86_MARCH = {"avx512": "-march=x86-64-v4", "avx2": "-march=x86-64-v3", "portable": "-march=x86-64"}
 _LOCK = threading.Lock()
 _LOADED: dict[str, tuple[ctypes.CDLL | None, str | None]] = {}
@@ -94,25 +97,28 @@ def library_path(isa: str | None = None, compiler: str | None = None) -> Path:
     """Where the shared library for these sources, this level's flags and this compiler lives."""
     isa = resolve_isa(isa)
     key = hashlib.sha256(b"".join(src.read_bytes() for src in (*SOURCES, *HEADERS)))
-    key.update(" ".join([*compile_flags(isa), str(compiler or _compiler())]).encode())
+    key.update(" ".join([*compile_flags(isa), *_LINK_FLAGS, str(compiler or _compiler())]).encode())
     return _cache_dir() / f"inflight_kernels-{isa}-{key.hexdigest()[:16]}.so"
 
 
 def build(target: Path, compiler: str, flags: list[str]) -> None:
-    """Compile the sources with `flags` into `target` (atomically: built beside it, then renamed)."""
+    """Compile the sources with `flags`, then link them into `target` without them (see
+    _COMMON_FLAGS); atomically: built beside the target, then renamed over it."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(fd)
-    try:
-        result = subprocess.run([compiler, *flags, "-o", tmp, *map(str, SOURCES), "-lm"],
-                                capture_output=True, text=True, timeout=120)  # fmt: skip
-        if result.returncode != 0:
-            names = ", ".join(src.name for src in SOURCES)
-            raise NativeKernelError(f"{compiler} failed to build {names}:\n{result.stderr.strip()}")
+    with tempfile.TemporaryDirectory(dir=target.parent) as work:
+        objects = [str(Path(work) / f"{src.stem}.o") for src in SOURCES]
+        for src, obj in zip(SOURCES, objects, strict=True):
+            _run(compiler, [*flags, "-c", str(src), "-o", obj])
+        tmp = str(Path(work) / target.name)
+        _run(compiler, [*_LINK_FLAGS, "-o", tmp, *objects, "-lm"])
         os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+
+
+def _run(compiler: str, args: list[str]) -> None:
+    result = subprocess.run([compiler, *args], capture_output=True, text=True, timeout=120)
+    if result.returncode != 0:
+        names = ", ".join(src.name for src in SOURCES)
+        raise NativeKernelError(f"{compiler} failed to build {names}:\n{result.stderr.strip()}")
 
 
 def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
