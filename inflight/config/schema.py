@@ -155,6 +155,9 @@ class TrainerConfig:
     """Directory for resumable checkpoints; none (default) disables checkpointing."""
     ckpt_interval: int = 10
     """Save a checkpoint every this many steps, >= 1. Default 10."""
+    max_prompt_length: int = 512
+    """Longest prompt in tokens (after the chat template), >= 1; longer ones are dropped and counted
+    (or refused: data.drop_long_prompts=false). Default 512 (SkyRL's). Data tasks only."""
 
     def __post_init__(self) -> None:
         self.strategy = canonical_strategy(self.strategy)
@@ -234,8 +237,48 @@ class GeneratorConfig:
 
 
 @dataclass
+class DataConfig:
+    """Your own data (SkyRL: `data`). Giving `train_data` trains on it instead of a built-in task."""
+
+    train_data: list[str] = field(default_factory=list)
+    """Training files: `.parquet`, `.jsonl` / `.json`, or `datasets.save_to_disk` directories; a single
+    path is read as a list of one. Default [] (the built-in task; SkyRL: ~/data/gsm8k/train.parquet)."""
+    val_data: list[str] = field(default_factory=list)
+    """Held-out files, same formats. Default []: held-out problems are split off the training data
+    (seeded by trainer.seed, data.val_fraction of it, at most job.num_eval) and never trained on."""
+    val_fraction: float = 0.1
+    """Share of the training rows split off as held-out when val_data is empty, in (0, 1). Default 0.1."""
+    prompt_key: str | None = None
+    """Column holding the prompt (text or chat messages); none (default): `prompt`, else `question`."""
+    answer_key: str | None = None
+    """Column holding the ground truth; none (default): `reward_spec.ground_truth` (SkyRL's rows), else
+    `answer`. An answer with `####` (GSM8K's) has what follows the last `####` as its ground truth."""
+    drop_long_prompts: bool = True
+    """Drop prompts longer than trainer.max_prompt_length (counted and reported); false refuses the data
+    with an error naming the first such row. Default true."""
+
+    def __post_init__(self) -> None:
+        self.train_data = [self.train_data] if isinstance(self.train_data, str) else self.train_data
+        self.val_data = [self.val_data] if isinstance(self.val_data, str) else self.val_data
+
+
+@dataclass
+class EnvironmentConfig:
+    """How responses to your data are scored (SkyRL: `environment`)."""
+
+    env_class: str | None = None
+    """The reward / environment of rows without their own `env_class` column (a row's own wins):
+    `gsm8k`, `gsm8k_flexible`, `math`, `exact`, `contains`, `regex`, a name given to
+    `inflight.rewards.register`, or `package.module:name` (your reward function or environment class).
+    None (default; SkyRL: gsm8k): `gsm8k` for rows whose answer holds GSM8K's `####`, else `exact`.
+    Built-in tasks (job.task) score themselves and refuse this key."""
+
+
+@dataclass
 class Config:
     """Everything a run needs. `Config()` is the default fully-async, non-colocated setup."""
 
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     generator: GeneratorConfig = field(default_factory=GeneratorConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    environment: EnvironmentConfig = field(default_factory=EnvironmentConfig)

@@ -253,3 +253,54 @@ def _tensor_parallel_divides_policy_ranks(cfg: Config) -> Iterator[Violation]:
         "one slice of a tensor-parallel group",
         f"set {MEGATRON_TP} to one of {divisors}, or {POLICY_GPUS} to a multiple of {tp}",
     )  # fmt: skip
+
+
+# ---- data and environment (your own data: data.*, trainer.max_prompt_length, environment.env_class) ----
+DATA_SUFFIXES = (".parquet", ".jsonl", ".json")
+_MODULE_NAME = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+_range_rule("trainer.max_prompt_length", lambda v: v >= 1, "must be >= 1",
+            "set trainer.max_prompt_length to the longest prompt to keep, in tokens (SkyRL: 512)")
+_range_rule("data.val_fraction", lambda v: 0 < v < 1, "must be in (0, 1)",
+            "e.g. data.val_fraction=0.1, or give data.val_data")
+
+
+def _data_paths_rule(key: str) -> None:
+    def check(cfg: Config) -> Iterator[Violation]:
+        for path in get_key(cfg, key):
+            name = path.rstrip("/").rsplit("/", 1)[-1]
+            if not path.strip():
+                yield Violation(key, path, "holds an empty path", f"give {key}=[path.parquet, ...]")
+            elif "." in name and not name.endswith(DATA_SUFFIXES):
+                yield Violation(key, path, "is not a .parquet, .jsonl or .json file",
+                                "convert it, or give a directory written by datasets' save_to_disk")
+
+    _rule(key)(check)
+
+
+for _key in ("data.train_data", "data.val_data"):
+    _data_paths_rule(_key)
+
+
+@_rule("environment.env_class")
+def _env_class_known(cfg: Config) -> Iterator[Violation]:
+    from inflight.rewards.registry import reward_names  # stdlib only below it: no import cycle
+
+    name = cfg.environment.env_class
+    if name is None or name in reward_names():
+        return
+    if ":" in name:
+        if not _MODULE_NAME.match(name):
+            yield Violation("environment.env_class", name, "is not of the form package.module:name",
+                            "write e.g. environment.env_class=my_rewards:score")
+        return
+    close = difflib.get_close_matches(name, reward_names(), n=1)
+    hint = f"did you mean '{close[0]}'? " if close else ""
+    yield Violation("environment.env_class", name, "is not a known reward or environment",
+                    f"{hint}use one of {', '.join(reward_names())}, or package.module:name")
+
+
+@_rule("data.val_data", "data.train_data")
+def _val_needs_train(cfg: Config) -> Iterator[Violation]:
+    if cfg.data.val_data and not cfg.data.train_data:
+        yield Violation("data.val_data", cfg.data.val_data, "is given without data.train_data",
+                        "give data.train_data too (the built-in tasks make their own held-out problems)")

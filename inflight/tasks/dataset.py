@@ -1,8 +1,17 @@
-"""Users' own data: a JSONL file of prompts and answers, scored by exact match.
+"""Users' own data, read through the `datasets` library: `.parquet`, `.jsonl` / `.json` files and
+`datasets.save_to_disk` directories, one `Problem` per row.
 
-Each line is an object with `prompt` (a string, or a list of chat messages `{"role", "content"}`)
-and `answer` (a string or number); `id` is optional (default: the line number). A string prompt is
-wrapped as one user message when the tokenizer has a chat template and `chat_template` is on.
+Row formats, detected per file from its columns:
+- SkyRL's: `prompt` (chat messages), `env_class`, `reward_spec` (`{"method": "rule", "ground_truth": ...}`),
+  `data_source`, `extra_info`;
+- flat: `prompt` (text or chat messages) and `answer`;
+- GSM8K's `question` / `answer`, or any other columns named by `prompt_key` / `answer_key`.
+An answer holding `####` (GSM8K's reasoning, then `#### 72`) has what follows the last `####` as its
+ground truth. `Problem.answer` is the ground truth as text; `Problem.meta` holds `ground_truth`,
+`env_class` (None when the row has none), `data_source` (default: the file's stem) and `extra_info`
+(a dict). An optional `id` column names the problems (default: `<file stem>-<row number>`).
+
+`JsonlTask` / `load_jsonl` are the older JSONL-only spellings, kept working.
 """
 
 from __future__ import annotations
@@ -14,49 +23,209 @@ from typing import Any
 
 from inflight.tasks.base import Problem, Task
 
+DATA_SUFFIXES = (".parquet", ".jsonl", ".json")
+
 
 class DatasetError(ValueError):
-    """A dataset file is missing or malformed (the message names the file and line)."""
+    """A dataset file is missing, unreadable or malformed (the message names the file, row and column)."""
 
 
-def load_jsonl(path: str | Path, prefix: str | None = None) -> list[Problem]:
-    """Problems from a JSONL file; raises DatasetError naming the first bad line."""
+def read_rows(path: str | Path) -> Any:
+    """The rows of one data file or `save_to_disk` directory as a `datasets.Dataset`."""
+    import datasets
+
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise DatasetError(f"dataset file {str(path)!r} does not exist")
-    prefix = prefix if prefix is not None else path.stem
-    problems: list[Problem] = []
-    ids: set[str] = set()
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
+    bars = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try:
+        return _read(datasets, path)
+    finally:
+        if bars:
+            datasets.enable_progress_bars()
+
+
+def _read(datasets: Any, path: Path) -> Any:
+    if path.is_dir():
         try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise DatasetError(f"{path}:{number}: not valid JSON ({err})") from err
-        if not isinstance(row, dict) or "prompt" not in row or "answer" not in row:
-            raise DatasetError(f"{path}:{number}: each line needs an object with 'prompt' and 'answer'")
-        prompt = row["prompt"]
-        if not (isinstance(prompt, str) or _is_messages(prompt)):
-            raise DatasetError(f"{path}:{number}: 'prompt' must be a string or a list of chat messages")
-        pid = str(row.get("id", f"{prefix}-{number}"))
-        if pid in ids:
-            raise DatasetError(f"{path}:{number}: duplicate id {pid!r}")
-        ids.add(pid)
-        problems.append(Problem(pid, prompt, str(row["answer"])))
-    if not problems:
+            rows = datasets.load_from_disk(str(path))
+        except Exception as err:
+            raise DatasetError(f"{path}: not a directory written by datasets' save_to_disk ({_root(err)})") from err
+        if isinstance(rows, datasets.DatasetDict):
+            splits = ", ".join(rows)
+            raise DatasetError(f"{path}: holds the splits {splits}; give one split's directory "
+                               f"(e.g. {path / next(iter(rows))})")
+        return rows
+    suffix = path.suffix.lower()
+    if suffix not in DATA_SUFFIXES:
+        raise DatasetError(f"{path}: unsupported file type {suffix or '(none)'!r}; use .parquet, .jsonl, .json "
+                           "or a directory written by datasets' save_to_disk")
+    if path.stat().st_size == 0:
+        raise DatasetError(f"dataset file {str(path)!r} holds no problems (it is empty)")
+    try:
+        if suffix == ".parquet":
+            return datasets.Dataset.from_parquet(str(path))
+        return datasets.Dataset.from_json(str(path))
+    except Exception as err:
+        if suffix == ".parquet":
+            raise DatasetError(f"{path}: not Parquet ({_root(err)})") from err
+        # Arrow needs one type per column; JSON rows may mix them (a text prompt here, chat messages
+        # there), which the reader below keeps as they are
+        return _json_rows(path, err)
+
+
+class _Rows(list):
+    """Rows Arrow cannot hold in one table (mixed types in a column), as plain dicts."""
+
+    @property
+    def column_names(self) -> list[str]:
+        return list(dict.fromkeys(k for row in self for k in row))
+
+
+def _json_rows(path: Path, arrow_error: BaseException) -> _Rows:
+    text = path.read_text()
+    try:
+        if path.suffix.lower() == ".json" and text.lstrip().startswith("["):
+            rows = json.loads(text)
+        else:
+            rows = []
+            for number, line in enumerate(text.splitlines(), start=1):
+                if line.strip():
+                    rows.append(_json_line(path, number, line))
+    except json.JSONDecodeError as err:
+        raise DatasetError(f"{path}: not valid JSON ({err}; Arrow: {_root(arrow_error)})") from err
+    if not all(isinstance(r, dict) for r in rows):
+        raise DatasetError(f"{path}: each row must be a JSON object")
+    return _Rows({k: row.get(k) for k in dict.fromkeys(k for r in rows for k in r)} for row in rows)
+
+
+def _json_line(path: Path, number: int, line: str) -> Any:
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as err:
+        raise DatasetError(f"{path}: line {number}: not valid JSON ({err})") from err
+
+
+def _root(err: BaseException) -> str:
+    """The innermost cause of a `datasets` error (its own message is generic)."""
+    while err.__cause__ is not None or err.__context__ is not None:
+        err = err.__cause__ or err.__context__  # type: ignore[assignment]
+    return f"{type(err).__name__}: {err}"
+
+
+def load_problems(
+    path: str | Path,
+    prompt_key: str | None = None,
+    answer_key: str | None = None,
+    id_prefix: str | None = None,
+) -> list[Problem]:
+    """The problems of one data file or directory (formats: see the module docstring). Raises
+    DatasetError naming the file, the row (1-based) and the column of the first bad row."""
+    path = Path(path)
+    rows = read_rows(path)
+    if len(rows) == 0:
         raise DatasetError(f"dataset file {str(path)!r} holds no problems")
+    columns = list(rows.column_names)
+    reader = _RowReader(path, columns, prompt_key, answer_key, id_prefix or path.stem)
+    problems, ids = [], set()
+    for number, row in enumerate(rows, start=1):
+        problem = reader.problem(number, row)
+        if problem.id in ids:
+            raise DatasetError(f"{path}: row {number}: duplicate id {problem.id!r} (column 'id')")
+        ids.add(problem.id)
+        problems.append(problem)
     return problems
 
 
-def _is_messages(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(m, dict) and "role" in m and "content" in m for m in value)
+class _RowReader:
+    """Which columns of one file hold the prompt and the ground truth, and how a row becomes a Problem."""
+
+    def __init__(self, path: Path, columns: list[str], prompt_key: str | None, answer_key: str | None,
+                 prefix: str) -> None:
+        self.path, self.columns, self.prefix = path, columns, prefix
+        self.prompt_col = prompt_key or next((c for c in ("prompt", "question") if c in columns), None)
+        if self.prompt_col is None or self.prompt_col not in columns:
+            raise self.missing(prompt_key or "prompt", "data.prompt_key", "prompts")
+        self.answer_col = answer_key or next((c for c in ("reward_spec", "answer") if c in columns), None)
+        if self.answer_col is None or self.answer_col not in columns:
+            raise self.missing(answer_key or "answer", "data.answer_key", "answers")
+
+    def missing(self, column: str, key: str, what: str) -> DatasetError:
+        return DatasetError(
+            f"{self.path}: no column {column!r} (the file has: {', '.join(self.columns)}); rows need 'prompt' "
+            f"and 'answer', SkyRL's 'prompt' and 'reward_spec.ground_truth', GSM8K's 'question' and 'answer', "
+            f"or set {key} to the column that holds the {what}")
+
+    def error(self, number: int, column: str, text: str) -> DatasetError:
+        return DatasetError(f"{self.path}: row {number}: column {column!r} {text}")
+
+    def problem(self, number: int, row: dict[str, Any]) -> Problem:
+        prompt = _clean_prompt(row.get(self.prompt_col))
+        if prompt is None:
+            raise self.error(number, self.prompt_col, "must be a string or a list of chat messages "
+                                                      f"({{'role', 'content'}}), got {row.get(self.prompt_col)!r}")
+        truth = self.ground_truth(number, row)
+        extra = row.get("extra_info")
+        if extra is not None and not isinstance(extra, dict):
+            raise self.error(number, "extra_info", f"must be a mapping, got {type(extra).__name__}")
+        env_class = row.get("env_class")
+        if env_class is not None and not isinstance(env_class, str):
+            raise self.error(number, "env_class", f"must be a string, got {env_class!r}")
+        pid = row.get("id")
+        meta = {"ground_truth": truth, "env_class": env_class or None,
+                "data_source": row.get("data_source") or self.prefix, "extra_info": dict(extra or {}),
+                "source": f"{self.path}:{number}"}
+        return Problem(str(pid) if pid is not None else f"{self.prefix}-{number}", prompt, truth, meta)
+
+    def ground_truth(self, number: int, row: dict[str, Any]) -> str:
+        value, column = row.get(self.answer_col), self.answer_col
+        if column == "reward_spec" and isinstance(value, dict):
+            value, column = value.get("ground_truth"), "reward_spec.ground_truth"
+        if value is None or isinstance(value, dict):
+            raise self.error(number, column, f"holds no ground truth (got {value!r})")
+        text = str(value)
+        if column != "reward_spec.ground_truth" and "####" in text:
+            text = text.rsplit("####", 1)[-1].strip()
+        return text
+
+
+def _clean_prompt(value: Any) -> str | list[dict[str, Any]] | None:
+    """A text prompt, or chat messages without the None fields Arrow adds to unify their structs."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and value and all(isinstance(m, dict) and "role" in m and "content" in m
+                                                 for m in value):
+        return [{k: v for k, v in m.items() if v is not None} for m in value]
+    return None
+
+
+def load_jsonl(path: str | Path, prefix: str | None = None) -> list[Problem]:
+    """Problems from a JSONL file of `{"prompt", "answer"}` lines (the older API; `load_problems` reads
+    every format). Raises DatasetError naming the file and the bad row."""
+    return load_problems(path, id_prefix=prefix)
+
+
+def encode_chat_prompt(task: Task, prompt: str | list[dict[str, Any]], chat_template: bool) -> list[int]:
+    """Token ids of a prompt: through the tokenizer's chat template (a string becomes one user message)
+    with the generation prompt, or the plain text when `chat_template` is off."""
+    if not chat_template:
+        if not isinstance(prompt, str):
+            raise DatasetError("chat-message prompts need a tokenizer with a chat template")
+        return task.encode(prompt)
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    ids = task.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if hasattr(ids, "keys"):
+        ids = ids["input_ids"]
+    return [int(t) for t in ids]
 
 
 class JsonlTask(Task):
     """A task from JSONL files: `train_path` (and optionally `eval_path`; else the first
     `num_eval` training problems are held out). Reward: 1 when the response, stripped, equals the
-    answer (`match="exact"`) or contains it (`match="contains"`)."""
+    answer (`match="exact"`) or contains it (`match="contains"`). `inflight train` now builds a
+    `DataTask` for `job.task=jsonl` (seeded split, lengths, rewards by name); this class stays for
+    Python users."""
 
     name = "jsonl"
 
@@ -93,12 +262,4 @@ class JsonlTask(Task):
         return 1.0 if (got == want if self.match == "exact" else want in got) else 0.0
 
     def encode_prompt(self, prompt: str | list[dict[str, str]]) -> list[int]:
-        if not self.chat_template:
-            if not isinstance(prompt, str):
-                raise DatasetError("chat-message prompts need a tokenizer with a chat template")
-            return self.encode(prompt)
-        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if hasattr(ids, "keys"):
-            ids = ids["input_ids"]
-        return [int(t) for t in ids]
+        return encode_chat_prompt(self, prompt, self.chat_template)

@@ -1,0 +1,142 @@
+"""Rewards by name: the built-ins, names added with `register`, and `package.module:name` (a user's
+reward function or environment class, imported on first use)."""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from inflight.rewards.errors import RewardError
+from inflight.rewards.gsm8k import gsm8k_flexible_reward, gsm8k_reward
+from inflight.rewards.math_answer import math_reward
+from inflight.rewards.text import contains_reward, exact_reward, regex_reward
+
+Reward = Callable[..., float | Awaitable[float]]
+"""`(response: str, ground_truth: str, **extra) -> float` (or an `async def` returning one);
+1.0 means correct. `extra` holds the row's `extra_info` (e.g. `method`, `pattern`)."""
+
+CONFIG_KEY = "environment.env_class"
+
+_BUILTINS: dict[str, Reward] = {
+    "gsm8k": gsm8k_reward,
+    "gsm8k_flexible": gsm8k_flexible_reward,
+    "math": math_reward,
+    "exact": exact_reward,
+    "contains": contains_reward,
+    "regex": regex_reward,
+}
+_REGISTRY: dict[str, Reward] = dict(_BUILTINS)
+_IMPORTED: dict[str, Any] = {}
+
+
+def register(name: str, fn: Reward) -> Reward:
+    """Make `fn` available as `get_reward(name)` (and as `environment.env_class=name`); returns `fn`.
+    Re-registering a name replaces it; the built-in names cannot be replaced."""
+    if not callable(fn):
+        raise TypeError(f"register({name!r}, ...): a reward must be callable, got {type(fn).__name__}")
+    if name in _BUILTINS and _BUILTINS[name] is not fn:
+        raise RewardError(f"{name!r} is a built-in reward; register yours under another name")
+    if ":" in name:
+        raise RewardError(f"{name!r}: ':' is reserved for 'package.module:name' imports")
+    _REGISTRY[name] = fn
+    return fn
+
+
+def reward_names() -> list[str]:
+    """The names `get_reward` knows without an import (built-ins first, then registered ones)."""
+    return list(_REGISTRY)
+
+
+def resolve(name: str) -> Any:
+    """The object `name` stands for: a registered reward, or what `package.module:name` imports (a
+    reward function or an environment class). Raises RewardError naming `environment.env_class`."""
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    if ":" not in name:
+        close = difflib.get_close_matches(name, list(_REGISTRY), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise RewardError(f"{CONFIG_KEY}={name!r} is not a known reward: {hint}use one of "
+                          f"{', '.join(_REGISTRY)}, or 'package.module:name' for your own function or environment")
+    if name not in _IMPORTED:
+        _IMPORTED[name] = _import(name)
+    return _IMPORTED[name]
+
+
+def _import(name: str) -> Any:
+    module_name, _, attr = name.partition(":")
+    if not module_name or not attr:
+        raise RewardError(f"{CONFIG_KEY}={name!r}: write 'package.module:name'")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as err:  # ImportError, or the module's own error at import time
+        raise RewardError(f"{CONFIG_KEY}={name!r}: cannot import module {module_name!r} "
+                          f"({type(err).__name__}: {err}); is it on PYTHONPATH?") from err
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise RewardError(f"{CONFIG_KEY}={name!r}: module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise RewardError(f"{CONFIG_KEY}={name!r}: {attr!r} is a {type(obj).__name__}, not a reward "
+                          "function or an environment class")
+    return obj
+
+
+def is_environment_class(obj: Any) -> bool:
+    """Whether `obj` is an environment class (a class with `reset` and `step`) rather than a reward."""
+    return inspect.isclass(obj) and callable(getattr(obj, "step", None)) and callable(getattr(obj, "reset", None))
+
+
+def environment_class(name: str) -> type | None:
+    """The environment class `name` imports, or None when `name` is a reward function."""
+    obj = resolve(name)
+    return obj if is_environment_class(obj) else None
+
+
+def get_reward(name: str | Reward) -> Reward:
+    """The reward `name` stands for (`gsm8k`, `gsm8k_flexible`, `math`, `exact`, `contains`, `regex`,
+    a registered name, or `package.module:name`). For an environment class the reward is its
+    single-turn score: the class built for a problem with that ground truth, `reset()`, then
+    `step(response).reward`. A callable is returned unchanged."""
+    if callable(name):
+        return name
+    obj = resolve(name)
+    if is_environment_class(obj):
+        return _environment_reward(obj)
+    if inspect.isclass(obj):
+        raise RewardError(f"{CONFIG_KEY}={name!r} is a class without reset() and step(): give a reward "
+                          "function or an environment class")
+    return obj
+
+
+def _environment_reward(cls: type) -> Reward:
+    def reward(response: str, ground_truth: str, **extra: Any) -> float:
+        from inflight.tasks.base import Problem
+
+        problem = Problem("reward", "", str(ground_truth),
+                          meta={"ground_truth": ground_truth, "extra_info": dict(extra)})
+        env = cls(problem)
+        env.reset()
+        return env.step(response).reward
+
+    reward.__name__ = f"{cls.__name__}_reward"
+    return reward
+
+
+async def score(reward: str | Reward, response: str, ground_truth: str, **extra: Any) -> float:
+    """`reward(response, ground_truth, **extra)` as a float, awaited when the reward is async (a sync
+    reward runs directly, in the caller's thread). Raises RewardError when it returns no number."""
+    fn = get_reward(reward)
+    value = fn(response, ground_truth, **extra)
+    if inspect.isawaitable(value):
+        value = await value
+    if isinstance(value, bool) or isinstance(value, int | float):
+        return float(value)
+    try:
+        return float(value)  # numpy / torch scalars
+    except (TypeError, ValueError):
+        raise RewardError(f"reward {getattr(fn, '__name__', fn)!r} returned {type(value).__name__} "
+                          f"{value!r}, not a number") from None
