@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from inflight import cli
 from inflight.engine import cpu, kernels
 from inflight.engine.models.linear import resolve_linear_backend
+
+
+@pytest.fixture(autouse=True)
+def native_kernels_on(monkeypatch):
+    """The report is checked with the kernels on, whatever INFLIGHT_NATIVE_KERNELS the suite runs with."""
+    monkeypatch.delenv("INFLIGHT_NATIVE_KERNELS", raising=False)
 
 
 def _env(capsys, *args: str) -> str:

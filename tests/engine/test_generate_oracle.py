@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
@@ -44,6 +45,7 @@ def _batched_greedy_case(arch, backend, linear, tiny_model_factory, hf_model_fac
     return engine
 
 
+@pytest.mark.skipif(os.environ.get("INFLIGHT_NATIVE_KERNELS") == "0", reason="INFLIGHT_NATIVE_KERNELS=0")
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3", "llama"])
 def test_batched_greedy_matches_transformers_native(arch, kernel_isa, tiny_model_factory, hf_model_factory):
     """Every native path (fused kernels, packed linears) at every kernel ISA level this CPU runs:

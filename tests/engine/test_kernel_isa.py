@@ -15,6 +15,13 @@ from inflight.engine import EngineConfig, LLMEngine, cpu, kernels
 ZEN3_FLAGS = frozenset("fpu sse sse2 ssse3 sse4_1 sse4_2 avx avx2 fma f16c bmi1 bmi2 movbe".split())
 
 
+@pytest.fixture(autouse=True)
+def native_kernels_on(monkeypatch):
+    """These tests are of the loader itself: they run even where INFLIGHT_NATIVE_KERNELS=0 turns the
+    kernels off for the rest of the suite."""
+    monkeypatch.delenv("INFLIGHT_NATIVE_KERNELS", raising=False)
+
+
 def test_native_is_the_best_level_this_cpu_runs():
     levels = cpu.runnable_isa_levels()
     assert levels[-1] == "portable" and list(levels) == [lv for lv in cpu.ISA_LEVELS if lv in levels]
