@@ -18,10 +18,32 @@ from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerF
 SUPPORTED_ARCHS = ("qwen2", "qwen3", "llama")
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+    # ChatML; with `tools`, Qwen2.5's rendering: a system turn lists them as JSON in <tools>, an
+    # assistant's tool_calls come out as <tool_call> blocks, and tool results go back as one user turn
+    # of <tool_response> blocks. Without tools, tool calls or tool messages: plain ChatML.
+    "{%- if tools %}{{ '<|im_start|>system\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\n\n' }}{%- endif %}"
+    "{{ '# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>' }}"
+    "{%- for tool in tools %}{{ '\n' }}{{ tool | tojson }}{%- endfor %}"
+    "{{ '\n</tools>\n\nFor each function call, return a json object with function name and arguments "
+    "within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+    "<args-json-object>}\n</tool_call><|im_end|>\n' }}{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if tools and loop.first and message['role'] == 'system' %}"
+    "{%- elif message['role'] == 'assistant' and message.tool_calls is defined and message.tool_calls %}"
+    "{{ '<|im_start|>assistant' }}{%- if message['content'] %}{{ '\n' + message['content'] }}{%- endif %}"
+    "{%- for call in message.tool_calls %}{%- if call.function is defined %}{%- set call = call.function %}"
+    "{%- endif %}{{ '\n<tool_call>\n{\"name\": \"' + call.name + '\", \"arguments\": ' }}"
+    "{{ (call.arguments if call.arguments is string else call.arguments | tojson) + '}\n</tool_call>' }}"
+    "{%- endfor %}{{ '<|im_end|>\n' }}"
+    "{%- elif message['role'] == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}{{ '<|im_start|>user' }}{%- endif %}"
+    "{{ '\n<tool_response>\n' + message['content'] + '\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}{{ '<|im_end|>\n' }}{%- endif %}"
+    "{%- else %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{%- endif %}"
 )
 _WORDS = (
     "the a of to and in is it you that he was for on are with as his they be at one have this from or had "
