@@ -135,6 +135,10 @@ class LLMEngine:
         so callers on an event loop can reject bad input while a step runs."""
         params = params or SamplingParams()
         params.validate()
+        if params.top_logprobs > self.vocab_size:
+            raise InvalidRequestError(
+                f"top_logprobs={params.top_logprobs} exceeds the vocabulary size {self.vocab_size}"
+            )
         if not prompt_token_ids:
             raise InvalidRequestError("prompt_token_ids is empty; give at least one token")
         bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
@@ -224,8 +228,8 @@ class LLMEngine:
         for request, n in scheduled:
             if request.num_output_tokens == 0:
                 self.stats.prompt_tokens_computed += n
-        for request, token, logprob in sampled:
-            request.append_token(token, logprob, self.weight_version)
+        for request, token, logprob, top in sampled:
+            request.append_token(token, logprob, self.weight_version, top)
             self.stats.generated_tokens += 1
             reason = self._stop_reason(request, token)
             if reason is not None:

@@ -17,7 +17,10 @@ class SamplingParams:
     `temperature=0` is greedy. `top_k=0` (or -1) and `top_p=1` disable those filters. `seed` makes the
     request's samples reproducible whatever else is in the batch. `logprobs` records, for each sampled
     token, its log-probability under the temperature-scaled distribution (before top-k/top-p), which is
-    what a policy-gradient trainer recomputes.
+    what a policy-gradient trainer recomputes. `top_logprobs=k` also records, for each sampled token,
+    the k most likely tokens of that same distribution with their log-probabilities (OpenAI's
+    `top_logprobs`, vLLM's integer `logprobs`); it needs `logprobs=True`, and only requests that ask
+    pay for it.
     """
 
     max_tokens: int = 16
@@ -26,6 +29,7 @@ class SamplingParams:
     top_k: int = 0
     seed: int | None = None
     logprobs: bool = True
+    top_logprobs: int = 0
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
 
@@ -40,6 +44,10 @@ class SamplingParams:
             problems.append(f"top_p={self.top_p!r} must be in (0, 1]")
         if not isinstance(self.top_k, int) or self.top_k < -1:
             problems.append(f"top_k={self.top_k!r} must be an integer >= 0 (0 or -1 disables it)")
+        if not isinstance(self.top_logprobs, int) or isinstance(self.top_logprobs, bool) or self.top_logprobs < 0:
+            problems.append(f"top_logprobs={self.top_logprobs!r} must be an integer >= 0 (0: none)")
+        elif self.top_logprobs > 0 and not self.logprobs:
+            problems.append(f"top_logprobs={self.top_logprobs} needs logprobs=True")
         if self.seed is not None and not isinstance(self.seed, int):
             problems.append(f"seed={self.seed!r} must be an integer or None")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
@@ -60,7 +68,11 @@ class RequestStatus(enum.Enum):
 
 @dataclass
 class RequestOutput:
-    """The result of one request: its tokens, their logprobs and the weight version that sampled each."""
+    """The result of one request: its tokens, their logprobs and the weight version that sampled each.
+
+    `top_logprobs` (when the request asked for k > 0) holds, per output token, the k most likely
+    `(token_id, logprob)` pairs of the distribution it was sampled from, most likely first.
+    """
 
     request_id: str
     prompt_token_ids: list[int]
@@ -70,6 +82,7 @@ class RequestOutput:
     finish_reason: str | None  # "stop" | "length" | "abort"; None while unfinished
     num_recomputed_tokens: int = 0
     num_cached_tokens: int = 0
+    top_logprobs: list[list[tuple[int, float]]] | None = None
 
     @property
     def finished(self) -> bool:
@@ -94,6 +107,7 @@ class Request:
         self.num_prompt_tokens = len(prompt_token_ids)
         self.token_ids: list[int] = list(prompt_token_ids)
         self.logprobs: list[float | None] = []  # None where params.logprobs is off (not computed)
+        self.top_logprobs: list[list[tuple[int, float]]] = []  # only filled when params.top_logprobs > 0
         self.token_weight_versions: list[int] = []
         self.status = RequestStatus.WAITING
         self.finish_reason: str | None = None
@@ -128,10 +142,15 @@ class Request:
     def finished(self) -> bool:
         return self.status == RequestStatus.FINISHED
 
-    def append_token(self, token_id: int, logprob: float | None, weight_version: int) -> None:
+    def append_token(
+        self, token_id: int, logprob: float | None, weight_version: int,
+        top_logprobs: list[tuple[int, float]] | None = None,
+    ) -> None:
         self.token_ids.append(token_id)
         self.logprobs.append(logprob)
         self.token_weight_versions.append(weight_version)
+        if top_logprobs is not None:
+            self.top_logprobs.append(top_logprobs)
 
     def to_output(self) -> RequestOutput:
         return RequestOutput(
@@ -143,4 +162,5 @@ class Request:
             finish_reason=self.finish_reason,
             num_recomputed_tokens=self.num_recomputed_tokens,
             num_cached_tokens=self.num_cached_tokens,
+            top_logprobs=list(self.top_logprobs) if self.params.top_logprobs > 0 else None,
         )

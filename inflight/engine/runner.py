@@ -10,7 +10,7 @@ from inflight.engine.kv_cache import KVCache
 from inflight.engine.models.common import DecoderForCausalLM
 from inflight.engine.models.layer_ops import NativeOps, TorchOps
 from inflight.engine.request import Request
-from inflight.engine.sampler import sample
+from inflight.engine.sampler import TopLogprobs, sample
 
 
 def native_library(key: str, backend: str, dtype: torch.dtype, device: torch.device, holds: str):
@@ -51,8 +51,11 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def execute(self, scheduled: list[tuple[Request, int]]) -> list[tuple[Request, int, float]]:
-        """Run one step; returns (request, token, logprob) for each request that reached its end."""
+    def execute(
+        self, scheduled: list[tuple[Request, int]]
+    ) -> list[tuple[Request, int, float | None, TopLogprobs | None]]:
+        """Run one step; returns (request, token, logprob, top logprobs) for each request that reached
+        its end (None where the request did not ask)."""
         # decodes longest context first: attention groups them by similar length
         decodes = sorted(((r, n) for r, n in scheduled if n == 1), key=lambda rn: -rn[0].num_computed_tokens)
         prefills = [(r, n) for r, n in scheduled if n > 1]
@@ -93,7 +96,7 @@ class ModelRunner:
         if not rows:
             return []
         logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
-        tokens, logprobs = sample(
+        tokens, logprobs, tops = sample(
             logits, [r.params for r in samplers], [r.generator for r in samplers], self.generator
         )
-        return list(zip(samplers, tokens, logprobs, strict=True))
+        return list(zip(samplers, tokens, logprobs, tops, strict=True))

@@ -1,4 +1,5 @@
-"""Sampling: greedy, temperature, top-k, top-p, per-request seeds, logprob of each sampled token.
+"""Sampling: greedy, temperature, top-k, top-p, per-request seeds, logprob of each sampled token and,
+for requests that ask, the most likely alternatives (`top_logprobs`).
 
 Seeded requests draw from their own generator, one draw per sampled token, so their tokens do not
 depend on what else is in the batch; unseeded requests share the engine's generator.
@@ -26,14 +27,18 @@ def _filter(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     return logits
 
 
+TopLogprobs = list[tuple[int, float]]
+
+
 def sample(
     logits: torch.Tensor,
     params: list[SamplingParams],
     generators: list[torch.Generator | None],
     default_generator: torch.Generator,
-) -> tuple[list[int], list[float | None]]:
-    """Sample one token per row of `logits` [N, V] (float32). Returns (token ids, logprobs); a
-    request that did not ask for logprobs gets None (nothing computed for it)."""
+) -> tuple[list[int], list[float | None], list[TopLogprobs | None]]:
+    """Sample one token per row of `logits` [N, V] (float32). Returns (token ids, logprobs, top
+    logprobs); a request that did not ask for logprobs (or top logprobs) gets None there, and nothing
+    is computed for it. Both are of the temperature-scaled distribution before top-k/top-p."""
     temps = [p.temperature if p.temperature > 0 else 1.0 for p in params]
     scaled = logits
     if any(t != 1.0 for t in temps):  # dividing by 1.0 changes nothing: skip a pass over [N, V]
@@ -48,13 +53,35 @@ def sample(
         noise = torch.empty_like(probs).exponential_(generator=gen or default_generator)
         tokens[row] = (probs / noise).argmax()
     token_list = tokens.tolist()
-    wanted = [row for row, p in enumerate(params) if p.logprobs]
+    lps, tops = _logprobs(scaled, params, token_list)
+    return token_list, lps, tops
+
+
+def _logprobs(
+    scaled: torch.Tensor, params: list[SamplingParams], tokens: list[int]
+) -> tuple[list[float | None], list[TopLogprobs | None]]:
+    """log_softmax of each asking row at its sampled token, and its top-k, without writing the
+    [N, V] log-probabilities: x[i] - logsumexp(x). The top-k values go through the same
+    subtraction, so a sampled token that is among them has bit for bit the same logprob."""
     lps: list[float | None] = [None] * len(params)
-    if wanted:
-        rows = scaled if len(wanted) == len(params) else scaled[torch.tensor(wanted, device=logits.device)]
-        idx = torch.tensor([token_list[row] for row in wanted], device=logits.device)
-        # log_softmax at one index: x[i] - logsumexp(x), without writing the [N, V] log-probabilities
-        picked = rows.gather(1, idx[:, None]).squeeze(1) - torch.logsumexp(rows, dim=-1)
-        for row, lp in zip(wanted, picked.tolist(), strict=True):
-            lps[row] = lp
-    return token_list, lps
+    tops: list[TopLogprobs | None] = [None] * len(params)
+    wanted = [row for row, p in enumerate(params) if p.logprobs]
+    if not wanted:
+        return lps, tops
+    device = scaled.device
+    rows = scaled if len(wanted) == len(params) else scaled[torch.tensor(wanted, device=device)]
+    lse = torch.logsumexp(rows, dim=-1)
+    idx = torch.tensor([tokens[row] for row in wanted], device=device)
+    picked = rows.gather(1, idx[:, None]).squeeze(1) - lse
+    for row, lp in zip(wanted, picked.tolist(), strict=True):
+        lps[row] = lp
+    asking = [i for i, row in enumerate(wanted) if params[row].top_logprobs > 0]
+    if asking:
+        sub = torch.tensor(asking, device=device)
+        k = min(max(params[wanted[i]].top_logprobs for i in asking), rows.shape[-1])
+        values, ids = torch.topk(rows[sub], k, dim=-1)
+        values_list, ids_list = (values - lse[sub][:, None]).tolist(), ids.tolist()
+        for j, i in enumerate(asking):
+            want = params[wanted[i]].top_logprobs
+            tops[wanted[i]] = list(zip(ids_list[j][:want], values_list[j][:want], strict=True))
+    return lps, tops

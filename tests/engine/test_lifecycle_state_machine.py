@@ -103,7 +103,7 @@ class Lifecycle(RuleBasedStateMachine):
                 if computed + n == request.num_tokens:
                     expected[request_id] = (list(request.token_ids), list(provenance))
             sampled = execute(scheduled)
-            for request, token, _ in sampled:
+            for request, token, *_ in sampled:
                 tokens, provenance = expected.pop(request.request_id)
                 assert token == self.next_token(tokens, provenance), (
                     f"{request.request_id}: token {token} is not what transformers samples with KV provenance "
