@@ -155,6 +155,16 @@ class TrainerConfig:
     """Directory for resumable checkpoints; none (default) disables checkpointing."""
     ckpt_interval: int = 10
     """Save a checkpoint every this many steps, >= 1. Default 10."""
+    eval_interval: int = 5
+    """Evaluate on the held-out sets every this many steps, >= 0; 0 turns evaluation off (also before
+    and after training). Default 5 (SkyRL's). `job.eval_interval` is an alias of this key."""
+    eval_before_train: bool = True
+    """Evaluate before the first step (when eval_interval > 0). Default true."""
+    eval_batch_size: int = 1024
+    """Held-out prompts evaluated at once, >= 1 (the rest wait). Default 1024."""
+    dump_eval_results: bool = True
+    """Write each evaluation's samples.jsonl and metrics.json to <job.output_dir>/eval/step_<k>/.
+    Default true."""
     max_prompt_length: int = 512
     """Longest prompt in tokens (after the chat template), >= 1; longer ones are dropped and counted
     (or refused: data.drop_long_prompts=false). Default 512 (SkyRL's). Data tasks only."""
@@ -234,6 +244,10 @@ class GeneratorConfig:
     sampling_params: SamplingConfig = field(default_factory=SamplingConfig)
     n_samples_per_prompt: int = 4
     """Responses per prompt (the GRPO group size), >= 1. Default 4."""
+    eval_sampling_params: SamplingConfig = field(default_factory=SamplingConfig)
+    """Sampling for evaluation (same fields and defaults as sampling_params; temperature 0 is greedy)."""
+    eval_n_samples_per_prompt: int = 1
+    """Responses per held-out prompt, >= 1; pass@k is reported for k = 1, 2, 4, ... up to it. Default 1."""
 
 
 @dataclass

@@ -20,6 +20,7 @@ trainer:
   micro_train_batch_size_per_gpu: 128 # the whole step in one forward/backward
   epochs: 1
   seed: 42
+  eval_interval: 100                  # held-out evaluation every 100 steps (in the plot), before and after
   policy:
     model:
       path: null                      # null: build + warm up the tiny base model
@@ -40,6 +41,9 @@ trainer:
     clear_kv_cache_on_weight_sync: false   # KV fate: keep
 generator:
   n_samples_per_prompt: 8
+  eval_n_samples_per_prompt: 1        # evaluation: one greedy sample per held-out problem (pass@1 = accuracy)
+  eval_sampling_params:
+    temperature: 0.0
   sampling_params:
     temperature: 1.0
     max_generate_length: 8
@@ -56,7 +60,6 @@ job:
   num_train: 40000                    # training problems (the held-out 200 are never among them)
   max_steps: 2000
   max_train_seconds: 240              # RL time budget: the whole job stays well under 10 minutes
-  eval_interval: 100                  # held-out greedy accuracy every 100 steps (in the plot)
   output_dir: runs/inflight
   warmup_steps: 400
   warmup_max_seconds: 90

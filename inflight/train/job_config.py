@@ -40,8 +40,8 @@ class JobConfig:
     """Stop after this many training steps (none: run the epochs out)."""
     max_train_seconds: float | None = None
     """Stop training after this many seconds of RL (checked after each step)."""
-    eval_interval: int = 0
-    """Greedy evaluation every this many steps (0: only before and after training)."""
+    eval_interval: int | None = None
+    """Old spelling of `trainer.eval_interval` (SkyRL's key, which it sets); give one of the two."""
     output_dir: str = "runs/inflight"
     """metrics.jsonl, TensorBoard events, the plot, and the built base model go here."""
     base_model_dir: str | None = None
@@ -155,4 +155,44 @@ def split_job_config(data: Mapping[str, Any], overrides: Sequence[str]) -> tuple
     problems += job.validate() if not problems else []
     if problems:
         raise ConfigError(problems)
-    return job, rest, other
+    return job, rest, _forward_aliases(job, rest, other, overrides)
+
+
+ALIASES = {"eval_interval": "trainer.eval_interval"}
+"""`job.<key>` spellings kept for old configs -> the schema key they set."""
+
+
+def _forward_aliases(
+    job: JobConfig, rest: Mapping[str, Any], overrides: list[str], given: Sequence[str]
+) -> list[str]:
+    """Turn each `job.<alias>` that was given into an override of its schema key, placed first so
+    that a command-line override of the schema key still wins over an alias in the file. Both
+    spellings with different values in the same place (file or command line) is a ConfigError."""
+    forwarded, problems = [], []
+    for name, key in ALIASES.items():
+        value = getattr(job, name)
+        if value is None:
+            continue
+        alias_on_line = _given({}, given, f"{SECTION}.{name}") is not None
+        other = _given({}, overrides, key) if alias_on_line else _given(rest, [], key)
+        if other is not None and other != value:
+            rule = f"is the old spelling of {key}, which is also set (to {other!r})"
+            problems.append(Violation(f"{SECTION}.{name}", value, rule, f"drop {SECTION}.{name} and keep {key}"))
+        forwarded.append(f"{key}={value}")
+    if problems:
+        raise ConfigError(problems)
+    return forwarded + list(overrides)
+
+
+def _given(data: Mapping[str, Any], overrides: Sequence[str], key: str) -> Any:
+    """The value `key` is given in a config mapping (nested or dotted) or in the overrides, else None."""
+    value = None
+    head, _, tail = key.partition(".")
+    if isinstance(data.get(head), Mapping):
+        value = data[head].get(tail)
+    value = data.get(key, value)
+    for text in overrides:
+        name, _, raw = text.strip().lstrip("+").partition("=")
+        if name.strip() == key:
+            value = parse_value(raw)
+    return value

@@ -61,6 +61,24 @@ def make_task(cfg: Config, job: JobConfig):
                              seed=cfg.trainer.seed)
 
 
+def eval_label(cfg: Config) -> str:
+    """What the evaluation measures: greedy accuracy (temperature 0, one sample) or pass@1."""
+    n, temperature = cfg.generator.eval_n_samples_per_prompt, cfg.generator.eval_sampling_params.temperature
+    if temperature == 0 and n == 1:
+        return "greedy accuracy"
+    return f"pass@1 (n={n}, temperature {temperature:g})"
+
+
+def describe_eval(result: dict[str, Any]) -> str:
+    """`74.0% (200 held-out problems)`, with each data set's share when there are several."""
+    sets = result["datasets"]
+    total = sum(int(m["num_problems"]) for m in sets.values())
+    text = f"{result['accuracy']:.1%} ({total} held-out problems"
+    if len(sets) > 1:
+        text += ": " + ", ".join(f"{name} {m['pass@1']:.1%}" for name, m in sets.items())
+    return text + ")"
+
+
 def prepare_base_model(cfg: Config, job: JobConfig, task, say) -> dict[str, Any]:
     """Build and warm up the tiny base model when no model path is given; sets the path."""
     from inflight.tasks import build_base_model, warm_up
@@ -89,18 +107,23 @@ async def run_job(cfg: Config, job: JobConfig, task, say) -> dict[str, Any]:
         await trainer.setup()
         if trainer.resumed_from is not None:
             say(f"resumed from {trainer.resumed_from} (step {trainer.global_step})")
-        before = await trainer.evaluate()
-        say(f"greedy accuracy before RL: {before['accuracy']:.1%} ({len(task.eval_problems()[:job.num_eval])} "
-            "held-out problems)")
-        trainer.logger.log(trainer.global_step, {"time": 0.0, "eval/accuracy": before["accuracy"]})
+        evaluating = cfg.trainer.eval_interval > 0
+        before = await trainer.evaluate() if evaluating and cfg.trainer.eval_before_train else None
+        if before is not None:
+            say(f"{eval_label(cfg)} before RL: {describe_eval(before)}")
+            trainer.logger.log(trainer.global_step, {"time": 0.0, **before["metrics"]})
         started = time.perf_counter()
         history = await trainer.train()
         train_s = time.perf_counter() - started
-        after = await trainer.evaluate()
-        trainer.logger.log(trainer.global_step, {"time": train_s, "eval/accuracy": after["accuracy"]})
+        after = await trainer.evaluate() if evaluating else None
+        if after is not None and not (history and history[-1]["step"] == after["step"]
+                                      and "eval/accuracy" in history[-1]):  # the last step's record has it
+            trainer.logger.log(trainer.global_step, {"time": train_s, **after["metrics"]})
         samples = sum(r.get("samples", 0) for r in history)
-        summary.update(before=before["accuracy"], after=after["accuracy"], steps=trainer.global_step,
-                       train_seconds=train_s, samples=samples, samples_per_s=samples / max(train_s, 1e-9))
+        summary.update(before=before and before["accuracy"], after=after and after["accuracy"],
+                       eval={"before": before and before["datasets"], "after": after and after["datasets"]},
+                       eval_label=eval_label(cfg), steps=trainer.global_step, train_seconds=train_s,
+                       samples=samples, samples_per_s=samples / max(train_s, 1e-9))
     finally:
         await trainer.close()
     out = Path(job.output_dir)
@@ -147,8 +170,12 @@ def main(argv: list[str] | None = None) -> int:
         summary["warmup"] = warm
     Path(job.output_dir).mkdir(parents=True, exist_ok=True)
     (Path(job.output_dir) / "summary.json").write_text(json.dumps(summary, indent=2))
-    say(f"greedy accuracy after RL: {summary['after']:.1%} (before: {summary['before']:.1%}); "
-        f"{summary['steps']} {summary['mode']} steps in {summary['train_seconds']:.0f} s "
+    if summary["after"] is None:
+        result = "no evaluation (trainer.eval_interval=0)"
+    else:
+        before = "not evaluated" if summary["before"] is None else f"{summary['before']:.1%}"
+        result = f"{summary['eval_label']} after RL: {summary['after']:.1%} (before: {before})"
+    say(f"{result}; {summary['steps']} {summary['mode']} steps in {summary['train_seconds']:.0f} s "
         f"({summary['samples_per_s']:.0f} samples/s); total {summary['total_seconds']:.0f} s")
     say(f"metrics: {Path(job.output_dir) / 'metrics.jsonl'}  tensorboard: {Path(job.output_dir) / 'tensorboard'}"
         + (f"  plot: {summary['plot']}" if "plot" in summary else ""))

@@ -103,8 +103,9 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
 
 
 def plot_metrics(jsonl: str | Path, png: str | Path, title: str | None = None) -> Path:
-    """Reward and accuracy (top) and staleness mean/max in weight versions (bottom) against
-    training time, from a metrics JSONL; saved as a PNG."""
+    """Against training time, from a metrics JSONL, saved as a PNG: reward, sample accuracy and the
+    held-out evaluations' pass@1 (top; one line per data set when there are several), response
+    length and truncated fraction (middle), staleness mean/max in weight versions (bottom)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -114,21 +115,11 @@ def plot_metrics(jsonl: str | Path, png: str | Path, title: str | None = None) -
     records = [r for r in everything if "reward" in r]
     t = [r.get("time", r["step"]) for r in records]
     window = max(1, len(records) // 40)
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
-    reward = [r["reward"] for r in records]
-    top.plot(t, reward, color="tab:blue", alpha=0.25, linewidth=0.8)
-    top.plot(t, _rolling(reward, window), color="tab:blue", label=f"reward of training samples (mean of {window})")
-    accuracy = [r.get("accuracy") for r in records]
-    if any(a is not None and a != rw for a, rw in zip(accuracy, reward, strict=True)):
-        top.plot(t, _rolling([a or 0.0 for a in accuracy], window), color="tab:orange", label="sample accuracy")
-    evals = [(r.get("time", r["step"]), r["eval/accuracy"]) for r in everything if r.get("eval/accuracy") is not None]
-    if evals:
-        top.plot(*zip(*evals, strict=True), "o-", color="tab:green", label="held-out greedy accuracy")
-    top.set_ylabel("reward / accuracy")
-    top.set_ylim(-0.02, 1.02)
-    top.legend(loc="upper left")
-    top.grid(alpha=0.3)
-    bottom.plot(t, _rolling([r.get("staleness_mean") or 0.0 for r in records], window), label="staleness mean")
+    fig, (top, middle, bottom) = plt.subplots(3, 1, figsize=(8, 8.5), sharex=True)
+    _plot_reward(top, everything, records, t, window)
+    _plot_lengths(middle, records, t, window)
+    staleness = [r.get("staleness_mean") or 0.0 for r in records]
+    bottom.plot(t, _rolling(staleness, window), label="staleness mean")
     bottom.plot(t, [r.get("staleness_max") or 0.0 for r in records], label="staleness max", alpha=0.6)
     bottom.set_ylabel("staleness (weight versions)")
     bottom.set_xlabel("training time (s)")
@@ -141,6 +132,49 @@ def plot_metrics(jsonl: str | Path, png: str | Path, title: str | None = None) -
     fig.savefig(png, dpi=100)
     plt.close(fig)
     return png
+
+
+def _plot_reward(ax: Any, everything: list[dict], records: list[dict], t: list[float], window: int) -> None:
+    reward = [r["reward"] for r in records]
+    ax.plot(t, reward, color="tab:blue", alpha=0.25, linewidth=0.8)
+    ax.plot(t, _rolling(reward, window), color="tab:blue",
+            label=f"reward of training samples (mean of {window})")
+    accuracy = [r.get("accuracy") for r in records]
+    if any(a is not None and a != rw for a, rw in zip(accuracy, reward, strict=True)):
+        ax.plot(t, _rolling([a or 0.0 for a in accuracy], window), color="tab:orange", label="sample accuracy")
+    for key, label in _eval_series(everything):
+        points = [(r.get("time", r["step"]), r[key]) for r in everything if r.get(key) is not None]
+        ax.plot(*zip(*points, strict=True), "o-", label=label)
+    ax.set_ylabel("reward / accuracy")
+    ax.set_ylim(-0.02, 1.02)
+    ax.legend(loc="upper left")
+    ax.grid(alpha=0.3)
+
+
+def _eval_series(records: list[dict]) -> list[tuple[str, str]]:
+    """(key, label) of the evaluation lines: pass@1 of each data set when there are several,
+    else the overall `eval/accuracy`."""
+    sets = sorted({k.split("/")[1] for r in records for k in r
+                   if k.startswith("eval/") and k.endswith("/pass@1") and k.count("/") == 2})
+    if len(sets) > 1:
+        return [(f"eval/{name}/pass@1", f"held-out pass@1: {name}") for name in sets]
+    if any("eval/accuracy" in r for r in records):
+        return [("eval/accuracy", "held-out pass@1 (greedy: accuracy)")]
+    return []
+
+
+def _plot_lengths(ax: Any, records: list[dict], t: list[float], window: int) -> None:
+    length = [r.get("response_length") or 0.0 for r in records]
+    ax.plot(t, _rolling(length, window), color="tab:purple", label="response length (tokens)")
+    ax.set_ylabel("response length (tokens)")
+    ax.grid(alpha=0.3)
+    right = ax.twinx()
+    truncated = [r.get("truncated_fraction") or 0.0 for r in records]
+    right.plot(t, _rolling(truncated, window), color="tab:red", alpha=0.7, label="truncated fraction")
+    right.set_ylabel("truncated fraction")
+    right.set_ylim(-0.02, 1.02)
+    lines = ax.get_lines() + right.get_lines()
+    ax.legend(lines, [line.get_label() for line in lines], loc="upper left")
 
 
 def _rolling(values: list[float], window: int) -> list[float]:

@@ -33,10 +33,12 @@ import torch
 from inflight.client.fanout import FanOutClient
 from inflight.config import Config
 from inflight.engine.config import EngineConfig
+from inflight.eval.run import eval_sets
+from inflight.eval.run import evaluate as run_eval
 from inflight.tasks.base import Problem, Task
 from inflight.train.checkpoint import load_latest
 from inflight.train.engine_process import EngineProcess, ReceiverSpec, engine_stats
-from inflight.train.generator import GenerateFn, TaskGenerator, TrajectoryGroup
+from inflight.train.generator import GenerateFn, TaskGenerator, TrajectoryGroup, request_seed
 from inflight.train.job_config import JobConfig
 from inflight.train.metrics import MetricsLogger
 from inflight.train.policy import LocalPolicy, ensure_process_group, make_worker
@@ -101,6 +103,7 @@ class RLTrainer:
         self._started = 0.0
         self._consumed_file = None
         self._error: BaseException | None = None
+        self._last_eval: tuple[tuple[int, int], dict[str, Any]] | None = None
 
     # ---- set-up -------------------------------------------------------------------------------
     async def setup(self) -> RLTrainer:
@@ -212,19 +215,40 @@ class RLTrainer:
             self._consumed_file.close()
 
     # ---- evaluation ---------------------------------------------------------------------------
-    async def evaluate(self, problems: Sequence[Problem] | None = None) -> dict[str, float]:
-        """Greedy accuracy and mean reward on the held-out problems, through the engine."""
-        problems = list(problems if problems is not None else self.task.eval_problems()[: self.job.num_eval])
-        greedy = TaskGenerator(self.client, self.task, n=1, temperature=0.0,
-                               max_context=self.cfg.generator.inference_engine.max_model_len)
-        started = time.perf_counter()
-        groups = await asyncio.gather(*(greedy(p) for p in problems))
-        rewards = [g.trajectories[0].reward for g in groups]
-        return {
-            "accuracy": sum(r >= 1.0 - 1e-9 for r in rewards) / len(rewards),
-            "reward": sum(rewards) / len(rewards),
-            "seconds": time.perf_counter() - started,
-        }
+    def eval_generator(self) -> TaskGenerator:
+        """The training generator's episodes with `generator.eval_sampling_params` and
+        `generator.eval_n_samples_per_prompt`, seeded from `trainer.seed` (every evaluation draws
+        the same per-sample seeds, so evaluations at different steps differ only by the weights)."""
+        cfg, task = self.cfg, self.task
+        sampling = cfg.generator.eval_sampling_params
+        return TaskGenerator(
+            self.client, task, n=cfg.generator.eval_n_samples_per_prompt, temperature=sampling.temperature,
+            top_p=sampling.top_p, top_k=sampling.top_k,
+            max_tokens=min(sampling.max_generate_length, task.max_new_tokens),
+            max_context=cfg.generator.inference_engine.max_model_len, seed=request_seed(cfg.trainer.seed, "eval"),
+        )
+
+    async def evaluate(self, problems: Sequence[Problem] | None = None) -> dict[str, Any]:
+        """Evaluate the current weights on the held-out sets (at most `job.num_eval` problems each),
+        through the engine: `{"accuracy": pass@1 over all sets, "reward": mean reward, "seconds",
+        "datasets": {name: {num_problems, mean_reward, pass@k, ...}}, "metrics": the flat
+        `eval/...` keys}`. With `trainer.dump_eval_results` the samples and metrics go to
+        `<output_dir>/eval/step_<k>/`. Asked again at the same step and weights, it returns the
+        evaluation it already made."""
+        key = (self.global_step, self.policy_version)
+        if problems is None and self._last_eval is not None and self._last_eval[0] == key:
+            return self._last_eval[1]
+        sets = eval_sets(self.task, self.job.num_eval) if problems is None else {self.task.name: list(problems)}
+        result = await run_eval(self.eval_generator(), sets, self.task.decode,
+                                self.cfg.generator.eval_n_samples_per_prompt,
+                                concurrency=self.cfg.trainer.eval_batch_size)
+        if self.cfg.trainer.dump_eval_results:
+            result.write(Path(self.job.output_dir) / "eval" / f"step_{self.global_step}")
+        summary = {"accuracy": result.accuracy, "reward": result.mean_reward, "seconds": result.seconds,
+                   "datasets": result.metrics, "metrics": result.log_metrics(), "step": self.global_step}
+        if problems is None:
+            self._last_eval = (key, summary)
+        return summary
 
     # ---- pieces the loops share ---------------------------------------------------------------
     async def _generate(self, ref: PromptRef[Problem]) -> TrajectoryGroup:
@@ -288,8 +312,9 @@ class RLTrainer:
             "throughput/tokens_per_s": metrics["generated_tokens"] / max(step_s, 1e-9),
             "throughput/samples_per_s": metrics["samples"] / max(step_s, 1e-9),
         })
-        if self.job.eval_interval and self.global_step % self.job.eval_interval == 0:
-            metrics["eval/accuracy"] = (await self.evaluate())["accuracy"]
+        interval = self.cfg.trainer.eval_interval
+        if interval > 0 and self.global_step % interval == 0:
+            metrics.update((await self.evaluate())["metrics"])
         self.history.append(self.logger.log(self.global_step, metrics))
         ckpt = self.cfg.trainer.ckpt_path
         if ckpt and self.global_step % self.cfg.trainer.ckpt_interval == 0:
