@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
-NUMBER = re.compile(r"-?\$?\s*(?:\d[\d,]*)?\.?\d+")
+NUMBER = re.compile(r"-?(?:\$\s*)?(?:\d[\d,]*)?\.?\d+")
 """A signed decimal number, possibly with a `$` sign and `,` thousands separators (`-$1,000.50`)."""
 
 

@@ -1,5 +1,6 @@
 """Tasks: the task/environment interface, the built-in tasks (addition; count_up, whose answers have
-long-tailed lengths), JSONL datasets, the tiny base model and its supervised warm-up."""
+long-tailed lengths), your own data (`DataTask`: parquet / JSON / save_to_disk files), the tiny
+base model and its supervised warm-up."""
 
 from inflight.tasks.addition import AdditionTask, ChainAdditionEnv, ChainAdditionTask
 from inflight.tasks.base import Environment, Problem, SingleTurnEnv, StepResult, Task
@@ -11,7 +12,8 @@ from inflight.tasks.base_model import (
     warm_up,
 )
 from inflight.tasks.count_up import COUNT_UP_CHARS, CountUpTask
-from inflight.tasks.dataset import DatasetError, JsonlTask, load_jsonl
+from inflight.tasks.data_task import DataReport, DataTask, reward_name, split_held_out
+from inflight.tasks.dataset import DatasetError, JsonlTask, load_jsonl, load_problems
 from inflight.tasks.registry import BUILTIN_TASKS, make_builtin_task
 from inflight.tasks.tokenizer import make_char_tokenizer
 
@@ -23,6 +25,8 @@ __all__ = [
     "ChainAdditionEnv",
     "ChainAdditionTask",
     "CountUpTask",
+    "DataReport",
+    "DataTask",
     "DatasetError",
     "Environment",
     "JsonlTask",
@@ -33,8 +37,11 @@ __all__ = [
     "WarmupReport",
     "build_base_model",
     "load_jsonl",
+    "load_problems",
     "make_builtin_task",
     "make_char_tokenizer",
+    "reward_name",
+    "split_held_out",
     "teacher_forced_accuracy",
     "warm_up",
 ]

@@ -27,11 +27,12 @@ class JobConfig:
 
     task: str = "addition"
     """`addition` (built-in, default), `chain_addition` (multi-turn variant), `count_up` (built-in,
-    long-tailed answer lengths; needs `inflight.train.defaults.task_overrides`) or `jsonl` (your data)."""
+    long-tailed answer lengths; needs `inflight.train.defaults.task_overrides`) or `jsonl` (your data;
+    the older spelling of `data.train_data`, which selects the data task by itself)."""
     train_data: str | None = None
-    """JSONL file of {"prompt", "answer"} lines for `task: jsonl`."""
+    """One data file for `task: jsonl` (older spelling of `data.train_data`; every format it reads)."""
     eval_data: str | None = None
-    """JSONL held-out set for `task: jsonl` (default: the first `num_eval` training lines)."""
+    """Held-out file for `task: jsonl` (older spelling of `data.val_data`; default: a seeded split)."""
     num_train: int = 20_000
     """Training problems generated for the built-in tasks."""
     num_eval: int = 200

@@ -19,6 +19,7 @@ from typing import Any
 
 from inflight.config import Config, ConfigError, config_from_dict, dump_config
 from inflight.config.loader import read_yaml
+from inflight.train.data_setup import check_data_job, make_data_task, uses_data, without_toy_lengths
 from inflight.train.defaults import default_job
 from inflight.train.job_config import JobConfig, split_job_config
 
@@ -39,19 +40,20 @@ def resolve_config(config_path: str | None, overrides: list[str]) -> tuple[Confi
     job, rest, other = split_job_config(data, overrides)
     if job.ray_address:
         job.ray = True
-    return config_from_dict(rest, other), job
+    cfg = config_from_dict(rest, other)
+    if config_path is None and uses_data(cfg, job):  # the default job's lengths fit only its toy task
+        cfg = config_from_dict(without_toy_lengths(rest), other)
+    return cfg, job
 
 
 def make_task(cfg: Config, job: JobConfig):
-    from inflight.tasks import JsonlTask
+    """The run's task: the data task for `data.train_data` (or `job.task=jsonl`), else the built-in
+    `job.task`. Raises ConfigError, DatasetError or RewardError before anything runs."""
     from inflight.tasks.registry import make_builtin_task
 
-    if job.task == "jsonl":
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(cfg.trainer.policy.model.path)
-        return JsonlTask(tokenizer, job.train_data, job.eval_data, job.num_eval,
-                         max_new_tokens=cfg.generator.sampling_params.max_generate_length)
+    check_data_job(cfg, job)
+    if uses_data(cfg, job):
+        return make_data_task(cfg, job)
     tokenizer = None
     if cfg.trainer.policy.model.path is not None:
         from transformers import AutoTokenizer
@@ -156,18 +158,32 @@ def main(argv: list[str] | None = None) -> int:
     def say(text: str) -> None:
         console.print(text, highlight=False)
 
-    if job.task == "jsonl" and cfg.trainer.policy.model.path is None:
-        print("error: job.task=jsonl needs trainer.policy.model.path (a local HF model directory)", file=sys.stderr)
-        return 2
+    from inflight.rewards import RewardError
+    from inflight.tasks.dataset import DatasetError
+
     started = time.perf_counter()
-    task = make_task(cfg, job)
+    try:
+        task = make_task(cfg, job)
+    except (ConfigError, DatasetError, RewardError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if getattr(task, "report", None) is not None:
+        say(task.report.summary())
     warm = None
     if cfg.trainer.policy.model.path is None:
         warm = prepare_base_model(cfg, job, task, say)
-    summary = asyncio.run(run_job(cfg, job, task, say))
+    from inflight.train.data_setup import NothingGeneratedError
+
+    try:
+        summary = asyncio.run(run_job(cfg, job, task, say))
+    except NothingGeneratedError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     summary["total_seconds"] = time.perf_counter() - started
     if warm is not None:
         summary["warmup"] = warm
+    if getattr(task, "report", None) is not None:
+        summary["data"] = task.report.as_dict()
     Path(job.output_dir).mkdir(parents=True, exist_ok=True)
     (Path(job.output_dir) / "summary.json").write_text(json.dumps(summary, indent=2))
     if summary["after"] is None:

@@ -37,6 +37,7 @@ from inflight.eval.run import eval_sets
 from inflight.eval.run import evaluate as run_eval
 from inflight.tasks.base import Problem, Task
 from inflight.train.checkpoint import load_latest
+from inflight.train.data_setup import check_generated
 from inflight.train.engine_process import EngineProcess, ReceiverSpec, engine_stats
 from inflight.train.generator import GenerateFn, TaskGenerator, TrajectoryGroup, request_seed
 from inflight.train.job_config import JobConfig
@@ -285,6 +286,7 @@ class RLTrainer:
 
     async def _train_on(self, groups: list[TrajectoryGroup], waited_s: float, step_started: float) -> dict[str, Any]:
         """The shared tail of every step: train, sync the weights, record, checkpoint."""
+        check_generated(groups, self.cfg)  # zero tokens would train on nothing, silently
         policy_version = self.policy_version
         t0 = time.perf_counter()
         metrics: dict[str, Any] = await self.policy.train(groups, policy_version)

@@ -1,0 +1,259 @@
+"""`DataTask`: training on your own data files (`data.train_data`, `data.val_data`), scored by the
+reward or environment each row names (`env_class`, else `environment.env_class`).
+
+At construction, before any training: every file is read (`load_problems`), every reward name is
+resolved (a `package.module:name` is imported; an error names the module and the key), prompts
+longer than `max_prompt_length` tokens are dropped and counted (or refused), and, without held-out
+files, a seeded share of the rows is split off as held-out and never trained on. `report` says what
+happened; `inflight train` prints it and stores it in summary.json.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+import random
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from inflight.rewards import RewardError, environment_class, get_reward, score
+from inflight.tasks.base import Environment, Problem, SingleTurnEnv, Task
+from inflight.tasks.dataset import DatasetError, encode_chat_prompt, load_problems
+
+AUTO_GSM8K, AUTO_OTHER = "gsm8k", "exact"
+"""What rows without an `env_class` are scored by when `environment.env_class` is unset: GSM8K's rule
+for answers that held `####`, exact match otherwise (what JSONL data always had)."""
+
+
+def reward_name(problem: Problem, env_class: str | None = None) -> str:
+    """The reward / environment name that scores `problem`: the row's own `env_class`, else
+    `env_class` (`environment.env_class`), else `gsm8k` for GSM8K-style answers and `exact` otherwise."""
+    own = problem.meta.get("env_class")
+    if own:
+        return str(own)
+    if env_class:
+        return env_class
+    return AUTO_GSM8K if problem.meta.get("gsm8k_format") else AUTO_OTHER
+
+
+def reward_extra(problem: Problem) -> dict[str, Any]:
+    """The keyword arguments a reward gets for `problem`: the row's `extra_info`."""
+    extra = dict(problem.meta.get("extra_info") or {})
+    extra.pop("response", None)
+    extra.pop("ground_truth", None)
+    return extra
+
+
+@dataclass
+class DataReport:
+    """What became of the data: rows per split, where the held-out rows came from, dropped prompts."""
+
+    train_files: list[str]
+    val_files: list[str]
+    train_rows: int = 0
+    val_rows: int = 0
+    val_source: str = "data.val_data"
+    """`data.val_data`, or `split` (split off the training rows, seeded; never trained on)."""
+    max_prompt_length: int = 0
+    """The prompt limit applied: trainer.max_prompt_length, or less when the model's context is shorter."""
+    dropped_long_prompts: dict[str, int] = field(default_factory=dict)
+    longest_prompt: int = 0
+    """Longest prompt kept, in tokens."""
+    rewards: dict[str, int] = field(default_factory=dict)
+    """Rows per reward / environment name."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def summary(self) -> str:
+        dropped = sum(self.dropped_long_prompts.values())
+        held = ("from data.val_data" if self.val_source == "data.val_data"
+                else "split off the training data (seeded, never trained on)")
+        text = (f"data: {self.train_rows} training problems, {self.val_rows} held-out {held}; "
+                f"rewards: {', '.join(f'{k} x{v}' for k, v in self.rewards.items())}")
+        if dropped:
+            text += (f"; dropped {dropped} prompts longer than {self.max_prompt_length} tokens "
+                     f"({', '.join(f'{k}: {v}' for k, v in self.dropped_long_prompts.items())})")
+        return text
+
+
+class DataTask(Task):
+    """Problems from data files, scored by the rewards their rows name.
+
+    `max_prompt_length`: longest prompt kept, in tokens after the chat template (`max_context`, the
+    model's context, lowers it to leave at least one token to generate); `drop_long_prompts=False`
+    refuses longer ones instead. `num_eval` / `val_fraction`: without `val_data`, `min(num_eval,
+    ceil(val_fraction * rows))` rows (at least 1, seeded by `seed`) are held out.
+    """
+
+    name = "data"
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        train_data: Sequence[str | Path],
+        val_data: Sequence[str | Path] = (),
+        *,
+        prompt_key: str | None = None,
+        answer_key: str | None = None,
+        env_class: str | None = None,
+        max_prompt_length: int = 512,
+        drop_long_prompts: bool = True,
+        max_new_tokens: int = 1024,
+        max_context: int | None = None,
+        num_eval: int = 200,
+        val_fraction: float = 0.1,
+        seed: int = 42,
+        chat_template: bool = True,
+    ) -> None:
+        super().__init__(tokenizer)
+        if not train_data:
+            raise DatasetError("no training data: set data.train_data to a list of files")
+        self.env_class = env_class
+        self.max_new_tokens = max_new_tokens
+        self.chat_template = chat_template and getattr(tokenizer, "chat_template", None) is not None
+        limit = max_prompt_length if max_context is None else min(max_prompt_length, max_context - 1)
+        self.report = DataReport([str(p) for p in train_data], [str(p) for p in val_data], max_prompt_length=limit)
+        train = _load_all(train_data, prompt_key, answer_key)
+        val = _load_all(val_data, prompt_key, answer_key) if val_data else []
+        self._rewards = self._resolve_rewards(train + val)
+        train = self._fit(train, "train", limit, drop_long_prompts, max_prompt_length, max_context)
+        if val_data:
+            val = self._fit(val, "val", limit, drop_long_prompts, max_prompt_length, max_context)
+        else:
+            train, val = split_held_out(train, num_eval, val_fraction, seed)
+            self.report.val_source = "split"
+        self._train, self._eval = train, val
+        self.report.train_rows, self.report.val_rows = len(train), len(val)
+
+    # ---- start-up -----------------------------------------------------------------------------
+    def _resolve_rewards(self, problems: list[Problem]) -> dict[str, Any]:
+        resolved: dict[str, Any] = {}
+        for p in problems:
+            name = reward_name(p, self.env_class)
+            self.report.rewards[name] = self.report.rewards.get(name, 0) + 1
+            if name in resolved:
+                continue
+            try:
+                cls = environment_class(name)
+                resolved[name] = cls if cls is not None else get_reward(name)
+            except RewardError as err:
+                if p.meta.get("env_class"):
+                    raise DatasetError(f"{p.meta['source']}: column 'env_class': {err}") from err
+                raise
+        return resolved
+
+    def _fit(self, problems: list[Problem], split: str, limit: int, drop: bool, max_prompt_length: int,
+             max_context: int | None) -> list[Problem]:
+        """The problems whose prompt fits `limit` tokens; the others dropped (counted) or refused."""
+        kept = []
+        for p in problems:
+            n = len(self.encode_prompt(p.prompt))
+            p.meta["prompt_tokens"] = n
+            if n <= limit:
+                kept.append(p)
+                self.report.longest_prompt = max(self.report.longest_prompt, n)
+            elif not drop:
+                raise DatasetError(f"{p.meta['source']}: the prompt has {n} tokens, more than "
+                                   f"{_limit_text(limit, max_prompt_length, max_context)}; raise "
+                                   "trainer.max_prompt_length, or set data.drop_long_prompts=true to drop such rows")
+        self.report.dropped_long_prompts[split] = len(problems) - len(kept)
+        if not kept:
+            shortest = min(p.meta["prompt_tokens"] for p in problems)
+            raise DatasetError(f"every {split} prompt is longer than "
+                               f"{_limit_text(limit, max_prompt_length, max_context)} (the shortest has "
+                               f"{shortest} tokens): nothing to {'train on' if split == 'train' else 'evaluate'}; "
+                               "raise trainer.max_prompt_length")
+        return kept
+
+    # ---- the Task interface -------------------------------------------------------------------
+    def train_problems(self) -> Sequence[Problem]:
+        return self._train
+
+    def eval_problems(self) -> Sequence[Problem]:
+        return self._eval
+
+    def reward_fn(self, problem: Problem) -> Any:
+        """The reward function (or environment class) that scores `problem`."""
+        name = reward_name(problem, self.env_class)
+        if name not in self._rewards:
+            self._rewards[name] = environment_class(name) or get_reward(name)
+        return self._rewards[name]
+
+    def reward(self, problem: Problem, response: str) -> float:
+        """The row's reward of `response`; an async reward is run to completion here (see `score`)."""
+        fn = self.reward_fn(problem)
+        if inspect.isclass(fn):  # an environment class: its single-turn score
+            env = fn(problem)
+            env.reset()
+            return float(env.step(response).reward)
+        value = fn(response, problem.answer, **reward_extra(problem))
+        if inspect.isawaitable(value):
+            value = _run_to_completion(value)
+        return float(value)
+
+    async def score(self, problem: Problem, response: str) -> float:
+        """`reward`, awaited: what an async caller should use (an async reward runs on its loop)."""
+        fn = self.reward_fn(problem)
+        if inspect.isclass(fn):
+            return self.reward(problem, response)
+        return await score(fn, response, problem.answer, **reward_extra(problem))
+
+    def make_env(self, problem: Problem) -> Environment:
+        """The row's environment class built for the problem (`cls(problem)`), else single-turn."""
+        fn = self.reward_fn(problem)
+        return fn(problem) if inspect.isclass(fn) else SingleTurnEnv(self, problem)
+
+    def encode_prompt(self, prompt: str | list[dict[str, str]]) -> list[int]:
+        return encode_chat_prompt(self, prompt, self.chat_template)
+
+
+def _limit_text(limit: int, max_prompt_length: int, max_context: int | None) -> str:
+    if limit < max_prompt_length:
+        return f"{limit} tokens (the model's context of {max_context} tokens less one to generate)"
+    return f"trainer.max_prompt_length={max_prompt_length} tokens"
+
+
+def _load_all(paths: Sequence[str | Path], prompt_key: str | None, answer_key: str | None) -> list[Problem]:
+    """The problems of several files; ids must be unique across them."""
+    problems: list[Problem] = []
+    seen: dict[str, str] = {}
+    for path in paths:
+        for p in load_problems(path, prompt_key, answer_key):
+            if p.id in seen:
+                raise DatasetError(f"{p.meta['source']}: id {p.id!r} also names {seen[p.id]}: ids must be "
+                                   "unique across data files (rename one file, or give distinct 'id' values)")
+            seen[p.id] = p.meta["source"]
+            problems.append(p)
+    return problems
+
+
+def split_held_out(problems: Sequence[Problem], num_eval: int, val_fraction: float,
+                   seed: int) -> tuple[list[Problem], list[Problem]]:
+    """(train, held-out): `min(num_eval, ceil(val_fraction * len))` problems (at least 1) drawn with
+    `random.Random(seed)`, the rest for training in their original order. Needs 2 problems or more."""
+    if len(problems) < 2:
+        raise DatasetError(f"{len(problems)} usable training row(s): too few to split off held-out problems; "
+                           "give data.val_data, or more data")
+    n_val = max(1, min(num_eval, math.ceil(val_fraction * len(problems)), len(problems) - 1))
+    held = set(random.Random(seed).sample(range(len(problems)), n_val))
+    train = [p for i, p in enumerate(problems) if i not in held]
+    return train, [p for i, p in enumerate(problems) if i in held]
+
+
+def _run_to_completion(awaitable: Any) -> Any:
+    """The result of an awaitable from sync code: on a fresh loop, in a worker thread if a loop runs here."""
+
+    async def wait() -> Any:
+        return await awaitable
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(wait())
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, wait()).result()
