@@ -61,6 +61,13 @@ def _json(response: httpx.Response) -> Any:
         return response.text
 
 
+def _top_logprobs(value: list[list[list[Any]]] | None) -> list[list[tuple[int, float]]] | None:
+    """The token route's `top_logprobs` (JSON arrays) as RequestOutput holds them: (id, logprob) pairs."""
+    if value is None:
+        return None
+    return [[(int(t), float(lp)) for t, lp in alternatives] for alternatives in value]
+
+
 class RemoteClient:
     """InferenceClient over the HTTP API of `inflight.server` (one URL or several)."""
 
@@ -237,6 +244,7 @@ class RemoteClient:
                 finish_reason=data["finish_reason"],
                 num_recomputed_tokens=data.get("num_recomputed_tokens", 0),
                 num_cached_tokens=data.get("num_cached_tokens", 0),
+                top_logprobs=_top_logprobs(data.get("top_logprobs")),
             )
         assert last is not None
         raise last

@@ -57,6 +57,7 @@ class Delta:
     logprobs: list[float] | None
     token_weight_versions: list[int]
     finish_reason: str | None
+    top_logprobs: list[list[tuple[int, float]]] | None = None  # per token, when the request asked
 
 
 @dataclass
@@ -68,10 +69,12 @@ class ChoiceTracker:
     prompt_token_ids: list[int]
     stop: list[str] = field(default_factory=list)
     skip_special_tokens: bool = True
+    include_stop: bool = False  # keep the matched stop string at the end of the text (vLLM's option)
     incremental: bool = True  # False: only a final snapshot comes, decoded in one go
     decode: bool = True  # False: tokens only, no text (the token-in/token-out route)
     output_token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
     token_weight_versions: list[int] = field(default_factory=list)
     text: str = ""
     emitted: int = 0
@@ -91,10 +94,13 @@ class ChoiceTracker:
         start = len(self.output_token_ids)
         new_ids = snapshot.output_token_ids[start:]
         new_logprobs = snapshot.logprobs[start:] if snapshot.logprobs is not None else None
+        new_top = snapshot.top_logprobs[start:] if snapshot.top_logprobs is not None else None
         new_versions = snapshot.token_weight_versions[start:]
         self.output_token_ids.extend(new_ids)
         if new_logprobs is not None:
             self.logprobs = (self.logprobs or []) + new_logprobs
+        if new_top is not None:
+            self.top_logprobs = (self.top_logprobs or []) + new_top
         self.token_weight_versions.extend(new_versions)
         self.num_cached_tokens = snapshot.num_cached_tokens
         self.num_recomputed_tokens = snapshot.num_recomputed_tokens
@@ -108,12 +114,13 @@ class ChoiceTracker:
         searched = max(0, len(self.text) - self._hold)
         self.text += delta
         if self.stop:
-            hits = [i for i in (self.text.find(s, searched) for s in self.stop) if i >= 0]
+            hits = [(i, s) for i, s in ((self.text.find(s, searched), s) for s in self.stop) if i >= 0]
             if hits:
-                self.text = self.text[: min(hits)]
+                at, matched = min(hits, key=lambda hit: hit[0])
+                self.text = self.text[: at + (len(matched) if self.include_stop else 0)]
                 self.finish_reason, self.stopped = "stop", True
         if self.finish_reason is None and snapshot.finished:
             self.finish_reason = snapshot.finish_reason
         upto = len(self.text) if self.finish_reason is not None else max(self.emitted, len(self.text) - self._hold)
         text, self.emitted = self.text[self.emitted : upto], upto
-        return Delta(self.index, text, new_ids, new_logprobs, new_versions, self.finish_reason)
+        return Delta(self.index, text, new_ids, new_logprobs, new_versions, self.finish_reason, new_top)

@@ -1,6 +1,11 @@
 """OpenAI-compatible routes (`/v1/completions`, `/v1/chat/completions`, `/v1/models`) and the
 token-in/token-out route `/inflight/v1/generate`.
 
+Chat takes `tools` (see `tools.py`: rendered by the chat template, Hermes-format calls parsed out of
+the output into `message.tool_calls` with `finish_reason="tool_calls"`, streamed as `tool_calls`
+deltas). Logprobs carry the top-k alternatives (`logprobs.py`). Fields the engine does not
+implement are refused by name (`unsupported.py`).
+
 Each prompt and choice is one engine request; a call that spans a KEEP pause and a weight update
 simply takes longer and returns one normal response (the tokens' weight versions are in
 `token_weight_versions` when `return_token_ids` is set).
@@ -19,18 +24,24 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from inflight.chat.tool_calls import parse_tool_calls
 from inflight.engine.async_engine import AsyncEngine
 from inflight.engine.errors import InvalidRequestError
 from inflight.engine.request import SamplingParams
+from inflight.server.chat_prompt import chat_prompt
 from inflight.server.detokenize import ChoiceTracker, Delta
 from inflight.server.errors import APIError, api_error_from, error_body
 from inflight.server.generation import ACCEPTED, ClientDisconnected, EngineCall, collect, run_calls
+from inflight.server.logprobs import TokenNamer, chat_logprobs, completion_logprobs
 from inflight.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     GenerateRequest,
     OpenAIRequestBase,
 )
+from inflight.server.tool_stream import ToolCallStream
+from inflight.server.tools import parses_tool_calls
+from inflight.server.unsupported import check_fields
 
 MAX_N = 128
 MAX_LOGPROBS = 20
@@ -61,13 +72,7 @@ def _check_model(ctx: ServeContext, model: str | None) -> None:
 def _check_common(req: OpenAIRequestBase) -> None:
     if not 1 <= req.n <= MAX_N:
         raise APIError(400, f"n={req.n} must be between 1 and {MAX_N}", param="n", code="invalid_value")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if getattr(req, name):
-            raise APIError(400, f"{name} is not supported by this server (use 0)", param=name,
-                           code="unsupported_parameter")
-    if req.logit_bias:
-        raise APIError(400, "logit_bias is not supported by this server", param="logit_bias",
-                       code="unsupported_parameter")
+    check_fields(req)
     if any(s == "" for s in _stops(req)):
         raise APIError(400, "stop strings must not be empty", param="stop", code="invalid_value")
 
@@ -76,7 +81,8 @@ def _stops(req: OpenAIRequestBase) -> list[str]:
     return [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
 
 
-def _params(req: OpenAIRequestBase, max_tokens: int | None, prompt_len: int, ctx: ServeContext, choice: int) -> SamplingParams:
+def _params(req: OpenAIRequestBase, max_tokens: int | None, prompt_len: int, ctx: ServeContext, choice: int,
+            top_logprobs: int) -> SamplingParams:
     if max_tokens is None:
         max_tokens = max(1, ctx.max_model_len - prompt_len)
     seed = req.seed + choice if req.seed is not None else None  # n choices must differ
@@ -87,6 +93,7 @@ def _params(req: OpenAIRequestBase, max_tokens: int | None, prompt_len: int, ctx
         top_k=0 if req.top_k in (None, -1) else req.top_k,
         seed=seed,
         logprobs=True,
+        top_logprobs=top_logprobs,
         stop_token_ids=list(req.stop_token_ids or []),
         ignore_eos=req.ignore_eos,
     )
@@ -107,7 +114,7 @@ def _check_length(ctx: ServeContext, prompt: list[int], param: str) -> None:
 
 
 def _calls(ctx: ServeContext, req: OpenAIRequestBase, prompts: list[list[int]], max_tokens: int | None,
-           param: str, incremental: bool) -> list[EngineCall]:
+           param: str, incremental: bool, top_logprobs: int) -> list[EngineCall]:
     base = uuid.uuid4().hex
     calls = []
     for p_index, prompt in enumerate(prompts):
@@ -115,8 +122,8 @@ def _calls(ctx: ServeContext, req: OpenAIRequestBase, prompts: list[list[int]], 
         for c in range(req.n):
             index = p_index * req.n + c
             tracker = ChoiceTracker(index, ctx.tokenizer, prompt, _stops(req), req.skip_special_tokens,
-                                    incremental or bool(_stops(req)))
-            params = _params(req, max_tokens, len(prompt), ctx, c)
+                                    req.include_stop_str_in_output, incremental or bool(_stops(req)))
+            params = _params(req, max_tokens, len(prompt), ctx, c, top_logprobs)
             calls.append(EngineCall(f"{base}-{index}", prompt, params, req.cache_salt, tracker))
     return calls
 
@@ -134,28 +141,20 @@ async def _start(ctx: ServeContext, calls: list[EngineCall], stream: bool, reque
 
 
 # ---- responses ----------------------------------------------------------------------------------
-def _token_text(ctx: ServeContext, token_id: int) -> str:
-    return ctx.tokenizer.decode([token_id], skip_special_tokens=False)
+def _whole(t: ChoiceTracker) -> Delta:
+    """A finished choice as one delta."""
+    return Delta(t.index, t.text, t.output_token_ids, t.logprobs, t.token_weight_versions, t.finish_reason,
+                 t.top_logprobs)
 
 
-def _completion_logprobs(ctx: ServeContext, delta: Delta, k: int, offset: int) -> dict[str, Any]:
-    tokens = [_token_text(ctx, t) for t in delta.token_ids]
-    logprobs = list(delta.logprobs or [])
-    offsets = []
-    for t in tokens:
-        offsets.append(offset)
-        offset += len(t)
-    top = [{t: lp} for t, lp in zip(tokens, logprobs, strict=True)] if k > 0 else None
-    return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": top, "text_offset": offsets}
-
-
-def _chat_logprobs(ctx: ServeContext, delta: Delta, k: int) -> dict[str, Any]:
-    content = []
-    for token_id, lp in zip(delta.token_ids, delta.logprobs or [], strict=True):
-        text = _token_text(ctx, token_id)
-        entry = {"token": text, "logprob": lp, "bytes": list(text.encode())}
-        content.append({**entry, "top_logprobs": [entry] if k > 0 else []})
-    return {"content": content}
+def _assistant_message(text: str, parse_calls: bool) -> dict[str, Any]:
+    """The response message: with tools, the Hermes-format calls go to `tool_calls` and the content is
+    the text outside them (null when nothing is left, as OpenAI sends it)."""
+    if parse_calls:
+        content, calls = parse_tool_calls(text)
+        if calls:
+            return {"role": "assistant", "content": content or None, "tool_calls": [c.to_openai() for c in calls]}
+    return {"role": "assistant", "content": text}
 
 
 def _usage(calls: list[EngineCall], n: int) -> dict[str, Any]:
@@ -253,30 +252,26 @@ def build_router(ctx: ServeContext, api_auth) -> APIRouter:
     async def completions(req: CompletionRequest, request: Request):
         _check_model(ctx, req.model)
         _check_common(req)
-        if req.echo:
-            raise APIError(400, "echo is not supported by this server", param="echo", code="unsupported_parameter")
-        if req.suffix is not None:
-            raise APIError(400, "suffix is not supported by this server", param="suffix",
-                           code="unsupported_parameter")
         if req.best_of is not None and req.best_of != req.n:
             raise APIError(400, "best_of is not supported by this server (leave it unset or equal to n)",
                            param="best_of", code="unsupported_parameter")
         if req.logprobs is not None and not 0 <= req.logprobs <= MAX_LOGPROBS:
             raise APIError(400, f"logprobs={req.logprobs} must be between 0 and {MAX_LOGPROBS}",
                            param="logprobs", code="invalid_value")
+        k = req.logprobs
         prompts = _completion_prompts(ctx, req.prompt)
-        calls = _calls(ctx, req, prompts, req.max_tokens, "prompt", incremental=req.stream)
+        calls = _calls(ctx, req, prompts, req.max_tokens, "prompt", incremental=req.stream, top_logprobs=k or 0)
         deltas = await _start(ctx, calls, req.stream, None if req.stream else request, "prompt")
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         head = {"id": rid, "object": "text_completion", "created": created, "model": ctx.served_model_name}
-        k = req.logprobs
+        name = TokenNamer(ctx.tokenizer, req.return_tokens_as_token_ids)
         if req.stream:
             offsets = [0] * len(calls)
 
             def chunk(delta: Delta) -> dict[str, Any] | None:
                 if not (delta.text or delta.finish_reason or req.return_token_ids or k is not None):
                     return None
-                lp = _completion_logprobs(ctx, delta, k, offsets[delta.index]) if k is not None else None
+                lp = completion_logprobs(name, delta, k, offsets[delta.index]) if k is not None else None
                 offsets[delta.index] += len(delta.text)
                 choice = {"index": delta.index, "text": delta.text, "logprobs": lp,
                           "finish_reason": delta.finish_reason}
@@ -291,9 +286,8 @@ def build_router(ctx: ServeContext, api_auth) -> APIRouter:
         choices = []
         for call in calls:
             t = call.tracker
-            full = Delta(t.index, t.text, t.output_token_ids, t.logprobs, t.token_weight_versions, t.finish_reason)
             choice = {"index": t.index, "text": t.text, "finish_reason": t.finish_reason,
-                      "logprobs": _completion_logprobs(ctx, full, k, 0) if k is not None else None}
+                      "logprobs": completion_logprobs(name, _whole(t), k, 0) if k is not None else None}
             if req.return_token_ids:
                 choice.update(_extension(t, full=True))
             choices.append(choice)
@@ -306,33 +300,39 @@ def build_router(ctx: ServeContext, api_auth) -> APIRouter:
     async def chat_completions(req: ChatCompletionRequest, request: Request):
         _check_model(ctx, req.model)
         _check_common(req)
-        if req.tools:
-            raise APIError(400, "tools are not supported by this server", param="tools",
-                           code="unsupported_parameter")
-        if req.response_format and req.response_format.get("type", "text") != "text":
-            raise APIError(400, "only response_format type 'text' is supported", param="response_format",
-                           code="unsupported_parameter")
+        parse_calls = parses_tool_calls(req)
         if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_LOGPROBS:
             raise APIError(400, f"top_logprobs={req.top_logprobs} must be between 0 and {MAX_LOGPROBS}",
                            param="top_logprobs", code="invalid_value")
         if req.top_logprobs and not req.logprobs:
             raise APIError(400, "top_logprobs requires logprobs=true", param="top_logprobs", code="invalid_value")
-        prompt = _chat_prompt(ctx, req)
+        k = (req.top_logprobs or 0) if req.logprobs else 0
+        prompt = chat_prompt(ctx.tokenizer, req)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        calls = _calls(ctx, req, [prompt], max_tokens, "messages", incremental=req.stream)
+        calls = _calls(ctx, req, [prompt], max_tokens, "messages", incremental=req.stream, top_logprobs=k)
         deltas = await _start(ctx, calls, req.stream, None if req.stream else request, "messages")
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        k = req.top_logprobs or 0
+        name = TokenNamer(ctx.tokenizer, req.return_tokens_as_token_ids)
         if req.stream:
             head = {"id": rid, "object": "chat.completion.chunk", "created": created,
                     "model": ctx.served_model_name}
+            tool_streams = {c.tracker.index: ToolCallStream() for c in calls} if parse_calls else {}
 
             def chunk(delta: Delta) -> dict[str, Any] | None:
-                if not (delta.text or delta.finish_reason or req.return_token_ids or req.logprobs):
+                text, tool_calls, finish = delta.text, [], delta.finish_reason
+                if parse_calls:
+                    stream = tool_streams[delta.index]
+                    text, tool_calls = stream.feed(delta.text, final=finish is not None)
+                    if finish is not None and stream.calls:
+                        finish = "tool_calls"
+                if not (text or tool_calls or finish or req.return_token_ids or req.logprobs):
                     return None
-                choice = {"index": delta.index, "delta": {"content": delta.text} if delta.text else {},
-                          "logprobs": _chat_logprobs(ctx, delta, k) if req.logprobs else None,
-                          "finish_reason": delta.finish_reason}
+                message: dict[str, Any] = {"content": text} if text else {}
+                if tool_calls:
+                    message["tool_calls"] = tool_calls
+                choice = {"index": delta.index, "delta": message,
+                          "logprobs": chat_logprobs(name, delta, k) if req.logprobs else None,
+                          "finish_reason": finish}
                 if req.return_token_ids:
                     choice.update(_extension(delta, full=False))
                 return {**head, "choices": [choice]}
@@ -346,10 +346,12 @@ def build_router(ctx: ServeContext, api_auth) -> APIRouter:
         choices = []
         for call in calls:
             t = call.tracker
-            full = Delta(t.index, t.text, t.output_token_ids, t.logprobs, t.token_weight_versions, t.finish_reason)
-            choice = {"index": t.index, "message": {"role": "assistant", "content": t.text},
-                      "logprobs": _chat_logprobs(ctx, full, k) if req.logprobs else None,
-                      "finish_reason": t.finish_reason}
+            message, finish = _assistant_message(t.text, parse_calls), t.finish_reason
+            if "tool_calls" in message:
+                finish = "tool_calls"
+            choice = {"index": t.index, "message": message,
+                      "logprobs": chat_logprobs(name, _whole(t), k) if req.logprobs else None,
+                      "finish_reason": finish}
             if req.return_token_ids:
                 choice.update(_extension(t, full=True))
             choices.append(choice)
@@ -377,6 +379,7 @@ def build_router(ctx: ServeContext, api_auth) -> APIRouter:
             "request_id": request_id,
             "output_token_ids": tracker.output_token_ids,
             "logprobs": tracker.logprobs,
+            "top_logprobs": tracker.top_logprobs,  # per token [[token_id, logprob], ...] when asked
             "token_weight_versions": tracker.token_weight_versions,
             "finish_reason": tracker.finish_reason,
             "num_cached_tokens": tracker.num_cached_tokens,
@@ -401,35 +404,3 @@ def _completion_prompts(ctx: ServeContext, prompt: Any) -> list[list[int]]:
             raise APIError(400, "a prompt is empty (no tokens)", param="prompt", code="invalid_value")
         out.append(list(ids))
     return out
-
-
-def _chat_prompt(ctx: ServeContext, req: ChatCompletionRequest) -> list[int]:
-    if not req.messages:
-        raise APIError(400, "messages must not be empty", param="messages", code="invalid_value")
-    messages = []
-    for i, m in enumerate(req.messages):
-        message = m.model_dump(exclude_none=True)
-        if isinstance(m.content, list):
-            texts = []
-            for part in m.content:
-                if part.type != "text" or part.text is None:
-                    raise APIError(400, f"content part type {part.type!r} is not supported (only 'text')",
-                                   param=f"messages[{i}].content", code="unsupported_content")
-                texts.append(part.text)
-            message["content"] = "".join(texts)
-        elif m.content is None:
-            message["content"] = ""
-        messages.append(message)
-    try:
-        text = ctx.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=req.add_generation_prompt and not
-            req.continue_final_message, continue_final_message=req.continue_final_message,
-            **(req.chat_template_kwargs or {}),
-        )
-    except Exception as err:  # jinja errors, a missing template, bad kwargs
-        raise APIError(400, f"cannot apply the chat template: {err}", param="messages",
-                       code="invalid_messages") from err
-    ids = ctx.tokenizer(text, add_special_tokens=False)["input_ids"]
-    if not ids:
-        raise APIError(400, "the messages render to an empty prompt", param="messages", code="invalid_value")
-    return list(ids)
