@@ -1,4 +1,4 @@
-"""The `inflight` command line: train | generate | serve | bench | env."""
+"""The `inflight` command line: train | eval | generate | serve | bench | env."""
 
 from __future__ import annotations
 
@@ -106,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     gen.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     sub.add_parser("train", add_help=False, help="fully-async GRPO (see inflight train --help)")
+    sub.add_parser("eval", add_help=False, help="pass@k of a model on data files (see inflight eval --help)")
     sub.add_parser("serve", add_help=False, help="run the OpenAI-compatible server (see inflight serve --help)")
     # no help of its own: `inflight bench X --help` must reach benchmark X's parser
     bench = sub.add_parser("bench", add_help=False, help=f"run a benchmark ({BENCHMARKS}); options after it go to the benchmark")
@@ -124,6 +125,10 @@ def main(argv: list[str] | None = None) -> int:
         from inflight.train.main import main as train_main
 
         return train_main(rest)
+    if args.command == "eval":
+        from inflight.eval.cli import main as eval_main
+
+        return eval_main(rest, prog="inflight eval")
     if args.command == "serve":
         from inflight.server.main import main as serve_main
 

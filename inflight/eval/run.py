@@ -147,14 +147,35 @@ def summarise(records: Sequence[dict[str, Any]], n: int) -> dict[str, float]:
 def eval_sets(task: Task, limit: int | None = None) -> dict[str, list[Problem]]:
     """The held-out problems of `task` by data-set name (at most `limit` per set).
 
-    A task that holds several validation sets says so with `eval_sets() -> {name: problems}`;
-    otherwise problems carrying `meta["dataset"]` are grouped by it, and the rest form one set
-    named after the task."""
+    A task that holds several validation sets may say so with `eval_sets() -> {name: problems}`.
+    Otherwise a problem's set is its `meta["dataset"]`, else the file it was read from (`meta["source"]`
+    = `<path>:<row>`, as the data task records it; named by `dataset_names`), else the task's name."""
     own = getattr(task, "eval_sets", None)
     if callable(own):
         named = {str(k): list(v) for k, v in own().items()}
     else:
+        problems = list(task.eval_problems())
+        files = dataset_names(sorted({f for f in map(source_file, problems) if f is not None}))
         named = {}
-        for p in task.eval_problems():
-            named.setdefault(str(p.meta.get("dataset") or task.name), []).append(p)
+        for p in problems:
+            name = p.meta.get("dataset") or files.get(source_file(p) or "") or task.name
+            named.setdefault(str(name), []).append(p)
     return {k: v[:limit] if limit is not None else v for k, v in named.items()}
+
+
+def source_file(problem: Problem) -> str | None:
+    """The data file a problem was read from (`meta["source"]` = `<path>:<row>`), if recorded."""
+    source = problem.meta.get("source")
+    return str(source).rsplit(":", 1)[0] if source else None
+
+
+def dataset_names(paths: Sequence[str | Path]) -> dict[str, str]:
+    """Each data file's set name: its stem (`gsm8k_test.parquet` -> `gsm8k_test`), or
+    `<parent>/<stem>` for files whose stems collide."""
+    stems = [Path(p).stem if Path(p).suffix else Path(p).name for p in paths]
+    names = {str(p): f"{Path(p).parent.name}/{s}" if stems.count(s) > 1 else s
+             for p, s in zip(paths, stems, strict=True)}
+    if len(set(names.values())) < len(names):
+        raise ValueError(f"data sets {', '.join(map(str, paths))} have the same names; "
+                         "give each file a distinct name")
+    return names
