@@ -7,9 +7,10 @@ the calls equal the non-streaming ones. While a block is open (or the text ends 
 end, comes out as content, as `parse_tool_calls` leaves it.
 
 Content: the non-streaming message strips the white space the blocks leave around them. Streaming
-holds white space back until more content follows it, and drops what is left at the end when the
-response made calls, so the streamed content equals the non-streaming content, except for white
-space at the very start of a response that makes calls (streamed before any call is known).
+holds white space back until more content follows it, drops what is left at the end when the
+response made calls, and drops white space that leads content coming after a call, so the streamed
+content equals the non-streaming content, except for white space at the very start of a response
+that makes calls later (streamed before any call is known).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class ToolCallStream:
         self.consumed = 0  # text before this is content handed on or a parsed call
         self.calls: list[ToolCall] = []
         self._held_space = ""
+        self._sent_any = False
 
     def feed(self, delta: str, final: bool) -> tuple[str, list[dict[str, Any]]]:
         """Add a text delta; returns (content to send, new `tool_calls` delta entries)."""
@@ -80,6 +82,9 @@ class ToolCallStream:
             return ""
         out = self._held_space + text[:core]
         self._held_space = text[core:]
+        if not self._sent_any and self.calls:  # the content will start after a call: strip it
+            out = out.lstrip()
+        self._sent_any = True
         return out
 
 
