@@ -17,7 +17,7 @@ from pathlib import Path
 
 import datasets
 
-INSTRUCTION = "Let's think step by step and output the final answer after \"####\"."
+INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 NAMES = ["Ava", "Ben", "Chloe", "Dev", "Emma", "Farid", "Grace", "Hiro", "Ines", "Jon"]
 ITEMS = ["apples", "stickers", "marbles", "books", "coins", "pencils", "shells", "cards"]
 
@@ -30,8 +30,10 @@ def word_problem(rng: random.Random) -> tuple[str, str, int]:
     if kind == 0:
         given = rng.randint(1, start + more - 1)
         total = start + more - given
-        question = (f"{name} has {start} {item}. {name} gets {more} more and then gives away {given}. "
-                    f"How many {item} does {name} have now?")
+        question = (
+            f"{name} has {start} {item}. {name} gets {more} more and then gives away {given}. "
+            f"How many {item} does {name} have now?"
+        )
         steps = f"{start} + {more} = {start + more}. {start + more} - {given} = {total}."
     elif kind == 1:
         total = start * price
@@ -40,8 +42,10 @@ def word_problem(rng: random.Random) -> tuple[str, str, int]:
     else:
         boxes = rng.randint(2, 9)
         total = boxes * more + start
-        question = (f"{name} has {boxes} boxes of {more} {item} and {start} loose {item}. "
-                    f"How many {item} does {name} have in all?")
+        question = (
+            f"{name} has {boxes} boxes of {more} {item} and {start} loose {item}. "
+            f"How many {item} does {name} have in all?"
+        )
         steps = f"{boxes} * {more} = {boxes * more}. {boxes * more} + {start} = {total}."
     return question, f"{steps}\n#### {total}", total
 
@@ -54,13 +58,15 @@ def rows(n: int, split: str, rng: random.Random, seen: set[str]) -> list[dict]:
         if question in seen:
             continue
         seen.add(question)
-        out.append({
-            "data_source": "synthetic_gsm8k",
-            "prompt": [{"role": "user", "content": f"{question} {INSTRUCTION}"}],
-            "env_class": "gsm8k",
-            "reward_spec": {"method": "rule", "ground_truth": str(total)},
-            "extra_info": {"split": split, "index": len(out), "question": question, "answer": answer},
-        })
+        out.append(
+            {
+                "data_source": "synthetic_gsm8k",
+                "prompt": [{"role": "user", "content": f"{question} {INSTRUCTION}"}],
+                "env_class": "gsm8k",
+                "reward_spec": {"method": "rule", "ground_truth": str(total)},
+                "extra_info": {"split": split, "index": len(out), "question": question, "answer": answer},
+            }
+        )
     return out
 
 

@@ -58,8 +58,10 @@ def resolve(name: str) -> Any:
     if ":" not in name:
         close = difflib.get_close_matches(name, list(_REGISTRY), n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
-        raise RewardError(f"{CONFIG_KEY}={name!r} is not a known reward: {hint}use one of "
-                          f"{', '.join(_REGISTRY)}, or 'package.module:name' for your own function or environment")
+        raise RewardError(
+            f"{CONFIG_KEY}={name!r} is not a known reward: {hint}use one of "
+            f"{', '.join(_REGISTRY)}, or 'package.module:name' for your own function or environment"
+        )
     if name not in _IMPORTED:
         _IMPORTED[name] = _import(name)
     return _IMPORTED[name]
@@ -72,22 +74,30 @@ def _import(name: str) -> Any:
     try:
         module = importlib.import_module(module_name)
     except Exception as err:  # ImportError, or the module's own error at import time
-        raise RewardError(f"{CONFIG_KEY}={name!r}: cannot import module {module_name!r} "
-                          f"({type(err).__name__}: {err}); is it on PYTHONPATH?") from err
+        raise RewardError(
+            f"{CONFIG_KEY}={name!r}: cannot import module {module_name!r} "
+            f"({type(err).__name__}: {err}); is it on PYTHONPATH?"
+        ) from err
     obj: Any = module
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise RewardError(f"{CONFIG_KEY}={name!r}: module {module_name!r} has no attribute {attr!r}")
         obj = getattr(obj, part)
     if not callable(obj):
-        raise RewardError(f"{CONFIG_KEY}={name!r}: {attr!r} is a {type(obj).__name__}, not a reward "
-                          "function or an environment class")
+        raise RewardError(
+            f"{CONFIG_KEY}={name!r}: {attr!r} is a {type(obj).__name__}, not a reward "
+            "function or an environment class"
+        )
     return obj
 
 
 def is_environment_class(obj: Any) -> bool:
     """Whether `obj` is an environment class (a class with `reset` and `step`) rather than a reward."""
-    return inspect.isclass(obj) and callable(getattr(obj, "step", None)) and callable(getattr(obj, "reset", None))
+    return (
+        inspect.isclass(obj)
+        and callable(getattr(obj, "step", None))
+        and callable(getattr(obj, "reset", None))
+    )
 
 
 def environment_class(name: str) -> type | None:
@@ -107,8 +117,10 @@ def get_reward(name: str | Reward) -> Reward:
     if is_environment_class(obj):
         return _environment_reward(obj)
     if inspect.isclass(obj):
-        raise RewardError(f"{CONFIG_KEY}={name!r} is a class without reset() and step(): give a reward "
-                          "function or an environment class")
+        raise RewardError(
+            f"{CONFIG_KEY}={name!r} is a class without reset() and step(): give a reward "
+            "function or an environment class"
+        )
     return obj
 
 
@@ -116,8 +128,9 @@ def _environment_reward(cls: type) -> Reward:
     def reward(response: str, ground_truth: str, **extra: Any) -> float:
         from inflight.tasks.base import Problem
 
-        problem = Problem("reward", "", str(ground_truth),
-                          meta={"ground_truth": ground_truth, "extra_info": dict(extra)})
+        problem = Problem(
+            "reward", "", str(ground_truth), meta={"ground_truth": ground_truth, "extra_info": dict(extra)}
+        )
         env = cls(problem)
         env.reset()
         return env.step(response).reward
@@ -138,5 +151,6 @@ async def score(reward: str | Reward, response: str, ground_truth: str, **extra:
     try:
         return float(value)  # numpy / torch scalars
     except (TypeError, ValueError):
-        raise RewardError(f"reward {getattr(fn, '__name__', fn)!r} returned {type(value).__name__} "
-                          f"{value!r}, not a number") from None
+        raise RewardError(
+            f"reward {getattr(fn, '__name__', fn)!r} returned {type(value).__name__} {value!r}, not a number"
+        ) from None

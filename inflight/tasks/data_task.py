@@ -71,13 +71,20 @@ class DataReport:
 
     def summary(self) -> str:
         dropped = sum(self.dropped_long_prompts.values())
-        held = ("from data.val_data" if self.val_source == "data.val_data"
-                else "split off the training data (seeded, never trained on)")
-        text = (f"data: {self.train_rows} training problems, {self.val_rows} held-out {held}; "
-                f"rewards: {', '.join(f'{k} x{v}' for k, v in self.rewards.items())}")
+        held = (
+            "from data.val_data"
+            if self.val_source == "data.val_data"
+            else "split off the training data (seeded, never trained on)"
+        )
+        text = (
+            f"data: {self.train_rows} training problems, {self.val_rows} held-out {held}; "
+            f"rewards: {', '.join(f'{k} x{v}' for k, v in self.rewards.items())}"
+        )
         if dropped:
-            text += (f"; dropped {dropped} prompts longer than {self.max_prompt_length} tokens "
-                     f"({', '.join(f'{k}: {v}' for k, v in self.dropped_long_prompts.items())})")
+            text += (
+                f"; dropped {dropped} prompts longer than {self.max_prompt_length} tokens "
+                f"({', '.join(f'{k}: {v}' for k, v in self.dropped_long_prompts.items())})"
+            )
         return text
 
 
@@ -117,7 +124,9 @@ class DataTask(Task):
         self.max_new_tokens = max_new_tokens
         self.chat_template = chat_template and getattr(tokenizer, "chat_template", None) is not None
         limit = max_prompt_length if max_context is None else min(max_prompt_length, max_context - 1)
-        self.report = DataReport([str(p) for p in train_data], [str(p) for p in val_data], max_prompt_length=limit)
+        self.report = DataReport(
+            [str(p) for p in train_data], [str(p) for p in val_data], max_prompt_length=limit
+        )
         train = _load_all(train_data, prompt_key, answer_key)
         val = _load_all(val_data, prompt_key, answer_key) if val_data else []
         self._rewards = self._resolve_rewards(train + val)
@@ -147,8 +156,15 @@ class DataTask(Task):
                 raise
         return resolved
 
-    def _fit(self, problems: list[Problem], split: str, limit: int, drop: bool, max_prompt_length: int,
-             max_context: int | None) -> list[Problem]:
+    def _fit(
+        self,
+        problems: list[Problem],
+        split: str,
+        limit: int,
+        drop: bool,
+        max_prompt_length: int,
+        max_context: int | None,
+    ) -> list[Problem]:
         """The problems whose prompt fits `limit` tokens; the others dropped (counted) or refused."""
         kept = []
         for p in problems:
@@ -158,16 +174,20 @@ class DataTask(Task):
                 kept.append(p)
                 self.report.longest_prompt = max(self.report.longest_prompt, n)
             elif not drop:
-                raise DatasetError(f"{p.meta['source']}: the prompt has {n} tokens, more than "
-                                   f"{_limit_text(limit, max_prompt_length, max_context)}; raise "
-                                   "trainer.max_prompt_length, or set data.drop_long_prompts=true to drop such rows")
+                raise DatasetError(
+                    f"{p.meta['source']}: the prompt has {n} tokens, more than "
+                    f"{_limit_text(limit, max_prompt_length, max_context)}; raise "
+                    "trainer.max_prompt_length, or set data.drop_long_prompts=true to drop such rows"
+                )
         self.report.dropped_long_prompts[split] = len(problems) - len(kept)
         if not kept:
             shortest = min(p.meta["prompt_tokens"] for p in problems)
-            raise DatasetError(f"every {split} prompt is longer than "
-                               f"{_limit_text(limit, max_prompt_length, max_context)} (the shortest has "
-                               f"{shortest} tokens): nothing to {'train on' if split == 'train' else 'evaluate'}; "
-                               "raise trainer.max_prompt_length")
+            raise DatasetError(
+                f"every {split} prompt is longer than "
+                f"{_limit_text(limit, max_prompt_length, max_context)} (the shortest has "
+                f"{shortest} tokens): nothing to {'train on' if split == 'train' else 'evaluate'}; "
+                "raise trainer.max_prompt_length"
+            )
         return kept
 
     # ---- the Task interface -------------------------------------------------------------------
@@ -225,20 +245,25 @@ def _load_all(paths: Sequence[str | Path], prompt_key: str | None, answer_key: s
     for path in paths:
         for p in load_problems(path, prompt_key, answer_key):
             if p.id in seen:
-                raise DatasetError(f"{p.meta['source']}: id {p.id!r} also names {seen[p.id]}: ids must be "
-                                   "unique across data files (rename one file, or give distinct 'id' values)")
+                raise DatasetError(
+                    f"{p.meta['source']}: id {p.id!r} also names {seen[p.id]}: ids must be "
+                    "unique across data files (rename one file, or give distinct 'id' values)"
+                )
             seen[p.id] = p.meta["source"]
             problems.append(p)
     return problems
 
 
-def split_held_out(problems: Sequence[Problem], num_eval: int, val_fraction: float,
-                   seed: int) -> tuple[list[Problem], list[Problem]]:
+def split_held_out(
+    problems: Sequence[Problem], num_eval: int, val_fraction: float, seed: int
+) -> tuple[list[Problem], list[Problem]]:
     """(train, held-out): `min(num_eval, ceil(val_fraction * len))` problems (at least 1) drawn with
     `random.Random(seed)`, the rest for training in their original order. Needs 2 problems or more."""
     if len(problems) < 2:
-        raise DatasetError(f"{len(problems)} usable training row(s): too few to split off held-out problems; "
-                           "give data.val_data, or more data")
+        raise DatasetError(
+            f"{len(problems)} usable training row(s): too few to split off held-out problems; "
+            "give data.val_data, or more data"
+        )
     n_val = max(1, min(num_eval, math.ceil(val_fraction * len(problems)), len(problems) - 1))
     held = set(random.Random(seed).sample(range(len(problems)), n_val))
     train = [p for i, p in enumerate(problems) if i not in held]

@@ -9,7 +9,8 @@ Row formats, detected per file from its columns:
 An answer holding `####` (GSM8K's reasoning, then `#### 72`) has what follows the last `####` as its
 ground truth. `Problem.answer` is the ground truth as text; `Problem.meta` holds `ground_truth`,
 `env_class` (None when the row has none), `data_source` (default: the file's stem) and `extra_info`
-(a dict). An optional `id` column names the problems (default: `<file stem>-<row number>`).
+(a dict), `gsm8k_format` (the answer held `####`) and `source` (`file:row`). An optional `id` column
+names the problems (default: `<file stem>-<row number>`).
 
 `JsonlTask` / `load_jsonl` are the older JSONL-only spellings, kept working.
 """
@@ -51,16 +52,22 @@ def _read(datasets: Any, path: Path) -> Any:
         try:
             rows = datasets.load_from_disk(str(path))
         except Exception as err:
-            raise DatasetError(f"{path}: not a directory written by datasets' save_to_disk ({_root(err)})") from err
+            raise DatasetError(
+                f"{path}: not a directory written by datasets' save_to_disk ({_root(err)})"
+            ) from err
         if isinstance(rows, datasets.DatasetDict):
             splits = ", ".join(rows)
-            raise DatasetError(f"{path}: holds the splits {splits}; give one split's directory "
-                               f"(e.g. {path / next(iter(rows))})")
+            raise DatasetError(
+                f"{path}: holds the splits {splits}; give one split's directory "
+                f"(e.g. {path / next(iter(rows))})"
+            )
         return rows
     suffix = path.suffix.lower()
     if suffix not in DATA_SUFFIXES:
-        raise DatasetError(f"{path}: unsupported file type {suffix or '(none)'!r}; use .parquet, .jsonl, .json "
-                           "or a directory written by datasets' save_to_disk")
+        raise DatasetError(
+            f"{path}: unsupported file type {suffix or '(none)'!r}; use .parquet, .jsonl, .json "
+            "or a directory written by datasets' save_to_disk"
+        )
     if path.stat().st_size == 0:
         raise DatasetError(f"dataset file {str(path)!r} holds no problems (it is empty)")
     try:
@@ -141,8 +148,9 @@ def load_problems(
 class _RowReader:
     """Which columns of one file hold the prompt and the ground truth, and how a row becomes a Problem."""
 
-    def __init__(self, path: Path, columns: list[str], prompt_key: str | None, answer_key: str | None,
-                 prefix: str) -> None:
+    def __init__(
+        self, path: Path, columns: list[str], prompt_key: str | None, answer_key: str | None, prefix: str
+    ) -> None:
         self.path, self.columns, self.prefix = path, columns, prefix
         self.prompt_col = prompt_key or next((c for c in ("prompt", "question") if c in columns), None)
         if self.prompt_col is None or self.prompt_col not in columns:
@@ -153,9 +161,10 @@ class _RowReader:
 
     def missing(self, column: str, key: str, what: str) -> DatasetError:
         return DatasetError(
-            f"{self.path}: no column {column!r} (the file has: {', '.join(self.columns)}); rows need 'prompt' "
-            f"and 'answer', SkyRL's 'prompt' and 'reward_spec.ground_truth', GSM8K's 'question' and 'answer', "
-            f"or set {key} to the column that holds the {what}")
+            f"{self.path}: no column {column!r} (the file has: {', '.join(self.columns)}); rows need "
+            f"'prompt' and 'answer', SkyRL's 'prompt' and 'reward_spec.ground_truth', GSM8K's 'question' "
+            f"and 'answer', or set {key} to the column that holds the {what}"
+        )
 
     def error(self, number: int, column: str, text: str) -> DatasetError:
         return DatasetError(f"{self.path}: row {number}: column {column!r} {text}")
@@ -163,9 +172,13 @@ class _RowReader:
     def problem(self, number: int, row: dict[str, Any]) -> Problem:
         prompt = _clean_prompt(row.get(self.prompt_col))
         if prompt is None:
-            raise self.error(number, self.prompt_col, "must be a string or a list of chat messages "
-                                                      f"({{'role', 'content'}}), got {row.get(self.prompt_col)!r}")
-        truth = self.ground_truth(number, row)
+            raise self.error(
+                number,
+                self.prompt_col,
+                "must be a string or a list of chat messages "
+                f"({{'role', 'content'}}), got {row.get(self.prompt_col)!r}",
+            )
+        truth, gsm8k_format = self.ground_truth(number, row)
         extra = row.get("extra_info")
         if extra is not None and not isinstance(extra, dict):
             raise self.error(number, "extra_info", f"must be a mapping, got {type(extra).__name__}")
@@ -173,12 +186,18 @@ class _RowReader:
         if env_class is not None and not isinstance(env_class, str):
             raise self.error(number, "env_class", f"must be a string, got {env_class!r}")
         pid = row.get("id")
-        meta = {"ground_truth": truth, "env_class": env_class or None,
-                "data_source": row.get("data_source") or self.prefix, "extra_info": dict(extra or {}),
-                "source": f"{self.path}:{number}"}
+        meta = {
+            "ground_truth": truth,
+            "env_class": env_class or None,
+            "data_source": row.get("data_source") or self.prefix,
+            "extra_info": dict(extra or {}),
+            "source": f"{self.path}:{number}",
+            "gsm8k_format": gsm8k_format,
+        }
         return Problem(str(pid) if pid is not None else f"{self.prefix}-{number}", prompt, truth, meta)
 
-    def ground_truth(self, number: int, row: dict[str, Any]) -> str:
+    def ground_truth(self, number: int, row: dict[str, Any]) -> tuple[str, bool]:
+        """The row's ground truth, and whether it was a GSM8K answer (reasoning, then `#### 72`)."""
         value, column = row.get(self.answer_col), self.answer_col
         if column == "reward_spec" and isinstance(value, dict):
             value, column = value.get("ground_truth"), "reward_spec.ground_truth"
@@ -186,16 +205,19 @@ class _RowReader:
             raise self.error(number, column, f"holds no ground truth (got {value!r})")
         text = str(value)
         if column != "reward_spec.ground_truth" and "####" in text:
-            text = text.rsplit("####", 1)[-1].strip()
-        return text
+            return text.rsplit("####", 1)[-1].strip(), True
+        return text, False
 
 
 def _clean_prompt(value: Any) -> str | list[dict[str, Any]] | None:
     """A text prompt, or chat messages without the None fields Arrow adds to unify their structs."""
     if isinstance(value, str):
         return value
-    if isinstance(value, list) and value and all(isinstance(m, dict) and "role" in m and "content" in m
-                                                 for m in value):
+    if (
+        isinstance(value, list)
+        and value
+        and all(isinstance(m, dict) and "role" in m and "content" in m for m in value)
+    ):
         return [{k: v for k, v in m.items() if v is not None} for m in value]
     return None
 

@@ -11,16 +11,16 @@ from inflight.rewards import extract_gsm8k_answer, get_reward, gsm8k_ground_trut
     "response, truth, strict, flexible",
     [
         ("She has 3 + 4 = 7 apples.\n#### 7", "7", 1.0, 1.0),
-        ("#### $1,000", "1000", 1.0, 1.0),            # `$` and `,` stripped
-        ("#### 1,000.00", "1000", 1.0, 1.0),          # compared as numbers, not strings
-        ("#### 72.", "72", 1.0, 1.0),                 # a sentence's full stop is no decimal point
+        ("#### $1,000", "1000", 1.0, 1.0),  # `$` and `,` stripped
+        ("#### 1,000.00", "1000", 1.0, 1.0),  # compared as numbers, not strings
+        ("#### 72.", "72", 1.0, 1.0),  # a sentence's full stop is no decimal point
         ("#### -5", "-5", 1.0, 1.0),
-        ("#### 5 no wait #### 6", "6", 1.0, 1.0),     # the last `####` counts
+        ("#### 5 no wait #### 6", "6", 1.0, 1.0),  # the last `####` counts
         ("#### 5 no wait #### 6", "5", 0.0, 0.0),
-        ("The answer is 54.", "54", 0.0, 1.0),        # strict needs `####`; flexible takes the last number
-        ("#### 54 (I used 3 steps)", "54", 1.0, 0.0), # flexible: the last number is 3
+        ("The answer is 54.", "54", 0.0, 1.0),  # strict needs `####`; flexible takes the last number
+        ("#### 54 (I used 3 steps)", "54", 1.0, 0.0),  # flexible: the last number is 3
         ("no number here", "3", 0.0, 0.0),
-        ("#### 8", "#### 8", 1.0, 1.0),               # a whole GSM8K answer as ground truth
+        ("#### 8", "#### 8", 1.0, 1.0),  # a whole GSM8K answer as ground truth
         ("#### 0.5", "1/2", 1.0, 1.0),
     ],
 )

@@ -12,9 +12,9 @@ from inflight.rewards import get_reward, last_boxed
     "text, content",
     [
         ("so \\boxed{42}.", "42"),
-        ("\\boxed{1} then \\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),   # the last one
-        ("\\boxed{\\frac{a^{2}}{b_{1}}}", "\\frac{a^{2}}{b_{1}}"),    # nested braces
-        ("\\boxed{x} and \\boxed{broken", "x"),                       # unbalanced last box: the one before
+        ("\\boxed{1} then \\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),  # the last one
+        ("\\boxed{\\frac{a^{2}}{b_{1}}}", "\\frac{a^{2}}{b_{1}}"),  # nested braces
+        ("\\boxed{x} and \\boxed{broken", "x"),  # unbalanced last box: the one before
         ("\\fbox{7}", "7"),
         ("no box", None),
     ],
@@ -45,7 +45,7 @@ def test_math_cases_by_hand():
     math = get_reward("math")
     assert math("so \\boxed{\\frac{1}{2}}", "0.5") == 1.0
     assert math("\\boxed{\\frac{2}{4}}", "\\frac{1}{2}") == 1.0
-    assert math("1/2", "0.5") == 0.0             # no box, no score
+    assert math("1/2", "0.5") == 0.0  # no box, no score
     assert math("\\boxed{3}", "4") == 0.0
 
 

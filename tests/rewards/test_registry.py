@@ -51,7 +51,8 @@ def test_register_and_score_sync_and_async():
 @pytest.fixture
 def user_module(tmp_path, monkeypatch):
     name = "user_rewards_for_test"
-    (tmp_path / f"{name}.py").write_text(textwrap.dedent("""
+    (tmp_path / f"{name}.py").write_text(
+        textwrap.dedent("""
         from inflight.tasks.base import Environment, StepResult
 
         def first_word(response, ground_truth, **extra):
@@ -67,7 +68,8 @@ def user_module(tmp_path, monkeypatch):
                 return StepResult(None, float(self.problem.answer in response), True)
 
         NOT_CALLABLE = 3
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     yield name
     sys.modules.pop(name, None)
@@ -86,6 +88,9 @@ def test_user_function_and_environment_class(user_module):
 
 
 def test_import_error_names_the_module_and_the_key():
-    with pytest.raises(RewardError, match=r"environment.env_class='no_such_pkg.mod:f'.*cannot import module "
-                                          r"'no_such_pkg.mod'"):
+    with pytest.raises(
+        RewardError,
+        match=r"environment.env_class='no_such_pkg.mod:f'.*cannot import module "
+        r"'no_such_pkg.mod'",
+    ):
         get_reward("no_such_pkg.mod:f")

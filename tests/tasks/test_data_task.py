@@ -57,14 +57,18 @@ def test_long_prompts_dropped_and_counted(tmp_path):
     assert task.report.dropped_long_prompts == {"train": 2, "val": 1}
     assert "dropped 3 prompts longer than 10 tokens" in task.report.summary()
     # the model's context lowers the limit: a prompt must leave room for one generated token
-    assert DataTask(TOK, [path], [val], max_prompt_length=512, max_context=41).report.dropped_long_prompts == \
-        {"train": 1, "val": 1}
+    assert DataTask(
+        TOK, [path], [val], max_prompt_length=512, max_context=41
+    ).report.dropped_long_prompts == {"train": 1, "val": 1}
 
 
 def test_long_prompts_refused(tmp_path):
     path = _jsonl(tmp_path / "d.jsonl", _rows(3) + [{"prompt": "1" * 40, "answer": "1"}])
-    with pytest.raises(DatasetError, match=r"d.jsonl:4: the prompt has 40 tokens, more than "
-                                           r"trainer.max_prompt_length=10.*drop_long_prompts"):
+    with pytest.raises(
+        DatasetError,
+        match=r"d.jsonl:4: the prompt has 40 tokens, more than "
+        r"trainer.max_prompt_length=10.*drop_long_prompts",
+    ):
         DataTask(TOK, [path], [path], max_prompt_length=10, drop_long_prompts=False)
 
 
@@ -76,11 +80,13 @@ def test_every_prompt_dropped_fails_loudly(tmp_path):
 
 def test_rewards_per_row(tmp_path):
     path = tmp_path / "mixed.parquet"
-    datasets.Dataset.from_list([
-        {"prompt": "1", "answer": "7", "env_class": None},
-        {"prompt": "2", "answer": "7", "env_class": "gsm8k"},
-        {"prompt": "3", "answer": "reasoning #### 7", "env_class": None},
-    ]).to_parquet(str(path))
+    datasets.Dataset.from_list(
+        [
+            {"prompt": "1", "answer": "7", "env_class": None},
+            {"prompt": "2", "answer": "7", "env_class": "gsm8k"},
+            {"prompt": "3", "answer": "reasoning #### 7", "env_class": None},
+        ]
+    ).to_parquet(str(path))
     task = DataTask(TOK, [path], [path], env_class=None)
     a, b, c = task.eval_problems()
     assert [reward_name(p) for p in (a, b, c)] == ["exact", "gsm8k", "gsm8k"]  # row wins; `####` means gsm8k
@@ -95,9 +101,16 @@ def test_rewards_per_row(tmp_path):
 
 def test_extra_info_reaches_the_reward(tmp_path):
     path = tmp_path / "re.parquet"
-    datasets.Dataset.from_list([{"prompt": "1", "env_class": "regex",
-                                 "reward_spec": {"method": "rule", "ground_truth": "unused"},
-                                 "extra_info": {"pattern": r"^\d+$"}}]).to_parquet(str(path))
+    datasets.Dataset.from_list(
+        [
+            {
+                "prompt": "1",
+                "env_class": "regex",
+                "reward_spec": {"method": "rule", "ground_truth": "unused"},
+                "extra_info": {"pattern": r"^\d+$"},
+            }
+        ]
+    ).to_parquet(str(path))
     task = DataTask(TOK, [path], [path])
     (p,) = task.eval_problems()
     assert task.reward(p, "123") == 1.0 and task.reward(p, "12a") == 0.0
@@ -108,13 +121,16 @@ def test_unknown_rewards_fail_at_start_up(tmp_path):
     with pytest.raises(RewardError, match="environment.env_class='nope'"):
         DataTask(TOK, [path], env_class="nope")
     bad_row = _jsonl(tmp_path / "r.jsonl", [{"prompt": "1", "answer": "1", "env_class": "missing_mod:f"}])
-    with pytest.raises(DatasetError, match=r"r.jsonl:1: column 'env_class'.*cannot import module 'missing_mod'"):
+    with pytest.raises(
+        DatasetError, match=r"r.jsonl:1: column 'env_class'.*cannot import module 'missing_mod'"
+    ):
         DataTask(TOK, [bad_row], [bad_row])
 
 
 def test_user_environment_class_and_async_reward(tmp_path, monkeypatch):
     name = "data_task_user_env"
-    (tmp_path / f"{name}.py").write_text(textwrap.dedent("""
+    (tmp_path / f"{name}.py").write_text(
+        textwrap.dedent("""
         import asyncio
         from inflight.tasks.base import Environment, StepResult
 
@@ -133,7 +149,8 @@ def test_user_environment_class_and_async_reward(tmp_path, monkeypatch):
         async def slow_exact(response, ground_truth, **extra):
             await asyncio.sleep(0)
             return float(response == ground_truth)
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     try:
         path = _jsonl(tmp_path / "d.jsonl", _rows(3))
@@ -157,8 +174,13 @@ def test_chat_prompts_use_the_template(tiny_model_factory):
 
     tok = AutoTokenizer.from_pretrained(tiny_model_factory())
     path = tiny_model_factory() / "chat.jsonl"
-    _jsonl(path, [{"prompt": "What is 1+1?", "answer": "2"},
-                  {"prompt": [{"role": "user", "content": "What is 2+2?"}], "answer": "4"}])
+    _jsonl(
+        path,
+        [
+            {"prompt": "What is 1+1?", "answer": "2"},
+            {"prompt": [{"role": "user", "content": "What is 2+2?"}], "answer": "4"},
+        ],
+    )
     task = DataTask(tok, [path], [path])
     for p in task.eval_problems():
         messages = [{"role": "user", "content": p.prompt}] if isinstance(p.prompt, str) else p.prompt

@@ -12,15 +12,21 @@ import pytest
 from inflight.tasks.dataset import DatasetError, load_jsonl, load_problems
 
 SKYRL_ROWS = [
-    {"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": f"What is {i} + 2? Let's think."}],
-     "env_class": "gsm8k", "reward_spec": {"method": "rule", "ground_truth": str(i + 2)},
-     "extra_info": {"split": "train", "index": i}}
+    {
+        "data_source": "openai/gsm8k",
+        "prompt": [{"role": "user", "content": f"What is {i} + 2? Let's think."}],
+        "env_class": "gsm8k",
+        "reward_spec": {"method": "rule", "ground_truth": str(i + 2)},
+        "extra_info": {"split": "train", "index": i},
+    }
     for i in range(4)
 ]
 
 
 def _messages(value):
-    return [{k: v for k, v in m.items() if v is not None} for m in value] if isinstance(value, list) else value
+    return (
+        [{k: v for k, v in m.items() if v is not None} for m in value] if isinstance(value, list) else value
+    )
 
 
 def test_skyrl_parquet_loads_unchanged(tmp_path):
@@ -48,9 +54,13 @@ def test_save_to_disk_directory(tmp_path):
 
 
 def test_gsm8k_question_answer_parquet(tmp_path):
-    rows = [{"question": "Natalia sold 48 clips in April and half as many in May. How many in all?",
-             "answer": "In May she sold 48/2 = <<48/2=24>>24.\nAll: 48+24 = <<48+24=72>>72\n#### 72"},
-            {"question": "What is 1,000 + 1?", "answer": "1000 + 1 = 1001\n#### 1,001"}]
+    rows = [
+        {
+            "question": "Natalia sold 48 clips in April and half as many in May. How many in all?",
+            "answer": "In May she sold 48/2 = <<48/2=24>>24.\nAll: 48+24 = <<48+24=72>>72\n#### 72",
+        },
+        {"question": "What is 1,000 + 1?", "answer": "1000 + 1 = 1001\n#### 1,001"},
+    ]
     path = tmp_path / "gsm8k.parquet"
     datasets.Dataset.from_list(rows).to_parquet(str(path))
     reference = pq.read_table(path).to_pylist()
@@ -87,8 +97,12 @@ def test_custom_keys(tmp_path):
 def test_mixed_prompt_types_in_jsonl(tmp_path):
     """Arrow needs one type per column; a JSONL mixing text and chat prompts still loads."""
     path = tmp_path / "mixed.jsonl"
-    path.write_text(json.dumps({"prompt": "a", "answer": 1}) + "\n"
-                    + json.dumps({"prompt": [{"role": "user", "content": "b"}], "answer": "x"}) + "\n")
+    path.write_text(
+        json.dumps({"prompt": "a", "answer": 1})
+        + "\n"
+        + json.dumps({"prompt": [{"role": "user", "content": "b"}], "answer": "x"})
+        + "\n"
+    )
     assert [p.prompt for p in load_jsonl(path)] == ["a", [{"role": "user", "content": "b"}]]
 
 
@@ -96,7 +110,10 @@ def test_mixed_prompt_types_in_jsonl(tmp_path):
     "rows, message",
     [
         ([{"prompt": "a"}], r"no column 'answer'"),
-        ([{"prompt": "a", "answer": "1"}, {"prompt": None, "answer": "2"}], r"row 2: column 'prompt' must be"),
+        (
+            [{"prompt": "a", "answer": "1"}, {"prompt": None, "answer": "2"}],
+            r"row 2: column 'prompt' must be",
+        ),
         ([{"prompt": "a", "answer": None}], r"row 1: column 'answer' holds no ground truth"),
         ([{"prompt": "a", "reward_spec": {"method": "rule"}}], r"row 1: column 'reward_spec.ground_truth'"),
     ],

@@ -20,13 +20,22 @@ def chat_model(tmp_path_factory):
     """A tiny Qwen2 with a BPE tokenizer and a chat template, 128 positions."""
     from inflight.testing import make_tiny_model
 
-    return make_tiny_model(tmp_path_factory.mktemp("chat-model"), "qwen2", seed=0, max_position_embeddings=128)
+    return make_tiny_model(
+        tmp_path_factory.mktemp("chat-model"), "qwen2", seed=0, max_position_embeddings=128
+    )
 
 
 def _skyrl_parquet(path, questions):
-    rows = [{"data_source": "arith", "prompt": [{"role": "user", "content": q}], "env_class": "gsm8k",
-             "reward_spec": {"method": "rule", "ground_truth": "3"}, "extra_info": {"index": i}}
-            for i, q in enumerate(questions)]
+    rows = [
+        {
+            "data_source": "arith",
+            "prompt": [{"role": "user", "content": q}],
+            "env_class": "gsm8k",
+            "reward_spec": {"method": "rule", "ground_truth": "3"},
+            "extra_info": {"index": i},
+        }
+        for i, q in enumerate(questions)
+    ]
     datasets.Dataset.from_list(rows).to_parquet(str(path))
     return path
 
@@ -59,8 +68,15 @@ def test_data_task_is_built_from_data_keys(tmp_path, chat_model):
     [
         (["environment.env_class=gsm8k"], ["environment.env_class"]),
         (["data.train_data=[a.parquet]", "job.task=count_up"], ["job.task", "trainer.policy.model.path"]),
-        (["data.train_data=[a.parquet]", "trainer.policy.model.path=m", "job.task=jsonl", "job.train_data=b.jsonl"],
-         ["job.train_data"]),
+        (
+            [
+                "data.train_data=[a.parquet]",
+                "trainer.policy.model.path=m",
+                "job.task=jsonl",
+                "job.train_data=b.jsonl",
+            ],
+            ["job.train_data"],
+        ),
     ],
 )
 def test_contradictions_are_config_errors(overrides, keys):
@@ -74,25 +90,43 @@ def test_zero_generated_tokens_fail_loudly():
     cfg, _ = resolve_config(None, [])
     empty = SimpleNamespace(prompt_ids=[1] * 64, num_generated=0, finish_reason="length")
     groups = [SimpleNamespace(trajectories=[empty, empty])]
-    with pytest.raises(NothingGeneratedError, match=r"hold no generated token \(finish reasons: length x2\).*"
-                                                     r"up to 64 tokens.*max_generate_length=8.*max_model_len=64"):
+    with pytest.raises(
+        NothingGeneratedError,
+        match=r"hold no generated token \(finish reasons: length x2\).*"
+        r"up to 64 tokens.*max_generate_length=8.*max_model_len=64",
+    ):
         check_generated(groups, cfg)
-    check_generated([SimpleNamespace(trajectories=[SimpleNamespace(**{**vars(empty), "num_generated": 1})])], cfg)
+    check_generated(
+        [SimpleNamespace(trajectories=[SimpleNamespace(**{**vars(empty), "num_generated": 1})])], cfg
+    )
 
 
 def _train_args(chat_model, tmp_path, *extra):
-    return [f"trainer.policy.model.path={chat_model}", "trainer.train_batch_size=2",
-            "trainer.policy_mini_batch_size=2", "trainer.fully_async.num_parallel_generation_workers=2",
-            "generator.n_samples_per_prompt=2", "generator.sampling_params.max_generate_length=6",
-            "generator.inference_engine.weight_sync_backend=inprocess", "trainer.max_prompt_length=40",
-            f"job.output_dir={tmp_path / 'out'}", "job.max_steps=1", "job.num_eval=2", "job.tensorboard=false",
-            "job.plot=false", "job.progress=false", *extra]
+    return [
+        f"trainer.policy.model.path={chat_model}",
+        "trainer.train_batch_size=2",
+        "trainer.policy_mini_batch_size=2",
+        "trainer.fully_async.num_parallel_generation_workers=2",
+        "generator.n_samples_per_prompt=2",
+        "generator.sampling_params.max_generate_length=6",
+        "generator.inference_engine.weight_sync_backend=inprocess",
+        "trainer.max_prompt_length=40",
+        f"job.output_dir={tmp_path / 'out'}",
+        "job.max_steps=1",
+        "job.num_eval=2",
+        "job.tensorboard=false",
+        "job.plot=false",
+        "job.progress=false",
+        *extra,
+    ]
 
 
 def test_too_long_prompts_refused_before_training(tmp_path, chat_model, capsys):
     long = "Please add these numbers carefully: " + " + ".join(["1"] * 40)
     path = _skyrl_parquet(tmp_path / "train.parquet", ["1 + 2?", long, "2 + 1?"])
-    code = main(_train_args(chat_model, tmp_path, f"data.train_data=[{path}]", "data.drop_long_prompts=false"))
+    code = main(
+        _train_args(chat_model, tmp_path, f"data.train_data=[{path}]", "data.drop_long_prompts=false")
+    )
     assert code == 2
     err = capsys.readouterr().err
     assert "train.parquet:2: the prompt has" in err and "trainer.max_prompt_length=40" in err
@@ -116,6 +150,15 @@ def test_run_on_user_data_drops_long_prompts_and_reports_the_split(tmp_path, cha
     assert any(s.get("generated_tokens", 0) > 0 for s in steps)
     consumed = [json.loads(line) for line in (tmp_path / "out" / "consumed.jsonl").read_text().splitlines()]
     trained = {i for r in consumed for i in r.get("trained", [])}
-    task = make_task(*resolve_config(None, [f"data.train_data=[{path}]", f"trainer.policy.model.path={chat_model}",
-                                            "trainer.max_prompt_length=40", "job.num_eval=2"]))
+    task = make_task(
+        *resolve_config(
+            None,
+            [
+                f"data.train_data=[{path}]",
+                f"trainer.policy.model.path={chat_model}",
+                "trainer.max_prompt_length=40",
+                "job.num_eval=2",
+            ],
+        )
+    )
     assert trained and not trained & {p.id for p in task.eval_problems()}  # held-out rows never trained on
