@@ -233,7 +233,11 @@ class SamplingConfig:
     max_generate_length: int = 1024
     """Most tokens generated per response, >= 1. Default 1024."""
     stop: list[str] | None = None
-    """Stop strings; none (default) stops only at EOS."""
+    """Stop strings; none (default) stops only at EOS. A turn ends at the first one in the decoded
+    response; the tokens up to the one that completed it are kept (and trained on)."""
+    include_stop_str_in_output: bool = False
+    """Whether the text handed to the reward / environment keeps the stop string (vLLM's flag and
+    default: false drops it). The trained tokens always include it."""
 
 
 @dataclass
@@ -248,6 +252,10 @@ class GeneratorConfig:
     """Sampling for evaluation (same fields and defaults as sampling_params; temperature 0 is greedy)."""
     eval_n_samples_per_prompt: int = 1
     """Responses per held-out prompt, >= 1; pass@k is reported for k = 1, 2, 4, ... up to it. Default 1."""
+    max_turns: int = 1
+    """Most model turns per episode, >= 1, for environments that leave it to the run (a ToolEnv, your
+    own environment without a `max_turns`); an environment that sets its own `max_turns` (e.g.
+    chain_addition's chain) keeps it. Default 1 (single-turn)."""
 
 
 @dataclass
@@ -286,6 +294,10 @@ class EnvironmentConfig:
     `inflight.rewards.register`, or `package.module:name` (your reward function or environment class).
     None (default; SkyRL: gsm8k): `gsm8k` for rows whose answer holds GSM8K's `####`, else `exact`.
     Built-in tasks (job.task) score themselves and refuse this key."""
+    reward_timeout_s: float | None = 60.0
+    """Most seconds one reward / environment step may take; a step that takes longer, or raises,
+    scores its sample 0 and is counted (`reward/failures`), and training goes on. None: no limit.
+    Default 60."""
 
 
 @dataclass

@@ -107,6 +107,7 @@ _RANGES: list[tuple[tuple[str, ...], Callable[[Any], bool], str, str]] = [
             _IE + "max_num_batched_tokens", "generator.sampling_params.max_generate_length",
             MEGATRON_TP, POLICY_NODES, POLICY_GPUS, "trainer.eval_batch_size",
             "generator.eval_n_samples_per_prompt", "generator.eval_sampling_params.max_generate_length",
+            "generator.max_turns",
         ),
         lambda v: v >= 1, "must be >= 1", "set {key} to a positive integer",
     ),
@@ -141,6 +142,8 @@ _RANGES: list[tuple[tuple[str, ...], Callable[[Any], bool], str, str]] = [
     (("generator.sampling_params.top_k", "generator.eval_sampling_params.top_k"),
      lambda v: v >= -1, "must be >= -1", "use -1 (or 0) to disable it"),
     (("trainer.policy.model.lora.dropout",), lambda v: 0 <= v < 1, "must be in [0, 1)", "use 0.0 for none"),
+    (("environment.reward_timeout_s",), lambda v: v is None or v > 0, "must be > 0 or null",
+     "give the seconds a reward may take, e.g. {key}=60, or {key}=null for no limit"),
     (
         ("trainer.policy.optimizer_config.adam_betas",),
         lambda v: len(v) == 2 and all(0 <= b < 1 for b in v),

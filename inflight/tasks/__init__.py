@@ -16,6 +16,7 @@ from inflight.tasks.data_task import DataReport, DataTask, reward_name, split_he
 from inflight.tasks.dataset import DatasetError, JsonlTask, load_jsonl, load_problems
 from inflight.tasks.registry import BUILTIN_TASKS, make_builtin_task
 from inflight.tasks.tokenizer import make_char_tokenizer
+from inflight.tasks.tool_env import ToolEnv, register_tool
 
 __all__ = [
     "BASE_MODEL_SHAPE",
@@ -34,6 +35,7 @@ __all__ = [
     "SingleTurnEnv",
     "StepResult",
     "Task",
+    "ToolEnv",
     "WarmupReport",
     "build_base_model",
     "load_jsonl",
@@ -42,6 +44,7 @@ __all__ = [
     "make_char_tokenizer",
     "reward_name",
     "split_held_out",
+    "register_tool",
     "teacher_forced_accuracy",
     "warm_up",
 ]

@@ -2,16 +2,26 @@
 
 A `Task` owns a tokenizer, its problems (training and held-out), how a prompt becomes token ids and
 how a response is scored. Each trajectory is played against an `Environment` made by the task:
-`reset()` gives the opening prompt, `step(response)` scores the model's turn and either ends the
-episode or answers with an observation that is appended to the conversation (its tokens are not
-trained on). Single-turn is the default (`SingleTurnEnv`: one response, scored, done).
+`reset()` gives the opening prompt (text or chat messages), `step(response)` scores the model's
+turn and either ends the episode or answers with an observation that is appended to the
+conversation (its tokens are not trained on). An observation is text (appended as its tokens) or
+chat messages (`{"role": "tool" | "user", "content": ...}`, rendered by the tokenizer's chat
+template between the model's turns; see `inflight.chat.turns`). `step` may be `async def` (or
+return an awaitable), e.g. to await an async reward. Single-turn is the default (`SingleTurnEnv`:
+one response, scored, done).
+
+Turns: an environment that sets `max_turns` plays at most that many; one that leaves it None plays
+at most the run's `generator.max_turns`. `tools` (JSON schemas, OpenAI's `{"type": "function",
+"function": {...}}`) go to the chat template with the opening prompt, so the model is told about
+them (see `inflight.tasks.tool_env.ToolEnv`).
 """
 
 from __future__ import annotations
 
+import inspect
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,40 +41,55 @@ class Problem:
 class StepResult:
     """What an environment returns for one model turn.
 
-    `observation`: text appended after the model's turn when the episode goes on (None when done);
+    `observation`: what is appended after the model's turn when the episode goes on (None when
+    done): text, or chat messages (one dict or a list) that the chat template renders;
     `reward`: added to the trajectory's return; `done`: the episode is over.
     """
 
-    observation: str | None
+    observation: str | dict[str, Any] | list[dict[str, Any]] | None
     reward: float
     done: bool
     info: dict[str, Any] = field(default_factory=dict)
 
 
 class Environment(ABC):
-    """One episode. `reset()` returns the prompt text; `step(response_text)` scores a turn."""
+    """One episode. `reset()` returns the prompt (text or chat messages); `step(response_text)`
+    scores a turn (it may be a coroutine function)."""
 
-    max_turns: int = 1
+    max_turns: int | None = None
+    """Most model turns of the episode; None: the run's `generator.max_turns`."""
+    tools: list[dict[str, Any]] | None = None
+    """JSON schemas of the tools the model may call, passed to the chat template; None: no tools."""
 
     @abstractmethod
-    def reset(self) -> str | list[dict[str, str]]: ...
+    def reset(self) -> str | list[dict[str, Any]]: ...
 
     @abstractmethod
-    def step(self, response: str) -> StepResult: ...
+    def step(self, response: str) -> StepResult | Awaitable[StepResult]: ...
 
 
 class SingleTurnEnv(Environment):
-    """The default: the prompt, one response, the task's reward, done."""
+    """The default: the prompt, one response, the task's reward (awaited when async), done."""
+
+    max_turns = 1
 
     def __init__(self, task: Task, problem: Problem) -> None:
         self.task, self.problem = task, problem
 
-    def reset(self) -> str | list[dict[str, str]]:
+    def reset(self) -> str | list[dict[str, Any]]:
         return self.problem.prompt
 
-    def step(self, response: str) -> StepResult:
+    def step(self, response: str) -> StepResult | Awaitable[StepResult]:
         reward = self.task.reward(self.problem, response)
-        return StepResult(None, reward, True, {"correct": reward >= 1.0})
+        return _scored(reward) if inspect.isawaitable(reward) else _result(reward)
+
+
+def _result(reward: float) -> StepResult:
+    return StepResult(None, reward, True, {"correct": reward >= 1.0})
+
+
+async def _scored(reward: Awaitable[float]) -> StepResult:
+    return _result(await reward)
 
 
 class Task(ABC):
@@ -88,8 +113,9 @@ class Task(ABC):
     def eval_problems(self) -> Sequence[Problem]: ...
 
     @abstractmethod
-    def reward(self, problem: Problem, response: str) -> float:
-        """Score of `response` (decoded, without special tokens) for `problem`; 1.0 means correct."""
+    def reward(self, problem: Problem, response: str) -> float | Awaitable[float]:
+        """Score of `response` (decoded, without special tokens) for `problem`; 1.0 means correct.
+        May return an awaitable (an async reward)."""
 
     def make_env(self, problem: Problem) -> Environment:
         return SingleTurnEnv(self, problem)
@@ -109,6 +135,15 @@ class Task(ABC):
         if not isinstance(prompt, str):
             raise TypeError(f"{type(self).__name__} takes text prompts, not chat messages")
         return self.encode(prompt)
+
+    def encode_chat(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+    ) -> list[int]:
+        """Token ids of chat `messages` through the tokenizer's chat template, with `tools` (JSON
+        schemas) and the assistant generation prompt: an opening prompt that offers tools."""
+        from inflight.chat.turns import encode, render
+
+        return encode(self.tokenizer, render(self.tokenizer, messages, tools, add_generation_prompt=True))
 
     def encode(self, text: str) -> list[int]:
         """Token ids of text (no special tokens added): prompts and environment observations."""

@@ -7,20 +7,55 @@ token id, the engine's log-probability, the weight version that sampled it and a
 0 on environment tokens (observations are context, not actions). The turns of one episode share a
 `session_id`, so a client over several engines keeps the episode on one engine. Any `async (problem) ->
 TrajectoryGroup` callable can take its place in the trainers.
+
+Multi-turn is token-in/token-out: the model's sampled ids are kept verbatim (never decoded and
+re-encoded) and the next turn's prompt is the previous prompt plus those ids plus the observation.
+A text observation is appended as its tokens; chat messages (`{"role": "tool" | "user", ...}`)
+are appended as the tokens the tokenizer's chat template writes between the assistant turn and the
+next one (`inflight.chat.turns.between_turns`: the end of the turn, the messages, the generation
+prompt). When the model ended its turn with the template's end-of-turn token (`<|im_end|>`) it
+sampled that token (loss mask 1) and the template's copy is dropped; after a turn ended by a stop
+string the whole end of turn is the template's (mask 0). All of these get version `ENV_VERSION`.
+
+Turns: an environment's own `max_turns` wins; one that leaves it None gets `max_turns` (the
+config's `generator.max_turns`, default 1). A turn cut by the token budget (`finish_reason
+"length"`) is scored and ends the episode, as does reaching `max_context`.
+
+Stop strings (`stop`, `generator.sampling_params.stop`): the engine works on token ids, so the
+response is decoded and cut at the first stop string to complete (`inflight.chat.stop`): the
+tokens up to and including the one that completed it are kept and trained on; the text given to
+the environment drops the stop string unless `include_stop_str_in_output` (vLLM's default: drop).
+A stop string that one token spells is also an engine stop token, so generation ends right there;
+any other runs on to EOS or the budget and the rest is discarded (the clients return whole
+responses).
+
+Reward failures: a `step()` (the reward) that raises, returns no finite number, or takes longer
+than `reward_timeout_s` (`environment.reward_timeout_s`) scores its sample 0, sets
+`Trajectory.reward_failed` (counted as `reward/failures` in the step's metrics) and ends the
+episode; the run goes on. With a timeout, a synchronous `step()` runs in its own daemon thread (a
+hung one is abandoned there, and cannot block the engine's event loop or the process's exit).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import inspect
+import logging
+import math
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from inflight.chat.stop import single_token_stops, truncate_at_stop
+from inflight.chat.turns import as_messages, between_turns
 from inflight.engine.request import SamplingParams
-from inflight.tasks.base import Problem, Task
+from inflight.tasks.base import Environment, Problem, StepResult, Task
+
+log = logging.getLogger(__name__)
 
 ENV_VERSION = -1
 """`versions` entry of tokens the model did not sample (environment observations)."""
@@ -41,6 +76,9 @@ class Trajectory:
     num_recomputed_tokens: int = 0
     num_cached_tokens: int = 0
     info: dict[str, Any] = field(default_factory=dict)
+    reward_failed: bool = False
+    """The reward / environment step raised or timed out: the sample scores 0 (`info["reward_error"]`
+    says why)."""
 
     @property
     def num_generated(self) -> int:
@@ -92,13 +130,52 @@ def request_seed(*parts: object) -> int:
     return int.from_bytes(digest, "little") & 0x7FFFFFFF
 
 
+@dataclass
+class Turn:
+    """One model turn after stop strings: what is kept, the text the environment sees, why it ended."""
+
+    tokens: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    text: str
+    finish_reason: str
+
+
+class Conversation:
+    """An episode's chat so far (the context the template renders observation messages in)."""
+
+    def __init__(self, task: Task, opening: str | list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> None:
+        self.task, self.tools = task, tools or None
+        self.messages = [{"role": "user", "content": opening}] if isinstance(opening, str) else list(opening)
+        if self.tools:  # the template lists the tools (a system turn, for Qwen's)
+            self.prompt_ids = task.encode_chat(self.messages, self.tools)
+        else:
+            self.prompt_ids = task.encode_prompt(opening)
+
+    def observation_ids(self, turn: Turn, observation: Any, stop_ids: set[int]) -> list[int]:
+        """The tokens that follow the model's `turn`: a text observation's own, or what the chat
+        template writes after the turn for observation messages (less the end-of-turn token the
+        model sampled itself)."""
+        said = {"role": "assistant", "content": turn.text}
+        if isinstance(observation, str):
+            self.messages.append(said)
+            return self.task.encode(observation)
+        messages = as_messages(observation)
+        ids = between_turns(self.task.tokenizer, self.messages, messages, self.tools)
+        if ids and turn.tokens and turn.tokens[-1] == ids[0] and ids[0] in stop_ids:
+            ids = ids[1:]
+        self.messages += [said, *messages]
+        return ids
+
+
 class TaskGenerator:
     """`n` episodes of `task`'s environment per prompt, sampled through `client`.
 
     `max_tokens` caps each model turn (default: the task's `max_new_tokens`); `max_context`
     caps prompt + response over all turns (multi-turn episodes end there). With `seed` set, each
     sample gets its own seed from (seed, epoch, prompt id, sample index), so a run is reproducible
-    whatever else is in the engine's batch.
+    whatever else is in the engine's batch. `stop`, `include_stop_str_in_output`, `max_turns` and
+    `reward_timeout_s`: see the module docstring (`episode_options(cfg)` reads them from a config).
     """
 
     def __init__(
@@ -112,12 +189,24 @@ class TaskGenerator:
         max_tokens: int | None = None,
         max_context: int | None = None,
         seed: int | None = None,
+        *,
+        stop: Sequence[str] | None = None,
+        include_stop_str_in_output: bool = False,
+        max_turns: int = 1,
+        reward_timeout_s: float | None = None,
     ) -> None:
         self.client, self.task, self.n = client, task, n
         self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
         self.max_tokens = max_tokens or task.max_new_tokens
         self.max_context = max_context
         self.seed = seed
+        self.stop = [s for s in (stop or []) if s]
+        self.include_stop_str_in_output = include_stop_str_in_output
+        self.max_turns = max_turns
+        self.reward_timeout_s = reward_timeout_s
+        raw = lambda ids: task.tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
+        extra = single_token_stops(self.stop, task.encode, raw) if self.stop else []
+        self.stop_token_ids = list(dict.fromkeys([*task.stop_token_ids, *extra]))
 
     def params(self, max_tokens: int, seed: int | None) -> SamplingParams:
         return SamplingParams(
@@ -127,8 +216,13 @@ class TaskGenerator:
             top_k=max(self.top_k, 0),
             seed=seed,
             logprobs=True,
-            stop_token_ids=self.task.stop_token_ids,
+            stop_token_ids=list(self.stop_token_ids),
         )
+
+    def turn_limit(self, env: Environment) -> int:
+        """The environment's own `max_turns`, else the run's."""
+        own = getattr(env, "max_turns", None)
+        return max(1, own if own is not None else self.max_turns)
 
     async def __call__(self, problem: Problem, epoch: int = 0, index: int = 0, version: int = 0) -> TrajectoryGroup:
         started = time.perf_counter()
@@ -138,41 +232,142 @@ class TaskGenerator:
     async def episode(self, problem: Problem, epoch: int = 0, sample: int = 0) -> Trajectory:
         """Play one episode: generate, let the environment score it, append its observation, repeat."""
         env = self.task.make_env(problem)
-        prompt = self.task.encode_prompt(env.reset())
+        chat = Conversation(self.task, env.reset(), getattr(env, "tools", None))
+        prompt = chat.prompt_ids
         traj = Trajectory(prompt, [], [], [], [], 0.0, "stop", num_turns=0)
         session = uuid.uuid4().hex  # every turn on one engine: its prefix cache holds the episode
-        for turn in range(max(1, env.max_turns)):
+        limit = self.turn_limit(env)
+        for index in range(limit):
             budget = self.max_tokens
             if self.max_context is not None:
                 budget = min(budget, self.max_context - len(prompt) - len(traj.response_ids))
                 if budget < 1:
                     traj.finish_reason = "length"
                     break
-            seed = None if self.seed is None else request_seed(self.seed, epoch, problem.id, sample, turn)
+            seed = None if self.seed is None else request_seed(self.seed, epoch, problem.id, sample, index)
             out = await self.client.generate(prompt + traj.response_ids, self.params(budget, seed),
                                              session_id=session)
-            tokens = list(out.output_token_ids)
-            traj.response_ids += tokens
-            traj.logprobs += list(out.logprobs or [0.0] * len(tokens))
-            traj.versions += list(out.token_weight_versions)
-            traj.loss_mask += [1] * len(tokens)
-            traj.finish_reason = out.finish_reason or "stop"
-            traj.num_turns = turn + 1
+            turn = self.cut(out)
+            self._append(traj, turn.tokens, turn.logprobs, turn.versions, 1)
+            traj.finish_reason = turn.finish_reason
+            traj.num_turns = index + 1
             traj.num_recomputed_tokens += out.num_recomputed_tokens
             traj.num_cached_tokens += out.num_cached_tokens
-            if out.finish_reason == "abort":
+            if turn.finish_reason == "abort":
                 break
-            result = env.step(self.task.decode(tokens))
-            traj.reward += float(result.reward)
-            traj.info.update(result.info)
-            if result.done or result.observation is None:
+            result = await self.step(env, turn.text, traj)
+            if result is None or result.done or result.observation is None or turn.finish_reason == "length":
                 break
-            observation = self.task.encode(result.observation)
-            traj.response_ids += observation
-            traj.logprobs += [0.0] * len(observation)
-            traj.versions += [ENV_VERSION] * len(observation)
-            traj.loss_mask += [0] * len(observation)
+            if index + 1 >= limit:
+                traj.info["max_turns_reached"] = True
+                break
+            observation = chat.observation_ids(turn, result.observation, set(self.stop_token_ids))
+            used = len(prompt) + len(traj.response_ids) + len(observation)
+            if self.max_context is not None and used >= self.max_context:
+                traj.finish_reason = "length"
+                break
+            self._append(traj, observation, [0.0] * len(observation), [ENV_VERSION] * len(observation), 0)
         return traj
+
+    @staticmethod
+    def _append(traj: Trajectory, ids: list[int], logprobs: list[float], versions: list[int],
+                mask: int) -> None:
+        traj.response_ids += ids
+        traj.logprobs += logprobs
+        traj.versions += versions
+        traj.loss_mask += [mask] * len(ids)
+
+    def cut(self, out: Any) -> Turn:
+        """The engine's output as a turn: cut at the first stop string, decoded for the environment."""
+        tokens = list(out.output_token_ids)
+        logprobs = list(out.logprobs or [0.0] * len(tokens))
+        versions = list(out.token_weight_versions)
+        finish = out.finish_reason or "stop"
+        match = None
+        if self.stop and finish != "abort":
+            match = truncate_at_stop(tokens, self.stop, self.task.decode, self.include_stop_str_in_output)
+        if match is None:
+            return Turn(tokens, logprobs, versions, self.task.decode(tokens), finish)
+        n = match.num_tokens
+        return Turn(tokens[:n], logprobs[:n], versions[:n], match.text, "stop")
+
+    async def step(self, env: Environment, text: str, traj: Trajectory) -> StepResult | None:
+        """`env.step(text)` added to `traj`; None (and the sample scored 0) when it failed."""
+        try:
+            result = await self._run_step(env, text)
+            reward = float(result.reward)
+            if not math.isfinite(reward):
+                raise ValueError(f"the reward is {reward}, not a finite number")
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            self._failed(env, traj, err)
+            return None
+        traj.reward += reward
+        traj.info.update(result.info)
+        return result
+
+    async def _run_step(self, env: Environment, text: str) -> StepResult:
+        timeout = self.reward_timeout_s
+        if timeout is None:
+            return await _settled(env.step(text))
+        run = env.step(text) if inspect.iscoroutinefunction(env.step) else _in_thread(env.step, text)
+        try:
+            return await asyncio.wait_for(_settled(run), timeout)
+        except TimeoutError:
+            raise TimeoutError(f"took longer than environment.reward_timeout_s={timeout:g} s") from None
+
+    def _failed(self, env: Environment, traj: Trajectory, err: Exception) -> None:
+        message = f"{type(err).__name__}: {err}"
+        traj.reward, traj.reward_failed = 0.0, True
+        traj.info["reward_error"] = message
+        key = (type(env).__name__, type(err).__name__)
+        level = logging.DEBUG if key in _REPORTED else logging.WARNING
+        _REPORTED.add(key)
+        log.log(level, "%s.step failed (%s); the sample scores 0 and is counted in reward/failures",
+                type(env).__name__, message)
+
+
+_REPORTED: set[tuple[str, str]] = set()
+"""(environment class, error class) pairs already warned about: later ones are logged at debug."""
+
+
+async def _settled(value: Any) -> Any:
+    """`value`, awaited while it is awaitable (a sync `step` may return a coroutine)."""
+    while inspect.isawaitable(value):
+        value = await value
+    return value
+
+
+def _in_thread(fn: Callable[..., Any], *args: Any) -> Awaitable[Any]:
+    """`fn(*args)` in a new daemon thread, as a future of this loop."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def settle(value: Any, err: BaseException | None) -> None:
+        if not future.done():
+            future.set_exception(err) if err is not None else future.set_result(value)
+
+    def run() -> None:
+        try:
+            value, err = fn(*args), None
+        except BaseException as caught:  # handed to the awaiting coroutine
+            value, err = None, caught
+        try:
+            loop.call_soon_threadsafe(settle, value, err)
+        except RuntimeError:  # the loop is gone (the step outlived its episode)
+            pass
+
+    threading.Thread(target=run, name="inflight-env-step", daemon=True).start()
+    return future
+
+
+def episode_options(cfg: Any, sampling: Any = None) -> dict[str, Any]:
+    """`TaskGenerator` keyword arguments from a config, besides the sampling basics: stop strings
+    (`sampling` or `generator.sampling_params`), `generator.max_turns`, `environment.reward_timeout_s`."""
+    sampling = sampling if sampling is not None else cfg.generator.sampling_params
+    return {"stop": sampling.stop, "include_stop_str_in_output": sampling.include_stop_str_in_output,
+            "max_turns": cfg.generator.max_turns, "reward_timeout_s": cfg.environment.reward_timeout_s}
 
 
 async def generate_groups(generate: GenerateFn, problems: Sequence[Problem]) -> list[TrajectoryGroup]:

@@ -310,4 +310,5 @@ def rollout_metrics(groups: Sequence[TrajectoryGroup], policy_version: int, thre
         "cached_tokens": float(sum(t.num_cached_tokens for t in trajs)),
         "generated_tokens": float(lengths.sum()),
         "truncated_fraction": float(sum(t.finish_reason == "length" for t in trajs) / len(trajs)),
+        "reward/failures": float(sum(t.reward_failed for t in trajs)),
     }

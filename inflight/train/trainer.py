@@ -39,7 +39,13 @@ from inflight.tasks.base import Problem, Task
 from inflight.train.checkpoint import load_latest
 from inflight.train.data_setup import check_generated
 from inflight.train.engine_process import EngineProcess, ReceiverSpec, engine_stats
-from inflight.train.generator import GenerateFn, TaskGenerator, TrajectoryGroup, request_seed
+from inflight.train.generator import (
+    GenerateFn,
+    TaskGenerator,
+    TrajectoryGroup,
+    episode_options,
+    request_seed,
+)
 from inflight.train.job_config import JobConfig
 from inflight.train.metrics import MetricsLogger
 from inflight.train.policy import LocalPolicy, ensure_process_group, make_worker
@@ -131,6 +137,7 @@ class RLTrainer:
             top_p=sampling.top_p, top_k=sampling.top_k,
             max_tokens=min(sampling.max_generate_length, self.task.max_new_tokens),
             max_context=cfg.generator.inference_engine.max_model_len, seed=cfg.trainer.seed,
+            **episode_options(cfg, sampling),
         )
         out = Path(job.output_dir)
         out.mkdir(parents=True, exist_ok=True)
@@ -227,6 +234,7 @@ class RLTrainer:
             top_p=sampling.top_p, top_k=sampling.top_k,
             max_tokens=min(sampling.max_generate_length, task.max_new_tokens),
             max_context=cfg.generator.inference_engine.max_model_len, seed=request_seed(cfg.trainer.seed, "eval"),
+            **episode_options(cfg, sampling),
         )
 
     async def evaluate(self, problems: Sequence[Problem] | None = None) -> dict[str, Any]:

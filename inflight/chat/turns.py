@@ -1,0 +1,76 @@
+"""The tokens a chat template puts between two assistant turns, for token-in/token-out multi-turn.
+
+A multi-turn episode keeps the model's sampled token ids verbatim (never decoded and re-encoded);
+what comes between one assistant turn and the next is the template's: the end of the assistant turn
+(`<|im_end|>\\n`), the observation messages (a `tool` result, a `user` message), the next generation
+prompt (`<|im_start|>assistant\\n`). `between_turns` renders the conversation so far with a marker
+as the last assistant turn's content, then the observations, with the generation prompt, and
+returns the tokens of what the template wrote after the marker.
+
+Unlike the fixed-base method (SkyRL's: the difference of two renderings of a stand-in conversation)
+this needs no prefix property of the whole rendering: a template that renders earlier turns
+differently once later turns exist (Qwen3 drops earlier turns' `<think>` and adds an empty one to
+the last) still gives exactly the tokens it puts after an assistant turn, in this conversation's
+context (its tools, its roles). What is checked, with a `ChatTemplateError` naming the problem:
+the template writes an assistant's content verbatim (once), and the text after the content
+tokenizes on its own (it does not merge into the content's last token).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+Message = dict[str, Any]
+MARKER = "INFLIGHTxTURNxEND"
+"""The stand-in content of the last assistant turn (letters only: no template strips or escapes it)."""
+
+
+class ChatTemplateError(ValueError):
+    """The tokenizer's chat template cannot be used for token-in/token-out multi-turn episodes."""
+
+
+def render(tokenizer: Any, messages: Sequence[Message], tools: Sequence[dict] | None = None,
+           add_generation_prompt: bool = False) -> str:
+    """The chat template's text of `messages` (with `tools` when given)."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ChatTemplateError("chat-message observations and tools need a tokenizer with a chat template; "
+                                f"{type(tokenizer).__name__} has none (return text observations instead)")
+    kwargs = {"tools": list(tools)} if tools else {}
+    return tokenizer.apply_chat_template(list(messages), tokenize=False,
+                                         add_generation_prompt=add_generation_prompt, **kwargs)
+
+
+def encode(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of rendered template text (its special tokens are in the text; none added)."""
+    return [int(t) for t in tokenizer(text, add_special_tokens=False)["input_ids"]]
+
+
+def between_turns(tokenizer: Any, history: Sequence[Message], observations: Sequence[Message],
+                  tools: Sequence[dict] | None = None) -> list[int]:
+    """Token ids the template writes after the content of an assistant turn that follows `history`:
+    the end of that turn, `observations`, and the next assistant generation prompt."""
+    messages = [*history, {"role": "assistant", "content": MARKER}, *observations]
+    text = render(tokenizer, messages, tools, add_generation_prompt=True)
+    if text.count(MARKER) != 1:
+        raise ChatTemplateError(
+            "the chat template does not write an assistant turn's content verbatim (found it "
+            f"{text.count(MARKER)} times), so the tokens between turns cannot be told apart from the "
+            "model's; token-in/token-out multi-turn needs a template that does")
+    tail = text[text.index(MARKER) + len(MARKER):]
+    ids = encode(tokenizer, tail)
+    if encode(tokenizer, MARKER + tail) != encode(tokenizer, MARKER) + ids:
+        raise ChatTemplateError(
+            f"the chat template's end of an assistant turn ({tail[:20]!r}...) merges into the turn's last "
+            "token when tokenized, so appending it to the model's tokens would not be what the template "
+            "tokenizes; use a template whose turns end with a special token")
+    return ids
+
+
+def as_messages(observation: Message | Sequence[Message]) -> list[Message]:
+    """An observation given as one message or a list of them, checked to be chat messages."""
+    messages = [observation] if isinstance(observation, dict) else list(observation)
+    for m in messages:
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m):
+            raise TypeError(f"an observation message must be a dict with 'role' and 'content', got {m!r}")
+    return messages
