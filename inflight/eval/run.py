@@ -30,7 +30,8 @@ CORRECT = 1.0 - 1e-9
 class EvalResult:
     """`metrics[data set] = {num_problems, num_samples, mean_reward, pass@1, ..., response_length,
     truncated_fraction}`; `samples`: one record per sample (`data`, `problem_id`, `sample`, `prompt`,
-    `response`, `reward`, `correct`, `finish_reason`, `response_tokens`); `seconds`: wall time."""
+    `response`, `ground_truth`, `reward`, `correct`, `finish_reason`, `response_tokens`); `seconds`: wall
+    time."""
 
     metrics: dict[str, dict[str, float]]
     samples: list[dict[str, Any]]
@@ -122,7 +123,8 @@ def _record(
     reward = float(traj.reward)
     return {
         "data": data, "problem_id": problem.id, "sample": sample, "prompt": problem.prompt,
-        "response": decode(traj.response_ids), "reward": reward, "correct": reward >= CORRECT,
+        "response": decode(traj.response_ids), "ground_truth": problem.answer, "reward": reward,
+        "correct": reward >= CORRECT,
         "finish_reason": traj.finish_reason, "response_tokens": int(traj.num_generated),
     }
 
