@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from inflight.chat.stop import first_stop
 from inflight.engine.request import RequestOutput
 
 REPLACEMENT = "\ufffd"
@@ -114,9 +115,9 @@ class ChoiceTracker:
         searched = max(0, len(self.text) - self._hold)
         self.text += delta
         if self.stop:
-            hits = [(i, s) for i, s in ((self.text.find(s, searched), s) for s in self.stop) if i >= 0]
-            if hits:
-                at, matched = min(hits, key=lambda hit: hit[0])
+            hit = first_stop(self.text, self.stop, searched)  # the rule training uses (inflight.chat.stop)
+            if hit is not None:
+                at, matched = hit
                 self.text = self.text[: at + (len(matched) if self.include_stop else 0)]
                 self.finish_reason, self.stopped = "stop", True
         if self.finish_reason is None and snapshot.finished:

@@ -22,6 +22,8 @@ from inflight.engine.request import SamplingParams
 
 
 class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # e.g. vLLM's continuous_usage_stats: not implemented
+
     include_usage: bool = False
 
 

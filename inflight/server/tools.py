@@ -9,6 +9,9 @@ messages of earlier turns (assistant `tool_calls`, `tool` results) in the form c
   which the engine does not have: refused with a 400 naming `tool_choice`.
 - An assistant message's `tool_calls[].function.arguments` arrive as a JSON string (the OpenAI
   client's form); Qwen/Hermes templates render them with `tojson`, so they are parsed to objects.
+- Calls are read from the decoded text, so the tags must survive decoding: they do in Qwen2.5/Qwen3
+  tokenizers (`<tool_call>` is an added, non-special token); where a tokenizer marks them special,
+  send `skip_special_tokens: false`.
 """
 
 from __future__ import annotations

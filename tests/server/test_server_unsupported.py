@@ -65,6 +65,9 @@ def test_defaults_and_metadata_are_accepted(http):
 
 def test_unrecognized_field_is_refused_and_the_server_keeps_serving(http, client):
     assert_refused(http.post(CHAT, json={"messages": MESSAGES, "temprature": 0}), "temprature", "unknown_parameter")
+    r = http.post(CHAT, json={"messages": MESSAGES, "stream": True,
+                              "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
+    assert_refused(r, "stream_options.continuous_usage_stats", "invalid_value")
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=2, extra_body={"min_p": 0.1})
     assert err.value.param == "min_p"
