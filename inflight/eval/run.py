@@ -157,7 +157,7 @@ def eval_sets(task: Task, limit: int | None = None) -> dict[str, list[Problem]]:
         named = {str(k): list(v) for k, v in own().items()}
     else:
         problems = list(task.eval_problems())
-        files = dataset_names(sorted({f for f in map(source_file, problems) if f is not None}))
+        files = dataset_names(list(dict.fromkeys(f for f in map(source_file, problems) if f is not None)))
         named = {}
         for p in problems:
             name = p.meta.get("dataset") or files.get(source_file(p) or "") or task.name

@@ -142,13 +142,16 @@ def _plot_reward(ax: Any, everything: list[dict], records: list[dict], t: list[f
     accuracy = [r.get("accuracy") for r in records]
     if any(a is not None and a != rw for a, rw in zip(accuracy, reward, strict=True)):
         ax.plot(t, _rolling([a or 0.0 for a in accuracy], window), color="tab:orange", label="sample accuracy")
-    for key, label in _eval_series(everything):
+    for i, (key, label) in enumerate(_eval_series(everything)):
         points = [(r.get("time", r["step"]), r[key]) for r in everything if r.get(key) is not None]
-        ax.plot(*zip(*points, strict=True), "o-", label=label)
+        ax.plot(*zip(*points, strict=True), "o-", color=EVAL_COLORS[i % len(EVAL_COLORS)], label=label)
     ax.set_ylabel("reward / accuracy")
     ax.set_ylim(-0.02, 1.02)
     ax.legend(loc="upper left")
     ax.grid(alpha=0.3)
+
+
+EVAL_COLORS = ("tab:green", "tab:red", "tab:brown", "tab:pink", "tab:olive", "tab:cyan")
 
 
 def _eval_series(records: list[dict]) -> list[tuple[str, str]]:

@@ -97,3 +97,18 @@ def test_eval_keys_are_validated():
     assert sorted(err.value.keys) == ["generator.eval_n_samples_per_prompt",
                                       "generator.eval_sampling_params.temperature",
                                       "generator.eval_sampling_params.top_p", "trainer.eval_interval"]
+
+
+def test_the_plot_draws_each_validation_set(tmp_path):
+    from inflight.train.metrics import MetricsLogger, _eval_series, plot_metrics, read_metrics
+
+    logger = MetricsLogger(tmp_path, tensorboard=False, progress=False)
+    for step in range(4):
+        logger.log(step, {"time": float(step), "reward": 0.1 * step, "response_length": 10.0 + step,
+                          "truncated_fraction": 0.25, "staleness_mean": 0.5, "staleness_max": 1.0,
+                          **({"eval/gsm8k/pass@1": 0.2, "eval/math/pass@1": 0.1, "eval/accuracy": 0.15}
+                             if step % 2 == 0 else {})})
+    logger.close()
+    assert [label for _, label in _eval_series(read_metrics(tmp_path / "metrics.jsonl"))] == \
+        ["held-out pass@1: gsm8k", "held-out pass@1: math"]
+    assert plot_metrics(tmp_path / "metrics.jsonl", tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
