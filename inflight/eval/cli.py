@@ -35,6 +35,14 @@ def build_parser(prog: str = "inflight eval") -> argparse.ArgumentParser:
                    help="run seed; each sample's seed derives from it and the problem (default 0)")
     p.add_argument("--max-tokens", type=int, default=1024,
                    help="most tokens generated per turn (default 1024; the context may end one sooner)")
+    p.add_argument("--stop", action="append", default=[], metavar="STR",
+                   help="stop string (repeatable); the reward sees the response up to the first one")
+    p.add_argument("--include-stop-str-in-output", action="store_true",
+                   help="the reward sees the stop string too (vLLM's flag)")
+    p.add_argument("--max-turns", type=int, default=1,
+                   help="model turns per episode for multi-turn environments that leave it to the run")
+    p.add_argument("--reward-timeout-s", type=float, default=60.0,
+                   help="a reward slower than this scores 0 (default 60; 0: no limit)")
     p.add_argument("--env-class", default=None, metavar="NAME",
                    help="reward / environment for rows without their own env_class: gsm8k, gsm8k_flexible, "
                         "math, exact, contains, regex, a registered name or package.module:name "
@@ -62,7 +70,8 @@ def build_parser(prog: str = "inflight eval") -> argparse.ArgumentParser:
 def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Exit with a usage error naming every bad value."""
     problems = []
-    for name, low in (("n", 1), ("max_tokens", 1), ("concurrency", 1), ("max_num_seqs", 1)):
+    for name, low in (("n", 1), ("max_tokens", 1), ("concurrency", 1), ("max_num_seqs", 1), ("max_turns", 1),
+                      ("reward_timeout_s", 0)):
         if getattr(args, name) < low:
             problems.append(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= {low}")
     if args.temperature is not None and args.temperature < 0:
@@ -88,7 +97,9 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 def spec_from_args(args: argparse.Namespace) -> EvalSpec:
     return EvalSpec(
         model=args.model, data=list(args.data), output=args.output, n=args.n, temperature=args.temperature,
-        top_p=args.top_p, top_k=args.top_k, seed=args.seed, max_tokens=args.max_tokens,
+        top_p=args.top_p, top_k=args.top_k, seed=args.seed, max_tokens=args.max_tokens, stop=list(args.stop),
+        include_stop_str_in_output=args.include_stop_str_in_output, max_turns=args.max_turns,
+        reward_timeout_s=args.reward_timeout_s or None,
         env_class=args.env_class, prompt_key=args.prompt_key, answer_key=args.answer_key,
         max_problems=args.max_problems,
         server=list(args.server), api_key=args.api_key, device=args.device, dtype=args.dtype,

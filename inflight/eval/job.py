@@ -38,6 +38,13 @@ class EvalSpec:
     top_k: int = -1
     seed: int = 0
     max_tokens: int = 1024
+    stop: list[str] = field(default_factory=list)
+    """Stop strings (`generator.sampling_params.stop`); the reward sees the text before the first one."""
+    include_stop_str_in_output: bool = False
+    max_turns: int = 1
+    """Model turns per episode, for environments that leave it to the run (`generator.max_turns`)."""
+    reward_timeout_s: float | None = 60.0
+    """A reward slower than this scores 0 (`environment.reward_timeout_s`); none: no limit."""
     env_class: str | None = None
     prompt_key: str | None = None
     answer_key: str | None = None
@@ -119,7 +126,9 @@ async def run_job(spec: EvalSpec, progress: bool = True) -> EvalResult:
     try:
         generator = TaskGenerator(client, task, n=spec.n, temperature=spec.temperature, top_p=spec.top_p,
                                   top_k=spec.top_k, max_tokens=spec.max_tokens, max_context=context,
-                                  seed=spec.seed)
+                                  seed=spec.seed, stop=spec.stop,
+                                  include_stop_str_in_output=spec.include_stop_str_in_output,
+                                  max_turns=spec.max_turns, reward_timeout_s=spec.reward_timeout_s)
         total = spec.n * sum(len(v) for v in sets.values())
         with _progress(progress, total) as advance:
             result = await evaluate(generator, sets, task.decode, spec.n, concurrency=spec.concurrency,

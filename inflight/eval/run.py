@@ -4,8 +4,9 @@ One runner serves `inflight eval` and the trainer's periodic evaluation: it take
 training generator's `TaskGenerator`, so evaluation plays exactly the episodes training plays:
 same prompt encoding, environments, turns and rewards) and data sets by name, and returns an
 `EvalResult`: per data set `num_problems`, `num_samples`, `mean_reward`, `pass@k` for k in
-`report_ks(n)` (a sample is correct when its reward is >= 1), `response_length` and
-`truncated_fraction`; and one record per sample. Records and metrics come out in data-set, problem
+`report_ks(n)` (a sample is correct when its reward is >= 1), `response_length`,
+`truncated_fraction` and `reward_failures` (rewards that raised or timed out: those samples score 0);
+and one record per sample. Records and metrics come out in data-set, problem
 and sample order whatever order the requests finish in, so a seeded run writes identical files.
 """
 
@@ -29,8 +30,9 @@ CORRECT = 1.0 - 1e-9
 @dataclass
 class EvalResult:
     """`metrics[data set] = {num_problems, num_samples, mean_reward, pass@1, ..., response_length,
-    truncated_fraction}`; `samples`: one record per sample (`data`, `problem_id`, `sample`, `prompt`,
-    `response`, `ground_truth`, `reward`, `correct`, `finish_reason`, `response_tokens`); `seconds`: wall
+    truncated_fraction, reward_failures}`; `samples`: one record per sample (`data`, `problem_id`,
+    `sample`, `prompt`, `response`, `ground_truth`, `reward`, `correct`, `finish_reason`,
+    `response_tokens`, `reward_error`: why the reward failed and scored 0, else null); `seconds`: wall
     time."""
 
     metrics: dict[str, dict[str, float]]
@@ -126,6 +128,7 @@ def _record(
         "response": decode(traj.response_ids), "ground_truth": problem.answer, "reward": reward,
         "correct": reward >= CORRECT,
         "finish_reason": traj.finish_reason, "response_tokens": int(traj.num_generated),
+        "reward_error": traj.info.get("reward_error") if getattr(traj, "reward_failed", False) else None,
     }
 
 
@@ -143,6 +146,7 @@ def summarise(records: Sequence[dict[str, Any]], n: int) -> dict[str, float]:
         **mean_pass_at_k(list(correct.values()), n),
         "response_length": sum(r["response_tokens"] for r in records) / total,
         "truncated_fraction": sum(r["finish_reason"] == "length" for r in records) / total,
+        "reward_failures": sum(r.get("reward_error") is not None for r in records),
     }
 
 

@@ -122,3 +122,29 @@ def test_an_unknown_reward_is_an_error_naming_it(model_dir, data, tmp_path, caps
     code = inflight_main(["eval", "--model", str(model_dir), "--data", str(data[0]), "--output",
                           str(tmp_path / "o"), "--env-class", "no_such_reward", "--no-progress"])
     assert code == 2 and "no_such_reward" in capsys.readouterr().err
+
+
+def test_stop_strings_and_failing_rewards_reach_the_scoring(model_dir, tmp_path, monkeypatch):
+    """The reward sees each response cut before the first --stop string; a reward that raises scores
+    0 and is counted, naming its error."""
+    (tmp_path / "my_rewards.py").write_text(
+        "def no_e(response, ground_truth, **extra):\n"
+        "    if ground_truth == 'boom':\n"
+        "        raise ValueError('no luck')\n"
+        "    return float('e' not in response)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    data = tmp_path / "d.jsonl"
+    rows = [{"prompt": f"p{i}", "answer": a} for i, a in enumerate("xyz")]
+    rows.append({"prompt": "q", "answer": "boom"})
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out"
+    assert inflight_main(["eval", "--model", str(model_dir), "--data", str(data), "--output", str(out),
+                          "--n", "2", "--max-tokens", "12", "--stop", "e", "--env-class", "my_rewards:no_e",
+                          "--no-progress"]) == 0
+    metrics, samples = read(out)
+    assert metrics["d"]["reward_failures"] == 2
+    assert [s["reward"] for s in samples if s["ground_truth"] != "boom"] == [1.0] * 6
+    failed = [s for s in samples if s["ground_truth"] == "boom"]
+    assert len(failed) == 2 and all("no luck" in s["reward_error"] and s["reward"] == 0.0 for s in failed)
+    assert any("e" in s["response"] for s in samples)  # the model did write the stop string
+    assert json.loads((out / "eval_config.json").read_text())["stop"] == ["e"]
