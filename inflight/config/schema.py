@@ -249,7 +249,9 @@ class GeneratorConfig:
     n_samples_per_prompt: int = 4
     """Responses per prompt (the GRPO group size), >= 1. Default 4."""
     eval_sampling_params: SamplingConfig = field(default_factory=SamplingConfig)
-    """Sampling for evaluation (same fields and defaults as sampling_params; temperature 0 is greedy)."""
+    """Sampling for evaluation (same fields and defaults as sampling_params; temperature 0 is greedy).
+    A turn's tokens stay within the task's own cap (a built-in task's answer length, a data task's
+    sampling_params.max_generate_length)."""
     eval_n_samples_per_prompt: int = 1
     """Responses per held-out prompt, >= 1; pass@k is reported for k = 1, 2, 4, ... up to it. Default 1."""
     max_turns: int = 1

@@ -36,7 +36,8 @@ class JobConfig:
     num_train: int = 20_000
     """Training problems generated for the built-in tasks."""
     num_eval: int = 200
-    """Held-out problems evaluated greedily before and after RL."""
+    """Held-out problems the built-in tasks generate, and the most rows split off your training data
+    when `data.val_data` is empty (every row of `data.val_data` is evaluated)."""
     max_steps: int | None = 200
     """Stop after this many training steps (none: run the epochs out)."""
     max_train_seconds: float | None = None

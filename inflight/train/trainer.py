@@ -238,8 +238,7 @@ class RLTrainer:
         )
 
     async def evaluate(self, problems: Sequence[Problem] | None = None) -> dict[str, Any]:
-        """Evaluate the current weights on the held-out sets (at most `job.num_eval` problems each),
-        through the engine: `{"accuracy": pass@1 over all sets, "reward": mean reward, "seconds",
+        """Evaluate the current weights on every problem of the held-out sets, through the engine: `{"accuracy": pass@1 over all sets, "reward": mean reward, "seconds",
         "datasets": {name: {num_problems, mean_reward, pass@k, ...}}, "metrics": the flat
         `eval/...` keys}`. With `trainer.dump_eval_results` the samples and metrics go to
         `<output_dir>/eval/step_<k>/`. Asked again at the same step and weights, it returns the
@@ -247,7 +246,7 @@ class RLTrainer:
         key = (self.global_step, self.policy_version)
         if problems is None and self._last_eval is not None and self._last_eval[0] == key:
             return self._last_eval[1]
-        sets = eval_sets(self.task, self.job.num_eval) if problems is None else {self.task.name: list(problems)}
+        sets = eval_sets(self.task) if problems is None else {self.task.name: list(problems)}
         result = await run_eval(self.eval_generator(), sets, self.task.decode,
                                 self.cfg.generator.eval_n_samples_per_prompt,
                                 concurrency=self.cfg.trainer.eval_batch_size)
