@@ -18,10 +18,12 @@ them (see `inflight.tasks.tool_env.ToolEnv`).
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import random
+import threading
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -151,3 +153,28 @@ class Task(ABC):
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+
+def in_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Awaitable[Any]:
+    """`fn(*args, **kwargs)` in a new daemon thread, as a future of the running loop: a call that
+    hangs (a reward, a tool) is abandoned there when its awaiter gives up, and blocks neither the
+    event loop, nor the default executor's threads, nor the process's exit."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def settle(value: Any, err: BaseException | None) -> None:
+        if not future.done():
+            future.set_exception(err) if err is not None else future.set_result(value)
+
+    def run() -> None:
+        try:
+            value, err = fn(*args, **kwargs), None
+        except BaseException as caught:  # handed to the awaiting coroutine
+            value, err = None, caught
+        try:
+            loop.call_soon_threadsafe(settle, value, err)
+        except RuntimeError:  # the loop is gone (the call outlived its episode)
+            pass
+
+    threading.Thread(target=run, name="inflight-env-call", daemon=True).start()
+    return future

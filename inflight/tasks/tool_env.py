@@ -10,7 +10,9 @@ The model writes Hermes-format calls (the format Qwen2.5/Qwen3 templates teach),
 Each call runs the registered function and its result comes back as a `tool` message (the chat
 template renders it, e.g. as Qwen's `<tool_response>`); an unknown tool, arguments that do not fit
 the function, a function that raises, or a `<tool_call>` block that is not valid JSON all come back
-as an `Error: ...` tool message, and the episode goes on. A turn without a tool call is the final
+as an `Error: ...` tool message, and the episode goes on. Synchronous tools run in their own
+thread; one that hangs is bounded by `environment.reward_timeout_s` on the whole step (the sample
+then scores 0 and is counted as a reward failure). A turn without a tool call is the final
 answer: it is scored by the reward (and ends the episode). Running out of turns before a final
 answer scores 0. A response that ends inside a `<tool_call>` block (cut at the stop string
 `</tool_call>`, which the text drops unless `include_stop_str_in_output`) is closed before parsing.
@@ -44,7 +46,7 @@ from inflight.chat.tool_calls import (
     parse_tool_calls,
 )
 from inflight.rewards import register, score
-from inflight.tasks.base import Environment, Problem, StepResult
+from inflight.tasks.base import Environment, Problem, StepResult, in_thread
 
 ENV_CLASS = "tool"
 OWN_KEYS = ("tools", "reward", "max_turns")
@@ -174,8 +176,11 @@ class ToolEnv(Environment):
             inspect.signature(tool.fn).bind(**call.arguments)
         except TypeError as err:
             return self._error(f"bad arguments for {call.name!r}: {err}")
-        try:
-            value = tool.fn(**call.arguments)
+        try:  # a sync tool runs in its own thread: one that hangs cannot block the event loop
+            if inspect.iscoroutinefunction(tool.fn):
+                value = await tool.fn(**call.arguments)
+            else:
+                value = await in_thread(tool.fn, **call.arguments)
             if inspect.isawaitable(value):
                 value = await value
         except Exception as err:

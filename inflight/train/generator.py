@@ -43,7 +43,6 @@ import hashlib
 import inspect
 import logging
 import math
-import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -53,7 +52,7 @@ from typing import Any
 from inflight.chat.stop import single_token_stops, truncate_at_stop
 from inflight.chat.turns import as_messages, between_turns
 from inflight.engine.request import SamplingParams
-from inflight.tasks.base import Environment, Problem, StepResult, Task
+from inflight.tasks.base import Environment, Problem, StepResult, Task, in_thread
 
 log = logging.getLogger(__name__)
 
@@ -311,7 +310,7 @@ class TaskGenerator:
         timeout = self.reward_timeout_s
         if timeout is None:
             return await _settled(env.step(text))
-        run = env.step(text) if inspect.iscoroutinefunction(env.step) else _in_thread(env.step, text)
+        run = env.step(text) if inspect.iscoroutinefunction(env.step) else in_thread(env.step, text)
         try:
             return await asyncio.wait_for(_settled(run), timeout)
         except TimeoutError:
@@ -337,29 +336,6 @@ async def _settled(value: Any) -> Any:
     while inspect.isawaitable(value):
         value = await value
     return value
-
-
-def _in_thread(fn: Callable[..., Any], *args: Any) -> Awaitable[Any]:
-    """`fn(*args)` in a new daemon thread, as a future of this loop."""
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[Any] = loop.create_future()
-
-    def settle(value: Any, err: BaseException | None) -> None:
-        if not future.done():
-            future.set_exception(err) if err is not None else future.set_result(value)
-
-    def run() -> None:
-        try:
-            value, err = fn(*args), None
-        except BaseException as caught:  # handed to the awaiting coroutine
-            value, err = None, caught
-        try:
-            loop.call_soon_threadsafe(settle, value, err)
-        except RuntimeError:  # the loop is gone (the step outlived its episode)
-            pass
-
-    threading.Thread(target=run, name="inflight-env-step", daemon=True).start()
-    return future
 
 
 def episode_options(cfg: Any, sampling: Any = None) -> dict[str, Any]:
