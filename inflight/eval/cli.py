@@ -88,8 +88,8 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     missing = [d for d in args.data if not Path(d).exists()]
     if missing:
         problems.append(f"--data: no such file or directory: {', '.join(missing)}")
-    if not Path(args.model).is_dir():
-        problems.append(f"--model {args.model}: not a directory (a local Hugging Face model dir)")
+    if not (Path(args.model) / "config.json").is_file():
+        problems.append(f"--model {args.model}: no config.json there (give a local Hugging Face model dir)")
     if problems:
         p.error("; ".join(problems))
 
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None, prog: str = "inflight eval") -> int:
     console = Console()
     try:
         result = asyncio.run(run_job(spec_from_args(args), progress=not args.no_progress))
-    except (DatasetError, RewardError, EvalError, EngineError, ClientError) as err:
+    except (DatasetError, RewardError, EvalError, EngineError, ClientError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     for name, m in result.metrics.items():
