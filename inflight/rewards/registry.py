@@ -30,6 +30,9 @@ _BUILTINS: dict[str, Reward] = {
 }
 _REGISTRY: dict[str, Reward] = dict(_BUILTINS)
 _IMPORTED: dict[str, Any] = {}
+# Built-in environments, named here and imported on first use: they live above this package
+# (inflight.tasks), which imports it.
+_BUILTIN_ENVIRONMENTS = {"tool": "inflight.tasks.tool_env:ToolEnv"}
 
 
 def register(name: str, fn: Reward) -> Reward:
@@ -47,7 +50,7 @@ def register(name: str, fn: Reward) -> Reward:
 
 def reward_names() -> list[str]:
     """The names `get_reward` knows without an import (built-ins first, then registered ones)."""
-    return list(_REGISTRY)
+    return [*_REGISTRY, *(name for name in _BUILTIN_ENVIRONMENTS if name not in _REGISTRY)]
 
 
 def resolve(name: str) -> Any:
@@ -55,12 +58,14 @@ def resolve(name: str) -> Any:
     reward function or an environment class). Raises RewardError naming `environment.env_class`."""
     if name in _REGISTRY:
         return _REGISTRY[name]
+    if name in _BUILTIN_ENVIRONMENTS:
+        return resolve(_BUILTIN_ENVIRONMENTS[name])
     if ":" not in name:
         close = difflib.get_close_matches(name, list(_REGISTRY), n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
         raise RewardError(
             f"{CONFIG_KEY}={name!r} is not a known reward: {hint}use one of "
-            f"{', '.join(_REGISTRY)}, or 'package.module:name' for your own function or environment"
+            f"{', '.join(reward_names())}, or 'package.module:name' for your own function or environment"
         )
     if name not in _IMPORTED:
         _IMPORTED[name] = _import(name)

@@ -94,3 +94,15 @@ def test_import_error_names_the_module_and_the_key():
         r"'no_such_pkg.mod'",
     ):
         get_reward("no_such_pkg.mod:f")
+
+
+def test_the_built_in_tool_environment_is_a_known_env_class_before_its_module_is_imported():
+    """`environment.env_class=tool` validates although inflight.tasks (which defines it) sits above
+    the rewards package and may not be imported yet."""
+    from inflight.config import load_config
+    from inflight.rewards import environment_class, reward_names
+    from inflight.tasks.tool_env import ToolEnv
+
+    assert "tool" in reward_names()
+    assert load_config(None, ["environment.env_class=tool"]).environment.env_class == "tool"
+    assert environment_class("tool") is ToolEnv
