@@ -130,7 +130,7 @@ def get_reward(name: str | Reward) -> Reward:
 
 
 def _environment_reward(cls: type) -> Reward:
-    def reward(response: str, ground_truth: str, **extra: Any) -> float:
+    def reward(response: str, ground_truth: str, **extra: Any) -> float | Awaitable[float]:
         from inflight.tasks.base import Problem
 
         problem = Problem(
@@ -138,10 +138,15 @@ def _environment_reward(cls: type) -> Reward:
         )
         env = cls(problem)
         env.reset()
-        return env.step(response).reward
+        result = env.step(response)
+        return _awaited_reward(result) if inspect.isawaitable(result) else result.reward
 
     reward.__name__ = f"{cls.__name__}_reward"
     return reward
+
+
+async def _awaited_reward(result: Awaitable[Any]) -> float:
+    return (await result).reward
 
 
 async def score(reward: str | Reward, response: str, ground_truth: str, **extra: Any) -> float:

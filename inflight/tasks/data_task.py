@@ -10,17 +10,15 @@ happened; `inflight train` prints it and stores it in summary.json.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import math
 import random
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Awaitable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from inflight.rewards import RewardError, environment_class, get_reward, score
+from inflight.rewards import RewardError, environment_class, get_reward
 from inflight.tasks.base import Environment, Problem, SingleTurnEnv, Task
 from inflight.tasks.dataset import DatasetError, encode_chat_prompt, load_problems
 
@@ -204,24 +202,23 @@ class DataTask(Task):
             self._rewards[name] = environment_class(name) or get_reward(name)
         return self._rewards[name]
 
-    def reward(self, problem: Problem, response: str) -> float:
-        """The row's reward of `response`; an async reward is run to completion here (see `score`)."""
+    def reward(self, problem: Problem, response: str) -> float | Awaitable[float]:
+        """The row's reward of `response`: a float, or an awaitable of one when the reward (or the
+        environment class's step) is async; SingleTurnEnv awaits it on the generator's loop, so an
+        async reward never blocks that loop (`score` always awaits)."""
         fn = self.reward_fn(problem)
         if inspect.isclass(fn):  # an environment class: its single-turn score
             env = fn(problem)
             env.reset()
-            return float(env.step(response).reward)
+            result = env.step(response)
+            return _step_reward(result) if inspect.isawaitable(result) else float(result.reward)
         value = fn(response, problem.answer, **reward_extra(problem))
-        if inspect.isawaitable(value):
-            value = _run_to_completion(value)
-        return float(value)
+        return _as_float(value) if inspect.isawaitable(value) else float(value)
 
     async def score(self, problem: Problem, response: str) -> float:
-        """`reward`, awaited: what an async caller should use (an async reward runs on its loop)."""
-        fn = self.reward_fn(problem)
-        if inspect.isclass(fn):
-            return self.reward(problem, response)
-        return await score(fn, response, problem.answer, **reward_extra(problem))
+        """`reward`, awaited: what an async caller should use."""
+        value = self.reward(problem, response)
+        return await value if inspect.isawaitable(value) else value
 
     def make_env(self, problem: Problem) -> Environment:
         """The row's environment class built for the problem (`cls(problem)`), else single-turn."""
@@ -270,15 +267,9 @@ def split_held_out(
     return train, [p for i, p in enumerate(problems) if i in held]
 
 
-def _run_to_completion(awaitable: Any) -> Any:
-    """The result of an awaitable from sync code: on a fresh loop, in a worker thread if a loop runs here."""
+async def _as_float(value: Awaitable[Any]) -> float:
+    return float(await value)
 
-    async def wait() -> Any:
-        return await awaitable
 
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(wait())
-    with ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, wait()).result()
+async def _step_reward(result: Awaitable[Any]) -> float:
+    return float((await result).reward)

@@ -149,6 +149,15 @@ def test_user_environment_class_and_async_reward(tmp_path, monkeypatch):
         async def slow_exact(response, ground_truth, **extra):
             await asyncio.sleep(0)
             return float(response == ground_truth)
+
+        class AsyncOneTurn(Environment):
+            def __init__(self, problem):
+                self.problem = problem
+            def reset(self):
+                return self.problem.prompt
+            async def step(self, response):
+                await asyncio.sleep(0)
+                return StepResult(None, float(response == self.problem.answer), True)
     """)
     )
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -159,12 +168,19 @@ def test_user_environment_class_and_async_reward(tmp_path, monkeypatch):
         env = task.make_env(p)
         assert type(env).__name__ == "TwoTurns" and env.max_turns == 2
         assert env.step("1").observation == "try again" and env.step("1").reward == 1.0
-        slow = DataTask(TOK, [path], [path], env_class=f"{name}:slow_exact")
-        assert slow.reward(p, "1") == 1.0 and slow.reward(p, "2") == 0.0
-
         import asyncio
+        import inspect
 
-        assert asyncio.run(slow.score(p, "1")) == 1.0
+        from inflight.rewards import get_reward, score
+
+        slow = DataTask(TOK, [path], [path], env_class=f"{name}:slow_exact")
+        pending = slow.reward(p, "1")  # an awaitable: the caller's loop runs it, nothing blocks
+        assert inspect.isawaitable(pending) and asyncio.run(pending) == 1.0
+        assert asyncio.run(slow.score(p, "1")) == 1.0 and asyncio.run(slow.score(p, "2")) == 0.0
+        assert asyncio.run(slow.make_env(p).step("1")).reward == 1.0  # SingleTurnEnv awaits it
+        async_env = DataTask(TOK, [path], [path], env_class=f"{name}:AsyncOneTurn")
+        assert asyncio.run(async_env.score(p, "1")) == 1.0 and asyncio.run(async_env.score(p, "0")) == 0.0
+        assert asyncio.run(score(get_reward(f"{name}:AsyncOneTurn"), "1", "1")) == 1.0
     finally:
         sys.modules.pop(name, None)
 
