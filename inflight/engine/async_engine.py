@@ -134,7 +134,10 @@ class AsyncEngine:
         if self._changes != seen:
             return False
         try:
-            await asyncio.wait_for(self._wakeup.wait(), IDLE_RECHECK_S)
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for drops a cancel that arrives in
+            # the same turn as the wake-up, and the loop would outlive asyncio.run's shutdown
+            async with asyncio.timeout(IDLE_RECHECK_S):
+                await self._wakeup.wait()
         except TimeoutError:
             return self._changes == seen
         return False

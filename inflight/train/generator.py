@@ -312,7 +312,8 @@ class TaskGenerator:
             return await _settled(env.step(text))
         run = env.step(text) if inspect.iscoroutinefunction(env.step) else in_thread(env.step, text)
         try:
-            return await asyncio.wait_for(_settled(run), timeout)
+            async with asyncio.timeout(timeout):  # not wait_for: it can drop a cancel on Python 3.11
+                return await _settled(run)
         except TimeoutError:
             raise TimeoutError(f"took longer than environment.reward_timeout_s={timeout:g} s") from None
 

@@ -145,3 +145,22 @@ def test_the_idle_backstop_finds_work_that_no_wake_up_announced(make_engine, mon
 
     output, missed = asyncio.run(run())
     assert len(output.output_token_ids) == GREEDY.max_tokens and missed == 1
+
+
+def test_a_cancel_that_meets_a_wake_up_still_stops_the_idle_loop(tiny_model_factory):
+    """asyncio.run() ends by cancelling every task; when a wake-up lands in the same turn as the
+    cancel, Python 3.11's wait_for returned the wake-up and dropped the cancel, and the idle loop ran
+    on forever (a second asyncio.run over the same engine hung in its shutdown)."""
+    engine = AsyncEngine.from_config(EngineConfig(model=str(tiny_model_factory("qwen2")), num_kv_blocks=16))
+
+    async def cancel_with_a_wake_up() -> bool:
+        await engine.resume()  # starts the loop; it then idles
+        await until(lambda: engine.health()["step_loop"] == "running")
+        await asyncio.sleep(0.05)
+        engine._wakeup.set()
+        engine._task.cancel()
+        done, _ = await asyncio.wait({engine._task}, timeout=ANSWER_S)
+        return bool(done) and engine._task.cancelled()
+
+    for _ in range(5):  # each round: a fresh event loop around the same engine, as asyncio.run gives
+        assert asyncio.run(cancel_with_a_wake_up())
