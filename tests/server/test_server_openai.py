@@ -6,6 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 from openai import OpenAI
+from stop_strings import STOP_CASE, greedy_text_and_a_stop_string
 
 from inflight.engine import LLMEngine, RequestOutput, SamplingParams
 
@@ -109,12 +110,8 @@ def test_completion_streaming_with_logprobs(client):
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_stop_string_cuts_the_text(client, stream):
-    kwargs = dict(model=MODEL_NAME, prompt="make a good day", max_tokens=40, temperature=0,
-                  extra_body={"ignore_eos": True})
-    full = client.completions.create(**kwargs).choices[0].text
-    clean = [i for i in range(3, len(full) - 2) if "\ufffd" not in full[i : i + 2]]
-    assert clean, f"no usable stop string in {full!r}"
-    stop = full[clean[0] : clean[0] + 2]
+    kwargs = STOP_CASE
+    full, stop = greedy_text_and_a_stop_string(client)
     expected = full[: full.find(stop)]
     if stream:
         chunks = list(client.completions.create(stop=[stop], stream=True, **kwargs))

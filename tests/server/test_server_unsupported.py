@@ -8,6 +8,7 @@ import httpx
 import openai
 import pytest
 from openai import OpenAI
+from stop_strings import STOP_CASE, greedy_text_and_a_stop_string
 
 from inflight.server.unsupported import REFUSED
 
@@ -93,12 +94,8 @@ def test_tools_on_a_template_that_ignores_them_are_refused(client, tokenizer):
 
 
 def test_include_stop_str_in_output_keeps_the_stop_string(client):
-    kwargs = dict(model=MODEL_NAME, prompt="make a good day", max_tokens=40, temperature=0,
-                  extra_body={"ignore_eos": True})
-    full = client.completions.create(**kwargs).choices[0].text
-    clean = [i for i in range(3, len(full) - 2) if "\ufffd" not in full[i : i + 2]]
-    assert clean, f"no usable stop string in {full!r}"
-    stop = full[clean[0] : clean[0] + 2]
+    kwargs = STOP_CASE
+    full, stop = greedy_text_and_a_stop_string(client)
     kept = client.completions.create(stop=[stop], **{**kwargs, "extra_body": {
         "ignore_eos": True, "include_stop_str_in_output": True}}).choices[0]
     assert (kept.text, kept.finish_reason) == (full[: full.find(stop) + len(stop)], "stop")

@@ -56,3 +56,15 @@ def rl_config(model_dir: Path, out: Path, overrides: list[str] = ()) -> tuple[Co
     }
     job, rest, other = split_job_config(data, list(overrides))
     return config_from_dict(rest, other), job
+
+
+def mask_runs(traj) -> list[tuple[int, list[int]]]:
+    """A trajectory's response as (loss mask, token ids) runs: sampled stretches (1) and the
+    environment's / template's stretches (0) in order."""
+    out: list[tuple[int, list[int]]] = []
+    for tid, m in zip(traj.response_ids, traj.loss_mask, strict=True):
+        if out and out[-1][0] == m:
+            out[-1][1].append(tid)
+        else:
+            out.append((m, [tid]))
+    return out

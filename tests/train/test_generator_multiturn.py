@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import pytest
 import torch
+from rl_support import mask_runs
 from transformers import AutoTokenizer
 
 from inflight.client import LocalClient
@@ -83,16 +84,6 @@ def play(model_dir, task, **kwargs):
     return asyncio.run(main())
 
 
-def runs(traj) -> list[tuple[int, list[int]]]:
-    out: list[tuple[int, list[int]]] = []
-    for tid, m in zip(traj.response_ids, traj.loss_mask, strict=True):
-        if out and out[-1][0] == m:
-            out[-1][1].append(tid)
-        else:
-            out.append((m, [tid]))
-    return out
-
-
 def test_multi_turn_chat_is_token_in_token_out(model_dir, hf_model_factory):
     tok = AutoTokenizer.from_pretrained(model_dir)
     task = ChatTask(tok)
@@ -106,7 +97,7 @@ def test_multi_turn_chat_is_token_in_token_out(model_dir, hf_model_factory):
             want = tok.apply_chat_template(g.problem.prompt, add_generation_prompt=True, return_dict=True)
             assert t.prompt_ids == list(want["input_ids"])
     for t in multi:
-        pieces = runs(t)
+        pieces = mask_runs(t)
         assert [m for m, _ in pieces] == [1, 0] * (t.num_turns - 1) + [1]
         history = list(next(g.problem for g in groups if t in g.trajectories).prompt)
         for k in range(t.num_turns - 1):

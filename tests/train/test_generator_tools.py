@@ -13,6 +13,7 @@ import asyncio
 from collections.abc import Sequence
 
 import pytest
+from rl_support import mask_runs
 
 from inflight.engine.request import RequestOutput
 from inflight.tasks.base import Problem, Task
@@ -89,17 +90,6 @@ def run(tok, turns, **kwargs):
     return task, client, traj
 
 
-def segments(traj) -> list[tuple[int, list[int]]]:
-    """(mask, ids) runs of the response."""
-    out: list[tuple[int, list[int]]] = []
-    for tid, m in zip(traj.response_ids, traj.loss_mask, strict=True):
-        if out and out[-1][0] == m:
-            out[-1][1].append(tid)
-        else:
-            out.append((m, [tid]))
-    return out
-
-
 def test_tool_episode_equals_the_template_rendering_where_the_model_did_not_sample(tok):
     eos = tok.convert_tokens_to_ids("<|im_end|>")
     first, second = encode(tok, CALL) + [eos], encode(tok, "42") + [eos]
@@ -117,7 +107,7 @@ def test_tool_episode_equals_the_template_rendering_where_the_model_did_not_samp
     assert traj.prompt_ids == template_ids(tok, PROMPT, tools) + encode(tok, "<|im_start|>assistant\n")
     assert "# Tools" in tok.decode(traj.prompt_ids) and '"name": "add"' in tok.decode(traj.prompt_ids)
     # sampled ids (both end-of-turn tokens included) have mask 1; the template's tokens mask 0
-    runs = segments(traj)
+    runs = mask_runs(traj)
     assert [m for m, _ in runs] == [1, 0, 1]
     assert runs[0][1] == first and runs[2][1] == second
     assert tok.decode(runs[1][1]) == "\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n" \
@@ -150,7 +140,7 @@ def test_a_turn_ended_by_a_stop_string_gets_the_templates_end_of_turn_with_mask_
     first = encode(tok, CALL) + encode(tok, " and then some more words") + [eos]
     task, client, traj = run(tok, [(first, "stop"), (encode(tok, "42") + [eos], "stop")], stop=["</tool_call>"])
     kept = encode(tok, CALL)
-    runs = segments(traj)
+    runs = mask_runs(traj)
     assert runs[0] == (1, kept)  # up to the token that completed "</tool_call>"
     assert runs[1][1][0] == eos  # the model did not sample <|im_end|>: the template's, mask 0
     tools = [make_tool(add).schema]
