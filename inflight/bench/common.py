@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-from pathlib import Path
 import resource
 import statistics
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
