@@ -119,10 +119,6 @@ class PackedLinear(nn.Linear):
         self.compute_dtype: torch.dtype | None = None
         self.packed_weights = PackedWeights([self])
 
-    @property
-    def packed_enabled(self) -> bool:
-        return self.compute_dtype is not None
-
     def use_packed(self, compute_dtype: torch.dtype | None) -> None:
         """Multiply on a packed copy computing in `compute_dtype`; None: plain F.linear."""
         self.compute_dtype = compute_dtype
