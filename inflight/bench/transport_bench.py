@@ -28,7 +28,6 @@ import torch
 
 from inflight.bench.common import MODEL_SHAPES, CpuMonitor
 from inflight.bench.weight_sync_bench import memcpy_seconds
-from inflight.config import load_config
 from inflight.engine import EngineConfig, LLMEngine
 from inflight.engine.models.loader import iter_safetensors
 from inflight.testing import make_tiny_model
@@ -38,7 +37,6 @@ from inflight.weight_sync import (
     InProcessTransport,
     ShmReceiver,
     ShmTransport,
-    plan_weight_sync,
 )
 
 TRANSPORTS = ("inprocess", "shm", "broadcast")
@@ -61,14 +59,13 @@ async def timed_update(
     transport, client, weights: list[tuple[str, torch.Tensor]], version: int
 ) -> tuple[float, int]:
     """One complete update through `transport`; returns (seconds, chunks)."""
-    plan = plan_weight_sync(load_config(None, []))
     start = time.perf_counter()
     await transport.begin(client)
     chunks = 0
     for chunk in transport.chunks(weights):
         await transport.send_chunk(client, chunk)
         chunks += 1
-    await transport.finish(client, version, plan)
+    await transport.finish(client, version)
     return time.perf_counter() - start, chunks
 
 

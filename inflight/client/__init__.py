@@ -1,5 +1,7 @@
-"""Clients of inference engines: `InferenceClient` protocol, `LocalClient` (in process),
-`RemoteClient` (HTTP, several servers, with a router) and `FanOutClient` (any clients as one)."""
+"""Clients of inference engines: the `InferenceClient` protocol written once as operations
+(`ops.OpClient`), and how an operation travels: `LocalClient` (in process), `ProcessClient` /
+`RayEngineClient` (another process, `process.py`), `RemoteClient` (HTTP, several servers) and
+`FanOutClient` (any clients as one). `update_all_or_nothing` is THE weight update."""
 
 from inflight.client.base import InferenceClient, update_weights
 from inflight.client.errors import (
@@ -18,6 +20,7 @@ from inflight.client.fanout import FanOutClient
 from inflight.client.local import LocalClient
 from inflight.client.remote import RemoteClient
 from inflight.client.router import Router
+from inflight.client.update import UpdateProgress, update_all_or_nothing
 
 __all__ = [
     "AuthenticationError",
@@ -35,5 +38,7 @@ __all__ = [
     "Router",
     "ServerError",
     "ServerUnavailableError",
+    "UpdateProgress",
+    "update_all_or_nothing",
     "update_weights",
 ]

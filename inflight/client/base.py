@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -15,8 +15,9 @@ from inflight.engine.request import RequestOutput, SamplingParams
 class InferenceClient(Protocol):
     """Generation plus the weight-sync lifecycle (docs/design.md section 5), as coroutines.
 
-    `LocalClient` drives an in-process AsyncEngine; `RemoteClient` drives one or more servers over
-    HTTP. Both raise the engine's error classes (InvalidRequestError, EngineStateError,
+    Written once as operations (`inflight.client.ops.OpClient`): `LocalClient` runs them on an
+    in-process AsyncEngine, `ProcessClient` / `RayEngineClient` send them to an engine in another
+    process, `RemoteClient` over HTTP, `FanOutClient` to several engines. All raise the engine's error classes (InvalidRequestError, EngineStateError,
     WeightUpdateError) for the same mistakes.
     """
 
@@ -56,6 +57,11 @@ class InferenceClient(Protocol):
         ...
 
     async def weight_version(self) -> int: ...
+
+    async def stats(self) -> dict[str, int]:
+        """The engines' counters (`EngineStats.as_dict()`, summed over engines); {} when the engines
+        do not report them (an HTTP server)."""
+        ...
 
     async def init_weight_transfer(
         self,
@@ -101,23 +107,3 @@ async def update_weights(
     await client.load_weights(named_tensors)
     return await client.finish_weight_update(version)
 
-
-async def update_all_or_nothing(
-    client: InferenceClient, load: Callable[[], Awaitable[None]], version: int | None = None
-) -> int:
-    """begin → `load()` → finish; on failure abort the update and re-raise (with a note when the old
-    weights could not come back, e.g. after sleep). Returns the new weight version."""
-    await client.begin_weight_update()
-    try:
-        await load()
-        return await client.finish_weight_update(version)
-    except BaseException as err:
-        try:
-            restored = await client.abort_weight_update()
-        except Exception as abort_err:
-            err.add_note(f"aborting the weight update failed too: {abort_err}")
-        else:
-            if not restored:
-                err.add_note("the engines could not go back to their pre-update weights; they stay "
-                             "unable to run until a complete update lands")
-        raise

@@ -1,5 +1,6 @@
 """Ray actors: an inference engine (`EngineActor`) and one rank of the trained policy
-(`PolicyActor`), and the InferenceClient that drives an engine actor (`RayEngineClient`).
+(`PolicyActor`); the InferenceClient that drives an engine actor is `RayEngineClient`
+(`inflight.client.process`: only how an operation travels is Ray's, one actor `call`).
 
 The engine actor is an async actor holding an AsyncEngine; every client call is one actor call
 (`apply_op`, the same dispatch the engine process uses). Weights go from policy rank 0 to every
@@ -22,25 +23,16 @@ import ray
 import torch
 
 from inflight.client.fanout import FanOutClient
+from inflight.client.ops import apply_op
+from inflight.client.process import RayEngineClient, ReceiverSpec, start_receiver
 from inflight.config import Config
 from inflight.engine.config import EngineConfig
 from inflight.train.checkpoint import CheckpointState
-from inflight.train.engine_process import OpClient, ReceiverSpec, apply_op, start_receiver
 from inflight.train.generator import TrajectoryGroup
 from inflight.train.job_config import JobConfig
 from inflight.train.policy import LocalPolicy
 from inflight.train.trainer import make_sender, receiver_spec
 from inflight.weight_sync import transport_kind
-
-
-class RayEngineClient(OpClient):
-    """InferenceClient over an `EngineActor` handle (usable from the driver and from other actors)."""
-
-    def __init__(self, handle: Any) -> None:
-        self.handle = handle
-
-    async def _call(self, op: str, *args: Any, **kwargs: Any) -> Any:
-        return await self.handle.call.remote(op, args, kwargs)
 
 
 @ray.remote
@@ -54,8 +46,9 @@ class EngineActor:
         self.engine = AsyncEngine(LLMEngine(config))
         start_receiver(self.engine, receiver)
 
-    async def call(self, op: str, args: tuple = (), kwargs: dict | None = None) -> Any:
-        return await apply_op(self.engine, op, args, kwargs)
+    async def call(self, op: str, *args: Any) -> Any:
+        """One client operation (`RayEngineClient`'s channel)."""
+        return await apply_op(self.engine, op, *args)
 
     async def shutdown(self) -> None:
         await self.engine.close()

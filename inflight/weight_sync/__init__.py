@@ -6,12 +6,14 @@ from inflight.weight_sync.chunking import TensorMeta, WeightChunk, iter_chunks
 from inflight.weight_sync.factory import make_receiver, make_transport, transport_kind
 from inflight.weight_sync.inprocess import InProcessTransport
 from inflight.weight_sync.plan import KVFate, PauseMode, ResetOwner, SyncPlan, plan_weight_sync
+from inflight.weight_sync.receiver import ChannelReceiver, Receiver
 from inflight.weight_sync.shm import ShmReceiver, ShmTransport
-from inflight.weight_sync.transport import Receiver, TransportError, WeightTransport, abort_client_update
+from inflight.weight_sync.transport import TransportError, WeightTransport
 
 __all__ = [
     "BroadcastReceiver",
     "BroadcastTransport",
+    "ChannelReceiver",
     "InProcessTransport",
     "KVFate",
     "PauseMode",
@@ -24,7 +26,6 @@ __all__ = [
     "TransportError",
     "WeightChunk",
     "WeightTransport",
-    "abort_client_update",
     "iter_chunks",
     "make_receiver",
     "make_transport",

@@ -2,56 +2,25 @@
 
 The sender (trainer rank 0) hosts a TCPStore at the host:port it is given; every engine rank (a
 `BroadcastReceiver`, ranks 1..N) connects to it. The same store carries the control channel (the
-update lifecycle and each chunk's metadata) and, under a prefix of its own, the rendezvous of the
-weight-sync process group. That group is built directly as a `ProcessGroupGloo` (CPU) or
-`ProcessGroupNCCL` (CUDA) object over the store: it is never registered as torch.distributed's
-default group nor created with `new_group`, so it cannot clash with the trainer's own default
-group (FSDP's) or the engines' (tensor parallel), and needs no participation from other ranks.
-
-Each chunk is packed into one flat buffer allocated once per side (capacity `max_chunk_bytes`,
-larger tensors go in pieces) and moved with a single broadcast from rank 0; receivers rebuild the
-tensors as views of their buffer and hand them to the engine's `load_weights`.
+update lifecycle and each chunk's metadata) and the rendezvous of the weight group
+(`inflight.weight_sync.group`: the one group sender and member, also used by the clients' own
+broadcast calls). Each chunk moves in a single broadcast from rank 0 into one buffer per side;
+receivers rebuild the tensors as views of their buffer and hand them to the engine's `load_weights`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import datetime
 
 import torch
-import torch.distributed as dist
 
-from inflight.weight_sync.chunking import DEFAULT_CHUNK_BYTES, WeightChunk, pack_chunk
-from inflight.weight_sync.transport import ChannelTransport, ControlChannel, Receiver, metas_of
+from inflight.weight_sync.chunking import DEFAULT_CHUNK_BYTES, WeightChunk
+from inflight.weight_sync.group import GroupHost, GroupMember, default_backend, make_group
+from inflight.weight_sync.receiver import ChannelReceiver
+from inflight.weight_sync.transport import ChannelTransport, ControlChannel
 
-_GROUP_PREFIX = "inflight/weight-sync/group"
-
-
-def default_backend(device: torch.device | str) -> str:
-    """`nccl` for CUDA buffers, `gloo` otherwise."""
-    return "nccl" if torch.device(device).type == "cuda" else "gloo"
-
-
-def make_group(
-    store: dist.Store, rank: int, world_size: int, backend: str, timeout: datetime.timedelta
-) -> dist.ProcessGroup:
-    """A process group object over `store`, outside torch.distributed's group registry (blocks
-    until all `world_size` ranks have joined)."""
-    prefixed = dist.PrefixStore(_GROUP_PREFIX, store)
-    if backend == "gloo":
-        return dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
-    if backend == "nccl":  # untested here (no GPU): the documented CUDA path
-        options = dist.ProcessGroupNCCL.Options()
-        options._timeout = timeout
-        return dist.ProcessGroupNCCL(prefixed, rank, world_size, options)
-    raise ValueError(f"weight-sync backend {backend!r} is not one of gloo, nccl")
-
-
-def _broadcast(group: dist.ProcessGroup, tensor: torch.Tensor) -> None:
-    options = dist.BroadcastOptions()
-    options.rootRank = 0
-    options.rootTensor = 0
-    group.broadcast([tensor], options).wait()
+__all__ = ["BroadcastReceiver", "BroadcastTransport", "default_backend", "make_group"]
+_GROUP = "inflight/weight-sync"  # the group's name in the control channel's store
 
 
 class BroadcastTransport(ChannelTransport):
@@ -70,45 +39,46 @@ class BroadcastTransport(ChannelTransport):
         device: str | torch.device = "cpu",
         backend: str | None = None,
         dtype: torch.dtype | None = None,
-        handles_prefix_cache_reset: bool = False,
         timeout: float = 600.0,
     ) -> None:
-        super().__init__(max_chunk_bytes, dtype, handles_prefix_cache_reset)
-        self.device = torch.device(device)
-        self.backend = backend or default_backend(self.device)
+        super().__init__(max_chunk_bytes, dtype)
         self.channel = ControlChannel(host, port, num_receivers, rank=0, timeout=timeout)
         self.port = self.channel.store.port
-        self.channel.store.set("broadcast/info", f"{self.max_chunk_bytes}\n{self.backend}")
-        self.group: dist.ProcessGroup | None = None
-        self.buffer = torch.empty(self.max_chunk_bytes, dtype=torch.uint8, device=self.device)
+        self.sender = GroupHost(
+            num_receivers + 1, host, self.port, backend=backend, device=device, group_name=_GROUP,
+            max_chunk_bytes=self.max_chunk_bytes, timeout_s=timeout, store=self.channel.store,
+        )  # fmt: skip
+        self.backend = self.sender.backend
         self._closed = False
+
+    @property
+    def group(self):
+        """The formed group (None before `connect` and after `close`)."""
+        return self.sender.group
 
     def connect(self) -> None:
         """Form the group with the receivers (blocks until every one has joined); also done by the
         first `begin`. The receivers may be started before or after the transport."""
-        if self.group is None:
-            size = self.channel.num_receivers + 1
-            self.group = make_group(self.channel.store, 0, size, self.backend, self.channel.timeout)
+        self.sender.connect()
 
     async def begin(self, client) -> None:
-        if self.group is None:
+        if self.sender.group is None:
             await asyncio.to_thread(self.connect)
         await super().begin(client)
 
     def _send_bytes(self, chunk: WeightChunk, message: dict) -> list:
-        nbytes = pack_chunk(chunk, self.buffer)
         # The receivers join the broadcast between reading the message and acknowledging it.
-        return self.channel.send_checked(message, during=lambda: _broadcast(self.group, self.buffer[:nbytes]))
+        return self.channel.send_checked(message, during=lambda: self.sender.send(chunk))
 
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            if self.group is not None:
+            if self.sender.group is not None:
                 self.close_receivers()
-            self.group = None
+            self.sender.group = None
 
 
-class BroadcastReceiver(Receiver):
+class BroadcastReceiver(ChannelReceiver):
     """Engine rank `rank` (1..N): joins the group, receives each chunk into its buffer, loads views.
     Construction blocks until the sender connects (make it in the thread that will `serve`)."""
 
@@ -122,11 +92,9 @@ class BroadcastReceiver(Receiver):
         timeout: float = 600.0,
     ) -> None:
         super().__init__(ControlChannel(host, port, num_receivers, rank=rank, timeout=timeout))
-        capacity, backend = self.channel.store.get("broadcast/info").decode().split("\n")
-        self.device = torch.device(device)
-        self.group = make_group(self.channel.store, rank, num_receivers + 1, backend, self.channel.timeout)
-        self.buffer = torch.empty(int(capacity), dtype=torch.uint8, device=self.device)
+        request = {"master_address": host, "master_port": port, "rank_offset": rank,
+                   "world_size": num_receivers + 1, "group_name": _GROUP, "timeout_s": timeout}
+        self.member = GroupMember.join(request, torch.device(device), self.channel.store)
 
-    def receive_chunk(self, message: dict) -> list[tuple[str, torch.Tensor]]:
-        _broadcast(self.group, self.buffer[: message["chunk"]["nbytes"]])
-        return self.reassembler.add(metas_of(message), self.buffer)
+    def chunk_buffer(self, message: dict) -> torch.Tensor:
+        return self.member.receive(message["chunk"]["nbytes"])

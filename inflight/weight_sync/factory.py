@@ -17,8 +17,9 @@ from inflight.config import Config, canonical_weight_sync_backend
 from inflight.weight_sync.broadcast import BroadcastReceiver, BroadcastTransport
 from inflight.weight_sync.chunking import DEFAULT_CHUNK_BYTES
 from inflight.weight_sync.inprocess import InProcessTransport
+from inflight.weight_sync.receiver import ChannelReceiver
 from inflight.weight_sync.shm import ShmReceiver, ShmTransport
-from inflight.weight_sync.transport import Receiver, WeightTransport
+from inflight.weight_sync.transport import WeightTransport
 
 MIB = 1 << 20
 KINDS = ("inprocess", "shm", "broadcast")
@@ -56,7 +57,6 @@ def make_transport(
     device: str | torch.device = "cpu",
     num_receivers: int = 1,
     path: str | None = None,
-    handles_prefix_cache_reset: bool = False,
     timeout: float = 600.0,
 ) -> WeightTransport:
     """The sending side of the configured transport.
@@ -69,16 +69,10 @@ def make_transport(
     kind, size = transport_kind(cfg), chunk_bytes(cfg, model_dir)
     host = host or ie.weight_sync_host
     if kind == "inprocess":
-        return InProcessTransport(max_chunk_bytes=size, handles_prefix_cache_reset=handles_prefix_cache_reset)
+        return InProcessTransport(max_chunk_bytes=size)
     if kind == "shm":
-        return ShmTransport(
-            host, ie.weight_sync_port, num_receivers, size,
-            handles_prefix_cache_reset=handles_prefix_cache_reset, timeout=timeout, path=path,
-        )  # fmt: skip
-    return BroadcastTransport(
-        host, ie.weight_sync_port, num_receivers, size, device=device,
-        handles_prefix_cache_reset=handles_prefix_cache_reset, timeout=timeout,
-    )  # fmt: skip
+        return ShmTransport(host, ie.weight_sync_port, num_receivers, size, timeout=timeout, path=path)
+    return BroadcastTransport(host, ie.weight_sync_port, num_receivers, size, device=device, timeout=timeout)
 
 
 def make_receiver(
@@ -90,7 +84,7 @@ def make_receiver(
     num_receivers: int = 1,
     device: str | torch.device = "cpu",
     timeout: float = 600.0,
-) -> Receiver | None:
+) -> ChannelReceiver | None:
     """The engine side for a sender of `kind` at host:port; None for `inprocess` (no receiver).
     Blocks until it reaches the sender (broadcast: until the group forms), so build it in the
     thread that will `serve` the engine."""

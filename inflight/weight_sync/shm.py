@@ -25,13 +25,8 @@ from pathlib import Path
 import torch
 
 from inflight.weight_sync.chunking import ALIGN, DEFAULT_CHUNK_BYTES, WeightChunk, pack_chunk
-from inflight.weight_sync.transport import (
-    ChannelTransport,
-    ControlChannel,
-    Receiver,
-    TransportError,
-    metas_of,
-)
+from inflight.weight_sync.receiver import ChannelReceiver
+from inflight.weight_sync.transport import ChannelTransport, ControlChannel, TransportError
 
 HEADER = ALIGN  # bytes before the data: an int64 version counter, padded to the alignment
 
@@ -64,11 +59,10 @@ class ShmTransport(ChannelTransport):
         num_receivers: int = 1,
         max_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         dtype: torch.dtype | None = None,
-        handles_prefix_cache_reset: bool = False,
         timeout: float = 600.0,
         path: str | None = None,
     ) -> None:
-        super().__init__(max_chunk_bytes, dtype, handles_prefix_cache_reset)
+        super().__init__(max_chunk_bytes, dtype)
         self.path = path or str(_shm_dir() / f"inflight-weights-{uuid.uuid4().hex}")
         self.buffer = torch.from_file(
             self.path, shared=True, size=HEADER + self.max_chunk_bytes, dtype=torch.uint8
@@ -91,7 +85,7 @@ class ShmTransport(ChannelTransport):
             self._finalizer()
 
 
-class ShmReceiver(Receiver):
+class ShmReceiver(ChannelReceiver):
     """Engine side: maps the sender's buffer and loads views of it into the engine."""
 
     def __init__(
@@ -104,9 +98,9 @@ class ShmReceiver(Receiver):
         self.version = self.buffer[:8].view(torch.int64)
         self.data = self.buffer[HEADER:]
 
-    def receive_chunk(self, message: dict) -> list[tuple[str, torch.Tensor]]:
+    def chunk_buffer(self, message: dict) -> torch.Tensor:
         if int(self.version.item()) != message["seq"]:
             raise TransportError(
                 f"shared buffer holds the bytes of message {int(self.version.item())}, not {message['seq']}"
             )
-        return self.reassembler.add(metas_of(message), self.data)
+        return self.data

@@ -1,84 +1,75 @@
-"""The transport interface, and the control channel + receiver shared by the cross-process ones.
+"""The transport interface (the sender), and the TCPStore control channel of the cross-process ones.
 
 A transport moves one weight update to the engines: `begin`, `send_chunk` for each chunk, `finish`
-(or `abort` after a failure). The policy worker's `broadcast_to_inference_engines` is the only caller;
-it decides when (the plan's `send_weights` step), the transport decides how.
+(or `abort` after a failure), always through `inflight.client.update.update_all_or_nothing`. The
+sync executor decides when (the plan's `send_weights` step), the transport decides how; the
+executor alone issues the prefix-cache reset.
 
 Cross-process transports (`shm`, `broadcast`) carry the bytes on their own path and everything else
 (the update lifecycle and each chunk's metadata: names, dtypes, shapes, offsets) as small JSON
 messages over a control channel on a `torch.distributed.TCPStore` hosted by the sender. On the
-engine side a receiver (`serve(engine)`, usually in a thread of the engine's process) turns each
-message into the engine call: `begin_weight_update`, `load_weights` with tensors rebuilt as views
-of the received bytes, `finish_weight_update`, `abort_weight_update`.
+engine side the one `Receiver` (`inflight.weight_sync.receiver`) applies each message.
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime
+import functools
 import json
-import threading
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
-from inflight.weight_sync.chunking import (
-    DEFAULT_CHUNK_BYTES,
-    Reassembler,
-    TensorMeta,
-    WeightChunk,
-    iter_chunks,
-)
-from inflight.weight_sync.plan import SyncPlan
+from inflight.weight_sync.chunking import DEFAULT_CHUNK_BYTES, WeightChunk, iter_chunks
+
+if TYPE_CHECKING:
+    from inflight.client.base import InferenceClient
 
 
 class TransportError(RuntimeError):
     """A weight transport could not deliver an update (connection, timeout, receiver failure)."""
 
 
-async def abort_client_update(client: Any) -> bool:
-    """`abort_weight_update()` on a client; True when the pre-update weights are back."""
-    return bool(await client.abort_weight_update())
-
-
 class WeightTransport:
     """How the `send_weights` step of a sync moves tensors. Subclasses override the four calls.
 
-    `handles_prefix_cache_reset`: the transport issues the plan's reset itself, right after the
-    weights land (in `finish`), and the worker must not; `plan_weight_sync` reads this flag.
     `split_tensors`: chunks may carry pieces of tensors larger than `max_chunk_bytes`.
     """
 
     name = "base"
     split_tensors = False
+    # TRANSITIONAL, delete when wp-executor merges: train/dispatch.py still reads this flag and
+    # train/workers/base.py still passes the plan to `finish` (dropped by `__init_subclass__`).
+    handles_prefix_cache_reset = False
 
-    def __init__(
-        self,
-        max_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-        dtype: torch.dtype | None = None,
-        handles_prefix_cache_reset: bool = False,
-    ) -> None:
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        finish = cls.__dict__.get("finish")
+        if finish is not None:
+            cls.finish = functools.wraps(finish)(lambda self, client, version, *_plan: finish(self, client, version))
+
+    def __init__(self, max_chunk_bytes: int = DEFAULT_CHUNK_BYTES, dtype: torch.dtype | None = None) -> None:
         self.max_chunk_bytes = int(max_chunk_bytes)
         self.dtype = dtype
-        self.handles_prefix_cache_reset = handles_prefix_cache_reset
 
     def chunks(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[WeightChunk]:
         """The chunks this transport sends for these tensors (lazy)."""
         return iter_chunks(named_tensors, self.max_chunk_bytes, split=self.split_tensors, dtype=self.dtype)
 
-    async def begin(self, client: Any) -> None:
+    async def begin(self, client: InferenceClient) -> None:
         raise NotImplementedError
 
-    async def send_chunk(self, client: Any, chunk: WeightChunk) -> None:
+    async def send_chunk(self, client: InferenceClient, chunk: WeightChunk) -> None:
         raise NotImplementedError
 
-    async def finish(self, client: Any, version: int, plan: SyncPlan) -> int:
-        """Complete the update at `version`; when the plan gives the reset to the transport, issue it."""
+    async def finish(self, client: InferenceClient, version: int) -> int:
+        """Complete the update at `version`; returns the engines' new version."""
         raise NotImplementedError
 
-    async def abort(self, client: Any) -> bool:
+    async def abort(self, client: InferenceClient) -> bool:
         """Abandon the update; True when every engine is back on its pre-update weights."""
         raise NotImplementedError
 
@@ -90,13 +81,6 @@ class WeightTransport:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def transport_reset(plan: SyncPlan) -> dict | None:
-    """The reset a transport must issue for this plan (None when the worker or nobody resets)."""
-    if plan.reset_owner != "transport":
-        return None
-    return {"reset_running_requests": plan.reset_running_requests}
 
 
 # ---- the control channel --------------------------------------------------------------------------
@@ -214,98 +198,11 @@ class ControlChannel:
         self.seq += 1
 
     def claim_close(self) -> None:
-        """Post a `close` to this receiver's own next key (used by `Receiver.stop`), over a
+        """Post a `close` to this receiver's own next key (used by `ChannelReceiver.stop`), over a
         connection of its own: the receiving thread may be blocked on the channel's."""
         store = dist.TCPStore(self.host, self.port, is_master=False, timeout=self.timeout)
         body = json.dumps({"op": "close", "seq": self.seq, "local": True})
         store.compare_set(f"msg/{self.rank}/{self.seq}", "", body)
-
-
-def _unwrap_engine(target: Any) -> Any:
-    """An LLMEngine from an LLMEngine, AsyncEngine or LocalClient."""
-    while not hasattr(target, "begin_weight_update") or hasattr(target, "engine"):
-        inner = getattr(target, "engine", None)
-        if inner is None:
-            break
-        target = inner
-    return target
-
-
-class Receiver:
-    """Engine side of a cross-process transport: applies the sender's messages to one engine.
-
-    Run `serve(engine)` in a thread of the engine's process (the engine's lock serialises it with
-    the step loop); it returns when the sender closes the transport or `stop()` is called. Engine
-    errors are sent back to the sender, which raises them; the receiver keeps serving.
-    """
-
-    def __init__(self, channel: ControlChannel) -> None:
-        self.channel = channel
-        self.reassembler = Reassembler()
-        self.updates = 0  # completed updates, for tests and logs
-        self._thread: threading.Thread | None = None
-
-    def receive_chunk(self, message: dict) -> list[tuple[str, torch.Tensor]]:
-        """Turn a chunk message into whole (name, tensor) pairs (transport-specific)."""
-        raise NotImplementedError
-
-    def serve(self, engine: Any) -> None:
-        """Apply messages to `engine` until closed."""
-        engine = _unwrap_engine(engine)
-        while True:
-            message = self.channel.recv()
-            op = message["op"]
-            if op == "close":
-                if not message.get("local"):
-                    self.channel.ack({"ok": True, "result": None})
-                break
-            try:
-                result = self._apply(engine, op, message)
-                reply = {"ok": True, "result": result}
-            except Exception as err:  # reported to the sender, which raises it there
-                reply = {"ok": False, "type": type(err).__name__, "error": str(err)}
-            self.channel.ack(reply)
-        self.close()
-
-    def serve_in_thread(self, engine: Any) -> threading.Thread:
-        """Start `serve(engine)` in a daemon thread and return it."""
-        self._thread = threading.Thread(
-            target=self.serve, args=(engine,), daemon=True, name="weight-receiver"
-        )
-        self._thread.start()
-        return self._thread
-
-    def stop(self, timeout: float | None = 30.0) -> None:
-        """Make `serve` return (from this process) and wait for the thread started here."""
-        self.channel.claim_close()
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    def _apply(self, engine: Any, op: str, message: dict) -> Any:
-        if op == "begin":
-            self.reassembler.clear()
-            engine.begin_weight_update()
-            return None
-        if op == "chunk":
-            pairs = self.receive_chunk(message)
-            if pairs:
-                engine.load_weights(pairs)
-            return None
-        if op == "finish":
-            if self.reassembler.incomplete:
-                raise TransportError(f"split tensors never completed: {self.reassembler.incomplete}")
-            version = engine.finish_weight_update(message["version"])
-            self.updates += 1
-            reset = message.get("reset")
-            empty = engine.reset_prefix_cache(**reset) if reset is not None else None
-            return {"version": version, "prefix_cache_empty": empty}
-        if op == "abort":
-            self.reassembler.clear()
-            return bool(engine.abort_weight_update())
-        raise TransportError(f"unknown weight-sync operation {op!r}")
-
-    def close(self) -> None:
-        """Release receiver resources (subclasses)."""
 
 
 class ChannelTransport(WeightTransport):
@@ -316,26 +213,22 @@ class ChannelTransport(WeightTransport):
     """
 
     channel: ControlChannel
-    last_prefix_cache_empty: bool | None = None
 
     def _send_bytes(self, chunk: WeightChunk, message: dict) -> list[Any]:
         raise NotImplementedError
 
-    async def begin(self, client: Any) -> None:
+    async def begin(self, client: InferenceClient | None) -> None:
         await asyncio.to_thread(self.channel.send_checked, {"op": "begin"})
 
-    async def send_chunk(self, client: Any, chunk: WeightChunk) -> None:
+    async def send_chunk(self, client: InferenceClient | None, chunk: WeightChunk) -> None:
         message = {"op": "chunk", "chunk": chunk.metadata()}
         await asyncio.to_thread(self._send_bytes, chunk, message)
 
-    async def finish(self, client: Any, version: int, plan: SyncPlan) -> int:
-        message = {"op": "finish", "version": version, "reset": transport_reset(plan)}
-        results = await asyncio.to_thread(self.channel.send_checked, message)
-        empty = [r["prefix_cache_empty"] for r in results]
-        self.last_prefix_cache_empty = None if message["reset"] is None else all(empty)
-        return int(results[0]["version"])
+    async def finish(self, client: InferenceClient | None, version: int) -> int:
+        results = await asyncio.to_thread(self.channel.send_checked, {"op": "finish", "version": version})
+        return int(results[0])
 
-    async def abort(self, client: Any) -> bool:
+    async def abort(self, client: InferenceClient | None) -> bool:
         results = await asyncio.to_thread(self.channel.send_checked, {"op": "abort"})
         return all(results)
 
@@ -345,7 +238,3 @@ class ChannelTransport(WeightTransport):
             self.channel.send({"op": "close"}, timeout=timeout)
         except TransportError:
             pass
-
-
-def metas_of(message: dict) -> list[TensorMeta]:
-    return [TensorMeta.from_json(t) for t in message["chunk"]["tensors"]]

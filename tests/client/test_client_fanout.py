@@ -12,9 +12,9 @@ import torch
 
 from inflight.client import FanOutError, InconsistentServersError, LocalClient, update_weights
 from inflight.client.fanout import FanOutClient
+from inflight.client.ops import JoiningClient, apply_op
 from inflight.engine import AsyncEngine, EngineConfig, EngineStateError, LLMEngine, SamplingParams
 from inflight.engine.models.loader import iter_safetensors
-from inflight.train.engine_process import OpClient, apply_op
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 
@@ -99,14 +99,14 @@ def test_one_engine_raises_its_own_error(model_dir):
     _run(model_dir, body, n=1)
 
 
-class InProcessOpClient(OpClient):
+class InProcessOpClient(JoiningClient):
     """The process / Ray engine client's calls, run on an in-process engine (`apply_op`)."""
 
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
 
-    async def _call(self, op, *args, **kwargs):
-        return await apply_op(self.engine, op, args, kwargs)
+    async def _call(self, op, *args):
+        return await apply_op(self.engine, op, *args)
 
 
 def _weights_of(engine) -> dict[str, torch.Tensor]:

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from inflight.client import wire
-from inflight.client.broadcast import WeightBroadcaster
 from inflight.engine import EngineConfig
 from inflight.engine.models.loader import iter_safetensors
 from inflight.server.launch import serve_model
+from inflight.weight_sync.group import GroupHost as WeightBroadcaster
 
 CHUNK = 64 * 1024  # below the largest tensor (96 KiB): some tensors travel in pieces
 GREEDY = {"max_tokens": 4, "temperature": 0.0, "ignore_eos": True}

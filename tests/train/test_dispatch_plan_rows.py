@@ -13,7 +13,6 @@ from dataclasses import asdict
 import pytest
 from conftest_weights import make_engine
 from sync_scenarios import (
-    PROMPTS,
     ROWS,
     check_colocated,
     check_fate,
@@ -27,7 +26,7 @@ from sync_scenarios import (
 from inflight.client import LocalClient
 from inflight.engine import AsyncEngine
 from inflight.train import WorkerDispatch
-from inflight.weight_sync import InProcessTransport, ShmReceiver, ShmTransport
+from inflight.weight_sync import InProcessTransport
 
 
 async def in_flight_sync(models, worker, cfg, prefix: bool, transport=None, receiver=None):
@@ -70,23 +69,3 @@ def test_colocated_row(models, worker_b, prefix):
     plan, report, after = asyncio.run(run())
     check_colocated(asdict(report), plan, prefix, after, models.hf_b)
 
-
-def test_transport_owned_reset_through_shm(models, worker_b):
-    """A transport that owns the reset (here shm, whose receiver issues it right after the weights
-    land): the worker issues none, and the frozen requests are still reset and recomputed."""
-    cfg = row_config("async-clear", True)
-    transport = ShmTransport(port=0, max_chunk_bytes=8192, handles_prefix_cache_reset=True, timeout=60)
-
-    def receiver(engine):
-        ShmReceiver("127.0.0.1", transport.port, timeout=60).serve_in_thread(engine)
-
-    try:
-        engine, dispatch, report, stale, outputs = asyncio.run(
-            in_flight_sync(models, worker_b, cfg, True, transport, receiver)
-        )
-    finally:
-        transport.close()
-    assert dispatch.plan.reset_owner == "transport" and "reset" not in report.steps
-    assert report.prefix_cache_empty is True and stale == []
-    assert engine.stats.resets == len(PROMPTS)
-    check_fate(outputs, "recompute", models.hf_a, models.hf_b)

@@ -25,7 +25,6 @@ from inflight.weight_sync import (
     ShmTransport,
     make_receiver,
     make_transport,
-    plan_weight_sync,
     transport_kind,
 )
 from inflight.weight_sync.factory import MIB, chunk_bytes
@@ -142,7 +141,7 @@ async def _update(transport, client, weights: dict[str, torch.Tensor]) -> int:
         assert len(chunks) > 1
         for chunk in chunks:
             await transport.send_chunk(client, chunk)
-        return await transport.finish(client, 1, plan_weight_sync(load_config(None, [])))
+        return await transport.finish(client, 1)
     finally:
         if client is not None:
             await client.engine.close()

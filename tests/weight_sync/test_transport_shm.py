@@ -15,11 +15,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from inflight.config import load_config
 from inflight.engine import EngineConfig, LLMEngine, SamplingParams, WeightUpdateError
 from inflight.engine.models.loader import iter_safetensors
 from inflight.testing.oracle import hf_greedy
-from inflight.weight_sync import ShmReceiver, ShmTransport, plan_weight_sync
+from inflight.weight_sync import ShmReceiver, ShmTransport
 
 SMALL = dict(
     hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -57,11 +56,10 @@ def model_dirs(tiny_model_factory):
 
 
 async def send_update(transport, weights: dict[str, torch.Tensor], version: int) -> int:
-    plan = plan_weight_sync(load_config(None, []))
     await transport.begin(None)
     for chunk in transport.chunks(weights.items()):
         await transport.send_chunk(None, chunk)
-    return await transport.finish(None, version, plan)
+    return await transport.finish(None, version)
 
 
 async def failed_update(transport, weights: dict[str, torch.Tensor]) -> bool:

@@ -5,14 +5,19 @@ weight updates over a broadcast group the client hosts."""
 from __future__ import annotations
 
 import asyncio
+import sys
+from pathlib import Path
 
 import pytest
 import torch
-from rl_support import small_task, warm_model_dir
 
-from inflight.client import LocalClient, update_weights
-from inflight.config import load_config
-from inflight.engine import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))  # the train tests' helpers
+from rl_support import small_task, warm_model_dir  # noqa: E402
+
+from inflight.client import LocalClient, update_weights  # noqa: E402
+from inflight.client.process import EngineProcess, ReceiverSpec  # noqa: E402
+from inflight.config import load_config  # noqa: E402
+from inflight.engine import (  # noqa: E402
     AsyncEngine,
     EngineConfig,
     InvalidRequestError,
@@ -20,10 +25,9 @@ from inflight.engine import (
     SamplingParams,
     WeightUpdateError,
 )
-from inflight.engine.models.loader import iter_safetensors
-from inflight.train import LocalPolicyWorker, WorkerDispatch
-from inflight.train.engine_process import EngineProcess, ReceiverSpec
-from inflight.weight_sync import ShmTransport
+from inflight.engine.models.loader import iter_safetensors  # noqa: E402
+from inflight.train import LocalPolicyWorker, WorkerDispatch  # noqa: E402
+from inflight.weight_sync import ShmTransport  # noqa: E402
 
 
 @pytest.fixture(scope="module")

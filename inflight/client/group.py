@@ -1,0 +1,196 @@
+"""Weight updates over a broadcast group a client hosts: the client's broadcast calls
+(`init_weight_transfer`, `load_weights_broadcast`, `update_weights_broadcast`,
+`close_weight_transfer`) as a channel in front of the one group sender
+(`inflight.weight_sync.group.GroupHost`, rank 0) and the one engine-side receiver.
+
+The control messages travel as the member clients' operations (`join_weight_group`,
+`receive_weight_chunk`, `leave_weight_group`: over a pipe, a Ray call, or HTTP routes); each
+chunk's bytes in one broadcast, whatever the number of engines. An engine that fails a chunk before
+joining its broadcast leaves the others waiting in it until the group's timeout; the group is then
+dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from inflight.client.errors import FanOutError
+from inflight.client.update import update_all_or_nothing
+from inflight.client.wire import DEFAULT_WEIGHT_GROUP
+
+if TYPE_CHECKING:  # imported on use: torch.distributed and the weight-sync package
+    from inflight.client.base import InferenceClient
+    from inflight.weight_sync.chunking import WeightChunk
+    from inflight.weight_sync.group import GroupHost
+
+_BROADCAST_GRACE_S = 10.0  # how long a chunk's broadcast may lag behind the engines' answers
+
+
+async def gather(what: str, calls: dict[str, Awaitable[Any]]) -> dict[str, Any]:
+    """THE fan-out: await every call concurrently; raise if any failed (after all have finished):
+    the engine's own error when there is one engine, else a FanOutError naming each failing one."""
+    names = list(calls)
+    results = await asyncio.gather(*calls.values(), return_exceptions=True)
+    errors = {n: r for n, r in zip(names, results, strict=True) if isinstance(r, BaseException)}
+    if errors:
+        if len(names) == 1:
+            raise errors[names[0]]
+        raise FanOutError(what, errors, len(names)) from next(iter(errors.values()))
+    return dict(zip(names, results, strict=True))
+
+
+class WeightGroup:
+    """One group this process hosts (rank 0) over the engines behind `members` (name -> a client
+    with `join_weight_group` / `receive_weight_chunk` / `leave_weight_group`; member i joins at
+    rank i + 1). A `Sender` for `update_all_or_nothing`: the lifecycle goes through the client."""
+
+    def __init__(self, members: dict[str, Any]) -> None:
+        self.members = dict(members)
+        self.sender: GroupHost | None = None
+
+    async def form(
+        self,
+        master_address: str = "127.0.0.1",
+        master_port: int = 0,
+        *,
+        backend: str | None = None,
+        group_name: str = DEFAULT_WEIGHT_GROUP,
+        device: str | torch.device = "cpu",
+        max_chunk_bytes: int | None = None,
+        dtype: torch.dtype | None = None,
+        timeout_s: float = 600.0,
+        override_existing: bool = True,
+    ) -> dict[str, Any]:
+        """Host the rendezvous at master_address:master_port (0: a free port) and have every member
+        join; returns once all have (address, port, world size, backend, each member's rank)."""
+        from inflight.weight_sync.chunking import DEFAULT_CHUNK_BYTES
+        from inflight.weight_sync.group import GroupHost, in_daemon_thread
+
+        sender = GroupHost(
+            len(self.members) + 1, master_address, master_port, backend=backend, device=device,
+            group_name=group_name, max_chunk_bytes=max_chunk_bytes or DEFAULT_CHUNK_BYTES, dtype=dtype,
+            timeout_s=timeout_s,
+        )  # fmt: skip
+        ranks = {name: i + 1 for i, name in enumerate(self.members)}
+        cancel = threading.Event()
+        formed = in_daemon_thread(sender.connect, cancel)
+        joins = {
+            n: c.join_weight_group({**sender.init_request(ranks[n]), "override_existing": override_existing})
+            for n, c in self.members.items()
+        }
+        try:
+            await gather("init_weight_transfer()", joins)
+            await formed
+        except BaseException:
+            cancel.set()
+            sender.close()
+            raise
+        self.sender = sender
+        return {"master_address": master_address, "master_port": sender.port, "world_size": sender.world_size,
+                "backend": sender.backend, "group_name": group_name, "ranks": ranks}
+
+    def _sender(self) -> GroupHost:
+        if self.sender is None:
+            raise RuntimeError("no weight broadcast group: call init_weight_transfer() first")
+        return self.sender
+
+    def chunks(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[WeightChunk]:
+        return self._sender().chunks(named_tensors)
+
+    async def begin(self, client: InferenceClient) -> None:
+        await client.begin_weight_update()
+
+    async def send_chunk(self, client: InferenceClient, chunk: WeightChunk) -> None:
+        """The chunk's metadata to every member, its bytes in one broadcast."""
+        from inflight.weight_sync.group import in_daemon_thread
+
+        sender = self._sender()
+        sent = in_daemon_thread(sender.send, chunk)
+        what = f"load_weights_broadcast(chunk {chunk.index}, {chunk.nbytes} bytes)"
+        try:
+            await gather(what, {n: c.receive_weight_chunk(chunk.metadata()) for n, c in self.members.items()})
+        except BaseException as err:
+            if not await _completed(sent):
+                self.sender = None
+                sender.close()
+                err.add_note("not every engine took part in the chunk's broadcast; the weight group is "
+                             "dropped: call init_weight_transfer() again")
+            raise
+        await sent
+
+    async def finish(self, client: InferenceClient, version: int | None) -> int:
+        return await client.finish_weight_update(version)
+
+    async def abort(self, client: InferenceClient) -> bool:
+        return await client.abort_weight_update()
+
+    async def close(self) -> None:
+        """Have every member leave, then drop the group (also when leaving failed)."""
+        sender, self.sender = self.sender, None
+        try:
+            await gather("close_weight_transfer()", {n: c.leave_weight_group() for n, c in self.members.items()})
+        finally:
+            if sender is not None:
+                sender.close()
+
+
+async def _completed(sent: asyncio.Future) -> bool:
+    """Whether a chunk's broadcast still completed (every rank took part: the group is in step)."""
+    done, _ = await asyncio.wait({sent}, timeout=_BROADCAST_GRACE_S)
+    return bool(done) and sent.exception() is None
+
+
+class HostsWeightGroup:
+    """The InferenceClient's broadcast calls, for a client that hosts the group over the engines
+    behind `_group_members()`."""
+
+    _weight_group: WeightGroup | None = None
+
+    def _group_members(self) -> dict[str, Any]:
+        """Name -> client (able to join a group hosted here) of each engine, in rank order."""
+        raise NotImplementedError(f"{type(self).__name__} cannot join a weight broadcast group")
+
+    async def init_weight_transfer(
+        self, master_address: str = "127.0.0.1", master_port: int = 0, **options: Any
+    ) -> dict[str, Any]:
+        """Host a weight broadcast group over every engine (this process rank 0, engine i rank
+        i + 1); `options` as in `InferenceClient.init_weight_transfer`. A group formed before is
+        left first."""
+        members = self._group_members()
+        await self._leave_group()
+        group = WeightGroup(members)
+        info = await group.form(master_address, master_port, **options)
+        self._weight_group = group
+        return info
+
+    async def load_weights_broadcast(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """`load_weights` with each chunk's bytes in one broadcast (between begin and finish)."""
+        group = self._group()
+        for chunk in group.chunks(named_tensors):
+            await group.send_chunk(self, chunk)  # type: ignore[arg-type]
+
+    async def update_weights_broadcast(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None
+    ) -> int:
+        """begin → load_weights_broadcast → finish on every engine, all or nothing: on failure the
+        update is aborted (old weights back where the engines kept them) and the error re-raised."""
+        return await update_all_or_nothing(self, self._group(), named_tensors, version)  # type: ignore[arg-type]
+
+    async def close_weight_transfer(self) -> None:
+        """Have every engine leave the group, then drop this side of it."""
+        await self._leave_group()
+
+    async def _leave_group(self) -> None:
+        group, self._weight_group = self._weight_group, None
+        if group is not None:
+            await group.close()
+
+    def _group(self) -> WeightGroup:
+        if self._weight_group is None or self._weight_group.sender is None:
+            raise RuntimeError("no weight broadcast group: call init_weight_transfer() first")
+        return self._weight_group

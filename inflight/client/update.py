@@ -1,0 +1,73 @@
+"""THE all-or-nothing weight update: begin → one send per chunk → finish, aborted on any failure.
+
+Every weight update goes through `update_all_or_nothing`: the sync executor's (with the configured
+`WeightTransport`) and the clients' `update_weights_broadcast` (with the group they host).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+if TYPE_CHECKING:
+    from inflight.client.base import InferenceClient
+    from inflight.weight_sync.chunking import WeightChunk
+
+
+class Sender(Protocol):
+    """What moves one update (`inflight.weight_sync.WeightTransport` is one)."""
+
+    def chunks(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[WeightChunk]: ...
+
+    async def begin(self, client: InferenceClient) -> None: ...
+
+    async def send_chunk(self, client: InferenceClient, chunk: WeightChunk) -> None: ...
+
+    async def finish(self, client: InferenceClient, version: int | None) -> int: ...
+
+    async def abort(self, client: InferenceClient) -> bool: ...
+
+
+@dataclass
+class UpdateProgress:
+    """What an update did: chunks and payload bytes sent; on failure whether the old weights came
+    back (`restored`). A caller's report with these three attributes may stand in for it."""
+
+    chunks: int = 0
+    bytes: int = 0
+    restored: bool | None = None
+
+
+async def update_all_or_nothing(
+    client: InferenceClient,
+    sender: Sender,
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    version: int | None = None,
+    progress: UpdateProgress | None = None,
+) -> int:
+    """Send `named_tensors` as weight version `version` through `sender`; returns the new version.
+    On any failure the update is aborted and the error re-raised, with a note when the engines
+    could not go back to their old weights (e.g. after sleep)."""
+    progress = progress if progress is not None else UpdateProgress()
+    try:
+        await sender.begin(client)
+        for chunk in sender.chunks(named_tensors):
+            await sender.send_chunk(client, chunk)
+            progress.chunks += 1
+            progress.bytes += chunk.payload_bytes
+        return await sender.finish(client, version)
+    except BaseException as err:
+        try:
+            progress.restored = await sender.abort(client)
+        except Exception as abort_err:
+            progress.restored = False
+            err.add_note(f"aborting the weight update failed too: {abort_err}")
+        if not progress.restored:
+            err.add_note(
+                "the engines could not go back to their pre-update weights (after sleep they are "
+                "dropped); they stay unable to run until a complete update lands"
+            )
+        raise
