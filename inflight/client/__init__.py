@@ -1,5 +1,5 @@
 """Clients of inference engines: the `InferenceClient` protocol written once as operations
-(`ops.OpClient`), and how an operation travels: `LocalClient` (in process), `ProcessClient` /
+(`base.py`), and how an operation travels: `LocalClient` (in process), `ProcessClient` /
 `RayEngineClient` (another process, `process.py`), `RemoteClient` (HTTP, several servers) and
 `FanOutClient` (any clients as one). `update_all_or_nothing` is THE weight update."""
 

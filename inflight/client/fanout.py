@@ -8,7 +8,8 @@ Every other operation goes to every engine at once and waits for all of them bef
 or raises (`inflight.client.group.gather`): a call that failed on any engine raises (`FanOutError`,
 naming each failing engine; the engine's own error when there is one engine), and the engines
 where it succeeded have completed it, so the caller (the sync executor) can bring all of them
-back to one state with `abort_weight_update` / `resume`. `COMBINE` makes one answer of theirs.
+back to one state with `abort_weight_update` / `resume`. Each operation's `combine` makes one
+answer of theirs (`inflight.client.base.OPS`).
 
 Weight updates over a broadcast group (`init_weight_transfer`, ...): this process hosts ONE group
 over every engine, so each chunk's bytes travel in one broadcast whatever the number of engines.
@@ -24,9 +25,8 @@ from typing import Any
 
 import torch
 
-from inflight.client.base import InferenceClient
-from inflight.client.group import gather
-from inflight.client.ops import COMBINE, OpClient
+from inflight.client.base import OPS, InferenceClient
+from inflight.client.group import HostsWeightGroup, gather
 from inflight.client.router import Router
 from inflight.engine.request import RequestOutput, SamplingParams
 
@@ -41,7 +41,7 @@ def _describe(op: str, args: tuple) -> str:
     return f"{op}({', '.join(shown)})"
 
 
-class FanOutClient(OpClient):
+class FanOutClient(HostsWeightGroup, InferenceClient):
     """InferenceClient over `clients` (any InferenceClients); `names` label them in errors.
     `retries` / `backoff_s`: how often a generation request never sent is tried elsewhere."""
 
@@ -72,7 +72,7 @@ class FanOutClient(OpClient):
         return await gather(_describe(op, args), {n: getattr(c, op)(*args) for n, c in self.clients.items()})
 
     async def _call(self, op: str, *args: Any) -> Any:
-        return COMBINE[op](await self._each(op, *args))
+        return OPS[op].combine(await self._each(op, *args))
 
     async def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """The same tensors to every engine (each copies them into its own parameters)."""

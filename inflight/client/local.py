@@ -7,12 +7,13 @@ from typing import Any
 
 import torch
 
-from inflight.client.ops import OpClient, apply_op
+from inflight.client.base import InferenceClient
+from inflight.client.ops import apply_op
 from inflight.client.update import update_all_or_nothing
 from inflight.engine.async_engine import AsyncEngine
 
 
-class LocalClient(OpClient):
+class LocalClient(InferenceClient):
     """In-process client; the engine's loop must run on the caller's event loop."""
 
     def __init__(self, engine: AsyncEngine) -> None:

@@ -2,8 +2,8 @@
 
 A `FanOutClient` over one `HttpClient` per server: generation goes to one server chosen by the
 Router (least outstanding requests, session affinity); every other operation goes to every server
-concurrently and raises if any server fails. `HttpClient` says how each operation travels (its
-route, parameters and answer). Transport errors are retried with exponential backoff for
+concurrently and raises if any server fails. `HttpClient` sends each operation by its `HttpRoute`
+(`inflight.client.base`). Transport errors are retried with exponential backoff for
 idempotent calls; a generation request is only re-sent when the server provably never got it
 (connection refused), and then to another server. A server that dies mid-request closes the
 connection, which surfaces as `ServerUnavailableError`; one that hangs without closing is caught by
@@ -24,9 +24,9 @@ import httpx
 import torch
 
 from inflight.client import wire
-from inflight.client.errors import InconsistentServersError, ServerUnavailableError, error_from_response
+from inflight.client.base import OPS, InferenceClient
+from inflight.client.errors import ServerUnavailableError, error_from_response
 from inflight.client.fanout import FanOutClient
-from inflight.client.ops import OpClient
 from inflight.client.router import Router
 from inflight.engine.request import RequestOutput, SamplingParams
 
@@ -40,40 +40,11 @@ def _json(response: httpx.Response) -> Any:
         return response.text
 
 
-def _flag(value: bool) -> str:
-    return str(bool(value)).lower()
-
-
 def _top_logprobs(value: list[list[list[Any]]] | None) -> list[list[tuple[int, float]]] | None:
     """The token route's `top_logprobs` (JSON arrays) as RequestOutput holds them: (id, logprob) pairs."""
     if value is None:
         return None
     return [[(int(t), float(lp)) for t, lp in alternatives] for alternatives in value]
-
-
-def _reset_answer(r: httpx.Response) -> bool:
-    body = _json(r)
-    if not isinstance(body, dict) or "success" not in body:
-        raise InconsistentServersError(f"reset_prefix_cache answers without 'success': {body}")
-    return bool(body["success"])
-
-
-# op -> (method, path, query parameters of the args, idempotent, the answer)
-ROUTES: dict[str, tuple[str, str, Any, bool, Any]] = {
-    "pause": ("POST", wire.PAUSE, lambda mode: {"mode": mode}, True, None),
-    "resume": ("POST", wire.RESUME, None, True, None),
-    "sleep": ("POST", wire.SLEEP, lambda offload_kv: {"offload_kv": _flag(offload_kv)}, True, None),
-    "wake_up": ("POST", wire.WAKE_UP, lambda tags: None if tags is None else {"tags": list(tags)}, True, None),
-    "reset_prefix_cache": ("POST", wire.RESET_PREFIX_CACHE,
-                           lambda running: {"reset_running_requests": _flag(running)}, True, _reset_answer),
-    "begin_weight_update": ("POST", wire.WEIGHTS_BEGIN, None, True, None),
-    "finish_weight_update": ("POST", wire.WEIGHTS_FINISH, lambda v: None if v is None else {"version": v}, False,
-                             lambda r: int(r.json()["weight_version"])),
-    "abort_weight_update": ("POST", wire.WEIGHTS_ABORT, None, False, lambda r: bool(r.json()["restored"])),
-    "weight_version": ("GET", wire.WEIGHT_VERSION, None, True, lambda r: int(r.json()["weight_version"])),
-    "leave_weight_group": ("POST", wire.DESTROY_WEIGHT_TRANSFER, None, True, lambda r: r.json()["destroyed"]),
-}
-"""How each operation travels over HTTP (generation, weight chunks and the group ones have bodies)."""
 
 
 class _Http:
@@ -113,8 +84,8 @@ class _Http:
         self._pools = {}
 
 
-class HttpClient(OpClient):
-    """One server's InferenceClient operations over its HTTP API (`ROUTES`), with retries."""
+class HttpClient(InferenceClient):
+    """One server's InferenceClient operations over its HTTP API (each `OPS` entry's route)."""
 
     def __init__(self, url: str, http: _Http, chunk_bytes: int) -> None:
         self.url, self.http, self.chunk_bytes = url, http, chunk_bytes
@@ -148,11 +119,12 @@ class HttpClient(OpClient):
             return response
 
     async def _call(self, op: str, *args: Any) -> Any:
-        method, path, params, idempotent, answer = ROUTES[op]
-        query = params(*args) if params is not None else None
-        allow = (409,) if op == "reset_prefix_cache" else ()
-        response = await self.send(method, path, idempotent=idempotent, params=query, allow=allow)
-        return answer(response) if answer is not None else None
+        route = OPS[op].http
+        assert route is not None, f"{op} has no HTTP route"
+        query = route.params(*args) if route.params is not None else None
+        response = await self.send(route.method, route.path, idempotent=route.idempotent, params=query,
+                                   allow=route.allow)
+        return route.answer(response) if route.answer is not None else None
 
     async def stats(self) -> dict[str, int]:
         """A server reports no engine counters over HTTP (see /metrics)."""
@@ -176,7 +148,7 @@ class HttpClient(OpClient):
         return int(response.json()["num_tensors"])
 
     async def leave_weight_group(self) -> bool:
-        return await self._call("leave_weight_group")
+        return (await self.send("POST", wire.DESTROY_WEIGHT_TRANSFER, idempotent=True)).json()["destroyed"]
 
     async def health(self) -> dict[str, Any]:
         return (await self.send("GET", wire.HEALTH, idempotent=True)).json()
