@@ -4,6 +4,7 @@ engine in another process (`ProcessClient`, `RayEngineClient`)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from typing import Any
 
@@ -30,7 +31,7 @@ async def apply_op(engine: AsyncEngine, op: str, *args: Any) -> Any:
     from inflight.weight_sync.receiver import engine_receiver  # on use: torch.distributed
 
     if op in GROUP_OPS:
-        return await getattr(engine_receiver(engine), GROUP_OPS[op])(*args)
+        return await asyncio.to_thread(getattr(engine_receiver(engine), GROUP_OPS[op]), *args)
     if op in ("begin_weight_update", "abort_weight_update"):
         engine_receiver(engine).clear_pieces()
     result = await getattr(engine, op)(*args)

@@ -16,6 +16,7 @@ route: the update stays all-or-nothing). A broadcast that fails drops the group.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Literal
@@ -71,40 +72,30 @@ class BroadcastChunkRequest(BaseModel):
 
 
 class WeightTransfer:
-    """The routes' logic over the engine's receiver: each `WeightGroupError` becomes the
-    OpenAI-style error its status and code say."""
+    """The routes' logic over the engine's receiver (its blocking calls in worker threads): each
+    `WeightGroupError` becomes the OpenAI-style error its status and code say."""
 
     def __init__(self, engine: AsyncEngine) -> None:
-        self.receiver = engine_receiver(engine)
-
-    def describe(self) -> dict[str, Any] | None:
-        return self.receiver.describe()
+        receiver = self.receiver = engine_receiver(engine)
+        self.describe, self.clear_pieces, self.close = receiver.describe, receiver.clear_pieces, receiver.close
 
     async def init(self, req: InitWeightTransferRequest) -> dict[str, Any]:
         """Join the group (returns once every rank has joined); a failed join keeps the old group."""
         with _as_api_error():
-            return await self.receiver.join(req.model_dump())
+            return await asyncio.to_thread(self.receiver.join, req.model_dump())
 
     async def receive(self, req: BroadcastChunkRequest) -> int:
         """Receive one chunk over the group and load what it completes; returns the tensor count."""
         try:
-            metas = req.metas()
+            req.metas()
         except ValueError as err:
             raise APIError(400, str(err), param="tensors", code="invalid_value") from err
         with _as_api_error():
-            return await self.receiver.receive({"nbytes": req.nbytes}, metas)
-
-    def clear_pieces(self) -> None:
-        """Forget pieces of split tensors (a new or abandoned update)."""
-        self.receiver.clear_pieces()
+            return await asyncio.to_thread(self.receiver.receive, req.model_dump())
 
     async def destroy(self) -> bool:
         """Leave the group; True when there was one."""
-        return await self.receiver.leave()
-
-    def close(self) -> None:
-        """Drop the group without waiting for a chunk in progress (server shutdown)."""
-        self.receiver.close()
+        return await asyncio.to_thread(self.receiver.leave)
 
 
 @contextmanager

@@ -12,7 +12,6 @@ step. A broadcast that fails drops the group.
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import weakref
 from typing import Any
@@ -78,8 +77,10 @@ class Receiver:
             self.reassembler.clear()
             return self.member.describe()
 
-    def receive(self, metas: list[TensorMeta], nbytes: int) -> int:
-        """Join one chunk's broadcast, load what it completes; returns the tensors loaded."""
+    def receive(self, metadata: dict[str, Any]) -> int:
+        """Join the broadcast of one chunk (`WeightChunk.metadata()`), load what it completes;
+        returns the tensors loaded."""
+        metas = [TensorMeta.from_json(t) for t in metadata["tensors"]]
         with self._lock:
             member = self.member
             if member is None:
@@ -87,7 +88,7 @@ class Receiver:
                                        "init_weight_transfer() (/init_weight_update_communicator) first",
                                        409, "no_weight_transfer_group")
             try:
-                buffer = member.receive(nbytes)
+                buffer = member.receive(int(metadata["nbytes"]))
             except RuntimeError as err:
                 if isinstance(err, WeightGroupError):
                     raise
@@ -104,6 +105,10 @@ class Receiver:
 
     def describe(self) -> dict[str, Any] | None:
         return None if self.member is None else self.member.describe()
+
+    def close(self) -> None:
+        """Drop the group without waiting for a chunk in progress (shutdown)."""
+        self.member = None
 
 
 def _unwrap_engine(target: Any) -> LLMEngine:
@@ -184,41 +189,12 @@ class ChannelReceiver:
         """Release receiver resources (subclasses)."""
 
 
-class AsyncReceiver:
-    """A `Receiver` driven from an event loop (the server's routes, the client operations): every
-    call runs in a worker thread, so a collective never blocks the loop."""
-
-    def __init__(self, engine: AsyncEngine) -> None:
-        self.receiver = Receiver(engine.engine)
-
-    async def join(self, request: dict[str, Any]) -> dict[str, Any]:
-        return await asyncio.to_thread(self.receiver.join, request)
-
-    async def receive(self, metadata: dict[str, Any], metas: list[TensorMeta] | None = None) -> int:
-        """One chunk (`WeightChunk.metadata()`; `metas` when already parsed)."""
-        if metas is None:
-            metas = [TensorMeta.from_json(t) for t in metadata["tensors"]]
-        return await asyncio.to_thread(self.receiver.receive, metas, int(metadata["nbytes"]))
-
-    async def leave(self) -> bool:
-        return await asyncio.to_thread(self.receiver.leave)
-
-    def clear_pieces(self) -> None:
-        self.receiver.clear_pieces()
-
-    def describe(self) -> dict[str, Any] | None:
-        return self.receiver.describe()
-
-    def close(self) -> None:
-        """Drop the group without waiting for a chunk in progress (shutdown)."""
-        self.receiver.member = None
+_RECEIVERS: weakref.WeakKeyDictionary[AsyncEngine, Receiver] = weakref.WeakKeyDictionary()
 
 
-_RECEIVERS: weakref.WeakKeyDictionary[AsyncEngine, AsyncReceiver] = weakref.WeakKeyDictionary()
-
-
-def engine_receiver(engine: AsyncEngine) -> AsyncReceiver:
-    """The (one) group receiver of an AsyncEngine, created on first use."""
+def engine_receiver(engine: AsyncEngine) -> Receiver:
+    """The (one) receiver of an AsyncEngine's group calls (the server's routes, the client
+    operations), created on first use; call it in a worker thread (its calls block)."""
     if engine not in _RECEIVERS:
-        _RECEIVERS[engine] = AsyncReceiver(engine)
+        _RECEIVERS[engine] = Receiver(engine.engine)
     return _RECEIVERS[engine]
