@@ -24,9 +24,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from inflight.client.wire import DEFAULT_WEIGHT_GROUP
 from inflight.weight_sync.chunking import DEFAULT_CHUNK_BYTES, WeightChunk, iter_chunks, pack_chunk
-
-DEFAULT_GROUP = "inflight-weights"  # the group's name unless told otherwise (= client.wire's)
 
 
 class WeightGroupError(RuntimeError):
@@ -127,7 +126,7 @@ class GroupHost:
         *,
         backend: str | None = None,
         device: str | torch.device = "cpu",
-        group_name: str = DEFAULT_GROUP,
+        group_name: str = DEFAULT_WEIGHT_GROUP,
         max_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         dtype: torch.dtype | None = None,
         timeout_s: float = 600.0,

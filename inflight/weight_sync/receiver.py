@@ -2,7 +2,7 @@
 chunk's bytes, reassembles split tensors and loads them, and runs the update's lifecycle.
 
 Its control messages come from any channel: the sender's TCPStore `ControlChannel`
-(`serve_channel`, in a thread of the engine's process), the server's broadcast routes, or the
+(`ChannelReceiver`, in a thread of the engine's process), the server's broadcast routes, or the
 process / Ray client's operations (`engine_receiver(engine)`, the one receiver of an AsyncEngine).
 Where the chunk's bytes come from is the channel's business: a shared-memory view, or a broadcast
 into the group's buffer (`receive`). Once the group exists a chunk's broadcast is always joined,
