@@ -31,10 +31,18 @@ class Sender(Protocol):
     async def abort(self, client: InferenceClient) -> bool: ...
 
 
+class Progress(Protocol):
+    """Where an update books what it did (the executor's SyncReport is one)."""
+
+    chunks: int
+    bytes: int
+    restored: bool | None
+
+
 @dataclass
 class UpdateProgress:
     """What an update did: chunks and payload bytes sent; on failure whether the old weights came
-    back (`restored`). A caller's report with these three attributes may stand in for it."""
+    back (`restored`)."""
 
     chunks: int = 0
     bytes: int = 0
@@ -46,12 +54,12 @@ async def update_all_or_nothing(
     sender: Sender,
     named_tensors: Iterable[tuple[str, torch.Tensor]],
     version: int | None = None,
-    progress: UpdateProgress | None = None,
+    progress: Progress | None = None,
 ) -> int:
     """Send `named_tensors` as weight version `version` through `sender`; returns the new version.
     On any failure the update is aborted and the error re-raised, with a note when the engines
     could not go back to their old weights (e.g. after sleep)."""
-    progress = progress if progress is not None else UpdateProgress()
+    progress = progress if progress is not None else UpdateProgress()  # type: Progress
     try:
         await sender.begin(client)
         for chunk in sender.chunks(named_tensors):
