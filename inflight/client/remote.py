@@ -47,48 +47,11 @@ def _top_logprobs(value: list[list[list[Any]]] | None) -> list[list[tuple[int, f
     return [[(int(t), float(lp)) for t, lp in alternatives] for alternatives in value]
 
 
-class _Http:
-    """What the servers' clients share: connection pools bound to one event loop (generation and
-    control in separate pools, so a pause or a health probe never waits behind hundreds of
-    generation connections), timeouts, credentials and the /health probes' cache."""
-
-    def __init__(self, api_key: str | None, control_token: str | None, request_timeout_s: float | None,
-                 control_timeout_s: float | None, connect_timeout_s: float, retries: int, backoff_s: float,
-                 health_check_interval_s: float | None, max_connections: int,
-                 transport: httpx.AsyncBaseTransport | None) -> None:
-        self.retries, self.backoff_s, self.health_check_interval_s = retries, backoff_s, health_check_interval_s
-        self.api_headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.control_headers = {"Authorization": f"Bearer {control_token}"} if control_token else {}
-        self.generate_timeout = httpx.Timeout(request_timeout_s, connect=connect_timeout_s, pool=None)
-        self.control_timeout = httpx.Timeout(control_timeout_s, connect=connect_timeout_s, pool=None)
-        self._limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-        self._transport = transport
-        self._pools: dict[str, httpx.AsyncClient] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self.health: dict[str, tuple[float, bool]] = {}  # url -> (when, healthy): one probe serves all
-        self.probes: dict[str, asyncio.Future[bool]] = {}
-
-    def pool(self, name: str = "control") -> httpx.AsyncClient:
-        loop = asyncio.get_running_loop()
-        if self._loop is not loop:  # an httpx client is bound to the loop it was first used on
-            self._pools, self._loop = {}, loop
-            self.health, self.probes = {}, {}
-        if name not in self._pools:
-            self._pools[name] = httpx.AsyncClient(limits=self._limits, transport=self._transport, trust_env=False)
-        return self._pools[name]
-
-    async def close(self) -> None:
-        if self._loop is asyncio.get_running_loop():
-            for pool in self._pools.values():
-                await pool.aclose()
-        self._pools = {}
-
-
 class HttpClient(InferenceClient):
     """One server's InferenceClient operations over its HTTP API (each `OPS` entry's route)."""
 
-    def __init__(self, url: str, http: _Http, chunk_bytes: int) -> None:
-        self.url, self.http, self.chunk_bytes = url, http, chunk_bytes
+    def __init__(self, url: str, http: RemoteClient) -> None:
+        self.url, self.http = url, http  # the RemoteClient's pools, settings and probes
 
     async def send(self, method: str, path: str, *, idempotent: bool, allow: tuple[int, ...] = (),
                    retries: int | None = None, pool: str = "control", **kwargs: Any) -> httpx.Response:
@@ -132,7 +95,7 @@ class HttpClient(InferenceClient):
 
     async def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """The tensors (HF names) in safetensors chunks of `chunk_bytes`, one request each."""
-        for chunk in wire.chunk_by_bytes(named_tensors, self.chunk_bytes):
+        for chunk in wire.chunk_by_bytes(named_tensors, self.http.chunk_bytes):
             await self.load_chunk(await asyncio.to_thread(wire.encode_tensors, chunk))
 
     async def load_chunk(self, data: bytes) -> None:
@@ -206,7 +169,7 @@ class HttpClient(InferenceClient):
         """Whether the server answers /health; one probe at a time, shared by every request waiting
         on it (and reused for half an interval), so N waiting requests do not mean N probes."""
         interval = self.http.health_check_interval_s or 5.0
-        cached = self.http.health.get(self.url)
+        cached = self.http.health_cache.get(self.url)
         if cached is not None and time.monotonic() - cached[0] < interval / 2:
             return cached[1]
         probe = self.http.probes.get(self.url)
@@ -221,7 +184,7 @@ class HttpClient(InferenceClient):
             healthy = response.status_code == 200
         except httpx.HTTPError:
             healthy = False
-        self.http.health[self.url] = (time.monotonic(), healthy)
+        self.http.health_cache[self.url] = (time.monotonic(), healthy)
         self.http.probes.pop(self.url, None)
         return healthy
 
@@ -253,10 +216,29 @@ class RemoteClient(FanOutClient):
         if not self.urls:
             raise ValueError("RemoteClient needs at least one server URL")
         self.chunk_bytes, self.health_check_interval_s = chunk_bytes, health_check_interval_s
-        self.http = _Http(api_key, control_token, request_timeout_s, control_timeout_s, connect_timeout_s, retries,
-                          backoff_s, health_check_interval_s, max_connections, transport)
-        servers = [HttpClient(url, self.http, chunk_bytes) for url in self.urls]
+        self.api_headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.control_headers = {"Authorization": f"Bearer {control_token}"} if control_token else {}
+        self.generate_timeout = httpx.Timeout(request_timeout_s, connect=connect_timeout_s, pool=None)
+        self.control_timeout = httpx.Timeout(control_timeout_s, connect=connect_timeout_s, pool=None)
+        self._limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        self._transport = transport
+        # generation and control use separate connection pools, so that a pause or a health probe
+        # never waits behind hundreds of generation connections; both are bound to one event loop
+        self._pools: dict[str, httpx.AsyncClient] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.health_cache: dict[str, tuple[float, bool]] = {}  # url -> (when, healthy): one probe serves all
+        self.probes: dict[str, asyncio.Future[bool]] = {}
+        servers = [HttpClient(url, self) for url in self.urls]
         super().__init__(servers, self.urls, router or Router(self.urls), retries, backoff_s)
+
+    def pool(self, name: str = "control") -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:  # an httpx client is bound to the loop it was first used on
+            self._pools, self._loop = {}, loop
+            self.health_cache, self.probes = {}, {}
+        if name not in self._pools:
+            self._pools[name] = httpx.AsyncClient(limits=self._limits, transport=self._transport, trust_env=False)
+        return self._pools[name]
 
     async def __aenter__(self) -> RemoteClient:
         return self
@@ -305,4 +287,7 @@ class RemoteClient(FanOutClient):
                 await self.close_weight_transfer()
             except Exception:  # best effort: a server that is gone has no group to leave
                 pass
-        await self.http.close()
+        if self._loop is asyncio.get_running_loop():
+            for pool in self._pools.values():
+                await pool.aclose()
+        self._pools = {}
