@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from inflight.client.base import OPS, InferenceClient
-from inflight.client.group import HostsWeightGroup, gather
+from inflight.client.group import GroupMemberClient, HostsWeightGroup, gather
 from inflight.client.router import Router
 from inflight.engine.request import RequestOutput, SamplingParams
 
@@ -58,7 +58,7 @@ class FanOutClient(HostsWeightGroup, InferenceClient):
         self.names = list(names) if names is not None else [f"engine-{i}" for i in range(len(clients))]
         if len(self.names) != len(clients) or len(set(self.names)) != len(self.names):
             raise ValueError(f"need one distinct name per client, got {self.names}")
-        self.clients: dict[str, Any] = dict(zip(self.names, clients, strict=True))
+        self.clients: dict[str, InferenceClient] = dict(zip(self.names, clients, strict=True))
         self.router = router or Router(self.names)
         self.retries, self.backoff_s = retries, backoff_s
 
@@ -123,7 +123,7 @@ class FanOutClient(HostsWeightGroup, InferenceClient):
         assert last is not None
         raise last
 
-    def _group_members(self) -> dict[str, Any]:
+    def _group_members(self) -> dict[str, GroupMemberClient]:
         lacking = [
             f"{n} ({type(c).__name__})"
             for n, c in self.clients.items()
@@ -137,7 +137,7 @@ class FanOutClient(HostsWeightGroup, InferenceClient):
                 "(one broadcast group spanning them), or the `broadcast` weight-sync transport "
                 "(generator.inference_engine.weight_sync_backend=broadcast)"
             )
-        return self.clients
+        return self.clients  # type: ignore[return-value]  # checked above
 
     async def close(self) -> None:
         try:

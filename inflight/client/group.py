@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Awaitable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -29,6 +29,16 @@ if TYPE_CHECKING:  # imported on use: torch.distributed and the weight-sync pack
     from inflight.weight_sync.group import GroupHost
 
 _BROADCAST_GRACE_S = 10.0  # how long a chunk's broadcast may lag behind the engines' answers
+
+
+class GroupMemberClient(Protocol):
+    """A client whose engine can join a group hosted elsewhere (process, Ray and HTTP clients)."""
+
+    async def join_weight_group(self, request: dict[str, Any]) -> dict[str, Any]: ...
+
+    async def receive_weight_chunk(self, metadata: dict[str, Any]) -> int: ...
+
+    async def leave_weight_group(self) -> bool: ...
 
 
 async def gather(what: str, calls: dict[str, Awaitable[Any]]) -> dict[str, Any]:
@@ -49,7 +59,7 @@ class WeightGroup:
     with `join_weight_group` / `receive_weight_chunk` / `leave_weight_group`; member i joins at
     rank i + 1). A `Sender` for `update_all_or_nothing`: the lifecycle goes through the client."""
 
-    def __init__(self, members: dict[str, Any]) -> None:
+    def __init__(self, members: dict[str, GroupMemberClient]) -> None:
         self.members = dict(members)
         self.sender: GroupHost | None = None
 
@@ -151,7 +161,7 @@ class HostsWeightGroup:
 
     _weight_group: WeightGroup | None = None
 
-    def _group_members(self) -> dict[str, Any]:
+    def _group_members(self) -> dict[str, GroupMemberClient]:
         """Name -> client (able to join a group hosted here) of each engine, in rank order."""
         raise NotImplementedError(f"{type(self).__name__} cannot join a weight broadcast group")
 

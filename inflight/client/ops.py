@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from inflight.client.base import OPS, InferenceClient
-from inflight.client.group import HostsWeightGroup
+from inflight.client.group import GroupMemberClient, HostsWeightGroup
 from inflight.engine.async_engine import AsyncEngine
 
 GROUP_OPS = {"join_weight_group": "join", "receive_weight_chunk": "receive", "leave_weight_group": "leave"}
@@ -49,7 +49,7 @@ class JoiningClient(HostsWeightGroup, InferenceClient):
         """The tensors as host copies (they travel pickled)."""
         await self._call("load_weights", [(n, t.detach().cpu()) for n, t in named_tensors])
 
-    def _group_members(self) -> dict[str, Any]:
+    def _group_members(self) -> dict[str, GroupMemberClient]:
         return {"engine": self}
 
     async def join_weight_group(self, request: dict[str, Any]) -> dict[str, Any]:
