@@ -20,10 +20,8 @@ clients); for others it raises NotImplementedError naming the alternatives.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
-
-import torch
 
 from inflight.client.base import OPS, InferenceClient
 from inflight.client.group import GroupMemberClient, HostsWeightGroup, gather
@@ -68,15 +66,11 @@ class FanOutClient(HostsWeightGroup, InferenceClient):
     async def _each(self, op: str, *args: Any) -> dict[str, Any]:
         """`op` on every engine concurrently, by name; raises if it failed on any."""
         if op == "load_weights":
-            args = (list(args[0]),)  # an iterator would be used up by the first engine
+            args = (list(args[0]),)  # the same tensors to every engine: an iterator would be used up
         return await gather(_describe(op, args), {n: getattr(c, op)(*args) for n, c in self.clients.items()})
 
     async def _call(self, op: str, *args: Any) -> Any:
         return OPS[op].combine(await self._each(op, *args))
-
-    async def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """The same tensors to every engine (each copies them into its own parameters)."""
-        await self._call("load_weights", named_tensors)
 
     async def weight_versions(self) -> dict[str, int]:
         """Each engine's weight version, by name."""

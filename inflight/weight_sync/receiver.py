@@ -64,7 +64,7 @@ class Receiver:
         self.reassembler.clear()
 
     # ---- the group ----------------------------------------------------------------------------
-    def join(self, request: dict[str, Any], store: Any = None) -> dict[str, Any]:
+    def join(self, request: dict[str, Any]) -> dict[str, Any]:
         """Join the group `request` describes (`GroupHost.init_request`), replacing the one in place
         only once the new one has formed (blocking)."""
         GroupMember.check_rank(request)
@@ -73,7 +73,7 @@ class Receiver:
                 raise WeightGroupError(f"this engine is already in weight group {self.member.group_name!r}; "
                                        "pass override_existing=true or destroy it first",
                                        409, "weight_transfer_group_exists")
-            self.member = GroupMember.join(request, torch.device(self.engine.device), store)
+            self.member = GroupMember.join(request, torch.device(self.engine.device))
             self.reassembler.clear()
             return self.member.describe()
 
