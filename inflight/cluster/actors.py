@@ -24,9 +24,9 @@ import torch
 from inflight.client.fanout import FanOutClient
 from inflight.config import Config
 from inflight.engine.config import EngineConfig
+from inflight.rollout.generator import TrajectoryGroup
 from inflight.train.checkpoint import CheckpointState
 from inflight.train.engine_process import OpClient, ReceiverSpec, apply_op, start_receiver
-from inflight.train.generator import TrajectoryGroup
 from inflight.train.job_config import JobConfig
 from inflight.train.policy import LocalPolicy
 from inflight.train.trainer import make_sender, receiver_spec

@@ -1,8 +1,9 @@
 """Training: batches, losses, policy workers (one base, several backends) and the dispatch."""
 
+from inflight.train.algorithms import rl_loss
 from inflight.train.batch import TrainBatch
 from inflight.train.dispatch import WorkerDispatch
-from inflight.train.losses import cross_entropy_loss, policy_gradient_loss, token_logprobs
+from inflight.train.losses import cross_entropy_loss, token_logprobs
 from inflight.train.workers import LocalPolicyWorker, PolicyWorker, SyncReport, WeightSyncError
 
 __all__ = [
@@ -13,6 +14,6 @@ __all__ = [
     "WeightSyncError",
     "WorkerDispatch",
     "cross_entropy_loss",
-    "policy_gradient_loss",
+    "rl_loss",
     "token_logprobs",
 ]

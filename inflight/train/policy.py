@@ -15,9 +15,9 @@ from typing import Any
 import torch
 
 from inflight.config import Config
+from inflight.rollout.generator import TrajectoryGroup
 from inflight.train.checkpoint import CheckpointState, load_optimizer, save_checkpoint
 from inflight.train.dispatch import WorkerDispatch
-from inflight.train.generator import TrajectoryGroup
 from inflight.train.job_config import JobConfig
 from inflight.train.step import StepOptions, TrainingStep
 from inflight.train.workers.base import PolicyWorker

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from inflight.config import Config
+from inflight.rollout.generator import TrajectoryGroup
 from inflight.train.algorithms import (
     RLBatch,
     group_advantages,
@@ -39,7 +40,6 @@ from inflight.train.data_parallel import (
     micro_batches,
     shard_step,
 )
-from inflight.train.generator import TrajectoryGroup
 from inflight.train.workers.base import PolicyWorker
 
 LOSS_STAT_KEYS = ("loss", "clip_fraction", "ratio_mean", "ratio_max", "ratio_min", "kl", "is_ratio_mean",

@@ -35,17 +35,17 @@ from inflight.config import Config
 from inflight.engine.config import EngineConfig
 from inflight.eval.run import eval_sets
 from inflight.eval.run import evaluate as run_eval
-from inflight.tasks.base import Problem, Task
-from inflight.train.checkpoint import load_latest
-from inflight.train.data_setup import check_generated
-from inflight.train.engine_process import EngineProcess, ReceiverSpec, engine_stats
-from inflight.train.generator import (
+from inflight.rollout.generator import (
     GenerateFn,
     TaskGenerator,
     TrajectoryGroup,
     episode_options,
     request_seed,
 )
+from inflight.tasks.base import Problem, Task
+from inflight.train.checkpoint import load_latest
+from inflight.train.data_setup import check_generated
+from inflight.train.engine_process import EngineProcess, ReceiverSpec, engine_stats
 from inflight.train.job_config import JobConfig
 from inflight.train.metrics import MetricsLogger
 from inflight.train.policy import LocalPolicy, ensure_process_group, make_worker
