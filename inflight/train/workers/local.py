@@ -2,11 +2,18 @@
 
 For single-process runs, tests and small demos, and the reference the sharded backends are checked
 against: the same training step and the same HF names, with no collective anywhere.
+
+Precision (`bf16`): the parameters, their gradients and AdamW's state stay float32 (the master
+copy); the forward and backward run under `torch.autocast` in bfloat16, so the activations (the
+bulk of a step's memory at long sequences and large vocabularies) are half the size. Log-probabilities
+are taken in float32 from the logits. `gradient_checkpointing`: each decoder layer's activations
+are recomputed in the backward instead of kept (transformers' non-reentrant checkpointing).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 
@@ -28,24 +35,38 @@ class LocalPolicyWorker(PolicyWorker):
         loss_fn: LossFn | None = None,
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
+        bf16: bool = False,
+        gradient_checkpointing: bool = False,
     ) -> None:
         super().__init__(cfg, rank, world_size, loss_fn, device)
         self.model_path = model_path or cfg.trainer.policy.model.path
         if self.model_path is None:
             raise ValueError("no model: set trainer.policy.model.path or pass model_path")
         self.dtype = dtype
+        self.bf16 = bf16
+        self.gradient_checkpointing = gradient_checkpointing
 
     def load_hf_model(self) -> torch.nn.Module:
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(str(self.model_path), dtype=self.dtype)
+        if self.gradient_checkpointing:
+            model.config.use_cache = False
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         return model.to(self.device)
 
     def build_model(self) -> None:
         self.model = self.load_hf_model()
 
+    def autocast(self) -> AbstractContextManager:
+        """The forward's precision context: bfloat16 autocast when `bf16`, else nothing."""
+        if not self.bf16:
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=torch.bfloat16)
+
     def compute_logprobs(self, batch: TrainBatch) -> torch.Tensor:
-        logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        with self.autocast():
+            logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
         return token_logprobs(logits, batch.input_ids, self.temperature)
 
     def iter_full_hf_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
