@@ -89,6 +89,12 @@ class OptimizerConfig:
     """AdamW weight decay, >= 0. Default 0.01."""
     max_grad_norm: float = 1.0
     """Gradient clipping norm, > 0. Default 1.0."""
+    scheduler: str = "constant_with_warmup"
+    """Learning-rate schedule over the optimizer steps (transformers' `get_scheduler`): `constant`,
+    `constant_with_warmup` (default, SkyRL's), `linear` or `cosine` (these two decay to 0 at the
+    run's last step, `job.max_steps`)."""
+    num_warmup_steps: int = 0
+    """Optimizer steps of linear warm-up from 0 to `lr`, >= 0. Default 0."""
 
 
 @dataclass

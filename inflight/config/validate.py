@@ -40,6 +40,7 @@ CHOICES: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
     "trainer.algorithm.advantage_estimator": (("grpo", "rloo"), {}),
     "trainer.algorithm.loss_reduction": (("token_mean", "sequence_mean", "seq_mean_token_sum_norm"), {}),
     "generator.inference_engine.dtype": (("float32", "bfloat16", "float16"), {}),
+    "trainer.policy.optimizer_config.scheduler": (("constant", "constant_with_warmup", "linear", "cosine"), {}),
 }
 _DEVICE = re.compile(r"^(cpu|cuda|mps)(:\d+)?$")
 
@@ -113,7 +114,7 @@ _RANGES: list[tuple[tuple[str, ...], Callable[[Any], bool], str, str]] = [
     ),
     (
         ("trainer.fully_async.max_staleness_steps", LORA_RANK, "trainer.seed", "trainer.policy.model.lora.alpha",
-         "trainer.eval_interval"),
+         "trainer.eval_interval", "trainer.policy.optimizer_config.num_warmup_steps"),
         lambda v: v >= 0, "must be >= 0", "set {key} to 0 or more",
     ),
     (

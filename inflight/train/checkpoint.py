@@ -4,7 +4,7 @@ Layout under `trainer.ckpt_path`:
 
     global_step_<k>/model/       HF directory (config, tokenizer, model.safetensors): the engine and
                                  the worker both load it on resume
-    global_step_<k>/optimizer_rank<r>.pt
+    global_step_<k>/optimizer_rank<r>.pt   AdamW state and the learning-rate schedule's position
     global_step_<k>/state.json   step, weight version, data-loader record, trainer extras
     latest                       the name of the newest complete checkpoint
 
@@ -81,7 +81,9 @@ def save_checkpoint(
         shutil.rmtree(tmp)
     save_model_dir(worker, base_model_dir, tmp / "model")
     tmp.mkdir(parents=True, exist_ok=True)
-    torch.save(worker.optimizer.state_dict(), tmp / f"optimizer_rank{worker.rank}.pt")
+    schedule = worker.lr_scheduler.state_dict() if worker.lr_scheduler is not None else None
+    torch.save({"optimizer": worker.optimizer.state_dict(), "lr_scheduler": schedule},
+               tmp / f"optimizer_rank{worker.rank}.pt")
     if worker.world_size > 1 and dist.is_initialized():
         dist.barrier()  # every rank's optimizer file is in place before rank 0 publishes
     if worker.rank == 0:
@@ -112,6 +114,10 @@ def load_latest(root: str | Path | None) -> CheckpointState | None:
 
 
 def load_optimizer(worker: PolicyWorker, ckpt: CheckpointState) -> None:
-    """Restore the optimizer state saved by this rank."""
+    """Restore the optimizer state and the learning-rate schedule saved by this rank."""
     state = torch.load(ckpt.path / f"optimizer_rank{worker.rank}.pt", weights_only=False)
-    worker.optimizer.load_state_dict(state)
+    if "optimizer" not in state:  # written before the schedule was saved with it
+        state = {"optimizer": state, "lr_scheduler": None}
+    worker.optimizer.load_state_dict(state["optimizer"])
+    if state["lr_scheduler"] is not None and worker.lr_scheduler is not None:
+        worker.lr_scheduler.load_state_dict(state["lr_scheduler"])

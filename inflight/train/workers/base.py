@@ -23,10 +23,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.optim.lr_scheduler import LRScheduler
 
 from inflight.config import Config
 from inflight.train.batch import TrainBatch
 from inflight.train.losses import LossFn, cross_entropy_loss
+from inflight.train.lr_schedule import make_lr_scheduler
 from inflight.weight_sync.inprocess import InProcessTransport
 from inflight.weight_sync.plan import SyncPlan
 from inflight.weight_sync.transport import WeightTransport
@@ -113,6 +115,8 @@ class PolicyWorker(ABC):
         self.temperature = temperature if temperature > 0 else 1.0
         self.model: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
+        self.lr_scheduler: LRScheduler | None = None
+        self.num_training_steps: int | None = None  # the run's optimizer steps, for decaying schedules
         self.global_step = 0
 
     # ---- backend hooks --------------------------------------------------------------------------
@@ -132,11 +136,15 @@ class PolicyWorker(ABC):
         are sent to the engines; other ranks may yield anything (their values are not used)."""
 
     def build_optimizer(self) -> None:
-        """AdamW over the trainable parameters, from `trainer.policy.optimizer_config`."""
+        """AdamW over the trainable parameters and its learning-rate schedule, from
+        `trainer.policy.optimizer_config` (decaying schedules over `num_training_steps`)."""
         opt = self.cfg.trainer.policy.optimizer_config
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             params, lr=opt.lr, betas=tuple(opt.adam_betas), weight_decay=opt.weight_decay
+        )
+        self.lr_scheduler = make_lr_scheduler(
+            self.optimizer, opt.scheduler, opt.num_warmup_steps, self.num_training_steps
         )
 
     def forward_backward(self, batch: TrainBatch, scale: float) -> dict[str, float]:
@@ -147,7 +155,8 @@ class PolicyWorker(ABC):
         return {"loss": float(loss.detach())}
 
     def optimizer_step(self) -> dict[str, float]:
-        """Clip the gradient norm, step, zero the gradients; returns the pre-clip norm."""
+        """Clip the gradient norm, step, zero the gradients, advance the learning-rate schedule;
+        returns the pre-clip norm and the learning rate used."""
         params = [p for p in self.model.parameters() if p.requires_grad]
         max_norm = self.cfg.trainer.policy.optimizer_config.max_grad_norm
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
@@ -155,7 +164,14 @@ class PolicyWorker(ABC):
             norm = norm.full_tensor()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return {"grad_norm": float(norm)}
+        return {"grad_norm": float(norm), **self.advance_lr()}
+
+    def advance_lr(self) -> dict[str, float]:
+        """After an optimizer step: the learning rate it used (`lr`), and the schedule moved on."""
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()
+        return {"lr": lr}
 
     def agree(self, ok: bool, version: int) -> tuple[bool, int]:
         """Rank 0's sync outcome on every rank (a broadcast on the trainer's default group)."""

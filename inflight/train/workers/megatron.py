@@ -261,7 +261,7 @@ class MegatronPolicyWorker(PolicyWorker):
         norm = self._clip_grads(self.cfg.trainer.policy.optimizer_config.max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return {"grad_norm": norm}
+        return {"grad_norm": norm, **self.advance_lr()}
 
     def _reduce_grads(self) -> None:
         """Complete the TP-replicated parameters' gradients, then average data-parallel replicas.
