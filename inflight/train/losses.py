@@ -11,6 +11,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from inflight.engine.request import scaling_temperature
 from inflight.train.algorithms import reduce_loss
 from inflight.train.batch import TrainBatch
 
@@ -20,7 +21,7 @@ LossFn = Callable[[torch.Tensor, TrainBatch], torch.Tensor]
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """[B, T] log-probabilities of each token given its prefix, from [B, T, V] logits (float32,
     temperature-scaled like the engine's `logprobs`); position 0 is 0."""
-    scaled = logits[:, :-1].float() / (temperature if temperature > 0 else 1.0)
+    scaled = logits[:, :-1].float() / scaling_temperature(temperature)
     picked = torch.log_softmax(scaled, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
     return F.pad(picked, (1, 0))
 

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch.optim.lr_scheduler import LRScheduler
 
 from inflight.config import Config
+from inflight.engine.request import scaling_temperature
 from inflight.train.batch import TrainBatch
 from inflight.train.losses import LossFn, cross_entropy_loss
 from inflight.train.lr_schedule import make_lr_scheduler
@@ -112,7 +113,7 @@ class PolicyWorker(ABC):
         self.loss_fn = loss_fn or cross_entropy_loss
         self.device = torch.device(device)
         temperature = cfg.generator.sampling_params.temperature
-        self.temperature = temperature if temperature > 0 else 1.0
+        self.temperature = scaling_temperature(temperature)
         self.model: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.lr_scheduler: LRScheduler | None = None
