@@ -65,7 +65,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-BENCHMARKS = "engine | weight-sync | serve | rl"
+BENCHMARKS = "engine | weight-sync | serve | rl | train-step"
 
 
 def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
@@ -83,8 +83,10 @@ def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
         from inflight.bench.serve_bench import main as bench_main
     elif args.what == "rl":
         from inflight.bench.rl_bench import main as bench_main
+    elif args.what == "train-step":
+        from inflight.bench.train_step_bench import main as bench_main
     else:
-        print(f"error: unknown benchmark {args.what!r}; available: engine, weight-sync, serve, rl", file=sys.stderr)
+        print(f"error: unknown benchmark {args.what!r}; available: {BENCHMARKS}", file=sys.stderr)
         return 2
     return bench_main(rest)
 
