@@ -35,7 +35,10 @@ def _clean(value: Any) -> Any:
 class MetricsLogger:
     """Writes each step's metrics to `<out_dir>/metrics.jsonl`, sends the numbers to the
     experiment trackers (`trackers`; `tensorboard=True` adds TensorBoard under
-    `<out_dir>/tensorboard` when none of them is), and shows progress on `console`."""
+    `<out_dir>/tensorboard` when none of them is), and shows progress on `console`.
+
+    `append`: continue an existing file; with `resume_step` (the checkpoint a run resumes from),
+    the rows of later steps, which the resumed run logs again, are dropped first."""
 
     def __init__(
         self,
@@ -47,10 +50,13 @@ class MetricsLogger:
         log_interval: int = 10,
         append: bool = False,
         trackers: Sequence[Tracker] = (),
+        resume_step: int | None = None,
     ) -> None:
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.out_dir / "metrics.jsonl"
+        if append and resume_step is not None:
+            drop_after(self.path, resume_step)
         self._file = self.path.open("a" if append else "w")
         self.console = console or Console()
         self.log_interval = log_interval
@@ -101,6 +107,20 @@ class MetricsLogger:
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def drop_after(path: Path, step: int) -> int:
+    """Rewrite the metrics JSONL at `path` without the rows of steps after `step` (atomically);
+    returns how many rows were dropped. A missing file is left missing."""
+    if not path.is_file():
+        return 0
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    kept = [line for line in lines if json.loads(line).get("step", 0) <= step]
+    if len(kept) != len(lines):
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        os.replace(tmp, path)
+    return len(lines) - len(kept)
 
 
 def plot_metrics(jsonl: str | Path, png: str | Path, title: str | None = None) -> Path:
