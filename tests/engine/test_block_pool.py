@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 from inflight.engine.blocks import BlockPool
 from inflight.engine.request import Request, SamplingParams
 from inflight.engine.scheduler import Scheduler, SchedulerConfig
-from inflight.engine.stats import EngineStats
 
 BLOCK = 4
 
@@ -38,10 +37,9 @@ def test_random_workload_keeps_pool_consistent(data):
     num_blocks = data.draw(st.integers(6, 20), label="num_blocks")
     pool = BlockPool(num_blocks, BLOCK, enable_prefix_caching=data.draw(st.booleans(), label="prefix"))
     sched = Scheduler(
-        SchedulerConfig(BLOCK, max_num_seqs=data.draw(st.integers(1, 4)),
-                        max_num_batched_tokens=data.draw(st.integers(1, 24)), max_model_len=64,
-                        enable_chunked_prefill=True),
-        pool, EngineStats(),
+        SchedulerConfig(max_num_seqs=data.draw(st.integers(1, 4)),
+                        max_num_batched_tokens=data.draw(st.integers(1, 24)), enable_chunked_prefill=True),
+        pool,
     )
     version, arrivals, finished = 0, 0, set()
     for _ in range(data.draw(st.integers(1, 60), label="ops")):
@@ -55,7 +53,7 @@ def test_random_workload_keeps_pool_consistent(data):
             arrivals += 1
             sched.add(request)
         elif op == "step":
-            scheduled = sched.schedule(version)
+            scheduled = sched.schedule(version).scheduled
             hits_ok = all(pool.blocks[b].weight_version == version for r, _ in scheduled
                           for b in r.block_ids[: r.num_cached_tokens // BLOCK] if r.num_output_tokens == 0)
             assert hits_ok, "a new request reused KV of another weight version"
@@ -79,7 +77,7 @@ def test_random_workload_keeps_pool_consistent(data):
     for _ in range(500):  # drain: every request finishes and every block comes back
         if not sched.has_unfinished():
             break
-        scheduled = sched.schedule(version)
+        scheduled = sched.schedule(version).scheduled
         assert scheduled, "scheduler stalled with unfinished requests"
         sched.after_step(scheduled)
         for request, _ in scheduled:
