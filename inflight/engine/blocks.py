@@ -56,6 +56,7 @@ class BlockPool:
     def match_prefix(self, request: Request, weight_version: int) -> int:
         """Give a request holding no blocks the cached blocks of its longest prefix computed by
         `weight_version`; returns the tokens they cover (now its computed tokens)."""
+        assert not request.block_ids, f"{request.request_id} already holds blocks"
         if not self.enable_prefix_caching:
             return 0
         parent = None
