@@ -70,12 +70,8 @@ class LLMEngine:
         self.stats = EngineStats()
         self.pool = BlockPool(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
-            SchedulerConfig(
-                config.block_size, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len,
-                config.enable_chunked_prefill,
-            ),
+            SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, config.enable_chunked_prefill),
             self.pool,
-            self.stats,
         )
         self.runner = ModelRunner(
             self.model, self.kv_cache, config.block_size, config.seed, config.attention_backend
@@ -219,7 +215,9 @@ class LLMEngine:
         outputs, self._pending_outputs = self._pending_outputs, []
         if not self.can_run or not self.scheduler.has_unfinished():
             return outputs
-        scheduled = self.scheduler.schedule(self.weight_version)
+        out = self.scheduler.schedule(self.weight_version)
+        self.stats.book(out)
+        scheduled = out.scheduled
         if not scheduled:
             return outputs
         sampled = self.runner.execute(scheduled)
@@ -315,7 +313,7 @@ class LLMEngine:
         self._paused = False
         self._draining = False
         self.scheduler.admission_cutoff = None
-        self.scheduler.invalidate_stale_kv()
+        self.stats.kv_invalidated_resets += self.scheduler.invalidate_stale_kv()
 
     # ---- memory pools -------------------------------------------------------------------------
     @_locked
