@@ -17,7 +17,7 @@ from typing import Any
 
 from inflight.config import ConfigError, Violation
 from inflight.config.keys import coerce, is_instance, schema_keys, suggest, type_name
-from inflight.config.loader import parse_value
+from inflight.config.loader import flatten, parse_value
 
 SECTION = "job"
 
@@ -176,10 +176,10 @@ ALIASES: dict[str, tuple[str, ...]] = {
 def _forward_aliases(
     values: Mapping[str, Any], rest: Mapping[str, Any], overrides: list[str], given: Sequence[str]
 ) -> list[str]:
-    """Turn each `job.<alias>` given in `values` (as written: `none` stays a value) into overrides
-    of its schema keys, placed first so
-    that a command-line override of a schema key still wins over an alias in the file. Both
-    spellings with different values in the same place (file or command line) is a ConfigError."""
+    """Turn each `job.<alias>` given in `values` (as written: `none` stays a value) into overrides of
+    its schema keys, placed first so that a command-line override of a schema key still wins over an
+    alias in the file. Both spellings with different values in the same place (file or command
+    line) is a ConfigError."""
     leaves, _ = schema_keys()
     forwarded, problems = [], []
     for name, keys in ALIASES.items():
@@ -200,23 +200,9 @@ def _forward_aliases(
 
 def _given(data: Mapping[str, Any], overrides: Sequence[str], key: str) -> Any:
     """The value `key` is given in a config mapping (nested, dotted, or both) or in the overrides, else None."""
-    value = _lookup(data, key)
+    value = flatten(data).get(key)
     for text in overrides:
         name, _, raw = text.strip().lstrip("+").partition("=")
         if name.strip() == key:
             value = parse_value(raw)
     return value
-
-
-def _lookup(data: Mapping[str, Any], key: str) -> Any:
-    """`key` in a mapping whose levels may be nested or dotted (`a: {b.c: 1}`), else None."""
-    if key in data:
-        return data[key]
-    parts = key.split(".")
-    for i in range(1, len(parts)):
-        head = ".".join(parts[:i])
-        if isinstance(data.get(head), Mapping):
-            found = _lookup(data[head], ".".join(parts[i:]))
-            if found is not None:
-                return found
-    return None

@@ -51,31 +51,21 @@ IMPORTANCE_KEYS = ("is_ratio_mean", "is_ratio_max", "is_ratio_min", "is_weight_m
 
 @dataclass
 class StepOptions:
-    """The training step's settings, read from the `trainer.*` keys by `from_config` (each field's
-    doc names its key); constructed directly, the defaults are those keys' defaults."""
+    """The training step's settings. `from_config` reads them from the `trainer.*` keys each field
+    names (their docs in inflight/config/schema.py); constructed directly, the defaults are the keys'."""
 
     tis: str = "token"
-    """Off-policy correction for stale tokens: `token`, `sequence` or `none`
-    (`trainer.algorithm.off_policy_correction.tis_ratio_type`, null is `none`)."""
+    """`token`, `sequence` or `none`: trainer.algorithm.off_policy_correction.tis_ratio_type (null: none)."""
     tis_cap: float = 2.0
-    """Truncation of the importance weights (`trainer.algorithm.off_policy_correction.`
-    `token_tis_ratio_clip_high`, or `sequence_tis_ratio_clip_high` for `sequence`)."""
+    """off_policy_correction.token_tis_ratio_clip_high (sequence_tis_ratio_clip_high for `sequence`)."""
     drop_zero_advantage_groups: bool = True
-    """Leave out groups whose rewards are all equal: no signal; saves compute
-    (`trainer.algorithm.zero_variance_filter`)."""
+    """trainer.algorithm.zero_variance_filter."""
     correct_threshold: float = 1.0
-    """A trajectory counts as correct (accuracy metric) when its reward is at least this
-    (`trainer.correct_threshold`)."""
+    """trainer.correct_threshold."""
     max_tokens_per_micro_batch: int | None = None
-    """Cap on the padded tokens (rows x longest row) of one forward/backward, besides
-    `trainer.micro_train_batch_size_per_gpu` rows; a longer row runs alone. None: no cap
-    (`trainer.max_tokens_per_microbatch`, where -1 is no cap)."""
+    """trainer.max_tokens_per_microbatch (None: no cap, the key's -1)."""
     micro_batch_pass_tokens: float = 64.0
-    """What one more forward/backward costs, in padded tokens: a rank's rows of a mini-batch,
-    sorted by length, are cut into micro-batches where padded tokens plus this per pass are fewest.
-    64 is about a pass's fixed cost on the small CPU models (raise it where passes cost more);
-    `math.inf`: the fewest passes the caps allow, still sorted and trimmed
-    (`trainer.micro_batch_pass_tokens`)."""
+    """trainer.micro_batch_pass_tokens (`math.inf`: the fewest passes the caps allow)."""
 
     @classmethod
     def from_config(cls, cfg: Config) -> StepOptions:
