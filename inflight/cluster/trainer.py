@@ -22,8 +22,9 @@ from inflight.cluster.actors import EngineActor, PolicyActor, RayEngineClient, R
 from inflight.cluster.placement import Placement, make_placement, required_cpus
 from inflight.config import Config
 from inflight.tasks.base import Task
+from inflight.train.engine_settings import engine_config
 from inflight.train.job_config import JobConfig
-from inflight.train.trainer import FullyAsyncTrainer, RLTrainer, SyncTrainer, engine_config, policy_ranks
+from inflight.train.trainer import FullyAsyncTrainer, RLTrainer, SyncTrainer, policy_ranks
 
 
 def init_ray(address: str | None = None, object_store_mib: int = 512, num_cpus: int | None = None) -> None:

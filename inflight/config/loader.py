@@ -111,6 +111,13 @@ def dump_config(cfg: Config) -> str:
     return yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False)
 
 
+def flatten(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A config mapping (nested and/or dotted keys) as {dotted key: value}, older names read as ours."""
+    out: dict[str, Any] = {}
+    _flatten(data, "", out, [])
+    return out
+
+
 def _flatten(data: Mapping[str, Any], prefix: str, out: dict[str, Any], problems: list[Violation]) -> None:
     leaves, sections = schema_keys()
     for name, value in data.items():

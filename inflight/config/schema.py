@@ -4,7 +4,13 @@ Key names follow SkyRL's (`trainer.placement.colocate_all`, `trainer.fully_async
 `generator.inference_engine.offload_kv_for_weight_sync`, ...) so a SkyRL user's block works
 unchanged. Every field documents its default. Two defaults differ from SkyRL's on purpose: this
 project is fully-async first, so `trainer.placement.colocate_all` defaults to false and
-`trainer.fully_async.enabled` to true (SkyRL: true / false).
+`trainer.fully_async.enabled` to true (SkyRL: true / false); the others are listed where they are.
+
+Every key is read by the code, or refused at run time by `inflight.config.implemented` (keys SkyRL
+has that this project does not implement yet: `tensor_parallel_size > 1`, LoRA). The engine's
+settings are derived from `generator.inference_engine` by field name
+(`inflight.train.engine_settings.engine_config`), the training step's from `trainer.*`
+(`inflight.train.step.StepOptions.from_config`).
 """
 
 from __future__ import annotations
@@ -58,7 +64,8 @@ class FullyAsyncConfig:
 
 @dataclass
 class LoraConfig:
-    """LoRA adapters on the policy."""
+    """LoRA adapters on the policy: not implemented yet (issue 17). A run refuses a rank > 0 and an
+    alpha or dropout away from its default (`inflight.config.implemented`)."""
 
     rank: int = 0
     """Rank of the adapters; 0 (default) disables LoRA."""
@@ -116,6 +123,20 @@ class PolicyConfig:
 
 
 @dataclass
+class OffPolicyCorrectionConfig:
+    """Truncated importance sampling (TIS) of tokens sampled by older weights than the trainer's
+    (SkyRL: `trainer.algorithm.off_policy_correction`)."""
+
+    tis_ratio_type: str | None = "token"
+    """`token` (default; SkyRL: null), `sequence`, or null (also `none`) for no correction.
+    `job.tis` is an alias of this key."""
+    token_tis_ratio_clip_high: float = 2.0
+    """Cap of the token-level importance weights, > 0. Default 2.0. `job.tis_cap` sets both caps."""
+    sequence_tis_ratio_clip_high: float = 2.0
+    """Cap of the sequence-level importance weight, > 0. Default 2.0 (SkyRL: 5.0)."""
+
+
+@dataclass
 class AlgorithmConfig:
     """The RL objective."""
 
@@ -133,6 +154,10 @@ class AlgorithmConfig:
     """`token_mean` (default), `sequence_mean` or `seq_mean_token_sum_norm`."""
     grpo_norm_by_std: bool = True
     """Divide GRPO advantages by the group's reward std. Default true."""
+    zero_variance_filter: bool = True
+    """Leave groups whose rewards are all equal (no signal) out of the loss. Default true (SkyRL:
+    false). `job.drop_zero_advantage_groups` is an alias of this key."""
+    off_policy_correction: OffPolicyCorrectionConfig = field(default_factory=OffPolicyCorrectionConfig)
 
 
 @dataclass
@@ -151,6 +176,16 @@ class TrainerConfig:
     """Prompts per optimizer step, >= 1, divides train_batch_size. Default 8."""
     micro_train_batch_size_per_gpu: int = 1
     """Sequences per forward/backward on one rank, >= 1. Default 1."""
+    max_tokens_per_microbatch: int = -1
+    """Cap on the padded tokens (rows x longest row) of one forward/backward, besides
+    micro_train_batch_size_per_gpu rows; a longer row runs alone. -1 (default): no cap."""
+    micro_batch_pass_tokens: float = 64.0
+    """What one more forward/backward costs, in padded tokens, >= 0: a rank's rows of a mini-batch,
+    sorted by length, are cut into micro-batches where padded tokens plus this per pass are fewest.
+    64 (default) is about a pass's fixed cost on the small CPU models; .inf: the fewest passes."""
+    correct_threshold: float = 1.0
+    """A trajectory counts as correct (the `accuracy` metric) when its reward is at least this.
+    Default 1.0."""
     update_epochs_per_batch: int = 1
     """Passes over each training batch, >= 1. Default 1."""
     epochs: int = 1
@@ -186,7 +221,8 @@ class InferenceEngineConfig:
     num_engines: int = 1
     """Number of engines, >= 1. Default 1."""
     tensor_parallel_size: int = 1
-    """Tensor-parallel ranks per engine, >= 1. Default 1."""
+    """Tensor-parallel ranks per engine, >= 1. Default 1, the only one implemented: a run refuses
+    more (use num_engines for more engines)."""
     weight_sync_backend: str = "broadcast"
     """Weight transport: `inprocess`, `shm` (one host) or `broadcast` (torch.distributed; default).
     SkyRL's `nccl` / `gloo` mean `broadcast`, `cuda_ipc` means `shm`."""
@@ -221,6 +257,19 @@ class InferenceEngineConfig:
     """Engine weights and KV: `float32` (default), `bfloat16` or `float16` (SkyRL: `model_dtype`)."""
     device: str = "cpu"
     """Torch device of the engine: `cpu` (default), `cuda`, `cuda:N`."""
+    attention_backend: str = "auto"
+    """Decode attention: `native` (the C kernel over paged KV, CPU), `torch` (gather + SDPA, any
+    device) or `auto` (default: native where it is supported and builds, else torch)."""
+    linear_backend: str = "auto"
+    """Linear layers: `onednn` (weights prepacked for oneDNN in their dtype, CPU), `onednn_fp32`
+    (bfloat16 weights computed in float32), `torch` (F.linear) or `auto` (default: onednn where
+    oneDNN runs the dtype, else onednn_fp32 for bfloat16, else torch)."""
+    elementwise_backend: str = "auto"
+    """RMSNorm, residual add, rotary and silu*mul: `native` (fused C kernels, CPU float32/bfloat16),
+    `torch` or `auto` (default: native where supported and the kernels build, else torch)."""
+    weight_update_rollback: bool = True
+    """Keep the pre-update weights until an update finishes, so a failed one is rolled back (costs up
+    to one extra copy of the weights during an update). Default true."""
 
     def __post_init__(self) -> None:
         self.weight_sync_backend = canonical_weight_sync_backend(self.weight_sync_backend)

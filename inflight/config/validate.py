@@ -41,7 +41,12 @@ CHOICES: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
     "trainer.algorithm.loss_reduction": (("token_mean", "sequence_mean", "seq_mean_token_sum_norm"), {}),
     "generator.inference_engine.dtype": (("float32", "bfloat16", "float16"), {}),
     "trainer.policy.optimizer_config.scheduler": (("constant", "constant_with_warmup", "linear", "cosine"), {}),
+    "generator.inference_engine.attention_backend": (("auto", "native", "torch"), {}),
+    "generator.inference_engine.elementwise_backend": (("auto", "native", "torch"), {}),
+    "generator.inference_engine.linear_backend": (("auto", "onednn", "onednn_fp32", "torch"), {}),
 }
+"""The allowed values of string keys (and the SkyRL values read as them). The engine's backend choices
+repeat `inflight.engine.config`'s (the config layer does not import the engine; a test keeps them equal)."""
 _DEVICE = re.compile(r"^(cpu|cuda|mps)(:\d+)?$")
 
 
@@ -98,6 +103,7 @@ def _range_rule(key: str, ok: Callable[[Any], bool], rule: str, fix: str) -> Non
 
 
 _IE = "generator.inference_engine."
+_OPC = "trainer.algorithm.off_policy_correction."
 _RANGES: list[tuple[tuple[str, ...], Callable[[Any], bool], str, str]] = [
     (
         (
@@ -143,6 +149,13 @@ _RANGES: list[tuple[tuple[str, ...], Callable[[Any], bool], str, str]] = [
     (("generator.sampling_params.top_k", "generator.eval_sampling_params.top_k"),
      lambda v: v >= -1, "must be >= -1", "use -1 (or 0) to disable it"),
     (("trainer.policy.model.lora.dropout",), lambda v: 0 <= v < 1, "must be in [0, 1)", "use 0.0 for none"),
+    ((_OPC + "token_tis_ratio_clip_high", _OPC + "sequence_tis_ratio_clip_high"),
+     lambda v: v > 0, "must be > 0", "set {key} to a positive number, e.g. {key}=2.0"),
+    ((_OPC + "tis_ratio_type",), lambda v: v in (None, "none", "token", "sequence"),
+     "must be token, sequence or null", "use {key}=token, {key}=sequence, or {key}=null for no correction"),
+    (("trainer.max_tokens_per_microbatch",), lambda v: v == -1 or v >= 1, "must be -1 or >= 1",
+     "set {key}=-1 for no cap"),
+    (("trainer.micro_batch_pass_tokens",), lambda v: v >= 0, "must be >= 0", "set {key} to 0 or more, e.g. 64"),
     (("environment.reward_timeout_s",), lambda v: v is None or v > 0, "must be > 0 or null",
      "give the seconds a reward may take, e.g. {key}=60, or {key}=null for no limit"),
     (

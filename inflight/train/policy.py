@@ -89,8 +89,7 @@ class LocalPolicy:
             self.reference.build_model()
         self.dispatch = WorkerDispatch([self.worker], client, transport, cfg)
         self.dispatch.weight_version = version
-        options = StepOptions(job.tis, job.tis_cap, job.drop_zero_advantage_groups)
-        self.step_fn = TrainingStep(self.worker, cfg, self.pad_id, options, self.reference)
+        self.step_fn = TrainingStep(self.worker, cfg, self.pad_id, StepOptions.from_config(cfg), self.reference)
         if ckpt is not None:
             load_optimizer(self.worker, ckpt)
             self.worker.global_step = ckpt.step

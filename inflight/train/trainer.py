@@ -46,6 +46,7 @@ from inflight.tasks.base import Problem, Task
 from inflight.train.checkpoint import load_latest
 from inflight.train.data_setup import check_generated
 from inflight.train.engine_process import EngineProcess, ReceiverSpec, engine_stats
+from inflight.train.engine_settings import engine_config
 from inflight.train.job_config import JobConfig
 from inflight.train.metrics import MetricsLogger
 from inflight.train.policy import LocalPolicy, ensure_process_group, make_worker
@@ -64,21 +65,6 @@ def policy_ranks(cfg: Config) -> int:
     """The policy's ranks: `trainer.placement.policy_num_nodes` x `policy_num_gpus_per_node`."""
     placement = cfg.trainer.placement
     return placement.policy_num_nodes * placement.policy_num_gpus_per_node
-
-
-def engine_config(
-    cfg: Config, model_dir: str | Path, weight_version: int = 0, index: int = 0
-) -> EngineConfig:
-    """The settings of engine `index` of `generator.inference_engine` for `model_dir`; each engine
-    gets its own sampling seed, or unseeded requests would sample alike on every engine."""
-    ie = cfg.generator.inference_engine
-    return EngineConfig(
-        model=str(model_dir), device=ie.device, dtype=ie.dtype, block_size=ie.block_size,
-        num_kv_blocks=ie.num_kv_blocks, kv_cache_memory_gib=ie.kv_cache_memory_gib, max_num_seqs=ie.max_num_seqs,
-        max_num_batched_tokens=ie.max_num_batched_tokens, max_model_len=ie.max_model_len,
-        enable_prefix_caching=ie.enable_prefix_caching, enable_chunked_prefill=ie.enable_chunked_prefill,
-        seed=cfg.trainer.seed + index, weight_version=weight_version,
-    )
 
 
 class RLTrainer:
