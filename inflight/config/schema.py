@@ -209,6 +209,20 @@ class TrainerConfig:
     max_prompt_length: int = 512
     """Longest prompt in tokens (after the chat template), >= 1; longer ones are dropped and counted
     (or refused: data.drop_long_prompts=false). Default 512 (SkyRL's). Data tasks only."""
+    bf16: bool | None = None
+    """Train in bfloat16 over float32 master weights and optimizer state (autocast for the local
+    worker, FSDP2's MixedPrecisionPolicy, Megatron's bf16). null (default): true on CUDA, false on
+    CPU (where bfloat16 matmuls are slow without native support)."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward instead of keeping them. Default
+    false (SkyRL's is true; on the small CPU models the recompute costs more than the memory saves)."""
+    logger: list[str] = field(default_factory=lambda: ["console", "tensorboard"])
+    """Experiment trackers: any of `console` (progress bar), `tensorboard`, `wandb`, `mlflow`; one
+    name, a comma list or a list. Default console and tensorboard. The metrics JSONL is always written."""
+    project_name: str = "inflight"
+    """The tracker's project (W&B project, MLflow experiment). Default inflight."""
+    run_name: str | None = None
+    """The tracker's run name; null (default): the name of job.output_dir."""
 
     def __post_init__(self) -> None:
         self.strategy = canonical_strategy(self.strategy)

@@ -175,6 +175,27 @@ for _keys, _ok, _text, _fix in _RANGES:
         _range_rule(_key, _ok, _text, _fix.format(key=_key))
 
 
+@_rule("trainer.strategy", "trainer.bf16", "trainer.gradient_checkpointing")
+def _megatron_precision(cfg: Config) -> Iterator[Violation]:
+    if cfg.trainer.strategy == "megatron":
+        for key in ("trainer.bf16", "trainer.gradient_checkpointing"):
+            if get_key(cfg, key) is True:
+                yield Violation(key, True, "is not implemented yet for trainer.strategy=megatron",
+                                f"use trainer.strategy=fsdp, or set {key}=false")
+
+
+TRACKERS = ("console", "tensorboard", "wandb", "mlflow")
+"""What `trainer.logger` may name (`inflight.train.trackers` builds them)."""
+
+
+@_rule("trainer.logger")
+def _trackers(cfg: Config) -> Iterator[Violation]:
+    unknown = [name for name in cfg.trainer.logger if name not in TRACKERS]
+    if unknown:
+        yield Violation("trainer.logger", cfg.trainer.logger, f"unknown tracker(s) {unknown}",
+                        f"use any of {list(TRACKERS)}, e.g. trainer.logger=console,wandb")
+
+
 def _choice_rule(key: str, allowed: tuple[str, ...], aliases: dict[str, str]) -> None:
     def check(cfg: Config) -> Iterator[Violation]:
         value = get_key(cfg, key)

@@ -39,7 +39,23 @@ def ensure_process_group(device: str = "cpu") -> None:
 
 
 def make_worker(cfg: Config, job: JobConfig, model_dir: str | Path) -> PolicyWorker:
-    """The policy worker the job asks for (see `JobConfig.worker`), not yet set up."""
+    """The policy worker the job asks for (see `JobConfig.worker`), not yet set up, knowing the
+    run's optimizer steps (for a decaying learning-rate schedule)."""
+    worker = _new_worker(cfg, job, model_dir)
+    worker.num_training_steps = optimizer_steps(cfg, job)
+    return worker
+
+
+def optimizer_steps(cfg: Config, job: JobConfig) -> int | None:
+    """The run's optimizer steps: `job.max_steps` training steps, each one per mini-batch and pass."""
+    if job.max_steps is None:
+        return None
+    trainer = cfg.trainer
+    per_step = max(1, trainer.train_batch_size // trainer.policy_mini_batch_size) * trainer.update_epochs_per_batch
+    return job.max_steps * per_step
+
+
+def _new_worker(cfg: Config, job: JobConfig, model_dir: str | Path) -> PolicyWorker:
     import torch.distributed as dist
 
     kind = job.worker

@@ -16,7 +16,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-TRACKERS = ("console", "tensorboard", "wandb", "mlflow")
+from inflight.config.validate import TRACKERS
+
 _EXTRA_HINT = "pip install torch==2.13.0 {pkg}   (or: pip install torch==2.13.0 -e '.[trackers]')"
 
 

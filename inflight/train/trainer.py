@@ -50,6 +50,7 @@ from inflight.train.engine_settings import engine_config
 from inflight.train.job_config import JobConfig
 from inflight.train.metrics import MetricsLogger
 from inflight.train.policy import LocalPolicy, ensure_process_group, make_worker
+from inflight.train.run_logs import open_run_logs
 from inflight.train.staleness import AsyncDataLoader, OutputBuffer, PromptRef, StalenessManager
 from inflight.weight_sync import make_transport, transport_kind
 from inflight.weight_sync.transport import WeightTransport
@@ -128,8 +129,7 @@ class RLTrainer:
         out = Path(job.output_dir)
         out.mkdir(parents=True, exist_ok=True)
         if self.logger is None:
-            self.logger = MetricsLogger(out, job.tensorboard, job.progress, job.max_steps,
-                                        log_interval=job.log_interval, append=ckpt is not None)
+            self.logger = open_run_logs(self.cfg, job, ckpt.step if ckpt is not None else None)
         self._consumed_file = (out / "consumed.jsonl").open("a" if ckpt is not None else "w")
         return self
 

@@ -89,3 +89,14 @@ def test_missing_package_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_wandb)
     with pytest.raises(RuntimeError, match=r"trainer.logger=wandb needs the wandb package: pip install"):
         make_trackers(["tensorboard", "wandb"], tmp_path)
+
+
+def test_trainer_logger_takes_skyrl_spellings_and_refuses_unknown_names():
+    from inflight.config import ConfigError, load_config
+
+    assert load_config(None, []).trainer.logger == ["console", "tensorboard"]
+    assert load_config(None, ["trainer.logger=wandb"]).trainer.logger == ["wandb"]
+    assert load_config(None, ["trainer.logger=console,mlflow"]).trainer.logger == ["console", "mlflow"]
+    assert load_config(None, ["trainer.logger=[tensorboard,wandb]"]).trainer.logger == ["tensorboard", "wandb"]
+    with pytest.raises(ConfigError, match=r"trainer.logger=\['wandbb'\]: unknown tracker\(s\) \['wandbb'\]"):
+        load_config(None, ["trainer.logger=wandbb"])

@@ -76,3 +76,20 @@ def test_bf16_computes_in_bfloat16_over_float32_master_weights(model_dir):
     assert state and all(s["exp_avg"].dtype == torch.float32 for s in state)
     moved = [n for n, p in bf16.model.named_parameters() if not torch.equal(p.detach(), before[n])]
     assert len(moved) == len(before)  # every master weight took the (float32) update
+
+
+def test_megatron_refuses_what_it_does_not_implement_yet():
+    from inflight.config import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["trainer.strategy=megatron", "trainer.bf16=true", "trainer.gradient_checkpointing=true"])
+    assert sorted(err.value.keys) == ["trainer.bf16", "trainer.gradient_checkpointing"]
+    assert "not implemented yet for trainer.strategy=megatron" in str(err.value)
+
+
+def test_the_config_keys_reach_the_worker(model_dir):
+    cfg = load_config(None, ["trainer.bf16=true", "trainer.gradient_checkpointing=true"])
+    worker = LocalPolicyWorker(cfg, model_path=str(model_dir))
+    assert worker.bf16 and worker.gradient_checkpointing
+    auto = LocalPolicyWorker(load_config(None, []), model_path=str(model_dir))
+    assert not auto.bf16 and not auto.gradient_checkpointing  # null: bf16 on CUDA only

@@ -23,6 +23,11 @@ from inflight.train.losses import LossFn, token_logprobs
 from inflight.train.workers.base import PolicyWorker
 
 
+def use_bf16(cfg: Config, device: torch.device) -> bool:
+    """`trainer.bf16`, with null meaning: on CUDA."""
+    return device.type == "cuda" if cfg.trainer.bf16 is None else cfg.trainer.bf16
+
+
 class LocalPolicyWorker(PolicyWorker):
     """`AutoModelForCausalLM` from a local directory (`trainer.policy.model.path` or `model_path`)."""
 
@@ -35,16 +40,20 @@ class LocalPolicyWorker(PolicyWorker):
         loss_fn: LossFn | None = None,
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
-        bf16: bool = False,
-        gradient_checkpointing: bool = False,
+        bf16: bool | None = None,
+        gradient_checkpointing: bool | None = None,
     ) -> None:
+        """`bf16` and `gradient_checkpointing` default to `trainer.bf16` (null: true on CUDA) and
+        `trainer.gradient_checkpointing`."""
         super().__init__(cfg, rank, world_size, loss_fn, device)
         self.model_path = model_path or cfg.trainer.policy.model.path
         if self.model_path is None:
             raise ValueError("no model: set trainer.policy.model.path or pass model_path")
         self.dtype = dtype
-        self.bf16 = bf16
-        self.gradient_checkpointing = gradient_checkpointing
+        self.bf16 = use_bf16(cfg, self.device) if bf16 is None else bf16
+        self.gradient_checkpointing = (
+            cfg.trainer.gradient_checkpointing if gradient_checkpointing is None else gradient_checkpointing
+        )
 
     def load_hf_model(self) -> torch.nn.Module:
         from transformers import AutoModelForCausalLM
