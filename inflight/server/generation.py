@@ -10,8 +10,10 @@ connection while they wait.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from inflight.engine.async_engine import AsyncEngine
 from inflight.engine.request import RequestOutput, SamplingParams
@@ -19,6 +21,7 @@ from inflight.server.detokenize import ChoiceTracker, Delta
 
 DISCONNECT_POLL_S = 1.0
 ACCEPTED = -1  # index of the first delta `run_calls` yields: every engine request was accepted
+T = TypeVar("T")
 
 
 class ClientDisconnected(Exception):
@@ -57,38 +60,48 @@ async def run_calls(
     """Yield deltas of all calls as they come; the last delta of each call has its finish_reason.
 
     The first delta (index ACCEPTED) says that the engine accepted every request; input it rejects
-    raises from that first step instead.
+    raises from that first step instead. With `is_disconnected`, the connection is polled while
+    waiting and a client that went away raises ClientDisconnected (its requests are aborted).
     """
     needs_stream = stream or any(c.tracker.stop for c in calls)
     source = _streamed(engine, calls) if needs_stream else _one_shot(engine, calls)
     try:
+        yield await anext(source)
         if is_disconnected is None:  # nothing to poll (streams notice a disconnect when they write)
             async for delta in source:
                 yield delta
             return
-        first = True
-        while True:
-            step = asyncio.ensure_future(anext(source))
-            try:
-                while True:
-                    # the first step adds the requests: never abandon it, so bad input raises here
-                    done, _ = await asyncio.wait({step}, timeout=None if first else DISCONNECT_POLL_S)
-                    if done:
-                        break
-                    if is_disconnected is not None and await is_disconnected():
-                        raise ClientDisconnected()
-            finally:
-                if not step.done():
-                    step.cancel()
-                    await asyncio.gather(step, return_exceptions=True)
-            first = False
-            try:
-                delta = step.result()
-            except StopAsyncIteration:
-                return
-            yield delta
+        async with contextlib.aclosing(ticking(source, DISCONNECT_POLL_S)) as deltas:
+            async for delta in deltas:
+                if delta is not None:
+                    yield delta
+                elif await is_disconnected():
+                    raise ClientDisconnected()
     finally:
         await source.aclose()
+
+
+async def ticking(items: AsyncIterator[T], period_s: float) -> AsyncIterator[T | None]:
+    """The items, with a None whenever `period_s` pass without one. A pending step is never
+    abandoned (a tick only reports the wait); closing this cancels it, which closes `items`."""
+    step: asyncio.Future[T] | None = None
+    try:
+        while True:
+            step = step or asyncio.ensure_future(anext(items))
+            done, _ = await asyncio.wait({step}, timeout=period_s)
+            if not done:
+                yield None
+                continue
+            try:
+                item = step.result()
+            except StopAsyncIteration:
+                return
+            step = None
+            yield item
+    finally:
+        if step is not None:
+            step.cancel()
+            await asyncio.gather(step, return_exceptions=True)
 
 
 async def _one_shot(engine: AsyncEngine, calls: list[EngineCall]) -> AsyncIterator[Delta]:
@@ -156,4 +169,4 @@ async def collect(deltas: AsyncIterator[Delta]) -> None:
         pass
 
 
-__all__ = ["ACCEPTED", "ClientDisconnected", "EngineCall", "collect", "run_calls"]
+__all__ = ["ACCEPTED", "ClientDisconnected", "EngineCall", "collect", "run_calls", "ticking"]

@@ -14,7 +14,7 @@ simply takes longer and returns one normal response (the tokens' weight versions
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import json
 import time
 import uuid
@@ -32,7 +32,7 @@ from inflight.server.chat_prompt import chat_prompt
 from inflight.server.choices import ChatChoices, Choices, TextChoices, whole_delta
 from inflight.server.detokenize import ChoiceTracker, Delta
 from inflight.server.errors import APIError, api_error_from, error_body
-from inflight.server.generation import ACCEPTED, ClientDisconnected, EngineCall, collect, run_calls
+from inflight.server.generation import ACCEPTED, ClientDisconnected, EngineCall, collect, run_calls, ticking
 from inflight.server.logprobs import TokenNamer
 from inflight.server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 from inflight.server.validation import Checked, check_chat, check_completion, check_model
@@ -136,11 +136,12 @@ async def _chunks(deltas: AsyncIterator[Delta], kind: Choices, calls: list[Engin
         for call in calls:
             if (opening := kind.opening(call.tracker.index)) is not None:
                 yield _sse({**head, "choices": [opening]})
-        async for delta in _with_keepalive(deltas):
-            if delta is None:  # an SSE comment: clients ignore it; proxies and idle timeouts see traffic,
-                yield ": keep-alive\n\n"  # and a client that went away is noticed during a pause
-            elif (choice := kind.choice(delta, whole=False)) is not None:
-                yield _sse({**head, "choices": [choice]})
+        async with contextlib.aclosing(ticking(deltas, SSE_KEEPALIVE_S)) as items:
+            async for delta in items:
+                if delta is None:  # an SSE comment: clients ignore it; proxies and idle timeouts see traffic,
+                    yield ": keep-alive\n\n"  # and a client that went away is noticed during a pause
+                elif (choice := kind.choice(delta, whole=False)) is not None:
+                    yield _sse({**head, "choices": [choice]})
         if usage is not None:
             yield _sse({**head, "choices": [], "usage": usage()})
     except Exception as err:  # the status line is gone: report in the stream, as OpenAI does
@@ -149,38 +150,6 @@ async def _chunks(deltas: AsyncIterator[Delta], kind: Choices, calls: list[Engin
     finally:
         await deltas.aclose()
     yield "data: [DONE]\n\n"
-
-
-async def _with_keepalive(deltas: AsyncIterator[Delta]) -> AsyncIterator[Delta | None]:
-    """The deltas, with a None whenever SSE_KEEPALIVE_S pass without one (e.g. during a pause)."""
-    queue: asyncio.Queue[Any] = asyncio.Queue()
-    end = object()
-
-    async def pump() -> None:
-        try:
-            async for delta in deltas:
-                queue.put_nowait(delta)
-            queue.put_nowait(end)
-        except Exception as err:
-            queue.put_nowait(err)
-
-    task = asyncio.ensure_future(pump())
-    try:
-        while True:
-            try:
-                async with asyncio.timeout(SSE_KEEPALIVE_S):
-                    item = await queue.get()
-            except TimeoutError:
-                yield None
-                continue
-            if item is end:
-                return
-            if isinstance(item, Exception):
-                raise item
-            yield item
-    finally:
-        task.cancel()  # a consumer that left: the engine requests are aborted
-        await asyncio.gather(task, return_exceptions=True)
 
 
 # ---- routes -------------------------------------------------------------------------------------
