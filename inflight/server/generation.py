@@ -18,14 +18,18 @@ from typing import TypeVar
 from inflight.engine.async_engine import AsyncEngine
 from inflight.engine.request import RequestOutput, SamplingParams
 from inflight.server.detokenize import ChoiceTracker, Delta
+from inflight.server.errors import APIError
 
 DISCONNECT_POLL_S = 1.0
-ACCEPTED = -1  # index of the first delta `run_calls` yields: every engine request was accepted
+ACCEPTED = -1  # index of the first delta of `_run`: every engine request was accepted
 T = TypeVar("T")
 
 
-class ClientDisconnected(Exception):
+class ClientDisconnected(APIError):
     """The HTTP client went away; its engine requests were aborted."""
+
+    def __init__(self) -> None:
+        super().__init__(499, "client disconnected", code="client_disconnected")
 
 
 @dataclass
@@ -51,18 +55,32 @@ async def _settle(tasks: list[asyncio.Future]) -> None:
         raise failed.exception()  # type: ignore[misc]
 
 
-async def run_calls(
+async def start_calls(
     engine: AsyncEngine,
     calls: list[EngineCall],
     stream: bool,
     is_disconnected: Callable[[], Awaitable[bool]] | None = None,
 ) -> AsyncIterator[Delta]:
-    """Yield deltas of all calls as they come; the last delta of each call has its finish_reason.
+    """Add every call's engine request (input the engine rejects raises here, and none stays added);
+    returns the deltas of all calls as they come, the last delta of each with its finish_reason.
 
-    The first delta (index ACCEPTED) says that the engine accepted every request; input it rejects
-    raises from that first step instead. With `is_disconnected`, the connection is polled while
-    waiting and a client that went away raises ClientDisconnected (its requests are aborted).
+    With `is_disconnected`, the connection is polled while waiting and a client that went away
+    raises ClientDisconnected (its requests are aborted).
     """
+    deltas = _run(engine, calls, stream, is_disconnected)
+    assert (await anext(deltas)).index == ACCEPTED
+    return deltas
+
+
+async def finish_calls(deltas: AsyncIterator[Delta]) -> None:
+    """Drain the deltas (the trackers hold the results)."""
+    async for _ in deltas:
+        pass
+
+
+async def _run(
+    engine: AsyncEngine, calls: list[EngineCall], stream: bool, is_disconnected: Callable[[], Awaitable[bool]] | None
+) -> AsyncIterator[Delta]:
     needs_stream = stream or any(c.tracker.stop for c in calls)
     source = _streamed(engine, calls) if needs_stream else _one_shot(engine, calls)
     try:
@@ -163,10 +181,4 @@ async def _streamed(engine: AsyncEngine, calls: list[EngineCall]) -> AsyncIterat
             await s.aclose()
 
 
-async def collect(deltas: AsyncIterator[Delta]) -> None:
-    """Drain the deltas (the trackers hold the results)."""
-    async for _ in deltas:
-        pass
-
-
-__all__ = ["ACCEPTED", "ClientDisconnected", "EngineCall", "collect", "run_calls", "ticking"]
+__all__ = ["ClientDisconnected", "EngineCall", "finish_calls", "start_calls", "ticking"]

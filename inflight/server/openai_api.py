@@ -32,7 +32,7 @@ from inflight.server.chat_prompt import chat_prompt
 from inflight.server.choices import ChatChoices, Choices, TextChoices, whole_delta
 from inflight.server.detokenize import ChoiceTracker, Delta
 from inflight.server.errors import APIError, api_error_from, error_body
-from inflight.server.generation import ACCEPTED, ClientDisconnected, EngineCall, collect, run_calls, ticking
+from inflight.server.generation import EngineCall, finish_calls, start_calls, ticking
 from inflight.server.logprobs import TokenNamer
 from inflight.server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 from inflight.server.validation import Checked, check_chat, check_completion, check_model
@@ -80,20 +80,10 @@ def _calls(ctx: ServeContext, checked: Checked, prompts: list[list[int]], param:
 async def _start(ctx: ServeContext, calls: list[EngineCall], stream: bool, request: Request | None,
                  param: str) -> AsyncIterator[Delta]:
     """Add the engine requests; raises an APIError (and adds nothing) if the engine rejects one."""
-    deltas = run_calls(ctx.engine, calls, stream, request.is_disconnected if request is not None else None)
     try:
-        first = await anext(deltas)
+        return await start_calls(ctx.engine, calls, stream, request.is_disconnected if request is not None else None)
     except InvalidRequestError as err:
         raise api_error_from(err, param="request_id" if "request id" in str(err) else param) from err
-    assert first.index == ACCEPTED
-    return deltas
-
-
-async def _finish(deltas: AsyncIterator[Delta]) -> None:
-    try:
-        await collect(deltas)
-    except ClientDisconnected as err:
-        raise APIError(499, "client disconnected", code="client_disconnected") from err
 
 
 # ---- the one response path ----------------------------------------------------------------------
@@ -110,7 +100,7 @@ async def _respond(ctx: ServeContext, checked: Checked, prompts: list[list[int]]
         include_usage = req.stream_options is not None and req.stream_options.include_usage
         chunks = _chunks(deltas, kind, calls, {**head, "object": kind.chunk_object}, usage if include_usage else None)
         return StreamingResponse(chunks, media_type="text/event-stream")
-    await _finish(deltas)
+    await finish_calls(deltas)
     body = {**head, "choices": [kind.choice(whole_delta(c.tracker), whole=True) for c in calls], "usage": usage()}
     if req.return_token_ids:
         body["prompt_token_ids"] = prompts[0] if len(prompts) == 1 else prompts
@@ -187,7 +177,7 @@ def build_router(ctx: ServeContext, api_auth) -> APIRouter:
         request_id = req.request_id or uuid.uuid4().hex
         tracker = ChoiceTracker(0, ctx.tokenizer, req.prompt_token_ids, incremental=False, decode=False)
         call = EngineCall(request_id, list(req.prompt_token_ids), params, req.cache_salt, tracker)
-        await _finish(await _start(ctx, [call], False, request, "prompt_token_ids"))
+        await finish_calls(await _start(ctx, [call], False, request, "prompt_token_ids"))
         return {
             "request_id": request_id,
             "output_token_ids": tracker.output_token_ids,
