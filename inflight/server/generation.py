@@ -81,8 +81,7 @@ async def finish_calls(deltas: AsyncIterator[Delta]) -> None:
 async def _run(
     engine: AsyncEngine, calls: list[EngineCall], stream: bool, is_disconnected: Callable[[], Awaitable[bool]] | None
 ) -> AsyncIterator[Delta]:
-    needs_stream = stream or any(c.tracker.stop for c in calls)
-    source = _streamed(engine, calls) if needs_stream else _one_shot(engine, calls)
+    source = _merged(engine, calls, stream or any(c.tracker.stop for c in calls))
     try:
         yield await anext(source)
         if is_disconnected is None:  # nothing to poll (streams notice a disconnect when they write)
@@ -122,24 +121,15 @@ async def ticking(items: AsyncIterator[T], period_s: float) -> AsyncIterator[T |
             await asyncio.gather(step, return_exceptions=True)
 
 
-async def _one_shot(engine: AsyncEngine, calls: list[EngineCall]) -> AsyncIterator[Delta]:
-    tasks = [
-        asyncio.ensure_future(engine.generate(c.prompt_token_ids, c.params, c.request_id, c.cache_salt))
-        for c in calls
-    ]
-    try:
-        await _settle(tasks)
-        yield Delta(ACCEPTED, "", [], None, [], None)
-        for call, task in zip(calls, tasks, strict=True):
-            yield call.tracker.update(await task)
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+async def _once(output: Awaitable[RequestOutput]) -> AsyncIterator[RequestOutput]:
+    yield await output
 
 
-async def _streamed(engine: AsyncEngine, calls: list[EngineCall]) -> AsyncIterator[Delta]:
-    streams = [engine.generate_stream(c.prompt_token_ids, c.params, c.request_id, c.cache_salt) for c in calls]
+async def _merged(engine: AsyncEngine, calls: list[EngineCall], stream: bool) -> AsyncIterator[Delta]:
+    """The calls' deltas in the order they come: from every step's snapshot when streaming (or
+    watching for stop strings), else from each final output alone."""
+    run = engine.generate_stream if stream else lambda *args: _once(engine.generate(*args))
+    streams = [run(c.prompt_token_ids, c.params, c.request_id, c.cache_salt) for c in calls]
     firsts = [asyncio.ensure_future(anext(s)) for s in streams]
     queue: asyncio.Queue[tuple[int, RequestOutput | None, BaseException | None]] = asyncio.Queue()
 
