@@ -77,11 +77,12 @@ def _calls(ctx: ServeContext, checked: Checked, prompts: list[list[int]], param:
     return calls
 
 
-async def _start(ctx: ServeContext, calls: list[EngineCall], stream: bool, request: Request | None,
+async def _start(ctx: ServeContext, calls: list[EngineCall], stream: bool, request: Request,
                  param: str) -> AsyncIterator[Delta]:
-    """Add the engine requests; raises an APIError (and adds nothing) if the engine rejects one."""
+    """Add the engine requests; raises an APIError (and adds nothing) if the engine rejects one.
+    A whole response polls the connection while it waits (a stream notices when it writes)."""
     try:
-        return await start_calls(ctx.engine, calls, stream, request.is_disconnected if request is not None else None)
+        return await start_calls(ctx.engine, calls, stream, None if stream else request.is_disconnected)
     except InvalidRequestError as err:
         raise api_error_from(err, param="request_id" if "request id" in str(err) else param) from err
 
@@ -92,7 +93,7 @@ async def _respond(ctx: ServeContext, checked: Checked, prompts: list[list[int]]
     """Run the request's engine calls and answer with `kind`'s choices: whole, or streamed."""
     req = checked.req
     calls = _calls(ctx, checked, prompts, param)
-    deltas = await _start(ctx, calls, req.stream, None if req.stream else request, param)
+    deltas = await _start(ctx, calls, req.stream, request, param)
     head = {"id": f"{kind.id_prefix}-{uuid.uuid4().hex}", "object": kind.object, "created": int(time.time()),
             "model": ctx.served_model_name}
     usage = lambda: _usage(calls, req.n)  # noqa: E731
