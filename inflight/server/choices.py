@@ -7,6 +7,7 @@ the rest of the response path (`openai_api.py`): fan-out, SSE framing, usage, er
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections import defaultdict
 from typing import Any
 
@@ -22,7 +23,7 @@ def whole_delta(t: ChoiceTracker) -> Delta:
                  t.top_logprobs)
 
 
-class Choices:
+class Choices(ABC):
     """Renders one response's choices. `top_logprobs`: None when the request asked for no logprobs,
     else the number of alternatives per token; `token_ids`: the `return_token_ids` extension."""
 
@@ -47,9 +48,9 @@ class Choices:
             choice.update(token_ids=delta.token_ids, token_weight_versions=delta.token_weight_versions)
         return choice
 
+    @abstractmethod
     def _fields(self, delta: Delta, whole: bool) -> tuple[dict[str, Any], str | None, bool]:
         """(the kind's fields, finish_reason, whether there is text or a call to send)."""
-        raise NotImplementedError
 
 
 class TextChoices(Choices):
