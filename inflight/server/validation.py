@@ -29,12 +29,8 @@ class Checked:
     req: OpenAIRequestBase
     max_tokens: int | None  # None: up to the end of the context
     top_logprobs: int | None  # None: no logprobs (the engine computes none); k: k alternatives per token
+    stops: list[str]
     parse_tool_calls: bool = False
-
-    @property
-    def stops(self) -> list[str]:
-        stop = self.req.stop
-        return [stop] if isinstance(stop, str) else list(stop or [])
 
     def params(self, prompt_len: int, max_model_len: int, choice: int) -> SamplingParams:
         """The engine parameters of choice `choice` of a prompt of `prompt_len` tokens."""
@@ -59,13 +55,16 @@ def check_model(model: str | None, served_model_name: str) -> None:
                        param="model", code="model_not_found")
 
 
-def _check_common(req: OpenAIRequestBase, served_model_name: str) -> None:
+def _check_common(req: OpenAIRequestBase, served_model_name: str) -> list[str]:
+    """The checks both routes share; returns the stop strings."""
     check_model(req.model, served_model_name)
     if not 1 <= req.n <= MAX_N:
         raise APIError(400, f"n={req.n} must be between 1 and {MAX_N}", param="n", code="invalid_value")
     check_fields(req)
-    if any(s == "" for s in Checked(req, None, None).stops):
+    stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    if any(s == "" for s in stops):
         raise APIError(400, "stop strings must not be empty", param="stop", code="invalid_value")
+    return stops
 
 
 def _check_range(param: str, value: int | None) -> None:
@@ -76,23 +75,23 @@ def _check_range(param: str, value: int | None) -> None:
 
 def check_completion(req: CompletionRequest, served_model_name: str) -> Checked:
     """Validate a `/v1/completions` body; raises APIError naming the first bad field."""
-    _check_common(req, served_model_name)
+    stops = _check_common(req, served_model_name)
     if req.best_of is not None and req.best_of != req.n:
         raise APIError(400, "best_of is not supported by this server (leave it unset or equal to n)",
                        param="best_of", code="unsupported_parameter")
     _check_range("logprobs", req.logprobs)
-    return Checked(req, req.max_tokens, req.logprobs)
+    return Checked(req, req.max_tokens, req.logprobs, stops)
 
 
 def check_chat(req: ChatCompletionRequest, served_model_name: str) -> Checked:
     """Validate a `/v1/chat/completions` body; raises APIError naming the first bad field."""
-    _check_common(req, served_model_name)
+    stops = _check_common(req, served_model_name)
     parse_calls = parses_tool_calls(req)
     _check_range("top_logprobs", req.top_logprobs)
     if req.top_logprobs and not req.logprobs:
         raise APIError(400, "top_logprobs requires logprobs=true", param="top_logprobs", code="invalid_value")
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    return Checked(req, max_tokens, (req.top_logprobs or 0) if req.logprobs else None, parse_calls)
+    return Checked(req, max_tokens, (req.top_logprobs or 0) if req.logprobs else None, stops, parse_calls)
 
 
 __all__ = ["MAX_LOGPROBS", "MAX_N", "Checked", "check_chat", "check_completion", "check_model"]
