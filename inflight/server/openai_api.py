@@ -7,9 +7,8 @@ route's kind (`choices.py`: text, or chat with tool calls). The engine computes 
 the request asks (completions `logprobs`, chat `logprobs`/`top_logprobs`); the token route always
 returns them. Fields the engine does not implement are refused by name (`unsupported.py`).
 
-Each prompt and choice is one engine request; a call that spans a KEEP pause and a weight update
-simply takes longer and returns one normal response (the tokens' weight versions are in
-`token_weight_versions` when `return_token_ids` is set).
+A call that spans a KEEP pause and a weight update simply takes longer and returns one normal
+response (the tokens' weight versions are in `token_weight_versions` when `return_token_ids` is set).
 """
 
 from __future__ import annotations
