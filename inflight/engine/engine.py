@@ -195,7 +195,7 @@ class LLMEngine:
     @property
     def can_run(self) -> bool:
         """Whether step() would run the model (not paused, awake, weights complete)."""
-        return self._pause.phase is not PausePhase.PAUSED and self._update.phase is UpdatePhase.NONE and self._awake
+        return not self.is_paused and self._update.phase is UpdatePhase.NONE and self._awake
 
     @property
     def _awake(self) -> bool:
@@ -295,24 +295,24 @@ class LLMEngine:
             return []  # a second wait must not move the admission cutoff past later arrivals
         self.stats.pauses += 1
         if mode == "wait":
-            self._set_pause(PauseState.draining(next(self._arrivals)))
+            self._set_pause(PauseState(PausePhase.DRAINING, mode, cutoff=next(self._arrivals)))
             self._check_drained()
             return []
-        self._set_pause(PauseState.paused(mode))
+        self._set_pause(PauseState(PausePhase.PAUSED, mode))
         if mode == "abort":
             return self.abort([r.request_id for r in self.scheduler.unfinished()])
         return []
 
     def _set_pause(self, state: PauseState) -> None:
-        """The one pause transition: while draining, the scheduler admits only arrivals up to the cutoff."""
+        """Every pause transition: while draining, the scheduler admits arrivals up to the cutoff only."""
         self._pause = state
         self.scheduler.admission_cutoff = state.cutoff
 
     def _check_drained(self) -> None:
         """A drain ends (paused) once every unfinished request arrived after its cutoff."""
-        state = self._pause
-        if state.phase is PausePhase.DRAINING and all(r.arrival > state.cutoff for r in self.scheduler.unfinished()):
-            self._set_pause(PauseState.paused("wait"))
+        cutoff = self._pause.cutoff
+        if self.is_draining and all(r.arrival > cutoff for r in self.scheduler.unfinished()):
+            self._set_pause(PauseState(PausePhase.PAUSED, "wait"))
 
     @_locked
     def resume(self) -> None:
@@ -336,10 +336,8 @@ class LLMEngine:
             self.pool.invalidate_all()
         self.weights.sleep()
         # gone with the weights: the rollback copy and what an update in progress had loaded
-        if self._update.phase is UpdatePhase.OPEN:
-            self._update = UpdateState(UpdatePhase.OPEN, intact=False)
-        else:
-            self._update = UpdateState.invalid()
+        still_open = self._update.phase is UpdatePhase.OPEN
+        self._update = UpdateState(UpdatePhase.OPEN, intact=False) if still_open else UpdateState.invalid()
 
     @_locked
     def wake_up(self, tags: list[str] | None = None) -> None:

@@ -33,14 +33,6 @@ class PauseState:
     mode: str | None = None  # the pause mode that led here; None while running
     cutoff: int | None = None  # DRAINING: the last arrival that is still admitted
 
-    @classmethod
-    def paused(cls, mode: str) -> PauseState:
-        return cls(PausePhase.PAUSED, mode)
-
-    @classmethod
-    def draining(cls, cutoff: int) -> PauseState:
-        return cls(PausePhase.DRAINING, "wait", cutoff)
-
 
 class UpdatePhase(StrEnum):
     NONE = "none"  # no update in progress; the weights are complete

@@ -55,7 +55,8 @@ def build_control_router(
     async def wake_up(tags: Annotated[list[str] | None, Query()] = None) -> dict[str, Any]:
         await engine.wake_up(tags)
         status = engine.status()
-        return {"success": True, "weights_awake": status.weights_awake, "kv_cache_awake": status.kv_cache_awake}
+        return {"success": True, "weights_awake": status.weights_awake,
+                "kv_cache_awake": status.kv_cache_awake}
 
     @router.post(wire.RESET_PREFIX_CACHE, dependencies=guarded)
     async def reset_prefix_cache(reset_running_requests: bool = False):

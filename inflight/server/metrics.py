@@ -63,7 +63,8 @@ class _EngineCollector:
             "step_loop_stalled": ("1 while runnable work has gone unstepped for the stall limit",
                                   int(loop.stalled)),
             "requests_awaited": ("engine requests that callers are waiting on", loop.waiters),
-            "seconds_since_step": ("seconds since the step loop last looked for work", loop.seconds_since_step),
+            "seconds_since_step": ("seconds since the step loop last looked for work",
+                                   loop.seconds_since_step),
         }
         for name, (doc, value) in gauges.items():
             yield GaugeMetricFamily(f"inflight_{name}", doc, value=float(value))

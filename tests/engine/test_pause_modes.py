@@ -106,8 +106,8 @@ def test_wait_drains_in_flight_then_pauses(engine, models):
     assert not engine.is_paused  # draining
     engine.add_request("after", prompt(5, 55), greedy_params(MAX_TOKENS))
     status = engine.status()
-    assert (status.pause, status.pause_mode, status.draining, status.can_run) == ("draining", "wait", True, True)
-    assert status.num_frozen == 0
+    assert (status.pause, status.pause_mode, status.draining) == ("draining", "wait", True)
+    assert status.can_run and status.num_frozen == 0
 
     finished = {}
     for _ in range(50):
