@@ -44,7 +44,6 @@ class UpdatePhase(StrEnum):
 class UpdateState:
     """Replaced on every phase change; only `loaded` grows in place while the update is open."""
 
-
     phase: UpdatePhase = UpdatePhase.NONE
     loaded: set[str] = field(default_factory=set)  # OPEN: parameters loaded since begin
     rollback: dict[str, torch.Tensor] | None = None  # old storage per overwritten parameter, for abort
@@ -85,6 +84,6 @@ class EngineStatus:
         return self.num_running + self.num_waiting > 0
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON values, plus the derived `paused`, `draining` and `has_unfinished`."""
+        """JSON-ready values (the phases are str enums), plus the derived `paused`, `draining` and `has_unfinished`."""
         return {**asdict(self), "paused": self.paused, "draining": self.draining,
                 "has_unfinished": self.has_unfinished}
