@@ -250,7 +250,7 @@ async def _step(report: SyncReport, name: str, call: Awaitable[T]) -> T:
 async def _execute(
     client: InferenceClient, plan: SyncPlan, version: int, transport: WeightTransport, stream: _TensorStream
 ) -> SyncReport:
-    """The plan table, row by row (docs/design.md section 4)."""
+    """The plan's steps in order, each only where the plan has it (docs/design.md section 4)."""
     report = SyncReport(ok=False, version=version - 1)
     start = time.perf_counter()
     kv_asleep = False
@@ -262,7 +262,8 @@ async def _execute(
             await _step(report, "sleep", client.sleep(offload_kv=plan.offload_kv))
         if plan.wakes:
             await _step(report, "wake_up_weights", client.wake_up(["weights"]))
-        report.version = await _step(report, "send_weights", _send_weights(client, version, transport, stream, report))
+        send = _send_weights(client, version, transport, stream, report)
+        report.version = await _step(report, "send_weights", send)
         if plan.wakes:
             await _step(report, "wake_up_kv_cache", client.wake_up(["kv_cache"]))
             kv_asleep = False
@@ -280,8 +281,8 @@ async def _execute(
         raise
     finally:
         await _resume(client, failure, report)  # also when the pause itself failed half-way
-        report.timings["pause_s"] = time.perf_counter() - start
-        report.timings["total_s"] = time.perf_counter() - start
+        # the pause is the first step: generation was paused for the whole sync
+        report.timings["pause_s"] = report.timings["total_s"] = time.perf_counter() - start
         report.timings.setdefault("send_s", report.timings.get("send_weights_s", 0.0))
     if report.prefix_cache_empty is False:
         log.warning("the prefix cache still holds blocks after the sync's reset (requests hold them)")
