@@ -73,18 +73,9 @@ class LocalPolicy:
     syncs that raised.
     """
 
-    def __init__(
-        self,
-        cfg: Config,
-        worker: PolicyWorker,
-        client: InferenceClient | None,
-        transport: WeightTransport | None = None,
-        *,
-        version: int = 0,
-        step_fn: TrainingStep | None = None,
-        reference: PolicyWorker | None = None,
-        base_model_dir: str | Path | None = None,
-    ) -> None:
+    def __init__(self, cfg: Config, worker: PolicyWorker, client: InferenceClient | None,
+                 transport: WeightTransport | None = None, *, version: int = 0, step_fn: TrainingStep | None = None,
+                 reference: PolicyWorker | None = None, base_model_dir: str | Path | None = None) -> None:
         if worker.rank == 0 and client is None:
             raise ValueError("the process holding rank 0 needs an inference client")
         self.cfg, self.worker, self.client = cfg, worker, client
@@ -98,17 +89,8 @@ class LocalPolicy:
         self.failed_syncs = 0
 
     @classmethod
-    def load(
-        cls,
-        cfg: Config,
-        job: JobConfig,
-        pad_id: int,
-        model_dir: str | Path,
-        client: InferenceClient | None,
-        transport: WeightTransport | None,
-        version: int,
-        ckpt: CheckpointState | None = None,
-    ) -> LocalPolicy:
+    def load(cls, cfg: Config, job: JobConfig, pad_id: int, model_dir: str | Path, client: InferenceClient | None,
+             transport: WeightTransport | None, version: int, ckpt: CheckpointState | None = None) -> LocalPolicy:
         """Load the worker from `model_dir` (the checkpoint's on resume, with its optimizer state)
         and the training step; the base model is `trainer.policy.model.path`."""
         torch.set_num_threads(job.threads)
@@ -149,7 +131,7 @@ class LocalPolicy:
             self.failed_syncs += 1
             raise
         self.weight_version = report.version
-        self.timings = {**report.timings, "dispatch_s": time.perf_counter() - started,
+        self.timings = {**report.timings, "sync_s": time.perf_counter() - started,
                         "version": report.version, "bytes": report.bytes, "chunks": report.chunks}
         send = report.timings.get("send_s", 0.0)
         if send > 0 and report.bytes:

@@ -10,7 +10,7 @@ weight-sync backend, each in its own child process otherwise, and a `LocalPolicy
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -58,14 +58,8 @@ class Runtime(Protocol):
     async def close(self) -> None: ...
 
 
-class Starter(Protocol):
-    """`start_local` or `inflight.cluster.start_ray`: the runtime of a run that starts from
-    `model_dir` at weight `version` (a checkpoint's, with `ckpt`, on resume)."""
-
-    def __call__(
-        self, cfg: Config, job: JobConfig, *, pad_id: int, model_dir: str | Path, version: int = 0,
-        ckpt: CheckpointState | None = None,
-    ) -> Awaitable[Runtime]: ...
+# `start_local` or `inflight.cluster.start_ray`: (cfg, job, *, pad_id, model_dir, version, ckpt) -> Runtime
+Starter = Callable[..., Awaitable[Runtime]]
 
 
 def policy_ranks(cfg: Config) -> int:
