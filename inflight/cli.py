@@ -91,6 +91,13 @@ def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
     return bench_main(rest)
 
 
+async def _start_ray(*args, **kwargs):
+    """`inflight.cluster.start_ray`, imported on use: only `--ray` runs need Ray installed."""
+    from inflight.cluster import start_ray
+
+    return await start_ray(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="inflight", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -126,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "train":
         from inflight.train.main import main as train_main
 
-        return train_main(rest)
+        return train_main(rest, start_ray=_start_ray)
     if args.command == "eval":
         from inflight.eval.cli import main as eval_main
 

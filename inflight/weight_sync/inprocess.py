@@ -11,14 +11,13 @@ from typing import Any
 
 from inflight.weight_sync.chunking import WeightChunk
 from inflight.weight_sync.plan import SyncPlan
-from inflight.weight_sync.transport import WeightTransport, abort_client_update, transport_reset
+from inflight.weight_sync.transport import WeightTransport, abort_client_update
 
 
 class InProcessTransport(WeightTransport):
     """Hands each chunk to `client.load_weights`; lifecycle calls go to the client too."""
 
     name = "inprocess"
-    last_prefix_cache_empty: bool | None = None
 
     async def begin(self, client: Any) -> None:
         await client.begin_weight_update()
@@ -26,13 +25,8 @@ class InProcessTransport(WeightTransport):
     async def send_chunk(self, client: Any, chunk: WeightChunk) -> None:
         await client.load_weights(chunk.named_tensors())
 
-    async def finish(self, client: Any, version: int, plan: SyncPlan) -> int:
-        new_version = await client.finish_weight_update(version)
-        reset = transport_reset(plan)
-        self.last_prefix_cache_empty = None
-        if reset is not None:
-            self.last_prefix_cache_empty = await client.reset_prefix_cache(**reset)
-        return int(new_version)
+    async def finish(self, client: Any, version: int, plan: SyncPlan | None = None) -> int:
+        return int(await client.finish_weight_update(version))
 
     async def abort(self, client: Any) -> bool:
         return await abort_client_update(client)

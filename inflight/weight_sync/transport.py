@@ -1,7 +1,7 @@
 """The transport interface, and the control channel + receiver shared by the cross-process ones.
 
 A transport moves one weight update to the engines: `begin`, `send_chunk` for each chunk, `finish`
-(or `abort` after a failure). The policy worker's `broadcast_to_inference_engines` is the only caller;
+(or `abort` after a failure). The policy worker's `sync_weights` is the only caller;
 it decides when (the plan's `send_weights` step), the transport decides how.
 
 Cross-process transports (`shm`, `broadcast`) carry the bytes on their own path and everything else
@@ -46,8 +46,7 @@ async def abort_client_update(client: Any) -> bool:
 class WeightTransport:
     """How the `send_weights` step of a sync moves tensors. Subclasses override the four calls.
 
-    `handles_prefix_cache_reset`: the transport issues the plan's reset itself, right after the
-    weights land (in `finish`), and the worker must not; `plan_weight_sync` reads this flag.
+    `handles_prefix_cache_reset`: read by nothing any more (the executor alone issues the reset).
     `split_tensors`: chunks may carry pieces of tensors larger than `max_chunk_bytes`.
     """
 
@@ -74,8 +73,8 @@ class WeightTransport:
     async def send_chunk(self, client: Any, chunk: WeightChunk) -> None:
         raise NotImplementedError
 
-    async def finish(self, client: Any, version: int, plan: SyncPlan) -> int:
-        """Complete the update at `version`; when the plan gives the reset to the transport, issue it."""
+    async def finish(self, client: Any, version: int, plan: SyncPlan | None = None) -> int:
+        """Complete the update at `version` (`plan` is ignored: the executor alone issues the reset)."""
         raise NotImplementedError
 
     async def abort(self, client: Any) -> bool:
@@ -90,13 +89,6 @@ class WeightTransport:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def transport_reset(plan: SyncPlan) -> dict | None:
-    """The reset a transport must issue for this plan (None when the worker or nobody resets)."""
-    if plan.reset_owner != "transport":
-        return None
-    return {"reset_running_requests": plan.reset_running_requests}
 
 
 # ---- the control channel --------------------------------------------------------------------------
@@ -316,7 +308,6 @@ class ChannelTransport(WeightTransport):
     """
 
     channel: ControlChannel
-    last_prefix_cache_empty: bool | None = None
 
     def _send_bytes(self, chunk: WeightChunk, message: dict) -> list[Any]:
         raise NotImplementedError
@@ -328,11 +319,8 @@ class ChannelTransport(WeightTransport):
         message = {"op": "chunk", "chunk": chunk.metadata()}
         await asyncio.to_thread(self._send_bytes, chunk, message)
 
-    async def finish(self, client: Any, version: int, plan: SyncPlan) -> int:
-        message = {"op": "finish", "version": version, "reset": transport_reset(plan)}
-        results = await asyncio.to_thread(self.channel.send_checked, message)
-        empty = [r["prefix_cache_empty"] for r in results]
-        self.last_prefix_cache_empty = None if message["reset"] is None else all(empty)
+    async def finish(self, client: Any, version: int, plan: SyncPlan | None = None) -> int:
+        results = await asyncio.to_thread(self.channel.send_checked, {"op": "finish", "version": version})
         return int(results[0]["version"])
 
     async def abort(self, client: Any) -> bool:

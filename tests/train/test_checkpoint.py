@@ -17,7 +17,8 @@ from rl_support import rl_config, small_task, warm_model_dir
 from safetensors.torch import load_file
 
 from inflight.train.checkpoint import load_latest
-from inflight.train.trainer import SHM_DIR, SHM_PREFIX, make_trainer
+from inflight.train.sender import SHM_DIR, SHM_PREFIX
+from inflight.train.trainer import make_trainer
 
 
 @pytest.fixture(scope="module")
@@ -70,9 +71,9 @@ def test_interrupted_mid_step_and_resumed_uses_every_prompt_once(model_dir, tmp_
         try:
             assert trainer.resumed_from == ckpt.path and trainer.global_step == ckpt.step
             assert await trainer.client.weight_version() == ckpt.weight_version
-            for name, param in trainer.worker.model.named_parameters():
+            for name, param in trainer.policy.worker.model.named_parameters():
                 torch.testing.assert_close(param.detach(), saved[name], rtol=0, atol=0)
-            adam_steps = {int(s["step"]) for s in trainer.worker.optimizer.state_dict()["state"].values()}
+            adam_steps = {int(s["step"]) for s in trainer.policy.worker.optimizer.state_dict()["state"].values()}
             assert adam_steps and max(adam_steps) <= ckpt.step
             await trainer.train()
             return trainer.global_step

@@ -7,7 +7,7 @@ base-class training step on an unsharded transformers model) as the oracles:
 - megatron's forward logits equal transformers' on the same weights;
 - the HF tensors gathered from the TP shards are bit-identical to the checkpoint (HF -> megatron -> HF);
 - one train step (PPO loss, micro-batches, AdamW, clipping) gives the weights LocalPolicyWorker gets;
-- the base class's `broadcast_to_inference_engines` syncs them into a real engine with requests in
+- the base class's `sync_weights` syncs them into a real engine with requests in
   flight (fully-async, clear KV: fate `recompute`): the frozen requests are reset, and every token
   sampled after the sync, and its logprob, is the trained model's, through transformers and through
   megatron itself.
@@ -136,7 +136,7 @@ def _run_case(rank: int, model_dir: Path, out: Path) -> None:
     plan = plan_weight_sync(cfg)
     engine = _engine_mid_decode(model_dir) if rank == 0 else None
     client = LocalClient(AsyncEngine(engine)) if rank == 0 else None
-    report = asyncio.run(worker.broadcast_to_inference_engines(client, plan, version=1))
+    report = asyncio.run(worker.sync_weights(client, plan, version=1))
     length = max(map(len, PROMPTS.values())) + MAX_TOKENS
     sequences = torch.zeros(len(PROMPTS), length, dtype=torch.long)
     if rank == 0:
