@@ -170,7 +170,10 @@ class PolicyWorker(ABC):
         return {"grad_norm": float(norm), **self.advance_lr()}
 
     def advance_lr(self) -> dict[str, float]:
-        """After an optimizer step: the learning rate it used (`lr`), and the schedule moved on."""
+        """After an optimizer step: the learning rate it used (`lr`), and the schedule moved on. An
+        optimizer put in place of the built one keeps its own rate (the schedule was the other's)."""
+        if self.lr_scheduler is not None and self.lr_scheduler.optimizer is not self.optimizer:
+            self.lr_scheduler = None
         lr = float(self.optimizer.param_groups[0]["lr"])
         if self.lr_scheduler is not None:
             self.lr_scheduler.step()
