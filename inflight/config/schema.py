@@ -327,6 +327,12 @@ class GeneratorConfig:
     """Most model turns per episode, >= 1, for environments that leave it to the run (a ToolEnv, your
     own environment without a `max_turns`); an environment that sets its own `max_turns` (e.g.
     chain_addition's chain) keeps it. Default 1 (single-turn)."""
+    skip_failed_rollouts: bool = True
+    """An episode whose environment fails (building it, `reset()`, turning its observation into
+    tokens) costs that sample, not the run: it scores 0 with what it generated so far (counted in
+    `rollout/failed`), or, when it failed before its first turn, its group is dropped and recorded as
+    `failed` in consumed.jsonl (never trained, never lost). false: the failure ends the run (SkyRL's
+    default). Rewards that fail always score 0 (`environment.reward_timeout_s`). Default true."""
 
 
 @dataclass

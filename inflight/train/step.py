@@ -328,4 +328,5 @@ def rollout_metrics(groups: Sequence[TrajectoryGroup], policy_version: int, thre
         "generated_tokens": float(lengths.sum()),
         "truncated_fraction": float(sum(t.finish_reason == "length" for t in trajs) / len(trajs)),
         "reward/failures": float(sum(t.reward_failed for t in trajs)),
+        "rollout/failed": float(sum(t.rollout_failed for t in trajs)),
     }

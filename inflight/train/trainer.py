@@ -86,6 +86,7 @@ class RLTrainer:
         self._started = 0.0
         self._consumed_file = None
         self._error: BaseException | None = None
+        self.failed_groups = 0  # groups dropped because an episode failed before its first turn
         self._last_eval: tuple[tuple[int, int], dict[str, Any]] | None = None
 
     # ---- set-up -------------------------------------------------------------------------------
@@ -197,10 +198,21 @@ class RLTrainer:
             self._consumed_file.write(json.dumps({"step": step, kind: prompt_ids}) + "\n")
             self._consumed_file.flush()
 
-    def reject(self, group: TrajectoryGroup) -> None:
-        """A group filtered out at generation: consumed, never trained."""
+    def reject(self, group: TrajectoryGroup, kind: str = "rejected") -> None:
+        """A group filtered out at generation (`rejected`: no reward signal; `failed`: an episode's
+        environment failed before its first turn): consumed, never trained, recorded as `kind`."""
         self.loader.mark_consumed(group.ref)
-        self._record_consumed(self.global_step + 1, [group.prompt_id], "rejected")
+        self._record_consumed(self.global_step + 1, [group.prompt_id], kind)
+        if kind == "failed":
+            self.failed_groups += 1
+
+    def _dropped(self, group: TrajectoryGroup) -> str | None:
+        """Why `group` is not trained on (`failed`, `rejected`), or None to train on it."""
+        if not group.usable:
+            return "failed"
+        if self.job.dynamic_sampling and not group.informative:
+            return "rejected"
+        return None
 
     async def _kv_counters(self) -> dict[str, float]:
         stats = await engine_stats(self.client)
@@ -238,6 +250,7 @@ class RLTrainer:
             "timing/step_s": step_s,
             "throughput/tokens_per_s": metrics["generated_tokens"] / max(step_s, 1e-9),
             "throughput/samples_per_s": metrics["samples"] / max(step_s, 1e-9),
+            "rollout/failed_groups": float(self.failed_groups),
         })
         interval = self.cfg.trainer.eval_interval
         if interval > 0 and self.global_step % interval == 0:
@@ -292,12 +305,12 @@ class SyncTrainer(RLTrainer):
                 break
             groups = list(await asyncio.gather(*(self._generate(r) for r in refs)))
             waited = time.perf_counter() - started
-            if self.job.dynamic_sampling:
-                for g in [g for g in groups if not g.informative]:
-                    self.reject(g)
-                groups = [g for g in groups if g.informative]
-                if not groups:
-                    continue
+            for g in groups:
+                if (why := self._dropped(g)) is not None:
+                    self.reject(g, why)
+            groups = [g for g in groups if self._dropped(g) is None]
+            if not groups:
+                continue
             if colocated:  # the trainer needs the memory; the sync wakes the engine up again
                 await self.client.sleep(offload_kv=False)
             await self._train_on(groups, waited, started)
@@ -360,10 +373,10 @@ class FullyAsyncTrainer(RLTrainer):
                 self._error = err
                 buffer.close()
                 raise
-            if self.job.dynamic_sampling and not group.informative:
+            if (why := self._dropped(group)) is not None:
                 manager.reject()
                 buffer.skip(seq)
-                self.reject(group)
+                self.reject(group, why)
             else:
                 manager.accept()
                 buffer.put(group, seq)
