@@ -43,6 +43,27 @@ def _locked(method):
     return wrapper
 
 
+def _check_values(hf_name: str, tensor: torch.Tensor, dtype: torch.dtype) -> None:
+    """Refuse a tensor whose values the engine could not hold as given: not floating point (an
+    integer tensor would be cast into other numbers), NaN or inf anywhere, or magnitudes beyond
+    what the engine's dtype holds (they would become inf). Rounding to a narrower float (float32
+    weights into a bfloat16 engine) is what every trainer does, and is fine."""
+    if not tensor.is_floating_point():
+        raise WeightUpdateError(
+            f"parameter {hf_name!r} is {str(tensor.dtype).removeprefix('torch.')}; weights must be floating "
+            f"point (the engine holds {str(dtype).removeprefix('torch.')})"
+        )
+    if not bool(torch.isfinite(tensor).all()):
+        raise WeightUpdateError(f"parameter {hf_name!r} holds NaN or inf values; the update is refused")
+    if torch.finfo(tensor.dtype).max > torch.finfo(dtype).max and tensor.numel():
+        biggest = float(tensor.abs().max())
+        if biggest > torch.finfo(dtype).max:
+            raise WeightUpdateError(
+                f"parameter {hf_name!r} holds {biggest:.3g}, beyond {str(dtype).removeprefix('torch.')}'s "
+                f"largest value {torch.finfo(dtype).max:.3g}"
+            )
+
+
 class LLMEngine:
     """A paged-KV inference engine that knows which weight version produced every block and token."""
 
@@ -406,6 +427,7 @@ class LLMEngine:
                 raise WeightUpdateError(
                     f"parameter {hf_name!r} has shape {shape}, expected {tuple(params[name].shape)}"
                 )
+            _check_values(hf_name, tensor, params[name].dtype)
 
     @_locked
     def finish_weight_update(self, version: int | None = None) -> int:
