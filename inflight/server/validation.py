@@ -11,6 +11,7 @@ response byte (`generation.py`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from inflight.engine.request import SamplingParams
 from inflight.server.errors import APIError
@@ -55,8 +56,28 @@ def check_model(model: str | None, served_model_name: str) -> None:
                        param="model", code="model_not_found")
 
 
+def invalid_unicode(value: Any, path: str = "") -> str | None:
+    """The dotted path of the first string in `value` (nested dicts and lists) that is not valid
+    Unicode (a lone UTF-16 surrogate such as "\\ud800", which JSON can carry and no tokenizer
+    can take), or None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path or "(body)"
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        if (found := invalid_unicode(item, f"{path}.{key}" if path else str(key))) is not None:
+            return found
+    return None
+
+
 def _check_common(req: OpenAIRequestBase, served_model_name: str) -> list[str]:
     """The checks both routes share; returns the stop strings."""
+    if (where := invalid_unicode(req.model_dump(exclude_none=True))) is not None:
+        raise APIError(400, f"{where} is not valid Unicode (it holds a lone UTF-16 surrogate such as "
+                       "\\ud800); send UTF-8 text", param=where.split(".")[0], code="invalid_value")
     check_model(req.model, served_model_name)
     if not 1 <= req.n <= MAX_N:
         raise APIError(400, f"n={req.n} must be between 1 and {MAX_N}", param="n", code="invalid_value")
