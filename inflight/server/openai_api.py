@@ -13,6 +13,7 @@ response (the tokens' weight versions are in `token_weight_versions` when `retur
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import time
@@ -37,16 +38,24 @@ from inflight.server.protocol import ChatCompletionRequest, CompletionRequest, G
 from inflight.server.validation import Checked, check_chat, check_completion, check_model
 
 SSE_KEEPALIVE_S = 10.0  # a stream that produced nothing for this long (a paused engine) sends a comment
+DEFAULT_MAX_PROMPTS_PER_REQUEST = 1024  # engine requests (prompts x n) one call may add
 
 
 @dataclass
 class ServeContext:
-    """What the routes share: the engine, the tokenizer and the name the model is served under."""
+    """What the routes share: the engine, the tokenizer and the name the model is served under.
+
+    `trust_request_chat_template`: whether a request may bring its own Jinja `chat_template` (off by
+    default, as vLLM's `--trust-request-chat-template`: a template is code, and a few hundred bytes of
+    nested loops render for seconds). `max_prompts_per_request`: the most engine requests (prompts
+    x n) one call may add."""
 
     engine: AsyncEngine
     tokenizer: Any
     served_model_name: str
     created: int
+    trust_request_chat_template: bool = False
+    max_prompts_per_request: int = DEFAULT_MAX_PROMPTS_PER_REQUEST
 
     @property
     def max_model_len(self) -> int:
@@ -65,6 +74,10 @@ def _check_length(ctx: ServeContext, prompt: list[int], param: str) -> None:
 
 def _calls(ctx: ServeContext, checked: Checked, prompts: list[list[int]], param: str) -> list[EngineCall]:
     req, base, calls = checked.req, uuid.uuid4().hex, []
+    if len(prompts) * req.n > ctx.max_prompts_per_request:
+        raise APIError(400, f"{len(prompts)} prompts x n={req.n} is {len(prompts) * req.n} generations; this "
+                       f"server takes at most {ctx.max_prompts_per_request} per request "
+                       "(--max-prompts-per-request): split the request", param=param, code="invalid_value")
     for p_index, prompt in enumerate(prompts):
         _check_length(ctx, prompt, param)
         for c in range(req.n):
@@ -156,7 +169,7 @@ def build_router(ctx: ServeContext, api_auth) -> APIRouter:
     @router.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request) -> Response:
         checked = check_completion(req, ctx.served_model_name)
-        prompts = _completion_prompts(ctx, req.prompt)
+        prompts = await asyncio.to_thread(_completion_prompts, ctx, req.prompt)  # never on the event loop
         kind = TextChoices(TokenNamer(ctx.tokenizer, req.return_tokens_as_token_ids), checked.top_logprobs,
                            req.return_token_ids)
         return await _respond(ctx, checked, prompts, kind, request, "prompt")
@@ -164,7 +177,11 @@ def build_router(ctx: ServeContext, api_auth) -> APIRouter:
     @router.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
         checked = check_chat(req, ctx.served_model_name)
-        prompt = chat_prompt(ctx.tokenizer, req)
+        if req.chat_template is not None and not ctx.trust_request_chat_template:
+            raise APIError(400, "this server does not run chat templates sent with a request (a template is "
+                           "code); start it with --trust-request-chat-template to allow them",
+                           param="chat_template", code="unsupported_parameter")
+        prompt = await asyncio.to_thread(chat_prompt, ctx.tokenizer, req)  # templating can be slow: off the loop
         kind = ChatChoices(TokenNamer(ctx.tokenizer, req.return_tokens_as_token_ids), checked.top_logprobs,
                            req.return_token_ids, checked.parse_tool_calls)
         return await _respond(ctx, checked, [prompt], kind, request, "messages")

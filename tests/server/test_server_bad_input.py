@@ -21,6 +21,7 @@ API_KEY = "api-secret"
 CONTROL = "control-secret"
 MAX_BODY = 64 * 1024
 CHAT = "/v1/chat/completions"
+SLOW_TOKENIZE_S = 2.0
 COMPLETIONS = "/v1/completions"
 
 
@@ -36,6 +37,8 @@ class ExplodingTokenizer:
     def __call__(self, text, *args, **kwargs):
         if text == "boom!":
             raise RuntimeError("tokenizer exploded")
+        if text == "slow!":  # a 15 MB prompt takes this long
+            time.sleep(SLOW_TOKENIZE_S)
         return self.inner(text, *args, **kwargs)
 
 
@@ -131,6 +134,10 @@ BAD_REQUESTS = [
     (COMPLETIONS, {"prompt": ["ok", "\udfff"]}, 400, "prompt", "invalid_value"),
     (CHAT, {"messages": [{"role": "user", "content": "x\ud800"}]}, 400, "messages", "invalid_value"),
     (CHAT, {"messages": [{"role": "user", "content": "x"}], "stop": ["\ud800"]}, 400, "stop", "invalid_value"),
+    # a request's own chat template is code: refused unless the server trusts it (finding 8)
+    (CHAT, {"messages": [{"role": "user", "content": "x"}], "chat_template": "{% for i in range(9) %}{% endfor %}"},
+     400, "chat_template", "unsupported_parameter"),
+    (COMPLETIONS, {"prompt": ["a"] * 9, "n": 128, "max_tokens": 1}, 400, "prompt", "invalid_value"),
 ]
 
 
@@ -259,3 +266,17 @@ def test_a_temperature_too_small_to_divide_by_answers_greedy_tokens(http, route,
         assert got.get("text", got.get("message")) == want.get("text", want.get("message"))
         flat = lambda lp: lp["token_logprobs"] if "token_logprobs" in lp else [t["logprob"] for t in lp["content"]]  # noqa: E731
         assert flat(got["logprobs"]) == pytest.approx(flat(want["logprobs"]), abs=1e-4)
+
+
+def test_slow_tokenization_does_not_stop_the_server(http):
+    """Issue 18 finding 8: tokenization ran on the event loop (a 15 MB prompt froze /health for
+    32.6 s). Now it runs in a thread: /health answers while a prompt takes seconds to tokenize."""
+    with ThreadPoolExecutor(1) as pool:
+        slow = pool.submit(http.post, COMPLETIONS, json={"prompt": "slow!", "max_tokens": 2, "temperature": 0})
+        time.sleep(0.3)  # the request is in its tokenizer now
+        started = time.perf_counter()
+        assert http.get("/health").status_code == 200
+        waited = time.perf_counter() - started
+        assert not slow.done()  # still tokenizing: /health did not wait for it
+        assert slow.result().status_code == 200
+    assert waited < SLOW_TOKENIZE_S / 2
