@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from transformers import GenerationConfig
 
+from inflight.engine.adapters import AdapterMerger, adapter_part
 from inflight.engine.blocks import BlockPool
 from inflight.engine.config import EngineConfig
 from inflight.engine.errors import EngineStateError, InvalidRequestError, WeightUpdateError
@@ -111,6 +112,7 @@ class LLMEngine:
         self._pending_outputs: list[RequestOutput] = []
         self._pause = PauseState()
         self._update = UpdateState()
+        self.adapters = AdapterMerger()  # base copies of the weights LoRA adapters were merged into
 
     # ---- set-up helpers -----------------------------------------------------------------------
     @staticmethod
@@ -404,8 +406,15 @@ class LLMEngine:
             raise EngineStateError("weights are asleep; wake_up(['weights']) before load_weights()")
         chunk = list(named_tensors)
         try:
+            adapter = [(n, t) for n, t in chunk if adapter_part(n) is not None]
+            chunk = [(n, t) for n, t in chunk if adapter_part(n) is None]
             self._check_chunk(chunk)
+            pieces = self._check_adapter(adapter)
+            if (pieces or update.adapter) and (chunk or update.loaded):
+                raise WeightUpdateError("an update carries full weights or a LoRA adapter, not both")
             loaded = self.model.copy_weights(chunk, keep_old=update.rollback)
+            for name, part, tensor in pieces:
+                update.adapter.setdefault(name, {})[part] = tensor
         except WeightUpdateError:
             self._update = replace(update, intact=False)
             self.stats.failed_weight_updates += 1
@@ -429,6 +438,25 @@ class LLMEngine:
                 )
             _check_values(hf_name, tensor, params[name].dtype)
 
+    def _check_adapter(self, adapter: list[tuple[str, torch.Tensor]]) -> list[tuple[str, str, torch.Tensor]]:
+        """(weight, part, float32 copy) of each adapter tensor, checked against the weight it adapts
+        (the copy: a chunk's tensors may be views of a buffer the sender reuses)."""
+        params = dict(self.model.named_parameters())
+        out = []
+        for hf_name, tensor in adapter:
+            if not isinstance(tensor, torch.Tensor):
+                raise WeightUpdateError(f"adapter tensor {hf_name!r} is a {type(tensor).__name__}, not a tensor")
+            target, _ = adapter_part(hf_name)
+            name, part = self.adapters.check(hf_name, tensor, params.get(self.model.resolve(target) or ""))
+            _check_values(hf_name, tensor, torch.float32)
+            out.append((name, part, tensor.detach().to(torch.float32, copy=True)))
+        return out
+
+    def _merge_adapter(self, update: UpdateState) -> None:
+        """Write `W0 + B @ A` into every weight the adapter (or an earlier one) touched."""
+        merged = self.adapters.merged(dict(self.model.named_parameters()), update.adapter)
+        update.loaded.update(self.model.copy_weights(merged.items(), keep_old=update.rollback))
+
     @_locked
     def finish_weight_update(self, version: int | None = None) -> int:
         """Complete the update: every parameter must have been loaded since begin_weight_update().
@@ -436,8 +464,16 @@ class LLMEngine:
         update = self._update
         if update.phase is not UpdatePhase.OPEN:
             raise EngineStateError("no weight update in progress; call begin_weight_update() first")
-        missing = sorted(self.model.hf_parameter_names() - update.loaded)
         new_version = self.weight_version + 1 if version is None else version
+        is_adapter = bool(update.adapter)
+        if is_adapter and new_version > self.weight_version:
+            try:
+                self._merge_adapter(update)
+            except WeightUpdateError:
+                self._update = UpdateState.invalid(update.rollback)
+                self.stats.failed_weight_updates += 1
+                raise
+        missing = [] if is_adapter else sorted(self.model.hf_parameter_names() - update.loaded)
         if missing or new_version <= self.weight_version:
             self._update = UpdateState.invalid(update.rollback)  # abort_weight_update() may still restore
             self.stats.failed_weight_updates += 1
@@ -449,6 +485,8 @@ class LLMEngine:
             raise WeightUpdateError(
                 f"weight version {new_version} must be greater than the current {self.weight_version}"
             )
+        if not is_adapter:
+            self.adapters.forget()  # the base weights are the ones just loaded
         self._update = UpdateState()
         self.weight_version = new_version
         self.stats.weight_updates += 1

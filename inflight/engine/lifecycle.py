@@ -46,6 +46,7 @@ class UpdateState:
 
     phase: UpdatePhase = UpdatePhase.NONE
     loaded: set[str] = field(default_factory=set)  # OPEN: parameters loaded since begin
+    adapter: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)  # OPEN: weight -> {"A", "B"}
     rollback: dict[str, torch.Tensor] | None = None  # old storage per overwritten parameter, for abort
     intact: bool = True  # OPEN without rollback: the parameters still hold the complete weights
 
