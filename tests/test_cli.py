@@ -29,6 +29,6 @@ def test_train_refuses_a_missing_config_file_and_unimplemented_keys_at_once(tmp_
     assert main(["--config", str(tmp_path / "nope.yaml")]) == 2
     err = capsys.readouterr().err
     assert "nope.yaml" in err and "the config file does not exist" in err and "Traceback" not in err
-    assert main(["trainer.policy.model.lora.rank=8", f"job.output_dir={tmp_path}"]) == 2
-    assert "LoRA is not implemented yet" in capsys.readouterr().err
+    assert main(["generator.inference_engine.tensor_parallel_size=2", f"job.output_dir={tmp_path}"]) == 2
+    assert "> 1 is not implemented yet" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())  # nothing was built or written

@@ -5,7 +5,8 @@ The model is random-init with a named shape (default Qwen2.5-0.5B's: hidden 896,
 / 2 KV heads, MLP 4864, vocabulary 151936, tied embeddings); the batch is `--seqs` random sequences of
 `--len` tokens, every token in the loss. Each mode runs in its own fresh process, so its peak RSS is
 its own: `fp32` (the policy worker as the trainer builds it), `bf16` (bfloat16 compute over float32
-master weights), `bf16_gc` (plus activation checkpointing), and `plain` (the baseline: the same
+master weights), `bf16_gc` (plus activation checkpointing), `lora16` (a rank-16 `peft` adapter on
+every linear layer, float32: only the adapter trains), and `plain` (the baseline: the same
 model, token-mean NLL, gradient clipping and AdamW written straight against transformers and torch).
 A step is timed after `--warmup` untimed steps. Achieved FLOP/s counts the useful work, forward and
 backward (3 x the forward's 2 FLOPs per parameter and token, plus the LM head and causal attention;
@@ -30,7 +31,7 @@ SHAPES: dict[str, dict[str, Any]] = {
     "small": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, vocab_size=1024, tie_word_embeddings=True),
 }
-MODES = ("plain", "fp32", "bf16", "bf16_gc")
+MODES = ("plain", "fp32", "bf16", "bf16_gc", "lora16")
 
 
 def build_model(shape: str, out: Path) -> Path:
@@ -82,8 +83,9 @@ def _worker_step(model_dir: Path, batch, mode: str) -> Any:
     from inflight.config import load_config
     from inflight.train import LocalPolicyWorker
 
+    lora = ["trainer.policy.model.lora.rank=16", "trainer.policy.model.lora.alpha=32"] if mode == "lora16" else []
     cfg = load_config(None, [f"trainer.policy.model.path={model_dir}",
-                             f"trainer.micro_train_batch_size_per_gpu={batch.input_ids.shape[0]}"])
+                             f"trainer.micro_train_batch_size_per_gpu={batch.input_ids.shape[0]}", *lora])
     worker = LocalPolicyWorker(cfg, bf16=mode.startswith("bf16"), gradient_checkpointing=mode.endswith("_gc"))
     worker.setup()
     return lambda: worker.train_step(batch)

@@ -15,20 +15,12 @@ from inflight.config.errors import ConfigError, Violation
 from inflight.config.keys import get_key
 from inflight.config.schema import Config
 
-_LORA = "LoRA is not implemented yet (issue 17)"
 NOT_IMPLEMENTED: dict[str, tuple[Callable[[Any], bool], str, str]] = {
     "generator.inference_engine.tensor_parallel_size": (
         lambda v: v == 1,
         "> 1 is not implemented yet: an engine runs on one device",
         "set generator.inference_engine.tensor_parallel_size=1 (generator.inference_engine.num_engines "
         "adds engines)",
-    ),
-    "trainer.policy.model.lora.rank": (lambda v: v == 0, f"> 0: {_LORA}", "set trainer.policy.model.lora.rank=0"),
-    "trainer.policy.model.lora.alpha": (
-        lambda v: v == 16, f"is set: {_LORA}", "remove trainer.policy.model.lora.alpha (default 16)"
-    ),
-    "trainer.policy.model.lora.dropout": (
-        lambda v: v == 0.0, f"is set: {_LORA}", "remove trainer.policy.model.lora.dropout (default 0.0)"
     ),
 }
 """key -> (implemented(value), rule, fix): a value that is not implemented is refused with this rule."""

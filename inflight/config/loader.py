@@ -136,7 +136,7 @@ def _flatten(data: Mapping[str, Any], prefix: str, out: dict[str, Any], problems
             out[key] = value
 
 
-NAME_LISTS = frozenset({"trainer.logger"})
+NAME_LISTS = frozenset({"trainer.logger", "trainer.policy.model.lora.target_modules"})
 """List keys whose items are plain names (no commas in them): one name or a comma list is a list."""
 
 

@@ -64,15 +64,18 @@ class FullyAsyncConfig:
 
 @dataclass
 class LoraConfig:
-    """LoRA adapters on the policy: not implemented yet (issue 17). A run refuses a rank > 0 and an
-    alpha or dropout away from its default (`inflight.config.implemented`)."""
+    """LoRA adapters on the policy (`peft`): only the adapters train, and each weight sync sends the
+    adapter, which the engines merge into their base weights."""
 
     rank: int = 0
     """Rank of the adapters; 0 (default) disables LoRA."""
     alpha: int = 16
-    """LoRA scaling alpha. Default 16."""
+    """LoRA scaling alpha (the update is scaled by alpha / rank). Default 16."""
     dropout: float = 0.0
-    """Dropout on the adapters, in [0, 1). Default 0."""
+    """Dropout on the adapters' input during training, in [0, 1). Default 0."""
+    target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
+    """Modules that get adapters: `all-linear` (default, SkyRL's: every linear layer but the LM head)
+    or module names (`q_proj,v_proj`)."""
 
 
 @dataclass

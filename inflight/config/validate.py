@@ -175,6 +175,22 @@ for _keys, _ok, _text, _fix in _RANGES:
         _range_rule(_key, _ok, _text, _fix.format(key=_key))
 
 
+@_rule(LORA_RANK, "trainer.strategy", COLOCATE, POLICY_NODES, POLICY_GPUS)
+def _lora_runs_where_implemented(cfg: Config) -> Iterator[Violation]:
+    if cfg.trainer.policy.model.lora.rank == 0:
+        return
+    trainer = cfg.trainer
+    if trainer.strategy == "megatron":
+        yield Violation(LORA_RANK, trainer.policy.model.lora.rank, "LoRA with trainer.strategy=megatron is not "
+                        "implemented yet", f"use trainer.strategy=fsdp, or {LORA_RANK}=0")
+    if trainer.placement.policy_num_nodes * trainer.placement.policy_num_gpus_per_node > 1:
+        yield Violation(LORA_RANK, trainer.policy.model.lora.rank, "LoRA on more than one policy rank is not "
+                        "implemented yet", f"set {POLICY_NODES}=1 and {POLICY_GPUS}=1, or {LORA_RANK}=0")
+    if trainer.placement.colocate_all:
+        yield Violation(COLOCATE, True, "a colocated engine sleeps, dropping the base weights a LoRA adapter "
+                        "is merged into", f"set {COLOCATE}=false, or {LORA_RANK}=0")
+
+
 @_rule("trainer.strategy", "trainer.bf16", "trainer.gradient_checkpointing")
 def _megatron_precision(cfg: Config) -> Iterator[Violation]:
     if cfg.trainer.strategy == "megatron":

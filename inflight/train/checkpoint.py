@@ -3,7 +3,9 @@
 Layout under `trainer.ckpt_path`:
 
     global_step_<k>/model/       HF directory (config, tokenizer, model.safetensors): the engine and
-                                 the worker both load it on resume
+                                 the worker both load it on resume; a LoRA policy's has its
+                                 adapters merged (the HF export)
+    global_step_<k>/adapter/     a LoRA policy's adapter in peft's format (PeftModel.from_pretrained)
     global_step_<k>/optimizer_rank<r>.pt   AdamW state and the learning-rate schedule's position
     global_step_<k>/state.json   step, weight version, data-loader record, trainer extras
     latest                       the name of the newest complete checkpoint
@@ -25,6 +27,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 
+from inflight.train.lora import lora_enabled, save_adapter
 from inflight.train.workers.base import PolicyWorker
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
@@ -81,6 +84,8 @@ def save_checkpoint(
         shutil.rmtree(tmp)
     save_model_dir(worker, base_model_dir, tmp / "model")
     tmp.mkdir(parents=True, exist_ok=True)
+    if lora_enabled(worker.cfg) and worker.rank == 0:
+        save_adapter(worker.model, tmp / "adapter")
     schedule = worker.lr_scheduler.state_dict() if worker.lr_scheduler is not None else None
     torch.save({"optimizer": worker.optimizer.state_dict(), "lr_scheduler": schedule},
                tmp / f"optimizer_rank{worker.rank}.pt")

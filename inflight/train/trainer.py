@@ -44,6 +44,7 @@ from inflight.train.checkpoint import load_latest
 from inflight.train.data_setup import check_generated
 from inflight.train.engine_process import engine_stats
 from inflight.train.job_config import JobConfig
+from inflight.train.lora import lora_enabled
 from inflight.train.metrics import MetricsLogger
 from inflight.train.run_logs import open_run_logs
 from inflight.train.runtime import Policy, Runtime, Starter, start_local
@@ -96,6 +97,11 @@ class RLTrainer:
         if cfg.trainer.policy.model.path is None:
             raise ValueError("no model: set trainer.policy.model.path")
         ckpt = load_latest(cfg.trainer.ckpt_path) if job.resume else None
+        if ckpt is not None and lora_enabled(cfg):
+            raise NotImplementedError(
+                f"resuming a LoRA run is not implemented yet: {ckpt.path} holds the merged model (model/) and the "
+                "adapter (adapter/); start a new run from the merged model (trainer.policy.model.path="
+                f"{ckpt.model_dir}) or set job.resume=false")
         model_dir = ckpt.model_dir if ckpt else cfg.trainer.policy.model.path
         self.runtime = await self._start(cfg, job, pad_id=self._pad_id(), model_dir=model_dir,
                                          version=ckpt.weight_version if ckpt else 0, ckpt=ckpt)

@@ -17,9 +17,6 @@ from inflight.train.step import StepOptions
 PACKAGE = Path(__file__).resolve().parents[2] / "inflight"
 REFUSED_VALUES = {
     "generator.inference_engine.tensor_parallel_size": 2,
-    "trainer.policy.model.lora.rank": 8,
-    "trainer.policy.model.lora.alpha": 32,
-    "trainer.policy.model.lora.dropout": 0.1,
 }
 
 
@@ -67,8 +64,14 @@ def test_a_run_refuses_what_is_not_implemented(key, tmp_path):
         assert key in v.fix
 
 
-def test_lora_is_refused_as_issue_17():
+def test_lora_is_implemented_and_refused_only_where_it_is_not():
     cfg = load_config(None, ["trainer.policy.model.lora.rank=16", "trainer.policy.model.lora.alpha=32"])
-    with pytest.raises(ConfigError, match="LoRA is not implemented yet") as err:
-        StepOptions.from_config(cfg)
-    assert err.value.keys == ["trainer.policy.model.lora.rank", "trainer.policy.model.lora.alpha"]
+    StepOptions.from_config(cfg)  # the local worker trains LoRA: nothing refused
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["trainer.policy.model.lora.rank=8", "trainer.strategy=megatron",
+                           "trainer.placement.policy_num_gpus_per_node=2"])
+    assert [v.rule.split(" is ")[0] for v in err.value.violations] == [
+        "LoRA with trainer.strategy=megatron", "LoRA on more than one policy rank"]
+    with pytest.raises(ConfigError, match="dropping the base weights a LoRA adapter is merged into"):
+        load_config(None, ["trainer.policy.model.lora.rank=8", "trainer.placement.colocate_all=true",
+                           "trainer.fully_async.enabled=false"])

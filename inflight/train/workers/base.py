@@ -218,6 +218,11 @@ class PolicyWorker(ABC):
         self.model.eval()
         return self.compute_logprobs(batch.to(self.device)).detach()
 
+    def iter_sync_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """What a weight sync sends (HF names; a collective like `iter_full_hf_tensors`): the full
+        weights, or a LoRA policy's adapter (`inflight.train.lora.adapter_tensors`)."""
+        return self.iter_full_hf_tensors()
+
     def full_hf_state_dict(self) -> dict[str, torch.Tensor]:
         """The full HF-named state (CPU copies). A collective: call it on every rank."""
         return {name: t.detach().to("cpu", copy=True) for name, t in self.iter_full_hf_tensors()}
@@ -241,7 +246,7 @@ class PolicyWorker(ABC):
         until a complete update lands, and the error says so. Every rank must call this; only rank
         0 uses `client` and `transport`.
         """
-        stream = _TensorStream(self.iter_full_hf_tensors())
+        stream = _TensorStream(self.iter_sync_tensors())
         if self.rank != 0:
             stream.drain()
             ok, new_version = self.agree(True, version)

@@ -25,6 +25,8 @@ import torch.distributed as dist
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from inflight.config import ConfigError, Violation
+from inflight.train.lora import lora_enabled
 from inflight.train.workers.local import LocalPolicyWorker
 
 
@@ -34,6 +36,10 @@ class FSDPPolicyWorker(LocalPolicyWorker):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        if lora_enabled(self.cfg):
+            raise ConfigError([Violation("trainer.policy.model.lora.rank", self.cfg.trainer.policy.model.lora.rank,
+                                         "LoRA on FSDP ranks is not implemented yet",
+                                         "run one policy rank (the local worker), or set lora.rank=0")])
         if dist.is_initialized():
             self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
 

@@ -19,6 +19,7 @@ import torch
 
 from inflight.config import Config
 from inflight.train.batch import TrainBatch
+from inflight.train.lora import adapter_tensors, apply_lora, lora_enabled, merged_tensors
 from inflight.train.losses import LossFn, token_logprobs
 from inflight.train.workers.base import PolicyWorker
 
@@ -65,7 +66,8 @@ class LocalPolicyWorker(PolicyWorker):
         return model.to(self.device)
 
     def build_model(self) -> None:
-        self.model = self.load_hf_model()
+        model = self.load_hf_model()
+        self.model = apply_lora(model, self.cfg) if lora_enabled(self.cfg) else model
 
     def autocast(self) -> AbstractContextManager:
         """The forward's precision context: bfloat16 autocast when `bf16`, else nothing."""
@@ -79,5 +81,11 @@ class LocalPolicyWorker(PolicyWorker):
         return token_logprobs(logits, batch.input_ids, self.temperature)
 
     def iter_full_hf_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        if lora_enabled(self.cfg):
+            yield from merged_tensors(self.model)
+            return
         for name, param in self.model.named_parameters():
             yield name, param.detach()
+
+    def iter_sync_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return adapter_tensors(self.model) if lora_enabled(self.cfg) else self.iter_full_hf_tensors()
