@@ -153,6 +153,9 @@ class PolicyActor:
     async def save(self, root: str, step: int, data: dict, extra: dict, keep: int) -> str:
         return await self.policy.save(root, step, data, extra, keep)
 
+    async def export(self, root: str, step: int) -> str:
+        return await self.policy.export(root, step)
+
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
@@ -207,3 +210,6 @@ class RayPolicy:
 
     async def save(self, root: str | Path, step: int, data: dict, extra: dict, keep: int) -> str:
         return await self._all("save", str(root), step, data, extra, keep)
+
+    async def export(self, root: str | Path, step: int) -> str:
+        return await self._all("export", str(root), step)

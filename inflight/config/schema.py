@@ -199,6 +199,11 @@ class TrainerConfig:
     """Directory for resumable checkpoints; none (default) disables checkpointing."""
     ckpt_interval: int = 10
     """Save a checkpoint every this many steps, >= 1. Default 10."""
+    hf_save_interval: int = -1
+    """Export the policy as a Hugging Face model (in the model's own dtype; LoRA: merged, plus the
+    adapter) every this many steps and after the last one; -1 (default, SkyRL's): never."""
+    export_path: str | None = None
+    """Where the exports go (`<export_path>/global_step_<k>/`); null (default): <job.output_dir>/exports."""
     eval_interval: int = 5
     """Evaluate on the held-out sets every this many steps, >= 0; 0 turns evaluation off (also before
     and after training). Default 5 (SkyRL's). `job.eval_interval` is an alias of this key."""

@@ -52,12 +52,24 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def save_model_dir(worker: PolicyWorker, base_model_dir: str | Path, out: Path) -> None:
-    """The worker's full weights as an HF directory (non-weight files copied from the base model).
-    A collective: every rank must call it; rank 0 writes."""
+def model_dtype(model_dir: str | Path) -> torch.dtype | None:
+    """The dtype a Hugging Face directory's config.json declares (`dtype`, or the older
+    `torch_dtype`), None when it declares none."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    name = config.get("dtype") or config.get("torch_dtype")
+    dtype = getattr(torch, str(name), None) if name else None
+    return dtype if isinstance(dtype, torch.dtype) else None
+
+
+def save_model_dir(worker: PolicyWorker, base_model_dir: str | Path, out: Path,
+                   dtype: torch.dtype | None = None) -> None:
+    """The worker's full weights as an HF directory (non-weight files copied from the base model),
+    floating tensors cast to `dtype` when given. A collective: every rank must call it; rank 0 writes."""
     state = worker.full_hf_state_dict()
     if worker.rank != 0:
         return
+    if dtype is not None:
+        state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
     out.mkdir(parents=True, exist_ok=True)
     for item in Path(base_model_dir).iterdir():
         if item.is_file() and not item.name.endswith(WEIGHT_SUFFIXES) and item.name != "model.safetensors.index.json":
@@ -100,6 +112,26 @@ def save_checkpoint(
         _write_atomic(root / "latest", final.name)
         for old in sorted(root.glob("global_step_*"), key=lambda p: int(p.name.rsplit("_", 1)[1]))[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def export_model(worker: PolicyWorker, base_model_dir: str | Path, root: str | Path, step: int) -> Path:
+    """`<root>/global_step_<step>/`: the policy as a Hugging Face directory in the model's own dtype
+    (config.json's; a bf16 model exports half the bytes of its float32 master weights), a LoRA
+    policy's with its adapters merged plus the adapter in `adapter/`. Written under a temporary
+    name and renamed when complete. A collective: every rank must call it. (Checkpoints keep the
+    float32 master weights, so that a resumed run continues exactly.)"""
+    root = Path(root)
+    final, tmp = root / f"global_step_{step}", root / f".global_step_{step}.export.tmp"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    save_model_dir(worker, base_model_dir, tmp, model_dtype(base_model_dir))
+    if worker.rank == 0:
+        if lora_enabled(worker.cfg):
+            save_adapter(worker.model, tmp / "adapter")
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
     return final
 
 

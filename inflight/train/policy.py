@@ -19,7 +19,7 @@ import torch
 from inflight.client.base import InferenceClient
 from inflight.config import Config
 from inflight.rollout.generator import TrajectoryGroup
-from inflight.train.checkpoint import CheckpointState, load_optimizer, save_checkpoint
+from inflight.train.checkpoint import CheckpointState, export_model, load_optimizer, save_checkpoint
 from inflight.train.job_config import JobConfig
 from inflight.train.step import StepOptions, TrainingStep
 from inflight.train.workers.base import PolicyWorker, SyncReport
@@ -153,6 +153,11 @@ class LocalPolicy:
             self.timings["send_bytes_per_s"] = report.bytes / send
         self.history.append(self.timings)
         return report
+
+    async def export(self, root: str | Path, step: int) -> str:
+        """The policy as a Hugging Face model under `root` (`checkpoint.export_model`); its path."""
+        path = await asyncio.to_thread(export_model, self.worker, self.base_model_dir, root, step)
+        return str(path)
 
     async def save(self, root: str | Path, step: int, data: dict[str, Any], extra: dict[str, Any], keep: int) -> str:
         """A checkpoint of the worker at `step` (with the data loader's state `data`); its path."""

@@ -49,6 +49,8 @@ class Policy(Protocol):
 
     async def save(self, root: str | Path, step: int, data: dict, extra: dict, keep: int) -> str: ...
 
+    async def export(self, root: str | Path, step: int) -> str: ...
+
 
 class Runtime(Protocol):
     """The engines' client and the policy of one run; `close()` stops both (idempotent)."""

@@ -265,7 +265,14 @@ class RLTrainer:
         ckpt = self.cfg.trainer.ckpt_path
         if ckpt and self.global_step % self.cfg.trainer.ckpt_interval == 0:
             await self._save(data_state)
+        export = self.cfg.trainer.hf_save_interval
+        if export > 0 and self.global_step % export == 0:
+            await self._export()
         return metrics
+
+    async def _export(self) -> Path:
+        root = self.cfg.trainer.export_path or str(Path(self.job.output_dir) / "exports")
+        return Path(await self.policy.export(root, self.global_step))
 
     async def _save(self, data_state: dict[str, Any] | None = None) -> Path:
         data_state = data_state or self.loader.state()
@@ -283,6 +290,9 @@ class RLTrainer:
         if self.cfg.trainer.ckpt_path and self.global_step > start_step and \
                 self.global_step % self.cfg.trainer.ckpt_interval != 0:
             await self._save()
+        export = self.cfg.trainer.hf_save_interval
+        if export > 0 and self.global_step > start_step and self.global_step % export != 0:
+            await self._export()
         return self.history
 
     async def _run(self) -> None:

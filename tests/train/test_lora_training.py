@@ -30,7 +30,8 @@ def test_lora_trains_the_adapter_and_syncs_it_in_flight(model_dir, tmp_path):
     cfg, job = rl_config(model_dir, tmp_path / "run", [
         "job.max_steps=2", "trainer.eval_interval=0", "trainer.policy.model.lora.rank=4",
         "trainer.policy.model.lora.alpha=8", f"trainer.ckpt_path={ckpt}", "trainer.ckpt_interval=2",
-        "trainer.policy.optimizer_config.lr=1e-2"])
+        "trainer.policy.optimizer_config.lr=1e-2", "trainer.hf_save_interval=1",
+        f"trainer.export_path={tmp_path / 'exports'}"])
     task = small_task()
     prompt = task.encode(task.eval_problems()[0].prompt)
 
@@ -67,6 +68,9 @@ def test_lora_trains_the_adapter_and_syncs_it_in_flight(model_dir, tmp_path):
         moved = (merged(torch.tensor([prompt])).logits - base(torch.tensor([prompt])).logits).abs().max()
     assert moved > 1e-3
 
+    exports = sorted(p.name for p in (tmp_path / "exports").iterdir())
+    assert exports == ["global_step_1", "global_step_2"]  # every step (trainer.hf_save_interval=1)
+    assert (tmp_path / "exports" / "global_step_2" / "adapter" / "adapter_config.json").is_file()
     step = ckpt / "global_step_2"
     exported = AutoModelForCausalLM.from_pretrained(step / "model", dtype=torch.float32).eval()
     loaded = peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_dir), step / "adapter").eval()
