@@ -65,7 +65,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-BENCHMARKS = "engine | weight-sync | serve | rl"
+BENCHMARKS = "engine | weight-sync | serve | rl | train-step"
 
 
 def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
@@ -83,10 +83,19 @@ def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
         from inflight.bench.serve_bench import main as bench_main
     elif args.what == "rl":
         from inflight.bench.rl_bench import main as bench_main
+    elif args.what == "train-step":
+        from inflight.bench.train_step_bench import main as bench_main
     else:
-        print(f"error: unknown benchmark {args.what!r}; available: engine, weight-sync, serve, rl", file=sys.stderr)
+        print(f"error: unknown benchmark {args.what!r}; available: {BENCHMARKS}", file=sys.stderr)
         return 2
     return bench_main(rest)
+
+
+async def _start_ray(*args, **kwargs):
+    """`inflight.cluster.start_ray`, imported on use: only `--ray` runs need Ray installed."""
+    from inflight.cluster import start_ray
+
+    return await start_ray(*args, **kwargs)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -124,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "train":
         from inflight.train.main import main as train_main
 
-        return train_main(rest)
+        return train_main(rest, start_ray=_start_ray)
     if args.command == "eval":
         from inflight.eval.cli import main as eval_main
 

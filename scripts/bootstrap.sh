@@ -14,6 +14,6 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # torch first, pinned, so nothing below can pull a multi-GB CUDA build.
   # shellcheck disable=SC2086
   .venv/bin/python -m pip install -q $TORCH_SPEC
-  .venv/bin/python -m pip install -q -e ".[test,megatron,ray]" $TORCH_SPEC
+  .venv/bin/python -m pip install -q -e ".[test,megatron,ray,trackers,lora]" $TORCH_SPEC
   echo "$want" > "$stamp"
 fi

@@ -20,3 +20,15 @@ def test_bench_without_a_name_lists_the_benchmarks(capsys):
     assert main(["bench", "--help"]) == 0
     assert main(["bench"]) == 2
     assert "engine,weight-sync,serve,rl" in capsys.readouterr().out
+
+
+def test_train_refuses_a_missing_config_file_and_unimplemented_keys_at_once(tmp_path, capsys):
+    """rc 2 and one line naming the problem, before any model is built (issue 18, finding 11)."""
+    from inflight.train.main import main
+
+    assert main(["--config", str(tmp_path / "nope.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "nope.yaml" in err and "the config file does not exist" in err and "Traceback" not in err
+    assert main(["generator.inference_engine.tensor_parallel_size=2", f"job.output_dir={tmp_path}"]) == 2
+    assert "> 1 is not implemented yet" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # nothing was built or written

@@ -21,19 +21,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from inflight.bench import vllm_side
 from inflight.bench.common import (
-    MODEL_SHAPES,
     TCMALLOC_NAMES,
     CpuMonitor,
     Worker,
@@ -51,115 +49,14 @@ from inflight.bench.engine_report import (
     refusal,
 )
 from inflight.bench.engine_sides import call_side, close_side, open_side, setup_process
+from inflight.bench.engine_workload import (
+    DEFAULT_HF_BATCH_SIZES,
+    BenchConfig,
+    Workload,
+    make_workload,
+)
 
-DEFAULT_HF_BATCH_SIZES = (32, 64)
 PEERS = ("transformers", "vllm")
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """The benchmark model's transformers config overrides (a Qwen2 shape)."""
-
-    hidden_size: int
-    num_hidden_layers: int
-    intermediate_size: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    vocab_size: int
-    max_position_embeddings: int = 1024
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
-
-    def trunk_matmul_params(self) -> int:
-        """Weights of the per-layer matmuls (q, k, v, o, gate, up, down) over all layers."""
-        h, kv = self.hidden_size, self.num_key_value_heads * self.head_dim
-        return self.num_hidden_layers * (2 * h * h + 2 * h * kv + 3 * h * self.intermediate_size)
-
-
-FULL_MODEL = ModelShape(**MODEL_SHAPES["50m"])  # hidden 512, 13 layers, MLP 1536, 8/4 heads, vocab 8192
-SMALL_MODEL = ModelShape(128, 4, 512, 4, 2, 512)
-
-
-@dataclass
-class BenchConfig:
-    """Everything `run_benchmark` needs; the CLI flags map onto these fields."""
-
-    small: bool = False
-    requests: int = 64
-    min_len: int = 16
-    max_len: int = 256
-    dtype: str = "float32"
-    against: tuple[str, ...] = ("transformers",)  # any of PEERS; empty: the engine alone
-    repeats: int = 3  # quiet timed passes wanted per side
-    max_rounds: int = 0  # rounds of passes at most, until every side has `repeats` quiet ones; 0: 3 × repeats
-    # a pass is quiet when other processes used at most this share of the CPUs meanwhile
-    max_other_cpu: float = DEFAULT_MAX_OTHER_CPU
-    hf_batch_sizes: tuple[int, ...] = DEFAULT_HF_BATCH_SIZES
-    threads: int = 2
-    seed: int = 0
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
-    block_size: int | None = None  # KV block size on every side; None: each one's own (16 / 128)
-    model_dir: str | None = None
-    profile: bool = False  # one extra engine run under torch.profiler; the op table goes in the result
-    vllm_python: str | None = None  # None: vllm_side.default_python()
-    vllm_kv_cache_gib: int = 2
-    # malloc of the engine's and transformers' processes: "auto" preloads tcmalloc where found (as on
-    # vLLM's side), "tcmalloc" requires it, "system" keeps glibc's
-    allocator: str = "auto"
-    vllm_env: dict[str, str] = field(default_factory=dict)  # on top of vllm_side.vllm_env's settings
-    vllm_kwargs: dict[str, Any] = field(default_factory=dict)  # extra vllm.LLM(...) arguments
-
-    @property
-    def shape(self) -> ModelShape:
-        return SMALL_MODEL if self.small else FULL_MODEL
-
-    @property
-    def quiet_limit(self) -> float:
-        """Cores that others may use during a quiet pass."""
-        return self.max_other_cpu * (os.cpu_count() or 1)
-
-
-@dataclass
-class Workload:
-    """The requests (prompt token ids, output lengths) and the useful FLOPs of serving them once."""
-
-    prompts: list[list[int]]
-    output_lens: list[int]
-    flops: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def prompt_tokens(self) -> int:
-        return sum(len(p) for p in self.prompts)
-
-    @property
-    def output_tokens(self) -> int:
-        return sum(self.output_lens)
-
-
-def make_workload(cfg: BenchConfig) -> Workload:
-    """Seeded random prompts and output lengths, plus the useful FLOPs of serving them once."""
-    rng = random.Random(cfg.seed)
-    shape = cfg.shape
-    prompts, output_lens = [], []
-    for _ in range(cfg.requests):
-        prompts.append(
-            [rng.randrange(shape.vocab_size) for _ in range(rng.randint(cfg.min_len, cfg.max_len))]
-        )
-        output_lens.append(rng.randint(cfg.min_len, cfg.max_len))
-    work = Workload(prompts, output_lens)
-    head = shape.hidden_size * shape.vocab_size
-    # QK^T and AV: 2 matmuls × 2 FLOPs × heads × head_dim per attended position, per layer
-    per_ctx = 4 * shape.num_hidden_layers * shape.num_attention_heads * shape.head_dim
-    tokens = [len(p) + o for p, o in zip(prompts, output_lens, strict=True)]
-    work.flops = {
-        "matmul": 2.0 * shape.trunk_matmul_params() * sum(tokens) + 2.0 * head * work.output_tokens,
-        "attention": float(per_ctx * sum(n * (n + 1) // 2 for n in tokens)),
-    }
-    work.flops["total"] = work.flops["matmul"] + work.flops["attention"]
-    return work
 
 
 # ---- orchestration ------------------------------------------------------------------------------

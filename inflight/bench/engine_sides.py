@@ -8,7 +8,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from inflight.bench.engine_bench import BenchConfig, Workload
+    from inflight.bench.engine_workload import BenchConfig, Workload
 
 _SIDE: dict[str, Any] = {}  # in a worker process: the loaded side
 

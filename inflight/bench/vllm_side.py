@@ -22,7 +22,7 @@ import inflight
 from inflight.bench.common import SYSTEM_LIB_DIRS, TCMALLOC_NAMES, find_library
 
 if TYPE_CHECKING:
-    from inflight.bench.engine_bench import BenchConfig, Workload
+    from inflight.bench.engine_workload import BenchConfig, Workload
 
 WORKER_SCRIPT = Path(__file__).with_name("vllm_worker.py")
 DEFAULT_VENV = Path(inflight.__file__).resolve().parents[1] / ".venv-vllm"

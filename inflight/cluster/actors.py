@@ -22,17 +22,19 @@ from typing import Any
 import ray
 import torch
 
-from inflight.client.fanout import FanOutClient
 from inflight.client.ops import apply_op
 from inflight.client.process import RayEngineClient, ReceiverSpec, start_receiver
 from inflight.config import Config
 from inflight.engine.config import EngineConfig
+from inflight.rollout.generator import TrajectoryGroup
 from inflight.train.checkpoint import CheckpointState
-from inflight.train.generator import TrajectoryGroup
 from inflight.train.job_config import JobConfig
 from inflight.train.policy import LocalPolicy
-from inflight.train.trainer import make_sender, receiver_spec
+from inflight.train.runtime import one_client
+from inflight.train.sender import make_sender, receiver_spec
+from inflight.train.workers.base import SyncReport
 from inflight.weight_sync import transport_kind
+from inflight.weight_sync.transport import WeightTransport
 
 
 @ray.remote
@@ -59,9 +61,10 @@ class EngineActor:
 
 @ray.remote
 class PolicyActor:
-    """One rank of the policy: its worker, the training step and the dispatch; rank 0 also holds
-    the weight transport's sending side and the client of every engine. With several ranks they
-    form one torch.distributed group (gloo on CPU, nccl on CUDA) at rank 0's `rendezvous()`."""
+    """One rank of the policy (a `LocalPolicy`: its worker, the training step and the weight sync);
+    rank 0 also holds the weight transport's sending side and the client of every engine. With
+    several ranks they form one torch.distributed group (gloo on CPU, nccl on CUDA) at rank 0's
+    `rendezvous()`."""
 
     def __init__(
         self, cfg: Config, job: JobConfig, pad_id: int, model_dir: str, rank: int = 0, world_size: int = 1
@@ -69,9 +72,9 @@ class PolicyActor:
         torch.set_num_threads(job.threads)
         if world_size > 1 and job.worker not in ("auto", "fsdp", "megatron"):
             raise ValueError(f"job.worker={job.worker!r} cannot train on {world_size} ranks: use fsdp")
-        self.cfg, self.job, self.rank, self.world_size = cfg, job, rank, world_size
-        self.policy = LocalPolicy(cfg, job, pad_id)
-        self.transport: Any = None
+        self.cfg, self.job, self.pad_id, self.rank, self.world_size = cfg, job, pad_id, rank, world_size
+        self.policy: LocalPolicy | None = None
+        self.transport: WeightTransport | None = None
         if rank == 0:  # only rank 0 talks to the engines
             self.transport = make_sender(cfg, model_dir, job.trainer_device, host=_node_ip())
 
@@ -94,7 +97,6 @@ class PolicyActor:
         self,
         engines: list[Any],
         model_dir: str,
-        base_model_dir: str,
         version: int,
         ckpt: CheckpointState | None,
         init_method: str | None = None,
@@ -105,12 +107,11 @@ class PolicyActor:
             await asyncio.to_thread(self._join, init_method)
         client = None
         if self.rank == 0:
-            clients = [RayEngineClient(e) for e in engines]
-            client = clients[0] if len(clients) == 1 else FanOutClient(clients)
+            client = one_client([RayEngineClient(e) for e in engines])
             if transport_kind(self.cfg) == "broadcast":
                 await asyncio.to_thread(self.transport.connect)
-        await asyncio.to_thread(
-            self.policy.setup, model_dir, base_model_dir, client, self.transport, version, ckpt
+        self.policy = await asyncio.to_thread(
+            LocalPolicy.load, self.cfg, self.job, self.pad_id, model_dir, client, self.transport, version, ckpt
         )
         return self.policy.weight_version
 
@@ -138,11 +139,15 @@ class PolicyActor:
         """One training step on this rank's share of `groups` (the whole step, see RayPolicy)."""
         return await self.policy.train(groups, policy_version)
 
-    async def sync(self) -> dict[str, Any]:
-        return await self.policy.sync()
+    async def sync_weights(self) -> SyncReport:
+        """This rank's part of the weight sync (rank 0's report is the sync's)."""
+        return await self.policy.sync_weights()
 
     async def save(self, root: str, step: int, data: dict, extra: dict, keep: int) -> str:
         return await self.policy.save(root, step, data, extra, keep)
+
+    async def export(self, root: str, step: int) -> str:
+        return await self.policy.export(root, step)
 
     def close(self) -> None:
         if self.transport is not None:
@@ -160,8 +165,8 @@ def _node_ip() -> str:
 
 
 class RayPolicy:
-    """The driver's view of the `PolicyActor` ranks: the same `train` / `sync` / `save` /
-    `weight_version` as `LocalPolicy`. Every call goes to every rank at once (they meet in
+    """The driver's view of the `PolicyActor` ranks: the same `train` / `sync_weights` / `save` /
+    `weight_version` / `kv_fate` as `LocalPolicy`. Every call goes to every rank at once (they meet in
     collectives) and answers with rank 0's result; the version is cached here, updated by each sync.
 
     Data parallel: the step's groups go into the object store once and every rank reads them;
@@ -190,10 +195,14 @@ class RayPolicy:
         shared = ray.put(groups) if len(self.actors) > 1 else groups  # serialised once for all ranks
         return await self._all("train", shared, policy_version)
 
-    async def sync(self) -> dict[str, Any]:
-        report = await self._all("sync")
-        self._version = int(report["version"])
+    async def sync_weights(self) -> SyncReport:
+        """One weight sync on every rank; rank 0's report."""
+        report = await self._all("sync_weights")
+        self._version = report.version
         return report
 
     async def save(self, root: str | Path, step: int, data: dict, extra: dict, keep: int) -> str:
         return await self._all("save", str(root), step, data, extra, keep)
+
+    async def export(self, root: str | Path, step: int) -> str:
+        return await self._all("export", str(root), step)

@@ -18,7 +18,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from inflight.config import Config
 from inflight.train.job_config import JobConfig
-from inflight.train.trainer import policy_ranks
+from inflight.train.runtime import policy_ranks
 
 
 @dataclass

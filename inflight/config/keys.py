@@ -86,8 +86,8 @@ def coerce(value: Any, tp: Any) -> Any:
             return None
         return coerce(value, next(a for a in typing.get_args(tp) if a is not type(None)))
     if typing.get_origin(tp) is list:
+        (elem,) = typing.get_args(tp)
         if isinstance(value, list | tuple):
-            (elem,) = typing.get_args(tp)
             return [coerce(v, elem) for v in value]
         return value
     if not isinstance(value, str) or tp is str:

@@ -111,6 +111,13 @@ def dump_config(cfg: Config) -> str:
     return yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False)
 
 
+def flatten(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A config mapping (nested and/or dotted keys) as {dotted key: value}, older names read as ours."""
+    out: dict[str, Any] = {}
+    _flatten(data, "", out, [])
+    return out
+
+
 def _flatten(data: Mapping[str, Any], prefix: str, out: dict[str, Any], problems: list[Violation]) -> None:
     leaves, sections = schema_keys()
     for name, value in data.items():
@@ -129,6 +136,10 @@ def _flatten(data: Mapping[str, Any], prefix: str, out: dict[str, Any], problems
             out[key] = value
 
 
+NAME_LISTS = frozenset({"trainer.logger", "trainer.policy.model.lora.target_modules"})
+"""List keys whose items are plain names (no commas in them): one name or a comma list is a list."""
+
+
 def _build(flat: dict[str, Any], problems: list[Violation]) -> Config:
     leaves, sections = schema_keys()
     nested: dict[str, Any] = {}
@@ -138,6 +149,8 @@ def _build(flat: dict[str, Any], problems: list[Violation]) -> Config:
             *parents, leaf = key.split(".")
             for part in parents:
                 node = node.setdefault(part, {})
+            if key in NAME_LISTS and isinstance(value, str):  # `logger=wandb`, `logger=console,wandb`
+                value = [part.strip() for part in value.strip("[] ").split(",") if part.strip()]
             node[leaf] = coerce(value, leaves[key])
         elif key in sections:
             example = next(k for k in leaves if k.startswith(key + "."))

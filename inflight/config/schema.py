@@ -4,7 +4,13 @@ Key names follow SkyRL's (`trainer.placement.colocate_all`, `trainer.fully_async
 `generator.inference_engine.offload_kv_for_weight_sync`, ...) so a SkyRL user's block works
 unchanged. Every field documents its default. Two defaults differ from SkyRL's on purpose: this
 project is fully-async first, so `trainer.placement.colocate_all` defaults to false and
-`trainer.fully_async.enabled` to true (SkyRL: true / false).
+`trainer.fully_async.enabled` to true (SkyRL: true / false); the others are listed where they are.
+
+Every key is read by the code, or refused at run time by `inflight.config.implemented` (keys SkyRL
+has that this project does not implement yet: `tensor_parallel_size > 1`, LoRA). The engine's
+settings are derived from `generator.inference_engine` by field name
+(`inflight.train.engine_settings.engine_config`), the training step's from `trainer.*`
+(`inflight.train.step.StepOptions.from_config`).
 """
 
 from __future__ import annotations
@@ -58,14 +64,18 @@ class FullyAsyncConfig:
 
 @dataclass
 class LoraConfig:
-    """LoRA adapters on the policy."""
+    """LoRA adapters on the policy (`peft`): only the adapters train, and each weight sync sends the
+    adapter, which the engines merge into their base weights."""
 
     rank: int = 0
     """Rank of the adapters; 0 (default) disables LoRA."""
     alpha: int = 16
-    """LoRA scaling alpha. Default 16."""
+    """LoRA scaling alpha (the update is scaled by alpha / rank). Default 16."""
     dropout: float = 0.0
-    """Dropout on the adapters, in [0, 1). Default 0."""
+    """Dropout on the adapters' input during training, in [0, 1). Default 0."""
+    target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
+    """Modules that get adapters: `all-linear` (default, SkyRL's: every linear layer but the LM head)
+    or module names (`q_proj,v_proj`)."""
 
 
 @dataclass
@@ -89,6 +99,12 @@ class OptimizerConfig:
     """AdamW weight decay, >= 0. Default 0.01."""
     max_grad_norm: float = 1.0
     """Gradient clipping norm, > 0. Default 1.0."""
+    scheduler: str = "constant_with_warmup"
+    """Learning-rate schedule over the optimizer steps (transformers' `get_scheduler`): `constant`,
+    `constant_with_warmup` (default, SkyRL's), `linear` or `cosine` (these two decay to 0 at the
+    run's last step, `job.max_steps`)."""
+    num_warmup_steps: int = 0
+    """Optimizer steps of linear warm-up from 0 to `lr`, >= 0. Default 0."""
 
 
 @dataclass
@@ -110,6 +126,20 @@ class PolicyConfig:
 
 
 @dataclass
+class OffPolicyCorrectionConfig:
+    """Truncated importance sampling (TIS) of tokens sampled by older weights than the trainer's
+    (SkyRL: `trainer.algorithm.off_policy_correction`)."""
+
+    tis_ratio_type: str | None = "token"
+    """`token` (default; SkyRL: null), `sequence`, or null (also `none`) for no correction.
+    `job.tis` is an alias of this key."""
+    token_tis_ratio_clip_high: float = 2.0
+    """Cap of the token-level importance weights, > 0. Default 2.0. `job.tis_cap` sets both caps."""
+    sequence_tis_ratio_clip_high: float = 2.0
+    """Cap of the sequence-level importance weight, > 0. Default 2.0 (SkyRL: 5.0)."""
+
+
+@dataclass
 class AlgorithmConfig:
     """The RL objective."""
 
@@ -127,6 +157,10 @@ class AlgorithmConfig:
     """`token_mean` (default), `sequence_mean` or `seq_mean_token_sum_norm`."""
     grpo_norm_by_std: bool = True
     """Divide GRPO advantages by the group's reward std. Default true."""
+    zero_variance_filter: bool = True
+    """Leave groups whose rewards are all equal (no signal) out of the loss. Default true (SkyRL:
+    false). `job.drop_zero_advantage_groups` is an alias of this key."""
+    off_policy_correction: OffPolicyCorrectionConfig = field(default_factory=OffPolicyCorrectionConfig)
 
 
 @dataclass
@@ -145,6 +179,16 @@ class TrainerConfig:
     """Prompts per optimizer step, >= 1, divides train_batch_size. Default 8."""
     micro_train_batch_size_per_gpu: int = 1
     """Sequences per forward/backward on one rank, >= 1. Default 1."""
+    max_tokens_per_microbatch: int = -1
+    """Cap on the padded tokens (rows x longest row) of one forward/backward, besides
+    micro_train_batch_size_per_gpu rows; a longer row runs alone. -1 (default): no cap."""
+    micro_batch_pass_tokens: float = 64.0
+    """What one more forward/backward costs, in padded tokens, >= 0: a rank's rows of a mini-batch,
+    sorted by length, are cut into micro-batches where padded tokens plus this per pass are fewest.
+    64 (default) is about a pass's fixed cost on the small CPU models; .inf: the fewest passes."""
+    correct_threshold: float = 1.0
+    """A trajectory counts as correct (the `accuracy` metric) when its reward is at least this.
+    Default 1.0."""
     update_epochs_per_batch: int = 1
     """Passes over each training batch, >= 1. Default 1."""
     epochs: int = 1
@@ -155,6 +199,11 @@ class TrainerConfig:
     """Directory for resumable checkpoints; none (default) disables checkpointing."""
     ckpt_interval: int = 10
     """Save a checkpoint every this many steps, >= 1. Default 10."""
+    hf_save_interval: int = -1
+    """Export the policy as a Hugging Face model (in the model's own dtype; LoRA: merged, plus the
+    adapter) every this many steps and after the last one; -1 (default, SkyRL's): never."""
+    export_path: str | None = None
+    """Where the exports go (`<export_path>/global_step_<k>/`); null (default): <job.output_dir>/exports."""
     eval_interval: int = 5
     """Evaluate on the held-out sets every this many steps, >= 0; 0 turns evaluation off (also before
     and after training). Default 5 (SkyRL's). `job.eval_interval` is an alias of this key."""
@@ -168,6 +217,20 @@ class TrainerConfig:
     max_prompt_length: int = 512
     """Longest prompt in tokens (after the chat template), >= 1; longer ones are dropped and counted
     (or refused: data.drop_long_prompts=false). Default 512 (SkyRL's). Data tasks only."""
+    bf16: bool | None = None
+    """Train in bfloat16 over float32 master weights and optimizer state (autocast for the local
+    worker, FSDP2's MixedPrecisionPolicy, Megatron's bf16). null (default): true on CUDA, false on
+    CPU (where bfloat16 matmuls are slow without native support)."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward instead of keeping them. Default
+    false (SkyRL's is true; on the small CPU models the recompute costs more than the memory saves)."""
+    logger: list[str] = field(default_factory=lambda: ["console", "tensorboard"])
+    """Experiment trackers: any of `console` (progress bar), `tensorboard`, `wandb`, `mlflow`; one
+    name, a comma list or a list. Default console and tensorboard. The metrics JSONL is always written."""
+    project_name: str = "inflight"
+    """The tracker's project (W&B project, MLflow experiment). Default inflight."""
+    run_name: str | None = None
+    """The tracker's run name; null (default): the name of job.output_dir."""
 
     def __post_init__(self) -> None:
         self.strategy = canonical_strategy(self.strategy)
@@ -180,7 +243,8 @@ class InferenceEngineConfig:
     num_engines: int = 1
     """Number of engines, >= 1. Default 1."""
     tensor_parallel_size: int = 1
-    """Tensor-parallel ranks per engine, >= 1. Default 1."""
+    """Tensor-parallel ranks per engine, >= 1. Default 1, the only one implemented: a run refuses
+    more (use num_engines for more engines)."""
     weight_sync_backend: str = "broadcast"
     """Weight transport: `inprocess`, `shm` (one host) or `broadcast` (torch.distributed; default).
     SkyRL's `nccl` / `gloo` mean `broadcast`, `cuda_ipc` means `shm`."""
@@ -215,6 +279,19 @@ class InferenceEngineConfig:
     """Engine weights and KV: `float32` (default), `bfloat16` or `float16` (SkyRL: `model_dtype`)."""
     device: str = "cpu"
     """Torch device of the engine: `cpu` (default), `cuda`, `cuda:N`."""
+    attention_backend: str = "auto"
+    """Decode attention: `native` (the C kernel over paged KV, CPU), `torch` (gather + SDPA, any
+    device) or `auto` (default: native where it is supported and builds, else torch)."""
+    linear_backend: str = "auto"
+    """Linear layers: `onednn` (weights prepacked for oneDNN in their dtype, CPU), `onednn_fp32`
+    (bfloat16 weights computed in float32), `torch` (F.linear) or `auto` (default: onednn where
+    oneDNN runs the dtype, else onednn_fp32 for bfloat16, else torch)."""
+    elementwise_backend: str = "auto"
+    """RMSNorm, residual add, rotary and silu*mul: `native` (fused C kernels, CPU float32/bfloat16),
+    `torch` or `auto` (default: native where supported and the kernels build, else torch)."""
+    weight_update_rollback: bool = True
+    """Keep the pre-update weights until an update finishes, so a failed one is rolled back (costs up
+    to one extra copy of the weights during an update). Default true."""
 
     def __post_init__(self) -> None:
         self.weight_sync_backend = canonical_weight_sync_backend(self.weight_sync_backend)
@@ -258,6 +335,12 @@ class GeneratorConfig:
     """Most model turns per episode, >= 1, for environments that leave it to the run (a ToolEnv, your
     own environment without a `max_turns`); an environment that sets its own `max_turns` (e.g.
     chain_addition's chain) keeps it. Default 1 (single-turn)."""
+    skip_failed_rollouts: bool = True
+    """An episode whose environment fails (building it, `reset()`, turning its observation into
+    tokens) costs that sample, not the run: it scores 0 with what it generated so far (counted in
+    `rollout/failed`), or, when it failed before its first turn, its group is dropped and recorded as
+    `failed` in consumed.jsonl (never trained, never lost). false: the failure ends the run (SkyRL's
+    default). Rewards that fail always score 0 (`environment.reward_timeout_s`). Default true."""
 
 
 @dataclass

@@ -40,7 +40,13 @@ CHOICES: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
     "trainer.algorithm.advantage_estimator": (("grpo", "rloo"), {}),
     "trainer.algorithm.loss_reduction": (("token_mean", "sequence_mean", "seq_mean_token_sum_norm"), {}),
     "generator.inference_engine.dtype": (("float32", "bfloat16", "float16"), {}),
+    "trainer.policy.optimizer_config.scheduler": (("constant", "constant_with_warmup", "linear", "cosine"), {}),
+    "generator.inference_engine.attention_backend": (("auto", "native", "torch"), {}),
+    "generator.inference_engine.elementwise_backend": (("auto", "native", "torch"), {}),
+    "generator.inference_engine.linear_backend": (("auto", "onednn", "onednn_fp32", "torch"), {}),
 }
+"""The allowed values of string keys (and the SkyRL values read as them). The engine's backend choices
+repeat `inflight.engine.config`'s (the config layer does not import the engine; a test keeps them equal)."""
 _DEVICE = re.compile(r"^(cpu|cuda|mps)(:\d+)?$")
 
 
@@ -97,6 +103,7 @@ def _range_rule(key: str, ok: Callable[[Any], bool], rule: str, fix: str) -> Non
 
 
 _IE = "generator.inference_engine."
+_OPC = "trainer.algorithm.off_policy_correction."
 _RANGES: list[tuple[tuple[str, ...], Callable[[Any], bool], str, str]] = [
     (
         (
@@ -113,7 +120,7 @@ _RANGES: list[tuple[tuple[str, ...], Callable[[Any], bool], str, str]] = [
     ),
     (
         ("trainer.fully_async.max_staleness_steps", LORA_RANK, "trainer.seed", "trainer.policy.model.lora.alpha",
-         "trainer.eval_interval"),
+         "trainer.eval_interval", "trainer.policy.optimizer_config.num_warmup_steps"),
         lambda v: v >= 0, "must be >= 0", "set {key} to 0 or more",
     ),
     (
@@ -142,6 +149,15 @@ _RANGES: list[tuple[tuple[str, ...], Callable[[Any], bool], str, str]] = [
     (("generator.sampling_params.top_k", "generator.eval_sampling_params.top_k"),
      lambda v: v >= -1, "must be >= -1", "use -1 (or 0) to disable it"),
     (("trainer.policy.model.lora.dropout",), lambda v: 0 <= v < 1, "must be in [0, 1)", "use 0.0 for none"),
+    ((_OPC + "token_tis_ratio_clip_high", _OPC + "sequence_tis_ratio_clip_high"),
+     lambda v: v > 0, "must be > 0", "set {key} to a positive number, e.g. {key}=2.0"),
+    ((_OPC + "tis_ratio_type",), lambda v: v in (None, "none", "token", "sequence"),
+     "must be token, sequence or null", "use {key}=token, {key}=sequence, or {key}=null for no correction"),
+    (("trainer.max_tokens_per_microbatch",), lambda v: v == -1 or v >= 1, "must be -1 or >= 1",
+     "set {key}=-1 for no cap"),
+    (("trainer.micro_batch_pass_tokens",), lambda v: v >= 0, "must be >= 0", "set {key} to 0 or more, e.g. 64"),
+    (("trainer.hf_save_interval",), lambda v: v == -1 or v >= 1, "must be -1 (never) or >= 1",
+     "set {key}=-1, or a number of steps"),
     (("environment.reward_timeout_s",), lambda v: v is None or v > 0, "must be > 0 or null",
      "give the seconds a reward may take, e.g. {key}=60, or {key}=null for no limit"),
     (
@@ -159,6 +175,43 @@ _RANGES: list[tuple[tuple[str, ...], Callable[[Any], bool], str, str]] = [
 for _keys, _ok, _text, _fix in _RANGES:
     for _key in _keys:
         _range_rule(_key, _ok, _text, _fix.format(key=_key))
+
+
+@_rule(LORA_RANK, "trainer.strategy", COLOCATE, POLICY_NODES, POLICY_GPUS)
+def _lora_runs_where_implemented(cfg: Config) -> Iterator[Violation]:
+    if cfg.trainer.policy.model.lora.rank == 0:
+        return
+    trainer = cfg.trainer
+    if trainer.strategy == "megatron":
+        yield Violation(LORA_RANK, trainer.policy.model.lora.rank, "LoRA with trainer.strategy=megatron is not "
+                        "implemented yet", f"use trainer.strategy=fsdp, or {LORA_RANK}=0")
+    if trainer.placement.policy_num_nodes * trainer.placement.policy_num_gpus_per_node > 1:
+        yield Violation(LORA_RANK, trainer.policy.model.lora.rank, "LoRA on more than one policy rank is not "
+                        "implemented yet", f"set {POLICY_NODES}=1 and {POLICY_GPUS}=1, or {LORA_RANK}=0")
+    if trainer.placement.colocate_all:
+        yield Violation(COLOCATE, True, "a colocated engine sleeps, dropping the base weights a LoRA adapter "
+                        "is merged into", f"set {COLOCATE}=false, or {LORA_RANK}=0")
+
+
+@_rule("trainer.strategy", "trainer.bf16", "trainer.gradient_checkpointing")
+def _megatron_precision(cfg: Config) -> Iterator[Violation]:
+    if cfg.trainer.strategy == "megatron":
+        for key in ("trainer.bf16", "trainer.gradient_checkpointing"):
+            if get_key(cfg, key) is True:
+                yield Violation(key, True, "is not implemented yet for trainer.strategy=megatron",
+                                f"use trainer.strategy=fsdp, or set {key}=false")
+
+
+TRACKERS = ("console", "tensorboard", "wandb", "mlflow")
+"""What `trainer.logger` may name (`inflight.train.trackers` builds them)."""
+
+
+@_rule("trainer.logger")
+def _trackers(cfg: Config) -> Iterator[Violation]:
+    unknown = [name for name in cfg.trainer.logger if name not in TRACKERS]
+    if unknown:
+        yield Violation("trainer.logger", cfg.trainer.logger, f"unknown tracker(s) {unknown}",
+                        f"use any of {list(TRACKERS)}, e.g. trainer.logger=console,wandb")
 
 
 def _choice_rule(key: str, allowed: tuple[str, ...], aliases: dict[str, str]) -> None:

@@ -13,7 +13,7 @@ control call) bumps a change counter from the thread that made it, in a `finally
 whose caller was cancelled or which raised still wakes the loop. The loop sleeps only when nothing
 changed since it last looked, and even then re-checks every IDLE_RECHECK_S (a work found that way is a
 missed wake-up: counted and logged). `health()` reports runnable work that no step has touched for
-`stall_s` seconds.
+`stall_s` seconds; `status()` is the engine's `status()` with that health merged in.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -33,6 +33,7 @@ import torch
 from inflight.engine.config import EngineConfig
 from inflight.engine.engine import LLMEngine
 from inflight.engine.errors import InvalidRequestError
+from inflight.engine.lifecycle import EngineStatus
 from inflight.engine.request import RequestOutput, SamplingParams
 
 Sink = asyncio.Future | asyncio.Queue  # where a request's output goes: a waiter or a stream
@@ -41,6 +42,24 @@ DRAIN_POLL_S = 0.005  # how often pause(mode="wait") checks whether the drain ha
 STALL_S = 30.0  # runnable work that no step has touched for this long is reported by health()
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LoopHealth:
+    """The step loop as `AsyncEngine.health()` reports it."""
+
+    step_loop: str  # "running" | "stopped"
+    waiters: int  # engine requests that callers are waiting on
+    seconds_since_step: float  # since the loop last looked for work
+    stalled: bool  # runnable work has gone unstepped for stall_s, or callers wait on a stopped loop
+    missed_wakeups: int
+
+
+@dataclass(frozen=True)
+class AsyncEngineStatus(EngineStatus):
+    """`EngineStatus` with the step loop's health (`AsyncEngine.status()`)."""
+
+    step_loop: LoopHealth
 
 
 @dataclass
@@ -349,18 +368,24 @@ class AsyncEngine:
         return await self._call(self.engine.abort_weight_update)
 
     # ---- health -------------------------------------------------------------------------------
-    def health(self) -> dict[str, Any]:
-        """The step loop's state, read without the engine's lock: `stalled` is True when there is
-        work the engine could run (or callers waiting on a loop that is not running) and no step
-        has run for `stall_s` seconds. A paused engine's frozen requests are not stalled."""
+    def _loop_health(self) -> LoopHealth:
         started = self._task is not None and not self._task.done()
         waiters = len(self._futures) + len(self._streams)
         runnable = bool(self._inbox) or (self.engine.can_run and self.engine.scheduler.has_unfinished())
         since = time.monotonic() - self._last_progress
         stalled = (waiters > 0 and not started) or (runnable and since > self.stall_s)
-        return {"step_loop": "running" if started else "stopped", "waiters": waiters,
-                "seconds_since_step": round(since, 3), "stalled": stalled,
-                "missed_wakeups": self.missed_wakeups}
+        return LoopHealth("running" if started else "stopped", waiters, round(since, 3), stalled,
+                          self.missed_wakeups)
+
+    def health(self) -> dict[str, Any]:
+        """The step loop's state, read without the engine's lock: `stalled` is True when there is
+        work the engine could run (or callers waiting on a loop that is not running) and no step
+        has run for `stall_s` seconds. A paused engine's frozen requests are not stalled."""
+        return asdict(self._loop_health())
+
+    def status(self) -> AsyncEngineStatus:
+        """The engine's `status()` plus the step loop's health; takes no lock (answers during a step)."""
+        return AsyncEngineStatus(**vars(self.engine.status()), step_loop=self._loop_health())
 
     @property
     def weight_version(self) -> int:

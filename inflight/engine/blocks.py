@@ -1,15 +1,18 @@
-"""BlockPool: ref-counted KV blocks with a prefix cache keyed by tokens, salt and weight version.
+"""BlockPool: ref-counted KV blocks and the prefix cache keyed by tokens, salt and weight version.
 
 A block's prefix hash chains its parent's hash, its token ids, the request's cache salt (first block
 only) and the weight version of the block's KV, so KV computed by old weights is never found by a
 request that looks up with the current version. A block whose ref count drops to 0 goes to the end of
 the free queue but keeps its hash: it can still be reused until it is evicted (reallocated, LRU).
+Every block records the KV epoch it was written in; discarding the KV memory starts a new epoch.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+
+from inflight.engine.request import Request
 
 
 def chain_hash(parent: int | None, token_ids: tuple[int, ...], salt: str | None, version: int) -> int:
@@ -28,7 +31,7 @@ class Block:
 
 
 class BlockPool:
-    """Fixed set of KV blocks: allocation, ref counting, prefix-cache lookup and LRU eviction."""
+    """Fixed set of KV blocks: a request's block table, ref counting, prefix cache, LRU eviction."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
         self.block_size = block_size
@@ -49,6 +52,68 @@ class BlockPool:
     def usage(self) -> float:
         return 1.0 - self.num_free / max(1, self.num_blocks)
 
+    # ---- a request's blocks -------------------------------------------------------------------
+    def match_prefix(self, request: Request, weight_version: int) -> int:
+        """Give a request holding no blocks the cached blocks of its longest prefix computed by
+        `weight_version`; returns the tokens they cover (now its computed tokens)."""
+        assert not request.block_ids, f"{request.request_id} already holds blocks"
+        if not self.enable_prefix_caching:
+            return 0
+        parent = None
+        for j in range((request.num_tokens - 1) // self.block_size):  # keep at least one token to compute
+            tokens = self._tokens_of(request, j)
+            block_hash = chain_hash(parent, tokens, request.cache_salt, weight_version)
+            block_id = self.lookup(block_hash, tokens)
+            if block_id is None:
+                break
+            block = self.blocks[block_id]
+            if block.ref_count == 0:
+                del self.free_ids[block_id]
+            block.ref_count += 1
+            request.block_ids.append(block_id)
+            request.block_hashes.append(block_hash)
+            parent = block_hash
+        request.num_computed_tokens = len(request.block_ids) * self.block_size
+        return request.num_computed_tokens
+
+    def allocate_slots(self, request: Request, num_new_tokens: int, weight_version: int) -> bool:
+        """Give a request the blocks for `num_new_tokens` more tokens; False, taking nothing, when
+        too few are free."""
+        needed = -(-(request.num_computed_tokens + num_new_tokens) // self.block_size) - len(request.block_ids)
+        if needed > self.num_free:
+            return False
+        request.block_ids.extend(self.allocate(weight_version) for _ in range(needed))
+        return True
+
+    def publish(self, request: Request) -> None:
+        """Register the request's newly full, computed blocks under their prefix hashes."""
+        if not self.enable_prefix_caching:
+            return
+        while len(request.block_hashes) < request.num_computed_tokens // self.block_size:
+            j = len(request.block_hashes)
+            tokens = self._tokens_of(request, j)
+            parent = request.block_hashes[-1] if request.block_hashes else None
+            block = self.blocks[request.block_ids[j]]
+            block_hash = chain_hash(parent, tokens, request.cache_salt, block.weight_version)
+            self.register(block.block_id, block_hash, tokens)
+            request.block_hashes.append(block_hash)
+
+    def release(self, request: Request) -> None:
+        """Free a request's blocks (its KV is gone: computed tokens 0, tokens kept)."""
+        for block_id in reversed(request.block_ids):  # the tail is evicted before the more shareable head
+            self.free(block_id)
+        request.block_ids = []
+        request.block_hashes = []
+        request.num_computed_tokens = 0
+
+    def holds_stale_kv(self, request: Request) -> bool:
+        """Whether the request holds a block written before the last KV discard."""
+        return any(self.blocks[b].epoch != self.epoch for b in request.block_ids)
+
+    def _tokens_of(self, request: Request, j: int) -> tuple[int, ...]:
+        return tuple(request.token_ids[j * self.block_size : (j + 1) * self.block_size])
+
+    # ---- single blocks ------------------------------------------------------------------------
     def allocate(self, weight_version: int) -> int:
         """Take the least recently freed block, evicting its cached hash."""
         block_id, _ = self.free_ids.popitem(last=False)
@@ -67,13 +132,6 @@ class BlockPool:
         if block_id is None or self.blocks[block_id].token_ids != token_ids:
             return None
         return block_id
-
-    def touch(self, block_id: int) -> None:
-        """Add a holder to a cached block (taking it off the free queue if it was free)."""
-        block = self.blocks[block_id]
-        if block.ref_count == 0:
-            del self.free_ids[block_id]
-        block.ref_count += 1
 
     def free(self, block_id: int) -> None:
         block = self.blocks[block_id]

@@ -1,20 +1,30 @@
-"""LLMEngine: the synchronous step API and the weight-sync lifecycle (DESIGN.md sections 3 and 5)."""
+"""LLMEngine: the synchronous step API and the weight-sync lifecycle (docs/design.md sections 3 and 5)."""
 
 from __future__ import annotations
 
 import itertools
 import threading
 from collections.abc import Iterable
+from dataclasses import replace
 from functools import wraps
 from pathlib import Path
 
 import torch
 from transformers import GenerationConfig
 
+from inflight.engine.adapters import AdapterMerger, adapter_part
 from inflight.engine.blocks import BlockPool
 from inflight.engine.config import EngineConfig
 from inflight.engine.errors import EngineStateError, InvalidRequestError, WeightUpdateError
 from inflight.engine.kv_cache import KVCache, WeightsPool
+from inflight.engine.lifecycle import (
+    PAUSE_MODES,
+    EngineStatus,
+    PausePhase,
+    PauseState,
+    UpdatePhase,
+    UpdateState,
+)
 from inflight.engine.models.linear import packed_compute_dtype, resolve_linear_backend
 from inflight.engine.models.loader import load_model
 from inflight.engine.request import Request, RequestOutput, SamplingParams
@@ -22,7 +32,6 @@ from inflight.engine.runner import ModelRunner, layer_ops
 from inflight.engine.scheduler import Scheduler, SchedulerConfig
 from inflight.engine.stats import EngineStats
 
-PAUSE_MODES = ("abort", "keep", "wait")
 MEMORY_TAGS = ("weights", "kv_cache")
 
 
@@ -33,6 +42,27 @@ def _locked(method):
             return method(self, *args, **kwargs)
 
     return wrapper
+
+
+def _check_values(hf_name: str, tensor: torch.Tensor, dtype: torch.dtype) -> None:
+    """Refuse a tensor whose values the engine could not hold as given: not floating point (an
+    integer tensor would be cast into other numbers), NaN or inf anywhere, or magnitudes beyond
+    what the engine's dtype holds (they would become inf). Rounding to a narrower float (float32
+    weights into a bfloat16 engine) is what every trainer does, and is fine."""
+    if not tensor.is_floating_point():
+        raise WeightUpdateError(
+            f"parameter {hf_name!r} is {str(tensor.dtype).removeprefix('torch.')}; weights must be floating "
+            f"point (the engine holds {str(dtype).removeprefix('torch.')})"
+        )
+    if not bool(torch.isfinite(tensor).all()):
+        raise WeightUpdateError(f"parameter {hf_name!r} holds NaN or inf values; the update is refused")
+    if torch.finfo(tensor.dtype).max > torch.finfo(dtype).max and tensor.numel():
+        biggest = float(tensor.abs().max())
+        if biggest > torch.finfo(dtype).max:
+            raise WeightUpdateError(
+                f"parameter {hf_name!r} holds {biggest:.3g}, beyond {str(dtype).removeprefix('torch.')}'s "
+                f"largest value {torch.finfo(dtype).max:.3g}"
+            )
 
 
 class LLMEngine:
@@ -70,12 +100,8 @@ class LLMEngine:
         self.stats = EngineStats()
         self.pool = BlockPool(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
-            SchedulerConfig(
-                config.block_size, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len,
-                config.enable_chunked_prefill,
-            ),
+            SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, config.enable_chunked_prefill),
             self.pool,
-            self.stats,
         )
         self.runner = ModelRunner(
             self.model, self.kv_cache, config.block_size, config.seed, config.attention_backend
@@ -84,11 +110,9 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self._arrivals = itertools.count()
         self._pending_outputs: list[RequestOutput] = []
-        self._paused = False
-        self._draining = False  # pause(mode="wait") in progress
-        self._update_loaded: set[str] | None = None  # names loaded by the update in progress
-        self._weights_valid = True  # False after sleep or a failed update, until a full update lands
-        self._old_weights: dict[str, torch.Tensor] | None = None  # storage to roll back to, per parameter
+        self._pause = PauseState()
+        self._update = UpdateState()
+        self.adapters = AdapterMerger()  # base copies of the weights LoRA adapters were merged into
 
     # ---- set-up helpers -----------------------------------------------------------------------
     @staticmethod
@@ -168,8 +192,7 @@ class LLMEngine:
                 outputs.append(self._finish(request, "abort"))
                 self.stats.aborted_requests += 1
         self._pending_outputs.extend(outputs)
-        if self._draining:  # aborting the last in-flight request completes a wait pause
-            self._check_drained()
+        self._check_drained()  # aborting the last in-flight request completes a wait pause
         return outputs
 
     @_locked
@@ -191,17 +214,15 @@ class LLMEngine:
     @property
     def can_run(self) -> bool:
         """Whether step() would run the model (not paused, awake, weights complete)."""
-        return (
-            not self.is_paused
-            and self._update_loaded is None
-            and self._weights_valid
-            and self.weights.awake
-            and self.kv_cache.awake
-        )
+        return not self.is_paused and self._update.phase is UpdatePhase.NONE and self._awake
+
+    @property
+    def _awake(self) -> bool:
+        return self.weights.awake and self.kv_cache.awake
 
     @property
     def is_paused(self) -> bool:
-        return self._paused
+        return self._pause.phase is PausePhase.PAUSED
 
     @property
     def lock(self) -> threading.RLock:
@@ -211,7 +232,20 @@ class LLMEngine:
     @property
     def is_draining(self) -> bool:
         """Whether a pause(mode='wait') is letting its in-flight requests finish."""
-        return self._draining
+        return self._pause.phase is PausePhase.DRAINING
+
+    def status(self) -> EngineStatus:
+        """A snapshot of the lifecycle state and the queues. Takes no lock (every state it reads is
+        replaced whole), so it answers while a step runs; hold `lock` for one between two steps."""
+        pause, update, can_run = self._pause, self._update, self.can_run
+        running, waiting = len(self.scheduler.running), len(self.scheduler.waiting)
+        return EngineStatus(
+            weight_version=self.weight_version, pause=pause.phase, pause_mode=pause.mode,
+            update=update.phase, can_roll_back=update.rollback is not None,
+            weights_awake=self.weights.awake, kv_cache_awake=self.kv_cache.awake, can_run=can_run,
+            num_running=running, num_waiting=waiting, num_frozen=0 if can_run else running,
+            kv_cache_usage=self.pool.usage(),
+        )
 
     @_locked
     def step(self) -> list[RequestOutput]:
@@ -219,7 +253,9 @@ class LLMEngine:
         outputs, self._pending_outputs = self._pending_outputs, []
         if not self.can_run or not self.scheduler.has_unfinished():
             return outputs
-        scheduled = self.scheduler.schedule(self.weight_version)
+        out = self.scheduler.schedule(self.weight_version)
+        self.stats.book(out)
+        scheduled = out.scheduled
         if not scheduled:
             return outputs
         sampled = self.runner.execute(scheduled)
@@ -234,8 +270,7 @@ class LLMEngine:
             reason = self._stop_reason(request, token)
             if reason is not None:
                 outputs.append(self._finish(request, reason))
-        if self._draining:
-            self._check_drained()
+        self._check_drained()
         return outputs
 
     def _stop_reason(self, request: Request, token: int) -> str | None:
@@ -277,45 +312,40 @@ class LLMEngine:
         'wait' lets requests already added run to completion first. Returns aborted outputs."""
         if mode not in PAUSE_MODES:
             raise InvalidRequestError(f"pause mode {mode!r} is not one of {PAUSE_MODES}")
-        if self._paused or (self._draining and mode == "wait"):
+        if self.is_paused or (self.is_draining and mode == "wait"):
             return []  # a second wait must not move the admission cutoff past later arrivals
         self.stats.pauses += 1
-        if mode == "abort":
-            self._draining = False
-            self.scheduler.admission_cutoff = None
-            outputs = self.abort([r.request_id for r in self.scheduler.unfinished()])
-            self._paused = True
-            return outputs
-        if mode == "keep":
-            self._paused = True
-            self._draining = False
-            self.scheduler.admission_cutoff = None
+        if mode == "wait":
+            self._set_pause(PauseState(PausePhase.DRAINING, mode, cutoff=next(self._arrivals)))
+            self._check_drained()
             return []
-        self._draining = True
-        self.scheduler.admission_cutoff = next(self._arrivals)
-        self._check_drained()
+        self._set_pause(PauseState(PausePhase.PAUSED, mode))
+        if mode == "abort":
+            return self.abort([r.request_id for r in self.scheduler.unfinished()])
         return []
 
+    def _set_pause(self, state: PauseState) -> None:
+        """Every pause transition: while draining, the scheduler admits arrivals up to the cutoff only."""
+        self._pause = state
+        self.scheduler.admission_cutoff = state.cutoff
+
     def _check_drained(self) -> None:
-        cutoff = self.scheduler.admission_cutoff
-        if cutoff is not None and all(r.arrival > cutoff for r in self.scheduler.unfinished()):
-            self._paused = True
-            self._draining = False
-            self.scheduler.admission_cutoff = None
+        """A drain ends (paused) once every unfinished request arrived after its cutoff."""
+        cutoff = self._pause.cutoff
+        if self.is_draining and all(r.arrival > cutoff for r in self.scheduler.unfinished()):
+            self._set_pause(PauseState(PausePhase.PAUSED, "wait"))
 
     @_locked
     def resume(self) -> None:
         """Undo any pause. Refuses while a pool sleeps or the weights are incomplete."""
-        if not (self.weights.awake and self.kv_cache.awake):
+        if not self._awake:
             raise EngineStateError("cannot resume while asleep; wake_up(['weights', 'kv_cache']) first")
-        if self._update_loaded is not None or not self._weights_valid:
+        if self._update.phase is not UpdatePhase.NONE:
             raise EngineStateError(
                 "cannot resume on incomplete weights; finish a complete weight update first"
             )
-        self._paused = False
-        self._draining = False
-        self.scheduler.admission_cutoff = None
-        self.scheduler.invalidate_stale_kv()
+        self._set_pause(PauseState())
+        self.stats.kv_invalidated_resets += self.scheduler.invalidate_stale_kv()
 
     # ---- memory pools -------------------------------------------------------------------------
     @_locked
@@ -326,10 +356,9 @@ class LLMEngine:
         if not offload_kv:
             self.pool.invalidate_all()
         self.weights.sleep()
-        self._weights_valid = False
-        self._old_weights = None
-        if self._update_loaded is not None:  # what was loaded so far is gone with the weights
-            self._update_loaded = set()
+        # gone with the weights: the rollback copy and what an update in progress had loaded
+        still_open = self._update.phase is UpdatePhase.OPEN
+        self._update = UpdateState(UpdatePhase.OPEN, intact=False) if still_open else UpdateState.invalid()
 
     @_locked
     def wake_up(self, tags: list[str] | None = None) -> None:
@@ -359,27 +388,40 @@ class LLMEngine:
         can bring the current weights back."""
         if not self.weights.awake:
             raise EngineStateError("weights are asleep; wake_up(['weights']) before a weight update")
-        if self._update_loaded is None and self._old_weights is None:  # not restarting a failed one
-            rollback = self.config.weight_update_rollback and self._weights_valid
-            self._old_weights = {} if rollback else None
-        self._update_loaded = set()
+        update = self._update
+        if update.phase is UpdatePhase.NONE:
+            rollback = {} if self.config.weight_update_rollback else None
+            self._update = UpdateState(UpdatePhase.OPEN, rollback=rollback)
+        else:  # restarting an open or failed update keeps what it can roll back to
+            self._update = UpdateState(UpdatePhase.OPEN, rollback=update.rollback, intact=update.intact)
 
     @_locked
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy a chunk of HF-named tensors (cast to the engine dtype). A bad chunk raises
         WeightUpdateError and leaves the engine blocked until a complete update lands."""
-        if self._update_loaded is None:
+        update = self._update
+        if update.phase is not UpdatePhase.OPEN:
             raise EngineStateError("call begin_weight_update() before load_weights()")
         if not self.weights.awake:
             raise EngineStateError("weights are asleep; wake_up(['weights']) before load_weights()")
         chunk = list(named_tensors)
         try:
+            adapter = [(n, t) for n, t in chunk if adapter_part(n) is not None]
+            chunk = [(n, t) for n, t in chunk if adapter_part(n) is None]
             self._check_chunk(chunk)
-            self._update_loaded |= self.model.copy_weights(chunk, keep_old=self._old_weights)
+            pieces = self._check_adapter(adapter)
+            if (pieces or update.adapter) and (chunk or update.loaded):
+                raise WeightUpdateError("an update carries full weights or a LoRA adapter, not both")
+            loaded = self.model.copy_weights(chunk, keep_old=update.rollback)
+            for name, part, tensor in pieces:
+                update.adapter.setdefault(name, {})[part] = tensor
         except WeightUpdateError:
-            self._weights_valid = False
+            self._update = replace(update, intact=False)
             self.stats.failed_weight_updates += 1
             raise
+        update.loaded.update(loaded)
+        if loaded and update.rollback is None:  # overwritten in place: no abort brings them back
+            self._update = replace(update, intact=False)
 
     def _check_chunk(self, chunk: list[tuple[str, torch.Tensor]]) -> None:
         params = dict(self.model.named_parameters())
@@ -394,18 +436,46 @@ class LLMEngine:
                 raise WeightUpdateError(
                     f"parameter {hf_name!r} has shape {shape}, expected {tuple(params[name].shape)}"
                 )
+            _check_values(hf_name, tensor, params[name].dtype)
+
+    def _check_adapter(self, adapter: list[tuple[str, torch.Tensor]]) -> list[tuple[str, str, torch.Tensor]]:
+        """(weight, part, float32 copy) of each adapter tensor, checked against the weight it adapts
+        (the copy: a chunk's tensors may be views of a buffer the sender reuses)."""
+        params = dict(self.model.named_parameters())
+        out = []
+        for hf_name, tensor in adapter:
+            if not isinstance(tensor, torch.Tensor):
+                raise WeightUpdateError(f"adapter tensor {hf_name!r} is a {type(tensor).__name__}, not a tensor")
+            target, _ = adapter_part(hf_name)
+            name, part = self.adapters.check(hf_name, tensor, params.get(self.model.resolve(target) or ""))
+            _check_values(hf_name, tensor, torch.float32)
+            out.append((name, part, tensor.detach().to(torch.float32, copy=True)))
+        return out
+
+    def _merge_adapter(self, update: UpdateState) -> None:
+        """Write `W0 + B @ A` into every weight the adapter (or an earlier one) touched."""
+        merged = self.adapters.merged(dict(self.model.named_parameters()), update.adapter)
+        update.loaded.update(self.model.copy_weights(merged.items(), keep_old=update.rollback))
 
     @_locked
     def finish_weight_update(self, version: int | None = None) -> int:
         """Complete the update: every parameter must have been loaded since begin_weight_update().
         Sets weight_version to `version` (must increase; default: +1) and returns it."""
-        if self._update_loaded is None:
+        update = self._update
+        if update.phase is not UpdatePhase.OPEN:
             raise EngineStateError("no weight update in progress; call begin_weight_update() first")
-        missing = sorted(self.model.hf_parameter_names() - self._update_loaded)
         new_version = self.weight_version + 1 if version is None else version
+        is_adapter = bool(update.adapter)
+        if is_adapter and new_version > self.weight_version:
+            try:
+                self._merge_adapter(update)
+            except WeightUpdateError:
+                self._update = UpdateState.invalid(update.rollback)
+                self.stats.failed_weight_updates += 1
+                raise
+        missing = [] if is_adapter else sorted(self.model.hf_parameter_names() - update.loaded)
         if missing or new_version <= self.weight_version:
-            self._weights_valid = False
-            self._update_loaded = None
+            self._update = UpdateState.invalid(update.rollback)  # abort_weight_update() may still restore
             self.stats.failed_weight_updates += 1
             if missing:
                 raise WeightUpdateError(
@@ -415,9 +485,9 @@ class LLMEngine:
             raise WeightUpdateError(
                 f"weight version {new_version} must be greater than the current {self.weight_version}"
             )
-        self._update_loaded = None
-        self._old_weights = None
-        self._weights_valid = True
+        if not is_adapter:
+            self.adapters.forget()  # the base weights are the ones just loaded
+        self._update = UpdateState()
         self.weight_version = new_version
         self.stats.weight_updates += 1
         return new_version
@@ -427,14 +497,16 @@ class LLMEngine:
         """Abandon the update in progress (or the one that just failed). Returns True when the
         weights from before begin_weight_update() are back (version unchanged, generation may
         resume); False when there was nothing to roll back to (after sleep, or rollback disabled):
-        the engine then stays unable to run until a complete update lands."""
-        self._update_loaded = None
-        if self._old_weights is None:
+        the engine then stays unable to run until a complete update lands, unless the abandoned
+        update had not overwritten any parameter of complete weights yet."""
+        update = self._update
+        if update.rollback is None:
+            if update.phase is UpdatePhase.OPEN:
+                self._update = UpdateState() if update.intact else UpdateState.invalid()
             return False
         params = dict(self.model.named_parameters())
-        for name, old in self._old_weights.items():
+        for name, old in update.rollback.items():
             params[name].data = old
         self.model.weights_changed()
-        self._old_weights = None
-        self._weights_valid = True
+        self._update = UpdateState()
         return True

@@ -9,12 +9,21 @@ import torch
 
 from inflight.engine.errors import InvalidRequestError
 
+GREEDY_BELOW = 1e-5
+"""Temperatures below this sample greedily: dividing logits by them overflows float32 (vLLM draws
+the same line). Their log-probabilities are then of the unscaled distribution, as for 0."""
+
+
+def scaling_temperature(temperature: float) -> float:
+    """What logits are divided by for `temperature`: itself, or 1 where it samples greedily."""
+    return 1.0 if temperature < GREEDY_BELOW else float(temperature)
+
 
 @dataclass
 class SamplingParams:
     """How to sample one request.
 
-    `temperature=0` is greedy. `top_k=0` (or -1) and `top_p=1` disable those filters. `seed` makes the
+    `temperature=0` (or anything below `GREEDY_BELOW`) is greedy. `top_k=0` (or -1) and `top_p=1` disable those filters. `seed` makes the
     request's samples reproducible whatever else is in the batch. `logprobs` records, for each sampled
     token, its log-probability under the temperature-scaled distribution (before top-k/top-p), which is
     what a policy-gradient trainer recomputes. `top_logprobs=k` also records, for each sampled token,
@@ -57,7 +66,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_BELOW
 
 
 class RequestStatus(enum.Enum):

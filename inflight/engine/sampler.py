@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from inflight.engine.request import SamplingParams
+from inflight.engine.request import SamplingParams, scaling_temperature
 
 
 def _filter(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -39,7 +39,7 @@ def sample(
     """Sample one token per row of `logits` [N, V] (float32). Returns (token ids, logprobs, top
     logprobs); a request that did not ask for logprobs (or top logprobs) gets None there, and nothing
     is computed for it. Both are of the temperature-scaled distribution before top-k/top-p."""
-    temps = [p.temperature if p.temperature > 0 else 1.0 for p in params]
+    temps = [scaling_temperature(p.temperature) for p in params]
     scaled = logits
     if any(t != 1.0 for t in temps):  # dividing by 1.0 changes nothing: skip a pass over [N, V]
         scaled = logits / torch.tensor(temps, dtype=logits.dtype, device=logits.device)[:, None]

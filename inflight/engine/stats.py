@@ -2,6 +2,8 @@
 
 from dataclasses import asdict, dataclass
 
+from inflight.engine.scheduler import SchedulerOutput
+
 
 @dataclass
 class EngineStats:
@@ -19,6 +21,14 @@ class EngineStats:
     pauses: int = 0
     weight_updates: int = 0
     failed_weight_updates: int = 0
+
+    def book(self, out: SchedulerOutput) -> None:
+        """Add the counts of one schedule() call."""
+        self.kv_invalidated_resets += out.kv_invalidated_resets
+        self.preemptions += out.preemptions
+        self.prefix_cache_queried_tokens += out.prefix_cache_queried_tokens
+        self.prefix_cache_hit_tokens += out.prefix_cache_hit_tokens
+        self.recomputed_tokens += out.recomputed_tokens
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

@@ -113,40 +113,24 @@ def environment_class(name: str) -> type | None:
 
 def get_reward(name: str | Reward) -> Reward:
     """The reward `name` stands for (`gsm8k`, `gsm8k_flexible`, `math`, `exact`, `contains`, `regex`,
-    a registered name, or `package.module:name`). For an environment class the reward is its
-    single-turn score: the class built for a problem with that ground truth, `reset()`, then
-    `step(response).reward`. A callable is returned unchanged."""
+    a registered name, or `package.module:name` naming a function). An environment class is refused
+    here: it needs a problem, which `inflight.tasks.environment_reward` builds. A callable is
+    returned unchanged."""
     if callable(name):
         return name
     obj = resolve(name)
     if is_environment_class(obj):
-        return _environment_reward(obj)
+        raise RewardError(
+            f"{CONFIG_KEY}={name!r} is an environment class, not a reward function: give it as "
+            "environment.env_class, or score one response with "
+            "inflight.tasks.environment_reward(cls)"
+        )
     if inspect.isclass(obj):
         raise RewardError(
             f"{CONFIG_KEY}={name!r} is a class without reset() and step(): give a reward "
             "function or an environment class"
         )
     return obj
-
-
-def _environment_reward(cls: type) -> Reward:
-    def reward(response: str, ground_truth: str, **extra: Any) -> float | Awaitable[float]:
-        from inflight.tasks.base import Problem
-
-        problem = Problem(
-            "reward", "", str(ground_truth), meta={"ground_truth": ground_truth, "extra_info": dict(extra)}
-        )
-        env = cls(problem)
-        env.reset()
-        result = env.step(response)
-        return _awaited_reward(result) if inspect.isawaitable(result) else result.reward
-
-    reward.__name__ = f"{cls.__name__}_reward"
-    return reward
-
-
-async def _awaited_reward(result: Awaitable[Any]) -> float:
-    return (await result).reward
 
 
 async def score(reward: str | Reward, response: str, ground_truth: str, **extra: Any) -> float:

@@ -16,7 +16,7 @@ from inflight.server.control import build_control_router
 from inflight.server.errors import APIError, install_error_handlers
 from inflight.server.metrics import ServerMetrics
 from inflight.server.middleware import BodyLimitMiddleware
-from inflight.server.openai_api import ServeContext, build_router
+from inflight.server.openai_api import DEFAULT_MAX_PROMPTS_PER_REQUEST, ServeContext, build_router
 from inflight.server.weight_transfer import WeightTransfer
 
 DEFAULT_MAX_BODY_BYTES = 16 * 2**20
@@ -82,6 +82,8 @@ def create_app(
     control_token: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     max_weight_chunk_bytes: int = DEFAULT_MAX_WEIGHT_CHUNK_BYTES,
+    trust_request_chat_template: bool = False,
+    max_prompts_per_request: int = DEFAULT_MAX_PROMPTS_PER_REQUEST,
 ) -> FastAPI:
     """The inference server: OpenAI routes (API key), control routes (control token), /health and
     /metrics (open). Bodies over `max_body_bytes` (weight chunks: `max_weight_chunk_bytes`) get 413."""
@@ -100,7 +102,8 @@ def create_app(
             await async_engine.close()
 
     app = FastAPI(title="inflight", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    ctx = ServeContext(async_engine, tokenizer, served_model_name, int(time.time()))
+    ctx = ServeContext(async_engine, tokenizer, served_model_name, int(time.time()),
+                       trust_request_chat_template, max_prompts_per_request)
     app.state.inflight = ctx
     app.state.metrics = metrics
     app.state.weight_transfer = transfer

@@ -1,14 +1,17 @@
 """Control routes: pause/resume, sleep/wake_up, reset_prefix_cache, weight updates (chunks over HTTP,
-or over a broadcast group the server joins), and the read-only /weight_version, /health, /metrics.
+or over a broadcast group the server joins), and the read-only /weight_version, /status, /health,
+/metrics. Every answer about the engine's state comes from one `AsyncEngine.status()` snapshot.
 
 Parameters travel in the query string (`/pause?mode=keep`); a weight chunk is the request body, one
 safetensors buffer of HF-named tensors; the broadcast-group routes take JSON bodies (see
-`inflight.server.weight_transfer`). Mutating routes require the control token when one is set.
+`inflight.server.weight_transfer`). Mutating routes require the control token when one is set;
+the read-only ones are open.
 """
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import asdict
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -20,6 +23,8 @@ from inflight.server.errors import APIError, error_response
 from inflight.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from inflight.server.protocol import PauseMode
 from inflight.server.weight_transfer import BroadcastChunkRequest, InitWeightTransferRequest, WeightTransfer
+
+STATUS = "/status"  # GET: AsyncEngine.status().to_dict()
 
 
 def build_control_router(
@@ -34,12 +39,12 @@ def build_control_router(
     async def pause(mode: PauseMode = "keep") -> dict[str, Any]:
         """abort: finish in-flight requests now; keep: freeze them; wait: let them finish first."""
         aborted = await engine.pause(mode)
-        return {"success": True, "mode": mode, "paused": engine.engine.is_paused, "num_aborted": len(aborted)}
+        return {"success": True, "mode": mode, "paused": engine.status().paused, "num_aborted": len(aborted)}
 
     @router.post(wire.RESUME, dependencies=guarded)
     async def resume() -> dict[str, Any]:
         await engine.resume()
-        return {"success": True, "paused": engine.engine.is_paused}
+        return {"success": True, "paused": engine.status().paused}
 
     @router.post(wire.SLEEP, dependencies=guarded)
     async def sleep(offload_kv: bool = False) -> dict[str, Any]:
@@ -49,8 +54,9 @@ def build_control_router(
     @router.post(wire.WAKE_UP, dependencies=guarded)
     async def wake_up(tags: Annotated[list[str] | None, Query()] = None) -> dict[str, Any]:
         await engine.wake_up(tags)
-        return {"success": True, "weights_awake": engine.engine.weights.awake,
-                "kv_cache_awake": engine.engine.kv_cache.awake}
+        status = engine.status()
+        return {"success": True, "weights_awake": status.weights_awake,
+                "kv_cache_awake": status.kv_cache_awake}
 
     @router.post(wire.RESET_PREFIX_CACHE, dependencies=guarded)
     async def reset_prefix_cache(reset_running_requests: bool = False):
@@ -95,17 +101,22 @@ def build_control_router(
     async def weight_version() -> dict[str, Any]:
         return {"weight_version": engine.weight_version}
 
+    @router.get(STATUS)
+    async def status() -> dict[str, Any]:
+        """The engine's lifecycle state, queues and step loop (`AsyncEngine.status()`)."""
+        return engine.status().to_dict()
+
     @router.get(wire.HEALTH)
     async def health() -> JSONResponse:
         """200 with the engine's state; 503 with status "stalled" when work the engine could run has
         not been stepped for `AsyncEngine.stall_s` (a request that cannot make progress is never silent)."""
-        e = engine.engine
-        loop = engine.health()
+        s = engine.status()
+        stalled = s.step_loop.stalled
         return JSONResponse({
-            "status": "stalled" if loop["stalled"] else "ok", "weight_version": e.weight_version,
-            "paused": e.is_paused, "weights_awake": e.weights.awake, "kv_cache_awake": e.kv_cache.awake,
-            "can_run": e.can_run, "weight_transfer": transfer.describe(), "step_loop": loop,
-        }, status_code=503 if loop["stalled"] else 200)
+            "status": "stalled" if stalled else "ok", "weight_version": s.weight_version, "paused": s.paused,
+            "weights_awake": s.weights_awake, "kv_cache_awake": s.kv_cache_awake, "can_run": s.can_run,
+            "weight_transfer": transfer.describe(), "step_loop": asdict(s.step_loop),
+        }, status_code=503 if stalled else 200)
 
     @router.get(wire.METRICS)
     async def prometheus_metrics() -> Response:

@@ -58,7 +58,8 @@ _PARAM = re.compile(r"(?:invalid sampling parameters: )?(\w+)=")
 
 
 def api_error_from(err: Exception, param: str | None = None) -> APIError:
-    """Map an engine exception onto an APIError."""
+    """Map an engine exception onto an APIError; `param` is the field when the message names none
+    (the engine's sampling checks name theirs: `temperature=-1 must be ...`)."""
     if isinstance(err, APIError):
         return err
     if isinstance(err, WeightUpdateError):
@@ -66,7 +67,7 @@ def api_error_from(err: Exception, param: str | None = None) -> APIError:
     if isinstance(err, EngineStateError):
         return APIError(409, str(err), code="engine_state_error")
     if isinstance(err, InvalidRequestError | ValueError):
-        if param is None and (m := _PARAM.match(str(err))):
+        if m := _PARAM.match(str(err)):
             param = m.group(1)
         return APIError(400, str(err), param=param, code="invalid_value")
     log.exception("unexpected server error", exc_info=err)

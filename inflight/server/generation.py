@@ -10,19 +10,26 @@ connection while they wait.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from inflight.engine.async_engine import AsyncEngine
 from inflight.engine.request import RequestOutput, SamplingParams
 from inflight.server.detokenize import ChoiceTracker, Delta
+from inflight.server.errors import APIError
 
 DISCONNECT_POLL_S = 1.0
-ACCEPTED = -1  # index of the first delta `run_calls` yields: every engine request was accepted
+ACCEPTED = -1  # index of the first delta of `_run`: every engine request was accepted
+T = TypeVar("T")
 
 
-class ClientDisconnected(Exception):
+class ClientDisconnected(APIError):
     """The HTTP client went away; its engine requests were aborted."""
+
+    def __init__(self) -> None:
+        super().__init__(499, "client disconnected", code="client_disconnected")
 
 
 @dataclass
@@ -48,67 +55,81 @@ async def _settle(tasks: list[asyncio.Future]) -> None:
         raise failed.exception()  # type: ignore[misc]
 
 
-async def run_calls(
+async def start_calls(
     engine: AsyncEngine,
     calls: list[EngineCall],
     stream: bool,
     is_disconnected: Callable[[], Awaitable[bool]] | None = None,
 ) -> AsyncIterator[Delta]:
-    """Yield deltas of all calls as they come; the last delta of each call has its finish_reason.
+    """Add every call's engine request (input the engine rejects raises here, and none stays added);
+    returns the deltas of all calls as they come, the last delta of each with its finish_reason.
 
-    The first delta (index ACCEPTED) says that the engine accepted every request; input it rejects
-    raises from that first step instead.
+    With `is_disconnected`, the connection is polled while waiting and a client that went away
+    raises ClientDisconnected (its requests are aborted).
     """
-    needs_stream = stream or any(c.tracker.stop for c in calls)
-    source = _streamed(engine, calls) if needs_stream else _one_shot(engine, calls)
+    deltas = _run(engine, calls, stream, is_disconnected)
+    assert (await anext(deltas)).index == ACCEPTED
+    return deltas
+
+
+async def finish_calls(deltas: AsyncIterator[Delta]) -> None:
+    """Drain the deltas (the trackers hold the results)."""
+    async for _ in deltas:
+        pass
+
+
+async def _run(
+    engine: AsyncEngine, calls: list[EngineCall], stream: bool, is_disconnected: Callable[[], Awaitable[bool]] | None
+) -> AsyncIterator[Delta]:
+    source = _merged(engine, calls, stream or any(c.tracker.stop for c in calls))
     try:
+        yield await anext(source)
         if is_disconnected is None:  # nothing to poll (streams notice a disconnect when they write)
             async for delta in source:
                 yield delta
             return
-        first = True
-        while True:
-            step = asyncio.ensure_future(anext(source))
-            try:
-                while True:
-                    # the first step adds the requests: never abandon it, so bad input raises here
-                    done, _ = await asyncio.wait({step}, timeout=None if first else DISCONNECT_POLL_S)
-                    if done:
-                        break
-                    if is_disconnected is not None and await is_disconnected():
-                        raise ClientDisconnected()
-            finally:
-                if not step.done():
-                    step.cancel()
-                    await asyncio.gather(step, return_exceptions=True)
-            first = False
-            try:
-                delta = step.result()
-            except StopAsyncIteration:
-                return
-            yield delta
+        async with contextlib.aclosing(ticking(source, DISCONNECT_POLL_S)) as deltas:
+            async for delta in deltas:
+                if delta is not None:
+                    yield delta
+                elif await is_disconnected():
+                    raise ClientDisconnected()
     finally:
         await source.aclose()
 
 
-async def _one_shot(engine: AsyncEngine, calls: list[EngineCall]) -> AsyncIterator[Delta]:
-    tasks = [
-        asyncio.ensure_future(engine.generate(c.prompt_token_ids, c.params, c.request_id, c.cache_salt))
-        for c in calls
-    ]
+async def ticking(items: AsyncIterator[T], period_s: float) -> AsyncIterator[T | None]:
+    """The items, with a None whenever `period_s` pass without one. A pending step is never
+    abandoned (a tick only reports the wait); closing this cancels it, which closes `items`."""
+    step: asyncio.Future[T] | None = None
     try:
-        await _settle(tasks)
-        yield Delta(ACCEPTED, "", [], None, [], None)
-        for call, task in zip(calls, tasks, strict=True):
-            yield call.tracker.update(await task)
+        while True:
+            step = step or asyncio.ensure_future(anext(items))
+            done, _ = await asyncio.wait({step}, timeout=period_s)
+            if not done:
+                yield None
+                continue
+            try:
+                item = step.result()
+            except StopAsyncIteration:
+                return
+            step = None
+            yield item
     finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if step is not None:
+            step.cancel()
+            await asyncio.gather(step, return_exceptions=True)
 
 
-async def _streamed(engine: AsyncEngine, calls: list[EngineCall]) -> AsyncIterator[Delta]:
-    streams = [engine.generate_stream(c.prompt_token_ids, c.params, c.request_id, c.cache_salt) for c in calls]
+async def _once(output: Awaitable[RequestOutput]) -> AsyncIterator[RequestOutput]:
+    yield await output
+
+
+async def _merged(engine: AsyncEngine, calls: list[EngineCall], stream: bool) -> AsyncIterator[Delta]:
+    """The calls' deltas in the order they come: from every step's snapshot when streaming (or
+    watching for stop strings), else from each final output alone."""
+    run = engine.generate_stream if stream else lambda *args: _once(engine.generate(*args))
+    streams = [run(c.prompt_token_ids, c.params, c.request_id, c.cache_salt) for c in calls]
     firsts = [asyncio.ensure_future(anext(s)) for s in streams]
     queue: asyncio.Queue[tuple[int, RequestOutput | None, BaseException | None]] = asyncio.Queue()
 
@@ -150,10 +171,4 @@ async def _streamed(engine: AsyncEngine, calls: list[EngineCall]) -> AsyncIterat
             await s.aclose()
 
 
-async def collect(deltas: AsyncIterator[Delta]) -> None:
-    """Drain the deltas (the trackers hold the results)."""
-    async for _ in deltas:
-        pass
-
-
-__all__ = ["ACCEPTED", "ClientDisconnected", "EngineCall", "collect", "run_calls"]
+__all__ = ["ClientDisconnected", "EngineCall", "finish_calls", "start_calls", "ticking"]

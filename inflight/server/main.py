@@ -35,6 +35,10 @@ def build_parser(prog: str = "python -m inflight.server") -> argparse.ArgumentPa
     parser.add_argument("--max-body-bytes", type=int, default=None, help="cap on request bodies")
     parser.add_argument("--max-weight-chunk-bytes", type=int, default=None, help="cap on a weight chunk body")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--trust-request-chat-template", action="store_true",
+                        help="let requests bring their own Jinja chat_template (code the server runs)")
+    parser.add_argument("--max-prompts-per-request", type=int, default=None,
+                        help="most generations (prompts x n) one request may ask for (default 1024)")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     return parser
 
@@ -57,6 +61,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m inflight.server")
 
     from inflight.engine import AsyncEngine, EngineConfig, EngineError, LLMEngine
     from inflight.server.app import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_WEIGHT_CHUNK_BYTES, create_app
+    from inflight.server.openai_api import DEFAULT_MAX_PROMPTS_PER_REQUEST
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -81,6 +86,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m inflight.server")
         api_key=args.api_key, control_token=args.control_token,
         max_body_bytes=args.max_body_bytes or DEFAULT_MAX_BODY_BYTES,
         max_weight_chunk_bytes=args.max_weight_chunk_bytes or DEFAULT_MAX_WEIGHT_CHUNK_BYTES,
+        trust_request_chat_template=args.trust_request_chat_template,
+        max_prompts_per_request=args.max_prompts_per_request or DEFAULT_MAX_PROMPTS_PER_REQUEST,
     )
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                            timeout_graceful_shutdown=5))

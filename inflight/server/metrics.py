@@ -42,36 +42,34 @@ class _EngineCollector:
         self.metrics = metrics
 
     def collect(self):
-        engine = self.metrics.engine.engine
-        for name, value in engine.stats.as_dict().items():
+        stats, status = self.metrics.engine.stats, self.metrics.engine.status()
+        for name, value in stats.as_dict().items():
             yield CounterMetricFamily(f"inflight_{name}", _STAT_HELP.get(name, name), value=value)
-        scheduler = engine.scheduler
-        stats = engine.stats
         queried = stats.prefix_cache_queried_tokens
         gen_rate, prompt_rate = self.metrics.rates()
+        loop = status.step_loop
         gauges = {
-            "requests_running": ("requests being generated (including frozen ones)", len(scheduler.running)),
-            "requests_waiting": ("requests waiting to be scheduled", len(scheduler.waiting)),
-            "kv_cache_usage": ("fraction of KV blocks in use (0..1)", engine.pool.usage()),
+            "requests_running": ("requests being generated (including frozen ones)", status.num_running),
+            "requests_waiting": ("requests waiting to be scheduled", status.num_waiting),
+            "kv_cache_usage": ("fraction of KV blocks in use (0..1)", status.kv_cache_usage),
             "prefix_cache_hit_rate": ("prefix-cache hit tokens / queried tokens since start",
                                       stats.prefix_cache_hit_tokens / queried if queried else 0.0),
-            "weight_version": ("the engine's weight version", engine.weight_version),
-            "paused": ("1 while the engine is paused", int(engine.is_paused)),
-            "weights_awake": ("1 while the weights pool is allocated", int(engine.weights.awake)),
-            "kv_cache_awake": ("1 while the KV pool is allocated", int(engine.kv_cache.awake)),
+            "weight_version": ("the engine's weight version", status.weight_version),
+            "paused": ("1 while the engine is paused", int(status.paused)),
+            "weights_awake": ("1 while the weights pool is allocated", int(status.weights_awake)),
+            "kv_cache_awake": ("1 while the KV pool is allocated", int(status.kv_cache_awake)),
             "generation_tokens_per_second": ("sampled tokens per second, recent window", gen_rate),
             "prompt_tokens_per_second": ("prompt tokens computed per second, recent window", prompt_rate),
+            "step_loop_stalled": ("1 while runnable work has gone unstepped for the stall limit",
+                                  int(loop.stalled)),
+            "requests_awaited": ("engine requests that callers are waiting on", loop.waiters),
+            "seconds_since_step": ("seconds since the step loop last looked for work",
+                                   loop.seconds_since_step),
         }
-        loop = self.metrics.engine.health()
-        gauges["step_loop_stalled"] = ("1 while runnable work has gone unstepped for the stall limit",
-                                       int(loop["stalled"]))
-        gauges["requests_awaited"] = ("engine requests that callers are waiting on", loop["waiters"])
-        gauges["seconds_since_step"] = ("seconds since the step loop last looked for work",
-                                        loop["seconds_since_step"])
         for name, (doc, value) in gauges.items():
             yield GaugeMetricFamily(f"inflight_{name}", doc, value=float(value))
         yield CounterMetricFamily("inflight_missed_wakeups", "work the step loop's idle backstop found "
-                                  "that no wake-up announced", value=loop["missed_wakeups"])
+                                  "that no wake-up announced", value=loop.missed_wakeups)
 
 
 class ServerMetrics:
@@ -94,7 +92,7 @@ class ServerMetrics:
         )
 
     def sample(self) -> None:
-        stats = self.engine.engine.stats
+        stats = self.engine.stats
         now = time.monotonic()
         self._samples.append((now, stats.generated_tokens, stats.prompt_tokens_computed))
         while len(self._samples) > 2 and now - self._samples[1][0] >= self.window_s:

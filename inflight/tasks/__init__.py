@@ -14,6 +14,7 @@ from inflight.tasks.base_model import (
 from inflight.tasks.count_up import COUNT_UP_CHARS, CountUpTask
 from inflight.tasks.data_task import DataReport, DataTask, reward_name, split_held_out
 from inflight.tasks.dataset import DatasetError, JsonlTask, load_jsonl, load_problems
+from inflight.tasks.env_reward import environment_reward
 from inflight.tasks.registry import BUILTIN_TASKS, make_builtin_task
 from inflight.tasks.tokenizer import make_char_tokenizer
 from inflight.tasks.tool_env import ToolEnv, register_tool
@@ -38,6 +39,7 @@ __all__ = [
     "ToolEnv",
     "WarmupReport",
     "build_base_model",
+    "environment_reward",
     "load_jsonl",
     "load_problems",
     "make_builtin_task",

@@ -6,7 +6,7 @@ directory. `warm_up` trains it on a task's problems (`a+b=` -> sum + EOS for add
 forcing (loss on the answer tokens, long-tailed batches in length buckets) for a few hundred steps,
 stopping early at a time budget or a target accuracy so that RL still has room to improve it, and
 saves it back where the engine can load it. Measured on 2 CPU
-cores (docs: /work/shared/CALIBRATION.md): ~300 steps in ~45 s give ~30% greedy accuracy; a 0.1M
+cores: ~300 steps in ~45 s give ~30% greedy accuracy; a 0.1M
 model plateaus near 55%, which is why the model is this size.
 """
 
@@ -152,7 +152,7 @@ def warm_up(
     `threads`: torch threads; None keeps the current setting, 0 picks by measuring: the first
     steps run with 2 threads, then with 1, and the faster setting stays. (On 2 vCPUs, 2 threads
     are ~2x faster on an idle machine but collapse when another process is busy, because OpenMP
-    threads spin-wait for each other: see /work/shared/CALIBRATION.md.)"""
+    threads spin-wait for each other.)"""
     task = task or AdditionTask()
     torch.manual_seed(seed)
     rng = random.Random(seed + 17)

@@ -3,8 +3,10 @@
 Layout under `trainer.ckpt_path`:
 
     global_step_<k>/model/       HF directory (config, tokenizer, model.safetensors): the engine and
-                                 the worker both load it on resume
-    global_step_<k>/optimizer_rank<r>.pt
+                                 the worker both load it on resume; a LoRA policy's has its
+                                 adapters merged (the HF export)
+    global_step_<k>/adapter/     a LoRA policy's adapter in peft's format (PeftModel.from_pretrained)
+    global_step_<k>/optimizer_rank<r>.pt   AdamW state and the learning-rate schedule's position
     global_step_<k>/state.json   step, weight version, data-loader record, trainer extras
     latest                       the name of the newest complete checkpoint
 
@@ -25,6 +27,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 
+from inflight.train.lora import lora_enabled, save_adapter
 from inflight.train.workers.base import PolicyWorker
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
@@ -49,12 +52,24 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def save_model_dir(worker: PolicyWorker, base_model_dir: str | Path, out: Path) -> None:
-    """The worker's full weights as an HF directory (non-weight files copied from the base model).
-    A collective: every rank must call it; rank 0 writes."""
+def model_dtype(model_dir: str | Path) -> torch.dtype | None:
+    """The dtype a Hugging Face directory's config.json declares (`dtype`, or the older
+    `torch_dtype`), None when it declares none."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    name = config.get("dtype") or config.get("torch_dtype")
+    dtype = getattr(torch, str(name), None) if name else None
+    return dtype if isinstance(dtype, torch.dtype) else None
+
+
+def save_model_dir(worker: PolicyWorker, base_model_dir: str | Path, out: Path,
+                   dtype: torch.dtype | None = None) -> None:
+    """The worker's full weights as an HF directory (non-weight files copied from the base model),
+    floating tensors cast to `dtype` when given. A collective: every rank must call it; rank 0 writes."""
     state = worker.full_hf_state_dict()
     if worker.rank != 0:
         return
+    if dtype is not None:
+        state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
     out.mkdir(parents=True, exist_ok=True)
     for item in Path(base_model_dir).iterdir():
         if item.is_file() and not item.name.endswith(WEIGHT_SUFFIXES) and item.name != "model.safetensors.index.json":
@@ -81,7 +96,11 @@ def save_checkpoint(
         shutil.rmtree(tmp)
     save_model_dir(worker, base_model_dir, tmp / "model")
     tmp.mkdir(parents=True, exist_ok=True)
-    torch.save(worker.optimizer.state_dict(), tmp / f"optimizer_rank{worker.rank}.pt")
+    if lora_enabled(worker.cfg) and worker.rank == 0:
+        save_adapter(worker.model, tmp / "adapter")
+    schedule = worker.lr_scheduler.state_dict() if worker.lr_scheduler is not None else None
+    torch.save({"optimizer": worker.optimizer.state_dict(), "lr_scheduler": schedule},
+               tmp / f"optimizer_rank{worker.rank}.pt")
     if worker.world_size > 1 and dist.is_initialized():
         dist.barrier()  # every rank's optimizer file is in place before rank 0 publishes
     if worker.rank == 0:
@@ -93,6 +112,26 @@ def save_checkpoint(
         _write_atomic(root / "latest", final.name)
         for old in sorted(root.glob("global_step_*"), key=lambda p: int(p.name.rsplit("_", 1)[1]))[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def export_model(worker: PolicyWorker, base_model_dir: str | Path, root: str | Path, step: int) -> Path:
+    """`<root>/global_step_<step>/`: the policy as a Hugging Face directory in the model's own dtype
+    (config.json's; a bf16 model exports half the bytes of its float32 master weights), a LoRA
+    policy's with its adapters merged plus the adapter in `adapter/`. Written under a temporary
+    name and renamed when complete. A collective: every rank must call it. (Checkpoints keep the
+    float32 master weights, so that a resumed run continues exactly.)"""
+    root = Path(root)
+    final, tmp = root / f"global_step_{step}", root / f".global_step_{step}.export.tmp"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    save_model_dir(worker, base_model_dir, tmp, model_dtype(base_model_dir))
+    if worker.rank == 0:
+        if lora_enabled(worker.cfg):
+            save_adapter(worker.model, tmp / "adapter")
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
     return final
 
 
@@ -112,6 +151,10 @@ def load_latest(root: str | Path | None) -> CheckpointState | None:
 
 
 def load_optimizer(worker: PolicyWorker, ckpt: CheckpointState) -> None:
-    """Restore the optimizer state saved by this rank."""
+    """Restore the optimizer state and the learning-rate schedule saved by this rank."""
     state = torch.load(ckpt.path / f"optimizer_rank{worker.rank}.pt", weights_only=False)
-    worker.optimizer.load_state_dict(state)
+    if "optimizer" not in state:  # written before the schedule was saved with it
+        state = {"optimizer": state, "lr_scheduler": None}
+    worker.optimizer.load_state_dict(state["optimizer"])
+    if state["lr_scheduler"] is not None and worker.lr_scheduler is not None:
+        worker.lr_scheduler.load_state_dict(state["lr_scheduler"])

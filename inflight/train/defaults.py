@@ -1,6 +1,6 @@
 """The default `inflight train` job (also `examples/default.yaml`): fully-async GRPO on the built-in
 addition task with the tiny base model, sized to learn visibly on 2 CPU cores in a few minutes
-(recipe measured in /work/shared/CALIBRATION.md: 16 prompts x 8 samples, temperature 1, lr 1e-4,
+(the measured recipe: 16 prompts x 8 samples, temperature 1, lr 1e-4,
 betas (0.9, 0.99), clip 0.2, gradient clip 1, token-mean loss, zero-advantage groups dropped)."""
 
 from __future__ import annotations

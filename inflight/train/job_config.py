@@ -1,7 +1,8 @@
 """`job:` — the settings of an `inflight train` run that the SkyRL-named schema has no key for.
 
 The task and its data, run length, warm-up of the built-in base model, where outputs go, threads,
-the off-policy correction and logging. It lives in its own section so the shared schema
+and logging; the old spellings of schema keys (`ALIASES`: `job.eval_interval`, `job.tis`, ...) are
+forwarded to those keys. It lives in its own section so the shared schema
 (`inflight.config`) stays SkyRL-compatible; `split_job_config` takes it out of a YAML mapping and
 out of the command-line overrides before the rest goes to `config_from_dict`.
 """
@@ -15,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from inflight.config import ConfigError, Violation
-from inflight.config.keys import coerce, is_instance, suggest, type_name
-from inflight.config.loader import parse_value
+from inflight.config.keys import coerce, is_instance, schema_keys, suggest, type_name
+from inflight.config.loader import flatten, parse_value
 
 SECTION = "job"
 
@@ -68,12 +69,14 @@ class JobConfig:
     worker: str = "auto"
     """Policy worker: `auto` (megatron for strategy megatron; FSDP when torch.distributed is
     initialised, else the single-process `local` worker), `local`, `fsdp` or `megatron`."""
-    tis: str = "token"
-    """Off-policy correction when tokens are older than the policy: `token`, `sequence`, `none`."""
-    tis_cap: float = 2.0
-    """Truncation cap of the importance weights."""
-    drop_zero_advantage_groups: bool = True
-    """Leave groups whose rewards are all equal out of the loss."""
+    tis: str | None = None
+    """Old spelling of `trainer.algorithm.off_policy_correction.tis_ratio_type` (`token`, `sequence`,
+    `none`), which it sets."""
+    tis_cap: float | None = None
+    """Old spelling of the truncation cap of the importance weights: sets both
+    `trainer.algorithm.off_policy_correction.token_tis_ratio_clip_high` and `sequence_tis_ratio_clip_high`."""
+    drop_zero_advantage_groups: bool | None = None
+    """Old spelling of `trainer.algorithm.zero_variance_filter`, which it sets."""
     dynamic_sampling: bool = False
     """Fully async: reject such groups at generation instead, and generate others in their place."""
     tensorboard: bool = True
@@ -94,7 +97,7 @@ class JobConfig:
         choices = {"task": ("addition", "chain_addition", "count_up", "jsonl"),
                    "worker": ("auto", "local", "fsdp", "megatron"), "tis": ("none", "token", "sequence")}
         for key, allowed in choices.items():
-            if getattr(self, key) not in allowed:
+            if getattr(self, key) not in (*allowed, *([None] if key == "tis" else [])):
                 problems.append(Violation(f"{SECTION}.{key}", getattr(self, key), "is not a known choice",
                                           f"use one of {', '.join(allowed)}"))
         if self.task == "jsonl" and not self.train_data:
@@ -109,7 +112,7 @@ class JobConfig:
                 problems.append(Violation(f"{SECTION}.{key}", getattr(self, key), "must be >= 1", "raise it"))
         if self.max_steps is not None and self.max_steps < 1:
             problems.append(Violation(f"{SECTION}.max_steps", self.max_steps, "must be >= 1 or null", "raise it"))
-        if self.tis_cap <= 0:
+        if self.tis_cap is not None and self.tis_cap <= 0:
             problems.append(Violation(f"{SECTION}.tis_cap", self.tis_cap, "must be > 0", "e.g. 2.0"))
         return problems
 
@@ -157,42 +160,47 @@ def split_job_config(data: Mapping[str, Any], overrides: Sequence[str]) -> tuple
     problems += job.validate() if not problems else []
     if problems:
         raise ConfigError(problems)
-    return job, rest, _forward_aliases(job, rest, other, overrides)
+    return job, rest, _forward_aliases(values, rest, other, overrides)
 
 
-ALIASES = {"eval_interval": "trainer.eval_interval"}
-"""`job.<key>` spellings kept for old configs -> the schema key they set."""
+_OPC = "trainer.algorithm.off_policy_correction."
+ALIASES: dict[str, tuple[str, ...]] = {
+    "eval_interval": ("trainer.eval_interval",),
+    "tis": (_OPC + "tis_ratio_type",),
+    "tis_cap": (_OPC + "token_tis_ratio_clip_high", _OPC + "sequence_tis_ratio_clip_high"),
+    "drop_zero_advantage_groups": ("trainer.algorithm.zero_variance_filter",),
+}
+"""`job.<key>` spellings kept for old configs -> the schema keys they set."""
 
 
 def _forward_aliases(
-    job: JobConfig, rest: Mapping[str, Any], overrides: list[str], given: Sequence[str]
+    values: Mapping[str, Any], rest: Mapping[str, Any], overrides: list[str], given: Sequence[str]
 ) -> list[str]:
-    """Turn each `job.<alias>` that was given into an override of its schema key, placed first so
-    that a command-line override of the schema key still wins over an alias in the file. Both
-    spellings with different values in the same place (file or command line) is a ConfigError."""
+    """Turn each `job.<alias>` given in `values` (as written: `none` stays a value) into overrides of
+    its schema keys, placed first so that a command-line override of a schema key still wins over an
+    alias in the file. Both spellings with different values in the same place (file or command
+    line) is a ConfigError."""
+    leaves, _ = schema_keys()
     forwarded, problems = [], []
-    for name, key in ALIASES.items():
-        value = getattr(job, name)
+    for name, keys in ALIASES.items():
+        value = values.get(name)
         if value is None:
             continue
         alias_on_line = _given({}, given, f"{SECTION}.{name}") is not None
-        other = _given({}, overrides, key) if alias_on_line else _given(rest, [], key)
-        if other is not None and other != value:
-            rule = f"is the old spelling of {key}, which is also set (to {other!r})"
-            problems.append(Violation(f"{SECTION}.{name}", value, rule, f"drop {SECTION}.{name} and keep {key}"))
-        forwarded.append(f"{key}={value}")
+        for key in keys:
+            other = _given({}, overrides, key) if alias_on_line else _given(rest, [], key)
+            if other is not None and coerce(other, leaves[key]) != coerce(value, leaves[key]):
+                rule = f"is the old spelling of {key}, which is also set (to {other!r})"
+                problems.append(Violation(f"{SECTION}.{name}", value, rule, f"drop {SECTION}.{name} and keep {key}"))
+            forwarded.append(f"{key}={value}")
     if problems:
         raise ConfigError(problems)
     return forwarded + list(overrides)
 
 
 def _given(data: Mapping[str, Any], overrides: Sequence[str], key: str) -> Any:
-    """The value `key` is given in a config mapping (nested or dotted) or in the overrides, else None."""
-    value = None
-    head, _, tail = key.partition(".")
-    if isinstance(data.get(head), Mapping):
-        value = data[head].get(tail)
-    value = data.get(key, value)
+    """The value `key` is given in a config mapping (nested, dotted, or both) or in the overrides, else None."""
+    value = flatten(data).get(key)
     for text in overrides:
         name, _, raw = text.strip().lstrip("+").partition("=")
         if name.strip() == key:

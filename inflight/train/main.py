@@ -5,6 +5,9 @@ it builds the tiny base model and the character tokenizer, warms the model up wi
 supervised phase, prints its greedy accuracy on 200 held-out problems, runs fully-async GRPO with
 in-flight weight updates, and prints the accuracy after. Overrides use dotted keys of the shared
 schema (`trainer.fully_async.enabled=false`) or of the `job:` section (`job.max_steps=50`).
+
+This module does not know Ray: with `--ray` (`job.ray`) the run starts on the runtime that the
+caller passes as `start_ray` (the `inflight` command passes `inflight.cluster.start_ray`).
 """
 
 from __future__ import annotations
@@ -15,13 +18,17 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from inflight.config import Config, ConfigError, config_from_dict, dump_config
+from inflight.config.implemented import require_implemented
 from inflight.config.loader import read_yaml
 from inflight.train.data_setup import check_data_job, make_data_task, uses_data, without_toy_lengths
 from inflight.train.defaults import default_job
 from inflight.train.job_config import JobConfig, split_job_config
+
+if TYPE_CHECKING:
+    from inflight.train.runtime import Starter
 
 
 def build_parser(prog: str = "inflight train") -> argparse.ArgumentParser:
@@ -43,6 +50,7 @@ def resolve_config(config_path: str | None, overrides: list[str]) -> tuple[Confi
     cfg = config_from_dict(rest, other)
     if config_path is None and uses_data(cfg, job):  # the default job's lengths fit only its toy task
         cfg = config_from_dict(without_toy_lengths(rest), other)
+    require_implemented(cfg)  # before any warm-up or engine start: refused keys fail at once
     return cfg, job
 
 
@@ -96,14 +104,14 @@ def prepare_base_model(cfg: Config, job: JobConfig, task, say) -> dict[str, Any]
     return {"steps": report.steps, "seconds": report.seconds, "accuracy": report.accuracy}
 
 
-async def run_job(cfg: Config, job: JobConfig, task, say) -> dict[str, Any]:
+async def run_job(cfg: Config, job: JobConfig, task, say, start: Starter | None = None) -> dict[str, Any]:
+    """Evaluate, train and evaluate on the runtime `start` starts (default: `start_local`); the
+    run's summary."""
     from inflight.train.metrics import plot_metrics
+    from inflight.train.runtime import start_local
+    from inflight.train.trainer import make_trainer
 
-    if job.ray:
-        from inflight.cluster import make_ray_trainer as make_trainer
-    else:
-        from inflight.train.trainer import make_trainer
-    trainer = make_trainer(cfg, job, task)
+    trainer = make_trainer(cfg, job, task, start=start or start_local)
     summary: dict[str, Any] = {"mode": trainer.mode}
     try:
         await trainer.setup()
@@ -135,8 +143,9 @@ async def run_job(cfg: Config, job: JobConfig, task, say) -> dict[str, Any]:
     return summary
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of `inflight train`; returns the exit status."""
+def main(argv: list[str] | None = None, start_ray: Starter | None = None) -> int:
+    """Entry point of `inflight train`; returns the exit status. `start_ray`: the runtime for
+    `--ray` (`job.ray`), which only the `inflight` command supplies."""
     args = build_parser().parse_args(argv)
     overrides = list(args.overrides)
     if args.ray or args.ray_address:
@@ -148,9 +157,16 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:  # --config names a file that is missing or unreadable
+        reason = "does not exist" if isinstance(err, FileNotFoundError) else f"cannot be read ({err.strerror})"
+        print(f"error: --config {args.config}: the config file {reason}", file=sys.stderr)
+        return 2
     if args.print_config:
         print(dump_config(cfg) + "job:\n" + "".join(f"  {k}: {json.dumps(v)}\n" for k, v in vars(job).items()))
         return 0
+    if job.ray and start_ray is None:
+        print("error: job.ray=true needs the `inflight` command (`inflight train --ray`)", file=sys.stderr)
+        return 2
     from rich.console import Console
 
     console = Console()
@@ -175,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     from inflight.train.data_setup import NothingGeneratedError
 
     try:
-        summary = asyncio.run(run_job(cfg, job, task, say))
+        summary = asyncio.run(run_job(cfg, job, task, say, start_ray if job.ray else None))
     except NothingGeneratedError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

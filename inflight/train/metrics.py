@@ -1,4 +1,5 @@
-"""Per-step metrics: a JSONL file, TensorBoard scalars, a console progress bar, and a PNG plot.
+"""Per-step metrics: a JSONL file, the experiment trackers (TensorBoard, W&B, MLflow), a console
+progress bar, and a PNG plot.
 
 Every step's record holds `step`, `time` (seconds since training started) and flat numeric keys
 (`reward`, `accuracy`, `staleness_mean`, `staleness_max`, `is_ratio_*`, `kv/*` engine counters,
@@ -12,11 +13,14 @@ import json
 import math
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from inflight.train.trackers import TensorBoardTracker, Tracker, numeric
 
 PROGRESS_KEYS = (("reward", "reward {:.2f}"), ("accuracy", "acc {:.0%}"), ("staleness_mean", "stale {:.2f}"),
                  ("throughput/samples_per_s", "{:.0f} samples/s"))
@@ -29,8 +33,12 @@ def _clean(value: Any) -> Any:
 
 
 class MetricsLogger:
-    """Writes each step's metrics to `<out_dir>/metrics.jsonl` (and TensorBoard under
-    `<out_dir>/tensorboard`), and shows progress on `console`."""
+    """Writes each step's metrics to `<out_dir>/metrics.jsonl`, sends the numbers to the
+    experiment trackers (`trackers`; `tensorboard=True` adds TensorBoard under
+    `<out_dir>/tensorboard` when none of them is), and shows progress on `console`.
+
+    `append`: continue an existing file; with `resume_step` (the checkpoint a run resumes from),
+    the rows of later steps, which the resumed run logs again, are dropped first."""
 
     def __init__(
         self,
@@ -41,19 +49,21 @@ class MetricsLogger:
         console: Console | None = None,
         log_interval: int = 10,
         append: bool = False,
+        trackers: Sequence[Tracker] = (),
+        resume_step: int | None = None,
     ) -> None:
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.out_dir / "metrics.jsonl"
+        if append and resume_step is not None:
+            drop_after(self.path, resume_step)
         self._file = self.path.open("a" if append else "w")
         self.console = console or Console()
         self.log_interval = log_interval
-        self.writer = None
-        if tensorboard:
+        self.trackers: list[Tracker] = list(trackers)
+        if tensorboard and not any(t.name == "tensorboard" for t in self.trackers):
             try:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self.writer = SummaryWriter(str(self.out_dir / "tensorboard"))
+                self.trackers.append(TensorBoardTracker(self.out_dir, {}))
             except ImportError:  # tensorboard not installed: JSONL only
                 self.console.print("[yellow]tensorboard is not installed; metrics go to JSONL only[/yellow]")
         self.progress: Progress | None = None
@@ -72,10 +82,9 @@ class MetricsLogger:
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
         self.records.append(record)
-        if self.writer is not None:
-            for key, value in record.items():
-                if key != "step" and isinstance(value, int | float) and not isinstance(value, bool):
-                    self.writer.add_scalar(key, value, step)
+        values = numeric({k: v for k, v in record.items() if k != "step"})
+        for tracker in self.trackers:
+            tracker.log(values, step)
         summary = "  ".join(fmt.format(record[k]) for k, fmt in PROGRESS_KEYS if isinstance(record.get(k), int | float))
         if self.progress is not None:
             self.progress.update(self._task, completed=step, description=summary)
@@ -90,16 +99,28 @@ class MetricsLogger:
         if self.progress is not None:
             self.progress.stop()
             self.progress = None
-        if self.writer is not None:
-            self.writer.flush()
-            self.writer.close()
-            self.writer = None
+        for tracker in self.trackers:
+            tracker.close()
         if not self._file.closed:
             self._file.close()
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def drop_after(path: Path, step: int) -> int:
+    """Rewrite the metrics JSONL at `path` without the rows of steps after `step` (atomically);
+    returns how many rows were dropped. A missing file is left missing."""
+    if not path.is_file():
+        return 0
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    kept = [line for line in lines if json.loads(line).get("step", 0) <= step]
+    if len(kept) != len(lines):
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        os.replace(tmp, path)
+    return len(lines) - len(kept)
 
 
 def plot_metrics(jsonl: str | Path, png: str | Path, title: str | None = None) -> Path:

@@ -1,26 +1,31 @@
 """LocalPolicy: the trained policy of a run, in one process — the policy worker, the shared
-training step, the dispatch that syncs weights to the engines, and checkpoints.
+training step, the weight sync to the engines (one plan, `plan_weight_sync(cfg)`) and checkpoints.
 
-The trainers talk to the policy only through `train`, `sync`, `save` and `weight_version`, so the
-same object serves in the trainer's own process and inside a Ray actor (`inflight.cluster`).
+The trainers talk to the policy only through `train`, `sync_weights`, `save`, `weight_version` and
+`kv_fate`, so the same object serves in the trainer's own process and inside a Ray actor
+(`inflight.cluster`, where every rank holds one and only rank 0 has a client).
 """
 
 from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from inflight.client.base import InferenceClient
 from inflight.config import Config
-from inflight.train.checkpoint import CheckpointState, load_optimizer, save_checkpoint
-from inflight.train.dispatch import WorkerDispatch
-from inflight.train.generator import TrajectoryGroup
+from inflight.rollout.generator import TrajectoryGroup
+from inflight.train.checkpoint import CheckpointState, export_model, load_optimizer, save_checkpoint
 from inflight.train.job_config import JobConfig
 from inflight.train.step import StepOptions, TrainingStep
-from inflight.train.workers.base import PolicyWorker
+from inflight.train.workers.base import PolicyWorker, SyncReport
+from inflight.weight_sync.inprocess import InProcessTransport
+from inflight.weight_sync.plan import KVFate, plan_weight_sync
+from inflight.weight_sync.transport import WeightTransport
 
 
 def _free_port() -> int:
@@ -39,7 +44,23 @@ def ensure_process_group(device: str = "cpu") -> None:
 
 
 def make_worker(cfg: Config, job: JobConfig, model_dir: str | Path) -> PolicyWorker:
-    """The policy worker the job asks for (see `JobConfig.worker`), not yet set up."""
+    """The policy worker the job asks for (see `JobConfig.worker`), not yet set up, knowing the
+    run's optimizer steps (for a decaying learning-rate schedule)."""
+    worker = _new_worker(cfg, job, model_dir)
+    worker.num_training_steps = optimizer_steps(cfg, job)
+    return worker
+
+
+def optimizer_steps(cfg: Config, job: JobConfig) -> int | None:
+    """The run's optimizer steps: `job.max_steps` training steps, each one per mini-batch and pass."""
+    if job.max_steps is None:
+        return None
+    trainer = cfg.trainer
+    per_step = max(1, trainer.train_batch_size // trainer.policy_mini_batch_size) * trainer.update_epochs_per_batch
+    return job.max_steps * per_step
+
+
+def _new_worker(cfg: Config, job: JobConfig, model_dir: str | Path) -> PolicyWorker:
     import torch.distributed as dist
 
     kind = job.worker
@@ -60,60 +81,86 @@ def make_worker(cfg: Config, job: JobConfig, model_dir: str | Path) -> PolicyWor
 
 
 class LocalPolicy:
-    """The policy worker (+ reference for the KL penalty), `TrainingStep` and `WorkerDispatch`."""
+    """One policy rank in this process: its worker (+ reference for the KL penalty), the training
+    step, and the weight sync to the engines behind `client` through `transport`.
 
-    def __init__(self, cfg: Config, job: JobConfig, pad_id: int) -> None:
-        self.cfg, self.job, self.pad_id = cfg, job, pad_id
-        self.worker: PolicyWorker | None = None
-        self.reference: PolicyWorker | None = None
-        self.dispatch: WorkerDispatch | None = None
-        self.step_fn: Any = None
-        self.base_model_dir: str | None = None
+    Only rank 0 needs a client (and a transport); the other ranks take part in the sync's gathers.
+    `timings` holds the last sync's timings, `history` every sync's, `failed_syncs` the count of
+    syncs that raised.
+    """
 
-    def setup(
-        self,
-        model_dir: str | Path,
-        base_model_dir: str | Path,
-        client: Any,
-        transport: Any,
-        version: int,
-        ckpt: CheckpointState | None = None,
-    ) -> LocalPolicy:
-        """Load the worker from `model_dir` (the checkpoint's on resume, with its optimizer state)."""
-        cfg, job = self.cfg, self.job
+    def __init__(self, cfg: Config, worker: PolicyWorker, client: InferenceClient | None,
+                 transport: WeightTransport | None = None, *, version: int = 0, step_fn: TrainingStep | None = None,
+                 reference: PolicyWorker | None = None, base_model_dir: str | Path | None = None) -> None:
+        if worker.rank == 0 and client is None:
+            raise ValueError("the process holding rank 0 needs an inference client")
+        self.cfg, self.worker, self.client = cfg, worker, client
+        self.transport = transport if transport is not None else InProcessTransport()
+        self.plan = plan_weight_sync(cfg)
+        self.weight_version = version
+        self.step_fn, self.reference = step_fn, reference
+        self.base_model_dir = None if base_model_dir is None else str(base_model_dir)
+        self.timings: dict[str, float] = {}
+        self.history: list[dict[str, float]] = []
+        self.failed_syncs = 0
+
+    @classmethod
+    def load(cls, cfg: Config, job: JobConfig, pad_id: int, model_dir: str | Path, client: InferenceClient | None,
+             transport: WeightTransport | None, version: int, ckpt: CheckpointState | None = None) -> LocalPolicy:
+        """Load the worker from `model_dir` (the checkpoint's on resume, with its optimizer state)
+        and the training step; the base model is `trainer.policy.model.path`."""
         torch.set_num_threads(job.threads)
-        self.base_model_dir = str(base_model_dir)
-        self.worker = make_worker(cfg, job, model_dir).setup()
+        base_model_dir = cfg.trainer.policy.model.path
+        worker = make_worker(cfg, job, model_dir).setup()
+        reference = None
         if cfg.trainer.algorithm.use_kl_loss:
-            self.reference = make_worker(cfg, job, base_model_dir)
-            self.reference.build_model()
-        self.dispatch = WorkerDispatch([self.worker], client, transport, cfg)
-        self.dispatch.weight_version = version
-        options = StepOptions(job.tis, job.tis_cap, job.drop_zero_advantage_groups)
-        self.step_fn = TrainingStep(self.worker, cfg, self.pad_id, options, self.reference)
+            reference = make_worker(cfg, job, base_model_dir)
+            reference.build_model()
+        step_fn = TrainingStep(worker, cfg, pad_id, StepOptions.from_config(cfg), reference)
         if ckpt is not None:
-            load_optimizer(self.worker, ckpt)
-            self.worker.global_step = ckpt.step
-        return self
+            load_optimizer(worker, ckpt)
+            worker.global_step = ckpt.step
+        return cls(cfg, worker, client, transport, version=version, step_fn=step_fn, reference=reference,
+                   base_model_dir=base_model_dir)
 
     @property
-    def weight_version(self) -> int:
-        return self.dispatch.weight_version
-
-    @property
-    def kv_fate(self) -> str:
-        return self.dispatch.plan.kv_fate
+    def kv_fate(self) -> KVFate:
+        """What the sync does to the KV of requests in flight (the plan's)."""
+        return self.plan.kv_fate
 
     async def train(self, groups: list[TrajectoryGroup], policy_version: int) -> dict[str, Any]:
         """One training step (in a worker thread, so the caller's event loop keeps running)."""
         return await asyncio.to_thread(self.step_fn, groups, policy_version)
 
-    async def sync(self) -> dict[str, Any]:
-        """Push the weights to the engines as the next version; returns version and timings."""
-        report = await self.dispatch.save_weights_for_sampler()
-        return {"version": report.version, "timings": dict(report.timings), "steps": list(report.steps)}
+    async def sync_weights(self) -> SyncReport:
+        """Push the current weights to the engines as the next weight version, following the plan.
+        Returns rank 0's report (on other ranks: outcome and version only); raises when the sync
+        failed (the engines then keep their old weights where they could restore them)."""
+        started = time.perf_counter()
+        base = self.weight_version
+        if self.worker.rank == 0:
+            base = max(base, int(await self.client.weight_version()))
+        try:
+            report = await self.worker.sync_weights(self.client, self.plan, base + 1, self.transport)
+        except BaseException:
+            self.failed_syncs += 1
+            raise
+        self.weight_version = report.version
+        self.timings = {**report.timings, "sync_s": time.perf_counter() - started,
+                        "version": report.version, "bytes": report.bytes, "chunks": report.chunks}
+        send = report.timings.get("send_s", 0.0)
+        if send > 0 and report.bytes:
+            self.timings["send_bytes_per_s"] = report.bytes / send
+        self.history.append(self.timings)
+        return report
+
+    async def export(self, root: str | Path, step: int) -> str:
+        """The policy as a Hugging Face model under `root` (`checkpoint.export_model`); its path."""
+        path = await asyncio.to_thread(export_model, self.worker, self.base_model_dir, root, step)
+        return str(path)
 
     async def save(self, root: str | Path, step: int, data: dict[str, Any], extra: dict[str, Any], keep: int) -> str:
+        """A checkpoint of the worker at `step` (with the data loader's state `data`); its path."""
         path = await asyncio.to_thread(save_checkpoint, root, step, self.worker, self.base_model_dir,
                                        self.weight_version, data, extra, keep)
         return str(path)

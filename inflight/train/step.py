@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import torch
 
 from inflight.config import Config
+from inflight.config.implemented import require_implemented
+from inflight.rollout.generator import TrajectoryGroup
 from inflight.train.algorithms import (
     RLBatch,
     group_advantages,
@@ -39,7 +41,6 @@ from inflight.train.data_parallel import (
     micro_batches,
     shard_step,
 )
-from inflight.train.generator import TrajectoryGroup
 from inflight.train.workers.base import PolicyWorker
 
 LOSS_STAT_KEYS = ("loss", "clip_fraction", "ratio_mean", "ratio_max", "ratio_min", "kl", "is_ratio_mean",
@@ -50,24 +51,39 @@ IMPORTANCE_KEYS = ("is_ratio_mean", "is_ratio_max", "is_ratio_min", "is_weight_m
 
 @dataclass
 class StepOptions:
-    """Training-step settings that the config schema does not have (yet)."""
+    """The training step's settings. `from_config` reads them from the `trainer.*` keys each field
+    names (their docs in inflight/config/schema.py); constructed directly, the defaults are the keys'."""
 
     tis: str = "token"
-    """Off-policy correction for stale tokens: `token`, `sequence` or `none`."""
+    """`token`, `sequence` or `none`: trainer.algorithm.off_policy_correction.tis_ratio_type (null: none)."""
     tis_cap: float = 2.0
-    """Truncation of the importance weights."""
+    """off_policy_correction.token_tis_ratio_clip_high (sequence_tis_ratio_clip_high for `sequence`)."""
     drop_zero_advantage_groups: bool = True
-    """Leave out groups whose rewards are all equal (no signal; saves compute)."""
+    """trainer.algorithm.zero_variance_filter."""
     correct_threshold: float = 1.0
-    """A trajectory counts as correct (accuracy metric) when its reward is at least this."""
+    """trainer.correct_threshold."""
     max_tokens_per_micro_batch: int | None = None
-    """Cap on the padded tokens (rows x longest row) of one forward/backward, besides
-    `trainer.micro_train_batch_size_per_gpu` rows; a longer row runs alone. None: no cap."""
+    """trainer.max_tokens_per_microbatch (None: no cap, the key's -1)."""
     micro_batch_pass_tokens: float = 64.0
-    """What one more forward/backward costs, in padded tokens: a rank's rows of a mini-batch,
-    sorted by length, are cut into micro-batches where padded tokens plus this per pass are fewest.
-    64 is about a pass's fixed cost on the small CPU models (raise it where passes cost more);
-    `math.inf`: the fewest passes the caps allow (still sorted and trimmed)."""
+    """trainer.micro_batch_pass_tokens (`math.inf`: the fewest passes the caps allow)."""
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> StepOptions:
+        """The options `cfg` sets. Raises ConfigError for keys set to what is not implemented yet."""
+        require_implemented(cfg)
+        trainer = cfg.trainer
+        correction = trainer.algorithm.off_policy_correction
+        tis = correction.tis_ratio_type or "none"
+        cap = correction.sequence_tis_ratio_clip_high if tis == "sequence" else correction.token_tis_ratio_clip_high
+        max_tokens = trainer.max_tokens_per_microbatch
+        return cls(
+            tis=tis,
+            tis_cap=cap,
+            drop_zero_advantage_groups=trainer.algorithm.zero_variance_filter,
+            correct_threshold=trainer.correct_threshold,
+            max_tokens_per_micro_batch=max_tokens if max_tokens > 0 else None,
+            micro_batch_pass_tokens=trainer.micro_batch_pass_tokens,
+        )
 
     def micro_plan(self, max_rows: int) -> MicroPlan:
         """How to cut micro-batches of at most `max_rows` rows."""
@@ -108,8 +124,9 @@ class TrainingStep:
     """Callable `(groups, policy_version) -> metrics` over one `PolicyWorker` (set up already).
 
     `policy_version`: the weight version the worker's weights are (the engines' version after the
-    last sync); tokens sampled by an older version are stale. `reference`: a frozen worker for the
-    KL penalty (`trainer.algorithm.use_kl_loss`).
+    last sync); tokens sampled by an older version are stale. `options`: by default the ones `cfg`
+    sets (`StepOptions.from_config`). `reference`: a frozen worker for the KL penalty
+    (`trainer.algorithm.use_kl_loss`).
     """
 
     def __init__(
@@ -121,7 +138,7 @@ class TrainingStep:
         reference: PolicyWorker | None = None,
     ) -> None:
         self.worker, self.cfg, self.pad_id = worker, cfg, pad_id
-        self.options = options or StepOptions()
+        self.options = options or StepOptions.from_config(cfg)
         self.reference = reference
         alg = cfg.trainer.algorithm
         self.kl_coef = alg.kl_loss_coef if alg.use_kl_loss else 0.0
@@ -311,4 +328,5 @@ def rollout_metrics(groups: Sequence[TrajectoryGroup], policy_version: int, thre
         "generated_tokens": float(lengths.sum()),
         "truncated_fraction": float(sum(t.finish_reason == "length" for t in trajs) / len(trajs)),
         "reward/failures": float(sum(t.reward_failed for t in trajs)),
+        "rollout/failed": float(sum(t.rollout_failed for t in trajs)),
     }

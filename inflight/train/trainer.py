@@ -1,11 +1,12 @@
-"""The synchronous and the fully-async GRPO trainers, sharing one training step and one weight sync.
+"""The synchronous and the fully-async GRPO trainers: the loops, sharing one training step and one
+weight sync.
 
-Both own the same parts (`RLTrainer.setup`): `generator.inference_engine.num_engines` inference
-engines (each in a child process when the weight-sync backend is `shm` or `broadcast`, in this
-process for `inprocess`; several behind one `FanOutClient`), a policy worker
-with `TrainingStep` as its loss and optimizer step, a `WorkerDispatch` that pushes new weights to
-the engine after every step following `plan_weight_sync` (pause, [sleep], send, [reset], resume),
-a generator, the data loader that records consumed prompts, metrics and checkpoints.
+Both run on a runtime (`inflight.train.runtime`) that a starter gives them at `RLTrainer.setup`:
+`start_local` (engines in this process or in child processes, the policy in this process) or
+`inflight.cluster.start_ray` (both as Ray actors). The runtime holds the engines' client and the
+policy, which trains and pushes new weights to the engines after every step following
+`plan_weight_sync` (pause, [sleep], send, [reset], resume). The trainer adds the generator, the
+data loader that records consumed prompts, metrics, evaluation and checkpoints.
 
 - `SyncTrainer`: generate a batch, train on it, sync (nothing is in flight during the sync).
 - `FullyAsyncTrainer`: `num_parallel_generation_workers` asyncio tasks generate groups
@@ -20,70 +21,45 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import tempfile
 import time
-import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from inflight.client.fanout import FanOutClient
+from inflight.client.base import InferenceClient
 from inflight.config import Config
-from inflight.engine.config import EngineConfig
 from inflight.eval.run import eval_sets
 from inflight.eval.run import evaluate as run_eval
-from inflight.tasks.base import Problem, Task
-from inflight.train.checkpoint import load_latest
-from inflight.train.data_setup import check_generated
-from inflight.train.engine_process import EngineProcess, ReceiverSpec, engine_stats
-from inflight.train.generator import (
+from inflight.rollout.generator import (
     GenerateFn,
     TaskGenerator,
     TrajectoryGroup,
     episode_options,
     request_seed,
 )
+from inflight.tasks.base import Problem, Task
+from inflight.train.checkpoint import load_latest
+from inflight.train.data_setup import check_generated
 from inflight.train.job_config import JobConfig
+from inflight.train.lora import lora_enabled
 from inflight.train.metrics import MetricsLogger
-from inflight.train.policy import LocalPolicy, ensure_process_group, make_worker
+from inflight.train.run_logs import open_run_logs
+from inflight.train.runtime import Policy, Runtime, Starter, start_local
 from inflight.train.staleness import AsyncDataLoader, OutputBuffer, PromptRef, StalenessManager
-from inflight.weight_sync import make_transport, transport_kind
-from inflight.weight_sync.transport import WeightTransport
 
-__all__ = ["FullyAsyncTrainer", "RLTrainer", "SyncTrainer", "engine_config", "ensure_process_group",
-           "make_sender", "make_trainer", "make_worker", "policy_ranks"]
+__all__ = ["FullyAsyncTrainer", "RLTrainer", "SyncTrainer", "make_trainer"]
 
 KV_COUNTERS = ("resets", "kv_invalidated_resets", "recomputed_tokens", "preemptions", "prefix_cache_hit_tokens",
                "weight_updates", "pauses")
 
 
-def policy_ranks(cfg: Config) -> int:
-    """The policy's ranks: `trainer.placement.policy_num_nodes` x `policy_num_gpus_per_node`."""
-    placement = cfg.trainer.placement
-    return placement.policy_num_nodes * placement.policy_num_gpus_per_node
-
-
-def engine_config(
-    cfg: Config, model_dir: str | Path, weight_version: int = 0, index: int = 0
-) -> EngineConfig:
-    """The settings of engine `index` of `generator.inference_engine` for `model_dir`; each engine
-    gets its own sampling seed, or unseeded requests would sample alike on every engine."""
-    ie = cfg.generator.inference_engine
-    return EngineConfig(
-        model=str(model_dir), device=ie.device, dtype=ie.dtype, block_size=ie.block_size,
-        num_kv_blocks=ie.num_kv_blocks, kv_cache_memory_gib=ie.kv_cache_memory_gib, max_num_seqs=ie.max_num_seqs,
-        max_num_batched_tokens=ie.max_num_batched_tokens, max_model_len=ie.max_model_len,
-        enable_prefix_caching=ie.enable_prefix_caching, enable_chunked_prefill=ie.enable_chunked_prefill,
-        seed=cfg.trainer.seed + index, weight_version=weight_version,
-    )
 
 
 class RLTrainer:
-    """What both trainers share. `await trainer.setup()`, then `await trainer.train()`,
-    `await trainer.evaluate()`, and finally `await trainer.close()`."""
+    """What both trainers share. `await trainer.setup()` (starts the runtime with `start`), then
+    `await trainer.train()`, `await trainer.evaluate()`, and finally `await trainer.close()`."""
 
     mode = "base"
 
@@ -94,36 +70,41 @@ class RLTrainer:
         task: Task,
         generate: GenerateFn | None = None,
         logger: MetricsLogger | None = None,
+        start: Starter = start_local,
     ) -> None:
         self.cfg, self.job, self.task = cfg, job, task
         self._custom_generate = generate
         self.logger = logger
+        self._start = start
         self.global_step = 0
-        self.engine_procs: list[EngineProcess] = []
-        self.local_engines: list[Any] = []
-        self.transport = None
-        self.client: Any = None
+        self.runtime: Runtime | None = None
+        self.client: InferenceClient | None = None
+        self.policy: Policy | None = None
         self.resumed_from: Path | None = None
-        self.policy: Any = None
         self.history: list[dict[str, Any]] = []
         self._engine_counters: dict[str, int] | None = None
         self._started = 0.0
         self._consumed_file = None
         self._error: BaseException | None = None
+        self.failed_groups = 0  # groups dropped because an episode failed before its first turn
         self._last_eval: tuple[tuple[int, int], dict[str, Any]] | None = None
 
     # ---- set-up -------------------------------------------------------------------------------
     async def setup(self) -> RLTrainer:
         cfg, job = self.cfg, self.job
-        self._check_policy_ranks()
         torch.set_num_threads(job.threads)
-        self.base_model_dir = cfg.trainer.policy.model.path
-        if self.base_model_dir is None:
+        if cfg.trainer.policy.model.path is None:
             raise ValueError("no model: set trainer.policy.model.path")
         ckpt = load_latest(cfg.trainer.ckpt_path) if job.resume else None
-        model_dir = ckpt.model_dir if ckpt else self.base_model_dir
-        version = ckpt.weight_version if ckpt else 0
-        await self._setup_engine_and_policy(model_dir, version, ckpt)
+        if ckpt is not None and lora_enabled(cfg):
+            raise NotImplementedError(
+                f"resuming a LoRA run is not implemented yet: {ckpt.path} holds the merged model (model/) and the "
+                "adapter (adapter/); start a new run from the merged model (trainer.policy.model.path="
+                f"{ckpt.model_dir}) or set job.resume=false")
+        model_dir = ckpt.model_dir if ckpt else cfg.trainer.policy.model.path
+        self.runtime = await self._start(cfg, job, pad_id=self._pad_id(), model_dir=model_dir,
+                                         version=ckpt.weight_version if ckpt else 0, ckpt=ckpt)
+        self.client, self.policy = self.runtime.client, self.runtime.policy
         self.loader: AsyncDataLoader[Problem] = AsyncDataLoader(
             self.task.train_problems(), cfg.trainer.epochs, cfg.trainer.seed
         )
@@ -142,38 +123,9 @@ class RLTrainer:
         out = Path(job.output_dir)
         out.mkdir(parents=True, exist_ok=True)
         if self.logger is None:
-            self.logger = MetricsLogger(out, job.tensorboard, job.progress, job.max_steps,
-                                        log_interval=job.log_interval, append=ckpt is not None)
+            self.logger = open_run_logs(self.cfg, job, ckpt.step if ckpt is not None else None)
         self._consumed_file = (out / "consumed.jsonl").open("a" if ckpt is not None else "w")
         return self
-
-    def _check_policy_ranks(self) -> None:
-        ranks = policy_ranks(self.cfg)
-        if ranks != 1:
-            raise ValueError(f"the policy has {ranks} ranks (trainer.placement.policy_num_nodes x "
-                             "policy_num_gpus_per_node); the in-process trainer runs one: "
-                             "use --ray (job.ray=true)")
-
-    async def _setup_engine_and_policy(self, model_dir: str | Path, version: int, ckpt) -> None:
-        """Start the engine (sets `client`, `transport`) and the policy (sets `policy`)."""
-        await self._start_engine(model_dir, version)
-        self.policy = await asyncio.to_thread(
-            LocalPolicy(self.cfg, self.job, self._pad_id()).setup,
-            model_dir, self.base_model_dir, self.client, self.transport, version, ckpt,
-        )
-
-    # the local policy's parts, for inspection and tests
-    @property
-    def worker(self):
-        return self.policy.worker
-
-    @property
-    def reference(self):
-        return self.policy.reference
-
-    @property
-    def dispatch(self):
-        return self.policy.dispatch
 
     @property
     def policy_version(self) -> int:
@@ -185,38 +137,10 @@ class RLTrainer:
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         return int(pad or 0)
 
-    async def _start_engine(self, model_dir: str | Path, version: int) -> None:
-        """Start `num_engines` engines and set `client` and `transport`: in this process for the
-        `inprocess` backend, each in its own process otherwise. Several engines are driven through
-        one `FanOutClient` (generation routed, control calls and weights to every engine)."""
-        ie = self.cfg.generator.inference_engine
-        configs = [engine_config(self.cfg, model_dir, version, i) for i in range(ie.num_engines)]
-        self.transport = make_sender(self.cfg, model_dir, self.job.trainer_device)
-        kind = transport_kind(self.cfg)
-        if kind == "inprocess":
-            from inflight.client import LocalClient
-            from inflight.engine import AsyncEngine, LLMEngine
-
-            self.local_engines = [AsyncEngine(LLMEngine(c)) for c in configs]
-            clients = [LocalClient(e) for e in self.local_engines]
-        else:
-            specs = [receiver_spec(self.transport, kind, c.device, i, len(configs))
-                     for i, c in enumerate(configs)]
-            self.engine_procs = await _start_processes(configs, specs, self.job.engine_threads)
-            clients = [p.client for p in self.engine_procs]
-            if kind == "broadcast":
-                await asyncio.to_thread(self.transport.connect)
-        self.client = clients[0] if len(clients) == 1 else FanOutClient(clients)
-
     async def close(self) -> None:
-        """Stop the engines and release transports and files (idempotent)."""
-        if self.transport is not None:
-            await asyncio.to_thread(self.transport.close)
-            self.transport = None
-        procs, self.engine_procs = self.engine_procs, []
-        await asyncio.gather(*(asyncio.to_thread(p.close) for p in procs))
-        engines, self.local_engines = self.local_engines, []
-        await asyncio.gather(*(e.close() for e in engines))
+        """Stop the runtime (engines, policy) and release files (idempotent)."""
+        if self.runtime is not None:
+            await self.runtime.close()
         if self.logger is not None:
             self.logger.close()
         if self._consumed_file is not None and not self._consumed_file.closed:
@@ -279,14 +203,25 @@ class RLTrainer:
             self._consumed_file.write(json.dumps({"step": step, kind: prompt_ids}) + "\n")
             self._consumed_file.flush()
 
-    def reject(self, group: TrajectoryGroup) -> None:
-        """A group filtered out at generation: consumed, never trained."""
+    def reject(self, group: TrajectoryGroup, kind: str = "rejected") -> None:
+        """A group filtered out at generation (`rejected`: no reward signal; `failed`: an episode's
+        environment failed before its first turn): consumed, never trained, recorded as `kind`."""
         self.loader.mark_consumed(group.ref)
-        self._record_consumed(self.global_step + 1, [group.prompt_id], "rejected")
+        self._record_consumed(self.global_step + 1, [group.prompt_id], kind)
+        if kind == "failed":
+            self.failed_groups += 1
+
+    def _dropped(self, group: TrajectoryGroup) -> str | None:
+        """Why `group` is not trained on (`failed`, `rejected`), or None to train on it."""
+        if not group.usable:
+            return "failed"
+        if self.job.dynamic_sampling and not group.informative:
+            return "rejected"
+        return None
 
     async def _kv_counters(self) -> dict[str, float]:
-        stats = await engine_stats(self.client)
-        if stats is None:
+        stats = await self.client.stats()
+        if not stats:  # the engines report no counters (an HTTP server)
             return {}
         previous, self._engine_counters = self._engine_counters or stats, stats
         return {f"kv/{k}": float(stats[k] - previous.get(k, 0)) for k in KV_COUNTERS if k in stats}
@@ -299,7 +234,7 @@ class RLTrainer:
         metrics: dict[str, Any] = await self.policy.train(groups, policy_version)
         train_s = time.perf_counter() - t0
         t0 = time.perf_counter()
-        report = await self.policy.sync()
+        report = await self.policy.sync_weights()
         sync_s = time.perf_counter() - t0
         self.global_step += 1
         for group in groups:
@@ -311,15 +246,16 @@ class RLTrainer:
         metrics.update({
             "time": time.perf_counter() - self._started,
             "epoch": float(max(g.epoch for g in groups)),
-            "weight_version": float(report["version"]),
+            "weight_version": float(report.version),
             "timing/wait_s": waited_s,
             "timing/train_s": train_s,
             "timing/sync_s": sync_s,
-            "timing/pause_s": report["timings"].get("pause_s", 0.0),
-            "timing/send_s": report["timings"].get("send_s", 0.0),
+            "timing/pause_s": report.timings.get("pause_s", 0.0),
+            "timing/send_s": report.timings.get("send_s", 0.0),
             "timing/step_s": step_s,
             "throughput/tokens_per_s": metrics["generated_tokens"] / max(step_s, 1e-9),
             "throughput/samples_per_s": metrics["samples"] / max(step_s, 1e-9),
+            "rollout/failed_groups": float(self.failed_groups),
         })
         interval = self.cfg.trainer.eval_interval
         if interval > 0 and self.global_step % interval == 0:
@@ -328,7 +264,14 @@ class RLTrainer:
         ckpt = self.cfg.trainer.ckpt_path
         if ckpt and self.global_step % self.cfg.trainer.ckpt_interval == 0:
             await self._save(data_state)
+        export = self.cfg.trainer.hf_save_interval
+        if export > 0 and self.global_step % export == 0:
+            await self._export()
         return metrics
+
+    async def _export(self) -> Path:
+        root = self.cfg.trainer.export_path or str(Path(self.job.output_dir) / "exports")
+        return Path(await self.policy.export(root, self.global_step))
 
     async def _save(self, data_state: dict[str, Any] | None = None) -> Path:
         data_state = data_state or self.loader.state()
@@ -346,6 +289,9 @@ class RLTrainer:
         if self.cfg.trainer.ckpt_path and self.global_step > start_step and \
                 self.global_step % self.cfg.trainer.ckpt_interval != 0:
             await self._save()
+        export = self.cfg.trainer.hf_save_interval
+        if export > 0 and self.global_step > start_step and self.global_step % export != 0:
+            await self._export()
         return self.history
 
     async def _run(self) -> None:
@@ -374,12 +320,12 @@ class SyncTrainer(RLTrainer):
                 break
             groups = list(await asyncio.gather(*(self._generate(r) for r in refs)))
             waited = time.perf_counter() - started
-            if self.job.dynamic_sampling:
-                for g in [g for g in groups if not g.informative]:
-                    self.reject(g)
-                groups = [g for g in groups if g.informative]
-                if not groups:
-                    continue
+            for g in groups:
+                if (why := self._dropped(g)) is not None:
+                    self.reject(g, why)
+            groups = [g for g in groups if self._dropped(g) is None]
+            if not groups:
+                continue
             if colocated:  # the trainer needs the memory; the sync wakes the engine up again
                 await self.client.sleep(offload_kv=False)
             await self._train_on(groups, waited, started)
@@ -442,10 +388,10 @@ class FullyAsyncTrainer(RLTrainer):
                 self._error = err
                 buffer.close()
                 raise
-            if self.job.dynamic_sampling and not group.informative:
+            if (why := self._dropped(group)) is not None:
                 manager.reject()
                 buffer.skip(seq)
-                self.reject(group)
+                self.reject(group, why)
             else:
                 manager.accept()
                 buffer.put(group, seq)
@@ -457,58 +403,7 @@ class FullyAsyncTrainer(RLTrainer):
 
 
 def make_trainer(cfg: Config, job: JobConfig, task: Task, **kwargs: Any) -> RLTrainer:
-    """`FullyAsyncTrainer` when `trainer.fully_async.enabled`, else `SyncTrainer`."""
+    """`FullyAsyncTrainer` when `trainer.fully_async.enabled`, else `SyncTrainer` (`kwargs`: those
+    of `RLTrainer`, e.g. `start=inflight.cluster.start_ray`)."""
     cls = FullyAsyncTrainer if cfg.trainer.fully_async.enabled else SyncTrainer
     return cls(cfg, job, task, **kwargs)
-
-
-SHM_DIR = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
-SHM_PREFIX = "inflight-weights-train-"
-
-
-def remove_stale_shm_buffers() -> list[Path]:
-    """Unlink the shared-memory weight buffers of trainers that died without cleaning up (killed):
-    their file names carry the trainer's pid. Returns what was removed."""
-    removed = []
-    for path in SHM_DIR.glob(SHM_PREFIX + "*"):
-        try:
-            pid = int(path.name[len(SHM_PREFIX):].split("-", 1)[0])
-            os.kill(pid, 0)
-        except ValueError:
-            continue
-        except ProcessLookupError:
-            path.unlink(missing_ok=True)
-            removed.append(path)
-        except PermissionError:  # alive, someone else's
-            continue
-    return removed
-
-
-def make_sender(
-    cfg: Config, model_dir: str | Path, device: str = "cpu", host: str | None = None
-) -> WeightTransport:
-    """Policy rank 0's weight sender to all `num_engines` engines (`make_transport`); a shared
-    buffer is named after this process, so a later run can remove it if this one gets killed."""
-    path = None
-    if transport_kind(cfg) == "shm":
-        remove_stale_shm_buffers()
-        path = str(SHM_DIR / f"{SHM_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}")
-    return make_transport(cfg, model_dir=model_dir, host=host, device=device,
-                          num_receivers=cfg.generator.inference_engine.num_engines, path=path)
-
-
-def receiver_spec(sender: Any, backend: str, device: str, index: int, num_engines: int) -> ReceiverSpec:
-    """Where engine `index` (of `num_engines`) connects its weight receiver to `sender`."""
-    return ReceiverSpec(backend, sender.channel.host, sender.port, device, index + 1, num_engines)
-
-
-async def _start_processes(configs: Sequence[EngineConfig], specs: Sequence[ReceiverSpec],
-                           threads: int) -> list[EngineProcess]:
-    """Start one engine process per config, concurrently; on any failure stop the started ones."""
-    started = await asyncio.gather(*(asyncio.to_thread(EngineProcess, c, threads, s)
-                                     for c, s in zip(configs, specs, strict=True)), return_exceptions=True)
-    failures = [r for r in started if isinstance(r, BaseException)]
-    if failures:
-        await asyncio.gather(*(asyncio.to_thread(p.close) for p in started if isinstance(p, EngineProcess)))
-        raise failures[0]
-    return list(started)

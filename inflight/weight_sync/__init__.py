@@ -5,7 +5,7 @@ from inflight.weight_sync.broadcast import BroadcastReceiver, BroadcastTransport
 from inflight.weight_sync.chunking import TensorMeta, WeightChunk, iter_chunks
 from inflight.weight_sync.factory import make_receiver, make_transport, transport_kind
 from inflight.weight_sync.inprocess import InProcessTransport
-from inflight.weight_sync.plan import KVFate, PauseMode, ResetOwner, SyncPlan, plan_weight_sync
+from inflight.weight_sync.plan import KVFate, PauseMode, SyncPlan, plan_weight_sync
 from inflight.weight_sync.receiver import ChannelReceiver, Receiver
 from inflight.weight_sync.shm import ShmReceiver, ShmTransport
 from inflight.weight_sync.transport import TransportError, WeightTransport
@@ -18,7 +18,6 @@ __all__ = [
     "KVFate",
     "PauseMode",
     "Receiver",
-    "ResetOwner",
     "ShmReceiver",
     "ShmTransport",
     "SyncPlan",

@@ -1,8 +1,8 @@
 """plan_weight_sync: THE policy for how a weight sync runs (docs/design.md section 4).
 
-Pure: config in, plan out. The FSDP worker, the Megatron worker and the dispatch all execute the
-plan it returns; none of them re-derives any part of it (SkyRL's bug was two workers deriving the
-reset decision separately, from the wrong flag).
+Pure: config in, plan out. Every policy backend executes the plan it returns through one
+executor (`PolicyWorker.sync_weights`); none of them re-derives any part of it (SkyRL's bug was two
+workers deriving the reset decision separately, from the wrong flag).
 
 | colocate | fully_async | clear_kv | offload_kv | sleep | offload | kv_fate   | reset running | reset prefix cache |
 | -------- | ----------- | -------- | ---------- | ----- | ------- | --------- | ------------- | ------------------ |
@@ -28,7 +28,6 @@ from inflight.config import Config, validate_sync
 
 PauseMode = Literal["keep", "abort", "wait"]
 KVFate = Literal["none", "keep", "offload", "recompute"]
-ResetOwner = Literal["none", "worker", "transport"]
 
 
 @dataclass(frozen=True)
@@ -40,10 +39,8 @@ class SyncPlan:
       the KV pool is copied to host (restored bit-exactly) or discarded.
     - `kv_fate`: what happens to the KV of frozen requests: `none` (nothing is in flight), `keep`,
       `offload` or `recompute` (reset and re-prefilled with the new weights).
-    - `reset_prefix_cache` / `reset_running_requests`: the reset to issue after the weights land,
-      as one call `reset_prefix_cache(reset_running_requests=...)`, by `reset_owner`: `transport`
-      when the transport owns it (it then must issue exactly that call), `worker` otherwise,
-      `none` when nothing is reset.
+    - `reset_prefix_cache` / `reset_running_requests`: the reset the executor issues after the
+      weights land, as one call `reset_prefix_cache(reset_running_requests=...)`.
     - `colocated`: the engine was put to sleep after generation; the sync only wakes it.
     """
 
@@ -53,38 +50,43 @@ class SyncPlan:
     kv_fate: KVFate
     reset_prefix_cache: bool
     reset_running_requests: bool
-    reset_owner: ResetOwner
     colocated: bool = False
 
     @property
+    def sleeps(self) -> bool:
+        """Whether the sync puts the engines to sleep (colocated engines slept after generation)."""
+        return self.sleep and not self.colocated
+
+    @property
+    def wakes(self) -> bool:
+        """Whether the engines are asleep for the update: the sync wakes the weights before the
+        send and the KV pool after it."""
+        return self.sleep or self.colocated
+
+    @property
     def resets(self) -> bool:
-        """Whether any reset is issued during the sync."""
+        """Whether the sync issues a reset."""
         return self.reset_prefix_cache or self.reset_running_requests
 
     def steps(self) -> tuple[str, ...]:
-        """The sync's operations in order, for the executor and for logs.
-
-        `pause` (with `pause_mode`), `sleep` (with `offload_kv`; absent when colocated, where the
-        engine already slept after generation), `wake_up_weights`, `send_weights` (begin, load
-        chunks, finish; a transport-owned reset happens inside it), `wake_up_kv_cache`, `reset`
-        (worker-owned, with the two reset flags) and `resume` (always, also when a step fails).
-        """
-        asleep = self.sleep or self.colocated
-        steps = ["pause"]
-        steps += ["sleep"] if self.sleep and not self.colocated else []
-        steps += ["wake_up_weights"] if asleep else []
-        steps += ["send_weights"]
-        steps += ["wake_up_kv_cache"] if asleep else []
-        steps += ["reset"] if self.reset_owner == "worker" else []
-        return (*steps, "resume")
+        """The names of the sync's steps in order, for logs and tests: `pause`, `sleep`,
+        `wake_up_weights`, `send_weights`, `wake_up_kv_cache`, `reset` (each only where the plan has
+        it) and `resume` (always, also when a step fails)."""
+        return (
+            "pause",
+            *(("sleep",) if self.sleeps else ()),
+            *(("wake_up_weights",) if self.wakes else ()),
+            "send_weights",
+            *(("wake_up_kv_cache",) if self.wakes else ()),
+            *(("reset",) if self.resets else ()),
+            "resume",
+        )
 
 
-def plan_weight_sync(cfg: Config, transport_handles_prefix_cache_reset: bool = False) -> SyncPlan:
+def plan_weight_sync(cfg: Config) -> SyncPlan:
     """The plan for `cfg`, exactly the table in this module's docstring (docs/design.md section 4).
 
-    `transport_handles_prefix_cache_reset`: the transport issues the reset itself (its
-    `handles_prefix_cache_reset`), so the worker must not. `trainer.strategy` plays no part: FSDP
-    and Megatron get the same plan. Raises `ConfigError` when the keys it reads contradict each
+    `trainer.strategy` plays no part: FSDP and Megatron get the same plan. Raises `ConfigError` when the keys it reads contradict each
     other (e.g. colocated and fully-async).
     """
     validate_sync(cfg)
@@ -104,7 +106,4 @@ def plan_weight_sync(cfg: Config, transport_handles_prefix_cache_reset: bool = F
     # Frozen requests that keep their KV keep their cached blocks too; the new weight version in
     # the prefix keys already isolates requests that start after the update.
     reset_prefix = engine.enable_prefix_caching and fate in ("none", "recompute")
-    owner: ResetOwner = "none"
-    if reset_prefix or reset_running:
-        owner = "transport" if transport_handles_prefix_cache_reset else "worker"
-    return SyncPlan("keep", sleep, fate == "offload", fate, reset_prefix, reset_running, owner, colocated)
+    return SyncPlan("keep", sleep, fate == "offload", fate, reset_prefix, reset_running, colocated)

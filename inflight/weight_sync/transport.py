@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import functools
 import json
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -41,16 +40,6 @@ class WeightTransport:
 
     name = "base"
     split_tensors = False
-    # TRANSITIONAL, delete when wp-executor merges: train/dispatch.py still reads this flag and
-    # train/workers/base.py still passes the plan to `finish` (dropped by `__init_subclass__`).
-    handles_prefix_cache_reset = False
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        finish = cls.__dict__.get("finish")
-        if finish is not None:
-            cls.finish = functools.wraps(finish)(lambda self, client, version, *_plan: finish(self, client, version))
-
     def __init__(self, max_chunk_bytes: int = DEFAULT_CHUNK_BYTES, dtype: torch.dtype | None = None) -> None:
         self.max_chunk_bytes = int(max_chunk_bytes)
         self.dtype = dtype

@@ -1,5 +1,5 @@
 """The engine in its own process: ProcessClient generation, errors crossing the pipe with their
-class, a shared-memory weight sync through the dispatch with requests in flight, shutdown, and
+class, a shared-memory weight sync through the policy with requests in flight, shutdown, and
 weight updates over a broadcast group the client hosts."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from inflight.engine import (  # noqa: E402
     WeightUpdateError,
 )
 from inflight.engine.models.loader import iter_safetensors  # noqa: E402
-from inflight.train import LocalPolicyWorker, WorkerDispatch  # noqa: E402
+from inflight.train import LocalPolicy, LocalPolicyWorker  # noqa: E402
 from inflight.weight_sync import ShmTransport  # noqa: E402
 
 
@@ -53,13 +53,13 @@ def test_process_client_generates_syncs_in_flight_and_closes(model_dir):
         with torch.no_grad():
             for p in worker.model.parameters():
                 p.add_(torch.randn_like(p) * 0.05)
-        dispatch = WorkerDispatch([worker], client, transport, cfg)
+        policy = LocalPolicy(cfg, worker, client, transport)
         # long enough (~100 steps) that the sync lands mid-generation on any machine: 20 tokens ran
         # out before the pause arrived on some runs
         long = SamplingParams(max_tokens=100, temperature=1.0, ignore_eos=True, seed=1)
         in_flight = [asyncio.create_task(client.generate(prompt, long)) for _ in range(8)]
         await asyncio.sleep(0.01)
-        report = await dispatch.save_weights_for_sampler()
+        report = await policy.sync_weights()
         outs = await asyncio.gather(*in_flight)
         assert report.ok and report.steps == ("pause", "send_weights", "resume")
         assert await client.weight_version() == 1

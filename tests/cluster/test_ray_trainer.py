@@ -16,7 +16,8 @@ ray = pytest.importorskip("ray", reason="ray is not installed: pip install torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
 from rl_support import rl_config, small_task, warm_model_dir  # noqa: E402
 
-from inflight.cluster import RayFullyAsyncTrainer, RaySyncTrainer, init_ray, make_ray_trainer  # noqa: E402
+from inflight.cluster import init_ray, start_ray  # noqa: E402
+from inflight.train.trainer import FullyAsyncTrainer, SyncTrainer, make_trainer  # noqa: E402
 
 REQUIRED = ("reward", "accuracy", "staleness_mean", "staleness_max", "is_ratio_mean", "kv/resets",
             "kv/recomputed_tokens", "timing/wait_s", "timing/train_s", "timing/sync_s", "timing/pause_s",
@@ -45,13 +46,13 @@ def model_dir(tmp_path_factory):
 
 def _run(cfg, job):
     async def main():
-        trainer = make_ray_trainer(cfg, job, small_task())
+        trainer = make_trainer(cfg, job, small_task(), start=start_ray)
         try:
             await trainer.setup()
             history = await trainer.train()
-            two = len(trainer.engine_actors) > 1
+            two = len(trainer.runtime.engine_actors) > 1
             trainer.versions = await trainer.client.weight_versions() if two else None
-            trainer.ranks = [await a.describe.remote() for a in trainer.policy_actors]
+            trainer.ranks = [await a.describe.remote() for a in trainer.runtime.policy_actors]
             return trainer, history, await trainer.client.weight_version()
         finally:
             await trainer.close()
@@ -63,20 +64,20 @@ def _run(cfg, job):
 def test_fully_async_through_ray(ray_cluster, model_dir, tmp_path, fate):
     cfg, job = rl_config(model_dir, tmp_path, FATES[fate] + ["job.max_steps=3", "job.ray=true"])
     trainer, history, version = _run(cfg, job)
-    assert isinstance(trainer, RayFullyAsyncTrainer) and trainer.policy.kv_fate == fate
+    assert isinstance(trainer, FullyAsyncTrainer) and trainer.policy.kv_fate == fate
     assert version == 3 == trainer.global_step
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     for r in records:
         assert not [k for k in REQUIRED if k not in r]
         assert r["weight_version"] == r["step"]
-    assert trainer.engine_actors == [] and trainer.placement is None  # released
+    assert trainer.runtime.engine_actors == [] and trainer.runtime.placement is None  # released
 
 
 def test_sync_through_ray_with_weights_through_the_object_store(ray_cluster, model_dir, tmp_path):
     cfg, job = rl_config(model_dir, tmp_path, ["trainer.fully_async.enabled=false", "job.max_steps=2",
                                                "job.ray=true"])  # weight_sync_backend=inprocess
     trainer, history, version = _run(cfg, job)
-    assert isinstance(trainer, RaySyncTrainer) and version == 2
+    assert isinstance(trainer, SyncTrainer) and version == 2
     assert all(r["staleness_max"] == 0 for r in history)
 
 
@@ -98,4 +99,4 @@ def test_two_engines_and_two_fsdp_ranks_through_ray(ray_cluster, model_dir, tmp_
     for r in records:
         assert not [k for k in REQUIRED if k not in r]
         assert r["weight_version"] == r["step"] and r["kv/weight_updates"] == 2  # both engines
-    assert trainer.policy_actors == [] and trainer.placement is None
+    assert trainer.runtime.policy_actors == [] and trainer.runtime.placement is None

@@ -35,6 +35,9 @@ def test_generate_spans_keep_pause_and_update(tiny_model_factory):
         while (snap := engine.engine.get_request_output("long")) is None or len(snap.output_token_ids) < 3:
             await asyncio.sleep(0.001)
         await engine.pause("keep")
+        status = engine.status()
+        assert status.paused and status.num_frozen == 1 and status.step_loop.waiters == 1
+        assert not status.step_loop.stalled and status.step_loop.step_loop == "running"
         frozen = len(engine.engine.get_request_output("long").output_token_ids)
         await asyncio.sleep(0.05)
         assert len(engine.engine.get_request_output("long").output_token_ids) == frozen

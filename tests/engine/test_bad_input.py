@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from inflight.engine import EngineConfig, InvalidRequestError, LLMEngine, ModelLoadError, SamplingParams
+from inflight.engine.errors import WeightUpdateError
 
 
 @pytest.fixture(scope="module")
@@ -99,3 +101,29 @@ def test_invalid_engine_config_lists_every_problem(tiny_model_factory):
                                num_kv_blocks=-1))
     assert "dtype='fp8'" in str(err.value) and "block_size=0" in str(err.value)
     assert "num_kv_blocks=-1" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "make, needle",
+    [
+        (lambda p: torch.full_like(p, float("nan")), "holds NaN or inf"),
+        (lambda p: p.clone().index_fill_(0, torch.tensor([0]), float("inf")), "holds NaN or inf"),
+        (lambda p: p.round().to(torch.int64), "is int64; weights must be floating point"),
+        (lambda p: p.double().index_fill_(0, torch.tensor([0]), 1e300), "holds 1e\\+300, beyond float32"),
+    ],
+    ids=["nan", "inf", "int64", "overflow"],
+)
+def test_weights_the_engine_cannot_hold_are_refused_and_the_old_ones_stay(engine, make, needle):
+    """Issue 18 finding 4: a NaN update was accepted and the engine then returned token 0 forever."""
+    prompt, params = [[5, 6, 7]], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    before = engine.generate(prompt, params)[0]
+    name, param = next(iter(engine.model.named_parameters()))
+    hf_name = next(n for n in engine.model.hf_parameter_names() if engine.model.resolve(n) == name)
+    version = engine.weight_version
+    engine.begin_weight_update()
+    with pytest.raises(WeightUpdateError, match=rf"parameter '{hf_name}' {needle}"):
+        engine.load_weights([(hf_name, make(param.detach()))])
+    assert engine.abort_weight_update() is True
+    assert engine.weight_version == version
+    after = engine.generate(prompt, params)[0]
+    assert after.output_token_ids == before.output_token_ids and after.logprobs == before.logprobs

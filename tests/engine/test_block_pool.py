@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 from inflight.engine.blocks import BlockPool
 from inflight.engine.request import Request, SamplingParams
 from inflight.engine.scheduler import Scheduler, SchedulerConfig
-from inflight.engine.stats import EngineStats
 
 BLOCK = 4
 
@@ -38,10 +37,9 @@ def test_random_workload_keeps_pool_consistent(data):
     num_blocks = data.draw(st.integers(6, 20), label="num_blocks")
     pool = BlockPool(num_blocks, BLOCK, enable_prefix_caching=data.draw(st.booleans(), label="prefix"))
     sched = Scheduler(
-        SchedulerConfig(BLOCK, max_num_seqs=data.draw(st.integers(1, 4)),
-                        max_num_batched_tokens=data.draw(st.integers(1, 24)), max_model_len=64,
-                        enable_chunked_prefill=True),
-        pool, EngineStats(),
+        SchedulerConfig(max_num_seqs=data.draw(st.integers(1, 4)),
+                        max_num_batched_tokens=data.draw(st.integers(1, 24)), enable_chunked_prefill=True),
+        pool,
     )
     version, arrivals, finished = 0, 0, set()
     for _ in range(data.draw(st.integers(1, 60), label="ops")):
@@ -55,7 +53,7 @@ def test_random_workload_keeps_pool_consistent(data):
             arrivals += 1
             sched.add(request)
         elif op == "step":
-            scheduled = sched.schedule(version)
+            scheduled = sched.schedule(version).scheduled
             hits_ok = all(pool.blocks[b].weight_version == version for r, _ in scheduled
                           for b in r.block_ids[: r.num_cached_tokens // BLOCK] if r.num_output_tokens == 0)
             assert hits_ok, "a new request reused KV of another weight version"
@@ -79,7 +77,7 @@ def test_random_workload_keeps_pool_consistent(data):
     for _ in range(500):  # drain: every request finishes and every block comes back
         if not sched.has_unfinished():
             break
-        scheduled = sched.schedule(version)
+        scheduled = sched.schedule(version).scheduled
         assert scheduled, "scheduler stalled with unfinished requests"
         sched.after_step(scheduled)
         for request, _ in scheduled:
@@ -113,3 +111,24 @@ def test_reset_prefix_cache_reports_held_hashes():
     pool.free(a)
     assert pool.reset_prefix_cache() is True
     assert pool.lookup(7, (1, 1, 1, 1)) is None
+
+
+def test_a_requests_blocks_match_publish_and_release_by_salt_and_version():
+    pool = BlockPool(5, BLOCK)
+    tokens = list(range(1, 10))
+    a = Request("a", tokens, SamplingParams(), 0, cache_salt="s")
+    assert pool.match_prefix(a, 0) == 0 and pool.allocate_slots(a, 9, 0) and a.block_ids == [0, 1, 2]
+    a.num_computed_tokens = 9
+    pool.publish(a)  # the two full blocks; the third holds one token
+    assert len(a.block_hashes) == 2 and [pool.blocks[i].hash is not None for i in a.block_ids] == [True, True, False]
+    same = Request("b", tokens, SamplingParams(), 1, cache_salt="s")
+    assert pool.match_prefix(same, 0) == 8 and same.block_ids == [0, 1] and pool.blocks[0].ref_count == 2
+    assert pool.match_prefix(Request("c", tokens, SamplingParams(), 2), 0) == 0  # another salt
+    assert pool.match_prefix(Request("d", tokens, SamplingParams(), 3, cache_salt="s"), 1) == 0  # new weights
+    big = Request("e", list(range(20)), SamplingParams(), 4)
+    assert not pool.allocate_slots(big, 20, 0) and big.block_ids == [] and pool.num_free == 2  # takes nothing
+    pool.release(same)
+    assert same.block_ids == same.block_hashes == [] and same.num_computed_tokens == 0
+    assert pool.blocks[0].ref_count == 1 and not pool.holds_stale_kv(a)
+    pool.invalidate_all()
+    assert pool.holds_stale_kv(a) and not pool.cached

@@ -1,7 +1,8 @@
 """Random interleavings of the whole engine lifecycle, checked against invariants after every rule.
 
 Requests, steps, aborts, every pause mode, resume, sleep (offload or discard), wake_up, complete,
-partial and failed weight updates (model A, model B, or the same weights under a higher version)
+partial, failed and abandoned weight updates (model A, model B, or the same weights under a higher
+version; an abandoned one rolls back when the engine holds a copy of the old weights)
 and prefix-cache resets, on a tiny KV cache so that preemption happens. Besides the block-pool
 bookkeeping, the machine watches every model step as it happens: nothing runs on discarded KV,
 paused or incomplete weights, and every sampled token must equal transformers' greedy token when
@@ -63,7 +64,9 @@ class Lifecycle(RuleBasedStateMachine):
         self.weights_awake = True
         self.kv_awake = True
         self.partial: tuple[str, set[str]] | None = None  # update in progress: (target, names loaded)
+        self.rollback = False  # abort_weight_update() would bring the weights of `tag` back
         self.draining = False
+        self.pause_mode: str | None = None  # the mode of the pause in effect (a drain's is "wait")
         # requests
         self.counter = 0
         self.prompt_of: dict[str, int] = {}
@@ -86,6 +89,7 @@ class Lifecycle(RuleBasedStateMachine):
         def checked_execute(scheduled):
             assert self.valid and self.partial is None and self.weights_awake and self.kv_awake
             assert engine.kv_cache.awake and engine.weights.awake and not engine.is_paused
+            assert engine.status().can_run
             expected = {}
             for request, n in scheduled:
                 request_id, computed = request.request_id, request.num_computed_tokens
@@ -159,9 +163,12 @@ class Lifecycle(RuleBasedStateMachine):
     def step(self, times: int) -> None:
         for _ in range(times):
             could_run = self.engine.can_run
+            status, steps = self.engine.status(), self.engine.stats.steps
             progress = {rid: r.num_tokens for rid, r in self.engine.requests.items()}
             for out in self.engine.step():
                 self._record(out)
+            # status().can_run says whether step() runs the model on the unfinished requests
+            assert (self.engine.stats.steps > steps) == (status.can_run and status.has_unfinished)
             if not could_run:
                 assert {rid: r.num_tokens for rid, r in self.engine.requests.items()} == progress
             elif self.engine.has_unfinished_requests() and not self.engine.is_paused:
@@ -234,6 +241,7 @@ class Lifecycle(RuleBasedStateMachine):
                 self.aborted[out.request_id] = out
         if not was_paused:
             self.draining = mode == "wait" and not self.engine.is_paused
+            self.pause_mode = mode
 
     @rule()
     def resume(self) -> None:
@@ -243,6 +251,7 @@ class Lifecycle(RuleBasedStateMachine):
             assert not self.engine.is_paused
             self.held_back.clear()
             self.draining = False
+            self.pause_mode = None
         else:
             with pytest.raises(EngineStateError):
                 self.engine.resume()
@@ -253,7 +262,7 @@ class Lifecycle(RuleBasedStateMachine):
         self.engine.sleep(offload_kv=offload)
         assert self.engine.kv_cache.tensor is None and self.engine.weights.nbytes == 0
         assert {rid: r.block_ids for rid, r in self.engine.requests.items()} == blocks
-        self.weights_awake = self.kv_awake = self.valid = False
+        self.weights_awake = self.kv_awake = self.valid = self.rollback = False
         if self.partial is not None:
             self.partial = (self.partial[0], set())
 
@@ -275,14 +284,21 @@ class Lifecycle(RuleBasedStateMachine):
                 self.engine.begin_weight_update()
             return
         version = self.engine.weight_version + bump
-        self.engine.begin_weight_update()
+        self._begin()
         for part in split(self.weights[target], chunks):
             self.engine.load_weights(part)
         assert self.engine.finish_weight_update(version) == version
         self._landed(target, version)
 
+    def _begin(self) -> None:
+        """begin_weight_update(): on complete weights it keeps a rollback copy (the default);
+        restarting an open or failed update keeps the copy it had."""
+        self.engine.begin_weight_update()
+        if self.partial is None and self.valid:
+            self.rollback = True
+
     def _landed(self, target: str, version: int) -> None:
-        self.tag, self.valid, self.partial = target, True, None
+        self.tag, self.valid, self.partial, self.rollback = target, True, None, False
         self.version_tag[version] = target
         assert self.engine.weight_version == version
 
@@ -291,7 +307,7 @@ class Lifecycle(RuleBasedStateMachine):
     def begin_partial_update(self, switch: bool) -> None:
         target = self._target(switch)
         first = split(self.weights[target], 2)[0]
-        self.engine.begin_weight_update()
+        self._begin()
         self.engine.load_weights(first)
         self.partial = (target, {name for name, _ in first})
 
@@ -314,7 +330,7 @@ class Lifecycle(RuleBasedStateMachine):
     def failed_update(self, kind: str) -> None:
         items = sorted(self.weights[self._target(True)].items())
         version = self.engine.weight_version
-        self.engine.begin_weight_update()
+        self._begin()
         self.engine.load_weights(items[:5])
         if kind == "shape":
             with pytest.raises(WeightUpdateError, match=items[5][0]):
@@ -326,6 +342,16 @@ class Lifecycle(RuleBasedStateMachine):
             self.engine.finish_weight_update()
         assert self.engine.weight_version == version and not self.engine.can_run
         self.partial, self.valid = None, False
+
+    @rule()
+    def abort_update(self) -> None:
+        """Abandon the update in progress or the one that failed: back to the weights of `tag`
+        exactly when a rollback copy exists (after a sleep there is none)."""
+        version = self.engine.weight_version
+        assert self.engine.abort_weight_update() is self.rollback
+        assert self.engine.weight_version == version
+        self.valid |= self.rollback
+        self.partial, self.rollback = None, False
 
     @rule(reset_running=st.booleans())
     def reset_prefix_cache(self, reset_running: bool) -> None:
@@ -396,6 +422,22 @@ class Lifecycle(RuleBasedStateMachine):
         for request_id in self.held_back & set(engine.requests):
             assert engine.requests[request_id].num_output_tokens == 0
 
+    @invariant()
+    def status_agrees(self) -> None:
+        """One status() snapshot says what the model of the lifecycle says."""
+        engine, status = self.engine, self.engine.status()
+        update = "open" if self.partial is not None else "none" if self.valid else "invalid"
+        pause = "paused" if engine.is_paused else "draining" if self.draining else "running"
+        assert (status.pause, status.pause_mode, status.update) == (pause, self.pause_mode, update)
+        assert status.paused == engine.is_paused and status.draining == self.draining == engine.is_draining
+        assert (status.weights_awake, status.kv_cache_awake) == (self.weights_awake, self.kv_awake)
+        assert status.can_run == engine.can_run and status.weight_version == engine.weight_version
+        assert status.num_running + status.num_waiting == len(engine.requests)
+        assert status.has_unfinished == engine.has_unfinished_requests()
+        assert status.num_frozen == (0 if status.can_run else status.num_running)
+        assert status.can_roll_back == self.rollback
+        assert status.to_dict()["update"] == update
+
     def teardown(self) -> None:
         """Finally wake, complete an update if needed, resume: every request must finish."""
         engine = self.engine
@@ -406,6 +448,7 @@ class Lifecycle(RuleBasedStateMachine):
         engine.resume()
         self.held_back.clear()
         self.draining = False
+        self.pause_mode = None
         for _ in range(400):
             for out in engine.step():
                 self._record(out)

@@ -76,6 +76,9 @@ def test_keep_freezes_in_place_and_queues_new_requests(engine, models):
     assert engine.pause("keep") == []
     assert engine.is_paused and not engine.can_run
     engine.add_request("new", prompt(5, 50), greedy_params(MAX_TOKENS))
+    status = engine.status()
+    assert (status.pause, status.pause_mode, status.can_run) == ("paused", "keep", False)
+    assert (status.num_running, status.num_waiting, status.num_frozen) == (len(prompts), 1, len(prompts))
     progress, steps = _progress(engine), engine.stats.steps
     for _ in range(3):
         assert engine.step() == []
@@ -102,6 +105,9 @@ def test_wait_drains_in_flight_then_pauses(engine, models):
     assert engine.pause("wait") == []
     assert not engine.is_paused  # draining
     engine.add_request("after", prompt(5, 55), greedy_params(MAX_TOKENS))
+    status = engine.status()
+    assert (status.pause, status.pause_mode, status.draining) == ("draining", "wait", True)
+    assert status.can_run and status.num_frozen == 0
 
     finished = {}
     for _ in range(50):
@@ -118,9 +124,11 @@ def test_wait_drains_in_flight_then_pauses(engine, models):
     for _ in range(3):
         assert engine.step() == []
     assert engine.requests["after"].num_output_tokens == 0
+    assert (engine.status().pause, engine.status().pause_mode) == ("paused", "wait")
 
     engine.resume()
     assert not engine.is_paused
+    assert (engine.status().pause, engine.status().pause_mode) == ("running", None)
     out = run_to_completion(engine)["after"]
     assert out.output_token_ids == hf_greedy(models.hf_a, prompt(5, 55), MAX_TOKENS)
 

@@ -158,3 +158,33 @@ def test_engine_records_top_logprobs_per_token(tiny_model_factory, hf_model_fact
         assert [t for t, _ in alternatives] == want.indices[step].tolist()
         assert [lp for _, lp in alternatives] == pytest.approx(want.values[step].tolist(), abs=1e-4)
         assert alternatives[0] == (out.output_token_ids[step], out.logprobs[step])
+
+
+@pytest.mark.parametrize("temperature", [1e-300, 5e-324, 1e-6])
+def test_a_temperature_too_small_to_divide_by_is_greedy(tiny_model_factory, hf_model_factory, temperature):
+    """Dividing logits by 1e-300 overflows to inf and softmax to NaN; below GREEDY_BELOW the engine
+    samples greedily, and the logprobs are transformers' unscaled log_softmax, as for 0."""
+    model_dir = tiny_model_factory("qwen2")
+    engine = LLMEngine(EngineConfig(model=str(model_dir), block_size=4))
+    prompt = [5, 6, 7]
+    (tiny,) = engine.generate([prompt], SamplingParams(max_tokens=6, temperature=temperature, ignore_eos=True))
+    hf = hf_model_factory(model_dir)
+    ids = torch.tensor([prompt + tiny.output_token_ids])
+    with torch.no_grad():
+        logits = hf(ids).logits[0, len(prompt) - 1:-1].float()
+    assert tiny.output_token_ids == logits.argmax(-1).tolist()
+    expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(tiny.output_token_ids)[:, None]).squeeze(1)
+    assert all(torch.isfinite(torch.tensor(tiny.logprobs)))
+    torch.testing.assert_close(torch.tensor(tiny.logprobs), expected, atol=1e-4, rtol=0)
+
+
+def test_the_trainer_scales_logits_by_the_temperature_the_engine_used():
+    from inflight.engine.request import GREEDY_BELOW, scaling_temperature
+    from inflight.train.losses import token_logprobs
+
+    assert scaling_temperature(0.0) == scaling_temperature(1e-300) == 1.0 and scaling_temperature(0.7) == 0.7
+    assert scaling_temperature(GREEDY_BELOW) == GREEDY_BELOW
+    logits = torch.randn(1, 4, 11)
+    ids = torch.randint(0, 11, (1, 4))
+    assert torch.isfinite(token_logprobs(logits, ids, temperature=1e-300)).all()
+    torch.testing.assert_close(token_logprobs(logits, ids, 1e-300), token_logprobs(logits, ids, 0.0))

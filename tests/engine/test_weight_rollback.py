@@ -62,3 +62,33 @@ def test_no_rollback_after_sleep(tiny_model_factory):
     assert engine.abort_weight_update() is False  # the old weights were dropped by sleep
     with pytest.raises(EngineStateError, match="incomplete weights"):
         engine.resume()
+
+
+def test_abort_without_a_rollback_copy(tiny_model_factory):
+    """With weight_update_rollback off, an abandoned update that overwrote nothing leaves the engine
+    running on its weights; one that overwrote parameters in place leaves it unable to run."""
+    model_a, model_b = tiny_model_factory("qwen2", seed=0), tiny_model_factory("qwen2", seed=1)
+    engine = LLMEngine(EngineConfig(model=str(model_a), block_size=4, weight_update_rollback=False))
+    engine.begin_weight_update()
+    assert engine.status().update == "open" and not engine.status().can_roll_back
+    assert engine.abort_weight_update() is False
+    assert engine.status().update == "none" and engine.can_run
+    engine.begin_weight_update()
+    engine.load_weights(list(iter_safetensors(model_b))[:3])
+    assert engine.abort_weight_update() is False
+    assert engine.status().update == "invalid" and not engine.can_run
+    with pytest.raises(EngineStateError, match="incomplete weights"):
+        engine.resume()
+    engine.begin_weight_update()
+    engine.load_weights(iter_safetensors(model_b))
+    assert engine.finish_weight_update() == 1 and engine.status().update == "none" and engine.can_run
+
+
+def test_a_failed_finish_keeps_the_rollback_copy(tiny_model_factory):
+    engine = LLMEngine(EngineConfig(model=str(tiny_model_factory("qwen2")), block_size=4))
+    engine.begin_weight_update()
+    with pytest.raises(WeightUpdateError, match="missing"):
+        engine.finish_weight_update()
+    status = engine.status()
+    assert (status.update, status.can_roll_back, status.can_run) == ("invalid", True, False)
+    assert engine.abort_weight_update() is True and engine.can_run and engine.weight_version == 0

@@ -80,7 +80,11 @@ def test_user_function_and_environment_class(user_module):
     assert environment_class(f"{user_module}:first_word") is None
     env = environment_class(f"{user_module}:EchoEnv")
     assert env is not None and env.__name__ == "EchoEnv"
-    assert get_reward(f"{user_module}:EchoEnv")("it is 42", "42") == 1.0  # its single-turn score
+    from inflight.tasks import environment_reward
+
+    assert environment_reward(f"{user_module}:EchoEnv")("it is 42", "42") == 1.0  # its single-turn score
+    with pytest.raises(RewardError, match=r"environment class, not a reward function"):
+        get_reward(f"{user_module}:EchoEnv")
     with pytest.raises(RewardError, match="has no attribute 'nope'"):
         get_reward(f"{user_module}:nope")
     with pytest.raises(RewardError, match="not a reward function"):

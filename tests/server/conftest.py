@@ -35,7 +35,8 @@ def reference(model_dir) -> LLMEngine:
 
 @pytest.fixture(scope="module")
 def server(model_dir):
-    srv = serve_model(engine_config(model_dir), MODEL_NAME, control_token=CONTROL_TOKEN)
+    srv = serve_model(engine_config(model_dir), MODEL_NAME, control_token=CONTROL_TOKEN,
+                      trust_request_chat_template=True)
     srv.model_name, srv.control_token = MODEL_NAME, CONTROL_TOKEN
     yield srv
     srv.stop()

@@ -3,6 +3,7 @@ routes need their token and the OpenAI routes their API key."""
 
 from __future__ import annotations
 
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -20,6 +21,7 @@ API_KEY = "api-secret"
 CONTROL = "control-secret"
 MAX_BODY = 64 * 1024
 CHAT = "/v1/chat/completions"
+SLOW_TOKENIZE_S = 2.0
 COMPLETIONS = "/v1/completions"
 
 
@@ -35,6 +37,8 @@ class ExplodingTokenizer:
     def __call__(self, text, *args, **kwargs):
         if text == "boom!":
             raise RuntimeError("tokenizer exploded")
+        if text == "slow!":  # a 15 MB prompt takes this long
+            time.sleep(SLOW_TOKENIZE_S)
         return self.inner(text, *args, **kwargs)
 
 
@@ -125,13 +129,24 @@ BAD_REQUESTS = [
     ("/inflight/v1/generate", {"prompt_token_ids": [1], "sampling_params": {"temperature": -2}}, 400,
      "temperature", None),
     ("/inflight/v1/generate", {"prompt_token_ids": [1, 2.5]}, 400, "prompt_token_ids.1", None),
+    # a lone surrogate is valid JSON but not Unicode: the tokenizer raised TypeError (a 500) before
+    (COMPLETIONS, {"prompt": "a\ud800b"}, 400, "prompt", "invalid_value"),
+    (COMPLETIONS, {"prompt": ["ok", "\udfff"]}, 400, "prompt", "invalid_value"),
+    (CHAT, {"messages": [{"role": "user", "content": "x\ud800"}]}, 400, "messages", "invalid_value"),
+    (CHAT, {"messages": [{"role": "user", "content": "x"}], "stop": ["\ud800"]}, 400, "stop", "invalid_value"),
+    # a request's own chat template is code: refused unless the server trusts it (finding 8)
+    (CHAT, {"messages": [{"role": "user", "content": "x"}], "chat_template": "{% for i in range(9) %}{% endfor %}"},
+     400, "chat_template", "unsupported_parameter"),
+    (COMPLETIONS, {"prompt": ["a"] * 9, "n": 128, "max_tokens": 1}, 400, "prompt", "invalid_value"),
 ]
 
 
 @pytest.mark.parametrize(("route", "body", "status", "param", "code"), BAD_REQUESTS,
                          ids=[f"{i}-{r[0].rsplit('/', 1)[-1]}-{r[3]}" for i, r in enumerate(BAD_REQUESTS)])
 def test_bad_request_gets_openai_error(http, route, body, status, param, code):
-    assert_error(http.post(route, json=body), status, param, code)
+    # json.dumps escapes non-ASCII (httpx's json= cannot encode a lone surrogate)
+    sent = http.post(route, content=json.dumps(body), headers={"Content-Type": "application/json"})
+    assert_error(sent, status, param, code)
 
 
 def test_engine_has_nothing_left_over_after_bad_requests(http, server):
@@ -233,3 +248,35 @@ def test_unknown_route_and_method_are_openai_errors(http):
     assert_error(http.post("/wake_up", params={"tags": "gpu"}, headers=control()), 400)
     assert_error(http.post("/weight_update/finish", params={"version": "x"}, headers=control()), 400, "version")
     assert_still_serving(http)
+
+
+@pytest.mark.parametrize("route", [COMPLETIONS, CHAT])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_temperature_too_small_to_divide_by_answers_greedy_tokens(http, route, stream):
+    """Issue 18 finding 5: temperature 1e-300 gave 400 'Out of range float values' (NaN logprobs);
+    streaming wrote NaN into its JSON. It samples greedily now, finite logprobs included."""
+    body = {"max_tokens": 4, "logprobs": 2 if route == COMPLETIONS else True, "stream": stream, "seed": 3}
+    body |= {"prompt": [5, 6, 7]} if route == COMPLETIONS else {"messages": [{"role": "user", "content": "hi"}]}
+    tiny = http.post(route, json={**body, "temperature": 1e-300})
+    greedy = http.post(route, json={**body, "temperature": 0})
+    assert tiny.status_code == greedy.status_code == 200, tiny.text
+    assert "NaN" not in tiny.text and "Infinity" not in tiny.text
+    if not stream:  # the same tokens; logprobs within float noise (the second may hit the prefix cache)
+        got, want = (r.json()["choices"][0] for r in (tiny, greedy))
+        assert got.get("text", got.get("message")) == want.get("text", want.get("message"))
+        flat = lambda lp: lp["token_logprobs"] if "token_logprobs" in lp else [t["logprob"] for t in lp["content"]]  # noqa: E731
+        assert flat(got["logprobs"]) == pytest.approx(flat(want["logprobs"]), abs=1e-4)
+
+
+def test_slow_tokenization_does_not_stop_the_server(http):
+    """Issue 18 finding 8: tokenization ran on the event loop (a 15 MB prompt froze /health for
+    32.6 s). Now it runs in a thread: /health answers while a prompt takes seconds to tokenize."""
+    with ThreadPoolExecutor(1) as pool:
+        slow = pool.submit(http.post, COMPLETIONS, json={"prompt": "slow!", "max_tokens": 2, "temperature": 0})
+        time.sleep(0.3)  # the request is in its tokenizer now
+        started = time.perf_counter()
+        assert http.get("/health").status_code == 200
+        waited = time.perf_counter() - started
+        assert not slow.done()  # still tokenizing: /health did not wait for it
+        assert slow.result().status_code == 200
+    assert waited < SLOW_TOKENIZE_S / 2

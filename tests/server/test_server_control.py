@@ -255,3 +255,36 @@ def test_pause_abort_finishes_in_flight_requests_with_partial_output(server):
     assert paused["num_aborted"] == 1 and paused["paused"] is True
     assert out["finish_reason"] == "abort" and 3 <= len(out["output_token_ids"]) < LONG
     assert httpx.post(f"{server.url}/resume", headers=headers).json() == {"success": True, "paused": False}
+
+
+def test_status_is_one_open_snapshot_of_the_lifecycle(server):
+    """GET /status needs no token (read-only, like /health) and reports what the control routes did."""
+    headers = {"Authorization": f"Bearer {server.control_token}"}
+    url = server.url
+
+    def status() -> dict:
+        answer = httpx.get(f"{url}/status", timeout=10)
+        assert answer.status_code == 200
+        return answer.json()
+
+    idle = status()
+    assert set(idle) == {
+        "weight_version", "pause", "pause_mode", "update", "can_roll_back", "weights_awake", "kv_cache_awake",
+        "can_run", "num_running", "num_waiting", "num_frozen", "kv_cache_usage", "step_loop", "paused",
+        "draining", "has_unfinished",
+    }
+    assert idle["weight_version"] == server.engine.weight_version
+    assert (idle["pause"], idle["pause_mode"], idle["update"], idle["can_run"], idle["paused"]) == (
+        "running", None, "none", True, False)
+    assert idle["step_loop"] == {**idle["step_loop"], "stalled": False, "waiters": 0}
+    assert httpx.post(f"{url}/pause", params={"mode": "keep"}, headers=headers).status_code == 200
+    assert httpx.post(f"{url}/weight_update/begin", headers=headers).status_code == 200
+    mid = status()
+    assert (mid["pause"], mid["pause_mode"], mid["update"], mid["can_run"], mid["can_roll_back"]) == (
+        "paused", "keep", "open", False, True)
+    assert httpx.post(f"{url}/weight_update/abort", headers=headers).json()["restored"] is True
+    assert httpx.post(f"{url}/resume", headers=headers).status_code == 200
+    after = status()
+    assert (after["pause"], after["update"], after["can_run"]) == ("running", "none", True)
+    assert after["can_roll_back"] is False
+    assert after["weight_version"] == idle["weight_version"]

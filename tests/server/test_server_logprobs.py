@@ -1,6 +1,7 @@
 """Top-k logprobs through the official `openai` client and the token route, against transformers:
 the k alternatives of each output token are the top-k of torch.log_softmax(logits / T) of the HF
-model run on the same prompt and output."""
+model run on the same prompt and output. The engine is asked for logprobs only when the OpenAI
+request asks for them; the token route always returns them (the trainer relies on it)."""
 
 from __future__ import annotations
 
@@ -93,3 +94,47 @@ def test_token_route_and_remote_client_carry_top_logprobs(server, reference):
     for mine, theirs in zip(got.top_logprobs, expected.top_logprobs, strict=True):
         assert [lp for _, lp in mine] == pytest.approx([lp for _, lp in theirs], abs=1e-4)
     assert all(isinstance(t, int) and isinstance(lp, float) for step in got.top_logprobs for t, lp in step)
+
+
+
+CHAT_BODY = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "n": 2}
+ASKED = [  # route, body, (logprobs, top_logprobs) the engine is asked for
+    ("/v1/completions", {"prompt": [5, 6, 7], "max_tokens": 2, "n": 2}, (False, 0)),
+    ("/v1/completions", {"prompt": [5, 6, 7], "max_tokens": 2, "n": 2, "logprobs": 0}, (True, 0)),
+    ("/v1/completions", {"prompt": [5, 6, 7], "max_tokens": 2, "n": 2, "logprobs": 2}, (True, 2)),
+    ("/v1/chat/completions", CHAT_BODY, (False, 0)),
+    ("/v1/chat/completions", {**CHAT_BODY, "logprobs": True}, (True, 0)),
+    ("/v1/chat/completions", {**CHAT_BODY, "logprobs": True, "top_logprobs": 3}, (True, 3)),
+]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(("route", "body", "asked"), ASKED, ids=[f"{r}-{a}" for r, _, a in ASKED])
+def test_the_engine_computes_logprobs_only_when_the_request_asks(server, monkeypatch, route, body, asked, stream):
+    seen = spy_on_params(server.engine, monkeypatch)
+    r = httpx.post(f"{server.url}{route}", json={**body, "stream": stream}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert [(p.logprobs, p.top_logprobs) for p in seen] == [asked, asked]
+    if not stream:
+        assert [c["logprobs"] is None for c in r.json()["choices"]] == [not asked[0]] * 2
+
+
+def test_the_token_route_always_returns_logprobs(server, monkeypatch):
+    seen = spy_on_params(server.engine, monkeypatch)
+    body = {"prompt_token_ids": [5, 6, 7], "sampling_params": {"max_tokens": 2}}
+    out = httpx.post(f"{server.url}/inflight/v1/generate", json=body, timeout=60).json()
+    assert [p.logprobs for p in seen] == [True] and len(out["logprobs"]) == 2
+
+
+def spy_on_params(engine, monkeypatch) -> list[SamplingParams]:
+    """The SamplingParams of every request the server hands to `engine` from now on."""
+    seen: list[SamplingParams] = []
+    for method in ("generate", "generate_stream"):
+        original = getattr(engine, method)
+
+        def spy(prompt, params, *args, _original=original, **kwargs):
+            seen.append(params)
+            return _original(prompt, params, *args, **kwargs)
+
+        monkeypatch.setattr(engine, method, spy)
+    return seen

@@ -171,7 +171,8 @@ def test_user_environment_class_and_async_reward(tmp_path, monkeypatch):
         import asyncio
         import inspect
 
-        from inflight.rewards import get_reward, score
+        from inflight.rewards import score
+        from inflight.tasks import environment_reward
 
         slow = DataTask(TOK, [path], [path], env_class=f"{name}:slow_exact")
         pending = slow.reward(p, "1")  # an awaitable: the caller's loop runs it, nothing blocks
@@ -180,7 +181,7 @@ def test_user_environment_class_and_async_reward(tmp_path, monkeypatch):
         assert asyncio.run(slow.make_env(p).step("1")).reward == 1.0  # SingleTurnEnv awaits it
         async_env = DataTask(TOK, [path], [path], env_class=f"{name}:AsyncOneTurn")
         assert asyncio.run(async_env.score(p, "1")) == 1.0 and asyncio.run(async_env.score(p, "0")) == 0.0
-        assert asyncio.run(score(get_reward(f"{name}:AsyncOneTurn"), "1", "1")) == 1.0
+        assert asyncio.run(score(environment_reward(f"{name}:AsyncOneTurn"), "1", "1")) == 1.0
     finally:
         sys.modules.pop(name, None)
 

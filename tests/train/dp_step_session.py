@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 from rl_support import rl_config
 
+from inflight.rollout.generator import Trajectory, TrajectoryGroup
 from inflight.tasks import Problem
-from inflight.train.generator import Trajectory, TrajectoryGroup
 from inflight.train.step import StepOptions, TrainingStep
 
 BASE = ("trainer.policy.optimizer_config.weight_decay=0.0",)

@@ -1,4 +1,4 @@
-"""Requests in flight across a sync through WorkerDispatch, and the oracles for how they must end.
+"""Requests in flight across a sync through LocalPolicy, and the oracles for how they must end.
 
 Shared by the plan-row, failure and policy-backend (FSDP, Megatron) tests. The freeze point of each
 request is read back from its output: the tokens sampled by weight version 0 were sampled before
@@ -162,12 +162,12 @@ def check_row(plan, report: dict, stats: dict, stale: list[int], prefix: bool, w
     return fate
 
 
-async def colocated_sync(client, dispatch) -> tuple:
+async def colocated_sync(client, policy) -> tuple:
     """The colocated cycle: generate, sleep (as the colocated trainer does after generation), sync
-    through `dispatch`, generate again. Returns (report, the greedy output of WARM after the sync)."""
+    through `policy`, generate again. Returns (report, the greedy output of WARM after the sync)."""
     await client.generate(WARM, greedy_params(4))
     await client.sleep(offload_kv=False)
-    report = await dispatch.save_weights_for_sampler()
+    report = await policy.sync_weights()
     return report, await client.generate(WARM, greedy_params(8))
 
 

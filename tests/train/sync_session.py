@@ -1,6 +1,6 @@
 """What each policy rank runs (torch.multiprocessing spawn, 2 gloo ranks), for either backend:
 FSDP2 (data parallel over both ranks) or Megatron (tensor parallel size 2, from the config key).
-Training steps and syncs go through WorkerDispatch into an engine living in rank 0's process, with
+Training steps and syncs go through LocalPolicy into an engine living in rank 0's process, with
 requests in flight. Results are written for the test process, which holds the oracles
 (transformers, torch)."""
 
@@ -25,7 +25,7 @@ from sync_scenarios import (
 
 from inflight.client import LocalClient
 from inflight.engine import AsyncEngine, EngineConfig, LLMEngine, SamplingParams
-from inflight.train import TrainBatch, WorkerDispatch
+from inflight.train import LocalPolicy, TrainBatch
 from inflight.train.workers.base import PolicyWorker
 from inflight.weight_sync import BroadcastReceiver, BroadcastTransport, InProcessTransport
 
@@ -127,20 +127,20 @@ def make_transport(kind: str, engine: LLMEngine):
     return transport
 
 
-async def sync_into_engine(dispatch: WorkerDispatch, engine: LLMEngine, name: str, result: dict) -> None:
-    """Rank 0: the scenario's engine side around `dispatch.save_weights_for_sampler()`."""
-    client, sc = dispatch.client, SCENARIOS[name]
+async def sync_into_engine(policy: LocalPolicy, engine: LLMEngine, name: str, result: dict) -> None:
+    """Rank 0: the scenario's engine side around `policy.sync_weights()`."""
+    client, sc = policy.client, SCENARIOS[name]
     if sc.row == "colocated":
-        report, result["after"] = await colocated_sync(client, dispatch)
+        report, result["after"] = await colocated_sync(client, policy)
         result["report"] = dataclasses.asdict(report)
         return
     tasks = {} if name == "logits" else await start_in_flight(client, engine)
     try:
-        result["report"] = dataclasses.asdict(await dispatch.save_weights_for_sampler())
+        result["report"] = dataclasses.asdict(await policy.sync_weights())
     except Exception as err:
         result["error"] = f"{type(err).__name__}: {err}"
     finally:
-        dispatch.transport.close()
+        policy.transport.close()
     result["stale"] = stale_cached_blocks(engine, 1)
     result["outputs"] = {rid: await task for rid, task in tasks.items()}
 
@@ -158,7 +158,7 @@ async def check_logits(client: LocalClient, engine: LLMEngine, state: dict, resu
 async def follow_sync(worker: PolicyWorker, cfg) -> dict:
     """A rank other than 0: take part in the sync's gathers and learn its outcome."""
     try:
-        report = await WorkerDispatch([worker], None, None, cfg).save_weights_for_sampler()
+        report = await LocalPolicy(cfg, worker, None, None).sync_weights()
         return {"report": dataclasses.asdict(report)}
     except Exception as err:
         return {"error": f"{type(err).__name__}: {err}"}
@@ -177,9 +177,9 @@ async def scenario(worker: PolicyWorker, backend: str, model_dir: str, name: str
         return result | await follow_sync(worker, cfg)
     engine = make_engine(model_dir, sc.prefix)
     client = LocalClient(AsyncEngine(engine))
-    dispatch = WorkerDispatch([worker], client, make_transport(sc.transport, engine), cfg)
-    await sync_into_engine(dispatch, engine, name, result)
-    result.update(plan=dispatch.plan, dispatch_version=dispatch.weight_version)
+    policy = LocalPolicy(cfg, worker, client, make_transport(sc.transport, engine))
+    await sync_into_engine(policy, engine, name, result)
+    result.update(plan=policy.plan, dispatch_version=policy.weight_version)
     result["engine_version"] = engine.weight_version
     if name == "logits":
         await check_logits(client, engine, state, result)

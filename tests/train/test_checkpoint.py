@@ -17,7 +17,8 @@ from rl_support import rl_config, small_task, warm_model_dir
 from safetensors.torch import load_file
 
 from inflight.train.checkpoint import load_latest
-from inflight.train.trainer import SHM_DIR, SHM_PREFIX, make_trainer
+from inflight.train.sender import SHM_DIR, SHM_PREFIX
+from inflight.train.trainer import make_trainer
 
 
 @pytest.fixture(scope="module")
@@ -70,9 +71,9 @@ def test_interrupted_mid_step_and_resumed_uses_every_prompt_once(model_dir, tmp_
         try:
             assert trainer.resumed_from == ckpt.path and trainer.global_step == ckpt.step
             assert await trainer.client.weight_version() == ckpt.weight_version
-            for name, param in trainer.worker.model.named_parameters():
+            for name, param in trainer.policy.worker.model.named_parameters():
                 torch.testing.assert_close(param.detach(), saved[name], rtol=0, atol=0)
-            adam_steps = {int(s["step"]) for s in trainer.worker.optimizer.state_dict()["state"].values()}
+            adam_steps = {int(s["step"]) for s in trainer.policy.worker.optimizer.state_dict()["state"].values()}
             assert adam_steps and max(adam_steps) <= ckpt.step
             await trainer.train()
             return trainer.global_step
@@ -122,3 +123,35 @@ def test_killed_process_resumes(model_dir, tmp_path):
     second = _consumed(out / "consumed.jsonl")[n_first:]
     trained = [i for r in first + second for i in r.get("trained", [])]
     assert sorted(trained) == sorted(p.id for p in task.train_problems())
+
+
+def test_exports_are_in_the_models_own_dtype_and_load_with_transformers(tmp_path, tiny_model_factory):
+    """A bf16 model's export is bf16 (half its float32 master weights), loadable by transformers to
+    the master weights rounded once; the checkpoint keeps the float32 master for an exact resume."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from inflight.config import load_config
+    from inflight.train import LocalPolicyWorker
+    from inflight.train.checkpoint import export_model, model_dtype
+
+    base = tiny_model_factory("qwen2", seed=11)
+    bf16_dir = tmp_path / "bf16-base"
+    AutoModelForCausalLM.from_pretrained(base, dtype=torch.bfloat16).save_pretrained(bf16_dir)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        if (base / name).is_file():
+            (bf16_dir / name).write_bytes((base / name).read_bytes())
+    assert model_dtype(bf16_dir) is torch.bfloat16 and model_dtype(base) is torch.float32
+    worker = LocalPolicyWorker(load_config(None, []), model_path=str(bf16_dir)).setup()
+    assert all(p.dtype == torch.float32 for p in worker.model.parameters())  # the master weights
+    out = export_model(worker, bf16_dir, tmp_path / "exports", step=3)
+    assert out == tmp_path / "exports" / "global_step_3"
+    saved = load_file(str(out / "model.safetensors"))
+    assert {t.dtype for t in saved.values()} == {torch.bfloat16}
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+    reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    for name, param in worker.model.named_parameters():
+        torch.testing.assert_close(dict(reloaded.named_parameters())[name], param.detach().to(torch.bfloat16).float())

@@ -13,7 +13,7 @@ from sync_scenarios import PROMPTS, FailingTransport, check_fate, row_config, st
 
 from inflight.client import LocalClient
 from inflight.engine import AsyncEngine
-from inflight.train import WorkerDispatch
+from inflight.train import LocalPolicy
 from inflight.weight_sync import InProcessTransport, TransportError
 
 
@@ -23,19 +23,17 @@ def test_failed_send_resumes_on_old_weights(models, worker_b, row):
         engine = make_engine(models, enable_prefix_caching=True)
         client = LocalClient(AsyncEngine(engine))
         tasks = await start_in_flight(client, engine)
-        dispatch = WorkerDispatch(
-            [worker_b], client, FailingTransport(3, max_chunk_bytes=8192), row_config(row, True)
-        )
+        policy = LocalPolicy(row_config(row, True), worker_b, client, FailingTransport(3, max_chunk_bytes=8192))
         with pytest.raises(TransportError, match="after 3 chunks") as err:
-            await dispatch.save_weights_for_sampler()
+            await policy.sync_weights()
         paused_after = engine.is_paused
         outputs = {rid: await task for rid, task in tasks.items()}
         await client.engine.close()
-        return engine, dispatch, err.value, paused_after, outputs
+        return engine, policy, err.value, paused_after, outputs
 
-    engine, dispatch, err, paused_after, outputs = asyncio.run(run())
-    assert not paused_after and engine.weight_version == 0 and dispatch.weight_version == 0
-    assert dispatch.failed_syncs == 1 and engine.stats.resets == 0 and engine.stats.weight_updates == 0
+    engine, policy, err, paused_after, outputs = asyncio.run(run())
+    assert not paused_after and engine.weight_version == 0 and policy.weight_version == 0
+    assert policy.failed_syncs == 1 and engine.stats.resets == 0 and engine.stats.weight_updates == 0
     assert not getattr(err, "__notes__", None)  # restored: nothing to warn about
     for rid, out in outputs.items():  # every request finished, entirely on model A
         assert out.finish_reason == "length" and set(out.token_weight_versions) == {0}
@@ -50,14 +48,14 @@ def test_failed_send_after_sleep_stays_paused_until_a_complete_update(models, wo
         client = LocalClient(AsyncEngine(engine))
         tasks = await start_in_flight(client, engine)
         cfg = row_config(row, False)
-        failing = WorkerDispatch([worker_b], client, FailingTransport(2, max_chunk_bytes=8192), cfg)
+        failing = LocalPolicy(cfg, worker_b, client, FailingTransport(2, max_chunk_bytes=8192))
         with pytest.raises(TransportError) as err:
-            await failing.save_weights_for_sampler()
+            await failing.sync_weights()
         state = (engine.is_paused, engine.kv_cache.awake, engine.weights.awake, engine.weight_version)
         await asyncio.sleep(0.05)
         assert not any(t.done() for t in tasks.values()), "a request ran on half-updated weights"
-        dispatch = WorkerDispatch([worker_b], client, InProcessTransport(max_chunk_bytes=8192), cfg)
-        report = await dispatch.save_weights_for_sampler()
+        policy = LocalPolicy(cfg, worker_b, client, InProcessTransport(max_chunk_bytes=8192))
+        report = await policy.sync_weights()
         outputs = {rid: await task for rid, task in tasks.items()}
         await client.engine.close()
         return engine, err.value, state, report, outputs

@@ -1,4 +1,4 @@
-"""One sync through WorkerDispatch reaching several real engines behind a FanOutClient, with
+"""One sync through LocalPolicy reaching several real engines behind a FanOutClient, with
 requests in flight on each: every engine lands on the new version and its frozen requests end as
 the plan's KV fate promises (transformers as the oracle). An engine that rejects the update makes
 the sync fail loudly, naming it, and every engine goes back to the old weights and resumes."""
@@ -15,7 +15,7 @@ from inflight.client import FanOutError, LocalClient
 from inflight.client.fanout import FanOutClient
 from inflight.engine import AsyncEngine, SamplingParams, WeightUpdateError
 from inflight.testing import make_tiny_model
-from inflight.train import WorkerDispatch
+from inflight.train import LocalPolicy
 from inflight.weight_sync import InProcessTransport, ShmReceiver, ShmTransport
 
 # row -> (fate, transport)
@@ -63,18 +63,18 @@ def test_sync_in_flight_reaches_every_engine_with_the_plans_fate(models, worker_
         clients = [LocalClient(AsyncEngine(e)) for e in engines]
         transport, _ = _transport(kind, engines)
         tasks = await start_frozen(clients, engines)
-        dispatch = WorkerDispatch([worker_b], FanOutClient(clients), transport, row_config(row, True))
+        policy = LocalPolicy(row_config(row, True), worker_b, FanOutClient(clients), transport)
         try:
-            report = await dispatch.save_weights_for_sampler()
+            report = await policy.sync_weights()
             outputs = [{rid: await t for rid, t in per.items()} for per in tasks]
-            version = await dispatch.client.weight_version()
+            version = await policy.client.weight_version()
         finally:
             transport.close()
             await asyncio.gather(*(c.engine.close() for c in clients))
-        return engines, dispatch, report, outputs, version
+        return engines, policy, report, outputs, version
 
-    engines, dispatch, report, outputs, version = asyncio.run(run())
-    assert dispatch.plan.kv_fate == fate and report.ok and report.steps == dispatch.plan.steps()
+    engines, policy, report, outputs, version = asyncio.run(run())
+    assert policy.plan.kv_fate == fate and report.ok and report.steps == policy.plan.steps()
     assert version == 1 and [e.weight_version for e in engines] == [1, 1]
     for engine, out in zip(engines, outputs, strict=True):
         check_fate(out, fate, models.hf_a, models.hf_b)
@@ -91,26 +91,22 @@ def test_an_engine_rejecting_the_update_fails_the_sync_and_every_engine_keeps_th
         engines.append(make_engine(models, model=str(odd)))  # same names, other shapes
         clients = [LocalClient(AsyncEngine(e)) for e in engines]
         tasks = await start_frozen(clients[:2], engines[:2])
-        dispatch = WorkerDispatch(
-            [worker_b],
-            FanOutClient(clients),
-            InProcessTransport(max_chunk_bytes=8192),
-            row_config("async-keep", True),
-        )
+        cfg = row_config("async-keep", True)
+        policy = LocalPolicy(cfg, worker_b, FanOutClient(clients), InProcessTransport(max_chunk_bytes=8192))
         with pytest.raises(FanOutError) as err:
-            await dispatch.save_weights_for_sampler()
+            await policy.sync_weights()
         paused = [e.is_paused for e in engines]
         outputs = [{rid: await t for rid, t in per.items()} for per in tasks]
         after = await clients[2].generate([5, 6, 7], SamplingParams(max_tokens=3, temperature=0.0))
-        versions = await dispatch.client.weight_versions()
+        versions = await policy.client.weight_versions()
         await asyncio.gather(*(c.engine.close() for c in clients))
-        return dispatch, err.value, paused, outputs, after, versions
+        return policy, err.value, paused, outputs, after, versions
 
-    dispatch, err, paused, outputs, after, versions = asyncio.run(run())
+    policy, err, paused, outputs, after, versions = asyncio.run(run())
     assert set(err.errors) == {"engine-2"} and isinstance(err.errors["engine-2"], WeightUpdateError)
     assert "load_weights" in str(err) and "engine-2" in str(err)
     assert paused == [False] * 3 and versions == {"engine-0": 0, "engine-1": 0, "engine-2": 0}
-    assert dispatch.failed_syncs == 1 and dispatch.weight_version == 0 and len(after.output_token_ids) == 3
+    assert policy.failed_syncs == 1 and policy.weight_version == 0 and len(after.output_token_ids) == 3
     for out in outputs:  # the engines that took the update went back to model A, nothing was lost
         for rid, o in out.items():
             assert set(o.token_weight_versions) == {0} and o.finish_reason == "length"

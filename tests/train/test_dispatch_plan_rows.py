@@ -1,4 +1,4 @@
-"""Every row of the plan table (docs/design.md section 4) executed end to end through WorkerDispatch:
+"""Every row of the plan table (docs/design.md section 4) executed end to end through LocalPolicy:
 a real engine (LLMEngine behind AsyncEngine and LocalClient) with requests in flight, a policy worker
 holding model B, the engine starting on model A. The frozen requests end exactly as the row's KV
 fate promises (transformers as the oracle), the prefix cache is reset exactly when the plan says,
@@ -13,6 +13,7 @@ from dataclasses import asdict
 import pytest
 from conftest_weights import make_engine
 from sync_scenarios import (
+    PROMPTS,
     ROWS,
     check_colocated,
     check_fate,
@@ -25,8 +26,8 @@ from sync_scenarios import (
 
 from inflight.client import LocalClient
 from inflight.engine import AsyncEngine
-from inflight.train import WorkerDispatch
-from inflight.weight_sync import InProcessTransport
+from inflight.train import LocalPolicy
+from inflight.weight_sync import InProcessTransport, ShmReceiver, ShmTransport
 
 
 async def in_flight_sync(models, worker, cfg, prefix: bool, transport=None, receiver=None):
@@ -35,23 +36,23 @@ async def in_flight_sync(models, worker, cfg, prefix: bool, transport=None, rece
     if receiver is not None:
         receiver(engine)
     tasks = await start_in_flight(client, engine)
-    dispatch = WorkerDispatch([worker], client, transport or InProcessTransport(max_chunk_bytes=8192), cfg)
-    report = await dispatch.save_weights_for_sampler()
+    policy = LocalPolicy(cfg, worker, client, transport or InProcessTransport(max_chunk_bytes=8192))
+    report = await policy.sync_weights()
     stale = stale_cached_blocks(engine, 1)
     outputs = {rid: await task for rid, task in tasks.items()}
     await client.engine.close()
-    return engine, dispatch, report, stale, outputs
+    return engine, policy, report, stale, outputs
 
 
 @pytest.mark.parametrize("prefix", [False, True], ids=["no-prefix-cache", "prefix-cache"])
 @pytest.mark.parametrize("row", [r for r in ROWS if r != "colocated"])
 def test_plan_row_with_requests_in_flight(models, worker_b, row, prefix):
     cfg = row_config(row, prefix)
-    engine, dispatch, report, stale, outputs = asyncio.run(in_flight_sync(models, worker_b, cfg, prefix))
-    fate = check_row(dispatch.plan, asdict(report), asdict(engine.stats), stale, prefix, models.weights_b)
-    assert report.version == dispatch.weight_version == engine.weight_version
-    assert {"pause_s", "send_s", "total_s"} <= set(dispatch.timings)
-    assert dispatch.timings["pause_s"] <= dispatch.timings["total_s"]
+    engine, policy, report, stale, outputs = asyncio.run(in_flight_sync(models, worker_b, cfg, prefix))
+    fate = check_row(policy.plan, asdict(report), asdict(engine.stats), stale, prefix, models.weights_b)
+    assert report.version == policy.weight_version == engine.weight_version
+    assert {"pause_s", "send_s", "total_s"} <= set(policy.timings)
+    assert policy.timings["pause_s"] <= policy.timings["total_s"]
     check_fate(outputs, fate, models.hf_a, models.hf_b)
 
 
@@ -61,11 +62,32 @@ def test_colocated_row(models, worker_b, prefix):
 
     async def run():
         client = LocalClient(AsyncEngine(make_engine(models, enable_prefix_caching=prefix)))
-        dispatch = WorkerDispatch([worker_b], client, InProcessTransport(), row_config("colocated", prefix))
-        report, after = await colocated_sync(client, dispatch)
+        policy = LocalPolicy(row_config("colocated", prefix), worker_b, client, InProcessTransport())
+        report, after = await colocated_sync(client, policy)
         await client.engine.close()
-        return dispatch.plan, report, after
+        return policy.plan, report, after
 
     plan, report, after = asyncio.run(run())
     check_colocated(asdict(report), plan, prefix, after, models.hf_b)
 
+
+def test_reset_through_a_cross_process_transport(models, worker_b):
+    """A cross-process transport (shm, its receiver in a thread of the engine's process) carries
+    only the weights: the executor issues the reset itself, and the frozen requests are reset and
+    recomputed."""
+    cfg = row_config("async-clear", True)
+    transport = ShmTransport(port=0, max_chunk_bytes=8192, timeout=60)
+
+    def receiver(engine):
+        ShmReceiver("127.0.0.1", transport.port, timeout=60).serve_in_thread(engine)
+
+    try:
+        engine, policy, report, stale, outputs = asyncio.run(
+            in_flight_sync(models, worker_b, cfg, True, transport, receiver)
+        )
+    finally:
+        transport.close()
+    assert policy.plan.resets and report.steps == policy.plan.steps() and "reset" in report.steps
+    assert report.prefix_cache_empty is True and stale == []
+    assert engine.stats.resets == len(PROMPTS)
+    check_fate(outputs, "recompute", models.hf_a, models.hf_b)

@@ -7,7 +7,7 @@ base-class training step on an unsharded transformers model) as the oracles:
 - megatron's forward logits equal transformers' on the same weights;
 - the HF tensors gathered from the TP shards are bit-identical to the checkpoint (HF -> megatron -> HF);
 - one train step (PPO loss, micro-batches, AdamW, clipping) gives the weights LocalPolicyWorker gets;
-- the base class's `broadcast_to_inference_engines` syncs them into a real engine with requests in
+- the base class's `sync_weights` syncs them into a real engine with requests in
   flight (fully-async, clear KV: fate `recompute`): the frozen requests are reset, and every token
   sampled after the sync, and its logprob, is the trained model's, through transformers and through
   megatron itself.
@@ -37,7 +37,7 @@ from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
 from inflight.config import load_config  # noqa: E402
 from inflight.testing import make_tiny_model  # noqa: E402
-from inflight.train import TrainBatch, policy_gradient_loss  # noqa: E402
+from inflight.train import TrainBatch, rl_loss  # noqa: E402
 from inflight.train.workers import LocalPolicyWorker  # noqa: E402
 from inflight.train.workers.megatron_convert import (  # noqa: E402
     ConversionError,
@@ -126,7 +126,7 @@ def _run_case(rank: int, model_dir: Path, out: Path) -> None:
     from inflight.weight_sync import plan_weight_sync
 
     cfg = _cfg(model_dir)
-    worker = MegatronPolicyWorker(cfg, loss_fn=policy_gradient_loss(), tensor_parallel_size=TP).setup()
+    worker = MegatronPolicyWorker(cfg, loss_fn=rl_loss(tis="none"), tensor_parallel_size=TP).setup()
     batch = _batch(worker.layout.vocab_size)
     result: dict = {"logits_before": worker.forward_logits(batch.input_ids)}
     result["hf_before"] = worker.full_hf_state_dict()
@@ -136,7 +136,7 @@ def _run_case(rank: int, model_dir: Path, out: Path) -> None:
     plan = plan_weight_sync(cfg)
     engine = _engine_mid_decode(model_dir) if rank == 0 else None
     client = LocalClient(AsyncEngine(engine)) if rank == 0 else None
-    report = asyncio.run(worker.broadcast_to_inference_engines(client, plan, version=1))
+    report = asyncio.run(worker.sync_weights(client, plan, version=1))
     length = max(map(len, PROMPTS.values())) + MAX_TOKENS
     sequences = torch.zeros(len(PROMPTS), length, dtype=torch.long)
     if rank == 0:
@@ -308,7 +308,7 @@ def test_train_step_equals_unsharded_transformers_step(model_dirs, ranks_output,
     """The base class's step (PPO loss, 2 micro-batches, AdamW, clip) on an unsharded transformers
     model lands on the weights megatron's TP=2 step produced."""
     result = ranks_output[case]
-    reference = LocalPolicyWorker(_cfg(model_dirs[case]), loss_fn=policy_gradient_loss()).setup()
+    reference = LocalPolicyWorker(_cfg(model_dirs[case]), loss_fn=rl_loss(tis="none")).setup()
     metrics = reference.train_step(_batch(reference.model.config.vocab_size))
     assert result["metrics"]["loss"] == pytest.approx(metrics["loss"], abs=1e-5)
     assert result["metrics"]["grad_norm"] == pytest.approx(metrics["grad_norm"], rel=1e-4)

@@ -21,3 +21,18 @@ def test_jsonl_tensorboard_and_plot(tmp_path):
     assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
     png = plot_metrics(tmp_path / "metrics.jsonl", tmp_path / "plot.png", "test")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_resumed_run_does_not_repeat_the_steps_after_its_checkpoint(tmp_path):
+    """A run killed at step 5 with its checkpoint at step 3 logs steps 4 and 5 again on resume."""
+    first = MetricsLogger(tmp_path, tensorboard=False, progress=False)
+    for step in range(1, 6):
+        first.log(step, {"reward": step / 10})
+    first.close()
+    resumed = MetricsLogger(tmp_path, tensorboard=False, progress=False, append=True, resume_step=3)
+    for step in (4, 5, 6):
+        resumed.log(step, {"reward": step})
+    resumed.close()
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
+    assert [r["reward"] for r in records] == [0.1, 0.2, 0.3, 4, 5, 6]

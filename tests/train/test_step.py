@@ -8,9 +8,9 @@ import pytest
 import torch
 from rl_support import rl_config, warm_model_dir
 
+from inflight.rollout.generator import Trajectory, TrajectoryGroup
 from inflight.tasks import Problem
 from inflight.train import LocalPolicyWorker
-from inflight.train.generator import Trajectory, TrajectoryGroup
 from inflight.train.step import StepOptions, TrainingStep
 
 

@@ -9,12 +9,12 @@ import pytest
 import torch
 from rl_support import rl_config, warm_model_dir
 
+from inflight.rollout.generator import Trajectory, TrajectoryGroup
 from inflight.tasks import Problem
 from inflight.train import LocalPolicyWorker
 from inflight.train import step as step_module
 from inflight.train.algorithms import group_advantages
 from inflight.train.data_parallel import DataParallel, MicroPlan, padding, shard_step
-from inflight.train.generator import Trajectory, TrajectoryGroup
 from inflight.train.step import StepOptions, TrainingStep, build_batch, shard_logprobs
 
 COMPARED = ("loss", "ratio_mean", "clip_fraction", "kl", "is_ratio_mean", "is_ratio_max", "is_weight_mean",

@@ -55,7 +55,7 @@ def _train(cfg, job, task=None, evaluate=False):
 def test_fully_async_each_kv_fate(model_dir, tmp_path, fate):
     cfg, job = rl_config(model_dir, tmp_path, FATES[fate] + ["job.max_steps=4"])
     trainer, history, version, _, _ = _train(cfg, job)
-    assert isinstance(trainer, FullyAsyncTrainer) and trainer.dispatch.plan.kv_fate == fate
+    assert isinstance(trainer, FullyAsyncTrainer) and trainer.policy.plan.kv_fate == fate
     assert len(history) == 4 and version == 4 == trainer.global_step
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3, 4]
@@ -73,7 +73,7 @@ def test_fully_async_each_kv_fate(model_dir, tmp_path, fate):
 def test_sync_trainer_is_on_policy(model_dir, tmp_path):
     cfg, job = rl_config(model_dir, tmp_path, ["trainer.fully_async.enabled=false", "job.max_steps=3"])
     trainer, history, version, before, after = _train(cfg, job, evaluate=True)
-    assert isinstance(trainer, SyncTrainer) and trainer.dispatch.plan.kv_fate == "none"
+    assert isinstance(trainer, SyncTrainer) and trainer.policy.plan.kv_fate == "none"
     assert version == 3 and [r["staleness_max"] for r in history] == [0.0, 0.0, 0.0]
     assert all(r["off_policy"] == 0.0 for r in history if "off_policy" in r)
     assert all(abs(r["is_ratio_mean"] - 1.0) < 1e-3 for r in history if r.get("optimizer_steps"))
@@ -97,8 +97,8 @@ def test_colocated_sync_trainer_sleeps_and_wakes_the_engine(model_dir, tmp_path)
     cfg, job = rl_config(model_dir, tmp_path, ["trainer.fully_async.enabled=false",
                                                "trainer.placement.colocate_all=true", "job.max_steps=2"])
     trainer, history, version, _, after = _train(cfg, job, evaluate=True)
-    assert trainer.dispatch.plan.colocated and version == 2
-    assert "wake_up_weights" in trainer.dispatch.plan.steps() and after is not None
+    assert trainer.policy.plan.colocated and version == 2
+    assert "wake_up_weights" in trainer.policy.plan.steps() and after is not None
 
 
 def test_multi_turn_task_with_kl_to_the_reference(model_dir, tmp_path):
@@ -108,7 +108,7 @@ def test_multi_turn_task_with_kl_to_the_reference(model_dir, tmp_path):
     cfg, job = rl_config(model_dir, tmp_path, ["trainer.algorithm.use_kl_loss=true",
                                                "trainer.algorithm.kl_loss_coef=0.1", "job.max_steps=3"])
     trainer, history, version, _, _ = _train(cfg, job, task)
-    assert version == 3 and trainer.reference is not None
+    assert version == 3 and trainer.policy.reference is not None
     trained = [r for r in history if r.get("optimizer_steps")]
     assert trained and all("kl" in r for r in trained)
 
@@ -136,7 +136,7 @@ def test_fully_async_with_two_engine_processes(model_dir, tmp_path):
     assert isinstance(trainer.client, FanOutClient) and len(trainer.client) == 2
     assert versions == {"engine-0": 2, "engine-1": 2} and trainer.global_step == 2
     assert all(s["weight_updates"] == 2 and s["generated_tokens"] > 0 for s in stats.values())
-    assert trainer.engine_procs == [] and trainer.dispatch.plan.kv_fate == "recompute"
+    assert trainer.runtime.engine_procs == [] and trainer.policy.plan.kv_fate == "recompute"
     for r in history:
         assert not [k for k in REQUIRED if k not in r] and r["weight_version"] == r["step"]
     assert sum(r["kv/weight_updates"] for r in history) == 4  # both engines' counters
@@ -149,4 +149,4 @@ def test_colocated_sync_trainer_sleeps_and_wakes_every_in_process_engine(model_d
     trainer, history, version, _, after = _train(cfg, job, evaluate=True)
     assert len(trainer.client) == 2 and version == 2 and after is not None
     assert [r["staleness_max"] for r in history] == [0.0, 0.0]
-    assert trainer.local_engines == []  # closed
+    assert trainer.runtime.local_engines == []  # closed

@@ -1,4 +1,4 @@
-"""Both policy backends with 2 ranks on CPU (gloo, spawned processes), through WorkerDispatch into a
+"""Both policy backends with 2 ranks on CPU (gloo, spawned processes), through LocalPolicy into a
 real engine with requests in flight (see sync_session.py): FSDP2 (data parallel over both ranks)
 and Megatron (tensor parallel size 2, set by trainer.policy.megatron_config.tensor_model_parallel_size).
 One spawn per backend runs every scenario once.

@@ -37,10 +37,8 @@ INVALID = {(True, True), (True, "offload")}  # colocate + fully_async; colocate 
 def _cells():
     for bools in itertools.product((False, True), repeat=5):
         for strategy in ("fsdp", "megatron"):
-            for transport_resets in (False, True):
-                name = "-".join(f"{s}{int(b)}" for s, b in zip(SHORT, bools, strict=True))
-                name += f"-{strategy}-{'transport' if transport_resets else 'worker'}"
-                yield pytest.param(bools, strategy, transport_resets, id=name)
+            name = "-".join(f"{s}{int(b)}" for s, b in zip(SHORT, bools, strict=True))
+            yield pytest.param(bools, strategy, id=f"{name}-{strategy}")
 
 
 CELLS = list(_cells())
@@ -56,33 +54,32 @@ def _valid(bools) -> bool:
     return not (colocate and (fully_async or offload))
 
 
-def _expected(bools, transport_resets: bool) -> SyncPlan:
+def _expected(bools) -> SyncPlan:
     colocate, fully_async, clear, offload, prefix = bools
     row = TABLE.get((colocate, fully_async, clear, offload)) or TABLE[(colocate, fully_async, None, offload)]
     sleep, offload_kv, fate, reset_running, prefix_rule = row
     reset_prefix = prefix_rule and prefix
-    owner = "none" if not (reset_prefix or reset_running) else "transport" if transport_resets else "worker"
-    return SyncPlan("keep", sleep, offload_kv, fate, reset_prefix, reset_running, owner, colocated=colocate)
+    return SyncPlan("keep", sleep, offload_kv, fate, reset_prefix, reset_running, colocated=colocate)
 
 
-@pytest.mark.parametrize(("bools", "strategy", "transport_resets"), CELLS)
-def test_plan_cell(bools, strategy, transport_resets):
+@pytest.mark.parametrize(("bools", "strategy"), CELLS)
+def test_plan_cell(bools, strategy):
     if not _valid(bools):
         with pytest.raises(ConfigError) as err:
             _cfg(bools, strategy)
         assert "trainer.placement.colocate_all" in str(err.value)
         return
-    plan = plan_weight_sync(_cfg(bools, strategy), transport_handles_prefix_cache_reset=transport_resets)
-    assert plan == _expected(bools, transport_resets)
+    plan = plan_weight_sync(_cfg(bools, strategy))
+    assert plan == _expected(bools)
 
 
 VALID = [c for c in CELLS if _valid(c.values[0])]
 
 
-@pytest.mark.parametrize(("bools", "strategy", "transport_resets"), VALID)
-def test_invariants(bools, strategy, transport_resets):
+@pytest.mark.parametrize(("bools", "strategy"), VALID)
+def test_invariants(bools, strategy):
     colocate, fully_async, clear, offload, prefix = bools
-    plan = plan_weight_sync(_cfg(bools, strategy), transport_resets)
+    plan = plan_weight_sync(_cfg(bools, strategy))
     in_flight = plan.kv_fate != "none"
     assert in_flight == (fully_async and not colocate)
     # KV of in-flight requests discarded (recompute, or a sleep without a host copy) => reset them.
@@ -91,35 +88,34 @@ def test_invariants(bools, strategy, transport_resets):
     if fully_async and clear:
         assert plan.reset_running_requests and plan.kv_fate == "recompute"
     if not fully_async and not prefix:
-        assert not plan.resets and plan.reset_owner == "none"
+        assert not plan.resets
     if fully_async and not clear:
-        assert not plan.resets and plan.reset_owner == "none" and plan.kv_fate in ("keep", "offload")
+        assert not plan.resets and plan.kv_fate in ("keep", "offload")
     assert plan.offload_kv == (plan.kv_fate == "offload")
     assert not plan.offload_kv or plan.sleep
     assert plan.pause_mode == "keep"
-    assert (plan.reset_owner == "none") == (not plan.resets)
-    assert (plan.reset_owner == "transport") == (plan.resets and transport_resets)
+    assert plan.sleeps == (plan.sleep and not plan.colocated) and plan.wakes == (plan.sleep or plan.colocated)
 
 
 FSDP_CELLS = [c for c in VALID if c.values[1] == "fsdp"]
 
 
-@pytest.mark.parametrize(("bools", "strategy", "transport_resets"), FSDP_CELLS)
-def test_same_plan_for_fsdp_and_megatron(bools, strategy, transport_resets):
-    fsdp = plan_weight_sync(_cfg(bools, strategy), transport_resets)
-    assert plan_weight_sync(_cfg(bools, "megatron"), transport_resets) == fsdp
+@pytest.mark.parametrize(("bools", "strategy"), FSDP_CELLS)
+def test_same_plan_for_fsdp_and_megatron(bools, strategy):
+    fsdp = plan_weight_sync(_cfg(bools, strategy))
+    assert plan_weight_sync(_cfg(bools, "megatron")) == fsdp
 
 
-@pytest.mark.parametrize(("bools", "strategy", "transport_resets"), VALID)
-def test_steps_follow_the_plan(bools, strategy, transport_resets):
-    plan = plan_weight_sync(_cfg(bools, strategy), transport_resets)
+@pytest.mark.parametrize(("bools", "strategy"), VALID)
+def test_steps_follow_the_plan(bools, strategy):
+    plan = plan_weight_sync(_cfg(bools, strategy))
     steps = plan.steps()
     assert steps[0] == "pause" and steps[-1] == "resume"
     assert ("sleep" in steps) == (plan.sleep and not plan.colocated)
     asleep = plan.sleep or plan.colocated
     expected_core = ["wake_up_weights", "send_weights", "wake_up_kv_cache"] if asleep else ["send_weights"]
     assert [s for s in steps if s in ("wake_up_weights", "send_weights", "wake_up_kv_cache")] == expected_core
-    assert ("reset" in steps) == (plan.reset_owner == "worker")
+    assert ("reset" in steps) == plan.resets  # the executor alone issues the reset
     if "reset" in steps:
         assert steps.index("reset") > steps.index("send_weights")
 
@@ -134,7 +130,7 @@ def test_issue_4_seed_block_resets_running_requests(tmp_path):
         "generator.inference_engine.enable_prefix_caching: false\n"
     )
     plan = plan_weight_sync(load_config(path))
-    assert plan == SyncPlan("keep", True, False, "recompute", False, True, "worker")
+    assert plan == SyncPlan("keep", True, False, "recompute", False, True)
     assert plan.steps() == (
         "pause", "sleep", "wake_up_weights", "send_weights", "wake_up_kv_cache", "reset", "resume",
     )  # fmt: skip
@@ -142,7 +138,7 @@ def test_issue_4_seed_block_resets_running_requests(tmp_path):
 
 def test_default_config_is_fully_async_keep_without_resets():
     plan = plan_weight_sync(load_config(None))
-    assert (plan.kv_fate, plan.sleep, plan.resets, plan.reset_owner) == ("keep", False, False, "none")
+    assert (plan.kv_fate, plan.sleep, plan.resets) == ("keep", False, False)
 
 
 def test_plan_is_pure():

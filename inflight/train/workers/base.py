@@ -4,11 +4,11 @@ A backend (FSDP, Megatron, a plain single-process model) supplies only how to bu
 how to compute token log-probabilities (and, if it needs to, its own forward/backward and
 optimizer step), and how to produce full HF-named tensors from its shards
 (`iter_full_hf_tensors`). Everything else lives here once: the micro-batched training step, the
-cross-rank agreement on a sync's outcome, and `broadcast_to_inference_engines`, which executes a
-`SyncPlan` step by step. No backend decides anything about a sync: the plan does
+cross-rank agreement on a sync's outcome, and `sync_weights`, which executes a `SyncPlan` as
+straight-line code. No backend decides anything about a sync: the plan does
 (`inflight.weight_sync.plan_weight_sync`), and this file carries it out.
 
-Every rank calls `broadcast_to_inference_engines` (gathering full tensors is a collective); rank 0
+Every rank calls `sync_weights` (gathering full tensors is a collective); rank 0
 talks to the engines, the other ranks only take part in the gathers.
 """
 
@@ -17,21 +17,27 @@ from __future__ import annotations
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
+from torch.optim.lr_scheduler import LRScheduler
 
+from inflight.client.base import InferenceClient
+from inflight.client.update import update_all_or_nothing
 from inflight.config import Config
+from inflight.engine.request import scaling_temperature
 from inflight.train.batch import TrainBatch
 from inflight.train.losses import LossFn, cross_entropy_loss
+from inflight.train.lr_schedule import make_lr_scheduler
 from inflight.weight_sync.inprocess import InProcessTransport
 from inflight.weight_sync.plan import SyncPlan
 from inflight.weight_sync.transport import WeightTransport
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class WeightSyncError(RuntimeError):
@@ -93,7 +99,7 @@ class PolicyWorker(ABC):
     Backends implement `build_model` (set `self.model`), `compute_logprobs` and
     `iter_full_hf_tensors`; they may override `build_optimizer`, `forward_backward` and
     `optimizer_step`. `loss_fn(logprobs, batch) -> scalar` is pluggable (default: token-level
-    cross-entropy; see `inflight.train.losses.policy_gradient_loss`).
+    cross-entropy; the RL objective is `inflight.train.algorithms.rl_loss`).
     """
 
     def __init__(
@@ -110,9 +116,11 @@ class PolicyWorker(ABC):
         self.loss_fn = loss_fn or cross_entropy_loss
         self.device = torch.device(device)
         temperature = cfg.generator.sampling_params.temperature
-        self.temperature = temperature if temperature > 0 else 1.0
+        self.temperature = scaling_temperature(temperature)
         self.model: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
+        self.lr_scheduler: LRScheduler | None = None
+        self.num_training_steps: int | None = None  # the run's optimizer steps, for decaying schedules
         self.global_step = 0
 
     # ---- backend hooks --------------------------------------------------------------------------
@@ -132,11 +140,15 @@ class PolicyWorker(ABC):
         are sent to the engines; other ranks may yield anything (their values are not used)."""
 
     def build_optimizer(self) -> None:
-        """AdamW over the trainable parameters, from `trainer.policy.optimizer_config`."""
+        """AdamW over the trainable parameters and its learning-rate schedule, from
+        `trainer.policy.optimizer_config` (decaying schedules over `num_training_steps`)."""
         opt = self.cfg.trainer.policy.optimizer_config
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             params, lr=opt.lr, betas=tuple(opt.adam_betas), weight_decay=opt.weight_decay
+        )
+        self.lr_scheduler = make_lr_scheduler(
+            self.optimizer, opt.scheduler, opt.num_warmup_steps, self.num_training_steps
         )
 
     def forward_backward(self, batch: TrainBatch, scale: float) -> dict[str, float]:
@@ -147,7 +159,8 @@ class PolicyWorker(ABC):
         return {"loss": float(loss.detach())}
 
     def optimizer_step(self) -> dict[str, float]:
-        """Clip the gradient norm, step, zero the gradients; returns the pre-clip norm."""
+        """Clip the gradient norm, step, zero the gradients, advance the learning-rate schedule;
+        returns the pre-clip norm and the learning rate used."""
         params = [p for p in self.model.parameters() if p.requires_grad]
         max_norm = self.cfg.trainer.policy.optimizer_config.max_grad_norm
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
@@ -155,7 +168,17 @@ class PolicyWorker(ABC):
             norm = norm.full_tensor()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return {"grad_norm": float(norm)}
+        return {"grad_norm": float(norm), **self.advance_lr()}
+
+    def advance_lr(self) -> dict[str, float]:
+        """After an optimizer step: the learning rate it used (`lr`), and the schedule moved on. An
+        optimizer put in place of the built one keeps its own rate (the schedule was the other's)."""
+        if self.lr_scheduler is not None and self.lr_scheduler.optimizer is not self.optimizer:
+            self.lr_scheduler = None
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()
+        return {"lr": lr}
 
     def agree(self, ok: bool, version: int) -> tuple[bool, int]:
         """Rank 0's sync outcome on every rank (a broadcast on the trainer's default group)."""
@@ -196,20 +219,25 @@ class PolicyWorker(ABC):
         self.model.eval()
         return self.compute_logprobs(batch.to(self.device)).detach()
 
+    def iter_sync_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """What a weight sync sends (HF names; a collective like `iter_full_hf_tensors`): the full
+        weights, or a LoRA policy's adapter (`inflight.train.lora.adapter_tensors`)."""
+        return self.iter_full_hf_tensors()
+
     def full_hf_state_dict(self) -> dict[str, torch.Tensor]:
         """The full HF-named state (CPU copies). A collective: call it on every rank."""
         return {name: t.detach().to("cpu", copy=True) for name, t in self.iter_full_hf_tensors()}
 
     # ---- the sync executor ------------------------------------------------------------------------
-    async def broadcast_to_inference_engines(
+    async def sync_weights(
         self,
-        client: Any,
+        client: InferenceClient | None,
         plan: SyncPlan,
         version: int,
         transport: WeightTransport | None = None,
     ) -> SyncReport:
-        """Execute `plan.steps()` against the engines behind `client`, sending this model's weights
-        as weight version `version` through `transport` (default: in-process, via the client).
+        """Execute `plan` against the engines behind `client`, sending this model's weights as
+        weight version `version` through `transport` (default: in-process, via the client).
 
         pause (plan.pause_mode) -> sleep (plan.offload_kv) -> wake weights -> send weights in
         chunks -> wake KV -> reset (reset_prefix_cache(reset_running_requests=...)), each only where
@@ -219,16 +247,15 @@ class PolicyWorker(ABC):
         until a complete update lands, and the error says so. Every rank must call this; only rank
         0 uses `client` and `transport`.
         """
-        stream = _TensorStream(self.iter_full_hf_tensors())
+        stream = _TensorStream(self.iter_sync_tensors())
         if self.rank != 0:
             stream.drain()
             ok, new_version = self.agree(True, version)
             if not ok:
                 raise WeightSyncError(f"rank 0 failed to sync weight version {version} to the engines")
             return SyncReport(ok=True, version=new_version)
-        transport = transport or InProcessTransport()
         try:
-            report = await self._execute(client, plan, version, transport, stream)
+            report = await _execute(client, plan, version, transport or InProcessTransport(), stream)
         except BaseException:
             stream.drain()
             self.agree(False, version)
@@ -236,105 +263,62 @@ class PolicyWorker(ABC):
         self.agree(True, report.version)
         return report
 
-    async def _execute(
-        self, client: Any, plan: SyncPlan, version: int, transport: WeightTransport, stream: _TensorStream
-    ) -> SyncReport:
-        report = SyncReport(ok=False, version=version - 1)
-        steps: list[str] = []
-        start = time.perf_counter()
-        paused_at: float | None = None
-        kv_asleep = False
-        failure: BaseException | None = None
-        try:
-            for step in plan.steps():
-                began = time.perf_counter()
-                if step == "pause":
-                    paused_at = began
-                    await client.pause(plan.pause_mode)
-                elif step == "sleep":
-                    kv_asleep = True
-                    await client.sleep(offload_kv=plan.offload_kv)
-                elif step == "wake_up_weights":
-                    await client.wake_up(["weights"])
-                elif step == "send_weights":
-                    report.version = await self._send_weights(
-                        client, plan, version, transport, stream, report
-                    )
-                elif step == "wake_up_kv_cache":
-                    await client.wake_up(["kv_cache"])
-                    kv_asleep = False
-                elif step == "reset":
-                    report.prefix_cache_empty = await client.reset_prefix_cache(
-                        reset_running_requests=plan.reset_running_requests
-                    )
-                elif step == "resume":
-                    continue  # in `finally`, also after a failure
-                else:
-                    raise ValueError(f"unknown sync step {step!r} in the plan")
-                report.timings[f"{step}_s"] = time.perf_counter() - began
-                steps.append(step)
-            report.ok = True
-        except BaseException as err:
-            failure = err
-            if kv_asleep:  # the KV pool (offloaded or discarded) must be back before anything runs
-                try:
-                    await client.wake_up(["kv_cache"])
-                except Exception as wake_err:
-                    err.add_note(f"waking the KV cache after the failure failed too: {wake_err}")
-            raise
-        finally:
-            if paused_at is not None:
-                await self._resume(client, failure, report, steps)
-                report.timings["pause_s"] = time.perf_counter() - paused_at
-            report.timings["total_s"] = time.perf_counter() - start
-            report.timings.setdefault("send_s", report.timings.get("send_weights_s", 0.0))
-            report.steps = tuple(steps)
-        if report.prefix_cache_empty is None:
-            report.prefix_cache_empty = getattr(transport, "last_prefix_cache_empty", None)
-        if report.prefix_cache_empty is False:
-            log.warning("the prefix cache still holds blocks after the sync's reset (requests hold them)")
-        return report
 
-    async def _resume(
-        self, client: Any, failure: BaseException | None, report: SyncReport, steps: list[str]
-    ) -> None:
-        began = time.perf_counter()
-        try:
-            await client.resume()
-        except Exception as err:
-            if failure is None:
-                raise
-            failure.add_note(f"the engines stay paused ({err}); they resume once a complete update lands")
-            return
-        report.timings["resume_s"] = time.perf_counter() - began
-        steps.append("resume")
+async def _step(report: SyncReport, name: str, call: Awaitable[T]) -> T:
+    """Await one step of the sync, recording its time and its name in `report`."""
+    began = time.perf_counter()
+    result = await call
+    report.timings[f"{name}_s"] = time.perf_counter() - began
+    report.steps += (name,)
+    return result
 
-    async def _send_weights(
-        self,
-        client: Any,
-        plan: SyncPlan,
-        version: int,
-        transport: WeightTransport,
-        stream: _TensorStream,
-        report: SyncReport,
-    ) -> int:
-        """begin -> one send per chunk -> finish; on any failure abort the update and re-raise."""
-        try:
-            await transport.begin(client)
-            for chunk in transport.chunks(stream):
-                await transport.send_chunk(client, chunk)
-                report.chunks += 1
-                report.bytes += chunk.payload_bytes
-            return await transport.finish(client, version, plan)
-        except BaseException as err:
+
+async def _execute(
+    client: InferenceClient, plan: SyncPlan, version: int, transport: WeightTransport, stream: _TensorStream
+) -> SyncReport:
+    """The plan's steps in order, each only where the plan has it (docs/design.md section 4)."""
+    report = SyncReport(ok=False, version=version - 1)
+    start = time.perf_counter()
+    kv_asleep = False
+    failure: BaseException | None = None
+    try:
+        await _step(report, "pause", client.pause(plan.pause_mode))
+        if plan.sleeps:
+            kv_asleep = True
+            await _step(report, "sleep", client.sleep(offload_kv=plan.offload_kv))
+        if plan.wakes:
+            await _step(report, "wake_up_weights", client.wake_up(["weights"]))
+        send = update_all_or_nothing(client, transport, stream, version, progress=report)
+        report.version = await _step(report, "send_weights", send)
+        if plan.wakes:
+            await _step(report, "wake_up_kv_cache", client.wake_up(["kv_cache"]))
+            kv_asleep = False
+        if plan.resets:
+            reset = client.reset_prefix_cache(reset_running_requests=plan.reset_running_requests)
+            report.prefix_cache_empty = await _step(report, "reset", reset)
+        report.ok = True
+    except BaseException as err:
+        failure = err
+        if kv_asleep:  # the KV pool (offloaded or discarded) must be back before anything runs
             try:
-                report.restored = await transport.abort(client)
-            except Exception as abort_err:
-                report.restored = False
-                err.add_note(f"aborting the weight update failed too: {abort_err}")
-            if not report.restored:
-                err.add_note(
-                    "the engines could not go back to their pre-update weights (after sleep they are "
-                    "dropped); they stay unable to run until a complete update lands"
-                )
+                await client.wake_up(["kv_cache"])
+            except Exception as wake_err:
+                err.add_note(f"waking the KV cache after the failure failed too: {wake_err}")
+        raise
+    finally:
+        await _resume(client, failure, report)  # also when the pause itself failed half-way
+        # the pause is the first step: generation was paused for the whole sync
+        report.timings["pause_s"] = report.timings["total_s"] = time.perf_counter() - start
+        report.timings.setdefault("send_s", report.timings.get("send_weights_s", 0.0))
+    if report.prefix_cache_empty is False:
+        log.warning("the prefix cache still holds blocks after the sync's reset (requests hold them)")
+    return report
+
+
+async def _resume(client: InferenceClient, failure: BaseException | None, report: SyncReport) -> None:
+    try:
+        await _step(report, "resume", client.resume())
+    except Exception as err:
+        if failure is None:
             raise
+        failure.add_note(f"the engines stay paused ({err}); they resume once a complete update lands")

@@ -25,11 +25,12 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from transformers import AutoConfig
 
-from inflight.config import Config
+from inflight.config import Config, ConfigError, Violation
 from inflight.train.batch import TrainBatch
 from inflight.train.losses import LossFn
 from inflight.train.workers import megatron_cpu_shim
 from inflight.train.workers.base import PolicyWorker
+from inflight.train.workers.local import use_bf16
 from inflight.train.workers.megatron_convert import (
     ConversionError,
     MegatronLayout,
@@ -88,6 +89,11 @@ class MegatronPolicyWorker(PolicyWorker):
         tensor_parallel_size: int | None = None,
     ) -> None:
         super().__init__(cfg, rank, world_size, loss_fn, device)
+        if use_bf16(cfg, self.device) or cfg.trainer.gradient_checkpointing:
+            raise ConfigError([Violation(
+                "trainer.strategy", cfg.trainer.strategy,
+                "megatron with trainer.bf16 or trainer.gradient_checkpointing is not implemented yet",
+                "use trainer.strategy=fsdp, or set trainer.bf16=false and trainer.gradient_checkpointing=false")])
         if dist.is_initialized():
             self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.model_path = model_path or cfg.trainer.policy.model.path
@@ -261,7 +267,7 @@ class MegatronPolicyWorker(PolicyWorker):
         norm = self._clip_grads(self.cfg.trainer.policy.optimizer_config.max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return {"grad_norm": norm}
+        return {"grad_norm": norm, **self.advance_lr()}
 
     def _reduce_grads(self) -> None:
         """Complete the TP-replicated parameters' gradients, then average data-parallel replicas.

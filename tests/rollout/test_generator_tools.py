@@ -16,10 +16,10 @@ import pytest
 from rl_support import mask_runs
 
 from inflight.engine.request import RequestOutput
+from inflight.rollout.generator import ENV_VERSION, TaskGenerator
 from inflight.tasks.base import Problem, Task
 from inflight.tasks.tool_env import ToolEnv, make_tool
 from inflight.testing.tiny_model import make_tokenizer
-from inflight.train.generator import ENV_VERSION, TaskGenerator
 
 CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 17, "b": 25}}\n</tool_call>'
 PROMPT = [{"role": "user", "content": "What is 17 + 25? Use the tool."}]

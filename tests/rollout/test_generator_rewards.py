@@ -15,9 +15,9 @@ from rl_support import SMALL_MODEL, rl_config, small_task
 
 from inflight.client import LocalClient
 from inflight.engine import AsyncEngine, EngineConfig, LLMEngine
+from inflight.rollout.generator import TaskGenerator
 from inflight.tasks import AdditionTask, build_base_model
 from inflight.tasks.base import Problem
-from inflight.train.generator import TaskGenerator
 from inflight.train.step import rollout_metrics
 from inflight.train.trainer import make_trainer
 

@@ -29,6 +29,12 @@ A stop string that one token spells is also an engine stop token, so generation 
 any other runs on to EOS or the budget and the rest is discarded (the clients return whole
 responses).
 
+Environment failures (`skip_failed_rollouts`, default true): building the environment, `reset()` or
+turning an observation into tokens that raises ends that episode only: it scores 0 with what it
+generated so far (`Trajectory.rollout_failed`, `info["rollout_error"]`); one that failed before its
+first turn has no prompt to train on (`Trajectory.usable` is false), and the trainers drop its group.
+False lets the error end the run, naming the problem. Client and engine errors always propagate.
+
 Reward failures: a `step()` (the reward) that raises, returns no finite number, or takes longer
 than `reward_timeout_s` (`environment.reward_timeout_s`) scores its sample 0, sets
 `Trajectory.reward_failed` (counted as `reward/failures` in the step's metrics) and ends the
@@ -78,6 +84,15 @@ class Trajectory:
     reward_failed: bool = False
     """The reward / environment step raised or timed out: the sample scores 0 (`info["reward_error"]`
     says why)."""
+    rollout_failed: bool = False
+    """The environment failed outside its reward (built, reset, observation): the episode ended there
+    and scores 0 (`info["rollout_error"]` says why)."""
+
+    @property
+    def usable(self) -> bool:
+        """Whether there is a sequence to train on (an episode that failed before its first turn has
+        no prompt)."""
+        return bool(self.prompt_ids)
 
     @property
     def num_generated(self) -> int:
@@ -112,6 +127,11 @@ class TrajectoryGroup:
     @property
     def rewards(self) -> list[float]:
         return [t.reward for t in self.trajectories]
+
+    @property
+    def usable(self) -> bool:
+        """Every trajectory has a sequence to train on (see `Trajectory.usable`)."""
+        return all(t.usable for t in self.trajectories)
 
     @property
     def informative(self) -> bool:
@@ -193,6 +213,7 @@ class TaskGenerator:
         include_stop_str_in_output: bool = False,
         max_turns: int = 1,
         reward_timeout_s: float | None = None,
+        skip_failed_rollouts: bool = True,
     ) -> None:
         self.client, self.task, self.n = client, task, n
         self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
@@ -203,6 +224,7 @@ class TaskGenerator:
         self.include_stop_str_in_output = include_stop_str_in_output
         self.max_turns = max_turns
         self.reward_timeout_s = reward_timeout_s
+        self.skip_failed_rollouts = skip_failed_rollouts
         raw = lambda ids: task.tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
         extra = single_token_stops(self.stop, task.encode, raw) if self.stop else []
         self.stop_token_ids = list(dict.fromkeys([*task.stop_token_ids, *extra]))
@@ -230,10 +252,13 @@ class TaskGenerator:
 
     async def episode(self, problem: Problem, epoch: int = 0, sample: int = 0) -> Trajectory:
         """Play one episode: generate, let the environment score it, append its observation, repeat."""
-        env = self.task.make_env(problem)
-        chat = Conversation(self.task, env.reset(), getattr(env, "tools", None))
-        prompt = chat.prompt_ids
-        traj = Trajectory(prompt, [], [], [], [], 0.0, "stop", num_turns=0)
+        traj = Trajectory([], [], [], [], [], 0.0, "stop", num_turns=0)
+        try:
+            env = self.task.make_env(problem)
+            chat = Conversation(self.task, env.reset(), getattr(env, "tools", None))
+        except Exception as err:
+            return self._rollout_failed(problem, traj, "setting up the environment", err)
+        prompt = traj.prompt_ids = chat.prompt_ids
         session = uuid.uuid4().hex  # every turn on one engine: its prefix cache holds the episode
         limit = self.turn_limit(env)
         for index in range(limit):
@@ -260,7 +285,10 @@ class TaskGenerator:
             if index + 1 >= limit:
                 traj.info["max_turns_reached"] = True
                 break
-            observation = chat.observation_ids(turn, result.observation, set(self.stop_token_ids))
+            try:
+                observation = chat.observation_ids(turn, result.observation, set(self.stop_token_ids))
+            except Exception as err:
+                return self._rollout_failed(problem, traj, "turning the observation into tokens", err)
             used = len(prompt) + len(traj.response_ids) + len(observation)
             if self.max_context is not None and used >= self.max_context:
                 traj.finish_reason = "length"
@@ -317,6 +345,21 @@ class TaskGenerator:
         except TimeoutError:
             raise TimeoutError(f"took longer than environment.reward_timeout_s={timeout:g} s") from None
 
+    def _rollout_failed(self, problem: Problem, traj: Trajectory, doing: str, err: Exception) -> Trajectory:
+        """End the episode on an environment failure: scored 0, or the error ends the run."""
+        message = f"{type(err).__name__}: {err}"
+        if not self.skip_failed_rollouts:
+            raise RuntimeError(f"problem {problem.id!r}: the environment failed {doing} ({message}); "
+                               "generator.skip_failed_rollouts=true scores such samples 0 instead") from err
+        traj.reward, traj.rollout_failed, traj.finish_reason = 0.0, True, "rollout_error"
+        traj.info["rollout_error"] = f"{doing}: {message}"
+        key = (doing, type(err).__name__)
+        level = logging.DEBUG if key in _REPORTED else logging.WARNING
+        _REPORTED.add(key)
+        log.log(level, "problem %r: the environment failed %s (%s); the sample scores 0%s (rollout/failed)",
+                problem.id, doing, message, "" if traj.usable else " and its group is dropped")
+        return traj
+
     def _failed(self, env: Environment, traj: Trajectory, err: Exception) -> None:
         message = f"{type(err).__name__}: {err}"
         traj.reward, traj.reward_failed = 0.0, True
@@ -329,7 +372,8 @@ class TaskGenerator:
 
 
 _REPORTED: set[tuple[str, str]] = set()
-"""(environment class, error class) pairs already warned about: later ones are logged at debug."""
+"""(environment class or failing phase, error class) pairs already warned about: later ones are
+logged at debug."""
 
 
 async def _settled(value: Any) -> Any:
@@ -344,7 +388,8 @@ def episode_options(cfg: Any, sampling: Any = None) -> dict[str, Any]:
     (`sampling` or `generator.sampling_params`), `generator.max_turns`, `environment.reward_timeout_s`."""
     sampling = sampling if sampling is not None else cfg.generator.sampling_params
     return {"stop": sampling.stop, "include_stop_str_in_output": sampling.include_stop_str_in_output,
-            "max_turns": cfg.generator.max_turns, "reward_timeout_s": cfg.environment.reward_timeout_s}
+            "max_turns": cfg.generator.max_turns, "reward_timeout_s": cfg.environment.reward_timeout_s,
+            "skip_failed_rollouts": cfg.generator.skip_failed_rollouts}
 
 
 async def generate_groups(generate: GenerateFn, problems: Sequence[Problem]) -> list[TrajectoryGroup]:

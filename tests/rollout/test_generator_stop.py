@@ -12,8 +12,8 @@ from transformers import AutoTokenizer
 
 from inflight.client import LocalClient
 from inflight.engine import AsyncEngine, EngineConfig, LLMEngine
+from inflight.rollout.generator import TaskGenerator, request_seed
 from inflight.tasks.base import Problem, Task
-from inflight.train.generator import TaskGenerator, request_seed
 
 
 class RecordingTask(Task):

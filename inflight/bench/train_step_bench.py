@@ -1,0 +1,193 @@
+"""`inflight bench train-step`: one optimizer step of a real model shape, per precision mode, beside a
+plain `transformers` + `torch.optim.AdamW` loop doing the same step.
+
+The model is random-init with a named shape (default Qwen2.5-0.5B's: hidden 896, 24 layers, 14 heads
+/ 2 KV heads, MLP 4864, vocabulary 151936, tied embeddings); the batch is `--seqs` random sequences of
+`--len` tokens, every token in the loss. Each mode runs in its own fresh process, so its peak RSS is
+its own: `fp32` (the policy worker as the trainer builds it), `bf16` (bfloat16 compute over float32
+master weights), `bf16_gc` (plus activation checkpointing), `lora16` (a rank-16 `peft` adapter on
+every linear layer, float32: only the adapter trains), and `plain` (the baseline: the same
+model, token-mean NLL, gradient clipping and AdamW written straight against transformers and torch).
+A step is timed after `--warmup` untimed steps. Achieved FLOP/s counts the useful work, forward and
+backward (3 x the forward's 2 FLOPs per parameter and token, plus the LM head and causal attention;
+checkpointing's recomputed forward is not useful work), against the best matmul peak of that dtype
+measured in the same process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+SHAPES: dict[str, dict[str, Any]] = {
+    "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                         num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
+    "small": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=1024, tie_word_embeddings=True),
+}
+MODES = ("plain", "fp32", "bf16", "bf16_gc", "lora16")
+
+
+def build_model(shape: str, out: Path) -> Path:
+    """A random-init Qwen2 model of `shape` saved as a Hugging Face directory (once per run)."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    if (out / "config.json").is_file():
+        return out
+    torch.manual_seed(0)
+    config = Qwen2Config(max_position_embeddings=4096, **SHAPES[shape])
+    AutoModelForCausalLM.from_config(config).save_pretrained(out)
+    return out
+
+
+def _batch(vocab: int, seqs: int, length: int):
+    import torch
+
+    from inflight.train import TrainBatch
+
+    ids = torch.randint(0, vocab, (seqs, length), generator=torch.Generator().manual_seed(0))
+    loss_mask = torch.ones_like(ids)
+    loss_mask[:, 0] = 0
+    return TrainBatch(input_ids=ids, loss_mask=loss_mask)
+
+
+def _plain_step(model_dir: Path, batch) -> Any:
+    """The baseline: transformers forward, the same loss, backward, clip, AdamW."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from inflight.train.losses import cross_entropy_loss, token_logprobs
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, betas=(0.9, 0.999), weight_decay=0.01)
+
+    def step() -> None:
+        logits = model(input_ids=batch.input_ids).logits
+        cross_entropy_loss(token_logprobs(logits, batch.input_ids), batch).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def _worker_step(model_dir: Path, batch, mode: str) -> Any:
+    from inflight.config import load_config
+    from inflight.train import LocalPolicyWorker
+
+    lora = ["trainer.policy.model.lora.rank=16", "trainer.policy.model.lora.alpha=32"] if mode == "lora16" else []
+    cfg = load_config(None, [f"trainer.policy.model.path={model_dir}",
+                             f"trainer.micro_train_batch_size_per_gpu={batch.input_ids.shape[0]}", *lora])
+    worker = LocalPolicyWorker(cfg, bf16=mode.startswith("bf16"), gradient_checkpointing=mode.endswith("_gc"))
+    worker.setup()
+    return lambda: worker.train_step(batch)
+
+
+def _useful_flops(shape: dict[str, Any], seqs: int, length: int) -> float:
+    h, layers, inter = shape["hidden_size"], shape["num_hidden_layers"], shape["intermediate_size"]
+    head_dim = h // shape["num_attention_heads"]
+    kv = shape["num_key_value_heads"] * head_dim
+    trunk = layers * (h * h * 2 + 2 * h * kv + 3 * h * inter)  # q, o, k, v, gate/up/down
+    tokens = seqs * length
+    attention = 4 * layers * h * seqs * length * (length + 1) // 2  # QK^T and AV, causal
+    return 3.0 * (2.0 * trunk * tokens + 2.0 * h * shape["vocab_size"] * tokens + attention)
+
+
+def run_mode(mode: str, shape: str, model_dir: Path, seqs: int, length: int, warmup: int, threads: int) -> dict:
+    """One mode's measurements, in this process (the parent runs each mode in a fresh one)."""
+    import torch
+
+    from inflight.bench.common import matmul_peak_flops, peak_rss_mib
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    batch = _batch(SHAPES[shape]["vocab_size"], seqs, length)
+    step = _plain_step(model_dir, batch) if mode == "plain" else _worker_step(model_dir, batch, mode)
+    for _ in range(warmup):
+        step()
+    started = time.perf_counter()
+    step()
+    seconds = time.perf_counter() - started
+    peak = matmul_peak_flops(torch.bfloat16 if mode.startswith("bf16") else torch.float32)
+    flops = _useful_flops(SHAPES[shape], seqs, length)
+    return {"mode": mode, "seconds_per_step": seconds, "tokens_per_s": seqs * length / seconds,
+            "peak_rss_mib": peak_rss_mib(), "flops_per_s": flops / seconds, "matmul_peak_flops": peak,
+            "fraction_of_peak": flops / seconds / peak}
+
+
+def _child(args: argparse.Namespace) -> int:
+    result = run_mode(args.child, args.shape, Path(args.model_dir), args.seqs, args.len, args.warmup, args.threads)
+    print("RESULT " + json.dumps(result))
+    return 0
+
+
+def _run_child(mode: str, args: argparse.Namespace, model_dir: Path) -> dict:
+    cmd = [sys.executable, "-m", "inflight.bench.train_step_bench", "--child", mode, "--model-dir", str(model_dir),
+           "--shape", args.shape, "--seqs", str(args.seqs), "--len", str(args.len), "--warmup", str(args.warmup),
+           "--threads", str(args.threads)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"mode {mode} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(lines[-1].removeprefix("RESULT "))
+
+
+def format_table(results: list[dict], cpu: str) -> str:
+    plain = next((r for r in results if r["mode"] == "plain"), None)
+    lines = [f"train step on {cpu}", "| mode | s/step | tokens/s | peak RSS (MiB) | vs plain time | vs fp32 memory | "
+             "FLOP/s | of matmul peak |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    fp32 = next((r for r in results if r["mode"] == "fp32"), None)
+    for r in results:
+        vs_time = f"{r['seconds_per_step'] / plain['seconds_per_step']:.2f}x" if plain else "-"
+        vs_mem = f"{r['peak_rss_mib'] / fp32['peak_rss_mib']:.0%}" if fp32 else "-"
+        lines.append(f"| {r['mode']} | {r['seconds_per_step']:.2f} | {r['tokens_per_s']:.0f} | {r['peak_rss_mib']:.0f} | "
+                     f"{vs_time} | {vs_mem} | {r['flops_per_s'] / 1e9:.1f} G | {r['fraction_of_peak']:.0%} |")
+    return "\n".join(lines)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="inflight bench train-step", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-0.5b")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
+    parser.add_argument("--seqs", type=int, default=8)
+    parser.add_argument("--len", type=int, default=512)
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps before the timed one")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--model-dir", help="reuse this model directory (built here if empty)")
+    parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.child:
+        return _child(args)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = sorted(set(modes) - set(MODES))
+    if unknown:
+        print(f"error: unknown mode(s) {unknown}; use any of {list(MODES)}", file=sys.stderr)
+        return 2
+    from inflight.engine.cpu import best_isa_level, cpu_family_model, cpu_model
+
+    cpu = f"{cpu_model()} ({cpu_family_model()}, kernels {best_isa_level()}), {args.threads} threads"
+    with tempfile.TemporaryDirectory(prefix="inflight-train-step-") as tmp:
+        model_dir = build_model(args.shape, Path(args.model_dir or tmp))
+        results = [_run_child(mode, args, model_dir) for mode in modes]
+    print(format_table(results, cpu))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"cpu": cpu, "args": vars(args), "results": results}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""LoRA policies through `peft`: the adapter is what trains, what a weight sync sends and what a
+checkpoint holds beside the merged model.
+
+`apply_lora` wraps a transformers model in a `peft` LoRA model (`trainer.policy.model.lora.*`): the
+base weights are frozen, so the optimizer (built over the parameters that require gradients) holds
+only the adapters. `adapter_tensors` is the sync's payload in the engine's naming
+(`inflight.engine.adapters`): per adapted layer `<m>.lora_A.weight` and `<m>.lora_B.weight` times
+the layer's scaling. `merged_tensors` is the full model with every adapter merged (the HF export).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from inflight.config import Config
+
+_PREFIX = "base_model.model."
+
+
+def lora_enabled(cfg: Config) -> bool:
+    return cfg.trainer.policy.model.lora.rank > 0
+
+
+def apply_lora(model: torch.nn.Module, cfg: Config) -> torch.nn.Module:
+    """`model` as a `peft` LoRA model per `trainer.policy.model.lora`; only the adapters train."""
+    try:
+        import peft
+    except ImportError as err:
+        raise RuntimeError("trainer.policy.model.lora.rank > 0 needs peft: pip install torch==2.13.0 peft "
+                           "(or: pip install torch==2.13.0 -e '.[lora]')") from err
+    lora = cfg.trainer.policy.model.lora
+    targets = lora.target_modules
+    config = peft.LoraConfig(
+        r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+        target_modules="all-linear" if targets == ["all-linear"] else list(targets),
+    )
+    return peft.get_peft_model(model, config)
+
+
+def _lora_layers(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module]]:
+    from peft.tuners.lora import LoraLayer
+
+    for name, module in model.named_modules():
+        if isinstance(module, LoraLayer) and "default" in module.lora_A:
+            yield name.removeprefix(_PREFIX), module
+
+
+@torch.no_grad()
+def adapter_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The adapter as the engines take it: `<m>.lora_A.weight`, and `<m>.lora_B.weight` scaled by
+    alpha / rank, under the base model's HF module names."""
+    for name, layer in _lora_layers(model):
+        yield f"{name}.lora_A.weight", layer.lora_A["default"].weight.detach()
+        yield f"{name}.lora_B.weight", layer.lora_B["default"].weight.detach() * layer.scaling["default"]
+
+
+@torch.no_grad()
+def merged_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every base weight under its HF name, with the adapters merged in (what `merge_and_unload`
+    gives, without touching the training model)."""
+    deltas = {f"{name}.weight": layer.get_delta_weight("default") for name, layer in _lora_layers(model)}
+    for name, param in model.named_parameters():
+        if ".lora_" in name:
+            continue
+        hf = name.removeprefix(_PREFIX).replace(".base_layer.", ".")
+        delta = deltas.get(hf)
+        yield hf, param.detach() if delta is None else (param.detach() + delta.to(param.dtype))
+
+
+def save_adapter(model: torch.nn.Module, out: Path) -> None:
+    """The adapter in `peft`'s own format (`adapter_config.json`, `adapter_model.safetensors`),
+    loadable with `PeftModel.from_pretrained(base, out)`."""
+    model.save_pretrained(str(out))

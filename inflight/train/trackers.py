@@ -1,0 +1,202 @@
+"""Experiment trackers (`trainer.logger`, SkyRL's key): TensorBoard, Weights & Biases, MLflow.
+
+Every tracker receives the same records the metrics JSONL holds (flat keys such as `reward`,
+`kv/preemptions`, `eval/gsm8k/pass@1`) under the same names; only numbers are sent. MLflow refuses
+some characters in metric names (it allows letters, digits, `_ - . / :` and spaces), so there
+each other character becomes `_` (`eval/gsm8k/pass@1` -> `eval/gsm8k/pass_1`). The resolved
+config goes to each tracker once, at the start (W&B run config, MLflow params plus a
+`config.yaml` artifact, TensorBoard text). `console` is the progress bar of `MetricsLogger`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from inflight.config.validate import TRACKERS
+
+_EXTRA_HINT = "pip install torch==2.13.0 {pkg}   (or: pip install torch==2.13.0 -e '.[trackers]')"
+
+
+class TrackerUnavailable(RuntimeError):
+    """A tracker named in `trainer.logger` whose package is not installed."""
+
+
+class Tracker(Protocol):
+    """Where a run's metrics go besides the JSONL file."""
+
+    name: str
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        """Record one step's numeric metrics."""
+        ...
+
+    def close(self) -> None:
+        """Flush and release (idempotent)."""
+        ...
+
+
+def tracker_names(logger: str | Sequence[str] | None) -> list[str]:
+    """`trainer.logger` as a list of names: one name, a comma-separated string, or a list."""
+    if logger is None:
+        return []
+    items = logger.split(",") if isinstance(logger, str) else list(logger)
+    return [str(item).strip() for item in items if str(item).strip()]
+
+
+def unknown_trackers(logger: str | Sequence[str] | None) -> list[str]:
+    """The names in `trainer.logger` that are not trackers."""
+    return [name for name in tracker_names(logger) if name not in TRACKERS]
+
+
+def numeric(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """The entries a tracker can plot: finite-or-not ints and floats, never bools or None."""
+    return {k: float(v) for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+
+
+def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config as dotted keys (`trainer.policy.optimizer_config.lr`)."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+class TensorBoardTracker:
+    """Scalars under `<out_dir>/tensorboard`, the config as one text entry."""
+
+    name = "tensorboard"
+
+    def __init__(self, out_dir: Path, config: Mapping[str, Any]) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer: Any = SummaryWriter(str(out_dir / "tensorboard"))
+        if config:
+            import yaml
+
+            self.writer.add_text("config", "```\n" + yaml.safe_dump(dict(config), sort_keys=False) + "```")
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        for key, value in metrics.items():
+            self.writer.add_scalar(key, value, step)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.flush()
+            self.writer.close()
+            self.writer = None
+
+
+class WandbTracker:
+    """A Weights & Biases run (`project_name`, `run_name`); `WANDB_MODE=offline` works without network."""
+
+    name = "wandb"
+
+    def __init__(self, out_dir: Path, project: str, run_name: str, config: Mapping[str, Any]) -> None:
+        try:
+            import wandb
+        except ImportError as err:
+            raise TrackerUnavailable(
+                "trainer.logger=wandb needs the wandb package: " + _EXTRA_HINT.format(pkg="wandb")
+            ) from err
+        self.run: Any = wandb.init(project=project, name=run_name, dir=str(out_dir), config=dict(config),
+                                   reinit="finish_previous")
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        self.run.log(dict(metrics), step=step)
+
+    def close(self) -> None:
+        if self.run is not None:
+            self.run.finish()
+            self.run = None
+
+
+_MLFLOW_BAD = re.compile(r"[^\w\-./: ]")
+_MLFLOW_PARAM_CHARS = 6000  # MLflow's limit on one parameter value
+
+
+def mlflow_metric_name(key: str) -> str:
+    """`key` with the characters MLflow refuses in metric names replaced by `_`."""
+    return _MLFLOW_BAD.sub("_", key)
+
+
+class MlflowTracker:
+    """An MLflow run in experiment `project_name`. Tracking URI: `MLFLOW_TRACKING_URI` when set,
+    else a file store under `<out_dir>/mlruns` (no server needed)."""
+
+    name = "mlflow"
+
+    def __init__(self, out_dir: Path, project: str, run_name: str, config: Mapping[str, Any]) -> None:
+        try:
+            import mlflow
+        except ImportError as err:
+            raise TrackerUnavailable(
+                "trainer.logger=mlflow needs the mlflow package: " + _EXTRA_HINT.format(pkg="mlflow-skinny")
+            ) from err
+        if not os.environ.get("MLFLOW_TRACKING_URI"):
+            # the local file store is what a run directory can hold; MLflow 3 asks for an opt-in
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+            mlflow.set_tracking_uri((out_dir / "mlruns").resolve().as_uri())
+        self.mlflow: Any = mlflow
+        mlflow.set_experiment(project)
+        self.run: Any = mlflow.start_run(run_name=run_name)
+        self.run_id: str = self.run.info.run_id
+        params = {k: str(v)[:_MLFLOW_PARAM_CHARS] for k, v in flatten(config).items()}
+        for batch in _batches(list(params.items()), 100):
+            mlflow.log_params(dict(batch))
+        if config:
+            mlflow.log_dict(dict(config), "config.yaml")
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        self.mlflow.log_metrics({mlflow_metric_name(k): v for k, v in metrics.items()}, step=step)
+
+    def close(self) -> None:
+        if self.run is not None:
+            self.mlflow.end_run()
+            self.run = None
+
+
+def _batches(items: list[Any], size: int) -> Iterable[list[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
+
+
+def make_trackers(
+    logger: str | Sequence[str] | None,
+    out_dir: str | os.PathLike,
+    *,
+    project_name: str = "inflight",
+    run_name: str | None = None,
+    config: Mapping[str, Any] | None = None,
+) -> list[Tracker]:
+    """The trackers `trainer.logger` names (`console` is the progress bar: no tracker object).
+    Raises ValueError for an unknown name and TrackerUnavailable when a package is missing; a
+    tracker that was already started is closed before the error propagates."""
+    unknown = unknown_trackers(logger)
+    if unknown:
+        raise ValueError(f"trainer.logger: unknown tracker(s) {unknown}; use any of {list(TRACKERS)}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    name = run_name or out.name
+    config = dict(config or {})
+    trackers: list[Tracker] = []
+    try:
+        for tracker in dict.fromkeys(tracker_names(logger)):
+            if tracker == "tensorboard":
+                trackers.append(TensorBoardTracker(out, config))
+            elif tracker == "wandb":
+                trackers.append(WandbTracker(out, project_name, name, config))
+            elif tracker == "mlflow":
+                trackers.append(MlflowTracker(out, project_name, name, config))
+    except BaseException:
+        for started in trackers:
+            started.close()
+        raise
+    return trackers

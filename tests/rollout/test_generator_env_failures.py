@@ -1,0 +1,117 @@
+"""An environment that fails outside its reward (built, reset, observation) costs that sample or its
+group, never the run (issue 18 finding 3; SkyRL#1613's `skip_failed_rollouts`), on a real engine and
+through both trainers: failed samples score 0 and are counted, groups that could not start are
+dropped and recorded as `failed` (never trained, never lost), the staleness accounting stays exact."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+
+import pytest
+from rl_support import SMALL_MODEL, rl_config
+
+from inflight.client import LocalClient
+from inflight.engine import AsyncEngine, EngineConfig, LLMEngine
+from inflight.rollout.generator import TaskGenerator
+from inflight.tasks import AdditionTask, build_base_model
+from inflight.tasks.base import Environment, Problem, StepResult
+from inflight.train.step import rollout_metrics
+from inflight.train.trainer import make_trainer
+
+
+class BrokenEnv(Environment):
+    """Fails by the problem's id: in reset, or when its observation is turned into tokens."""
+
+    max_turns = 2
+
+    def __init__(self, problem: Problem) -> None:
+        self.problem = problem
+
+    def reset(self):
+        if self.problem.id.startswith("reset"):
+            raise ConnectionError("sandbox unreachable")
+        return self.problem.prompt
+
+    def step(self, response: str) -> StepResult:
+        if self.problem.id.startswith("observe"):
+            return StepResult(observation=object(), reward=0.0, done=False)  # not text, not messages
+        return StepResult(observation=None, reward=float(ord(response[:1] or "a") % 2), done=True)
+
+
+class BrokenTask(AdditionTask):
+    def __init__(self, ids: Sequence[str], **kwargs) -> None:
+        super().__init__(max_digits=1, **kwargs)
+        self.ids = list(ids)
+
+    def train_problems(self) -> Sequence[Problem]:
+        return [Problem(pid, "1+2=", "3") for pid in self.ids]
+
+    def make_env(self, problem: Problem) -> Environment:
+        return BrokenEnv(problem)
+
+    @property
+    def stop_token_ids(self) -> list[int]:
+        """Every token ends a turn: each turn is one token and ends by a stop, so multi-turn
+        episodes reach their observation whatever the untrained model samples."""
+        return list(range(len(self.tokenizer)))
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return build_base_model(tmp_path_factory.mktemp("cold-addition"), seed=0, **SMALL_MODEL)
+
+
+def _play(model_dir, task, skip: bool):
+    async def main():
+        engine = AsyncEngine(LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=64)))
+        try:
+            gen = TaskGenerator(LocalClient(engine), task, n=2, seed=1, skip_failed_rollouts=skip)
+            return await asyncio.gather(*(gen(p) for p in task.train_problems()))
+        finally:
+            await engine.close()
+
+    return asyncio.run(main())
+
+
+def test_failed_episodes_score_zero_and_say_why(model_dir):
+    groups = {g.prompt_id: g for g in _play(model_dir, BrokenTask(["reset-1", "observe-1", "ok-1"]), True)}
+    reset, observe, ok = groups["reset-1"], groups["observe-1"], groups["ok-1"]
+    assert not reset.usable and all(t.rollout_failed and t.prompt_ids == [] for t in reset.trajectories)
+    assert "setting up the environment: ConnectionError: sandbox unreachable" in reset.trajectories[0].info["rollout_error"]
+    assert observe.usable and all(t.rollout_failed and t.reward == 0.0 and t.response_ids for t in observe.trajectories)
+    assert "turning the observation into tokens" in observe.trajectories[0].info["rollout_error"]
+    assert ok.usable and not any(t.rollout_failed for t in ok.trajectories)
+    assert rollout_metrics([observe, ok], 0)["rollout/failed"] == 2.0
+
+
+def test_skip_failed_rollouts_false_ends_the_run_naming_the_problem(model_dir):
+    with pytest.raises(RuntimeError, match=r"problem 'reset-1': the environment failed setting up"):
+        _play(model_dir, BrokenTask(["reset-1"]), False)
+
+
+@pytest.mark.parametrize("fully_async", [True, False])
+def test_training_drops_groups_that_could_not_start_and_trains_the_rest(model_dir, tmp_path, fully_async):
+    ids = [f"{'reset' if i % 3 == 0 else 'ok'}-{i}" for i in range(24)]
+    cfg, job = rl_config(model_dir, tmp_path, ["job.max_steps=2", "trainer.eval_interval=0",
+                                               f"trainer.fully_async.enabled={str(fully_async).lower()}"])
+    task = BrokenTask(ids, num_eval=4, num_train=len(ids))
+
+    async def main():
+        trainer = make_trainer(cfg, job, task)
+        try:
+            await trainer.setup()
+            return await trainer.train()
+        finally:
+            await trainer.close()
+
+    history = asyncio.run(main())
+    assert len(history) == 2 and sum(r["optimizer_steps"] for r in history) > 0
+    consumed = [json.loads(line) for line in (tmp_path / "consumed.jsonl").read_text().splitlines()]
+    failed = [p for row in consumed for p in row.get("failed", [])]
+    trained = [p for row in consumed for p in row.get("trained", [])]
+    assert failed and all(p.startswith("reset") for p in failed)
+    assert trained and not any(p.startswith("reset") for p in trained)
+    assert not set(failed) & set(trained)
+    assert history[-1]["rollout/failed_groups"] == len(failed)
