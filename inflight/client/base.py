@@ -171,6 +171,12 @@ class InferenceClient(Protocol):
     @op(_one_version("are at different weight versions"), HttpRoute("GET", wire.WEIGHT_VERSION, answer=_version_answer))
     async def weight_version(self) -> int: ...
 
+    @op(lambda answers: answers, HttpRoute("GET", wire.STATUS, answer=lambda r: r.json()))
+    async def status(self) -> dict[str, Any]:
+        """The engine's lifecycle state, queues and step loop (`AsyncEngine.status().to_dict()`); a
+        FanOutClient (or RemoteClient) answers each engine's by name (URL)."""
+        ...
+
     @op(_summed)  # a server reports none over HTTP: {}
     async def stats(self) -> dict[str, int]:
         """The engines' counters (`EngineStats.as_dict()`, summed over engines); {} when the engines

@@ -5,6 +5,7 @@ engine in another process (`ProcessClient`, `RayEngineClient`)."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Iterable
 from typing import Any
 
@@ -34,8 +35,11 @@ async def apply_op(engine: AsyncEngine, op: str, *args: Any) -> Any:
         return await asyncio.to_thread(getattr(engine_receiver(engine), GROUP_OPS[op]), *args)
     if op in ("begin_weight_update", "abort_weight_update"):
         engine_receiver(engine).clear_pieces()
-    result = await getattr(engine, op)(*args)
-    return None if op == "pause" else result
+    result = getattr(engine, op)(*args)
+    result = await result if inspect.isawaitable(result) else result
+    if op == "pause":
+        return None
+    return result.to_dict() if hasattr(result, "to_dict") else result  # plain data travels
 
 
 class JoiningClient(HostsWeightGroup, InferenceClient):

@@ -27,6 +27,7 @@ INIT_WEIGHT_TRANSFER = "/init_weight_update_communicator"  # SkyRL's name for jo
 INIT_WEIGHT_TRANSFER_ALIAS = "/init_weight_transfer"
 DESTROY_WEIGHT_TRANSFER = "/destroy_weights_update_group"
 WEIGHT_VERSION = "/weight_version"
+STATUS = "/status"
 HEALTH = "/health"
 METRICS = "/metrics"
 

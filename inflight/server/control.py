@@ -24,8 +24,6 @@ from inflight.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from inflight.server.protocol import PauseMode
 from inflight.server.weight_transfer import BroadcastChunkRequest, InitWeightTransferRequest, WeightTransfer
 
-STATUS = "/status"  # GET: AsyncEngine.status().to_dict()
-
 
 def build_control_router(
     engine: AsyncEngine, control_auth, metrics: ServerMetrics, transfer: WeightTransfer
@@ -101,7 +99,7 @@ def build_control_router(
     async def weight_version() -> dict[str, Any]:
         return {"weight_version": engine.weight_version}
 
-    @router.get(STATUS)
+    @router.get(wire.STATUS)
     async def status() -> dict[str, Any]:
         """The engine's lifecycle state, queues and step loop (`AsyncEngine.status()`)."""
         return engine.status().to_dict()

@@ -1,14 +1,16 @@
 """The one all-or-nothing update (`update_all_or_nothing`) and the operations table: a complete
 update books its chunks and bytes; a failed one is aborted, says whether the old weights came back
-and keeps the engine on them; every protocol operation is declared once with its fan-out rule."""
+and keeps the engine on them; every protocol operation is declared once with its fan-out rule, and
+`status()`, declared that way, answers the same in process, over HTTP and over several engines."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
-from inflight.client import LocalClient, UpdateProgress, update_all_or_nothing
+from inflight.client import FanOutClient, LocalClient, RemoteClient, UpdateProgress, update_all_or_nothing
 from inflight.client.base import OPS
 from inflight.client.ops import apply_op
 from inflight.engine import AsyncEngine, EngineConfig, SamplingParams, WeightUpdateError
@@ -44,7 +46,7 @@ def test_update_books_its_chunks_and_a_failed_one_is_aborted(model_dir, tiny_mod
 def test_every_operation_is_declared_once_with_its_fan_out_rule(model_dir):
     assert set(OPS) == {
         "pause", "resume", "sleep", "wake_up", "reset_prefix_cache", "begin_weight_update", "load_weights",
-        "finish_weight_update", "abort_weight_update", "weight_version", "stats",
+        "finish_weight_update", "abort_weight_update", "weight_version", "status", "stats",
     }  # fmt: skip
     assert all(o.http is not None for n, o in OPS.items() if n not in ("load_weights", "stats"))
 
@@ -59,3 +61,30 @@ def test_every_operation_is_declared_once_with_its_fan_out_rule(model_dir):
 
     raw, stats = asyncio.run(run())
     assert raw == stats and "weight_updates" in stats
+
+
+def test_status_is_one_operation_everywhere(serve, model_dir):
+    server = serve()
+
+    async def run():
+        engine = AsyncEngine.from_config(EngineConfig(model=str(model_dir), block_size=4))
+        try:
+            local = await LocalClient(engine).status()
+            both = await FanOutClient([LocalClient(engine), LocalClient(engine)]).status()
+        finally:
+            await engine.close()
+        async with RemoteClient(server.url, control_token=server.control_token) as remote:
+            await remote.pause("keep")
+            paused = (await remote.status())[server.url]  # a fan-out: each server's by URL
+            await remote.resume()
+        return local, both, paused
+
+    local, both, paused = asyncio.run(run())
+    assert local == engine_status_dict(local) and local["paused"] is False and local["weight_version"] == 0
+    assert set(both) == {"engine-0", "engine-1"} and both["engine-0"].keys() == local.keys()
+    assert paused.keys() == local.keys() and paused["paused"] is True
+
+
+def engine_status_dict(status: dict) -> dict:
+    """A status as plain JSON data (what travels over every channel)."""
+    return json.loads(json.dumps(status))
