@@ -292,6 +292,10 @@ class InferenceEngineConfig:
     weight_update_rollback: bool = True
     """Keep the pre-update weights until an update finishes, so a failed one is rolled back (costs up
     to one extra copy of the weights during an update). Default true."""
+    weight_update_timeout_s: float | None = 300.0
+    """An engine abandons a weight update that receives nothing for this long (the old weights come
+    back where rollback kept them), so a sender that died mid-update cannot freeze generation, > 0.
+    null: no lease. Default 300."""
 
     def __post_init__(self) -> None:
         self.weight_sync_backend = canonical_weight_sync_backend(self.weight_sync_backend)

@@ -170,6 +170,7 @@ class AsyncEngine:
         """Worker thread: apply the inbox, run one step if there is work, snapshot the streams.
         Also returns the change counter as of the work check (read under the same lock)."""
         self._apply_inbox()
+        self.engine.expire_weight_update()  # a dead sender's update must not freeze generation
         with self.engine.lock:
             work, changes = self.engine.has_work(), self._changes
         self._last_progress = time.monotonic()

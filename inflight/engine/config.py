@@ -33,6 +33,10 @@ class EngineConfig:
     # Keep the pre-update weights until an update finishes, so a failed one can be rolled back
     # (abort_weight_update). Costs up to one extra copy of the weights during an update.
     weight_update_rollback: bool = True
+    # A weight update that receives nothing (begin, a chunk) for this long is abandoned as if
+    # abort_weight_update() were called: a sender that died between begin and finish must not
+    # freeze generation. None: no lease.
+    weight_update_timeout_s: float | None = 300.0
     # Decode attention: "native" (the C kernel over paged KV, CPU), "torch" (gather + SDPA, any
     # device) or "auto" (native where it is supported and builds, else torch).
     attention_backend: str = "auto"

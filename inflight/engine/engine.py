@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import replace
 from functools import wraps
@@ -33,6 +35,8 @@ from inflight.engine.scheduler import Scheduler, SchedulerConfig
 from inflight.engine.stats import EngineStats
 
 MEMORY_TAGS = ("weights", "kv_cache")
+
+log = logging.getLogger(__name__)
 
 
 def _locked(method):
@@ -389,11 +393,13 @@ class LLMEngine:
         if not self.weights.awake:
             raise EngineStateError("weights are asleep; wake_up(['weights']) before a weight update")
         update = self._update
+        now = time.monotonic()
         if update.phase is UpdatePhase.NONE:
             rollback = {} if self.config.weight_update_rollback else None
-            self._update = UpdateState(UpdatePhase.OPEN, rollback=rollback)
+            self._update = UpdateState(UpdatePhase.OPEN, rollback=rollback, touched=now)
         else:  # restarting an open or failed update keeps what it can roll back to
-            self._update = UpdateState(UpdatePhase.OPEN, rollback=update.rollback, intact=update.intact)
+            self._update = UpdateState(UpdatePhase.OPEN, rollback=update.rollback, intact=update.intact,
+                                       touched=now)
 
     @_locked
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -405,6 +411,7 @@ class LLMEngine:
         if not self.weights.awake:
             raise EngineStateError("weights are asleep; wake_up(['weights']) before load_weights()")
         chunk = list(named_tensors)
+        self._update = update = replace(update, touched=time.monotonic())  # the lease runs from here
         try:
             adapter = [(n, t) for n, t in chunk if adapter_part(n) is not None]
             chunk = [(n, t) for n, t in chunk if adapter_part(n) is None]
@@ -491,6 +498,24 @@ class LLMEngine:
         self.weight_version = new_version
         self.stats.weight_updates += 1
         return new_version
+
+    @_locked
+    def expire_weight_update(self, now: float | None = None) -> bool:
+        """Abandon an open update that has received nothing for `weight_update_timeout_s` (its
+        sender died or hung), as `abort_weight_update()` would; returns True when it did. Called
+        by the AsyncEngine's step loop, which looks at least every IDLE_RECHECK_S."""
+        update, timeout = self._update, self.config.weight_update_timeout_s
+        if update.phase is not UpdatePhase.OPEN or timeout is None:
+            return False
+        idle = (time.monotonic() if now is None else now) - update.touched
+        if idle < timeout:
+            return False
+        restored = self.abort_weight_update()
+        self.stats.expired_weight_updates += 1
+        log.warning("abandoned a weight update that received nothing for %.0f s (weight_update_timeout_s=%g); "
+                    "%s", idle, timeout, "the old weights are back" if restored else
+                    "the engine stays unable to run until a complete update lands")
+        return True
 
     @_locked
     def abort_weight_update(self) -> bool:

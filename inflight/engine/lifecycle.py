@@ -49,6 +49,7 @@ class UpdateState:
     adapter: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)  # OPEN: weight -> {"A", "B"}
     rollback: dict[str, torch.Tensor] | None = None  # old storage per overwritten parameter, for abort
     intact: bool = True  # OPEN without rollback: the parameters still hold the complete weights
+    touched: float = 0.0  # OPEN: time.monotonic() of the last begin or chunk (the lease's start)
 
     @classmethod
     def invalid(cls, rollback: dict[str, torch.Tensor] | None = None) -> UpdateState:

@@ -21,6 +21,7 @@ class EngineStats:
     pauses: int = 0
     weight_updates: int = 0
     failed_weight_updates: int = 0
+    expired_weight_updates: int = 0  # abandoned by the lease (weight_update_timeout_s)
 
     def book(self, out: SchedulerOutput) -> None:
         """Add the counts of one schedule() call."""

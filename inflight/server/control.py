@@ -106,12 +106,14 @@ def build_control_router(
 
     @router.get(wire.HEALTH)
     async def health() -> JSONResponse:
-        """200 with the engine's state; 503 with status "stalled" when work the engine could run has
-        not been stepped for `AsyncEngine.stall_s` (a request that cannot make progress is never silent)."""
+        """200 with the engine's state (status "updating" while a weight update is open or has left
+        the weights incomplete); 503 with status "stalled" when work the engine could run has not
+        been stepped for `AsyncEngine.stall_s` (a request that cannot make progress is never silent)."""
         s = engine.status()
         stalled = s.step_loop.stalled
+        state = "stalled" if stalled else "updating" if s.update != "none" else "ok"
         return JSONResponse({
-            "status": "stalled" if stalled else "ok", "weight_version": s.weight_version, "paused": s.paused,
+            "status": state, "update": s.update, "weight_version": s.weight_version, "paused": s.paused,
             "weights_awake": s.weights_awake, "kv_cache_awake": s.kv_cache_awake, "can_run": s.can_run,
             "weight_transfer": transfer.describe(), "step_loop": asdict(s.step_loop),
         }, status_code=503 if stalled else 200)

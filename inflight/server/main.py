@@ -35,6 +35,9 @@ def build_parser(prog: str = "python -m inflight.server") -> argparse.ArgumentPa
     parser.add_argument("--max-body-bytes", type=int, default=None, help="cap on request bodies")
     parser.add_argument("--max-weight-chunk-bytes", type=int, default=None, help="cap on a weight chunk body")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--weight-update-timeout-s", type=float, default=300.0,
+                        help="abandon a weight update that receives nothing for this long, restoring the old "
+                             "weights (0: never)")
     parser.add_argument("--trust-request-chat-template", action="store_true",
                         help="let requests bring their own Jinja chat_template (code the server runs)")
     parser.add_argument("--max-prompts-per-request", type=int, default=None,
@@ -74,6 +77,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m inflight.server")
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len, enable_prefix_caching=not args.no_prefix_caching,
         seed=args.seed, weight_version=args.weight_version,
+        weight_update_timeout_s=args.weight_update_timeout_s or None,
     )
     try:
         engine = LLMEngine(config)

@@ -17,7 +17,7 @@ NON_DEFAULT = {
     "device": "cpu:0", "dtype": "bfloat16", "block_size": 8, "num_kv_blocks": 12, "kv_cache_memory_gib": 0.5,
     "max_num_seqs": 3, "max_num_batched_tokens": 100, "max_model_len": 77, "enable_prefix_caching": False,
     "enable_chunked_prefill": False, "attention_backend": "torch", "linear_backend": "onednn_fp32",
-    "elementwise_backend": "native", "weight_update_rollback": False,
+    "elementwise_backend": "native", "weight_update_rollback": False, "weight_update_timeout_s": 7.5,
 }  # fmt: skip
 
 

@@ -152,8 +152,9 @@ def test_bad_weight_updates_are_rejected_and_a_good_one_recovers(server, model_d
     unknown = httpx.post(f"{url}/weight_update/chunk", headers=headers,
                          content=encode_tensors([("model.no_such.weight", tensor)]))
     assert unknown.status_code == 400 and "model.no_such.weight" in unknown.json()["error"]["message"]
-    # the server keeps serving everything else
-    assert httpx.get(f"{url}/health").json()["status"] == "ok"
+    # the server keeps serving everything else, and says the truth: an update is open (issue 18)
+    health = httpx.get(f"{url}/health")
+    assert health.status_code == 200 and health.json()["status"] == "updating"
     assert httpx.get(f"{url}/v1/models").status_code == 200
 
     async def incomplete_then_complete() -> int:
