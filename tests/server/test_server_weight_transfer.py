@@ -1,5 +1,5 @@
 """The broadcast-group routes of a live server on 127.0.0.1, driven over HTTP by a real rank 0 (a
-`WeightBroadcaster` in this process) in the same torch.distributed (gloo) group: the update lands
+`GroupHost` in this process) in the same torch.distributed (gloo) group: the update lands
 bit-exactly and bumps the version; wrong shapes are refused without breaking the group, the old
 weights come back on abort; a wrong world size, an unreachable master, a bad rank, a chunk without
 a group and a missing control token are answered with OpenAI-style errors while the server keeps
@@ -18,7 +18,7 @@ from inflight.client import wire
 from inflight.engine import EngineConfig
 from inflight.engine.models.loader import iter_safetensors
 from inflight.server.launch import serve_model
-from inflight.weight_sync.group import GroupHost as WeightBroadcaster
+from inflight.weight_sync.group import GroupHost
 
 CHUNK = 64 * 1024  # below the largest tensor (96 KiB): some tensors travel in pieces
 GREEDY = {"max_tokens": 4, "temperature": 0.0, "ignore_eos": True}
@@ -50,7 +50,7 @@ def still_serving(server) -> list[int]:
     return answer.json()["output_token_ids"]
 
 
-def join(server, sender: WeightBroadcaster) -> dict:
+def join(server, sender: GroupHost) -> dict:
     with ThreadPoolExecutor(1) as pool:
         answer = pool.submit(post, server, wire.INIT_WEIGHT_TRANSFER, json=sender.init_request(1))
         sender.connect()
@@ -59,7 +59,7 @@ def join(server, sender: WeightBroadcaster) -> dict:
     return response.json()
 
 
-def send(server, sender: WeightBroadcaster, named_tensors) -> list[httpx.Response]:
+def send(server, sender: GroupHost, named_tensors) -> list[httpx.Response]:
     """Each chunk: its metadata over HTTP while rank 0 broadcasts its bytes."""
     answers = []
     with ThreadPoolExecutor(1) as pool:
@@ -77,7 +77,7 @@ def new_weights(tiny_model_factory) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def sender(server):
-    sender = WeightBroadcaster(2, max_chunk_bytes=CHUNK, timeout_s=60)
+    sender = GroupHost(2, max_chunk_bytes=CHUNK, timeout_s=60)
     description = join(server, sender)
     assert description["rank"] == 1 and description["world_size"] == 2 and description["backend"] == "gloo"
     assert httpx.get(server.url + wire.HEALTH, timeout=30).json()["weight_transfer"]["rank"] == 1
@@ -132,7 +132,7 @@ def group_kept(server) -> bool:
 
 
 def test_wrong_world_size_is_refused_before_joining(server, sender):
-    other = WeightBroadcaster(2, group_name="other", timeout_s=30)
+    other = GroupHost(2, group_name="other", timeout_s=30)
     body = {**other.init_request(1), "world_size": 3, "override_existing": True}
     response = post(server, wire.INIT_WEIGHT_TRANSFER_ALIAS, json=body)
     assert_error(response, 400, "weight_transfer_mismatch")
