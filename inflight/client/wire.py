@@ -9,8 +9,9 @@ import torch
 from safetensors.torch import load as _load
 from safetensors.torch import save as _save
 
+from inflight.weight_sync.group import DEFAULT_WEIGHT_GROUP  # noqa: F401  (the routes' default group name)
+
 CONTENT_TYPE = "application/octet-stream"
-DEFAULT_WEIGHT_GROUP = "inflight-weights"  # name of the weight broadcast group unless told otherwise
 
 GENERATE = "/inflight/v1/generate"
 PAUSE = "/pause"

@@ -11,7 +11,6 @@ receivers rebuild the tensors as views of their buffer and hand them to the engi
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -19,10 +18,7 @@ import torch.distributed as dist
 from inflight.weight_sync.chunking import DEFAULT_CHUNK_BYTES, WeightChunk
 from inflight.weight_sync.group import GroupHost, GroupMember, default_backend, make_group
 from inflight.weight_sync.receiver import ChannelReceiver
-from inflight.weight_sync.transport import ChannelTransport, ControlChannel
-
-if TYPE_CHECKING:
-    from inflight.client.base import InferenceClient
+from inflight.weight_sync.transport import ChannelTransport, ControlChannel, UpdateClient
 
 __all__ = ["BroadcastReceiver", "BroadcastTransport", "default_backend", "make_group"]
 _GROUP = "inflight/weight-sync"  # the group's name in the control channel's store
@@ -66,7 +62,7 @@ class BroadcastTransport(ChannelTransport):
         first `begin`. The receivers may be started before or after the transport."""
         self.sender.connect()
 
-    async def begin(self, client: InferenceClient | None) -> None:
+    async def begin(self, client: UpdateClient | None) -> None:
         if self.sender.group is None:
             await asyncio.to_thread(self.connect)
         await super().begin(client)

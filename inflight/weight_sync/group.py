@@ -24,8 +24,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from inflight.client.wire import DEFAULT_WEIGHT_GROUP
 from inflight.weight_sync.chunking import DEFAULT_CHUNK_BYTES, WeightChunk, iter_chunks, pack_chunk
+
+DEFAULT_WEIGHT_GROUP = "inflight-weights"  # the group's name unless told otherwise
 
 
 class WeightGroupError(RuntimeError):

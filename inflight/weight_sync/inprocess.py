@@ -7,9 +7,8 @@ API" (the client serialises them), which is the slow path and fine for small mod
 
 from __future__ import annotations
 
-from inflight.client.base import InferenceClient
 from inflight.weight_sync.chunking import WeightChunk
-from inflight.weight_sync.transport import WeightTransport
+from inflight.weight_sync.transport import UpdateClient, WeightTransport
 
 
 class InProcessTransport(WeightTransport):
@@ -17,14 +16,14 @@ class InProcessTransport(WeightTransport):
 
     name = "inprocess"
 
-    async def begin(self, client: InferenceClient) -> None:
+    async def begin(self, client: UpdateClient) -> None:
         await client.begin_weight_update()
 
-    async def send_chunk(self, client: InferenceClient, chunk: WeightChunk) -> None:
+    async def send_chunk(self, client: UpdateClient, chunk: WeightChunk) -> None:
         await client.load_weights(chunk.named_tensors())
 
-    async def finish(self, client: InferenceClient, version: int) -> int:
+    async def finish(self, client: UpdateClient, version: int) -> int:
         return int(await client.finish_weight_update(version))
 
-    async def abort(self, client: InferenceClient) -> bool:
+    async def abort(self, client: UpdateClient) -> bool:
         return bool(await client.abort_weight_update())

@@ -17,15 +17,25 @@ import asyncio
 import datetime
 import json
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
 from inflight.weight_sync.chunking import DEFAULT_CHUNK_BYTES, WeightChunk, iter_chunks
 
-if TYPE_CHECKING:
-    from inflight.client.base import InferenceClient
+
+class UpdateClient(Protocol):
+    """What a transport drives on the engines' client: the update lifecycle of
+    `inflight.client.InferenceClient` (weight_sync sits below the client layer, so it names only this)."""
+
+    async def begin_weight_update(self) -> None: ...
+
+    async def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None: ...
+
+    async def finish_weight_update(self, version: int | None = None) -> int: ...
+
+    async def abort_weight_update(self) -> bool: ...
 
 
 class TransportError(RuntimeError):
@@ -48,17 +58,17 @@ class WeightTransport:
         """The chunks this transport sends for these tensors (lazy)."""
         return iter_chunks(named_tensors, self.max_chunk_bytes, split=self.split_tensors, dtype=self.dtype)
 
-    async def begin(self, client: InferenceClient) -> None:
+    async def begin(self, client: UpdateClient) -> None:
         raise NotImplementedError
 
-    async def send_chunk(self, client: InferenceClient, chunk: WeightChunk) -> None:
+    async def send_chunk(self, client: UpdateClient, chunk: WeightChunk) -> None:
         raise NotImplementedError
 
-    async def finish(self, client: InferenceClient, version: int) -> int:
+    async def finish(self, client: UpdateClient, version: int) -> int:
         """Complete the update at `version`; returns the engines' new version."""
         raise NotImplementedError
 
-    async def abort(self, client: InferenceClient) -> bool:
+    async def abort(self, client: UpdateClient) -> bool:
         """Abandon the update; True when every engine is back on its pre-update weights."""
         raise NotImplementedError
 
@@ -198,7 +208,7 @@ class ChannelTransport(WeightTransport):
     """Sender side of a cross-process transport: lifecycle and metadata over a `ControlChannel`.
 
     The client is not used for the update itself (the receivers drive their engines), so the
-    client may be any InferenceClient (or None) for these calls.
+    client may be any UpdateClient (or None) for these calls.
     """
 
     channel: ControlChannel
@@ -206,18 +216,18 @@ class ChannelTransport(WeightTransport):
     def _send_bytes(self, chunk: WeightChunk, message: dict) -> list[Any]:
         raise NotImplementedError
 
-    async def begin(self, client: InferenceClient | None) -> None:
+    async def begin(self, client: UpdateClient | None) -> None:
         await asyncio.to_thread(self.channel.send_checked, {"op": "begin"})
 
-    async def send_chunk(self, client: InferenceClient | None, chunk: WeightChunk) -> None:
+    async def send_chunk(self, client: UpdateClient | None, chunk: WeightChunk) -> None:
         message = {"op": "chunk", "chunk": chunk.metadata()}
         await asyncio.to_thread(self._send_bytes, chunk, message)
 
-    async def finish(self, client: InferenceClient | None, version: int) -> int:
+    async def finish(self, client: UpdateClient | None, version: int) -> int:
         results = await asyncio.to_thread(self.channel.send_checked, {"op": "finish", "version": version})
         return int(results[0])
 
-    async def abort(self, client: InferenceClient | None) -> bool:
+    async def abort(self, client: UpdateClient | None) -> bool:
         results = await asyncio.to_thread(self.channel.send_checked, {"op": "abort"})
         return all(results)
 
