@@ -68,3 +68,23 @@ def mask_runs(traj) -> list[tuple[int, list[int]]]:
         else:
             out.append((m, [tid]))
     return out
+
+
+def play_train_problems(model_dir: Path, task, **generator_kwargs) -> list:
+    """Two seeded samples of each of `task`'s training problems through a TaskGenerator on an
+    in-process engine over `model_dir` (`generator_kwargs` go to the generator)."""
+    import asyncio
+
+    from inflight.client import LocalClient
+    from inflight.engine import AsyncEngine, EngineConfig, LLMEngine
+    from inflight.rollout.generator import TaskGenerator
+
+    async def main():
+        engine = AsyncEngine(LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=64)))
+        try:
+            gen = TaskGenerator(LocalClient(engine), task, n=2, seed=1, **generator_kwargs)
+            return await asyncio.gather(*(gen(p) for p in task.train_problems()))
+        finally:
+            await engine.close()
+
+    return asyncio.run(main())

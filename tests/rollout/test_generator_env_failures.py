@@ -10,11 +10,8 @@ import json
 from collections.abc import Sequence
 
 import pytest
-from rl_support import SMALL_MODEL, rl_config
+from rl_support import SMALL_MODEL, play_train_problems, rl_config
 
-from inflight.client import LocalClient
-from inflight.engine import AsyncEngine, EngineConfig, LLMEngine
-from inflight.rollout.generator import TaskGenerator
 from inflight.tasks import AdditionTask, build_base_model
 from inflight.tasks.base import Environment, Problem, StepResult
 from inflight.train.step import rollout_metrics
@@ -64,15 +61,7 @@ def model_dir(tmp_path_factory):
 
 
 def _play(model_dir, task, skip: bool):
-    async def main():
-        engine = AsyncEngine(LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=64)))
-        try:
-            gen = TaskGenerator(LocalClient(engine), task, n=2, seed=1, skip_failed_rollouts=skip)
-            return await asyncio.gather(*(gen(p) for p in task.train_problems()))
-        finally:
-            await engine.close()
-
-    return asyncio.run(main())
+    return play_train_problems(model_dir, task, skip_failed_rollouts=skip)
 
 
 def test_failed_episodes_score_zero_and_say_why(model_dir):

@@ -11,11 +11,8 @@ import time
 from collections.abc import Sequence
 
 import pytest
-from rl_support import SMALL_MODEL, rl_config, small_task
+from rl_support import SMALL_MODEL, play_train_problems, rl_config, small_task
 
-from inflight.client import LocalClient
-from inflight.engine import AsyncEngine, EngineConfig, LLMEngine
-from inflight.rollout.generator import TaskGenerator
 from inflight.tasks import AdditionTask, build_base_model
 from inflight.tasks.base import Problem
 from inflight.train.step import rollout_metrics
@@ -58,15 +55,7 @@ def model_dir(tmp_path_factory):
 
 
 def play(model_dir, task, timeout):
-    async def main():
-        engine = AsyncEngine(LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=64)))
-        try:
-            gen = TaskGenerator(LocalClient(engine), task, n=2, seed=1, reward_timeout_s=timeout)
-            return await asyncio.gather(*(gen(p) for p in task.train_problems()))
-        finally:
-            await engine.close()
-
-    return asyncio.run(main())
+    return play_train_problems(model_dir, task, reward_timeout_s=timeout)
 
 
 def test_failing_rewards_score_zero_and_are_counted(model_dir):
