@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import json
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -194,6 +195,25 @@ class GroupHost:
         self.store = None
 
 
+PROBE_S = 3.0  # how long a member tries to reach the host's port before it says nobody listens
+
+
+def _probe(address: str, port: int, seconds: float, where: str) -> None:
+    """Fail in seconds, not the group's whole timeout, when nothing listens at address:port: the
+    host opens its store before it asks anyone to join, so a refused connection means no host.
+    (TCPStore's own client retries a refused connect until its timeout, 600 s by default.)"""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            with socket.create_connection((address, port), timeout=max(0.1, deadline - time.monotonic())):
+                return
+        except OSError as err:
+            if time.monotonic() >= deadline:
+                raise WeightGroupError(f"cannot reach the weight-transfer master at {where}: nothing accepts "
+                                       f"connections there ({err})", 502, "weight_transfer_unreachable") from err
+            time.sleep(0.1)
+
+
 class GroupMember:
     """Rank `rank` of a group, with its receive buffer; `join` builds one (blocking)."""
 
@@ -210,6 +230,8 @@ class GroupMember:
         seconds = request.get("timeout_s", 600.0)
         timeout = datetime.timedelta(seconds=seconds)
         where = f"{request['master_address']}:{request['master_port']}"
+        if store is None:
+            _probe(request["master_address"], request["master_port"], min(seconds, PROBE_S), where)
         try:
             store = store or dist.TCPStore(request["master_address"], request["master_port"], size, False,
                                            timeout=timeout)
