@@ -43,7 +43,10 @@ def build_parser(prog: str = "inflight train") -> argparse.ArgumentParser:
 
 
 def resolve_config(config_path: str | None, overrides: list[str]) -> tuple[Config, JobConfig]:
-    data = read_yaml(config_path) if config_path else default_job()
+    """The run's settings: the YAML at `config_path` (or the default job), then `overrides`. A YAML
+    with `base: default` (or `base: other.yaml`, relative to it) holds only what differs from that
+    base: its mappings are merged over the base's, key by key."""
+    data = with_base(read_yaml(config_path), Path(config_path)) if config_path else default_job()
     job, rest, other = split_job_config(data, overrides)
     if job.ray_address:
         job.ray = True
@@ -52,6 +55,26 @@ def resolve_config(config_path: str | None, overrides: list[str]) -> tuple[Confi
         cfg = config_from_dict(without_toy_lengths(rest), other)
     require_implemented(cfg)  # before any warm-up or engine start: refused keys fail at once
     return cfg, job
+
+
+def with_base(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    """`data` merged over the config its `base:` names (`default`: the built-in default job)."""
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    if base == "default":
+        parent = default_job()
+    else:
+        base_path = (path.parent / str(base)).resolve()
+        parent = with_base(read_yaml(base_path), base_path)
+    return _merged(parent, data)
+
+
+def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 def make_task(cfg: Config, job: JobConfig):

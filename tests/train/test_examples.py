@@ -99,3 +99,30 @@ def test_gsm8k_example_writes_skyrl_rows_and_its_config_trains_on_them(tmp_path,
     assert task.reward(problem, f"so... #### {problem.answer}") == 1.0
     assert task.reward(problem, problem.meta["extra_info"]["answer"]) == 1.0  # the worked solution scores 1
     assert task.reward(problem, "#### -1") == 0.0
+
+
+def _redundant(base: dict, over: dict, prefix: str = "") -> list[str]:
+    """Keys of `over` that only repeat what `base` already says."""
+    out = []
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            out += _redundant(base[key], value, f"{prefix}{key}.")
+        elif key in base and base[key] == value:
+            out.append(prefix + key)
+    return out
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.stem)
+def test_examples_on_the_default_job_hold_only_what_differs(path):
+    data = yaml.safe_load(path.read_text())
+    if data.get("base") != "default":
+        return  # the default job itself, and hf_gpu (a whole real-checkpoint config)
+    assert _redundant(default_job(), {k: v for k, v in data.items() if k != "base"}) == []
+
+
+def test_a_base_path_is_relative_to_the_config_and_merges_key_by_key(tmp_path):
+    (tmp_path / "parent.yaml").write_text("base: default\ntrainer:\n  seed: 7\n")
+    (tmp_path / "child.yaml").write_text("base: parent.yaml\ntrainer:\n  epochs: 3\n")
+    cfg, _ = resolve_config(str(tmp_path / "child.yaml"), [])
+    assert (cfg.trainer.seed, cfg.trainer.epochs) == (7, 3)
+    assert cfg.trainer.policy.optimizer_config.lr == 1e-4  # from the default job, two bases up
