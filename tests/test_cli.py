@@ -32,3 +32,20 @@ def test_train_refuses_a_missing_config_file_and_unimplemented_keys_at_once(tmp_
     assert main(["generator.inference_engine.tensor_parallel_size=2", f"job.output_dir={tmp_path}"]) == 2
     assert "> 1 is not implemented yet" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())  # nothing was built or written
+
+
+def test_train_lists_job_and_schema_errors_together_and_checks_devices_first(tmp_path, capsys):
+    """Issue 18 finding 11: a bad job. key hid the other errors; an out-of-range seed said only
+    'Overflow when unpacking long long'; device=cuda on a CPU-only torch failed 21 s in."""
+    import torch
+
+    from inflight.train.main import main
+
+    assert main(["job.max_stepz=3", "trainer.seed=99999999999999999999", f"job.output_dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert "2 configuration violations" in err and "job.max_stepz" in err and "trainer.seed" in err
+    if not torch.cuda.is_available():
+        assert main(["generator.inference_engine.device=cuda", f"job.output_dir={tmp_path}"]) == 2
+        err = capsys.readouterr().err
+        assert "generator.inference_engine.device=cuda" in err and "use cpu" in err
+    assert not any(tmp_path.iterdir())

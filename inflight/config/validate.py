@@ -158,6 +158,7 @@ _RANGES: list[tuple[tuple[str, ...], Callable[[Any], bool], str, str]] = [
     (("trainer.micro_batch_pass_tokens",), lambda v: v >= 0, "must be >= 0", "set {key} to 0 or more, e.g. 64"),
     (("trainer.hf_save_interval",), lambda v: v == -1 or v >= 1, "must be -1 (never) or >= 1",
      "set {key}=-1, or a number of steps"),
+    (("trainer.seed",), lambda v: v < 2**63, "must be below 2**63 (a 64-bit seed)", "use a smaller seed, e.g. 42"),
     ((_IE + "weight_update_timeout_s",), lambda v: v is None or v > 0, "must be > 0 or null",
      "give the seconds an update may go without a chunk, e.g. {key}=300, or {key}=null for no lease"),
     (("environment.reward_timeout_s",), lambda v: v is None or v > 0, "must be > 0 or null",

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from inflight.config import Config, ConfigError, config_from_dict, dump_config
+from inflight.config import Config, ConfigError, Violation, config_from_dict, dump_config
 from inflight.config.implemented import require_implemented
 from inflight.config.loader import read_yaml
 from inflight.train.data_setup import check_data_job, make_data_task, uses_data, without_toy_lengths
@@ -47,7 +47,10 @@ def resolve_config(config_path: str | None, overrides: list[str]) -> tuple[Confi
     with `base: default` (or `base: other.yaml`, relative to it) holds only what differs from that
     base: its mappings are merged over the base's, key by key."""
     data = with_base(read_yaml(config_path), Path(config_path)) if config_path else default_job()
-    job, rest, other = split_job_config(data, overrides)
+    try:
+        job, rest, other = split_job_config(data, overrides)
+    except ConfigError as err:  # list the schema's violations too, not only the job section's
+        raise ConfigError([*err.violations, *_schema_violations(data, overrides)]) from None
     if job.ray_address:
         job.ray = True
     cfg = config_from_dict(rest, other)
@@ -55,6 +58,33 @@ def resolve_config(config_path: str | None, overrides: list[str]) -> tuple[Confi
         cfg = config_from_dict(without_toy_lengths(rest), other)
     require_implemented(cfg)  # before any warm-up or engine start: refused keys fail at once
     return cfg, job
+
+
+def missing_devices(cfg: Config, job: JobConfig) -> str | None:
+    """Why the run cannot have the CUDA devices it names (a CPU-only torch, or no GPU), or None;
+    checked before anything is built, so the run stops at once with the key, not 20 s in."""
+    wanted = {key: value for key, value in (("generator.inference_engine.device", cfg.generator.inference_engine.device),
+                                            ("job.trainer_device", job.trainer_device)) if value.startswith("cuda")}
+    if not wanted:
+        return None
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    build = "a CPU-only build" if torch.version.cuda is None else "built with CUDA but sees no GPU"
+    keys = ", ".join(f"{k}={v}" for k, v in wanted.items())
+    return f"{keys}: this torch ({torch.__version__}) is {build}; use cpu, or a CUDA torch on a GPU machine"
+
+
+def _schema_violations(data: dict[str, Any], overrides: list[str]) -> list[Violation]:
+    """What the schema says of `data` and `overrides` without their `job` parts."""
+    rest = {k: v for k, v in data.items() if k != "job" and not str(k).startswith("job.")}
+    other = [o for o in overrides if not o.strip().lstrip("+").startswith("job.")]
+    try:
+        config_from_dict(rest, other)
+    except ConfigError as err:
+        return err.violations
+    return []
 
 
 def with_base(data: dict[str, Any], path: Path) -> dict[str, Any]:
@@ -187,6 +217,9 @@ def main(argv: list[str] | None = None, start_ray: Starter | None = None) -> int
     if args.print_config:
         print(dump_config(cfg) + "job:\n" + "".join(f"  {k}: {json.dumps(v)}\n" for k, v in vars(job).items()))
         return 0
+    if (missing := missing_devices(cfg, job)):
+        print(f"error: {missing}", file=sys.stderr)
+        return 2
     if job.ray and start_ray is None:
         print("error: job.ray=true needs the `inflight` command (`inflight train --ray`)", file=sys.stderr)
         return 2
