@@ -88,3 +88,20 @@ def play_train_problems(model_dir: Path, task, **generator_kwargs) -> list:
             await engine.close()
 
     return asyncio.run(main())
+
+
+def run_training(cfg: Config, job: JobConfig, task) -> list[dict]:
+    """Set up the trainer `cfg` asks for on `task`, train to the end, close; returns the history."""
+    import asyncio
+
+    from inflight.train.trainer import make_trainer
+
+    async def main():
+        trainer = make_trainer(cfg, job, task)
+        try:
+            await trainer.setup()
+            return await trainer.train()
+        finally:
+            await trainer.close()
+
+    return asyncio.run(main())

@@ -5,17 +5,15 @@ dropped and recorded as `failed` (never trained, never lost), the staleness acco
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Sequence
 
 import pytest
-from rl_support import SMALL_MODEL, play_train_problems, rl_config
+from rl_support import SMALL_MODEL, play_train_problems, rl_config, run_training
 
 from inflight.tasks import AdditionTask, build_base_model
 from inflight.tasks.base import Environment, Problem, StepResult
 from inflight.train.step import rollout_metrics
-from inflight.train.trainer import make_trainer
 
 
 class BrokenEnv(Environment):
@@ -87,15 +85,7 @@ def test_training_drops_groups_that_could_not_start_and_trains_the_rest(model_di
                                                f"trainer.fully_async.enabled={str(fully_async).lower()}"])
     task = BrokenTask(ids, num_eval=4, num_train=len(ids))
 
-    async def main():
-        trainer = make_trainer(cfg, job, task)
-        try:
-            await trainer.setup()
-            return await trainer.train()
-        finally:
-            await trainer.close()
-
-    history = asyncio.run(main())
+    history = run_training(cfg, job, task)
     assert len(history) == 2 and sum(r["optimizer_steps"] for r in history) > 0
     consumed = [json.loads(line) for line in (tmp_path / "consumed.jsonl").read_text().splitlines()]
     failed = [p for row in consumed for p in row.get("failed", [])]

@@ -11,12 +11,11 @@ import time
 from collections.abc import Sequence
 
 import pytest
-from rl_support import SMALL_MODEL, play_train_problems, rl_config, small_task
+from rl_support import SMALL_MODEL, play_train_problems, rl_config, run_training, small_task
 
 from inflight.tasks import AdditionTask, build_base_model
 from inflight.tasks.base import Problem
 from inflight.train.step import rollout_metrics
-from inflight.train.trainer import make_trainer
 
 
 async def _slow(seconds: float) -> float:
@@ -99,15 +98,7 @@ def test_training_goes_on_through_reward_failures_and_logs_them(model_dir, tmp_p
     base = small_task()
     task = FlakyTask(max_digits=1, num_eval=base.num_eval, num_train=40)
 
-    async def main():
-        trainer = make_trainer(cfg, job, task)
-        try:
-            await trainer.setup()
-            return await trainer.train()
-        finally:
-            await trainer.close()
-
-    history = asyncio.run(main())
+    history = run_training(cfg, job, task)
     assert len(history) == 2
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2]
