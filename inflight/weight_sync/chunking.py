@@ -143,7 +143,9 @@ def iter_chunks(
         flat = tensor.reshape(-1)
         start = 0
         while start < total:
-            room = (max_chunk_bytes - used) // itemsize
+            # not below 0: `used` is aligned up, and may pass a max_chunk_bytes that is not a
+            # multiple of ALIGN (a negative room walked `start` backwards forever: issue 18, #10)
+            room = max(0, (max_chunk_bytes - used) // itemsize)
             if room == 0:
                 yield chunk
                 chunk, used = WeightChunk(chunk.index + 1), 0

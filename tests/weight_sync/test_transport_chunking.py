@@ -90,3 +90,19 @@ def test_named_tensors_refuses_pieces_and_metadata_is_json():
     assert TensorMeta.from_json(json.loads(json.dumps(meta.to_json()))) == meta
     with pytest.raises(ValueError, match="at least"):
         list(iter_chunks([("w", torch.zeros(1))], 8))
+
+
+@pytest.mark.timeout(60)  # the old code never returned from one chunk (it filled memory instead)
+@pytest.mark.parametrize("max_bytes", [ALIGN + 1, 1000, 52428])  # 52428: weight_sync_chunk_size_mb=0.05
+def test_a_chunk_size_that_is_not_a_multiple_of_the_alignment_still_ends(max_bytes):
+    """Issue 18 finding 10: with max_chunk_bytes not a multiple of ALIGN the aligned offset could
+    pass it, the room went negative and the split loop walked backwards forever (21 GB, 100% CPU)."""
+    import itertools
+
+    tensors = _tensors() + [("big", torch.randn(30000, generator=torch.Generator().manual_seed(1)))]
+    chunks = list(itertools.islice(iter_chunks(tensors, max_bytes, split=True), 10_000))
+    assert len(chunks) < 10_000, "the chunker did not end"
+    assert all(0 < c.nbytes <= max_bytes for c in chunks) and all(m.numel >= 0 for c in chunks for m in c.metas)
+    out = _roundtrip(chunks, max_bytes)
+    for name, tensor in tensors:
+        assert torch.equal(out[name], tensor), name
