@@ -28,7 +28,7 @@ from inflight.train.policy import LocalPolicy
 from inflight.train.sender import make_sender, receiver_spec
 from inflight.train.workers.base import SyncReport
 from inflight.weight_sync import transport_kind
-from inflight.weight_sync.transport import WeightTransport
+from inflight.weight_sync.transport import ChannelTransport, WeightTransport
 
 if TYPE_CHECKING:
     from inflight.engine.async_engine import AsyncEngine
@@ -137,6 +137,9 @@ async def _start_engines(runtime: LocalRuntime, cfg: Config, job: JobConfig, mod
     specs = [receiver_spec(runtime.transport, kind, c.device, i, len(configs)) for i, c in enumerate(configs)]
     runtime.engine_procs = await _start_processes(configs, specs, job.engine_threads)
     runtime.client = one_client([p.client for p in runtime.engine_procs])
+    if isinstance(runtime.transport, ChannelTransport):  # shm and broadcast: a dead engine fails fast
+        procs = list(runtime.engine_procs)
+        runtime.transport.channel.peers_alive = lambda: all(p.process.poll() is None for p in procs)
     if kind == "broadcast":
         await asyncio.to_thread(runtime.transport.connect)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import json
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
@@ -84,6 +85,7 @@ class WeightTransport:
 
 # ---- the control channel --------------------------------------------------------------------------
 _TIMEOUT = datetime.timedelta(seconds=600)
+ALIVE_CHECK_S = 1.0  # how often a sender waiting for an acknowledgement checks that its receivers live
 _IDLE = datetime.timedelta(days=7)
 _ENGINE_ERRORS = ("WeightUpdateError", "EngineStateError", "InvalidRequestError")
 
@@ -133,6 +135,10 @@ class ControlChannel:
             ) from err
         self.seq = 0
         self.stopped: set[int] = set()  # receivers found stopped (sender side)
+        # sender side: whether every receiver's process still runs (set by whoever started them);
+        # a wait for an acknowledgement checks it every ALIVE_CHECK_S instead of waiting its whole
+        # timeout for a process that is gone
+        self.peers_alive: Callable[[], bool] | None = None
 
     @property
     def receivers(self) -> range:
@@ -164,7 +170,7 @@ class ControlChannel:
         replies = []
         for r in targets:
             try:
-                self.store.wait([f"ack/{r}/{seq}"], wait)
+                self._wait_ack(r, seq, wait, message["op"])
                 replies.append(json.loads(self.store.get(f"ack/{r}/{seq}")))
             except (RuntimeError, OSError) as err:  # DistStoreError (timeout), connection lost
                 raise TransportError(
@@ -174,6 +180,24 @@ class ControlChannel:
             self.store.delete_key(f"ack/{r}/{seq}")
             self.store.delete_key(f"msg/{r}/{seq}")
         return replies
+
+    def _wait_ack(self, r: int, seq: int, wait: datetime.timedelta, op: str) -> None:
+        """Wait for receiver r's acknowledgement of message `seq`, in slices of ALIVE_CHECK_S,
+        raising TransportError at once when `peers_alive` says a receiver's process is gone."""
+        deadline = time.monotonic() + wait.total_seconds()
+        while True:
+            left = deadline - time.monotonic()
+            step = min(ALIVE_CHECK_S, left) if self.peers_alive is not None else left
+            try:
+                self.store.wait([f"ack/{r}/{seq}"], datetime.timedelta(seconds=max(step, 0.001)))
+                return
+            except RuntimeError:
+                if time.monotonic() >= deadline:
+                    raise
+                if self.peers_alive is not None and not self.peers_alive():
+                    self.stopped.add(r)
+                    raise TransportError(f"weight-sync receiver {r}'s process died (waiting for its answer "
+                                         f"to {op!r})") from None
 
     def send_checked(self, message: dict, during: Callable[[], None] | None = None) -> list[Any]:
         """`send`, raising the first receiver error (engine errors keep their class)."""
