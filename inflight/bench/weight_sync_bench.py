@@ -4,6 +4,11 @@ For a ~50M-parameter Qwen2-shaped model with N requests in flight (mid-decode), 
 timed from pause() to resume() returning, beside a memcpy of the same bytes measured in the same
 run; then the cost of getting back to decoding after the resume (the re-prefill of `recompute`
 versus the restore of `offload`) in seconds and recomputed tokens.
+
+`--lora R`: each sync sends a rank-R LoRA adapter on every linear layer (what a LoRA policy's
+in-flight sync sends) instead of the model, and the engine merges it into its base weights; the
+table says how many bytes moved against a full sync's (keep and recompute: offload's sleep drops
+the base an adapter needs).
 """
 
 from __future__ import annotations
@@ -74,14 +79,35 @@ def _catch_up(engine: LLMEngine) -> tuple[float, int]:
     return time.perf_counter() - start, engine.stats.recomputed_tokens - before
 
 
-def run(model_dir: str, num_requests: int, prompt_len: int, repeats: int) -> dict:
+def adapter_weights(model_dir: str, rank: int) -> list[tuple[str, torch.Tensor]]:
+    """A rank-`rank` peft LoRA adapter on every linear layer of the model, with random B (peft
+    starts B at 0), as a LoRA policy's sync sends it (`inflight.train.lora.adapter_tensors`)."""
+    from transformers import AutoModelForCausalLM
+
+    from inflight.config import load_config
+    from inflight.train.lora import adapter_tensors, apply_lora
+
+    cfg = load_config(None, [f"trainer.policy.model.lora.rank={rank}", f"trainer.policy.model.lora.alpha={2 * rank}"])
+    model = apply_lora(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), cfg)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if ".lora_B." in name:
+                param.normal_(0, 0.01)
+    return [(name, tensor.clone()) for name, tensor in adapter_tensors(model)]
+
+
+def run(model_dir: str, num_requests: int, prompt_len: int, repeats: int, lora: int = 0) -> dict:
     engine = LLMEngine(EngineConfig(model=model_dir, max_num_batched_tokens=4096))
-    weights = [(name, tensor.clone()) for name, tensor in iter_safetensors(model_dir)]  # off the mmap
-    nbytes = sum(t.nbytes for _, t in weights)
-    copy_s = memcpy_seconds([t for _, t in weights])
-    results: dict = {"weight_bytes": nbytes, "memcpy_s": copy_s, "requests": num_requests, "fates": {}}
+    full = [(name, tensor.clone()) for name, tensor in iter_safetensors(model_dir)]  # off the mmap
+    weights = adapter_weights(model_dir, lora) if lora else full
+    nbytes = sum(t.nbytes for _, t in full)
+    copy_s = memcpy_seconds([t for _, t in full])
+    sent = sum(t.nbytes for _, t in weights)
+    results: dict = {"weight_bytes": nbytes, "memcpy_s": copy_s, "requests": num_requests, "fates": {},
+                     "lora_rank": lora, "sent_bytes": sent, "sent_fraction": sent / nbytes}
     version = 0
-    for fate in FATES:
+    for fate in [f for f in FATES if not (lora and f == "offload")]:
         pauses, catch_ups, recomputed = [], [], []
         for _ in range(repeats):
             _start_requests(engine, num_requests, prompt_len, warm_steps=3)
@@ -105,7 +131,9 @@ def run(model_dir: str, num_requests: int, prompt_len: int, repeats: int) -> dic
 def format_table(results: dict) -> str:
     lines = [
         f"weights: {results['weight_bytes'] / 2**20:.1f} MiB, memcpy {results['memcpy_s'] * 1e3:.2f} ms, "
-        f"{results['requests']} requests in flight",
+        f"{results['requests']} requests in flight; each sync sends {results['sent_bytes'] / 2**20:.2f} MiB "
+        f"({results['sent_fraction']:.1%} of the model"
+        + (f": a rank-{results['lora_rank']} LoRA adapter)" if results.get("lora_rank") else ")"),
         f"{'fate':<10} {'pause ms':>9} {'x memcpy':>9} {'catch-up ms':>12} {'recomputed tok':>15}",
     ]
     for fate, r in results["fates"].items():
@@ -123,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--lora", type=int, default=0, metavar="RANK",
+                        help="sync a LoRA adapter of this rank instead of the whole model")
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -130,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         model_dir = make_tiny_model(
             Path(tmp) / "m", "qwen2", seed=0, **MODEL_SHAPES["tiny" if args.small else "50m"]
         )
-        results = run(str(model_dir), args.requests, args.prompt_len, args.repeats)
+        results = run(str(model_dir), args.requests, args.prompt_len, args.repeats, args.lora)
     print(format_table(results))
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2))
