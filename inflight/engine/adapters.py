@@ -70,8 +70,7 @@ class AdapterMerger:
             if parts is None:
                 out[name] = w0
                 continue
-            delta = parts["B"].float() @ parts["A"].float()
-            out[name] = (w0.float() + delta).to(w0.dtype)
+            out[name] = torch.addmm(w0.float(), parts["B"], parts["A"]).to(w0.dtype)  # one fused pass
         self.base = base
         return out
 
