@@ -353,27 +353,29 @@ class TaskGenerator:
                                "generator.skip_failed_rollouts=true scores such samples 0 instead") from err
         traj.reward, traj.rollout_failed, traj.finish_reason = 0.0, True, "rollout_error"
         traj.info["rollout_error"] = f"{doing}: {message}"
-        key = (doing, type(err).__name__)
-        level = logging.DEBUG if key in _REPORTED else logging.WARNING
-        _REPORTED.add(key)
-        log.log(level, "problem %r: the environment failed %s (%s); the sample scores 0%s (rollout/failed)",
-                problem.id, doing, message, "" if traj.usable else " and its group is dropped")
+        _warn_once((doing, type(err).__name__), "problem %r: the environment failed %s (%s); the sample "
+                   "scores 0%s (rollout/failed)", problem.id, doing, message,
+                   "" if traj.usable else " and its group is dropped")
         return traj
 
     def _failed(self, env: Environment, traj: Trajectory, err: Exception) -> None:
         message = f"{type(err).__name__}: {err}"
         traj.reward, traj.reward_failed = 0.0, True
         traj.info["reward_error"] = message
-        key = (type(env).__name__, type(err).__name__)
-        level = logging.DEBUG if key in _REPORTED else logging.WARNING
-        _REPORTED.add(key)
-        log.log(level, "%s.step failed (%s); the sample scores 0 and is counted in reward/failures",
-                type(env).__name__, message)
+        _warn_once((type(env).__name__, type(err).__name__), "%s.step failed (%s); the sample scores 0 and is "
+                   "counted in reward/failures", type(env).__name__, message)
 
 
 _REPORTED: set[tuple[str, str]] = set()
 """(environment class or failing phase, error class) pairs already warned about: later ones are
 logged at debug."""
+
+
+def _warn_once(key: tuple[str, str], message: str, *args: Any) -> None:
+    """A warning the first time `key` fails, debug after that (one broken environment, many samples)."""
+    level = logging.DEBUG if key in _REPORTED else logging.WARNING
+    _REPORTED.add(key)
+    log.log(level, message, *args)
 
 
 async def _settled(value: Any) -> Any:

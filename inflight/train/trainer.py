@@ -320,10 +320,13 @@ class SyncTrainer(RLTrainer):
                 break
             groups = list(await asyncio.gather(*(self._generate(r) for r in refs)))
             waited = time.perf_counter() - started
+            kept = []
             for g in groups:
-                if (why := self._dropped(g)) is not None:
+                if (why := self._dropped(g)) is None:
+                    kept.append(g)
+                else:
                     self.reject(g, why)
-            groups = [g for g in groups if self._dropped(g) is None]
+            groups = kept
             if not groups:
                 continue
             if colocated:  # the trainer needs the memory; the sync wakes the engine up again
