@@ -120,6 +120,9 @@ class LLMEngine:
         self._pause = PauseState()
         self._update = UpdateState()
         self.adapters = AdapterMerger()  # base copies of the weights LoRA adapters were merged into
+        # the storage the last update replaced (or an abort left unused): the next update writes into
+        # it instead of allocating (double-buffered weights once rollback has kept a copy)
+        self._spare_weights: dict[str, torch.Tensor] = {}
 
     # ---- set-up helpers -----------------------------------------------------------------------
     @staticmethod
@@ -363,6 +366,7 @@ class LLMEngine:
         if not offload_kv:
             self.pool.invalidate_all()
         self.weights.sleep()
+        self._spare_weights = {}
         # gone with the weights: the rollback copy and what an update in progress had loaded
         still_open = self._update.phase is UpdatePhase.OPEN
         self._update = UpdateState(UpdatePhase.OPEN, intact=False) if still_open else UpdateState.invalid()
@@ -422,7 +426,7 @@ class LLMEngine:
             pieces = self._check_adapter(adapter)
             if (pieces or update.adapter) and (chunk or update.loaded):
                 raise WeightUpdateError("an update carries full weights or a LoRA adapter, not both")
-            loaded = self.model.copy_weights(chunk, keep_old=update.rollback)
+            loaded = self.model.copy_weights(chunk, keep_old=update.rollback, spares=self._spare_weights)
             for name, part, tensor in pieces:
                 update.adapter.setdefault(name, {})[part] = tensor
         except WeightUpdateError:
@@ -465,7 +469,8 @@ class LLMEngine:
     def _merge_adapter(self, update: UpdateState) -> None:
         """Write `W0 + B @ A` into every weight the adapter (or an earlier one) touched."""
         merged = self.adapters.merged(dict(self.model.named_parameters()), update.adapter)
-        update.loaded.update(self.model.copy_weights(merged.items(), keep_old=update.rollback))
+        update.loaded.update(self.model.copy_weights(merged.items(), keep_old=update.rollback,
+                                                     spares=self._spare_weights))
 
     @_locked
     def finish_weight_update(self, version: int | None = None) -> int:
@@ -497,6 +502,7 @@ class LLMEngine:
             )
         if not is_adapter:
             self.adapters.forget()  # the base weights are the ones just loaded
+        self._spare_weights.update(update.rollback or {})  # the replaced weights: the next one's target
         self._update = UpdateState()
         self.weight_version = new_version
         self.stats.weight_updates += 1
@@ -534,6 +540,7 @@ class LLMEngine:
             return False
         params = dict(self.model.named_parameters())
         for name, old in update.rollback.items():
+            self._spare_weights[name] = params[name].data  # what the abandoned update wrote: reused
             params[name].data = old
         self.model.weights_changed()
         self._update = UpdateState()

@@ -92,3 +92,48 @@ def test_a_failed_finish_keeps_the_rollback_copy(tiny_model_factory):
     status = engine.status()
     assert (status.update, status.can_roll_back, status.can_run) == ("invalid", True, False)
     assert engine.abort_weight_update() is True and engine.can_run and engine.weight_version == 0
+
+
+def _storages(engine: LLMEngine) -> dict[str, int]:
+    return {n: p.data_ptr() for n, p in engine.model.named_parameters()}
+
+
+def _full_update(engine: LLMEngine, weights: list) -> None:
+    engine.begin_weight_update()
+    engine.load_weights(weights)
+    engine.finish_weight_update()
+
+
+def test_updates_write_into_the_storage_the_last_one_replaced(tiny_model_factory, hf_model_factory):
+    """Double-buffered weights: from the second update on, nothing is allocated (a fresh buffer
+    page faults at a fraction of memcpy's speed); an aborted update's buffers are reused too, and
+    every update still lands (transformers on the last model loaded)."""
+    model_a, model_b = tiny_model_factory("qwen2", seed=0), tiny_model_factory("qwen2", seed=1)
+    engine = LLMEngine(EngineConfig(model=str(model_a), block_size=4))
+    weights_a, weights_b = list(iter_safetensors(model_a)), list(iter_safetensors(model_b))
+    first = _storages(engine)
+    _full_update(engine, weights_b)
+    second = _storages(engine)
+    assert all(second[n] != first[n] for n in first)  # rollback needed another buffer once
+    _full_update(engine, weights_a)
+    assert _storages(engine) == first  # ...and from then on the two alternate
+    engine.begin_weight_update()
+    engine.load_weights(weights_b)
+    assert _storages(engine) == second
+    assert engine.abort_weight_update() is True
+    assert _storages(engine) == first
+    _full_update(engine, weights_b)  # into the buffers the abandoned update had written
+    assert _storages(engine) == second
+    hf_b = hf_model_factory(model_b)
+    outs = engine.generate(PROMPTS, PARAMS)
+    for out, prompt in zip(outs, PROMPTS, strict=True):
+        assert out.output_token_ids == hf_greedy(hf_b, prompt, 20)[0]
+
+
+def test_sleep_drops_the_spare_weights(tiny_model_factory):
+    model = tiny_model_factory("qwen2")
+    engine = LLMEngine(EngineConfig(model=str(model), block_size=4))
+    _full_update(engine, list(iter_safetensors(model)))
+    assert engine._spare_weights  # the replaced buffers, kept for the next update
+    engine.sleep(offload_kv=False)
+    assert engine._spare_weights == {}
