@@ -33,6 +33,7 @@ from inflight.engine.request import Request, RequestOutput, SamplingParams
 from inflight.engine.runner import ModelRunner, layer_ops
 from inflight.engine.scheduler import Scheduler, SchedulerConfig
 from inflight.engine.stats import EngineStats
+from inflight.engine.weight_copy import copy_weight
 
 MEMORY_TAGS = ("weights", "kv_cache")
 
@@ -49,27 +50,14 @@ def _locked(method):
 
 
 def _check_values(hf_name: str, tensor: torch.Tensor, dtype: torch.dtype) -> None:
-    """Refuse a tensor whose values the engine could not hold as given: not floating point (an
-    integer tensor would be cast into other numbers), NaN or inf anywhere, or magnitudes beyond
-    what the engine's dtype holds (they would become inf). Rounding to a narrower float (float32
-    weights into a bfloat16 engine) is what every trainer does, and is fine."""
+    """Refuse a tensor that is not floating point: an integer tensor would be cast into other
+    numbers. NaN, inf and values beyond the engine dtype's range are refused by the copy itself
+    (`engine/weight_copy.py`), where the check costs no pass of its own."""
     if not tensor.is_floating_point():
         raise WeightUpdateError(
             f"parameter {hf_name!r} is {str(tensor.dtype).removeprefix('torch.')}; weights must be floating "
             f"point (the engine holds {str(dtype).removeprefix('torch.')})"
         )
-    # the sum is one read of the tensor (a tenth of isfinite(t).all(), which writes a mask: 5x a
-    # memcpy, on the sync's pause); any NaN or inf makes it non-finite, and only then is each
-    # value looked at (a sum that merely overflowed is not a refusal)
-    if not bool(torch.isfinite(tensor.sum())) and not bool(torch.isfinite(tensor).all()):
-        raise WeightUpdateError(f"parameter {hf_name!r} holds NaN or inf values; the update is refused")
-    if torch.finfo(tensor.dtype).max > torch.finfo(dtype).max and tensor.numel():
-        biggest = float(tensor.abs().max())
-        if biggest > torch.finfo(dtype).max:
-            raise WeightUpdateError(
-                f"parameter {hf_name!r} holds {biggest:.3g}, beyond {str(dtype).removeprefix('torch.')}'s "
-                f"largest value {torch.finfo(dtype).max:.3g}"
-            )
 
 
 class LLMEngine:
@@ -463,7 +451,9 @@ class LLMEngine:
             target, _ = adapter_part(hf_name)
             name, part = self.adapters.check(hf_name, tensor, params.get(self.model.resolve(target) or ""))
             _check_values(hf_name, tensor, torch.float32)
-            out.append((name, part, tensor.detach().to(torch.float32, copy=True)))
+            copy = torch.empty(tensor.shape, dtype=torch.float32)
+            copy_weight(copy, tensor.detach(), hf_name)  # NaN or inf refused here, as in any weight
+            out.append((name, part, copy))
         return out
 
     def _merge_adapter(self, update: UpdateState) -> None:

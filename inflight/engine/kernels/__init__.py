@@ -2,7 +2,8 @@
 
 PyTorch has no attention over a paged KV cache on CPU (`paged_attention.c` fills that gap), and its
 eager elementwise ops cost one pass and one temporary each (`elementwise.c` fuses a decoder
-layer's RMSNorm, residual add, rotary and silu*mul).
+layer's RMSNorm, residual add, rotary and silu*mul; `weight_copy.c` copies a received weight and
+counts its non-finite values in the same pass).
 
 The C sources carry one code path per ISA level (`inflight.engine.cpu.ISA_LEVELS`): AVX-512,
 AVX2 + FMA, and portable C that any C11 compiler builds for any CPU (aarch64 included). One shared
@@ -130,10 +131,12 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         "fused_rotary": [ptr, long, long, int_, int_, ptr, ptr, int_, int_],
         "fused_silu_mul": [ptr, ptr, long, ptr, long, int_, int_, int_],
         "kernel_isa": [],
+        "copy_count_nonfinite": [ptr, ptr, long, int_, ctypes.c_uint, int_],
     }
+    returns = {"copy_count_nonfinite": long}
     for name, argtypes in signatures.items():
         fn = getattr(lib, name)
-        fn.restype, fn.argtypes = ctypes.c_int, argtypes
+        fn.restype, fn.argtypes = returns.get(name, ctypes.c_int), argtypes
     return lib
 
 

@@ -21,6 +21,7 @@ from inflight.engine.errors import WeightUpdateError
 from inflight.engine.kv_cache import KVCache
 from inflight.engine.models.layer_ops import TorchOps
 from inflight.engine.models.linear import FusedLinear, PackedLinear, invalidate_packed, packed_linears
+from inflight.engine.weight_copy import copy_weight
 
 
 @dataclass(frozen=True)
@@ -245,20 +246,22 @@ class DecoderForCausalLM(nn.Module):
                     f"parameter {hf_name!r} has shape {tuple(tensor.shape)}, expected {tuple(param.shape)}"
                 )
             if keep_old is not None and name not in keep_old:
+                fresh = _buffer_like(spares.pop(name, None), param)
+                try:
+                    copy_weight(fresh, tensor.detach(), hf_name)  # refused: the parameter is untouched
+                except WeightUpdateError:
+                    spares[name] = fresh
+                    raise
                 keep_old[name] = param.data
-                param.data = _copied_into(spares.pop(name, None), tensor, param)
+                param.data = fresh
             else:
-                with torch.no_grad():
-                    param.copy_(tensor)
+                copy_weight(param.data, tensor.detach(), hf_name)
             loaded.add(name)
         return loaded
 
 
-def _copied_into(spare: torch.Tensor | None, tensor: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """`tensor` as `like`'s dtype and device, written into `spare` when it fits, else new storage."""
-    fits = spare is not None and spare.shape == like.shape and spare.dtype == like.dtype and spare.device == like.device
-    if not fits:
-        return tensor.detach().to(device=like.device, dtype=like.dtype, copy=True).contiguous()
-    with torch.no_grad():
-        spare.copy_(tensor)
-    return spare
+def _buffer_like(spare: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    """`spare` when it has `like`'s shape, dtype and device, else new contiguous storage."""
+    if spare is not None and spare.shape == like.shape and spare.dtype == like.dtype and spare.device == like.device:
+        return spare
+    return torch.empty(like.shape, dtype=like.dtype, device=like.device)
