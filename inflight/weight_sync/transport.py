@@ -18,6 +18,7 @@ import datetime
 import json
 import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -103,6 +104,24 @@ def _timedelta(seconds: float | datetime.timedelta) -> datetime.timedelta:
     return seconds if isinstance(seconds, datetime.timedelta) else datetime.timedelta(seconds=seconds)
 
 
+@dataclass(frozen=True)
+class Posted:
+    """A message posted to the receivers, whose acknowledgements are still to be collected."""
+
+    seq: int
+    op: str
+    targets: list[int]
+
+
+def checked(replies: list[dict]) -> list[Any]:
+    """The results of `replies`, raising the first receiver error (engine errors keep their class)."""
+    for r, reply in enumerate(replies, start=1):  # all answered: none stopped
+        if not reply.get("ok"):
+            cls = _error_class(reply.get("type", ""))
+            raise cls(f"weight-sync receiver {r}: {reply.get('error')}")
+    return [reply.get("result") for reply in replies]
+
+
 class ControlChannel:
     """Numbered JSON messages from one sender to `num_receivers` receivers, each acknowledged.
 
@@ -153,9 +172,15 @@ class ControlChannel:
     ) -> list[dict]:
         """Post `message` to every receiver, run `during()` (e.g. a collective the receivers join
         on reading the message), then wait for every acknowledgement; returns the replies."""
-        wait = self.timeout if timeout is None else _timedelta(timeout)
-        closing = message["op"] == "close"
-        if self.stopped and not closing:
+        posted = self.post(message)
+        if during is not None:
+            during()
+        return self.collect(posted, timeout)
+
+    def post(self, message: dict) -> Posted:
+        """Post `message` to every receiver without waiting; `collect` its replies later (messages
+        are applied in order, so a sender may post the next before the last is answered)."""
+        if self.stopped and message["op"] != "close":
             raise TransportError(f"weight-sync receivers {sorted(self.stopped)} have stopped")
         targets = [r for r in self.receivers if r not in self.stopped]
         seq, self.seq = self.seq, self.seq + 1
@@ -165,20 +190,23 @@ class ControlChannel:
             if current != body:
                 self.stopped.add(r)
                 raise TransportError(f"weight-sync receiver {r} has stopped")
-        if during is not None:
-            during()
+        return Posted(seq, message["op"], targets)
+
+    def collect(self, posted: Posted, timeout: float | datetime.timedelta | None = None) -> list[dict]:
+        """Wait for every acknowledgement of a posted message; returns the replies."""
+        wait = self.timeout if timeout is None else _timedelta(timeout)
         replies = []
-        for r in targets:
+        for r in posted.targets:
             try:
-                self._wait_ack(r, seq, wait, message["op"])
-                replies.append(json.loads(self.store.get(f"ack/{r}/{seq}")))
+                self._wait_ack(r, posted.seq, wait, posted.op)
+                replies.append(json.loads(self.store.get(f"ack/{r}/{posted.seq}")))
             except (RuntimeError, OSError) as err:  # DistStoreError (timeout), connection lost
                 raise TransportError(
-                    f"weight-sync receiver {r} did not answer {message['op']!r} within "
+                    f"weight-sync receiver {r} did not answer {posted.op!r} within "
                     f"{wait.total_seconds():.0f}s: {err}"
                 ) from err
-            self.store.delete_key(f"ack/{r}/{seq}")
-            self.store.delete_key(f"msg/{r}/{seq}")
+            self.store.delete_key(f"ack/{r}/{posted.seq}")
+            self.store.delete_key(f"msg/{r}/{posted.seq}")
         return replies
 
     def _wait_ack(self, r: int, seq: int, wait: datetime.timedelta, op: str) -> None:
@@ -201,12 +229,7 @@ class ControlChannel:
 
     def send_checked(self, message: dict, during: Callable[[], None] | None = None) -> list[Any]:
         """`send`, raising the first receiver error (engine errors keep their class)."""
-        replies = self.send(message, during=during)
-        for r, reply in zip(self.receivers, replies, strict=True):  # all answered: none stopped
-            if not reply.get("ok"):
-                cls = _error_class(reply.get("type", ""))
-                raise cls(f"weight-sync receiver {r}: {reply.get('error')}")
-        return [reply.get("result") for reply in replies]
+        return checked(self.send(message, during=during))
 
     # receiver side
     def recv(self) -> dict:

@@ -19,6 +19,7 @@ from inflight.engine import EngineConfig, LLMEngine, SamplingParams, WeightUpdat
 from inflight.engine.models.loader import iter_safetensors
 from inflight.testing.oracle import hf_greedy
 from inflight.weight_sync import ShmReceiver, ShmTransport
+from inflight.weight_sync.shm import SLOTS
 
 SMALL = dict(
     hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -72,6 +73,7 @@ async def failed_update(transport, weights: dict[str, torch.Tensor]) -> bool:
     with pytest.raises(WeightUpdateError, match=name.replace(".", r"\.")):
         for chunk in transport.chunks([(name, tensor[:1])]):
             await transport.send_chunk(None, chunk)
+        await transport.finish(None, 99)  # a pipelined transport (shm) reports it by the finish at the latest
     return await transport.abort(None)
 
 
@@ -135,11 +137,54 @@ def test_shm_buffer_is_allocated_once_and_reused(model_dirs):
     with ShmTransport(port=0, max_chunk_bytes=CHUNK, timeout=60) as transport:
         receiver = ShmReceiver("127.0.0.1", transport.port)
         receiver.serve_in_thread(engine)
-        pointer = transport.buffer.data_ptr()
+        pointer = transport.slots.buffer.data_ptr()
         for version in (1, 2, 3):
             assert asyncio.run(send_update(transport, weights, version)) == version
-        assert transport.buffer.data_ptr() == pointer
-        assert int(transport.version.item()) == transport.channel.seq - 2  # last chunk's message
+        assert transport.slots.buffer.data_ptr() == pointer
+        last = (transport._next_slot - 1) % SLOTS  # the slot of the last chunk, described by the
+        assert int(transport.slots.versions[last].item()) == transport.channel.seq - 2  # message before finish
     receiver._thread.join(10)
     assert not receiver._thread.is_alive()
     assert engine.weight_version == 3
+
+
+def test_the_sender_packs_the_next_chunk_while_the_engine_copies_the_last(model_dirs):
+    """Two slots: with the engine stuck copying chunk 0, chunk 1 is packed and posted; chunk 2
+    (into chunk 0's slot) waits for chunk 0's answer. The update still lands bit for bit."""
+    dir_a, dir_b = model_dirs
+    engine = LLMEngine(EngineConfig(model=str(dir_a), block_size=4))
+    weights = {n: t.clone() for n, t in iter_safetensors(dir_b)}
+    release, copying = threading.Event(), threading.Event()
+    with ShmTransport(port=0, max_chunk_bytes=CHUNK, timeout=60) as transport:
+        receiver = ShmReceiver("127.0.0.1", transport.port)
+        read = receiver.chunk_buffer
+
+        def slow_first_read(message):
+            if not copying.is_set():
+                copying.set()
+                assert release.wait(60)
+            return read(message)
+
+        receiver.chunk_buffer = slow_first_read
+        receiver.serve_in_thread(engine)
+        chunks = list(transport.chunks(sorted(weights.items())))
+        assert len(chunks) >= 3
+        asyncio.run(transport.begin(None))
+        asyncio.run(transport.send_chunk(None, chunks[0]))
+        assert copying.wait(60)
+        asyncio.run(transport.send_chunk(None, chunks[1]))  # returns with chunk 0 unanswered
+        assert len(transport._in_flight) == 2
+        third = threading.Thread(target=lambda: asyncio.run(transport.send_chunk(None, chunks[2])))
+        third.start()
+        third.join(0.5)
+        assert third.is_alive()  # chunk 0's slot is still being read
+        release.set()
+        third.join(60)
+        for chunk in chunks[3:]:
+            asyncio.run(transport.send_chunk(None, chunk))
+        assert asyncio.run(transport.finish(None, 1)) == 1
+    params = dict(engine.model.named_parameters())
+    for name, tensor in weights.items():
+        resolved = engine.model.resolve(name)
+        if resolved is not None:
+            assert torch.equal(params[resolved], tensor), name
