@@ -16,6 +16,8 @@ from inflight.bench.rl_bench import (
     _time_to,
     children_of,
     main,
+    overlap_bound,
+    phase_seconds,
     record_response_lengths,
     summarize,
 )
@@ -74,9 +76,19 @@ def test_cpu_meter_counts_own_and_other_cpu():
 def test_time_to_target_and_summary():
     records = [{"time": 1.0, "eval/accuracy": 0.2}, {"time": 2.0}, {"time": 3.0, "eval/accuracy": 0.5}]
     assert _time_to(records, 0.45) == 3.0 and _time_to(records, 0.6) is None
-    row = {"steps_per_s": 2.0, "samples_per_s": 300.0, "after": 0.5, "other_cpu_share": 0.1}
+    row = {"steps_per_s": 2.0, "samples_per_s": 300.0, "after": 0.5, "other_cpu_share": 0.1,
+           "generate_s": 0.3, "train_s": 0.2}
     mean, ratio = summarize({"fully_async": [row, {**row, "samples_per_s": 500.0}], "sync": [row]})
     assert mean["fully_async"]["samples_per_s"] == 400.0 and ratio == pytest.approx(4 / 3)
+
+
+def test_the_overlap_bound_comes_from_the_synchronous_phases():
+    records = [{"timing/wait_s": 0.3, "timing/train_s": 0.15, "timing/sync_s": 0.05},
+               {"timing/wait_s": 0.5, "timing/train_s": 0.25, "timing/sync_s": 0.05}]
+    phases = phase_seconds(records)
+    assert phases == {"generate_s": pytest.approx(0.4), "train_s": pytest.approx(0.25)}
+    assert overlap_bound([phases]) == pytest.approx(0.65 / 0.4)
+    assert overlap_bound([{"generate_s": 0.2, "train_s": 0.2}]) == pytest.approx(2.0)
 
 
 def test_response_lengths_recorded_for_training_problems_only():
@@ -135,3 +147,7 @@ def test_bench_rl_smoke_on_count_up(tmp_path):
         pinned = len(os.sched_getaffinity(0)) >= 2
         assert (row["cores"]["engine"] is not None) == pinned
     assert result["throughput_ratio"] > 0
+    (sync,) = result["results"]["sync"]
+    assert sync["generate_s"] > 0 and sync["train_s"] > 0  # the phases of the bound, from this run
+    assert 1.0 <= result["overlap_bound"] <= 2.0
+    assert result["fraction_of_bound"] == pytest.approx(result["throughput_ratio"] / result["overlap_bound"])
