@@ -26,7 +26,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -376,6 +376,10 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="report even when a side got fewer than --repeats quiet passes",
     )
+    add("--latency", action="store_true",
+        help="per-step decode latency at fixed batch sizes instead of throughput (see bench.latency)")
+    add("--latency-batches", default="1,8,32", help="batch sizes of --latency (comma list)")
+    add("--latency-steps", type=int, default=200, help="tokens each request decodes in --latency")
     add(
         "--max-other-cpu",
         type=float,
@@ -425,6 +429,19 @@ def _write(path: str | None, result: dict[str, Any]) -> None:
         Path(path).write_text(json.dumps(result, indent=2))
 
 
+def _latency(cfg: BenchConfig, args: argparse.Namespace) -> int:
+    from inflight.bench.latency import format_latency, latency_main
+
+    if args.latency_steps < 2:
+        raise SystemExit("--latency-steps must be >= 2")
+    batches = tuple(int(b) for b in args.latency_batches.split(","))
+    cfg = replace(cfg, against=tuple(a for a in cfg.against if a == "vllm"))  # transformers has no steps
+    result = latency_main(cfg, batches, args.latency_steps)
+    print(format_latency(result, result["cpu"]))
+    _write(args.out, result)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """`inflight bench engine [flags]`: run, print the table, optionally write JSON.
 
@@ -434,6 +451,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if "vllm" in cfg.against:
             vllm_side.check_python(cfg.vllm_python or vllm_side.default_python())
+        if args.latency:
+            return _latency(cfg, args)
         result = run_benchmark(cfg)
     except vllm_side.VllmUnavailable as exc:
         print(f"error: {exc}", file=sys.stderr)

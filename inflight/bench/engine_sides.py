@@ -77,6 +77,18 @@ class EngineSide:
         outputs = self.engine.generate(self.work.prompts, self.all_params)
         return time.perf_counter() - start, [o.output_token_ids for o in outputs]
 
+    def latency(self, batch: int, steps: int) -> float:
+        """Seconds per decode step of the first `batch` prompts decoding together (see bench.latency)."""
+        from inflight.bench.latency import per_step_s
+
+        prompts, times = self.work.prompts[:batch], []
+        for tokens in (1, steps):
+            self.engine.reset_prefix_cache()
+            start = time.perf_counter()
+            self.engine.generate(prompts, self._params(tokens))
+            times.append(time.perf_counter() - start)
+        return per_step_s(times[0], times[1], steps)
+
     def profile(self) -> str:
         """One pass under torch.profiler: the op table by self CPU time."""
         from torch.profiler import ProfilerActivity, profile

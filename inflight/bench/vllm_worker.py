@@ -10,6 +10,8 @@ protocol. Requests (`op`):
 - `open`: load the model (`startup_s`: `LLM(...)` plus a one-token request), run one full-size
   warm-up pass (`warmup_s`), measure the matmul peak; takes the workload and engine settings.
 - `run`: one timed pass over the opened workload, prefix cache emptied first: `seconds`, `outputs`.
+- `latency`: seconds per decode step of the first `batch` opened prompts decoding `steps` tokens
+  together (`inflight bench engine --latency`).
 - `close`: a second matmul peak, peak RSS of this process tree (MiB, summed over processes).
 
 `--dry` answers `hello` without importing vLLM and refuses the rest: the protocol can be tested with
@@ -113,6 +115,17 @@ def _run(request: dict[str, Any]) -> dict[str, Any]:
     return {"seconds": seconds, "outputs": outputs}
 
 
+def _latency(request: dict[str, Any]) -> dict[str, Any]:
+    """Seconds per decode step of the first `batch` opened prompts decoding `steps` tokens together:
+    (time of `steps` tokens - time of 1) / (steps - 1), the prefix cache emptied before each."""
+    prompts, steps = _STATE["work"][0][: request["batch"]], request["steps"]
+    times = []
+    for tokens in (1, steps):
+        _STATE["llm"].reset_prefix_cache()
+        times.append(_generate(prompts, [tokens] * len(prompts))[0])
+    return {"per_step_s": (times[1] - times[0]) / (steps - 1)}
+
+
 def _tree_peak_rss_mib() -> dict[str, float]:
     """VmHWM of this process and every live descendant, in MiB, by pid."""
     peaks = {str(os.getpid()): resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
@@ -153,7 +166,7 @@ def _close(request: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-_OPS = {"open": _open, "run": _run, "close": _close}
+_OPS = {"open": _open, "run": _run, "latency": _latency, "close": _close}
 
 
 def _answer(request: dict[str, Any], dry: bool) -> dict[str, Any]:
