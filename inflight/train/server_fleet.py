@@ -94,7 +94,8 @@ class ServerFleet:
     def __init__(self, log_dir: str | Path, env: dict[str, str] | None = None, host: str = "127.0.0.1") -> None:
         self.log_dir, self.host = Path(log_dir), host
         self.env = {**os.environ, **(env or {})}
-        self.servers: list[ServerProcess] = []
+        self.servers: list[ServerProcess] = []  # running (until close)
+        self.launched: list[ServerProcess] = []  # every server launched, stopped ones too
 
     @property
     def urls(self) -> list[str]:
@@ -103,7 +104,7 @@ class ServerFleet:
     def launch(self, command_for: CommandFor) -> ServerProcess:
         """Start one server (not waiting for it) on a free port; it is stopped by `close()`."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        index = len(self.servers)
+        index = len(self.launched)
         port = free_port(self.host)
         log_path = self.log_dir / f"server-{index}.log"
         argv = command_for(port)
@@ -117,6 +118,7 @@ class ServerFleet:
             )
         server = ServerProcess(index, f"http://{self.host}:{port}", proc, log_path)
         self.servers.append(server)
+        self.launched.append(server)
         return server
 
     async def start(self, commands: Sequence[CommandFor], timeout_s: float) -> list[str]:
