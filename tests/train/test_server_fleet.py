@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from functools import partial
 
 import httpx
 import pytest
@@ -18,7 +19,7 @@ import pytest
 from inflight.client.remote import RemoteClient
 from inflight.engine.config import EngineConfig
 from inflight.train.server_fleet import ServerFleet, ServerStartError
-from inflight.train.servers import CONTROL_TOKEN_ENV, native_command
+from inflight.train.servers import CONTROL_TOKEN_ENV, check_external, native_command
 
 pytestmark = pytest.mark.timeout(180)
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]  # never answers /health
@@ -50,16 +51,18 @@ def _kill_if_alive(pids: list[int]) -> None:
 
 def test_two_native_servers_behind_a_token_and_nothing_left_after_close(tiny_model_factory, tmp_path):
     model = tiny_model_factory()
-    engine = EngineConfig(model=str(model), num_kv_blocks=16, max_model_len=64)
+    engines = [EngineConfig(model=str(model), num_kv_blocks=16, max_model_len=64, weight_version=v) for v in (0, 5)]
     fleet = ServerFleet(tmp_path / "servers", env={CONTROL_TOKEN_ENV: "s3cret"})
 
     async def run():
         try:
-            urls = await fleet.start([lambda p: native_command(engine, p)] * 2, timeout_s=120)
+            urls = await fleet.start([partial(native_command, e) for e in engines], timeout_s=120)
             async with httpx.AsyncClient(trust_env=False) as http:
                 refused = (await http.post(urls[0] + "/pause", params={"mode": "keep"})).status_code
             client = RemoteClient(urls, control_token="s3cret")
             versions = await client.weight_versions()
+            with pytest.raises(ValueError, match=r"at different weight versions .*--weight-version N"):
+                await check_external(client)  # what a run checks of servers started elsewhere
             await client.pause("keep")
             await client.resume()
             await client.close()
@@ -70,7 +73,7 @@ def test_two_native_servers_behind_a_token_and_nothing_left_after_close(tiny_mod
     urls, refused, versions = asyncio.run(run())
     pids = [s.pid for s in fleet.launched]
     assert len(set(urls)) == 2 and all(u.startswith("http://127.0.0.1:") for u in urls)
-    assert refused == 401 and versions == {u: 0 for u in urls}
+    assert refused == 401 and versions == dict(zip(urls, (0, 5), strict=True))
     assert all(_gone(pid) for pid in pids) and fleet.servers == []
     assert sorted(p.name for p in (tmp_path / "servers").iterdir()) == ["server-0.log", "server-1.log"]
     assert "-m inflight.cli serve --model" in (tmp_path / "servers" / "server-0.log").read_text().splitlines()[0]
