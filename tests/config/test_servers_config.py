@@ -117,3 +117,15 @@ def test_every_server_flag_exists_in_inflight_serve():
     cmd = native_command(EngineConfig(model="/m", num_kv_blocks=16, max_model_len=64, enable_prefix_caching=False), 9)
     args = build_parser().parse_args(cmd[4:])
     assert (args.model, args.num_kv_blocks, args.max_model_len, args.no_prefix_caching, args.port) == ("/m", 16, 64, True, 9)
+
+
+def test_a_vllm_run_with_a_missing_python_starts_nothing(tmp_path):
+    import asyncio
+
+    from inflight.train.job_config import JobConfig
+    from inflight.train.servers import start_servers
+
+    cfg = load_config(None, [*VLLM, f"{IE}vllm_python={tmp_path}/venv/bin/python"])
+    with pytest.raises(ConfigError, match="scripts/vllm_venv.sh"):
+        asyncio.run(start_servers(cfg, JobConfig(output_dir=str(tmp_path)), tmp_path, 0))
+    assert not (tmp_path / "servers").exists()
