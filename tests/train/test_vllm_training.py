@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 from rl_support import rl_config, small_task
@@ -79,11 +80,18 @@ def test_fully_async_training_on_vllm_servers(vllm_model, tmp_path, device):
             outs = await asyncio.gather(*(trainer.client.generate(p, params) for p in prompts))
             version = await trainer.client.weight_version()
             export = await trainer.policy.export(tmp_path / "exports", trainer.global_step)
-            return trainer, history, outs, version, export
+            fleet = trainer.runtime.servers.fleet
+            async with httpx.AsyncClient(trust_env=False) as http:  # the run's random token guards control
+                refused = (await http.post(fleet.urls[0] + "/pause", params={"mode": "keep"})).status_code
+            return history, outs, version, export, refused, [s.pid for s in fleet.launched]
         finally:
             await trainer.close()
 
-    trainer, history, outs, version, export = asyncio.run(main())
+    history, outs, version, export, refused, pids = asyncio.run(main())
+    assert refused == 401 and len(pids) == 1
+    for pid in pids:  # stopped by the run's close
+        with pytest.raises(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
     assert [r["weight_version"] for r in history] == list(range(1, STEPS + 1)) and version == STEPS
     assert max(r["staleness_max"] for r in history) >= 1  # generation ran ahead of training
     assert (tmp_path / "servers" / "server-0.log").is_file()
