@@ -129,3 +129,12 @@ def test_a_vllm_run_with_a_missing_python_starts_nothing(tmp_path):
     with pytest.raises(ConfigError, match="scripts/vllm_venv.sh"):
         asyncio.run(start_servers(cfg, JobConfig(output_dir=str(tmp_path)), tmp_path, 0))
     assert not (tmp_path / "servers").exists()
+
+
+def test_inflight_train_refuses_a_missing_vllm_python_before_any_warm_up(tmp_path, capsys):
+    from inflight.train.main import main
+
+    assert main([*VLLM, f"{IE}vllm_python={tmp_path}/venv/bin/python", f"job.output_dir={tmp_path}/run"]) == 2
+    err = capsys.readouterr().err
+    assert f"{IE}vllm_python=" in err and "scripts/vllm_venv.sh" in err
+    assert not (tmp_path / "run").exists()  # no base model built, nothing started
