@@ -28,7 +28,7 @@ SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]  # never answer
 def _gone(pid: int, within_s: float = 15.0) -> bool:
     """Whether process `pid` is gone (exited, and reaped if it was our child) within the bound."""
     deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
+    while True:
         try:
             if os.waitpid(pid, os.WNOHANG)[0] == pid:
                 return True
@@ -37,16 +37,17 @@ def _gone(pid: int, within_s: float = 15.0) -> bool:
                 os.kill(pid, 0)
             except ProcessLookupError:
                 return True
+        if time.monotonic() >= deadline:
+            return False
         time.sleep(0.1)
-    return False
 
 
-def _kill_if_alive(pids: list[int]) -> None:
-    for pid in pids:
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+def _kill_if_alive(servers) -> None:
+    """Kill (by pid) the servers a failed test left running; never a pid already reaped."""
+    for server in servers:
+        if server.proc.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.proc.wait(10)
 
 
 def test_two_native_servers_behind_a_token_and_nothing_left_after_close(tiny_model_factory, tmp_path):
@@ -70,7 +71,10 @@ def test_two_native_servers_behind_a_token_and_nothing_left_after_close(tiny_mod
         finally:
             await fleet.close()
 
-    urls, refused, versions = asyncio.run(run())
+    try:
+        urls, refused, versions = asyncio.run(run())
+    finally:
+        _kill_if_alive(fleet.launched)  # only if close() failed to
     pids = [s.pid for s in fleet.launched]
     assert len(set(urls)) == 2 and all(u.startswith("http://127.0.0.1:") for u in urls)
     assert refused == 401 and versions == dict(zip(urls, (0, 5), strict=True))
@@ -88,7 +92,7 @@ def test_a_failed_start_stops_the_servers_already_started(tmp_path):
         assert "server-1.log" in str(err.value) and "error:" in str(err.value)  # the log's tail
         assert len(fleet.launched) == 2 and all(_gone(s.pid) for s in fleet.launched) and fleet.servers == []
     finally:
-        _kill_if_alive([s.pid for s in fleet.launched])
+        _kill_if_alive(fleet.launched)
 
 
 def test_a_server_that_never_answers_is_stopped_at_the_timeout(tmp_path):
@@ -98,7 +102,7 @@ def test_a_server_that_never_answers_is_stopped_at_the_timeout(tmp_path):
             asyncio.run(fleet.start([lambda p: SLEEPER], timeout_s=1))
         assert _gone(fleet.launched[0].pid)
     finally:
-        _kill_if_alive([s.pid for s in fleet.launched])
+        _kill_if_alive(fleet.launched)
 
 
 def test_an_interrupted_start_stops_the_servers(tmp_path):
@@ -117,7 +121,7 @@ def test_an_interrupted_start_stops_the_servers(tmp_path):
         asyncio.run(run())
         assert all(_gone(s.pid) for s in fleet.launched) and fleet.servers == []
     finally:
-        _kill_if_alive([s.pid for s in fleet.launched])
+        _kill_if_alive(fleet.launched)
 
 
 def test_the_servers_die_with_the_process_that_launched_them(tmp_path):
@@ -140,4 +144,6 @@ def test_the_servers_die_with_the_process_that_launched_them(tmp_path):
         assert _gone(server_pid)
     finally:
         launcher.kill()
-        _kill_if_alive([server_pid])
+        launcher.wait(10)
+        if not _gone(server_pid, within_s=0):
+            os.kill(server_pid, signal.SIGKILL)
