@@ -110,7 +110,8 @@ async def start_local(
     ckpt: CheckpointState | None = None,
 ) -> LocalRuntime:
     """Start `generator.inference_engine.num_engines` engines on `model_dir` at `version` and the
-    policy (one rank); on any failure stop what was started and re-raise."""
+    policy (one rank); servers started elsewhere get the policy's weights first (a full sync). On
+    any failure stop what was started and re-raise."""
     ranks = policy_ranks(cfg)
     if ranks != 1:
         raise ValueError(f"the policy has {ranks} ranks (trainer.placement.policy_num_nodes x "
