@@ -75,6 +75,8 @@ def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
         return 0 if {"-h", "--help"} & set(rest) else 2
     if args.what == "engine":
         from inflight.bench.engine_bench import main as bench_main
+    elif args.what == "weight-sync" and any(a.startswith("--server") for a in rest):
+        from inflight.bench.server_sync_bench import main as bench_main  # pause for an update into a server
     elif args.what == "weight-sync" and any(a.startswith("--transport") for a in rest):
         from inflight.bench.transport_bench import main as bench_main  # bytes/s per transport
     elif args.what == "weight-sync":

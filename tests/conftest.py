@@ -11,6 +11,23 @@ import torch
 torch.set_num_threads(int(os.environ.get("INFLIGHT_TEST_THREADS", "1")))
 
 
+def pytest_addoption(parser):
+    parser.addoption("--device", default="cpu", choices=("cpu", "cuda"),
+                     help="device of the tests that take the `device` fixture (the vllm-marked ones, the "
+                          "device oracle): cpu (default) or cuda")
+
+
+def pytest_configure(config):
+    if config.getoption("--device") == "cuda" and not torch.cuda.is_available():
+        raise pytest.UsageError(f"--device cuda: this torch ({torch.__version__}) sees no CUDA device")
+
+
+@pytest.fixture(scope="session")
+def device(request) -> str:
+    """The device `--device` names (cpu by default)."""
+    return request.config.getoption("--device")
+
+
 def kernel_isa_levels() -> tuple[str, ...]:
     """The kernel ISA levels the tests run at: every level this CPU executes (so an AVX-512 machine
     also proves the AVX2 and portable code), or only the one INFLIGHT_KERNEL_ISA forces."""

@@ -21,6 +21,7 @@ from inflight.client.base import InferenceClient
 from inflight.cluster.actors import EngineActor, PolicyActor, RayEngineClient, RayPolicy
 from inflight.cluster.placement import Placement, make_placement, required_cpus
 from inflight.config import Config
+from inflight.config.implemented import on_servers
 from inflight.train.checkpoint import CheckpointState
 from inflight.train.engine_settings import engine_config
 from inflight.train.job_config import JobConfig
@@ -72,6 +73,10 @@ async def start_ray(
 ) -> RayRuntime:
     """Start the policy ranks and the engines as actors (Ray started or joined as `job` says) on
     `model_dir` at `version`; on any failure stop what was started and re-raise."""
+    if on_servers(cfg):
+        raise NotImplementedError(
+            "HTTP-server engines (generator.inference_engine.backend=vllm or run_engines_locally=false) under "
+            "--ray are not implemented yet: run without --ray (the servers are started or reached from this process)")
     ranks = policy_ranks(cfg)
     # in the main thread: Ray installs its signal handlers there
     init_ray(job.ray_address, num_cpus=required_cpus(cfg, job, ranks))

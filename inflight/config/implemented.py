@@ -26,12 +26,94 @@ NOT_IMPLEMENTED: dict[str, tuple[Callable[[Any], bool], str, str]] = {
 """key -> (implemented(value), rule, fix): a value that is not implemented is refused with this rule."""
 
 
+_IE = "generator.inference_engine."
+BACKEND, RUN_LOCALLY = _IE + "backend", _IE + "run_engines_locally"
+
+
+def on_vllm(cfg: Config) -> bool:
+    """The engines are vLLM servers (started by the run or elsewhere)."""
+    return cfg.generator.inference_engine.backend == "vllm"
+
+
+def starts_vllm(cfg: Config) -> bool:
+    """The run starts vLLM servers itself."""
+    return on_vllm(cfg) and cfg.generator.inference_engine.run_engines_locally
+
+
+def on_servers(cfg: Config) -> bool:
+    """The engines are HTTP servers behind one RemoteClient (vLLM, or servers started elsewhere)."""
+    return on_vllm(cfg) or not cfg.generator.inference_engine.run_engines_locally
+
+
+def external(cfg: Config) -> bool:
+    """The engines are servers started elsewhere."""
+    return not cfg.generator.inference_engine.run_engines_locally
+
+
+_NOT_PASSED_TO_VLLM = {  # engine keys the vLLM server command does not carry: only their defaults run
+    "attention_backend": "auto", "linear_backend": "auto", "elementwise_backend": "auto", "num_kv_blocks": None,
+    "block_size": 16, "enable_chunked_prefill": True, "weight_update_rollback": True,
+}
+_SET_ON_THE_SERVERS = {  # engine keys a run cannot apply to servers started elsewhere, and their defaults
+    name: getattr(Config().generator.inference_engine, name)
+    for name in ("device", "dtype", "block_size", "num_kv_blocks", "kv_cache_memory_gib", "max_num_seqs",
+                 "max_num_batched_tokens", "enable_chunked_prefill", "weight_update_rollback",
+                 "weight_update_timeout_s", "attention_backend", "linear_backend", "elementwise_backend")
+}
+
+NOT_IMPLEMENTED_WHEN: list[tuple[str, Callable[[Config], bool], Callable[[Any], bool], str, str]] = [
+    (
+        _IE + "weight_sync_backend", on_servers, lambda v: v == "inprocess",
+        "shm and broadcast into an HTTP server are not implemented yet: servers take weights as safetensors "
+        "chunks over HTTP, through the client",
+        f"set {_IE}weight_sync_backend=inprocess (HTTP chunks through the client)",
+    ),
+    (
+        "trainer.policy.model.lora.rank", on_vllm, lambda v: v == 0,
+        "LoRA adapters into vLLM are not implemented yet (the vLLM server takes full weights only)",
+        f"set trainer.policy.model.lora.rank=0, or {BACKEND}=native",
+    ),
+    (
+        "trainer.placement.colocate_all", on_vllm, lambda v: v is False,
+        "colocated vLLM engines are not implemented yet (vLLM's sleep frees nothing on CPU; on CUDA the "
+        "server's sleep/wake is not built)",
+        f"set trainer.placement.colocate_all=false, or {BACKEND}=native",
+    ),
+    (
+        _IE + "offload_kv_for_weight_sync", lambda c: on_vllm(c) and c.generator.inference_engine.device != "cpu",
+        lambda v: v is False,
+        "offloading vLLM's KV during a sync on CUDA (sleep level 1) is not built yet (on CPU it is keep: the KV "
+        "already lives in host memory)",
+        f"set {_IE}offload_kv_for_weight_sync=false, or {_IE}device=cpu",
+    ),
+    *(
+        (_IE + name, starts_vllm, (lambda v, d=default: v == d),
+         f"is a native-engine setting the vLLM server command does not carry (vLLM picks its own); only the "
+         f"default {default!r} runs there", f"set {_IE}{name}={'null' if default is None else default}, or {BACKEND}=native")
+        for name, default in _NOT_PASSED_TO_VLLM.items()
+    ),
+    *(
+        (_IE + name, external, (lambda v, d=default: v == d),
+         f"cannot reach servers started elsewhere (their own flags decide it, e.g. inflight serve "
+         f"--{name.replace('_', '-')})",
+         f"set it on the servers and leave {_IE}{name} at its default {default!r}, or {RUN_LOCALLY}=true")
+        for name, default in _SET_ON_THE_SERVERS.items()
+    ),
+]  # fmt: skip
+"""(key, applies(cfg), implemented(value), rule, fix): combinations not implemented yet, refused
+like `NOT_IMPLEMENTED` where `applies`."""
+
+
 def unimplemented(cfg: Config) -> list[Violation]:
     """The keys of `cfg` set to something this project does not implement yet, as violations."""
     out = []
     for key, (ok, rule, fix) in NOT_IMPLEMENTED.items():
         value = get_key(cfg, key)
         if not ok(value):
+            out.append(Violation(key, value, rule, fix))
+    for key, applies, ok, rule, fix in NOT_IMPLEMENTED_WHEN:
+        value = get_key(cfg, key)
+        if applies(cfg) and not ok(value):
             out.append(Violation(key, value, rule, fix))
     return out
 

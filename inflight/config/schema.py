@@ -240,6 +240,24 @@ class TrainerConfig:
 class InferenceEngineConfig:
     """The inference engines and how weights reach them."""
 
+    backend: str = "native"
+    """The inference engine: `native` (default; this project's paged-KV engine, in this process or
+    in child processes) or `vllm` (vLLM, in its own virtual environment, behind `inflight serve
+    --backend vllm`: the same HTTP routes, driven through `RemoteClient`; weights as HTTP chunks,
+    so it needs weight_sync_backend=inprocess). SkyRL's default is `vllm`; ours is `native` because
+    vLLM is not a dependency of this project."""
+    vllm_python: str | None = None
+    """backend=vllm only: the python of vLLM's virtual environment. None (default): `$INFLIGHT_VLLM_PYTHON`,
+    else the repository's `.venv-vllm/bin/python` (`scripts/vllm_venv.sh` creates it)."""
+    run_engines_locally: bool = True
+    """True (default): the run starts its engines (native: in process or as child processes;
+    vllm: `inflight serve --backend vllm` servers on free 127.0.0.1 ports, logs in
+    `<job.output_dir>/servers/`). False: the run drives servers started elsewhere, listed in
+    external_server_urls (control token: `$INFLIGHT_CONTROL_TOKEN`); the engine settings are then
+    the servers' own flags, and the run pushes its weights to them before the first rollout."""
+    external_server_urls: list[str] | None = None
+    """run_engines_locally=false only: the servers' base URLs (`http://host:port`), one per engine
+    (num_engines must equal their number). None (default): none."""
     num_engines: int = 1
     """Number of engines, >= 1. Default 1."""
     tensor_parallel_size: int = 1

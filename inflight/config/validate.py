@@ -11,6 +11,7 @@ import json
 import re
 from collections.abc import Callable, Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 from inflight.config.errors import ConfigError, Violation
 from inflight.config.keys import get_key, is_instance, schema_keys, type_name
@@ -44,6 +45,7 @@ CHOICES: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
     "generator.inference_engine.attention_backend": (("auto", "native", "torch"), {}),
     "generator.inference_engine.elementwise_backend": (("auto", "native", "torch"), {}),
     "generator.inference_engine.linear_backend": (("auto", "onednn", "onednn_fp32", "torch"), {}),
+    "generator.inference_engine.backend": (("native", "vllm"), {}),
 }
 """The allowed values of string keys (and the SkyRL values read as them). The engine's backend choices
 repeat `inflight.engine.config`'s (the config layer does not import the engine; a test keeps them equal)."""
@@ -368,3 +370,67 @@ def _val_needs_train(cfg: Config) -> Iterator[Violation]:
     if cfg.data.val_data and not cfg.data.train_data:
         yield Violation("data.val_data", cfg.data.val_data, "is given without data.train_data",
                         "give data.train_data too (the built-in tasks make their own held-out problems)")
+
+
+# ---- where the engines run: started here (native, vllm servers) or external servers ----
+BACKEND = "generator.inference_engine.backend"
+VLLM_PYTHON = "generator.inference_engine.vllm_python"
+RUN_LOCALLY = "generator.inference_engine.run_engines_locally"
+EXTERNAL_URLS = "generator.inference_engine.external_server_urls"
+NUM_ENGINES = "generator.inference_engine.num_engines"
+
+
+def _url_problem(url: str) -> str | None:
+    """Why `url` is not a server's base URL (`http://host:port`), or None."""
+    try:
+        parts = urlsplit(url.strip())
+        parts.port  # noqa: B018 - raises ValueError on a port out of range or not a number
+    except ValueError as err:
+        return str(err)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "is not an http(s)://host:port URL"
+    if parts.path.strip("/") or parts.query or parts.fragment:
+        return "has a path, query or fragment (give the server's base URL only)"
+    return None
+
+
+@_rule(RUN_LOCALLY, EXTERNAL_URLS, NUM_ENGINES)
+def _external_servers(cfg: Config) -> Iterator[Violation]:
+    ie = cfg.generator.inference_engine
+    urls = ie.external_server_urls or []
+    if ie.run_engines_locally:
+        if urls:
+            yield Violation(EXTERNAL_URLS, urls, f"is read only with {RUN_LOCALLY}=false (the run starts its own "
+                            "engines)", f"set {RUN_LOCALLY}=false to drive these servers, or {EXTERNAL_URLS}=null")
+        return
+    if not urls:
+        yield Violation(EXTERNAL_URLS, ie.external_server_urls, f"must list the servers to drive when "
+                        f"{RUN_LOCALLY}=false", f"give {EXTERNAL_URLS}=[http://host:port,...], or set "
+                        f"{RUN_LOCALLY}=true to start the engines here")
+        return
+    for url in urls:
+        problem = _url_problem(url)
+        if problem:
+            yield Violation(EXTERNAL_URLS, url, problem, f"write each server as e.g. http://10.0.0.5:8000 in {EXTERNAL_URLS}")
+    normalized = [u.strip().rstrip("/") for u in urls]
+    if len(set(normalized)) < len(normalized):
+        yield Violation(EXTERNAL_URLS, urls, "names a server twice", "list each server once")
+    if ie.num_engines >= 1 and ie.num_engines != len(urls):
+        yield Violation(NUM_ENGINES, ie.num_engines, f"must equal the number of {EXTERNAL_URLS} ({len(urls)}) when "
+                        f"{RUN_LOCALLY}=false", f"set {NUM_ENGINES}={len(urls)}")
+
+
+@_rule(BACKEND, VLLM_PYTHON, RUN_LOCALLY)
+def _vllm_python(cfg: Config) -> Iterator[Violation]:
+    ie = cfg.generator.inference_engine
+    if ie.vllm_python is None:
+        return
+    if ie.backend != "vllm":
+        yield Violation(VLLM_PYTHON, ie.vllm_python, f"is read only with {BACKEND}=vllm",
+                        f"set {BACKEND}=vllm, or {VLLM_PYTHON}=null")
+    elif not ie.run_engines_locally:
+        yield Violation(VLLM_PYTHON, ie.vllm_python, f"is not used with {RUN_LOCALLY}=false (servers started "
+                        "elsewhere run their own vLLM)", f"set {VLLM_PYTHON}=null, or {RUN_LOCALLY}=true")
+    elif not ie.vllm_python.strip():
+        yield Violation(VLLM_PYTHON, ie.vllm_python, "is empty", f"give the venv's python, e.g. "
+                        f"{VLLM_PYTHON}=.venv-vllm/bin/python, or {VLLM_PYTHON}=null for the default")

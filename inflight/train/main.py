@@ -220,6 +220,13 @@ def main(argv: list[str] | None = None, start_ray: Starter | None = None) -> int
     if (missing := missing_devices(cfg, job)):
         print(f"error: {missing}", file=sys.stderr)
         return 2
+    from inflight.train.servers import check_vllm_python
+
+    try:  # before any warm-up: a vLLM venv that is not there fails the run at once
+        check_vllm_python(cfg.generator.inference_engine.vllm_python)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     if job.ray and start_ray is None:
         print("error: job.ray=true needs the `inflight` command (`inflight train --ray`)", file=sys.stderr)
         return 2

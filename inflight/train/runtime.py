@@ -4,6 +4,8 @@ A runtime holds an `InferenceClient` (the engines, several behind one `FanOutCli
 (`train`, `sync_weights`, `save`, `weight_version`, `kv_fate`), and stops both with `close()`.
 `start_local` starts them in this process tree: the engines in this process for the `inprocess`
 weight-sync backend, each in its own child process otherwise, and a `LocalPolicy` of one rank.
+With `generator.inference_engine.backend=vllm` or `run_engines_locally=false` the engines are HTTP
+servers behind one `RemoteClient` (`inflight.train.servers`), started here or elsewhere.
 `inflight.cluster.start_ray` starts the same two as Ray actors; the trainers cannot tell them apart.
 """
 
@@ -19,6 +21,7 @@ from inflight.client.base import InferenceClient
 from inflight.client.fanout import FanOutClient
 from inflight.client.process import EngineProcess, ReceiverSpec
 from inflight.config import Config
+from inflight.config.implemented import external, on_servers
 from inflight.engine.config import EngineConfig
 from inflight.rollout.generator import TrajectoryGroup
 from inflight.train.checkpoint import CheckpointState
@@ -26,6 +29,7 @@ from inflight.train.engine_settings import engine_config
 from inflight.train.job_config import JobConfig
 from inflight.train.policy import LocalPolicy
 from inflight.train.sender import make_sender, receiver_spec
+from inflight.train.servers import Servers, start_servers
 from inflight.train.workers.base import SyncReport
 from inflight.weight_sync import transport_kind
 from inflight.weight_sync.transport import ChannelTransport, WeightTransport
@@ -85,12 +89,16 @@ class LocalRuntime:
     policy: LocalPolicy = field(init=False)
     engine_procs: list[EngineProcess] = field(default_factory=list)
     local_engines: list[AsyncEngine] = field(default_factory=list)
+    servers: Servers | None = None
 
     async def close(self) -> None:
         """Stop the engines and release the transport (idempotent)."""
         if self.transport is not None:
             await asyncio.to_thread(self.transport.close)
             self.transport = None
+        servers, self.servers = self.servers, None
+        if servers is not None:
+            await servers.close()
         procs, self.engine_procs = self.engine_procs, []
         await asyncio.gather(*(asyncio.to_thread(p.close) for p in procs))
         engines, self.local_engines = self.local_engines, []
@@ -102,7 +110,8 @@ async def start_local(
     ckpt: CheckpointState | None = None,
 ) -> LocalRuntime:
     """Start `generator.inference_engine.num_engines` engines on `model_dir` at `version` and the
-    policy (one rank); on any failure stop what was started and re-raise."""
+    policy (one rank); servers started elsewhere get the policy's weights first (a full sync). On
+    any failure stop what was started and re-raise."""
     ranks = policy_ranks(cfg)
     if ranks != 1:
         raise ValueError(f"the policy has {ranks} ranks (trainer.placement.policy_num_nodes x "
@@ -114,6 +123,8 @@ async def start_local(
         runtime.policy = await asyncio.to_thread(
             LocalPolicy.load, cfg, job, pad_id, model_dir, runtime.client, runtime.transport, version, ckpt
         )
+        if external(cfg):  # servers started elsewhere hold what their owner loaded: the run's weights first
+            await runtime.policy.sync_weights()
     except BaseException:
         await runtime.close()
         raise
@@ -122,8 +133,12 @@ async def start_local(
 
 async def _start_engines(runtime: LocalRuntime, cfg: Config, job: JobConfig, model_dir: str | Path,
                          version: int) -> None:
-    """The engines and their client: in this process for `inprocess`, in child processes otherwise."""
-
+    """The engines and their client: HTTP servers (vLLM, external), else in this process for
+    `inprocess`, in child processes otherwise."""
+    if on_servers(cfg):
+        runtime.servers = await start_servers(cfg, job, model_dir, version)
+        runtime.client = runtime.servers.client
+        return
     ie = cfg.generator.inference_engine
     configs = [engine_config(cfg, model_dir, version, i) for i in range(ie.num_engines)]
     kind = transport_kind(cfg)

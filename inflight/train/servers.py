@@ -1,0 +1,135 @@
+"""A run's engines as HTTP servers behind one `RemoteClient` (`generator.inference_engine.backend=vllm`,
+or `run_engines_locally=false`).
+
+- backend=vllm, run_engines_locally=true: one `inflight serve --backend vllm` server per engine,
+  started by this interpreter (so the shim's own launcher picks vLLM's python), on free
+  127.0.0.1 ports with a random control token, logs in `<job.output_dir>/servers/`.
+- run_engines_locally=false: the servers in `external_server_urls`, with the control token in
+  `$INFLIGHT_CONTROL_TOKEN` (the variable `inflight serve` reads; a token never sits in the config,
+  which the run writes to config.yaml and the trackers). Each must answer /health and all must be
+  at one weight version; the run then pushes its own weights to them before the first rollout
+  (they were started with whatever model their owner gave them).
+
+Weights travel through the client either way (`weight_sync_backend=inprocess`: safetensors chunks
+over HTTP), by the same plan and executor as every other engine (`LocalPolicy.sync_weights`).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+from inflight.client.remote import RemoteClient
+from inflight.config import Config, ConfigError, Violation
+from inflight.config.implemented import require_implemented
+from inflight.engine.config import EngineConfig
+from inflight.train.engine_settings import engine_config
+from inflight.train.job_config import JobConfig
+from inflight.train.server_fleet import ServerFleet
+
+CONTROL_TOKEN_ENV = "INFLIGHT_CONTROL_TOKEN"
+START_TIMEOUT_S = {"native": 120.0, "vllm": 600.0}  # vLLM CPU: ~30-60 s to start, more on a busy machine
+_NATIVE_ONLY_DEFAULTS = {"attention_backend": "auto", "linear_backend": "auto", "elementwise_backend": "auto",
+                         "enable_chunked_prefill": True, "weight_update_rollback": True}
+
+
+def serve_flags(engine: EngineConfig, threads: int) -> list[str]:
+    """`inflight serve` flags for `engine`'s settings that the server command line carries (host,
+    port and token are the launcher's)."""
+    flags = ["--model", engine.model, "--device", engine.device, "--dtype", engine.dtype,
+             "--max-num-seqs", str(engine.max_num_seqs), "--max-num-batched-tokens", str(engine.max_num_batched_tokens),
+             "--kv-cache-memory-gib", str(engine.kv_cache_memory_gib), "--seed", str(engine.seed),
+             "--weight-version", str(engine.weight_version), "--threads", str(threads),
+             "--weight-update-timeout-s", str(engine.weight_update_timeout_s or 0)]
+    flags += ["--max-model-len", str(engine.max_model_len)] if engine.max_model_len is not None else []
+    flags += [] if engine.enable_prefix_caching else ["--no-prefix-caching"]
+    return flags
+
+
+def native_command(engine: EngineConfig, port: int, threads: int = 1) -> list[str]:
+    """`inflight serve` (the native engine) for `engine` on 127.0.0.1:`port`. The settings the
+    server's command line lacks must be at their defaults (raises ValueError naming them)."""
+    lacking = [k for k, d in _NATIVE_ONLY_DEFAULTS.items() if getattr(engine, k) != d]
+    if lacking:
+        raise ValueError(f"`inflight serve` has no flag for {lacking}: leave them at their defaults for a server")
+    flags = serve_flags(engine, threads) + ["--block-size", str(engine.block_size)]
+    flags += ["--num-kv-blocks", str(engine.num_kv_blocks)] if engine.num_kv_blocks is not None else []
+    return _serve(port, flags)
+
+
+def vllm_command(engine: EngineConfig, port: int, threads: int = 1, python: str | None = None) -> list[str]:
+    """`inflight serve --backend vllm [--vllm-python PY]` for `engine` on 127.0.0.1:`port`
+    (without PY the shim finds vLLM's python: $INFLIGHT_VLLM_PYTHON, else the repo's .venv-vllm)."""
+    return _serve(port, ["--backend", "vllm", *(["--vllm-python", python] if python else []),
+                                 *serve_flags(engine, threads)])
+
+
+def _serve(port: int, flags: list[str]) -> list[str]:
+    return [sys.executable, "-m", "inflight.cli", "serve", *flags, "--host", "127.0.0.1", "--port", str(port)]
+
+
+@dataclass
+class Servers:
+    """The servers' client, and the fleet when this run started them (None: started elsewhere)."""
+
+    client: RemoteClient
+    fleet: ServerFleet | None = None
+
+    @property
+    def external(self) -> bool:
+        return self.fleet is None
+
+    async def close(self) -> None:
+        """Close the client's connections and stop the servers this run started (idempotent)."""
+        try:
+            await self.client.close()
+        finally:
+            if self.fleet is not None:
+                await self.fleet.close()
+
+
+async def start_servers(cfg: Config, job: JobConfig, model_dir: str | Path, version: int) -> Servers:
+    """The run's servers and their client (see the module docstring); raises, leaving nothing
+    running, when one does not start or answer."""
+    require_implemented(cfg)
+    ie = cfg.generator.inference_engine
+    if not ie.run_engines_locally:
+        client = RemoteClient(list(ie.external_server_urls or []), control_token=os.environ.get(CONTROL_TOKEN_ENV))
+        try:
+            await check_external(client)
+        except BaseException:
+            await client.close()
+            raise
+        return Servers(client)
+    check_vllm_python(ie.vllm_python)
+    token = secrets.token_urlsafe(24)
+    fleet = ServerFleet(Path(job.output_dir) / "servers", env={CONTROL_TOKEN_ENV: token})
+    engines = [engine_config(cfg, model_dir, version, i) for i in range(ie.num_engines)]
+    commands = [partial(vllm_command, e, threads=job.engine_threads, python=ie.vllm_python) for e in engines]
+    urls = await fleet.start(commands, START_TIMEOUT_S["vllm"])
+    return Servers(RemoteClient(urls, control_token=token), fleet)
+
+
+def check_vllm_python(python: str | None) -> None:
+    """A `vllm_python` that was given must be an executable file (ConfigError naming the key)."""
+    if python is None or (Path(python).is_file() and os.access(python, os.X_OK)):
+        return
+    raise ConfigError([Violation(
+        "generator.inference_engine.vllm_python", python, "is not an executable file (vLLM lives in its own "
+        "virtual environment, outside the project's dependencies)",
+        "create it with scripts/vllm_venv.sh (it creates or reuses .venv-vllm), then give its bin/python; or set "
+        "generator.inference_engine.vllm_python=null for $INFLIGHT_VLLM_PYTHON / .venv-vllm")])  # fmt: skip
+
+
+async def check_external(client: RemoteClient) -> dict[str, int]:
+    """Every server answers /health and all are at one weight version; their versions by URL."""
+    await client.health()  # raises ServerUnavailableError / RemoteError naming the server
+    versions = await client.weight_versions()
+    if len(set(versions.values())) > 1:
+        raise ValueError(f"the servers in generator.inference_engine.external_server_urls are at different weight "
+                         f"versions {versions}: restart them at one version (inflight serve --weight-version N)")
+    return versions

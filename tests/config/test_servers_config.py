@@ -1,0 +1,140 @@
+"""The keys of where the engines run (`generator.inference_engine.backend`, `vllm_python`,
+`run_engines_locally`, `external_server_urls`): every violation named with its fix, the
+combinations not implemented yet refused by a run, and the server command lines they become."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from inflight.config import ConfigError, load_config
+from inflight.config.implemented import require_implemented, unimplemented
+from inflight.engine.config import EngineConfig
+from inflight.train.servers import check_vllm_python, native_command, vllm_command
+
+IE = "generator.inference_engine."
+EXTERNAL = [f"{IE}run_engines_locally=false", f"{IE}external_server_urls=[http://10.0.0.5:8000]",
+            f"{IE}weight_sync_backend=inprocess"]
+VLLM = [f"{IE}backend=vllm", f"{IE}weight_sync_backend=inprocess"]
+
+
+def _violations(overrides: list[str]) -> list[tuple[str, str]]:
+    with pytest.raises(ConfigError) as err:
+        load_config(None, overrides)
+    return [(v.key, v.rule) for v in err.value.violations]
+
+
+def test_defaults_and_the_two_server_setups_are_valid_and_implemented():
+    for overrides in ([], EXTERNAL, VLLM, [*VLLM, *EXTERNAL[:2]]):
+        cfg = load_config(None, overrides)
+        assert unimplemented(cfg) == [], overrides
+    cfg = load_config(None, [])
+    ie = cfg.generator.inference_engine
+    assert (ie.backend, ie.vllm_python, ie.run_engines_locally, ie.external_server_urls) == ("native", None, True, None)
+
+
+def test_every_violation_of_the_server_keys_is_named():
+    found = _violations([
+        f"{IE}backend=vlm", f"{IE}run_engines_locally=false", f"{IE}num_engines=2",
+        f"{IE}external_server_urls=[ftp://a:1,http://b:99999,http://c:1/v1,http://c:1/,http://c:1]",
+    ])
+    assert found[0] == (f"{IE}backend", "must be one of native, vllm")
+    urls = [rule for key, rule in found if key == f"{IE}external_server_urls"]
+    assert urls == ["is not an http(s)://host:port URL", "Port out of range 0-65535",
+                    "has a path, query or fragment (give the server's base URL only)", "names a server twice"]
+    assert (f"{IE}num_engines", f"must equal the number of {IE}external_server_urls (5) when "
+            f"{IE}run_engines_locally=false") in found
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [f"{IE}run_engines_locally=false"])
+    (v,) = err.value.violations
+    assert v.key == f"{IE}external_server_urls" and "must list the servers" in v.rule
+    assert f"{IE}run_engines_locally=true" in v.fix
+
+
+def test_keys_that_would_be_ignored_are_refused():
+    assert _violations([f"{IE}external_server_urls=[http://a:1]"]) == [
+        (f"{IE}external_server_urls", f"is read only with {IE}run_engines_locally=false (the run starts its own engines)")]
+    assert _violations([f"{IE}vllm_python=/x/bin/python"]) == [(f"{IE}vllm_python", f"is read only with {IE}backend=vllm")]
+    assert _violations([*VLLM, *EXTERNAL[:2], f"{IE}vllm_python=/x/bin/python"])[0][1].startswith("is not used with")
+    assert _violations([*VLLM, f"{IE}vllm_python= "]) == [(f"{IE}vllm_python", "is empty")]
+
+
+@pytest.mark.parametrize("overrides, key, rule", [
+    (VLLM[:1], f"{IE}weight_sync_backend", "shm and broadcast into an HTTP server are not implemented yet"),
+    (EXTERNAL[:2], f"{IE}weight_sync_backend", "shm and broadcast into an HTTP server are not implemented yet"),
+    ([*VLLM, "trainer.policy.model.lora.rank=8"], "trainer.policy.model.lora.rank", "LoRA adapters into vLLM"),
+    ([*VLLM, "trainer.placement.colocate_all=true", "trainer.fully_async.enabled=false"],
+     "trainer.placement.colocate_all", "colocated vLLM engines are not implemented yet"),
+    ([*VLLM, f"{IE}device=cuda", f"{IE}offload_kv_for_weight_sync=true"], f"{IE}offload_kv_for_weight_sync",
+     "offloading vLLM's KV during a sync on CUDA (sleep level 1) is not built yet"),
+    ([*VLLM, f"{IE}attention_backend=torch"], f"{IE}attention_backend", "is a native-engine setting"),
+    ([*VLLM, f"{IE}num_kv_blocks=64"], f"{IE}num_kv_blocks", "is a native-engine setting"),
+    ([*EXTERNAL, f"{IE}dtype=bfloat16"], f"{IE}dtype", "cannot reach servers started elsewhere"),
+    ([*EXTERNAL, f"{IE}max_num_seqs=8"], f"{IE}max_num_seqs", "cannot reach servers started elsewhere"),
+])  # fmt: skip
+def test_a_run_refuses_what_servers_do_not_implement(overrides, key, rule):
+    cfg = load_config(None, overrides)  # valid: the schema covers it
+    with pytest.raises(ConfigError) as err:
+        require_implemented(cfg)
+    (v,) = err.value.violations
+    assert v.key == key and v.rule.startswith(rule) and v.fix
+
+
+def test_offload_on_vllm_cpu_is_accepted_as_keep():
+    assert unimplemented(load_config(None, [*VLLM, f"{IE}offload_kv_for_weight_sync=true"])) == []
+
+
+def test_a_missing_vllm_python_names_the_key_and_the_setup_script(tmp_path):
+    check_vllm_python(None)  # the shim finds it ($INFLIGHT_VLLM_PYTHON, else .venv-vllm)
+    check_vllm_python(sys.executable)
+    with pytest.raises(ConfigError) as err:
+        check_vllm_python(str(tmp_path / "venv" / "bin" / "python"))
+    (v,) = err.value.violations
+    assert v.key == f"{IE}vllm_python" and "scripts/vllm_venv.sh" in v.fix
+
+
+def test_the_server_command_lines():
+    engine = EngineConfig(model="/m", max_model_len=64, enable_prefix_caching=False, seed=3, weight_version=2)
+    cmd = vllm_command(engine, 8123, threads=2, python="/v/bin/python")
+    assert cmd[:4] == [sys.executable, "-m", "inflight.cli", "serve"]
+    assert cmd[4:8] == ["--backend", "vllm", "--vllm-python", "/v/bin/python"]
+    flags = " ".join(cmd[8:])
+    for part in ("--model /m", "--dtype float32", "--max-model-len 64", "--no-prefix-caching", "--seed 3",
+                 "--weight-version 2", "--threads 2", "--host 127.0.0.1 --port 8123"):
+        assert part in flags
+    assert "--vllm-python" not in vllm_command(engine, 1)
+    native = native_command(EngineConfig(model="/m", num_kv_blocks=16), 9)
+    assert "--backend" not in native and "--num-kv-blocks 16" in " ".join(native)
+    with pytest.raises(ValueError, match="has no flag for \\['attention_backend'\\]"):
+        native_command(EngineConfig(model="/m", attention_backend="torch"), 9)
+
+
+def test_every_server_flag_exists_in_inflight_serve():
+    """The native server's parser accepts every flag the launcher passes (the vLLM shim shares them)."""
+    from inflight.server.main import build_parser
+
+    cmd = native_command(EngineConfig(model="/m", num_kv_blocks=16, max_model_len=64, enable_prefix_caching=False), 9)
+    args = build_parser().parse_args(cmd[4:])
+    assert (args.model, args.num_kv_blocks, args.max_model_len, args.no_prefix_caching, args.port) == ("/m", 16, 64, True, 9)
+
+
+def test_a_vllm_run_with_a_missing_python_starts_nothing(tmp_path):
+    import asyncio
+
+    from inflight.train.job_config import JobConfig
+    from inflight.train.servers import start_servers
+
+    cfg = load_config(None, [*VLLM, f"{IE}vllm_python={tmp_path}/venv/bin/python"])
+    with pytest.raises(ConfigError, match="scripts/vllm_venv.sh"):
+        asyncio.run(start_servers(cfg, JobConfig(output_dir=str(tmp_path)), tmp_path, 0))
+    assert not (tmp_path / "servers").exists()
+
+
+def test_inflight_train_refuses_a_missing_vllm_python_before_any_warm_up(tmp_path, capsys):
+    from inflight.train.main import main
+
+    assert main([*VLLM, f"{IE}vllm_python={tmp_path}/venv/bin/python", f"job.output_dir={tmp_path}/run"]) == 2
+    err = capsys.readouterr().err
+    assert f"{IE}vllm_python=" in err and "scripts/vllm_venv.sh" in err
+    assert not (tmp_path / "run").exists()  # no base model built, nothing started
