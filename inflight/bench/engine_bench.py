@@ -48,7 +48,7 @@ from inflight.bench.engine_report import (
     rates,
     refusal,
 )
-from inflight.bench.engine_sides import call_side, close_side, open_side, setup_process
+from inflight.bench.engine_sides import build_model, call_side, close_side, open_side
 from inflight.bench.engine_workload import (
     DEFAULT_HF_BATCH_SIZES,
     BenchConfig,
@@ -60,14 +60,6 @@ PEERS = ("transformers", "vllm")
 
 
 # ---- orchestration ------------------------------------------------------------------------------
-def _build_model(cfg: BenchConfig, model_dir: Path) -> None:
-    from inflight.testing import make_tiny_model
-
-    setup_process(cfg.threads)
-    if not (model_dir / "config.json").is_file():
-        make_tiny_model(model_dir, "qwen2", seed=cfg.seed, **asdict(cfg.shape))
-
-
 def _record(opened: dict[str, Any]) -> dict[str, Any]:
     return {"times_s": [], "other_cores": [], "idle_sides_cores": [], **opened}
 
@@ -267,7 +259,7 @@ def run_benchmark(cfg: BenchConfig) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="inflight-bench-") as tmp:
         model_dir = Path(cfg.model_dir or Path(tmp) / "model")
         with CpuMonitor() as monitor:
-            _build_model(cfg, model_dir)  # here: it is set-up, not measured
+            build_model(cfg, model_dir)  # here: it is set-up, not measured
             sides = _measure(cfg, work, model_dir)
     peak = max(f for side in sides.values() for f in side["peak_flops"])
     result: dict[str, Any] = {

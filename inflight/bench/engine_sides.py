@@ -5,6 +5,7 @@ through `Worker`; the loaded side lives in this module's globals in the worker p
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -20,6 +21,22 @@ def setup_process(threads: int) -> None:
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     logging.disable_progress_bar()
+
+
+def build_model(cfg: BenchConfig, model_dir: Path) -> None:
+    """The benchmark's random model in `model_dir`, unless one is there already."""
+    from dataclasses import asdict
+
+    from inflight.testing import make_tiny_model
+
+    setup_process(cfg.threads)
+    if not (model_dir / "config.json").is_file():
+        make_tiny_model(model_dir, "qwen2", seed=cfg.seed, **asdict(cfg.shape))
+
+
+def per_step_s(one_token_s: float, steps_s: float, steps: int) -> float:
+    """Seconds per decode step from the time of a 1-token and a `steps`-token generation."""
+    return (steps_s - one_token_s) / (steps - 1)
 
 
 def _measure_peak(dtype: str) -> float:
@@ -79,8 +96,6 @@ class EngineSide:
 
     def latency(self, batch: int, steps: int) -> float:
         """Seconds per decode step of the first `batch` prompts decoding together (see bench.latency)."""
-        from inflight.bench.latency import per_step_s
-
         prompts, times = self.work.prompts[:batch], []
         for tokens in (1, steps):
             self.engine.reset_prefix_cache()

@@ -23,17 +23,12 @@ from typing import Any
 
 from inflight.bench import vllm_side
 from inflight.bench.common import CpuMonitor, Worker
-from inflight.bench.engine_sides import call_side, close_side, open_side
+from inflight.bench.engine_sides import build_model, call_side, close_side, open_side
 from inflight.bench.engine_workload import BenchConfig, Workload
 
 DEFAULT_BATCHES = (1, 8, 32)
 DEFAULT_STEPS = 200
 PROMPT_LEN = 32
-
-
-def per_step_s(one_token_s: float, steps_s: float, steps: int) -> float:
-    """Seconds per decode step from the time of a 1-token and a `steps`-token generation."""
-    return (steps_s - one_token_s) / (steps - 1)
 
 
 def latency_workload(cfg: BenchConfig, batch: int, steps: int) -> Workload:
@@ -93,12 +88,11 @@ def format_latency(result: dict[str, Any], cpu: str) -> str:
 
 def latency_main(cfg: BenchConfig, batches: tuple[int, ...], steps: int) -> dict[str, Any]:
     """Build the model (or reuse --model-dir), measure, and return the JSON result."""
-    from inflight.bench.engine_bench import _build_model
     from inflight.engine.cpu import cpu_family_model, cpu_model
 
     with tempfile.TemporaryDirectory(prefix="inflight-latency-") as tmp:
         model_dir = Path(cfg.model_dir or Path(tmp) / "model")
-        _build_model(cfg, model_dir)
+        build_model(cfg, model_dir)
         result = run_latency(cfg, model_dir, batches, steps)
     result["cpu"] = f"{cpu_model()} ({cpu_family_model()})"
     result["config"] = {**asdict(cfg), "shape": asdict(cfg.shape)}

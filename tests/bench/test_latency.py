@@ -7,7 +7,8 @@ import json
 import pytest
 
 from inflight.bench import engine_bench
-from inflight.bench.latency import PROMPT_LEN, format_latency, latency_workload, per_step_s
+from inflight.bench.engine_sides import per_step_s
+from inflight.bench.latency import PROMPT_LEN, format_latency, latency_workload
 
 
 def test_the_prefill_and_first_token_drop_out():
