@@ -23,7 +23,7 @@ def _free_port() -> int:
 def test_a_dead_receiver_process_fails_the_wait_at_once():
     channel = ControlChannel("127.0.0.1", _free_port(), num_receivers=1, timeout=600)
     engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    channel.peers_alive = lambda: engine.poll() is None
+    channel.dead_receivers = lambda: [] if engine.poll() is None else [1]
     try:
         engine.kill()
         engine.wait(timeout=10)
@@ -46,7 +46,7 @@ def test_a_live_receiver_that_answers_is_waited_for(monkeypatch):
     monkeypatch.setattr(transport, "ALIVE_CHECK_S", 0.05)
     port = _free_port()
     sender = ControlChannel("127.0.0.1", port, num_receivers=1, timeout=60)
-    sender.peers_alive = lambda: True
+    sender.dead_receivers = lambda: []
     receiver = ControlChannel("127.0.0.1", port, num_receivers=1, rank=1, timeout=60)
 
     def answer() -> None:
