@@ -53,6 +53,7 @@ class BroadcastTransport(ChannelTransport):
         self.backend = self.sender.backend
         self.generation = 0  # groups formed again after a receiver was replaced
         self._regroup = False
+        self._formed = False  # a group was formed (one that is gone since must be formed again, anew)
         self._closed = False
 
     @property
@@ -64,9 +65,10 @@ class BroadcastTransport(ChannelTransport):
         """Form the group with the receivers (blocks until every one has joined); also done by the
         first `begin`. The receivers may be started before or after the transport."""
         self.sender.connect()
+        self._formed = True
 
     async def begin(self, client: UpdateClient | None) -> None:
-        if self._regroup:
+        if self._regroup or (self.sender.group is None and self._formed):  # replaced or failed: a new group
             await asyncio.to_thread(self.regroup)
         elif self.sender.group is None:
             await asyncio.to_thread(self.connect)
@@ -95,7 +97,7 @@ class BroadcastTransport(ChannelTransport):
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            if self.sender.group is not None:
+            if self._formed:
                 self.close_receivers()
             self.sender.group = None
 

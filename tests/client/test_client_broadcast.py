@@ -99,6 +99,25 @@ def test_a_server_out_of_the_group_drops_it_and_a_new_init_recovers(serve, new_w
     assert version == 7 and all(equal(weights_of(s.engine.engine), dict(new_weights)) for s in servers)
 
 
+def test_a_server_that_is_gone_fails_the_group_at_once_and_frees_the_live_one(serve):
+    """No wait on the dead (issue 18): the host used to wait for every join, and the live server's
+    join waited in the group's rendezvous for the gone server's rank until the group's timeout
+    (120 s here). At the first failed join the host now drops the rendezvous: the live server's
+    join fails at once and it keeps no group."""
+    live, gone = serve(), serve()
+    gone.stop()
+
+    async def run():
+        async with RemoteClient([live.url, gone.url], control_token=live.control_token) as client:
+            with pytest.raises(FanOutError) as failed:  # bounded wait: far below the group's timeout
+                await asyncio.wait_for(client.init_weight_transfer(max_chunk_bytes=CHUNK, timeout_s=120), 30)
+        return failed.value
+
+    failed = asyncio.run(run())
+    assert set(failed.errors) == {live.url, gone.url}
+    assert httpx.get(live.url + wire.HEALTH, timeout=30).json()["weight_transfer"] is None
+
+
 def test_remote_client_needs_a_group_and_the_control_token(serve, new_weights):
     server = serve()
 
