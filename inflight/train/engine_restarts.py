@@ -54,7 +54,12 @@ class EngineRestarts:
 
     @classmethod
     def of(cls, runtime: Any, budget: int) -> EngineRestarts:
-        """The restarts of a runtime (`LocalRuntime.engine_procs` and its transport; none for others)."""
+        """The restarts of a runtime (`LocalRuntime.engine_procs` and its transport); a runtime
+        without engine processes has nothing to restart, and refuses restarts asked of it."""
+        if budget > 0 and not hasattr(runtime, "engine_procs"):
+            raise ValueError(f"{KEY}={budget}: restarting dead engines is implemented for the engine processes "
+                             f"that `inflight train` starts, not yet for {type(runtime).__name__}'s (Ray actors): "
+                             f"set {KEY}=0")
         return cls(getattr(runtime, "engine_procs", []), getattr(runtime, "transport", None), budget)
 
     @property
