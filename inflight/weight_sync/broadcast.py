@@ -11,6 +11,7 @@ receivers rebuild the tensors as views of their buffer and hand them to the engi
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Collection
 from typing import Any
 
@@ -20,7 +21,13 @@ import torch.distributed as dist
 from inflight.weight_sync.chunking import DEFAULT_CHUNK_BYTES, WeightChunk
 from inflight.weight_sync.group import GroupHost, GroupMember, default_backend, make_group
 from inflight.weight_sync.receiver import ChannelReceiver, Receiver
-from inflight.weight_sync.transport import ChannelTransport, ControlChannel, TransportError, UpdateClient
+from inflight.weight_sync.transport import (
+    ALIVE_CHECK_S,
+    ChannelTransport,
+    ControlChannel,
+    TransportError,
+    UpdateClient,
+)
 
 __all__ = ["BroadcastReceiver", "BroadcastTransport", "default_backend", "make_group"]
 _GROUP = "inflight/weight-sync"  # the group's name in the control channel's store
@@ -64,8 +71,30 @@ class BroadcastTransport(ChannelTransport):
     def connect(self) -> None:
         """Form the group with the receivers (blocks until every one has joined); also done by the
         first `begin`. The receivers may be started before or after the transport."""
-        self.sender.connect()
+        self._connect_watching()
         self._formed = True
+
+    def _connect_watching(self) -> None:
+        """`self.sender.connect()`, cancelled as soon as a receiver's process is found dead (the
+        group's rendezvous would wait its whole timeout for the rank of a process that is gone)."""
+        cancel, done = threading.Event(), threading.Event()
+
+        def watch() -> None:
+            while not done.wait(ALIVE_CHECK_S):
+                dead = self.channel.dead_receivers
+                if dead is not None and dead():
+                    cancel.set()
+                    return
+
+        threading.Thread(target=watch, daemon=True, name="weight-group-watch").start()
+        try:
+            self.sender.connect(cancel)
+        except RuntimeError as err:
+            if cancel.is_set():
+                raise TransportError(f"a weight-sync receiver's process died while the group formed: {err}") from None
+            raise
+        finally:
+            done.set()
 
     async def begin(self, client: UpdateClient | None) -> None:
         if self._regroup or (self.sender.group is None and self._formed):  # replaced or failed: a new group
@@ -87,7 +116,7 @@ class BroadcastTransport(ChannelTransport):
         name = f"{_GROUP}/{self.generation}"
         self.sender = GroupHost(self.channel.num_receivers + 1, self.channel.host, self.port, group_name=name,
                                 **self._group_options)
-        self.channel.send_checked({"op": "regroup", "group_name": name}, during=self.sender.connect)
+        self.channel.send_checked({"op": "regroup", "group_name": name}, during=self._connect_watching)
         self._regroup = False
 
     def _send_bytes(self, chunk: WeightChunk, message: dict) -> list:
