@@ -92,7 +92,7 @@ class EngineRestarts:
         restarted."""
         if not self.engines or isinstance(err, asyncio.CancelledError):
             return False
-        await self._dead_after(err)
+        await self._dead_after(err, since)
         async with self.lock:
             dead = self.dead()  # another worker may have restarted them meanwhile
             if dead:
@@ -106,18 +106,19 @@ class EngineRestarts:
         """The engines whose process has exited, with their index."""
         return [(i, e) for i, e in enumerate(self.engines) if not e.alive]
 
-    async def _dead_after(self, err: BaseException) -> list[tuple[int, EngineProcess]]:
+    async def _dead_after(self, err: BaseException, since: int | None = None) -> list[tuple[int, EngineProcess]]:
         """The dead engines, giving an engine whose pipe or group just closed a moment to report its
-        exit (any error may be the first sign: the gloo group's, the pipe's, the transport's)."""
+        exit (any error may be the first sign: the gloo group's, the pipe's, the transport's); not
+        waiting once a restart happened after `since`."""
         deadline = time.monotonic() + (EXIT_WAIT_S if self.engines else 0.0)
-        while not (dead := self.dead()) and time.monotonic() < deadline:
+        while not (dead := self.dead()) and time.monotonic() < deadline and (since is None or self.restarts == since):
             await asyncio.sleep(0.05)
         return dead
 
     async def _restart(self, dead: list[tuple[int, EngineProcess]], policy: Policy, err: BaseException) -> SyncReport:
         """Restart the dead engines (lock held) and sync every engine to the current weights;
         again while engines die during it and restarts are left."""
-        while dead:
+        while True:
             names = ", ".join(e.describe() for _, e in dead)
             if self.restarts + len(dead) > self.budget:
                 used = f"{self.restarts} of {self.budget} restarts used" if self.budget else "restarts are off"
@@ -136,7 +137,6 @@ class EngineRestarts:
                 dead, err = await self._dead_after(again), again
                 if not dead:
                     raise
-        raise AssertionError("unreachable")
 
     def metrics(self) -> dict[str, float]:
         """`engine/restarts` and `engine/resubmitted_groups` so far (the step's metrics)."""

@@ -228,7 +228,8 @@ class RLTrainer:
         if not stats:  # the engines report no counters (an HTTP server)
             return {}
         previous, self._engine_counters = self._engine_counters or stats, stats
-        return {f"kv/{k}": float(stats[k] - previous.get(k, 0)) for k in KV_COUNTERS if k in stats}
+        # max(0, ...): a restarted engine counts from zero again
+        return {f"kv/{k}": float(max(0, stats[k] - previous.get(k, 0))) for k in KV_COUNTERS if k in stats}
 
     async def _train_on(self, groups: list[TrajectoryGroup], waited_s: float, step_started: float) -> dict[str, Any]:
         """The shared tail of every step: train, sync the weights, record, checkpoint."""
