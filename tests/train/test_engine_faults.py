@@ -15,8 +15,12 @@ import random
 import signal
 
 import pytest
+import torch
 from rl_support import rl_config, small_task, warm_model_dir
+from transformers import AutoModelForCausalLM
 
+from inflight.engine import SamplingParams
+from inflight.testing.oracle import hf_greedy
 from inflight.train.engine_restarts import EngineDiedError
 from inflight.train.trainer import make_trainer
 
@@ -24,6 +28,7 @@ SEED = int(os.environ.get("INFLIGHT_FAULT_SEED", "18"))
 POINTS = ("begin", "chunk", "finish")
 STOP_WITHIN_S = 30.0
 STEPS = 2  # the kill comes in the sync of step 1 or 2
+PROMPT = small_task().encode_prompt("3+4=")
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +116,12 @@ def _run(model_dir, out, backend: str, restarts: int, engines: int):
             if error is None and engines == 1:
                 versions = {"engine-0": await trainer.client.weight_version()}
             procs = list(trainer.runtime.engine_procs)
+            if error is None:  # the restarted engine's greedy tokens, and transformers' on the policy
+                restarted = procs[fault.victim].client
+                served = await restarted.generate(PROMPT, SamplingParams(max_tokens=6, temperature=0.0,
+                                                                         ignore_eos=True))
+                versions["greedy"] = (served.output_token_ids, served.logprobs)
+                versions["oracle"] = hf_greedy(trainer.policy.worker.model, PROMPT, 6)
         finally:
             await asyncio.wait_for(trainer.close(), 60)
         return trainer, fault, error, versions, pids, procs
@@ -134,7 +145,13 @@ def test_a_killed_engine_is_restarted_and_the_run_recovers(model_dir, tmp_path, 
     # the restart's full sync)
     # every engine, the restarted one included, holds the policy's weights (a restart made for a
     # failed generation adds a version: its own full sync)
+    greedy, oracle = versions.pop("greedy"), versions.pop("oracle")
     assert set(versions.values()) == {trainer.policy.weight_version} and trainer.policy.weight_version >= STEPS
+    # the restarted engine holds the policy's trained weights: transformers' tokens and logprobs on
+    # them, which the start weights do not give (the oracle can tell)
+    assert greedy[0] == oracle[0] and greedy[1] == pytest.approx(oracle[1], abs=1e-5)
+    base = hf_greedy(AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32), PROMPT, 6)
+    assert base[1] != pytest.approx(oracle[1], abs=1e-5)
     last = trainer.history[-1]
     assert last["engine/restarts"] == 1.0
     assert fault.killed_pid in pids and procs[fault.victim].process.pid != fault.killed_pid
