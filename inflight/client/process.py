@@ -7,6 +7,11 @@ and control calls travel as small pickled operations (`inflight.client.ops`; muc
 HTTP); the weights do not: they go through a weight-sync transport whose receiver runs in the child
 (`shm`: one flat shared-memory buffer allocated once; `broadcast`: a gloo/nccl group). With no
 receiver `load_weights` pickles the tensors through the pipe, the slow path.
+
+A child that dies fails every call waiting on it, and every later one, with an `EngineProcessError`
+naming the engine, its pid and its exit code or signal; `EngineProcess.restart()` starts a new
+child on the same config behind the same client, in a KEEP pause (`inflight.train.engine_restarts`
+decides when, and brings it to the current weights).
 """
 
 from __future__ import annotations
