@@ -19,9 +19,10 @@ import torch
 from rl_support import rl_config, small_task, warm_model_dir
 from transformers import AutoModelForCausalLM
 
-from inflight.engine import SamplingParams
+from inflight.client.process import EngineProcess, EngineProcessError
+from inflight.engine import EngineConfig, SamplingParams
 from inflight.testing.oracle import hf_greedy
-from inflight.train.engine_restarts import EngineDiedError
+from inflight.train.engine_restarts import EngineDiedError, EngineRestarts
 from inflight.train.trainer import make_trainer
 
 SEED = int(os.environ.get("INFLIGHT_FAULT_SEED", "18"))
@@ -167,3 +168,27 @@ def test_a_killed_engine_stops_the_run_naming_it_when_restarts_are_off(model_dir
     assert "trainer.fully_async.engine_restarts" in message
     assert trainer.global_step < STEPS
     assert all(_gone(pid) for pid in pids) and all(p.process.poll() is not None for p in procs)
+
+
+def test_used_up_restarts_stop_the_run_naming_the_engine(model_dir):
+    """The budget: with the run's one restart used, a second death is not restarted; the error
+    names the engine, its pid and signal, and the budget's key."""
+    proc = EngineProcess(EngineConfig(model=str(model_dir), num_kv_blocks=64), 1, name="engine-1")
+    restarts = EngineRestarts([proc], None, budget=1)
+    restarts.restarts = 1  # the run's one restart happened earlier
+    pid = proc.process.pid
+
+    async def main():
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(EngineProcessError) as died:
+            await asyncio.wait_for(proc.client.weight_version(), 30)
+        with pytest.raises(EngineDiedError) as stopped:
+            await asyncio.wait_for(restarts.recover(died.value, None, since=1), 30)
+        return str(stopped.value)
+
+    try:
+        message = asyncio.run(main())
+    finally:
+        proc.close()
+    assert f"engine-1 (pid {pid}, killed by signal 9 (SIGKILL)) died (1 of 1 restarts used" in message
+    assert "trainer.fully_async.engine_restarts" in message and proc.process.pid == pid  # not restarted
