@@ -6,6 +6,12 @@ request against them before it joins, so a wrong world size or backend fails at 
 leaving everyone waiting for a rank that never comes. Each chunk is packed into one flat buffer
 allocated once per side and moved by a single broadcast from rank 0.
 
+No wait on the dead: a member announces itself and enters the group's rendezvous (which nothing
+can interrupt) only once rank 0 says `go` (every member announced itself); rank 0 says `cancelled`
+when it stops waiting (a member failed to join), and those waiting fail at once. A broadcast that
+fails on rank 0 (a member died) destroys rank 0's side of the group, which is what makes a live
+member waiting for data that never came fail too, instead of waiting for the group's timeout.
+
 The group is a `ProcessGroupGloo` (CPU) or `ProcessGroupNCCL` (CUDA) object over the store, outside
 torch.distributed's registry, so it never clashes with the trainer's default group (FSDP's) or the
 engines' own, and needs no participation from other ranks.
