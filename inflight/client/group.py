@@ -90,10 +90,12 @@ class WeightGroup:
         cancel = threading.Event()
         formed = in_daemon_thread(sender.connect, cancel)
         joins = {
-            n: c.join_weight_group({**sender.init_request(ranks[n]), "override_existing": override_existing})
+            n: asyncio.ensure_future(c.join_weight_group({**sender.init_request(ranks[n]),
+                                                          "override_existing": override_existing}))
             for n, c in self.members.items()
         }
         try:
+            await _first_failure(joins.values(), cancel, sender)
             await gather("init_weight_transfer()", joins)
             await formed
         except BaseException:
@@ -147,6 +149,19 @@ class WeightGroup:
         finally:
             if sender is not None:
                 sender.close()
+
+
+async def _first_failure(joins: Iterable[asyncio.Future], cancel: threading.Event, sender: GroupHost) -> None:
+    """Wait for the joins; at the first that fails (a member is gone or refused), stop forming the
+    group and drop its rendezvous store, so that the members still joining fail at once instead of
+    waiting for the group's timeout for a rank that will never come."""
+    pending = set(joins)
+    while pending:
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        if any(f.cancelled() or f.exception() is not None for f in done):
+            cancel.set()
+            sender.close()
+            return
 
 
 async def _completed(sent: asyncio.Future) -> bool:

@@ -7,6 +7,11 @@ and control calls travel as small pickled operations (`inflight.client.ops`; muc
 HTTP); the weights do not: they go through a weight-sync transport whose receiver runs in the child
 (`shm`: one flat shared-memory buffer allocated once; `broadcast`: a gloo/nccl group). With no
 receiver `load_weights` pickles the tensors through the pipe, the slow path.
+
+A child that dies fails every call waiting on it, and every later one, with an `EngineProcessError`
+naming the engine, its pid and its exit code or signal; `EngineProcess.restart()` starts a new
+child on the same config behind the same client, in a KEEP pause (`inflight.train.engine_restarts`
+decides when, and brings it to the current weights).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import itertools
 import os
 import pickle
 import secrets
+import signal
 import subprocess
 import sys
 import threading
@@ -126,41 +132,88 @@ async def _handle(conn: Connection, engine: AsyncEngine, call_id: int, op: str, 
         pass
 
 
+def describe_exit(code: int | None) -> str:
+    """A child's exit status in words: `exit code 3`, `killed by signal 9 (SIGKILL)`, `still running`."""
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by signal {-code} ({signal.Signals(-code).name})"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
 class EngineProcess:
     """Start an engine (`EngineConfig`) in a child process (`python -m inflight.client.process`,
     so the parent's `__main__` is never re-imported) with `threads` torch threads; weights come
-    through `receiver` (None: through the pipe). Use as a context manager or call `close()`."""
+    through `receiver` (None: through the pipe). `name` labels it in errors. Use as a context
+    manager or call `close()`; `restart()` replaces a dead child behind the same `client`."""
 
     def __init__(self, config: EngineConfig, threads: int = 1, receiver: ReceiverSpec | None = None,
-                 start_timeout_s: float = 300.0) -> None:
+                 start_timeout_s: float = 300.0, name: str = "engine") -> None:
+        self.config, self.threads, self.receiver, self.name = config, threads, receiver, name
+        self.start_timeout_s = start_timeout_s
+        self.process, conn = self._spawn()
+        self.client = ProcessClient(conn, self.process, name)
+
+    def _spawn(self, paused: bool = False) -> tuple[subprocess.Popen, Connection]:
+        """A started child and the pipe to it (with `paused`: already in a KEEP pause)."""
+        timeout = self.start_timeout_s
         key = secrets.token_bytes(16)
         listener = Listener(("127.0.0.1", 0), authkey=key)
         host, port = listener.address
         env = dict(os.environ, INFLIGHT_ENGINE_ADDRESS=f"{host}:{port}", INFLIGHT_ENGINE_KEY=key.hex(),
-                   OMP_NUM_THREADS=str(threads))
-        self.process = subprocess.Popen([sys.executable, "-m", "inflight.client.process"], env=env)
+                   OMP_NUM_THREADS=str(self.threads))
+        process = subprocess.Popen([sys.executable, "-m", "inflight.client.process"], env=env)
         accepted: list = []
         waiter = threading.Thread(target=lambda: accepted.append(listener.accept()), daemon=True)
         waiter.start()
-        waiter.join(start_timeout_s)
+        waiter.join(timeout)
         listener.close()
         if not accepted:
-            self.process.kill()
-            raise EngineProcessError(f"the engine process did not connect within {start_timeout_s:.0f} s "
-                                     f"(exit code {self.process.poll()})")
-        self._conn = accepted[0]
-        self._conn.send((config, threads, receiver))
-        if not self._conn.poll(start_timeout_s):
-            self.process.kill()
-            raise EngineProcessError(f"the engine process did not start within {start_timeout_s:.0f} s")
+            process.kill()
+            raise EngineProcessError(f"the {self.name} process did not connect within {timeout:.0f} s "
+                                     f"(exit code {process.poll()})")
+        conn = accepted[0]
+        conn.send((self.config, self.threads, self.receiver))
+        for message in [("pause", ("keep",))] if paused else []:
+            self._expect(process, conn, timeout)
+            conn.send((-1, *message))
+        self._expect(process, conn, timeout)
+        return process, conn
+
+    def _expect(self, process: subprocess.Popen, conn: Connection, timeout: float) -> None:
+        """Read the child's next answer during start-up; raise what it reports, or that it died."""
+        if not conn.poll(timeout):
+            process.kill()
+            raise EngineProcessError(f"the {self.name} process did not start within {timeout:.0f} s")
         try:
-            _, ok, err = self._conn.recv()
+            _, ok, err = conn.recv()
         except EOFError as eof:
-            raise EngineProcessError(f"the engine process exited during start-up (code {self.process.poll()})") from eof
+            raise EngineProcessError(f"the {self.name} process exited during start-up "
+                                     f"({describe_exit(process.wait(10))})") from eof
         if not ok:
-            self.process.wait(10)
+            process.wait(10)
             raise err
-        self.client = ProcessClient(self._conn, self.process)
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def describe(self) -> str:
+        """`engine-1 (pid 4242, killed by signal 9 (SIGKILL))`: who it is and how it ended."""
+        return f"{self.name} (pid {self.process.pid}, {describe_exit(self.process.poll())})"
+
+    def restart(self) -> None:
+        """Start a new child on the same config (and receiver) in place of a dead one, in a KEEP
+        pause (it runs nothing until resumed: a weight sync brings it to the current weights
+        first); the same `client` then talks to it. Raises when the old child still runs."""
+        if self.alive:
+            raise EngineProcessError(f"{self.describe()} is alive; only a dead engine is restarted")
+        process, conn = self._spawn(paused=True)
+        self.client.attach(conn, process)
+        self.process = process
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Stop the engine process (politely, then by force)."""
@@ -180,41 +233,72 @@ class EngineProcess:
         self.close()
 
 
-class ProcessClient(JoiningClient):
-    """InferenceClient over the pipe to an `EngineProcess` (bound to the event loop of first use)."""
+class _Link:
+    """One connection to one child: its pipe, the process, the calls waiting for its answers."""
 
     def __init__(self, conn: Connection, process: subprocess.Popen) -> None:
-        self._conn, self._process = conn, process
+        self.conn, self.process = conn, process
+        self.pending: dict[int, asyncio.Future] = {}
+        self.error: EngineProcessError | None = None  # set once the child is gone
+        self.reader: threading.Thread | None = None
+
+
+class ProcessClient(JoiningClient):
+    """InferenceClient over the pipe to an `EngineProcess` (bound to the event loop of first use).
+    When the child dies every waiting call fails with an `EngineProcessError` naming the engine,
+    its pid and how it ended, and so does every later call until `attach` gives it a new child."""
+
+    def __init__(self, conn: Connection, process: subprocess.Popen, name: str = "engine") -> None:
+        self.name = name
+        self._link = _Link(conn, process)
         self._ids = itertools.count()
-        self._pending: dict[int, asyncio.Future] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._reader: threading.Thread | None = None
         self._send_lock = threading.Lock()
         self._closed = False
 
-    def _ensure_reader(self) -> None:
+    def attach(self, conn: Connection, process: subprocess.Popen) -> None:
+        """Talk to a new child from now on (after the old one died); calls still waiting on the
+        old one fail as it does."""
+        old, self._link = self._link, _Link(conn, process)
+        try:
+            old.conn.close()
+        except OSError:
+            pass
+
+    def _ensure_reader(self, link: _Link) -> None:
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
-            if self._pending:
+            if link.pending:
                 raise RuntimeError("ProcessClient is in use on another event loop")
             self._loop = loop
-        if self._reader is None:
-            self._reader = threading.Thread(target=self._read, daemon=True, name="engine-replies")
-            self._reader.start()
+        if link.reader is None:
+            link.reader = threading.Thread(target=self._read, args=(link,), daemon=True, name="engine-replies")
+            link.reader.start()
 
-    def _read(self) -> None:
+    def _read(self, link: _Link) -> None:
         while True:
             try:
-                call_id, ok, value = self._conn.recv()
+                call_id, ok, value = link.conn.recv()
             except (EOFError, OSError):
-                self._fail_all(EngineProcessError(f"the engine process exited (code {self._process.poll()})"))
+                self._fail_all(link)
                 return
             loop = self._loop
             if loop is not None and not loop.is_closed():
-                loop.call_soon_threadsafe(self._resolve, call_id, ok, value)
+                loop.call_soon_threadsafe(self._resolve, link, call_id, ok, value)
 
-    def _resolve(self, call_id: int, ok: bool, value: Any) -> None:
-        future = self._pending.pop(call_id, None)
+    def _died(self, link: _Link, wait_s: float = 1.0) -> EngineProcessError:
+        """The error of a child that is gone (its exit status, once it has one: `wait_s` at most)."""
+        try:
+            link.process.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            pass
+        code = link.process.poll()
+        return EngineProcessError(f"the engine process {self.name} (pid {link.process.pid}) exited: "
+                                  f"{describe_exit(code)}")
+
+    @staticmethod
+    def _resolve(link: _Link, call_id: int, ok: bool, value: Any) -> None:
+        future = link.pending.pop(call_id, None)
         if future is None or future.done():
             return
         if ok:
@@ -222,41 +306,51 @@ class ProcessClient(JoiningClient):
         else:
             future.set_exception(value)
 
-    def _fail_all(self, err: Exception) -> None:
+    def _fail_all(self, link: _Link) -> None:
+        err = self._died(link)
         loop = self._loop
         if loop is None or loop.is_closed():
+            link.error = err
             return
 
-        def fail() -> None:
-            for future in self._pending.values():
+        def fail() -> None:  # on the loop: a call registered before this ran is failed here
+            link.error = err
+            for future in link.pending.values():
                 if not future.done():
                     future.set_exception(err)
-            self._pending.clear()
+            link.pending.clear()
 
         loop.call_soon_threadsafe(fail)
 
     async def _call(self, op: str, *args: Any) -> Any:
         if self._closed:
-            raise EngineProcessError("the engine process is closed")
-        self._ensure_reader()
+            raise EngineProcessError(f"the engine process {self.name} is closed")
+        link = self._link
+        if link.error is not None:
+            raise link.error
+        self._ensure_reader(link)
         call_id = next(self._ids)
         future = self._loop.create_future()
-        self._pending[call_id] = future
-        with self._send_lock:
-            self._conn.send((call_id, op, args))
+        link.pending[call_id] = future
+        try:
+            with self._send_lock:
+                link.conn.send((call_id, op, args))
+        except (BrokenPipeError, OSError) as err:
+            link.pending.pop(call_id, None)
+            raise self._died(link, 0.0) from err
         return await future
 
     def send_close(self) -> None:
         self._closed = True
         try:
             with self._send_lock:
-                self._conn.send((next(self._ids), "close", ()))
+                self._link.conn.send((next(self._ids), "close", ()))
         except (BrokenPipeError, OSError):
             pass
 
     def stop_reader(self) -> None:
         try:
-            self._conn.close()
+            self._link.conn.close()
         except OSError:
             pass
 

@@ -34,7 +34,7 @@ from inflight.train.runtime import one_client
 from inflight.train.sender import make_sender, receiver_spec
 from inflight.train.workers.base import SyncReport
 from inflight.weight_sync import transport_kind
-from inflight.weight_sync.transport import WeightTransport
+from inflight.weight_sync.transport import ChannelTransport, WeightTransport
 
 
 @ray.remote
@@ -108,6 +108,8 @@ class PolicyActor:
         client = None
         if self.rank == 0:
             client = one_client([RayEngineClient(e) for e in engines])
+            if isinstance(self.transport, ChannelTransport):  # a dead engine actor fails a sync at once
+                self.transport.channel.dead_receivers = lambda: [i + 1 for i in dead_actors(engines)]
             if transport_kind(self.cfg) == "broadcast":
                 await asyncio.to_thread(self.transport.connect)
         self.policy = await asyncio.to_thread(
@@ -153,6 +155,26 @@ class PolicyActor:
         if self.transport is not None:
             self.transport.close()
             self.transport = None
+
+
+PING_S = 0.5  # how long `dead_actors` waits for an answer (a busy actor that answers later is alive)
+
+
+def dead_actors(actors: Sequence[Any], timeout_s: float = PING_S) -> list[int]:
+    """The indices of the actors (EngineActor handles) whose process is gone: Ray answers a call
+    to a dead actor with `RayActorError` (an actor that does not answer within `timeout_s` counts
+    as alive). Blocking: call it from a thread, e.g. a transport's wait for an acknowledgement."""
+    refs = [a.pid.remote() for a in actors]
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    done = set(ready)
+    dead = []
+    for i, ref in enumerate(refs):
+        if ref in done:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError:
+                dead.append(i)
+    return dead
 
 
 def _node_ip() -> str:

@@ -60,6 +60,12 @@ class FullyAsyncConfig:
     clear_kv_cache_on_weight_sync: bool = False
     """Drop the KV of in-flight requests on every sync: they are reset and re-prefilled with the new
     weights (fate `recompute`). Default false: they keep KV from older weights (fate `keep`)."""
+    engine_restarts: int = 0
+    """How many times per run a dead engine process is restarted (not a SkyRL key): the new process
+    loads the engines' model, a full weight sync brings it to the current weights, and the groups
+    it was generating are generated again (never trained on, so none is lost or trained twice).
+    0 (default): the run stops with an error naming the engine. Needs engines in their own
+    processes (weight_sync_backend `shm` or `broadcast`)."""
 
 
 @dataclass

@@ -15,7 +15,12 @@ from urllib.parse import urlsplit
 
 from inflight.config.errors import ConfigError, Violation
 from inflight.config.keys import get_key, is_instance, schema_keys, type_name
-from inflight.config.schema import STRATEGY_ALIASES, WEIGHT_SYNC_BACKEND_ALIASES, Config
+from inflight.config.schema import (
+    STRATEGY_ALIASES,
+    WEIGHT_SYNC_BACKEND_ALIASES,
+    Config,
+    canonical_weight_sync_backend,
+)
 
 Rule = Callable[[Config], Iterator[Violation]]
 _RULES: list[tuple[frozenset[str], Rule]] = []
@@ -121,7 +126,7 @@ _RANGES: list[tuple[tuple[str, ...], Callable[[Any], bool], str, str]] = [
         lambda v: v >= 1, "must be >= 1", "set {key} to a positive integer",
     ),
     (
-        ("trainer.fully_async.max_staleness_steps", LORA_RANK, "trainer.seed", "trainer.policy.model.lora.alpha",
+        ("trainer.fully_async.max_staleness_steps", "trainer.fully_async.engine_restarts", LORA_RANK, "trainer.seed", "trainer.policy.model.lora.alpha",
          "trainer.eval_interval", "trainer.policy.optimizer_config.num_warmup_steps"),
         lambda v: v >= 0, "must be >= 0", "set {key} to 0 or more",
     ),
@@ -304,6 +309,23 @@ def _generation_workers(cfg: Config) -> Iterator[Violation]:
             " (fewer starves the trainer; more is wasted by the staleness limit)",
             f"set {key}={mini * (fa.max_staleness_steps // 2 + 1)}",
         )  # fmt: skip
+
+
+ENGINE_RESTARTS = "trainer.fully_async.engine_restarts"
+_BACKEND = "generator.inference_engine.weight_sync_backend"
+
+
+@_rule(ENGINE_RESTARTS, FULLY_ASYNC, _BACKEND)
+def _engine_restarts(cfg: Config) -> Iterator[Violation]:
+    restarts = cfg.trainer.fully_async.engine_restarts
+    if restarts <= 0:
+        return
+    if not cfg.trainer.fully_async.enabled:
+        yield Violation(ENGINE_RESTARTS, restarts, "restarts engines of the fully-async trainer only",
+                        f"set {FULLY_ASYNC}=true or {ENGINE_RESTARTS}=0")
+    elif canonical_weight_sync_backend(cfg.generator.inference_engine.weight_sync_backend) == "inprocess":
+        yield Violation(ENGINE_RESTARTS, restarts, "restarts engine processes; with weight_sync_backend=inprocess "
+                        "the engines run in the trainer's process", f"set {_BACKEND}=shm (or broadcast)")
 
 
 @_rule("trainer.strategy", MEGATRON_TP, POLICY_NODES, POLICY_GPUS)

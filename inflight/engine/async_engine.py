@@ -38,7 +38,6 @@ from inflight.engine.request import RequestOutput, SamplingParams
 
 Sink = asyncio.Future | asyncio.Queue  # where a request's output goes: a waiter or a stream
 IDLE_RECHECK_S = 0.5  # an idle loop looks for work this often even when nothing woke it (the backstop)
-DRAIN_POLL_S = 0.005  # how often pause(mode="wait") checks whether the drain has ended
 STALL_S = 30.0  # runnable work that no step has touched for this long is reported by health()
 
 logger = logging.getLogger(__name__)
@@ -93,6 +92,7 @@ class AsyncEngine:
         self._changes_lock = threading.Lock()
         self._last_progress = time.monotonic()  # when the loop last ran a step (or had nothing to do)
         self.missed_wakeups = 0  # work the idle backstop found that no wake-up announced
+        self._drain_waiters: list[asyncio.Future[None]] = []  # pause("wait") calls waiting for the drain's end
 
     @classmethod
     def from_config(cls, config: EngineConfig, stall_s: float = STALL_S) -> AsyncEngine:
@@ -139,8 +139,10 @@ class AsyncEngine:
                 ran, outputs, snapshots, changes = await asyncio.to_thread(self._step_once)
             except Exception as err:  # a failing step fails every waiter instead of hanging them
                 self._fail_all(err)
+                self._settle_drain()
                 continue
             self._deliver(outputs, snapshots)
+            self._settle_drain()
             if ran and backstop and changes == seen:
                 self._count_missed_wakeup()
             backstop = False if ran else await self._idle(seen)
@@ -160,6 +162,16 @@ class AsyncEngine:
         except TimeoutError:
             return self._changes == seen
         return False
+
+    def _settle_drain(self) -> None:
+        """On the loop, after each step or wake-up: release the pause("wait") calls once the drain
+        has ended. Every way it ends (the last request finishing or aborted, a resume, another
+        pause mode) is a step or a control call, and each control call wakes this loop."""
+        if self._drain_waiters and not self.engine.is_draining:
+            waiters, self._drain_waiters = self._drain_waiters, []
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
 
     def _count_missed_wakeup(self) -> None:
         self.missed_wakeups += 1
@@ -261,7 +273,8 @@ class AsyncEngine:
             queue.put_nowait(err)
 
     async def close(self) -> None:
-        """Stop the loop (requests still in the engine stay there)."""
+        """Stop the loop (requests still in the engine stay there; a pause("wait") still waiting
+        returns: nothing would end its drain)."""
         if self._task is not None:
             self._task.cancel()
             try:
@@ -269,6 +282,10 @@ class AsyncEngine:
             except asyncio.CancelledError:
                 pass
             self._task = None
+        waiters, self._drain_waiters = self._drain_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     # ---- requests -----------------------------------------------------------------------------
     async def generate(
@@ -340,8 +357,11 @@ class AsyncEngine:
         """Pause; with mode='wait' this returns once the in-flight requests have finished, or once
         the drain was ended otherwise (a resume or another pause mode), never later."""
         outputs = await self._call(self.engine.pause, mode)
-        while self.engine.is_draining:
-            await asyncio.sleep(DRAIN_POLL_S)
+        if self.engine.is_draining:  # woken by the loop when the drain ends (`_settle_drain`)
+            waiter = asyncio.get_running_loop().create_future()
+            self._drain_waiters.append(waiter)
+            self._ensure_started()
+            await waiter
         return outputs
 
     async def resume(self) -> None:

@@ -80,6 +80,15 @@ def _new_worker(cfg: Config, job: JobConfig, model_dir: str | Path) -> PolicyWor
     return MegatronPolicyWorker(cfg, model_path=str(model_dir), device=job.trainer_device)
 
 
+async def engines_version(client: InferenceClient) -> int:
+    """The highest weight version among the engines behind `client` (they differ while a restarted
+    engine waits for its first sync; `weight_version()` refuses to answer then)."""
+    versions = getattr(client, "weight_versions", None)  # a FanOutClient's, per engine
+    if versions is not None:
+        return max(int(v) for v in (await versions()).values())
+    return int(await client.weight_version())
+
+
 class LocalPolicy:
     """One policy rank in this process: its worker (+ reference for the KL penalty), the training
     step, and the weight sync to the engines behind `client` through `transport`.
@@ -139,7 +148,7 @@ class LocalPolicy:
         started = time.perf_counter()
         base = self.weight_version
         if self.worker.rank == 0:
-            base = max(base, int(await self.client.weight_version()))
+            base = max(base, await engines_version(self.client))
         try:
             report = await self.worker.sync_weights(self.client, self.plan, base + 1, self.transport)
         except BaseException:

@@ -154,7 +154,7 @@ async def _start_engines(runtime: LocalRuntime, cfg: Config, job: JobConfig, mod
     runtime.client = one_client([p.client for p in runtime.engine_procs])
     if isinstance(runtime.transport, ChannelTransport):  # shm and broadcast: a dead engine fails fast
         procs = list(runtime.engine_procs)
-        runtime.transport.channel.peers_alive = lambda: all(p.process.poll() is None for p in procs)
+        runtime.transport.channel.dead_receivers = lambda: [i + 1 for i, p in enumerate(procs) if not p.alive]
     if kind == "broadcast":
         await asyncio.to_thread(runtime.transport.connect)
 
@@ -162,8 +162,9 @@ async def _start_engines(runtime: LocalRuntime, cfg: Config, job: JobConfig, mod
 async def _start_processes(configs: Sequence[EngineConfig], specs: Sequence[ReceiverSpec],
                            threads: int) -> list[EngineProcess]:
     """Start one engine process per config, concurrently; on any failure stop the started ones."""
-    started = await asyncio.gather(*(asyncio.to_thread(EngineProcess, c, threads, s)
-                                     for c, s in zip(configs, specs, strict=True)), return_exceptions=True)
+    started = await asyncio.gather(*(asyncio.to_thread(EngineProcess, c, threads, s, name=f"engine-{i}")
+                                     for i, (c, s) in enumerate(zip(configs, specs, strict=True))),
+                                   return_exceptions=True)
     failures = [r for r in started if isinstance(r, BaseException)]
     if failures:
         await asyncio.gather(*(asyncio.to_thread(p.close) for p in started if isinstance(p, EngineProcess)))

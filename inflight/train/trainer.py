@@ -42,6 +42,7 @@ from inflight.rollout.generator import (
 from inflight.tasks.base import Problem, Task
 from inflight.train.checkpoint import load_latest
 from inflight.train.data_setup import check_generated
+from inflight.train.engine_restarts import EngineRestarts
 from inflight.train.job_config import JobConfig
 from inflight.train.lora import lora_enabled
 from inflight.train.metrics import MetricsLogger
@@ -87,6 +88,7 @@ class RLTrainer:
         self._consumed_file = None
         self._error: BaseException | None = None
         self.failed_groups = 0  # groups dropped because an episode failed before its first turn
+        self.restarts = EngineRestarts([], None, 0)  # the runtime's, from setup()
         self._last_eval: tuple[tuple[int, int], dict[str, Any]] | None = None
 
     # ---- set-up -------------------------------------------------------------------------------
@@ -105,6 +107,8 @@ class RLTrainer:
         self.runtime = await self._start(cfg, job, pad_id=self._pad_id(), model_dir=model_dir,
                                          version=ckpt.weight_version if ckpt else 0, ckpt=ckpt)
         self.client, self.policy = self.runtime.client, self.runtime.policy
+        fully_async = cfg.trainer.fully_async
+        self.restarts = EngineRestarts.of(self.runtime, fully_async.engine_restarts if fully_async.enabled else 0)
         self.loader: AsyncDataLoader[Problem] = AsyncDataLoader(
             self.task.train_problems(), cfg.trainer.epochs, cfg.trainer.seed
         )
@@ -224,18 +228,20 @@ class RLTrainer:
         if not stats:  # the engines report no counters (an HTTP server)
             return {}
         previous, self._engine_counters = self._engine_counters or stats, stats
-        return {f"kv/{k}": float(stats[k] - previous.get(k, 0)) for k in KV_COUNTERS if k in stats}
+        # max(0, ...): a restarted engine counts from zero again
+        return {f"kv/{k}": float(max(0, stats[k] - previous.get(k, 0))) for k in KV_COUNTERS if k in stats}
 
     async def _train_on(self, groups: list[TrajectoryGroup], waited_s: float, step_started: float) -> dict[str, Any]:
         """The shared tail of every step: train, sync the weights, record, checkpoint."""
         check_generated(groups, self.cfg)  # zero tokens would train on nothing, silently
-        policy_version = self.policy_version
-        t0 = time.perf_counter()
-        metrics: dict[str, Any] = await self.policy.train(groups, policy_version)
-        train_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        report = await self.policy.sync_weights()
-        sync_s = time.perf_counter() - t0
+        async with self.restarts.step():  # no engine restart while the weights change and sync
+            policy_version = self.policy_version
+            t0 = time.perf_counter()
+            metrics: dict[str, Any] = await self.policy.train(groups, policy_version)
+            train_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            report = await self.restarts.sync(self.policy)
+            sync_s = time.perf_counter() - t0
         self.global_step += 1
         for group in groups:
             self.loader.mark_consumed(group.ref)
@@ -256,6 +262,7 @@ class RLTrainer:
             "throughput/tokens_per_s": metrics["generated_tokens"] / max(step_s, 1e-9),
             "throughput/samples_per_s": metrics["samples"] / max(step_s, 1e-9),
             "rollout/failed_groups": float(self.failed_groups),
+            **self.restarts.metrics(),
         })
         interval = self.cfg.trainer.eval_interval
         if interval > 0 and self.global_step % interval == 0:
@@ -382,7 +389,7 @@ class FullyAsyncTrainer(RLTrainer):
                 self._maybe_close_buffer()
                 return
             try:
-                group = await self._generate(ref)
+                group = await self._generate_until_done(ref)
             except asyncio.CancelledError:
                 manager.cancel()
                 raise
@@ -399,6 +406,20 @@ class FullyAsyncTrainer(RLTrainer):
                 manager.accept()
                 buffer.put(group, seq)
             self._maybe_close_buffer()
+
+    async def _generate_until_done(self, ref: PromptRef[Problem]) -> TrajectoryGroup:
+        """The group of `ref`; generated again when an engine died under it and was restarted
+        (the worker keeps its staleness slot and buffer ticket: the prompt is neither lost nor
+        trained twice)."""
+        while True:
+            since = self.restarts.restarts
+            try:
+                return await self._generate(ref)
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:
+                if not await self.restarts.recover(err, self.policy, since):
+                    raise
 
     def _maybe_close_buffer(self) -> None:
         if self.loader.exhausted and self.staleness.running == 0:

@@ -11,14 +11,23 @@ receivers rebuild the tensors as views of their buffer and hand them to the engi
 from __future__ import annotations
 
 import asyncio
+import threading
+from collections.abc import Collection
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from inflight.weight_sync.chunking import DEFAULT_CHUNK_BYTES, WeightChunk
 from inflight.weight_sync.group import GroupHost, GroupMember, default_backend, make_group
-from inflight.weight_sync.receiver import ChannelReceiver
-from inflight.weight_sync.transport import ChannelTransport, ControlChannel, UpdateClient
+from inflight.weight_sync.receiver import ChannelReceiver, Receiver
+from inflight.weight_sync.transport import (
+    ALIVE_CHECK_S,
+    ChannelTransport,
+    ControlChannel,
+    TransportError,
+    UpdateClient,
+)
 
 __all__ = ["BroadcastReceiver", "BroadcastTransport", "default_backend", "make_group"]
 _GROUP = "inflight/weight-sync"  # the group's name in the control channel's store
@@ -45,11 +54,13 @@ class BroadcastTransport(ChannelTransport):
         super().__init__(max_chunk_bytes, dtype)
         self.channel = ControlChannel(host, port, num_receivers, rank=0, timeout=timeout)
         self.port = self.channel.store.port
-        self.sender = GroupHost(
-            num_receivers + 1, host, self.port, backend=backend, device=device, group_name=_GROUP,
-            max_chunk_bytes=self.max_chunk_bytes, timeout_s=timeout, store=self.channel.store,
-        )  # fmt: skip
+        self._group_options = dict(backend=backend, device=device, max_chunk_bytes=self.max_chunk_bytes,
+                                   timeout_s=timeout, store=self.channel.store)
+        self.sender = GroupHost(num_receivers + 1, host, self.port, group_name=_GROUP, **self._group_options)
         self.backend = self.sender.backend
+        self.generation = 0  # groups formed again after a receiver was replaced
+        self._regroup = False
+        self._formed = False  # a group was formed (one that is gone since must be formed again, anew)
         self._closed = False
 
     @property
@@ -60,12 +71,53 @@ class BroadcastTransport(ChannelTransport):
     def connect(self) -> None:
         """Form the group with the receivers (blocks until every one has joined); also done by the
         first `begin`. The receivers may be started before or after the transport."""
-        self.sender.connect()
+        self._connect_watching()
+        self._formed = True
+
+    def _connect_watching(self) -> None:
+        """`self.sender.connect()`, cancelled as soon as a receiver's process is found dead (the
+        group's rendezvous would wait its whole timeout for the rank of a process that is gone)."""
+        cancel, done = threading.Event(), threading.Event()
+
+        def watch() -> None:
+            while not done.wait(ALIVE_CHECK_S):
+                dead = self.channel.dead_receivers
+                if dead is not None and dead():
+                    cancel.set()
+                    return
+
+        threading.Thread(target=watch, daemon=True, name="weight-group-watch").start()
+        try:
+            self.sender.connect(cancel)
+        except RuntimeError as err:
+            if cancel.is_set():
+                raise TransportError(f"a weight-sync receiver's process died while the group formed: {err}") from None
+            raise
+        finally:
+            done.set()
 
     async def begin(self, client: UpdateClient | None) -> None:
-        if self.sender.group is None:
+        if self._regroup or (self.sender.group is None and self._formed):  # replaced or failed: a new group
+            await asyncio.to_thread(self.regroup)
+        elif self.sender.group is None:
             await asyncio.to_thread(self.connect)
         await super().begin(client)
+
+    def readmit(self, ranks: Collection[int]) -> None:
+        """As `ChannelTransport.readmit`; a group with a dead rank cannot broadcast again, so the
+        next update first forms a new group with every receiver (`regroup`)."""
+        super().readmit(ranks)
+        self._regroup = True
+
+    def regroup(self) -> None:
+        """Form a new group (a new name in the same store) with every receiver: each joins it on
+        the control message, while this side connects."""
+        self.generation += 1
+        name = f"{_GROUP}/{self.generation}"
+        self.sender = GroupHost(self.channel.num_receivers + 1, self.channel.host, self.port, group_name=name,
+                                **self._group_options)
+        self.channel.send_checked({"op": "regroup", "group_name": name}, during=self._connect_watching)
+        self._regroup = False
 
     def _send_bytes(self, chunk: WeightChunk, message: dict) -> list:
         # The receivers join the broadcast between reading the message and acknowledging it.
@@ -74,7 +126,7 @@ class BroadcastTransport(ChannelTransport):
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            if self.sender.group is not None:
+            if self._formed:
                 self.close_receivers()
             self.sender.group = None
 
@@ -93,9 +145,22 @@ class BroadcastReceiver(ChannelReceiver):
         timeout: float = 600.0,
     ) -> None:
         super().__init__(ControlChannel(host, port, num_receivers, rank=rank, timeout=timeout))
-        request = {"master_address": host, "master_port": port, "rank_offset": rank,
-                   "world_size": num_receivers + 1, "group_name": _GROUP, "timeout_s": timeout}
-        self.member = GroupMember.join(request, torch.device(device), self.channel.store)
+        self.device = torch.device(device)
+        self.request = {"master_address": host, "master_port": port, "rank_offset": rank,
+                        "world_size": num_receivers + 1, "group_name": _GROUP, "timeout_s": timeout}
+        self.member: GroupMember | None = None
+        if not self.channel.readmitted:  # a replacement joins the group formed again for it (`regroup`)
+            self.member = GroupMember.join(self.request, self.device, self.channel.store)
 
     def chunk_buffer(self, message: dict) -> torch.Tensor:
+        if self.member is None:
+            raise TransportError("this receiver is in no weight broadcast group")
         return self.member.receive(message["chunk"]["nbytes"])
+
+    def _apply(self, receiver: Receiver, message: dict) -> Any:
+        if message["op"] == "regroup":
+            self.member = None  # the old group had a dead rank
+            self.member = GroupMember.join({**self.request, "group_name": message["group_name"]}, self.device,
+                                           self.channel.store)
+            return None
+        return super()._apply(receiver, message)

@@ -6,6 +6,12 @@ request against them before it joins, so a wrong world size or backend fails at 
 leaving everyone waiting for a rank that never comes. Each chunk is packed into one flat buffer
 allocated once per side and moved by a single broadcast from rank 0.
 
+No wait on the dead: a member announces itself and enters the group's rendezvous (which nothing
+can interrupt) only once rank 0 says `go` (every member announced itself); rank 0 says `cancelled`
+when it stops waiting (a member failed to join), and those waiting fail at once. A broadcast that
+fails on rank 0 (a member died) destroys rank 0's side of the group, which is what makes a live
+member waiting for data that never came fail too, instead of waiting for the group's timeout.
+
 The group is a `ProcessGroupGloo` (CPU) or `ProcessGroupNCCL` (CUDA) object over the store, outside
 torch.distributed's registry, so it never clashes with the trainer's default group (FSDP's) or the
 engines' own, and needs no participation from other ranks.
@@ -15,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import gc
 import json
 import socket
 import threading
@@ -77,6 +84,12 @@ def info_key(group_name: str) -> str:
 def joining_key(group_name: str, rank: int) -> str:
     """The store key a member sets once it has checked the group and is about to join it."""
     return f"{group_name}/joining/{rank}"
+
+
+def start_key(group_name: str, outcome: str) -> str:
+    """The store key rank 0 sets once every member announced itself (`go`: all enter the group's
+    rendezvous) or when it stopped forming the group (`cancelled`: a member failed to join)."""
+    return f"{group_name}/{outcome}"
 
 
 def group_store(store: dist.Store, group_name: str) -> dist.PrefixStore:
@@ -173,9 +186,12 @@ class GroupHost:
         cancel = cancel or threading.Event()
         while not store.check(keys):
             if cancel.wait(0.01):
+                store.set(start_key(self.group_name, "cancelled"), "1")  # the members waiting for `go` stop
                 raise RuntimeError("forming the weight broadcast group was cancelled")
             if time.monotonic() > deadline:
+                store.set(start_key(self.group_name, "cancelled"), "1")
                 raise TimeoutError(f"not every member joined the weight group within {self.timeout_s:g}s")
+        store.set(start_key(self.group_name, "go"), "1")
         timeout = datetime.timedelta(seconds=self.timeout_s)
         self.group = make_group(group_store(store, self.group_name), 0, self.world_size, self.backend, timeout)
 
@@ -184,10 +200,29 @@ class GroupHost:
         return iter_chunks(named_tensors, self.max_chunk_bytes, split=True, dtype=self.dtype)
 
     def send(self, chunk: WeightChunk) -> None:
-        """Broadcast the chunk's bytes (blocks until every member has received them)."""
-        if self.group is None:
+        """Broadcast the chunk's bytes (blocks until every member has received them). A failed
+        broadcast (a member died) drops the group: see `_drop_failed`."""
+        group = self.group
+        if group is None:
             raise RuntimeError("the weight broadcast group is not formed; call connect() first")
-        broadcast_from_root(self.group, self.buffer[: pack_chunk(chunk, self.buffer)])
+        data = self.buffer[: pack_chunk(chunk, self.buffer)]
+        try:
+            broadcast_from_root(group, data)
+            return
+        except RuntimeError as err:
+            message = str(err)
+        del group
+        self._drop_failed()
+        raise WeightGroupError(f"the weight broadcast failed (a member is gone?); the group is dropped: {message}")
+
+    def _drop_failed(self) -> None:
+        """Destroy this side of a group whose broadcast failed. A live member waiting for data that
+        rank 0 never sent (gloo sends to one member after another; the broadcast stopped at the dead
+        one) would otherwise wait for the group's timeout: neither `abort()` nor `shutdown()` of a
+        gloo group closes its connections, only its destruction does. Hence no reference to it may
+        survive, not even in a traceback (the caller raises a fresh error)."""
+        self.group = None
+        gc.collect()
 
     def close(self) -> None:
         """Drop the group and the store (idempotent; the members drop theirs when told to leave)."""
@@ -246,6 +281,7 @@ class GroupMember:
                                    f"{err}", 504, "weight_transfer_timeout") from err
         backend = _check(request, info, device, where)
         store.set(joining_key(name, rank), "1")
+        _await_start(store, name, seconds, where)
         try:
             group = make_group(group_store(store, name), rank, size, backend, timeout)
         except RuntimeError as err:
@@ -273,6 +309,30 @@ class GroupMember:
                                    f"{self.buffer.numel()}", 400, "invalid_value", "nbytes")
         broadcast_from_root(self.group, self.buffer[:nbytes])
         return self.buffer
+
+
+def _await_start(store: dist.Store, name: str, seconds: float, where: str) -> None:
+    """Wait until rank 0 says every member has announced itself, so that nobody enters the group's
+    rendezvous (which cannot be interrupted and would wait the whole timeout) for a member that is
+    gone: when one fails to join, rank 0 says `cancelled` and this fails at once."""
+    deadline = time.monotonic() + seconds
+    keys = [start_key(name, "go"), start_key(name, "cancelled")]
+    while True:
+        try:
+            if store.check([keys[1]]):
+                raise WeightGroupError(f"the master at {where} stopped forming the weight group {name!r} (a member "
+                                       "failed to join)", 502, "weight_transfer_failed")
+            if store.check([keys[0]]):
+                return
+        except (RuntimeError, OSError) as err:
+            if isinstance(err, WeightGroupError):
+                raise
+            raise WeightGroupError(f"lost the weight-transfer master at {where} while the group formed: {err}",
+                                   502, "weight_transfer_unreachable") from err
+        if time.monotonic() > deadline:
+            raise WeightGroupError(f"the weight group {name!r} did not form within {seconds:g}s (are all ranks "
+                                   "joining?)", 504, "weight_transfer_timeout")
+        time.sleep(0.01)
 
 
 def _check(request: dict[str, Any], info: dict, device: torch.device, where: str) -> str:

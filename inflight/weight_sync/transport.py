@@ -17,7 +17,7 @@ import asyncio
 import datetime
 import json
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -91,6 +91,11 @@ _IDLE = datetime.timedelta(days=7)
 _ENGINE_ERRORS = ("WeightUpdateError", "EngineStateError", "InvalidRequestError")
 
 
+def _start_key(rank: int) -> str:
+    """Where the sender says at which message a readmitted receiver starts."""
+    return f"start/{rank}"
+
+
 def _error_class(name: str) -> type[Exception]:
     """The engine's error class of that name (so callers catch the same classes as in process)."""
     if name not in _ENGINE_ERRORS:
@@ -154,14 +159,25 @@ class ControlChannel:
             ) from err
         self.seq = 0
         self.stopped: set[int] = set()  # receivers found stopped (sender side)
-        # sender side: whether every receiver's process still runs (set by whoever started them);
-        # a wait for an acknowledgement checks it every ALIVE_CHECK_S instead of waiting its whole
+        # sender side: the receivers whose process has exited (set by whoever started them); a
+        # wait for an acknowledgement checks it every ALIVE_CHECK_S instead of waiting its whole
         # timeout for a process that is gone
-        self.peers_alive: Callable[[], bool] | None = None
+        self.dead_receivers: Callable[[], Collection[int]] | None = None
+        # receiver side: a receiver that replaces a dead one starts at the message the sender
+        # posts next (`readmit`), not at the first
+        self.readmitted = False
+        if rank > 0 and self.store.check([_start_key(rank)]):
+            self.seq, self.readmitted = int(self.store.get(_start_key(rank))), True
 
     @property
     def receivers(self) -> range:
         return range(1, self.num_receivers + 1)
+
+    def readmit(self, rank: int) -> None:
+        """Sender: receiver `rank`'s process was replaced (call before starting the new one): the
+        new receiver is sent messages again, from the next one on."""
+        self.stopped.discard(rank)
+        self.store.set(_start_key(rank), str(self.seq))
 
     # sender side
     def send(
@@ -211,21 +227,23 @@ class ControlChannel:
 
     def _wait_ack(self, r: int, seq: int, wait: datetime.timedelta, op: str) -> None:
         """Wait for receiver r's acknowledgement of message `seq`, in slices of ALIVE_CHECK_S,
-        raising TransportError at once when `peers_alive` says a receiver's process is gone."""
+        raising TransportError at once when `dead_receivers` names a receiver whose process is gone."""
         deadline = time.monotonic() + wait.total_seconds()
         while True:
             left = deadline - time.monotonic()
-            step = min(ALIVE_CHECK_S, left) if self.peers_alive is not None else left
+            step = min(ALIVE_CHECK_S, left) if self.dead_receivers is not None else left
             try:
                 self.store.wait([f"ack/{r}/{seq}"], datetime.timedelta(seconds=max(step, 0.001)))
                 return
             except RuntimeError:
                 if time.monotonic() >= deadline:
                     raise
-                if self.peers_alive is not None and not self.peers_alive():
-                    self.stopped.add(r)
-                    raise TransportError(f"weight-sync receiver {r}'s process died (waiting for its answer "
-                                         f"to {op!r})") from None
+                dead = set(self.dead_receivers()) if self.dead_receivers is not None else set()
+                if dead:  # a dead receiver never answers: the exchange cannot complete
+                    self.stopped |= dead
+                    names = ", ".join(map(str, sorted(dead)))
+                    raise TransportError(f"weight-sync receiver {names}'s process died (waiting for receiver "
+                                         f"{r}'s answer to {op!r})") from None
 
     def send_checked(self, message: dict, during: Callable[[], None] | None = None) -> list[Any]:
         """`send`, raising the first receiver error (engine errors keep their class)."""
@@ -277,6 +295,12 @@ class ChannelTransport(WeightTransport):
     async def abort(self, client: UpdateClient | None) -> bool:
         results = await asyncio.to_thread(self.channel.send_checked, {"op": "abort"})
         return all(results)
+
+    def readmit(self, ranks: Collection[int]) -> None:
+        """The receivers at `ranks` are being replaced (their processes died): call before starting
+        the new ones; they get messages from the next one on."""
+        for rank in ranks:
+            self.channel.readmit(rank)
 
     def close_receivers(self, timeout: float = 10.0) -> None:
         """Tell every receiver to return from `serve` (best effort)."""

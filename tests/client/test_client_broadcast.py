@@ -99,6 +99,66 @@ def test_a_server_out_of_the_group_drops_it_and_a_new_init_recovers(serve, new_w
     assert version == 7 and all(equal(weights_of(s.engine.engine), dict(new_weights)) for s in servers)
 
 
+def test_a_server_that_is_gone_fails_the_group_at_once_and_frees_the_live_one(serve):
+    """No wait on the dead (issue 18): the host used to wait for every join, and the live server's
+    join waited in the group's rendezvous for the gone server's rank until the group's timeout
+    (120 s here). At the first failed join the host now drops the rendezvous: the live server's
+    join fails at once and it keeps no group."""
+    live, gone = serve(), serve()
+    gone.stop()
+
+    async def run():
+        async with RemoteClient([live.url, gone.url], control_token=live.control_token) as client:
+            with pytest.raises(FanOutError) as failed:  # bounded wait: far below the group's timeout
+                await asyncio.wait_for(client.init_weight_transfer(max_chunk_bytes=CHUNK, timeout_s=120), 30)
+        return failed.value
+
+    failed = asyncio.run(run())
+    assert set(failed.errors) == {live.url, gone.url}
+    assert httpx.get(live.url + wire.HEALTH, timeout=30).json()["weight_transfer"] is None
+
+
+HOST = """
+import json, time
+from inflight.weight_sync.group import GroupHost
+host = GroupHost(2, "127.0.0.1", 0, timeout_s=120)
+print(json.dumps(host.init_request(1)), flush=True)
+time.sleep(600)  # never forms the group: killed by the test
+"""
+
+
+def test_a_server_joining_a_group_whose_host_dies_answers_at_once(serve):
+    """A server waiting to join fails as soon as the host's process is gone, with a 502 that says
+    the master was lost (it used to answer 504 "did not form within 120s": the group's timeout,
+    which it had not waited). The host is a process killed by PID; the wait is bounded."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    server = serve()
+    host = subprocess.Popen([sys.executable, "-c", HOST], stdout=subprocess.PIPE, text=True,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    try:
+        request = json.loads(host.stdout.readline())
+
+        async def run():
+            async with httpx.AsyncClient(timeout=60) as http:
+                joining = asyncio.create_task(http.post(server.url + wire.INIT_WEIGHT_TRANSFER, json=request,
+                                                        headers={"Authorization": f"Bearer {server.control_token}"}))
+                await asyncio.sleep(1.0)  # the server reached the host's store and waits for the group
+                host.send_signal(signal.SIGKILL)
+                return await asyncio.wait_for(joining, 30)  # bounded: far below the group's timeout
+
+        response = asyncio.run(run())
+    finally:
+        host.kill()
+        host.wait(10)
+    assert response.status_code == 502 and "lost the weight-transfer master" in response.text, response.text
+    assert httpx.get(server.url + wire.HEALTH, timeout=30).json()["weight_transfer"] is None
+
+
 def test_remote_client_needs_a_group_and_the_control_token(serve, new_weights):
     server = serve()
 

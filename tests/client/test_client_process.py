@@ -5,6 +5,8 @@ weight updates over a broadcast group the client hosts."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -15,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))  # the tr
 from rl_support import small_task, warm_model_dir  # noqa: E402
 
 from inflight.client import LocalClient, update_weights  # noqa: E402
-from inflight.client.process import EngineProcess, ReceiverSpec  # noqa: E402
+from inflight.client.process import EngineProcess, EngineProcessError, ReceiverSpec  # noqa: E402
 from inflight.config import load_config  # noqa: E402
 from inflight.engine import (  # noqa: E402
     AsyncEngine,
@@ -117,3 +119,42 @@ def test_process_client_updates_weights_over_a_broadcast_group(model_dir):
     # differently (AVX2 MKL does, per thread count), while a wrong weight moves them by > 1e-2
     assert output.output_token_ids == expected.output_token_ids
     assert output.logprobs == pytest.approx(expected.logprobs, abs=1e-5)
+
+
+def test_a_killed_engine_process_fails_its_calls_naming_it_and_restarts_paused(model_dir):
+    """Issue 18: a child killed by PID fails the call waiting on it (a generation queued behind a
+    KEEP pause) and every later call with an EngineProcessError naming the engine, its pid and the
+    signal; `restart()` starts a new child behind the same client, in a KEEP pause, so it runs
+    nothing until it is resumed (after a weight sync, in training)."""
+    prompt = small_task().encode_prompt("3+4=")
+    greedy = SamplingParams(max_tokens=4, temperature=0.0)
+    proc = EngineProcess(EngineConfig(model=str(model_dir), num_kv_blocks=64), 1, name="engine-3")
+
+    async def main():
+        client = proc.client
+        expected = await client.generate(prompt, greedy)
+        await client.pause("keep")
+        waiting = asyncio.create_task(client.generate(prompt, greedy))
+        await asyncio.sleep(0.2)
+        pid = proc.process.pid
+        os.kill(pid, signal.SIGKILL)
+        died = rf"engine-3 \(pid {pid}\) exited: killed by signal 9 \(SIGKILL\)"
+        with pytest.raises(EngineProcessError, match=died):
+            await asyncio.wait_for(waiting, 30)  # bounded: it must not wait on the dead
+        with pytest.raises(EngineProcessError, match=died):
+            await asyncio.wait_for(client.weight_version(), 30)
+        described = proc.describe()
+        await asyncio.to_thread(proc.restart)
+        status = await client.status()
+        await client.resume()
+        again = await asyncio.wait_for(client.generate(prompt, greedy), 30)
+        return pid, described, status, expected, again
+
+    try:
+        pid, described, status, expected, again = asyncio.run(main())
+    finally:
+        proc.close()
+    assert described == f"engine-3 (pid {pid}, killed by signal 9 (SIGKILL))"
+    assert proc.process.pid != pid and proc.process.poll() is not None
+    assert status["pause"] == "paused" and status["pause_mode"] == "keep" and status["weight_version"] == 0
+    assert again.output_token_ids == expected.output_token_ids  # the same model, loaded again

@@ -6,6 +6,8 @@ actor through its own client. Oracle: an in-process engine given the same tensor
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 
 import pytest
 
@@ -14,6 +16,7 @@ ray = pytest.importorskip("ray", reason="ray is not installed: pip install torch
 from inflight.client import LocalClient, update_weights  # noqa: E402
 from inflight.client.fanout import FanOutClient  # noqa: E402
 from inflight.cluster import EngineActor, RayEngineClient, init_ray  # noqa: E402
+from inflight.cluster.actors import dead_actors  # noqa: E402
 from inflight.engine import AsyncEngine, EngineConfig, LLMEngine, SamplingParams  # noqa: E402
 from inflight.engine.models.loader import iter_safetensors  # noqa: E402
 
@@ -76,3 +79,42 @@ def test_ray_engine_clients_update_weights_over_a_broadcast_group(ray_cluster, t
     for (tokens, logprobs), (want_tokens, want_logprobs) in pairs:
         assert tokens == want_tokens and logprobs == pytest.approx(want_logprobs, abs=1e-5)
     assert last != expected
+
+
+def test_a_killed_engine_actor_fails_its_calls_in_seconds_and_is_reported_dead(ray_cluster, tiny_model_factory):
+    """The Ray path of no wait on the dead (issue 18): an engine actor killed by PID (SIGKILL)
+    fails the call waiting on it (a generation queued behind a KEEP pause: it would never end on
+    its own) and every later call with RayActorError, and `dead_actors` (what a weight transport's
+    wait for an acknowledgement asks every second) names it and not the live one."""
+    config = EngineConfig(model=str(tiny_model_factory("qwen2")), block_size=4, num_kv_blocks=64)
+    actors = [EngineActor.remote(config) for _ in range(2)]
+
+    async def main():
+        doomed, live = RayEngineClient(actors[0]), RayEngineClient(actors[1])
+        pid = await actors[0].pid.remote()
+        await doomed.pause("keep")
+        waiting = asyncio.create_task(doomed.generate(PROMPT, GREEDY))
+        await asyncio.sleep(0.2)  # the call reached the actor (it waits there either way)
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(ray.exceptions.RayActorError):
+            await asyncio.wait_for(waiting, 30)  # bounded: it must not wait on the dead
+        with pytest.raises(ray.exceptions.RayActorError):
+            await asyncio.wait_for(doomed.weight_version(), 30)
+        return await asyncio.to_thread(dead_actors, actors), await live.weight_version()
+
+    try:
+        dead, live_version = asyncio.run(main())
+    finally:
+        for actor in actors:
+            ray.kill(actor)
+    assert dead == [0] and live_version == 0
+
+
+def test_engine_restarts_are_refused_for_ray_engine_actors():
+    """`trainer.fully_async.engine_restarts` is not implemented for Ray actors yet: refused, not ignored."""
+    from inflight.cluster.runtime import RayRuntime
+    from inflight.train.engine_restarts import EngineRestarts
+
+    with pytest.raises(ValueError, match=r"trainer.fully_async.engine_restarts=2: .* RayRuntime"):
+        EngineRestarts.of(RayRuntime(None), 2)
+    assert EngineRestarts.of(RayRuntime(None), 0).engines == []

@@ -68,6 +68,19 @@ def test_violation_carries_key_value_rule_and_fix():
     assert str(v).startswith(f"{FA}num_parallel_generation_workers=4: ")
 
 
+@pytest.mark.parametrize(("overrides", "rule", "fix"), [
+    ([f"{FA}engine_restarts=-1"], "must be >= 0", f"set {FA}engine_restarts to 0 or more"),
+    ([f"{FA}engine_restarts=2", f"{IE}weight_sync_backend=inprocess"], "weight_sync_backend=inprocess",
+     f"set {IE}weight_sync_backend=shm (or broadcast)"),
+    ([f"{FA}engine_restarts=2", f"{FA}enabled=false", f"{IE}weight_sync_backend=shm"], "fully-async trainer only",
+     f"set {FA}enabled=true or {FA}engine_restarts=0"),
+])
+def test_engine_restarts_need_engine_processes_of_the_fully_async_trainer(overrides, rule, fix):
+    v = _one(*overrides)
+    assert v.key == f"{FA}engine_restarts" and rule in v.rule and v.fix == fix
+    load_config(None, [f"{FA}engine_restarts=2", f"{IE}weight_sync_backend=broadcast"])  # valid
+
+
 def test_config_error_is_a_value_error():
     assert issubclass(ConfigError, ValueError)
 

@@ -101,6 +101,43 @@ def test_a_wait_pause_ended_by_a_resume_returns(make_engine):
     assert not paused and len(output.output_token_ids) == 900
 
 
+def test_a_wait_pause_sleeps_until_the_drain_ends(make_engine, monkeypatch):
+    """pause('wait') used to look at the engine every 5 ms while the drain lasted (issue 18 finding
+    7); now the step loop wakes it when the drain ends. With every step held off (the engine's lock
+    held by the test), the waiting pause reads the drain state at most once more, however long the
+    drain lasts; then the request is aborted, which ends the drain, and the pause returns."""
+    from inflight.engine.engine import LLMEngine
+
+    reads: list[str] = []
+    draining = LLMEngine.is_draining
+    counted = property(lambda self: reads.append(threading.current_thread().name) or draining.fget(self))
+    monkeypatch.setattr(LLMEngine, "is_draining", counted)
+
+    async def run():
+        engine = make_engine()
+        long = SamplingParams(max_tokens=900, temperature=0.0, ignore_eos=True)
+        task = asyncio.create_task(engine.generate([5, 6, 7], long, request_id="long"))
+        await until(lambda: engine.engine.stats.generated_tokens > 0)  # decoding
+        pause = asyncio.create_task(engine.pause("wait"))
+        await until(lambda: draining.fget(engine.engine))
+        held = HeldLock(engine)
+        reads.clear()
+        await asyncio.sleep(0.3)  # polling every 5 ms would read it ~60 times in this window
+        on_loop = [r for r in reads if r == threading.current_thread().name]
+        held.release()
+        assert not pause.done()
+        await engine.abort(["long"])  # the drain's last request: the drain ends, paused
+        await asyncio.wait_for(pause, ANSWER_S)
+        output = await asyncio.wait_for(task, ANSWER_S)
+        paused = engine.engine.is_paused
+        await engine.close()
+        return on_loop, paused, output
+
+    on_loop, paused, output = asyncio.run(run())
+    assert len(on_loop) <= 1, on_loop
+    assert paused and output.finish_reason == "abort"
+
+
 def test_health_reports_runnable_work_that_no_step_touches(make_engine):
     """A request the engine could run but no step reaches is reported (the step loop is replaced by
     one that never steps, as a lost wake-up would leave it); frozen requests are not stalled."""

@@ -23,7 +23,7 @@ def _free_port() -> int:
 def test_a_dead_receiver_process_fails_the_wait_at_once():
     channel = ControlChannel("127.0.0.1", _free_port(), num_receivers=1, timeout=600)
     engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    channel.peers_alive = lambda: engine.poll() is None
+    channel.dead_receivers = lambda: [] if engine.poll() is None else [1]
     try:
         engine.kill()
         engine.wait(timeout=10)
@@ -46,7 +46,7 @@ def test_a_live_receiver_that_answers_is_waited_for(monkeypatch):
     monkeypatch.setattr(transport, "ALIVE_CHECK_S", 0.05)
     port = _free_port()
     sender = ControlChannel("127.0.0.1", port, num_receivers=1, timeout=60)
-    sender.peers_alive = lambda: True
+    sender.dead_receivers = lambda: []
     receiver = ControlChannel("127.0.0.1", port, num_receivers=1, rank=1, timeout=60)
 
     def answer() -> None:
@@ -58,3 +58,35 @@ def test_a_live_receiver_that_answers_is_waited_for(monkeypatch):
     thread.start()
     assert sender.send_checked({"op": "begin"}) == ["begin"]
     thread.join()
+
+
+def test_forming_a_broadcast_group_with_a_dead_receiver_fails_at_once():
+    """The broadcast transport's group waits for every receiver to join (its whole timeout, 120 s
+    here); a receiver whose process is dead never will: the wait ends within a check or two."""
+    import threading
+
+    from inflight.weight_sync import BroadcastTransport
+
+    transport = BroadcastTransport("127.0.0.1", 0, num_receivers=1, timeout=120)
+    engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    transport.channel.dead_receivers = lambda: [] if engine.poll() is None else [1]
+    outcome: list[BaseException] = []
+
+    def connect() -> None:
+        try:
+            transport.connect()
+        except BaseException as err:  # the outcome is the test's
+            outcome.append(err)
+
+    thread = threading.Thread(target=connect, daemon=True)
+    try:
+        thread.start()
+        engine.kill()
+        engine.wait(timeout=10)
+        thread.join(30)  # bounded: far below the group's timeout
+        assert not thread.is_alive() and len(outcome) == 1
+        assert isinstance(outcome[0], TransportError) and "died while the group formed" in str(outcome[0])
+    finally:
+        transport.close()
+        if engine.poll() is None:
+            engine.kill()
