@@ -251,12 +251,14 @@ def main(argv: list[str] | None = None, start_ray: Starter | None = None) -> int
     warm = None
     if cfg.trainer.policy.model.path is None:
         warm = prepare_base_model(cfg, job, task, say)
+    from inflight.client.process import EngineProcessError
     from inflight.train.data_setup import NothingGeneratedError
+    from inflight.train.engine_restarts import EngineDiedError
 
     try:
         summary = asyncio.run(run_job(cfg, job, task, say, start_ray if job.ray else None))
-    except NothingGeneratedError as err:
-        print(f"error: {err}", file=sys.stderr)
+    except (NothingGeneratedError, EngineDiedError, EngineProcessError) as err:
+        print(f"error: {err}", file=sys.stderr)  # the message names what failed and what to do
         return 1
     summary["total_seconds"] = time.perf_counter() - started
     if warm is not None:

@@ -192,3 +192,20 @@ def test_used_up_restarts_stop_the_run_naming_the_engine(model_dir):
         proc.close()
     assert f"engine-1 (pid {pid}, killed by signal 9 (SIGKILL)) died (1 of 1 restarts used" in message
     assert "trainer.fully_async.engine_restarts" in message and proc.process.pid == pid  # not restarted
+
+
+def test_inflight_train_says_which_engine_died_in_one_line(monkeypatch, capsys, tiny_model_factory, tmp_path):
+    """`inflight train` ends a run whose engine died with rc 1 and the error's own words, not a
+    traceback (the error names the engine, its pid and signal, and the key that restarts it)."""
+    from inflight.train import main as train_main
+
+    message = "engine process engine-0 (pid 4242, killed by signal 9 (SIGKILL)) died (restarts are off: set ...)"
+
+    async def dies(*args, **kwargs):
+        raise EngineDiedError(message)
+
+    monkeypatch.setattr(train_main, "run_job", dies)
+    model = tiny_model_factory("qwen2")
+    rc = train_main.main([f"trainer.policy.model.path={model}", f"job.output_dir={tmp_path}"])
+    err = capsys.readouterr().err
+    assert rc == 1 and f"error: {message}" in err and "Traceback" not in err
