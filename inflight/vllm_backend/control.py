@@ -48,8 +48,17 @@ def build_router(life: Lifecycle, stage: WeightStage, routes: Any, *, api_key: s
     guarded = [Depends(bearer(control_token, "control token", 403))]
 
     @router.post(routes.GENERATE, dependencies=[Depends(bearer(api_key, "API key", 401))])
-    async def generate(body: GenerateBody) -> dict[str, Any]:
-        return await run_request(life, body, max_model_len)
+    async def generate(body: GenerateBody, request: Request) -> Any:
+        """Runs until done or until the client disconnects (then vLLM aborts the request)."""
+        work = asyncio.create_task(run_request(life, body, max_model_len))
+        watch = asyncio.create_task(_disconnect(request))
+        done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+        if work in done:
+            watch.cancel()
+            return work.result()
+        work.cancel()  # cancelling vLLM's generator aborts the request there
+        await asyncio.gather(work, return_exceptions=True)
+        return Response(status_code=499)
 
     @router.post(routes.PAUSE, dependencies=guarded)
     async def pause(mode: str = "keep") -> dict[str, Any]:
@@ -170,6 +179,12 @@ def build_router(life: Lifecycle, stage: WeightStage, routes: Any, *, api_key: s
         return Response(render_metrics(life), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     return router
+
+
+async def _disconnect(request: Request) -> None:
+    """Returns when the client goes away (the body is already read: only the disconnect is left)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _decode(body: bytes) -> list[tuple[str, Any]]:

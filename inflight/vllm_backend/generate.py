@@ -33,6 +33,11 @@ from .errors import APIError
 from .state import Lifecycle
 
 GREEDY_BELOW = 1e-5  # as inflight.engine.request: below it, greedy
+# vLLM hands the shim a request's new tokens every STREAM_INTERVAL tokens (and always its first):
+# an output per step keeps the event loop busy when the engine outpaces the frontend (seen with
+# the tiny test model: a pause request then waited until generation ended); the first token is
+# what `restart_unstarted` needs to know.
+STREAM_INTERVAL = 32
 
 
 class SamplingFields(BaseModel):
@@ -99,6 +104,7 @@ def vllm_sampling(p: SamplingFields) -> Any:
         max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p, top_k=max(p.top_k, 0),
         seed=p.seed, logprobs=p.top_logprobs if p.logprobs else None, stop_token_ids=list(p.stop_token_ids),
         ignore_eos=p.ignore_eos, detokenize=False, output_kind=RequestOutputKind.DELTA,
+        stream_interval=STREAM_INTERVAL,
     )
 
 
@@ -120,9 +126,12 @@ class Live:
     logprobs: list[float] = field(default_factory=list)
     top: list[list[list[float]]] = field(default_factory=list)
 
+    nonce: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+
     @property
     def vllm_id(self) -> str:
-        return f"{self.request_id}#{self.attempt}"
+        """vLLM's id of the current attempt: unique even when a caller reuses its request ids."""
+        return f"{self.request_id}#{self.nonce}.{self.attempt}"
 
 
 def versions_from_spans(spans: Any, num_tokens: int) -> list[int]:

@@ -109,7 +109,7 @@ class Lifecycle:
 
     def status(self) -> dict[str, Any]:
         """The keys of the native `EngineStatus.to_dict()` that have a meaning here (`kv_cache_usage`
-        is not known to the shim: None), plus the shim's counters."""
+        is not known to the shim: None), plus the shim's counters and each live request's progress."""
         num_live = len(self.live)
         frozen = num_live if (self.engine_paused and self.pause != DRAINING) else 0
         return {
@@ -120,4 +120,6 @@ class Lifecycle:
             "paused": self.pause == PAUSED, "draining": self.pause == DRAINING,
             "has_unfinished": num_live > 0, "backend": "vllm", "kv_discarded": self.kv_discarded,
             "stats": dict(vars(self.stats)),
+            # token-route requests in flight: output tokens this server has received of each so far
+            "live_output_tokens": {rid: getattr(lv, "num_outputs", 0) for rid, lv in list(self.live.items())},
         }

@@ -1,4 +1,4 @@
-"""One live vLLM server per module (`inflight serve --backend vllm`) on a tiny fp32 Qwen2 with
+"""One live vLLM server per module (`inflight serve --backend vllm`) on a small fp32 Qwen2 with
 head_dim 64 (vLLM's CPU attention has no head_dim 16), and the transformers models it is held to."""
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from inflight.vllm_backend.venv import default_python, setup_commands
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "vllm-test-control"
-TINY = dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=1, intermediate_size=256)
+# head_dim 64; big enough that vLLM decodes for seconds, not milliseconds: a pause lands mid-decode
+TINY = dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, intermediate_size=512, num_hidden_layers=4)
 START_TIMEOUT_S = 300
 
 
@@ -80,7 +81,7 @@ def vllm_server(tmp_path_factory, tiny_model_factory, hf_model_factory):
     log = Path(tempfile.mkstemp(prefix="inflight-vllm-test-", suffix=".log")[1])
     args = [sys.executable, "-m", "inflight.server", "--backend", "vllm", "--vllm-python", python,
             "--model", str(models["A"]), "--port", str(port), "--control-token", TOKEN,
-            "--max-model-len", "512", "--threads", "1", "--kv-cache-memory-gib", "1", "--log-level", "warning"]
+            "--max-model-len", "1024", "--threads", "1", "--kv-cache-memory-gib", "1", "--log-level", "warning"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     with open(log, "w") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)

@@ -30,10 +30,25 @@ from inflight.engine.request import SamplingParams
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))  # the engine tests' oracles
 from conftest_weights import hf_continue  # noqa: E402
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(240)]
 
 PROMPTS = [[5, 17, 33, 40, 41], [7, 8, 9, 10, 11, 12, 13, 14, 15], [100, 3, 250]]
-LONG = 300  # decode length of the mid-decode tests: long enough that a pause lands mid-way
+LONG = 700  # decode length of the mid-decode tests: long enough that a pause lands mid-way
+
+
+@pytest.fixture(autouse=True)
+def running_again(vllm_server):
+    """After each test, the server runs again (a failed test must not leave it paused or updating)."""
+    yield
+
+    async def restore() -> None:
+        client = await _client(vllm_server)
+        await client.abort_weight_update()
+        await client.wake_up()
+        await client.resume()
+        await client.close()
+
+    run(restore())
 
 
 def greedy(max_tokens: int, **kw) -> SamplingParams:
@@ -53,23 +68,34 @@ async def _serve(client: RemoteClient, server, tag: str) -> int:
     return await update_weights(client, list(server.weights[tag].items()))
 
 
-async def _generated_tokens(server) -> float:
-    async with httpx.AsyncClient() as http:
-        text = (await http.get(server.url + "/metrics")).text
+async def _generated_tokens(http: httpx.AsyncClient, server) -> float:
+    text = (await http.get(server.url + "/metrics")).text
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith("vllm:generation_tokens_total"))
 
 
-async def _start_mid_decode(client: RemoteClient, server) -> list[asyncio.Task]:
-    """Start every prompt (LONG tokens each), keep-pause once each has sampled a few."""
-    before = await _generated_tokens(server)
-    tasks = [asyncio.create_task(client.generate(p, greedy(LONG))) for p in PROMPTS]
-    for _ in range(2000):
-        if await _generated_tokens(server) >= before + 4 * len(PROMPTS):
-            break
-        await asyncio.sleep(0.005)
-    await client.pause("keep")
-    return tasks
+async def _start_mid_decode(client: RemoteClient, server, attempts: int = 4) -> list[asyncio.Task]:
+    """Start every prompt (LONG tokens each) and keep-pause once vLLM has sampled a few tokens of
+    each; what the pause froze is checked (/status: each live request's progress) and the start is
+    tried again if the pause came too early or too late (no assumption about decode speed)."""
+    history = []
+    async with httpx.AsyncClient() as http:
+        for attempt in range(attempts):
+            before = await _generated_tokens(http, server)
+            tasks = [asyncio.create_task(client.generate(p, greedy(LONG, logprobs=False), request_id=f"mid-{attempt}-{i}"))
+                     for i, p in enumerate(PROMPTS)]
+            for _ in range(1000):
+                if await _generated_tokens(http, server) >= before + 8 * len(PROMPTS):
+                    break
+                await asyncio.sleep(0.01)
+            await client.pause("keep")
+            live = (await http.get(server.url + "/status")).json()["live_output_tokens"]
+            history.append(sorted(live.values()))
+            if len(live) == len(PROMPTS) and min(live.values()) >= 1:
+                return tasks
+            await client.resume()
+            await asyncio.gather(*tasks)
+    raise AssertionError(f"no keep pause landed mid-decode in {attempts} attempts: {history}")
 
 
 def _split(out, old: int, new: int) -> int:
@@ -276,3 +302,33 @@ def test_control_routes_need_the_token(vllm_server):
     assert response.status_code == 403
     health = httpx.get(vllm_server.url + "/health").json()
     assert health["status"] == "ok" and health["backend"] == "vllm"
+
+
+def test_a_client_that_goes_away_aborts_its_request_in_vllm(vllm_server):
+    async def running(http: httpx.AsyncClient) -> tuple[int, float]:
+        ours = (await http.get(vllm_server.url + "/status")).json()["num_running"]
+        text = (await http.get(vllm_server.url + "/metrics")).text
+        theirs = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                     if line.startswith("vllm:num_requests_running"))
+        return ours, theirs
+
+    async def go():
+        body = {"prompt_token_ids": PROMPTS[0], "sampling_params": {"max_tokens": 1000, "temperature": 0.0,
+                                                                    "ignore_eos": True}}
+        async with httpx.AsyncClient() as http, httpx.AsyncClient(timeout=120) as caller:
+            before = await _generated_tokens(http, vllm_server)
+            call = asyncio.create_task(caller.post(vllm_server.url + "/inflight/v1/generate", json=body))
+            for _ in range(1000):
+                if (await running(http))[1] >= 1:
+                    break
+                await asyncio.sleep(0.005)
+            call.cancel()  # the connection closes
+            await asyncio.gather(call, return_exceptions=True)
+            for _ in range(200):
+                if await running(http) == (0, 0.0):
+                    return await _generated_tokens(http, vllm_server) - before
+                await asyncio.sleep(0.05)
+            return await running(http)
+
+    generated = run(go())
+    assert isinstance(generated, float) and generated < 1000, generated
