@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,13 +29,19 @@ READY_LINE = "inflight vLLM backend ready on"
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="inflight serve --backend vllm",
-                                description="our HTTP API over vLLM (options after -- go to vLLM)")
+                                description="our HTTP API over vLLM (options after -- go to vLLM)",
+                                epilog="read before vLLM's python starts: --vllm-python PY (default "
+                                       "$INFLIGHT_VLLM_PYTHON, else .venv-vllm/bin/python), --threads N (CPU "
+                                       "threads vLLM binds; default all), --kv-cache-memory-gib G (CPU KV "
+                                       "cache, default 1)")
     p.add_argument("--model", required=True, help="local Hugging Face model directory (safetensors)")
     p.add_argument("--served-model-name", default=None)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--api-key", default=None, help="bearer key of the OpenAI routes and the token route")
-    p.add_argument("--control-token", default=None, help="bearer token of the control routes")
+    p.add_argument("--api-key", default=os.environ.get("INFLIGHT_API_KEY"),
+                   help="bearer key of the OpenAI routes and the token route (env INFLIGHT_API_KEY)")
+    p.add_argument("--control-token", default=os.environ.get("INFLIGHT_CONTROL_TOKEN"),
+                   help="bearer token of the control routes (env INFLIGHT_CONTROL_TOKEN)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--max-num-seqs", type=int, default=64)

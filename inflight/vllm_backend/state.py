@@ -119,6 +119,7 @@ class Lifecycle:
             "num_waiting": 0, "num_frozen": frozen, "kv_cache_usage": None,
             "paused": self.pause == PAUSED, "draining": self.pause == DRAINING,
             "has_unfinished": num_live > 0, "backend": "vllm", "kv_discarded": self.kv_discarded,
+            "vllm_num_unfinished": self.engine.get_num_unfinished_requests(),  # every route's, in vLLM
             "stats": dict(vars(self.stats)),
             # token-route requests in flight: output tokens this server has received of each so far
             "live_output_tokens": {rid: getattr(lv, "num_outputs", 0) for rid, lv in list(self.live.items())},

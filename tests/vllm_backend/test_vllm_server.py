@@ -33,7 +33,10 @@ from conftest_weights import hf_continue  # noqa: E402
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(240)]
 
 PROMPTS = [[5, 17, 33, 40, 41], [7, 8, 9, 10, 11, 12, 13, 14, 15], [100, 3, 250]]
-LONG = 700  # decode length of the mid-decode tests: long enough that a pause lands mid-way
+# fp32 logits from another summation order (oneDNN vs torch) over 4 layers of 512/1024-wide sums:
+# ~2n eps relative per sum, on logits of magnitude ~10 (scaled by 1/T): 2 * 1024 * 6e-8 * 10 / 0.7
+TOL = 2e-3
+LONG = 1000  # decode length of the mid-decode tests: long enough that a pause lands mid-way
 
 
 @pytest.fixture(autouse=True)
@@ -68,30 +71,25 @@ async def _serve(client: RemoteClient, server, tag: str) -> int:
     return await update_weights(client, list(server.weights[tag].items()))
 
 
-async def _generated_tokens(http: httpx.AsyncClient, server) -> float:
-    text = (await http.get(server.url + "/metrics")).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("vllm:generation_tokens_total"))
-
-
-async def _start_mid_decode(client: RemoteClient, server, attempts: int = 4) -> list[asyncio.Task]:
-    """Start every prompt (LONG tokens each) and keep-pause once vLLM has sampled a few tokens of
-    each; what the pause froze is checked (/status: each live request's progress) and the start is
-    tried again if the pause came too early or too late (no assumption about decode speed)."""
+async def _start_mid_decode(client: RemoteClient, server, prompts: list[list[int]] = PROMPTS,
+                            attempts: int = 10) -> list[asyncio.Task]:
+    """Start every prompt (LONG tokens each) and keep-pause once each has sampled its first token
+    (the server's /status shows each live request's progress); what the pause froze is checked and
+    the start is tried again if the pause came too late (no assumption about decode speed)."""
     history = []
     async with httpx.AsyncClient() as http:
         for attempt in range(attempts):
-            before = await _generated_tokens(http, server)
             tasks = [asyncio.create_task(client.generate(p, greedy(LONG, logprobs=False), request_id=f"mid-{attempt}-{i}"))
-                     for i, p in enumerate(PROMPTS)]
-            for _ in range(1000):
-                if await _generated_tokens(http, server) >= before + 8 * len(PROMPTS):
+                     for i, p in enumerate(prompts)]
+            for _ in range(2000):
+                live = (await http.get(server.url + "/status")).json()["live_output_tokens"]
+                if len(live) == len(prompts) and min(live.values()) >= 1 or all(t.done() for t in tasks):
                     break
-                await asyncio.sleep(0.01)
+                await asyncio.sleep(0.002)
             await client.pause("keep")
             live = (await http.get(server.url + "/status")).json()["live_output_tokens"]
             history.append(sorted(live.values()))
-            if len(live) == len(PROMPTS) and min(live.values()) >= 1:
+            if len(live) == len(prompts) and min(live.values()) >= 1:
                 return tasks
             await client.resume()
             await asyncio.gather(*tasks)
@@ -123,7 +121,7 @@ def test_greedy_tokens_and_logprobs_equal_transformers(vllm_server):
         with torch.no_grad():
             logits = model(torch.tensor([prompt + out.output_token_ids])).logits[0, len(prompt) - 1 : -1]
         ref = torch.log_softmax(logits, -1).gather(1, torch.tensor(out.output_token_ids)[:, None])[:, 0]
-        assert torch.allclose(torch.tensor(out.logprobs), ref, atol=1e-4), (out.logprobs[:4], ref[:4])
+        assert torch.allclose(torch.tensor(out.logprobs), ref, atol=TOL), (out.logprobs[:4], ref[:4])
 
 
 def test_sampled_logprobs_are_temperature_scaled_before_filters(vllm_server):
@@ -143,10 +141,10 @@ def test_sampled_logprobs_are_temperature_scaled_before_filters(vllm_server):
         logits = model(torch.tensor([PROMPTS[0] + out.output_token_ids])).logits[0, len(PROMPTS[0]) - 1 : -1]
     scaled = torch.log_softmax(logits / 0.7, -1)
     for i, token in enumerate(out.output_token_ids):
-        assert math.isclose(out.logprobs[i], scaled[i, token].item(), abs_tol=1e-4)
+        assert math.isclose(out.logprobs[i], scaled[i, token].item(), abs_tol=TOL)
         top = scaled[i].topk(3)
         assert [t for t, _ in out.top_logprobs[i]] == top.indices.tolist()
-        assert torch.allclose(torch.tensor([lp for _, lp in out.top_logprobs[i]]), top.values, atol=1e-4)
+        assert torch.allclose(torch.tensor([lp for _, lp in out.top_logprobs[i]]), top.values, atol=TOL)
 
 
 def test_logprobs_with_top_p_are_refused_not_different(vllm_server):
@@ -305,30 +303,22 @@ def test_control_routes_need_the_token(vllm_server):
 
 
 def test_a_client_that_goes_away_aborts_its_request_in_vllm(vllm_server):
-    async def running(http: httpx.AsyncClient) -> tuple[int, float]:
-        ours = (await http.get(vllm_server.url + "/status")).json()["num_running"]
-        text = (await http.get(vllm_server.url + "/metrics")).text
-        theirs = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                     if line.startswith("vllm:num_requests_running"))
-        return ours, theirs
-
+    """A caller that closes its connection aborts its request inside vLLM, also a frozen one."""
     async def go():
-        body = {"prompt_token_ids": PROMPTS[0], "sampling_params": {"max_tokens": 1000, "temperature": 0.0,
-                                                                    "ignore_eos": True}}
-        async with httpx.AsyncClient() as http, httpx.AsyncClient(timeout=120) as caller:
-            before = await _generated_tokens(http, vllm_server)
-            call = asyncio.create_task(caller.post(vllm_server.url + "/inflight/v1/generate", json=body))
-            for _ in range(1000):
-                if (await running(http))[1] >= 1:
-                    break
-                await asyncio.sleep(0.005)
-            call.cancel()  # the connection closes
-            await asyncio.gather(call, return_exceptions=True)
-            for _ in range(200):
-                if await running(http) == (0, 0.0):
-                    return await _generated_tokens(http, vllm_server) - before
-                await asyncio.sleep(0.05)
-            return await running(http)
+        client = await _client(vllm_server)
+        tasks = await _start_mid_decode(client, vllm_server, [PROMPTS[0]])
+        frozen = (await client.status())[vllm_server.url]
+        tasks[0].cancel()  # RemoteClient closes the connection
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for _ in range(400):
+            now = (await client.status())[vllm_server.url]
+            if not now["live_output_tokens"] and now["vllm_num_unfinished"] == 0:
+                break
+            await asyncio.sleep(0.05)
+        await client.resume()
+        await client.close()
+        return frozen, now
 
-    generated = run(go())
-    assert isinstance(generated, float) and generated < 1000, generated
+    frozen, now = run(go())
+    assert frozen["vllm_num_unfinished"] == 1 and len(frozen["live_output_tokens"]) == 1
+    assert now["live_output_tokens"] == {} and now["vllm_num_unfinished"] == 0 and now["paused"]
