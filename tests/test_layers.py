@@ -23,6 +23,7 @@ LAYERS: dict[str, int] = {
     "engine": 3,
     "weight_sync": 4,
     "client": 5,
+    "vllm_backend": 5,  # below server: `inflight serve --backend vllm` (server/main.py) execs it
     "server": 6,
     "rollout": 6,
     "eval": 7,

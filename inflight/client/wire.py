@@ -9,28 +9,29 @@ import torch
 from safetensors.torch import load as _load
 from safetensors.torch import save as _save
 
+from inflight.client.routes import (  # noqa: F401  (one source of the paths: see routes.py)
+    DESTROY_WEIGHT_TRANSFER,
+    GENERATE,
+    HEALTH,
+    INIT_WEIGHT_TRANSFER,
+    INIT_WEIGHT_TRANSFER_ALIAS,
+    METRICS,
+    PAUSE,
+    RESET_PREFIX_CACHE,
+    RESUME,
+    SLEEP,
+    STATUS,
+    WAKE_UP,
+    WEIGHT_VERSION,
+    WEIGHTS_ABORT,
+    WEIGHTS_BEGIN,
+    WEIGHTS_BROADCAST,
+    WEIGHTS_CHUNK,
+    WEIGHTS_FINISH,
+)
 from inflight.weight_sync.group import DEFAULT_WEIGHT_GROUP  # noqa: F401  (the routes' default group name)
 
 CONTENT_TYPE = "application/octet-stream"
-
-GENERATE = "/inflight/v1/generate"
-PAUSE = "/pause"
-RESUME = "/resume"
-SLEEP = "/sleep"
-WAKE_UP = "/wake_up"
-RESET_PREFIX_CACHE = "/reset_prefix_cache"
-WEIGHTS_BEGIN = "/weight_update/begin"
-WEIGHTS_CHUNK = "/weight_update/chunk"
-WEIGHTS_FINISH = "/weight_update/finish"
-WEIGHTS_ABORT = "/weight_update/abort"
-WEIGHTS_BROADCAST = "/weight_update/broadcast"
-INIT_WEIGHT_TRANSFER = "/init_weight_update_communicator"  # SkyRL's name for joining the group
-INIT_WEIGHT_TRANSFER_ALIAS = "/init_weight_transfer"
-DESTROY_WEIGHT_TRANSFER = "/destroy_weights_update_group"
-WEIGHT_VERSION = "/weight_version"
-STATUS = "/status"
-HEALTH = "/health"
-METRICS = "/metrics"
 
 
 def encode_tensors(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> bytes:

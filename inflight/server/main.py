@@ -12,6 +12,9 @@ from pathlib import Path
 def build_parser(prog: str = "python -m inflight.server") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description="OpenAI-compatible inference server with "
                                      "in-flight weight updates (native paged-KV engine)")
+    parser.add_argument("--backend", default="native", choices=["native", "vllm"],
+                        help="native: this package's engine; vllm: our API over vLLM, run by vLLM's own python "
+                             "(--vllm-python PY, --threads N, --kv-cache-memory-gib G; see inflight/vllm_backend)")
     parser.add_argument("--model", required=True, help="local Hugging Face model directory")
     parser.add_argument("--tokenizer", default=None, help="tokenizer directory (default: --model)")
     parser.add_argument("--served-model-name", default=None, help="model name in the API (default: dir name)")
@@ -56,7 +59,15 @@ def _is_loopback(host: str) -> bool:
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m inflight.server") -> int:
-    """Parse `argv`, load the engine and serve until interrupted; returns the exit status."""
+    """Parse `argv`, load the engine and serve until interrupted; returns the exit status. With
+    `--backend vllm` the process becomes vLLM's (`inflight.vllm_backend.launch`)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    backend = argparse.ArgumentParser(add_help=False)
+    backend.add_argument("--backend", default="native", choices=["native", "vllm"])
+    if backend.parse_known_args(argv)[0].backend == "vllm":
+        from inflight.vllm_backend.launch import main as launch_vllm
+
+        return launch_vllm(argv)
     args = build_parser(prog).parse_args(argv)
     import torch
     import uvicorn

@@ -1,0 +1,237 @@
+"""Our routes over vLLM: the token route and the control routes, with the native server's answers
+(`inflight/server/control.py`). Mutating control routes need the control token when one is set
+(401 without, 403 when wrong); the token route needs the API key when one is set; `/weight_version`,
+`/status`, `/health` and `/metrics` are open."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import JSONResponse, Response
+
+from .errors import APIError, error_response, state_error, weight_error
+from .generate import GenerateBody, restart_unstarted, run_request
+from .metrics import render_metrics
+from .state import INVALID, NONE, OPEN, PAUSED, RUNNING, Lifecycle
+from .weights import WeightStage, reload
+
+log = logging.getLogger("inflight.vllm_backend")
+PAUSE_MODES = ("abort", "keep", "wait")
+
+
+def bearer(token: str | None, what: str, wrong_status: int):
+    """A dependency requiring `Authorization: Bearer <token>` (none when token is None)."""
+    slug = what.lower().replace(" ", "_")
+
+    async def check(request: Request) -> None:
+        if token is None:
+            return
+        header = request.headers.get("authorization")
+        if not header:
+            raise APIError(401, f"this route requires the {what}: send 'Authorization: Bearer <{what}>'",
+                           code=f"missing_{slug}")
+        scheme, _, value = header.partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(value.strip().encode(), token.encode()):
+            raise APIError(wrong_status, f"invalid {what}", code=f"invalid_{slug}")
+
+    return check
+
+
+def build_router(life: Lifecycle, stage: WeightStage, routes: Any, *, api_key: str | None,
+                 control_token: str | None, max_model_len: int) -> APIRouter:
+    """Every route of ours (paths from `routes`, i.e. inflight/client/routes.py)."""
+    router = APIRouter()
+    guarded = [Depends(bearer(control_token, "control token", 403))]
+
+    @router.post(routes.GENERATE, dependencies=[Depends(bearer(api_key, "API key", 401))])
+    async def generate(body: GenerateBody, request: Request) -> Any:
+        """Runs until done or until the client disconnects (then vLLM aborts the request)."""
+        work = asyncio.create_task(run_request(life, body, max_model_len))
+        watch = asyncio.create_task(_disconnect(request))
+        done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+        if work in done:
+            watch.cancel()
+            return work.result()
+        work.cancel()  # cancelling vLLM's generator aborts the request there
+        await asyncio.gather(work, return_exceptions=True)
+        return Response(status_code=499)
+
+    @router.post(routes.PAUSE, dependencies=guarded)
+    async def pause(mode: str = "keep") -> dict[str, Any]:
+        if mode not in PAUSE_MODES:
+            raise APIError(400, f"mode={mode!r} must be one of {', '.join(PAUSE_MODES)}", param="mode")
+        async with life.lock:
+            aborted = await life.pause_engine(mode)
+        return {"success": True, "mode": mode, "paused": life.pause == PAUSED, "num_aborted": aborted}
+
+    @router.post(routes.RESUME, dependencies=guarded)
+    async def resume() -> dict[str, Any]:
+        async with life.lock:
+            if life.update != NONE or not (life.weights_awake and life.kv_cache_awake):
+                raise state_error(f"cannot resume: the update state is {life.update!r}, weights awake: "
+                                  f"{life.weights_awake}, KV cache awake: {life.kv_cache_awake}; finish a "
+                                  "complete weight update (or abort it) and wake both pools first")
+            life.pause, life.pause_mode = RUNNING, None
+            await life.settle()
+        return {"success": True, "paused": False}
+
+    @router.post(routes.SLEEP, dependencies=guarded)
+    async def sleep(offload_kv: bool = False) -> dict[str, Any]:
+        async with life.lock:
+            life.weights_awake = life.kv_cache_awake = False
+            life.update, life.can_roll_back = INVALID, False  # our contract: sleep drops the weights
+            stage.clear()
+            if offload_kv:
+                log.info("sleep(offload_kv=true): vLLM's KV cache lives in host memory on CPU: kept as is "
+                         "(offload = keep)")
+            else:
+                life.kv_discarded = True
+                log.info("sleep(offload_kv=false): the KV cache counts as discarded; every running or frozen "
+                         "request is reset before it runs again")
+            await life.settle()
+        return {"success": True, "offload_kv": offload_kv}
+
+    @router.post(routes.WAKE_UP, dependencies=guarded)
+    async def wake_up(tags: Annotated[list[str] | None, Query()] = None) -> dict[str, Any]:
+        wanted = set(tags or ("weights", "kv_cache"))
+        if wanted - {"weights", "kv_cache"}:
+            raise APIError(400, f"tags={sorted(wanted)}: known tags are weights and kv_cache", param="tags")
+        async with life.lock:
+            life.weights_awake |= "weights" in wanted
+            life.kv_cache_awake |= "kv_cache" in wanted
+            await life.settle()
+        return {"success": True, "weights_awake": life.weights_awake, "kv_cache_awake": life.kv_cache_awake}
+
+    @router.post(routes.RESET_PREFIX_CACHE, dependencies=guarded)
+    async def reset_prefix_cache(reset_running_requests: bool = False):
+        async with life.lock:
+            if reset_running_requests:
+                ok = await life.reset_running("resets")
+                life.kv_discarded = False  # nothing holds old KV any more
+            else:
+                ok = bool(await life.engine.reset_prefix_cache())
+        if ok:
+            return {"success": True}
+        err = APIError(409, "the prefix cache is not empty: blocks held by running or frozen requests keep "
+                       "their hashes; pass reset_running_requests=true or wait for them",
+                       code="prefix_cache_not_reset")
+        return error_response(err, extra={"success": False})
+
+    @router.post(routes.WEIGHTS_BEGIN, dependencies=guarded)
+    async def begin_weight_update() -> dict[str, Any]:
+        async with life.lock:
+            life.can_roll_back = life.update == NONE or life.can_roll_back
+            life.update = OPEN
+            stage.clear()
+            await life.settle()
+        return {"success": True}
+
+    @router.post(routes.WEIGHTS_CHUNK, dependencies=guarded)
+    async def load_weights_chunk(request: Request) -> dict[str, Any]:
+        body = await request.body()
+        if life.update != OPEN:
+            raise state_error(f"no weight update is open (state {life.update!r}): call begin first")
+        tensors = await asyncio.to_thread(_decode, body)
+        count = await asyncio.to_thread(stage.check_and_stage, tensors)
+        return {"success": True, "num_tensors": count}
+
+    @router.post(routes.WEIGHTS_FINISH, dependencies=guarded)
+    async def finish_weight_update(version: int | None = None) -> dict[str, Any]:
+        async with life.lock:
+            return {"success": True, "weight_version": await _finish(life, stage, version)}
+
+    @router.post(routes.WEIGHTS_ABORT, dependencies=guarded)
+    async def abort_weight_update() -> dict[str, Any]:
+        async with life.lock:
+            stage.clear()
+            restored = life.update == NONE or life.can_roll_back
+            if life.update != NONE:
+                life.update = NONE if restored else INVALID
+                life.stats.aborted_weight_updates += 1
+            await life.settle()
+        return {"success": True, "restored": restored, "weight_version": life.weight_version}
+
+    @router.get(routes.WEIGHT_VERSION)
+    async def weight_version() -> dict[str, Any]:
+        return {"weight_version": life.weight_version}
+
+    @router.get(routes.STATUS)
+    async def status() -> dict[str, Any]:
+        return life.status()
+
+    @router.get(routes.HEALTH)
+    async def health() -> JSONResponse:
+        try:
+            await life.engine.check_health()
+        except Exception as err:  # the engine is dead: say so
+            return JSONResponse({"status": "dead", "error": f"{type(err).__name__}: {err}"}, status_code=503)
+        s = life.status()
+        return JSONResponse({"status": "updating" if s["update"] != NONE else "ok", "backend": "vllm",
+                             **{k: s[k] for k in ("update", "weight_version", "paused", "weights_awake",
+                                                  "kv_cache_awake", "can_run")}})
+
+    @router.get(routes.METRICS)
+    async def metrics() -> Response:
+        return Response(render_metrics(life), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    return router
+
+
+async def _disconnect(request: Request) -> None:
+    """Returns when the client goes away (the body is already read: only the disconnect is left)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _decode(body: bytes) -> list[tuple[str, Any]]:
+    from safetensors.torch import load
+
+    if not body:
+        raise APIError(400, "the body is empty; expected a safetensors buffer of HF-named tensors",
+                       code="invalid_weights")
+    try:
+        return list(load(bytes(body)).items())
+    except Exception as err:  # safetensors raises its own error types on bad bytes
+        raise APIError(400, f"the body is not a valid safetensors buffer: {err}", code="invalid_weights") from err
+
+
+async def _finish(life: Lifecycle, stage: WeightStage, version: int | None) -> int:
+    """The staged update into vLLM in one reload, then the new version; our finish's rules."""
+    if life.update != OPEN:
+        raise state_error(f"no weight update is open (state {life.update!r}): call begin first")
+    new = life.weight_version + 1 if version is None else version
+    missing = stage.missing()
+    problem = (f"the update is incomplete: {len(missing)} parameters were not sent (e.g. {', '.join(missing[:3])}); "
+               "the vLLM backend takes full updates only" if missing else
+               f"version={new} must be greater than the current weight version {life.weight_version}"
+               if new <= life.weight_version else None)
+    if problem:
+        life.update = INVALID
+        life.stats.failed_weight_updates += 1
+        raise weight_error(problem + "; abort_weight_update() keeps the old weights")
+    directory = await asyncio.to_thread(stage.write, new)
+    try:
+        await reload(life.engine, directory)
+    except Exception as err:
+        life.update, life.stats.failed_weight_updates = INVALID, life.stats.failed_weight_updates + 1
+        stage.clear()
+        try:
+            await reload(life.engine, stage.complete_dir)
+            life.stats.restored_weights += 1
+            life.can_roll_back = True
+            note = "the previous weights were reloaded; abort_weight_update() resumes on them"
+        except Exception as again:
+            life.can_roll_back = False
+            note = f"reloading the previous weights failed too ({again}); the weights are unknown: send a full update"
+        raise weight_error(f"vLLM failed to load the update: {type(err).__name__}: {err}; {note}") from err
+    await life.engine.update_weight_version(str(new))  # labels every output token sampled from now on
+    stage.landed(directory)
+    life.weight_version, life.update, life.can_roll_back = new, NONE, True
+    life.stats.weight_updates += 1
+    await restart_unstarted(life, new)
+    await life.settle()
+    return new

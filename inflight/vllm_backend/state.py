@@ -1,0 +1,126 @@
+"""The shim's lifecycle over vLLM: our pause and update states, the two pools' awake flags, the
+weight version and the KV-epoch backstop, and the one rule that derives vLLM's scheduler state
+from them (`Lifecycle.settle`).
+
+vLLM's scheduler runs exactly when ours would (`can_run`, as `EngineStatus.can_run`): not paused,
+no update open or left invalid, both pools awake. Whenever that is false the scheduler is paused in
+vLLM's keep mode with `clear_cache=False` (a keep that keeps: `clear_cache=True` would preempt the
+frozen requests); whenever it turns true again the scheduler resumes, after the backstop: if the
+KV was declared discarded (`sleep(offload_kv=False)`) since the requests froze, every running and
+frozen request is reset first (`reset_prefix_cache(reset_running_requests=True)`), so none ever
+attends to KV that our contract says is gone. vLLM has no such check of its own.
+
+Every transition runs under one asyncio lock; `status()` reads without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger("inflight.vllm_backend")
+
+RUNNING, DRAINING, PAUSED = "running", "draining", "paused"
+NONE, OPEN, INVALID = "none", "open", "invalid"
+
+
+@dataclass
+class Stats:
+    """Counters of the shim (the names of the native engine's `EngineStats` where they mean the same)."""
+
+    resets: int = 0  # requests reset by reset_prefix_cache(reset_running_requests=True)
+    kv_invalidated_resets: int = 0  # requests reset by the backstop (KV declared discarded)
+    weight_updates: int = 0
+    failed_weight_updates: int = 0
+    aborted_weight_updates: int = 0
+    restored_weights: int = 0  # reloads of the last complete weights after a failed reload
+    aborted_requests: int = 0
+
+
+@dataclass
+class Lifecycle:
+    """Our engine state over one vLLM `AsyncLLM` (`engine`)."""
+
+    engine: Any
+    weight_version: int = 0
+    pause: str = RUNNING
+    pause_mode: str | None = None
+    update: str = NONE
+    can_roll_back: bool = True  # abort would leave the complete weights of weight_version
+    weights_awake: bool = True
+    kv_cache_awake: bool = True
+    kv_discarded: bool = False  # the KV was declared discarded; reset the frozen requests before they run
+    engine_paused: bool = False  # vLLM's scheduler is paused by us
+    live: dict[str, Any] = field(default_factory=dict)  # token-route request id -> generate.Live
+    stats: Stats = field(default_factory=Stats)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    running: asyncio.Event = field(default_factory=asyncio.Event)  # set while can_run (new requests go in)
+
+    def __post_init__(self) -> None:
+        self.running.set()
+
+    @property
+    def can_run(self) -> bool:
+        return (self.pause != PAUSED and self.update == NONE and self.weights_awake
+                and self.kv_cache_awake)
+
+    async def settle(self) -> None:
+        """Pause or resume vLLM's scheduler to match `can_run` (call under the lock)."""
+        if self.can_run and self.engine_paused:
+            if self.kv_discarded:
+                await self.reset_running("kv_invalidated_resets")
+                self.kv_discarded = False
+            await self.engine.resume_generation()
+            self.engine_paused = False
+        elif not self.can_run and not self.engine_paused:
+            await self.engine.pause_generation(mode="keep", clear_cache=False)
+            self.engine_paused = True
+        if self.can_run:
+            self.running.set()
+        else:
+            self.running.clear()
+
+    async def reset_running(self, counter: str) -> bool:
+        """reset_prefix_cache(reset_running_requests=True): every running and frozen request drops
+        its blocks and re-reads its tokens so far; counted (requests this server knows of) in `counter`."""
+        ok = bool(await self.engine.reset_prefix_cache(reset_running_requests=True))
+        setattr(self.stats, counter, getattr(self.stats, counter) + len(self.live))
+        return ok
+
+    async def pause_engine(self, mode: str) -> int:
+        """Our pause(mode): returns how many requests an abort ended."""
+        self.running.clear()  # what arrives from now on waits for the resume
+        if mode == "abort":
+            aborted = len(self.live)
+            await self.engine.pause_generation(mode="abort", clear_cache=False)
+            self.stats.aborted_requests += aborted
+        elif mode == "wait":
+            self.pause, self.pause_mode = DRAINING, "wait"
+            await self.engine.pause_generation(mode="wait", clear_cache=False)
+            aborted = 0
+        else:
+            await self.engine.pause_generation(mode="keep", clear_cache=False)
+            aborted = 0
+        self.engine_paused = True
+        self.pause, self.pause_mode = PAUSED, mode
+        return aborted
+
+    def status(self) -> dict[str, Any]:
+        """The keys of the native `EngineStatus.to_dict()` that have a meaning here (`kv_cache_usage`
+        is not known to the shim: None), plus the shim's counters and each live request's progress."""
+        num_live = len(self.live)
+        frozen = num_live if (self.engine_paused and self.pause != DRAINING) else 0
+        return {
+            "weight_version": self.weight_version, "pause": self.pause, "pause_mode": self.pause_mode,
+            "update": self.update, "can_roll_back": self.can_roll_back, "weights_awake": self.weights_awake,
+            "kv_cache_awake": self.kv_cache_awake, "can_run": self.can_run, "num_running": num_live,
+            "num_waiting": 0, "num_frozen": frozen, "kv_cache_usage": None,
+            "paused": self.pause == PAUSED, "draining": self.pause == DRAINING,
+            "has_unfinished": num_live > 0, "backend": "vllm", "kv_discarded": self.kv_discarded,
+            "vllm_num_unfinished": self.engine.get_num_unfinished_requests(),  # every route's, in vLLM
+            "stats": dict(vars(self.stats)),
+            # token-route requests in flight: output tokens this server has received of each so far
+            "live_output_tokens": {rid: getattr(lv, "num_outputs", 0) for rid, lv in list(self.live.items())},
+        }

@@ -1,0 +1,130 @@
+"""Weight updates into vLLM, all or nothing: chunks are checked and staged here, and at finish the
+complete set goes into vLLM in one reload.
+
+The model's parameters (HF names, shapes, dtypes) are read from its checkpoint's safetensors
+headers. Each chunk is refused (400, naming the parameter) for an unknown name, a wrong shape, an
+integer tensor for a floating weight, NaN/inf, or magnitudes beyond the model dtype's range; a
+refused chunk stages nothing. At finish the staged tensors are written as one safetensors file
+(in /dev/shm when there is one) and vLLM's worker reloads from it (`collective_rpc("reload_weights",
+weights_path=..., is_checkpoint_format=True)`: vLLM's layerwise reload, which runs each layer's
+post-load processing again, so the oneDNN-packed copies on CPU are re-made from the new weights;
+a plain `load_weights` would write into weights the packed copies no longer read).
+
+vLLM keeps no copy of the old weights: if the reload fails, the shim reloads the last complete
+weights (the checkpoint, or the file of the last update) and reports the failure; if that fails
+too, the weights are unknown and the server stays paused (`invalid`, `can_roll_back` false).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import struct
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .errors import weight_error
+
+log = logging.getLogger("inflight.vllm_backend")
+
+_FLOAT_DTYPES = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}
+_MAX = {"F32": 3.4028234663852886e38, "F16": 65504.0, "BF16": 3.3895313892515355e38}
+
+
+def read_header(path: Path) -> dict[str, dict[str, Any]]:
+    """A safetensors file's tensors: name -> {"dtype", "shape"} (its JSON header, nothing else read)."""
+    with open(path, "rb") as f:
+        (size,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(size))
+    return {k: v for k, v in header.items() if k != "__metadata__"}
+
+
+def checkpoint_parameters(model_dir: Path) -> dict[str, dict[str, Any]]:
+    """Every tensor of the model's checkpoint (all its safetensors files)."""
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {model_dir}: the vLLM backend updates weights by "
+                                "their safetensors names")
+    params: dict[str, dict[str, Any]] = {}
+    for file in files:
+        params.update(read_header(file))
+    return params
+
+
+class WeightStage:
+    """The update being received: checked chunks, kept until finish writes them for vLLM."""
+
+    def __init__(self, model_dir: Path) -> None:
+        self.params = checkpoint_parameters(model_dir)
+        self.staged: dict[str, Any] = {}
+        self.complete_dir: Path = Path(model_dir)  # where the last complete weights load from
+        self.owned: Path | None = None  # a directory this class wrote (removed when replaced)
+        root = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
+        self.root = Path(tempfile.mkdtemp(prefix="inflight-vllm-weights-", dir=root))
+
+    def clear(self) -> None:
+        self.staged = {}
+
+    def check_and_stage(self, tensors: list[tuple[str, Any]]) -> int:
+        """Check every tensor of one chunk, then stage them all (a refused chunk stages nothing)."""
+        for name, tensor in tensors:
+            self._check(name, tensor)
+        for name, tensor in tensors:
+            self.staged[name] = tensor
+        return len(tensors)
+
+    def _check(self, name: str, tensor: Any) -> None:
+        import torch
+
+        spec = self.params.get(name)
+        if spec is None:
+            sample = ", ".join(sorted(self.params)[:3])
+            raise weight_error(f"unknown parameter {name!r}: the model has {len(self.params)} parameters "
+                               f"(e.g. {sample}); send HF checkpoint names", param=name)
+        if list(tensor.shape) != list(spec["shape"]):
+            raise weight_error(f"parameter {name!r}: shape {list(tensor.shape)} does not match the model's "
+                               f"{list(spec['shape'])}", param=name)
+        floating = spec["dtype"] in _FLOAT_DTYPES
+        if floating and not tensor.is_floating_point():
+            raise weight_error(f"parameter {name!r}: an integer tensor ({tensor.dtype}) for a floating weight "
+                               f"({spec['dtype']})", param=name)
+        if floating and tensor.numel():
+            values = tensor.float() if tensor.dtype.itemsize < 4 else tensor
+            if not bool(torch.isfinite(values).all()):
+                raise weight_error(f"parameter {name!r}: holds NaN or inf", param=name)
+            limit = _MAX.get(spec["dtype"])
+            if limit is not None and float(values.abs().max()) > limit:
+                raise weight_error(f"parameter {name!r}: magnitudes beyond {spec['dtype']}'s range", param=name)
+
+    def missing(self) -> list[str]:
+        return sorted(set(self.params) - set(self.staged))
+
+    def write(self, version: int) -> Path:
+        """The staged tensors as one checkpoint directory for vLLM's reload."""
+        from safetensors.torch import save_file
+
+        target = self.root / f"v{version}"
+        if target.exists():
+            shutil.rmtree(target)
+        target.mkdir()
+        save_file({k: v.contiguous() for k, v in self.staged.items()}, str(target / "model.safetensors"))
+        return target
+
+    def landed(self, directory: Path) -> None:
+        """`directory` holds the complete weights now in vLLM; the previous file is no longer needed."""
+        if self.owned is not None and self.owned != directory:
+            shutil.rmtree(self.owned, ignore_errors=True)
+        self.complete_dir = self.owned = directory
+        self.staged = {}
+
+    def close(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+async def reload(engine: Any, directory: Path) -> None:
+    """vLLM's worker(s) reload every weight from `directory` (layerwise, re-packing on CPU)."""
+    await engine.collective_rpc("reload_weights", kwargs={"weights_path": os.fspath(directory),
+                                                          "is_checkpoint_format": True})

@@ -1,0 +1,106 @@
+"""One live vLLM server per module (`inflight serve --backend vllm`) on a small fp32 Qwen2 with
+head_dim 64 (vLLM's CPU attention has no head_dim 16), and the transformers models it is held to."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from inflight.vllm_backend.venv import default_python, setup_commands
+
+REPO = Path(__file__).resolve().parents[2]
+TOKEN = "vllm-test-control"
+# head_dim 64; big enough that a vLLM step outlasts the frontend's work per step: with a model
+# faster than its own frontend, vLLM's output loop never yields and a pause waits for the backlog
+TINY = dict(hidden_size=512, num_attention_heads=8, num_key_value_heads=2, intermediate_size=1024, num_hidden_layers=4)
+START_TIMEOUT_S = 300
+
+
+@dataclass
+class VllmServer:
+    url: str
+    models: dict[str, Path]  # tag -> model dir
+    hf: dict[str, torch.nn.Module]
+    weights: dict[str, dict[str, torch.Tensor]]
+    log: Path
+    token: str = TOKEN
+
+
+def vllm_python_or_skip() -> str:
+    python = default_python()
+    if not (Path(python).is_file() and os.access(python, os.X_OK)):
+        pytest.skip(f"vLLM's python not found at {python} (set INFLIGHT_VLLM_PYTHON, or create it: "
+                    f"scripts/vllm_venv.sh; by hand:\n{setup_commands(python)})")
+    return python
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    with open(path, errors="replace") as f:
+        return "".join(deque(f, maxlen=lines))
+
+
+def _wait_ready(url: str, proc: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the vLLM server exited (rc {proc.returncode}):\n{_tail(log)}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"the vLLM server did not answer /health within {START_TIMEOUT_S} s:\n{_tail(log)}")
+
+
+@pytest.fixture(scope="module")
+def vllm_server(tmp_path_factory, tiny_model_factory, hf_model_factory):
+    """`python -m inflight.server --backend vllm` on model A; models A and B (same shapes, other
+    seed) with their transformers twins and weights."""
+    python = vllm_python_or_skip()
+    models = {"A": tiny_model_factory("qwen2", 0, **TINY), "B": tiny_model_factory("qwen2", 1, **TINY)}
+    port = _free_port()
+    log = Path(tempfile.mkstemp(prefix="inflight-vllm-test-", suffix=".log")[1])
+    args = [sys.executable, "-m", "inflight.server", "--backend", "vllm", "--vllm-python", python,
+            "--model", str(models["A"]), "--port", str(port), "--control-token", TOKEN,
+            "--max-model-len", "1024", "--threads", "1", "--kv-cache-memory-gib", "1", "--log-level", "warning"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with open(log, "w") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(url, proc, log)
+        yield VllmServer(url, models, {k: hf_model_factory(v) for k, v in models.items()},
+                         {k: load_file(str(v / "model.safetensors")) for k, v in models.items()}, log)
+    finally:
+        for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(proc.pid, sig)
+                proc.wait(wait)
+                break
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                continue
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # vLLM's engine and worker processes, if any is left
+        except ProcessLookupError:
+            pass
+        print(f"vLLM server log: {log}", file=sys.stderr)
