@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -125,7 +126,7 @@ def build_router(life: Lifecycle, stage: WeightStage, routes: Any, *, api_key: s
     async def begin_weight_update() -> dict[str, Any]:
         async with life.lock:
             life.can_roll_back = life.update == NONE or life.can_roll_back
-            life.update = OPEN
+            life.update, life.update_touched = OPEN, time.monotonic()
             stage.clear()
             await life.settle()
         return {"success": True}
@@ -135,6 +136,7 @@ def build_router(life: Lifecycle, stage: WeightStage, routes: Any, *, api_key: s
         body = await request.body()
         if life.update != OPEN:
             raise state_error(f"no weight update is open (state {life.update!r}): call begin first")
+        life.update_touched = time.monotonic()  # the lease runs from the last chunk
         tensors = await asyncio.to_thread(_decode, body)
         count = await asyncio.to_thread(stage.check_and_stage, tensors)
         return {"success": True, "num_tensors": count}
@@ -148,11 +150,7 @@ def build_router(life: Lifecycle, stage: WeightStage, routes: Any, *, api_key: s
     async def abort_weight_update() -> dict[str, Any]:
         async with life.lock:
             stage.clear()
-            restored = life.update == NONE or life.can_roll_back
-            if life.update != NONE:
-                life.update = NONE if restored else INVALID
-                life.stats.aborted_weight_updates += 1
-            await life.settle()
+            restored = await life.abort_update()
         return {"success": True, "restored": restored, "weight_version": life.weight_version}
 
     @router.get(routes.WEIGHT_VERSION)
@@ -179,6 +177,23 @@ def build_router(life: Lifecycle, stage: WeightStage, routes: Any, *, api_key: s
         return Response(render_metrics(life), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     return router
+
+
+async def expire_updates(life: Lifecycle, stage: WeightStage, every_s: float = 1.0) -> None:
+    """Abandon an open update that received nothing for weight_update_timeout_s, as an abort would:
+    a sender that died between begin and finish cannot keep vLLM paused (runs until cancelled)."""
+    while True:
+        await asyncio.sleep(every_s)
+        if not life.update_expired(time.monotonic()):
+            continue
+        async with life.lock:
+            if life.update_expired(time.monotonic()):
+                stage.clear()
+                restored = await life.abort_update()
+                life.stats.expired_weight_updates += 1
+                log.warning("abandoned a weight update that received nothing for %gs (weight_update_timeout_s); %s",
+                            life.weight_update_timeout_s, "the old weights serve" if restored else
+                            "the server stays unable to run until a complete update lands")
 
 
 async def _disconnect(request: Request) -> None:

@@ -37,6 +37,9 @@ def command(argv: list[str]) -> tuple[list[str], dict[str, str]]:
     threads = ours.threads or len(os.sched_getaffinity(0))
     env = vllm_env(python, threads, ours.kv_cache_memory_gib)
     env.pop("PYTHONPATH", None)  # the project's paths must not leak into vLLM's interpreter
+    # a weight reload sends a function to vLLM's worker (weights.repack_vocabulary): vLLM's own
+    # IPC between its processes on this host may then carry pickled callables
+    env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     return [python, str(ENTRY_SCRIPT), *rest], env
 
 

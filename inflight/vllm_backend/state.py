@@ -35,6 +35,7 @@ class Stats:
     weight_updates: int = 0
     failed_weight_updates: int = 0
     aborted_weight_updates: int = 0
+    expired_weight_updates: int = 0  # open updates abandoned by the lease (weight_update_timeout_s)
     restored_weights: int = 0  # reloads of the last complete weights after a failed reload
     aborted_requests: int = 0
 
@@ -55,6 +56,8 @@ class Lifecycle:
     engine_paused: bool = False  # vLLM's scheduler is paused by us
     live: dict[str, Any] = field(default_factory=dict)  # token-route request id -> generate.Live
     stats: Stats = field(default_factory=Stats)
+    weight_update_timeout_s: float | None = 300.0  # the lease of an open update (None: none)
+    update_touched: float = 0.0  # time.monotonic() of the open update's last begin or chunk
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     running: asyncio.Event = field(default_factory=asyncio.Event)  # set while can_run (new requests go in)
 
@@ -65,6 +68,21 @@ class Lifecycle:
     def can_run(self) -> bool:
         return (self.pause != PAUSED and self.update == NONE and self.weights_awake
                 and self.kv_cache_awake)
+
+    async def abort_update(self) -> bool:
+        """Abandon the update (call under the lock): True when the complete weights of
+        weight_version are what vLLM holds (nothing staged reached it, or the last reload undid it)."""
+        restored = self.update == NONE or self.can_roll_back
+        if self.update != NONE:
+            self.update = NONE if restored else INVALID
+            self.stats.aborted_weight_updates += 1
+        await self.settle()
+        return restored
+
+    def update_expired(self, now: float) -> bool:
+        """An open update has received nothing (begin or a chunk) for weight_update_timeout_s."""
+        timeout = self.weight_update_timeout_s
+        return self.update == OPEN and timeout is not None and now - self.update_touched >= timeout
 
     async def settle(self) -> None:
         """Pause or resume vLLM's scheduler to match `can_run` (call under the lock)."""

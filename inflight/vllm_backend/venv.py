@@ -7,6 +7,7 @@ its own torch). Used by `inflight serve --backend vllm` and by `inflight bench e
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -78,13 +79,14 @@ def vllm_env(
     python: str, threads: int, kv_cache_gib: float, extra: dict[str, str] | None = None
 ) -> dict[str, str]:
     """vLLM's environment: threads bound to the first `threads` allowed CPUs, a KV cache budget
-    (GiB, CPU), tcmalloc and Intel OpenMP preloaded, then `extra` on top."""
+    (GiB, CPU; vLLM reads whole GiB, so a fraction is rounded up), tcmalloc and Intel OpenMP
+    preloaded, then `extra` on top."""
     cpus = sorted(os.sched_getaffinity(0))[:threads]
     env = dict(os.environ)
     env.pop("OMP_NUM_THREADS", None)  # vLLM sets it from the binding (a test runner may have set 1)
     env.update(
         VLLM_CPU_OMP_THREADS_BIND=",".join(map(str, cpus)),
-        VLLM_CPU_KVCACHE_SPACE=f"{kv_cache_gib:g}",
+        VLLM_CPU_KVCACHE_SPACE=str(max(1, math.ceil(kv_cache_gib))),
         # vllm-cpu 0.32 with torch 2.13 never loads its AOT-compiled model back ("'function' object
         # has no attribute 'finalize_loading'") and recompiles at every start (~30-60 s more)
         VLLM_USE_AOT_COMPILE="0",

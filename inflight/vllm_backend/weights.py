@@ -22,6 +22,7 @@ import logging
 import os
 import shutil
 import struct
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -124,7 +125,34 @@ class WeightStage:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
+def repack_vocabulary(worker: Any) -> list[str]:
+    """Run in vLLM's worker: derive again the CPU GEMM copy of every vocabulary embedding and LM
+    head from its weight. vLLM 0.32's layerwise reload leaves a tied LM head's packed copy on the
+    old weights (the trunk serves the new model, the logits the old one: neither model's tokens);
+    re-processing these modules after the reload fixes it, and is a no-op for correct ones."""
+    done = []
+    for name, module in worker.model_runner.model.named_modules():
+        method = getattr(module, "quant_method", None)
+        kind = type(module).__name__
+        if kind in ("VocabParallelEmbedding", "ParallelLMHead") and method is not None and hasattr(module, "cpu_linear"):
+            method.process_weights_after_loading(module)
+            done.append(name)
+    return done
+
+
+def _send_by_value() -> None:
+    """`repack_vocabulary` travels to vLLM's worker pickled by value: this private package is not
+    importable there (vLLM pickles callables with cloudpickle, allowed by
+    VLLM_ALLOW_INSECURE_SERIALIZATION=1, which the launcher sets for its own processes' IPC)."""
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
 async def reload(engine: Any, directory: Path) -> None:
-    """vLLM's worker(s) reload every weight from `directory` (layerwise, re-packing on CPU)."""
+    """vLLM's worker(s) reload every weight from `directory` (layerwise, re-packing on CPU), then
+    the vocabulary's packed copies (`repack_vocabulary`)."""
     await engine.collective_rpc("reload_weights", kwargs={"weights_path": os.fspath(directory),
                                                           "is_checkpoint_format": True})
+    _send_by_value()
+    await engine.collective_rpc(repack_vocabulary)

@@ -105,3 +105,40 @@ def test_launcher_command_and_environment():
     assert args == [sys.executable, str(entry.HERE / "main.py"), "--model", "m", "--port", "9", "--",
                     "--block-size", "128"]
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "2" and env["VLLM_USE_AOT_COMPILE"] == "0" and "PYTHONPATH" not in env
+
+
+def test_a_fractional_kv_cache_is_rounded_up_to_the_whole_gib_vllm_reads():
+    """vLLM reads VLLM_CPU_KVCACHE_SPACE with int(): the trainer's 0.05 GiB engines must start."""
+    _, env = command(["--vllm-python", sys.executable, "--kv-cache-memory-gib", "0.05", "--model", "m"])
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    _, env = command(["--vllm-python", sys.executable, "--kv-cache-memory-gib", "2.5", "--model", "m"])
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "3"
+
+
+def test_the_update_lease_abandons_an_update_whose_sender_went_silent():
+    """A sender that died between begin and finish cannot keep vLLM paused: after
+    weight_update_timeout_s without a chunk the update is abandoned as an abort would."""
+    import asyncio
+
+    from inflight.vllm_backend.state import NONE, OPEN, Lifecycle
+
+    class Engine:  # the two AsyncLLM calls settle() makes: a paused scheduler is all that matters here
+        paused = False
+
+        async def pause_generation(self, **kwargs):
+            self.paused = True
+
+        async def resume_generation(self):
+            self.paused = False
+
+    async def run() -> Lifecycle:
+        life = Lifecycle(Engine(), weight_update_timeout_s=10.0)
+        life.update, life.update_touched = OPEN, 100.0
+        assert not life.update_expired(109.9) and life.update_expired(110.0)
+        async with life.lock:
+            assert await life.abort_update() is True
+        return life
+
+    life = asyncio.run(run())
+    assert life.update == NONE and life.stats.aborted_weight_updates == 1
+    assert not Lifecycle(Engine(), weight_update_timeout_s=None).update_expired(1e9)

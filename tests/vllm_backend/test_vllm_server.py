@@ -183,6 +183,10 @@ def test_full_update_then_new_model_and_no_stale_prefix_cache(vllm_server):
     assert on_b.num_cached_tokens == 0 and on_b.token_weight_versions == [version] * 8
     assert on_b.output_token_ids == hf_continue(hf_b, hf_b, prompt, 0, 8)
     assert hf_continue(hf_b, hf_b, prompt, 0, 8) != first.output_token_ids
+    with torch.no_grad():  # every weight took, not only enough of them to flip the tokens
+        logits = hf_b(torch.tensor([prompt + on_b.output_token_ids])).logits[0, len(prompt) - 1 : -1]
+    ref = torch.log_softmax(logits, -1).gather(1, torch.tensor(on_b.output_token_ids)[:, None])[:, 0]
+    assert torch.allclose(torch.tensor(on_b.logprobs), ref, atol=TOL), (on_b.logprobs, ref)
     assert on_b_again.num_cached_tokens == 256 and on_b_again.output_token_ids == on_b.output_token_ids
 
 
@@ -322,3 +326,29 @@ def test_a_client_that_goes_away_aborts_its_request_in_vllm(vllm_server):
     frozen, now = run(go())
     assert frozen["vllm_num_unfinished"] == 1 and len(frozen["live_output_tokens"]) == 1
     assert now["live_output_tokens"] == {} and now["vllm_num_unfinished"] == 0 and now["paused"]
+
+
+def test_every_parameter_of_an_update_takes(vllm_server):
+    """Norm weights and biases too (A and B share theirs, ones and zeros, so a stale one would not
+    show in B's tokens): an update to B with every 1-D parameter moved serves transformers on it."""
+    import copy
+
+    moved = {n: (t + 0.05 * torch.randn(t.shape, generator=torch.Generator().manual_seed(i)) if t.dim() == 1 else t)
+             for i, (n, t) in enumerate(sorted(vllm_server.weights["B"].items()))}
+    hf = copy.deepcopy(vllm_server.hf["B"])
+    missing, unexpected = hf.load_state_dict(moved, strict=False)
+    assert not unexpected
+
+    async def go():
+        client = await _client(vllm_server)
+        await update_weights(client, list(moved.items()))
+        outs = await asyncio.gather(*(client.generate(p, greedy(12)) for p in PROMPTS))
+        await client.close()
+        return outs
+
+    for prompt, out in zip(PROMPTS, run(go()), strict=True):
+        with torch.no_grad():
+            logits = hf(torch.tensor([prompt + out.output_token_ids])).logits[0, len(prompt) - 1 : -1]
+        ref = torch.log_softmax(logits, -1).gather(1, torch.tensor(out.output_token_ids)[:, None])[:, 0]
+        assert out.output_token_ids == hf_continue(hf, hf, prompt, 0, 12)
+        assert torch.allclose(torch.tensor(out.logprobs), ref, atol=TOL), (out.logprobs[:4], ref[:4])
