@@ -224,6 +224,13 @@ class TrainerConfig:
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward instead of keeping them. Default
     false (SkyRL's is true; on the small CPU models the recompute costs more than the memory saves)."""
+    logprobs_chunk_size: int | None = 1024
+    """Tokens per chunk of the training forward's log-probabilities, >= 1: the LM head and the
+    log-softmax over the vocabulary run a chunk at a time under activation checkpointing, so the
+    [tokens, vocabulary] float32 logits never exist at once (the same values and gradients; the LM
+    head's matmul runs once more in the backward). null: the whole micro-batch at once. Default
+    1024 (SkyRL's). The local and FSDP workers; megatron's vocab-parallel cross-entropy does not
+    chunk."""
     logger: list[str] = field(default_factory=lambda: ["console", "tensorboard"])
     """Experiment trackers: any of `console` (progress bar), `tensorboard`, `wandb`, `mlflow`; one
     name, a comma list or a list. Default console and tensorboard. The metrics JSONL is always written."""

@@ -155,6 +155,8 @@ _RANGES: list[tuple[tuple[str, ...], Callable[[Any], bool], str, str]] = [
      "must be token, sequence or null", "use {key}=token, {key}=sequence, or {key}=null for no correction"),
     (("trainer.max_tokens_per_microbatch",), lambda v: v == -1 or v >= 1, "must be -1 or >= 1",
      "set {key}=-1 for no cap"),
+    (("trainer.logprobs_chunk_size",), lambda v: v is None or v >= 1, "must be >= 1 or null",
+     "set {key}=1024 (tokens per chunk), or {key}=null for no chunking"),
     (("trainer.micro_batch_pass_tokens",), lambda v: v >= 0, "must be >= 0", "set {key} to 0 or more, e.g. 64"),
     (("trainer.hf_save_interval",), lambda v: v == -1 or v >= 1, "must be -1 (never) or >= 1",
      "set {key}=-1, or a number of steps"),

@@ -19,6 +19,7 @@ import torch
 
 from inflight.config import Config
 from inflight.train.batch import TrainBatch
+from inflight.train.chunked_logprobs import chunked_token_logprobs
 from inflight.train.lora import adapter_tensors, apply_lora, lora_enabled, merged_tensors
 from inflight.train.losses import LossFn, token_logprobs
 from inflight.train.workers.base import PolicyWorker
@@ -76,9 +77,23 @@ class LocalPolicyWorker(PolicyWorker):
         return torch.autocast(self.device.type, dtype=torch.bfloat16)
 
     def compute_logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        """The log-probabilities `trainer.logprobs_chunk_size` tokens at a time (the full logits
+        never exist), or from the model's full logits (null, or a model whose forward changes
+        its logits after the LM head)."""
+        chunk = self.cfg.trainer.logprobs_chunk_size
+        lm = self.causal_lm()
+        if chunk is None or _post_processes_logits(lm):
+            with self.autocast():
+                logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+            return token_logprobs(logits, batch.input_ids, self.temperature)
         with self.autocast():
-            logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-        return token_logprobs(logits, batch.input_ids, self.temperature)
+            hidden = lm.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+            return chunked_token_logprobs(hidden.last_hidden_state, lm.get_output_embeddings(), batch.input_ids,
+                                          self.temperature, chunk)
+
+    def causal_lm(self) -> torch.nn.Module:
+        """The transformers causal LM (inside a `peft` model: the base model its adapters are in)."""
+        return self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
 
     def iter_full_hf_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         if lora_enabled(self.cfg):
@@ -89,3 +104,10 @@ class LocalPolicyWorker(PolicyWorker):
 
     def iter_sync_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         return adapter_tensors(self.model) if lora_enabled(self.cfg) else self.iter_full_hf_tensors()
+
+
+def _post_processes_logits(model: torch.nn.Module) -> bool:
+    """Whether the model's forward changes the LM head's output (Gemma 2's soft-capping, Cohere's
+    logit scale): then the chunks, which apply the LM head alone, would not match it."""
+    config = getattr(model, "config", None)
+    return any(getattr(config, key, None) not in (None, 1, 1.0) for key in ("final_logit_softcapping", "logit_scale"))
