@@ -5,8 +5,10 @@ against: the same training step and the same HF names, with no collective anywhe
 
 Precision (`bf16`): the parameters, their gradients and AdamW's state stay float32 (the master
 copy); the forward and backward run under `torch.autocast` in bfloat16, so the activations (the
-bulk of a step's memory at long sequences and large vocabularies) are half the size. Log-probabilities
-are taken in float32 from the logits. `gradient_checkpointing`: each decoder layer's activations
+bulk of a step's memory at long sequences and large vocabularies) are half the size. A LoRA
+policy's frozen base is held in bfloat16 (no master copy needed), its adapters in float32.
+Log-probabilities are taken in float32, `trainer.logprobs_chunk_size` tokens at a time
+(`inflight.train.chunked_logprobs`). `gradient_checkpointing`: each decoder layer's activations
 are recomputed in the backward instead of kept (transformers' non-reentrant checkpointing).
 """
 
@@ -60,11 +62,17 @@ class LocalPolicyWorker(PolicyWorker):
     def load_hf_model(self) -> torch.nn.Module:
         from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(str(self.model_path), dtype=self.dtype)
+        model = AutoModelForCausalLM.from_pretrained(str(self.model_path), dtype=self.load_dtype())
         if self.gradient_checkpointing:
             model.config.use_cache = False
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         return model.to(self.device)
+
+    def load_dtype(self) -> torch.dtype:
+        """The dtype the weights are loaded in: a LoRA policy's frozen base in bfloat16 under
+        `bf16` (it gets no gradient and no optimizer state, so it needs no float32 master; the
+        adapters `peft` adds stay float32), otherwise `dtype`."""
+        return torch.bfloat16 if self.bf16 and lora_enabled(self.cfg) else self.dtype
 
     def build_model(self) -> None:
         model = self.load_hf_model()
