@@ -229,8 +229,8 @@ class TrainerConfig:
     log-softmax over the vocabulary run a chunk at a time under activation checkpointing, so the
     [tokens, vocabulary] float32 logits never exist at once (the same values and gradients; the LM
     head's matmul runs once more in the backward). null: the whole micro-batch at once. Default
-    1024 (SkyRL's). The local and FSDP workers; megatron's vocab-parallel cross-entropy does not
-    chunk."""
+    1024 (SkyRL's). The local worker (one policy rank); FSDP runs the full logits, megatron its
+    vocab-parallel cross-entropy: neither chunks yet."""
     logger: list[str] = field(default_factory=lambda: ["console", "tensorboard"])
     """Experiment trackers: any of `console` (progress bar), `tensorboard`, `wandb`, `mlflow`; one
     name, a comma list or a list. Default console and tensorboard. The metrics JSONL is always written."""
@@ -264,8 +264,10 @@ class InferenceEngineConfig:
     """Largest chunk a sync sends at once, in MiB, > 0 (the size of the shared / broadcast buffer);
     larger tensors go in pieces. None (default): the whole model when it is small, at most 256 MiB."""
     offload_kv_for_weight_sync: bool = False
-    """Non-colocated only, no LoRA: sleep the engine during a sync, freeing its memory; the KV of
-    in-flight requests is copied to host and restored (unless cleared). Default false."""
+    """Non-colocated only: sleep the engine during a sync, freeing its memory; the KV of
+    in-flight requests is copied to host and restored (unless cleared). The sleep drops the
+    engine's weights, so a LoRA policy's sync sends its merged weights, not the adapter. Default
+    false."""
     enable_prefix_caching: bool = True
     """Reuse KV of shared prompt prefixes (keys include the weight version). Default true."""
     enable_chunked_prefill: bool = True

@@ -163,3 +163,40 @@ def test_lora_under_bf16_holds_the_frozen_base_in_bfloat16(tiny_model_factory):
     for name, tensor in merged.items():  # peft's merge, in the base's bfloat16
         assert tensor.dtype == torch.bfloat16
         torch.testing.assert_close(tensor, expected[name], atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("sleeping", [
+    ["generator.inference_engine.offload_kv_for_weight_sync=true"],
+    ["trainer.placement.colocate_all=true", "trainer.fully_async.enabled=false"],
+], ids=["offload", "colocate"])
+def test_lora_with_sleeping_engines_sends_the_merged_weights(model_dir, tmp_path, sleeping):
+    from inflight.train.trainer import make_trainer
+
+    cfg, job = rl_config(model_dir, tmp_path / "run", [
+        "job.max_steps=2", "trainer.eval_interval=0", "trainer.policy.model.lora.rank=4",
+        "trainer.policy.model.lora.alpha=8", "trainer.policy.optimizer_config.lr=1e-2", *sleeping])
+    task = small_task()
+    prompt = task.encode(task.eval_problems()[0].prompt)
+
+    async def main():
+        trainer = make_trainer(cfg, job, task)
+        try:
+            await trainer.setup()
+            history = await trainer.train()
+            engine = trainer.runtime.local_engines[0]
+            if not engine.engine.weights.awake:  # colocated: asleep after generation until the next sync
+                await engine.wake_up()
+            out = await engine.generate(prompt, SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
+            return history, trainer.policy, out.output_token_ids
+        finally:
+            await trainer.close()
+
+    history, policy, engine_tokens = asyncio.run(main())
+    assert sum(r["optimizer_steps"] for r in history) > 0 and policy.history
+    full = sum(p.numel() * p.element_size() for n, p in policy.worker.model.named_parameters() if ".lora_" not in n)
+    assert all(sync["bytes"] >= full for sync in policy.history)  # every sync: the whole merged model
+    merged = copy.deepcopy(policy.worker.model).merge_and_unload().eval()
+    assert engine_tokens == _greedy(merged, prompt)  # the engine holds what peft merges
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():  # and there was an adapter in it: training moved the policy
+        assert (merged(torch.tensor([prompt])).logits - base(torch.tensor([prompt])).logits).abs().max() > 1e-3

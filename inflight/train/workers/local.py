@@ -88,7 +88,7 @@ class LocalPolicyWorker(PolicyWorker):
         """The log-probabilities `trainer.logprobs_chunk_size` tokens at a time (the full logits
         never exist), or from the model's full logits (null, or a model whose forward changes
         its logits after the LM head)."""
-        chunk = self.cfg.trainer.logprobs_chunk_size
+        chunk = self.logprobs_chunk_size()
         lm = self.causal_lm()
         if chunk is None or _post_processes_logits(lm):
             with self.autocast():
@@ -98,6 +98,10 @@ class LocalPolicyWorker(PolicyWorker):
             hidden = lm.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
             return chunked_token_logprobs(hidden.last_hidden_state, lm.get_output_embeddings(), batch.input_ids,
                                           self.temperature, chunk)
+
+    def logprobs_chunk_size(self) -> int | None:
+        """Tokens per log-probability chunk (`trainer.logprobs_chunk_size`), None: the full logits."""
+        return self.cfg.trainer.logprobs_chunk_size
 
     def causal_lm(self) -> torch.nn.Module:
         """The transformers causal LM (inside a `peft` model: the base model its adapters are in)."""
