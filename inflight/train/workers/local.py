@@ -20,6 +20,7 @@ from contextlib import AbstractContextManager, nullcontext
 import torch
 
 from inflight.config import Config
+from inflight.train.allocator import map_large_blocks
 from inflight.train.batch import TrainBatch
 from inflight.train.chunked_logprobs import chunked_token_logprobs
 from inflight.train.lora import adapter_tensors, apply_lora, lora_enabled, merged_tensors
@@ -75,6 +76,7 @@ class LocalPolicyWorker(PolicyWorker):
         return torch.bfloat16 if self.bf16 and lora_enabled(self.cfg) else self.dtype
 
     def build_model(self) -> None:
+        map_large_blocks()  # freed activations go back to the system (peak memory; train/allocator.py)
         model = self.load_hf_model()
         self.model = apply_lora(model, self.cfg) if lora_enabled(self.cfg) else model
 
