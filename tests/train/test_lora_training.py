@@ -200,3 +200,18 @@ def test_lora_with_sleeping_engines_sends_the_merged_weights(model_dir, tmp_path
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     with torch.no_grad():  # and there was an adapter in it: training moved the policy
         assert (merged(torch.tensor([prompt])).logits - base(torch.tensor([prompt])).logits).abs().max() > 1e-3
+
+
+def test_a_lora_checkpoints_state_copies_the_models_own_tensors_only(tiny_model_factory):
+    from inflight.config import load_config
+    from inflight.train import LocalPolicyWorker
+
+    cfg = load_config(None, ["trainer.policy.model.lora.rank=4", "trainer.policy.model.lora.target_modules=q_proj"])
+    worker = LocalPolicyWorker(cfg, model_path=str(tiny_model_factory("qwen2", seed=2))).setup()
+    state = worker.full_hf_state_dict()
+    own = {p.data_ptr() for p in worker.model.parameters()}
+    assert not any(t.data_ptr() in own for t in state.values())  # nothing aliases the training model
+    expected = copy.deepcopy(worker.model).merge_and_unload().state_dict()
+    assert state.keys() <= expected.keys()
+    for name, tensor in state.items():
+        torch.testing.assert_close(tensor, expected[name], atol=0, rtol=0)

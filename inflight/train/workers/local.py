@@ -116,6 +116,14 @@ class LocalPolicyWorker(PolicyWorker):
         for name, param in self.model.named_parameters():
             yield name, param.detach()
 
+    def full_hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """The full HF-named state on the CPU; a LoRA policy's merged weights are new tensors
+        already, so only those that are the model's own parameters are copied."""
+        if not lora_enabled(self.cfg):
+            return super().full_hf_state_dict()
+        own = {p.data_ptr() for p in self.model.parameters()}
+        return {name: t.to("cpu", copy=t.data_ptr() in own) for name, t in merged_tensors(self.model)}
+
     def iter_sync_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         return adapter_tensors(self.model) if lora_enabled(self.cfg) else self.iter_full_hf_tensors()
 
