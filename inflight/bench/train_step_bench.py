@@ -12,7 +12,8 @@ same model, token-mean NLL over the full logits, gradient clipping and AdamW wri
 transformers and torch). The worker modes run as the trainer builds them: log-probabilities in
 chunks of `trainer.logprobs_chunk_size` tokens (default 1024; `--logprobs-chunk-size`), glibc's
 large blocks mapped (`inflight.train.allocator`).
-A step is timed after `--warmup` untimed steps. Achieved FLOP/s counts the useful work, forward and
+A step is timed after `--warmup` untimed steps, on the wall clock and in CPU seconds (user +
+system, steadier than the wall clock on a shared machine). Achieved FLOP/s counts the useful work, forward and
 backward (3 x the forward's 2 FLOPs per parameter and token, plus the LM head and causal attention;
 checkpointing's recomputed forward is not useful work), against the best matmul peak of that dtype
 measured in the same process.
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import subprocess
 import sys
 import tempfile
@@ -106,6 +108,12 @@ def _useful_flops(shape: dict[str, Any], seqs: int, length: int) -> float:
     return 3.0 * (2.0 * trunk * tokens + 2.0 * h * shape["vocab_size"] * tokens + attention)
 
 
+def _cpu_seconds() -> float:
+    """This process's user + system CPU time: on a shared machine, steadier than the wall clock."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def run_mode(mode: str, shape: str, model_dir: Path, seqs: int, length: int, warmup: int, threads: int,
              chunk: int | None = None) -> dict:
     """One mode's measurements, in this process (the parent runs each mode in a fresh one)."""
@@ -119,12 +127,13 @@ def run_mode(mode: str, shape: str, model_dir: Path, seqs: int, length: int, war
     step = _plain_step(model_dir, batch) if mode == "plain" else _worker_step(model_dir, batch, mode, chunk)
     for _ in range(warmup):
         step()
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), _cpu_seconds()
     step()
-    seconds = time.perf_counter() - started
+    seconds, cpu_seconds = time.perf_counter() - started, _cpu_seconds() - cpu_started
     peak = matmul_peak_flops(torch.bfloat16 if "bf16" in mode else torch.float32)
     flops = _useful_flops(SHAPES[shape], seqs, length)
-    return {"mode": mode, "seconds_per_step": seconds, "tokens_per_s": seqs * length / seconds,
+    return {"mode": mode, "seconds_per_step": seconds, "cpu_seconds_per_step": cpu_seconds,
+            "tokens_per_s": seqs * length / seconds,
             "peak_rss_mib": peak_rss_mib(), "flops_per_s": flops / seconds, "matmul_peak_flops": peak,
             "fraction_of_peak": flops / seconds / peak}
 
@@ -150,14 +159,16 @@ def _run_child(mode: str, args: argparse.Namespace, model_dir: Path) -> dict:
 
 def format_table(results: list[dict], cpu: str) -> str:
     plain = next((r for r in results if r["mode"] == "plain"), None)
-    lines = [f"train step on {cpu}", "| mode | s/step | tokens/s | peak RSS (MiB) | vs plain time | vs fp32 memory | "
-             "FLOP/s | of matmul peak |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [f"train step on {cpu}", "| mode | s/step | CPU s/step | tokens/s | peak RSS (MiB) | vs plain time | "
+             "vs plain CPU time | vs fp32 memory | FLOP/s | of matmul peak |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     fp32 = next((r for r in results if r["mode"] == "fp32"), None)
     for r in results:
         vs_time = f"{r['seconds_per_step'] / plain['seconds_per_step']:.2f}x" if plain else "-"
+        vs_cpu = f"{r['cpu_seconds_per_step'] / plain['cpu_seconds_per_step']:.2f}x" if plain else "-"
         vs_mem = f"{r['peak_rss_mib'] / fp32['peak_rss_mib']:.0%}" if fp32 else "-"
-        lines.append(f"| {r['mode']} | {r['seconds_per_step']:.2f} | {r['tokens_per_s']:.0f} | {r['peak_rss_mib']:.0f} | "
-                     f"{vs_time} | {vs_mem} | {r['flops_per_s'] / 1e9:.1f} G | {r['fraction_of_peak']:.0%} |")
+        lines.append(f"| {r['mode']} | {r['seconds_per_step']:.2f} | {r['cpu_seconds_per_step']:.2f} | "
+                     f"{r['tokens_per_s']:.0f} | {r['peak_rss_mib']:.0f} | {vs_time} | {vs_cpu} | {vs_mem} | {r['flops_per_s'] / 1e9:.1f} G | {r['fraction_of_peak']:.0%} |")
     return "\n".join(lines)
 
 
