@@ -7,7 +7,8 @@ The model is random-init with a named shape (default Qwen2.5-0.5B's: hidden 896,
 its own: `fp32` (the policy worker as the trainer builds it), `bf16` (bfloat16 compute over float32
 master weights), `bf16_gc` (plus activation checkpointing), `lora16` (a rank-16 `peft` adapter on
 every linear layer, float32: only the adapter trains), `lora16_bf16` (the same adapter, float32,
-over the frozen base held in bfloat16, compute under bf16 autocast), and `plain` (the baseline: the
+over the frozen base held in bfloat16, compute under bf16 autocast), `lora16_bf16_gc` (plus
+activation checkpointing), and `plain` (the baseline: the
 same model, token-mean NLL over the full logits, gradient clipping and AdamW written straight against
 transformers and torch). The worker modes run as the trainer builds them: log-probabilities in
 chunks of `trainer.logprobs_chunk_size` tokens (default 1024; `--logprobs-chunk-size`), glibc's
@@ -37,7 +38,7 @@ SHAPES: dict[str, dict[str, Any]] = {
     "small": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, vocab_size=1024, tie_word_embeddings=True),
 }
-MODES = ("plain", "fp32", "bf16", "bf16_gc", "lora16", "lora16_bf16")
+MODES = ("plain", "fp32", "bf16", "bf16_gc", "lora16", "lora16_bf16", "lora16_bf16_gc")
 
 
 def build_model(shape: str, out: Path) -> Path:
