@@ -63,13 +63,13 @@ def adapter_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]
 def merged_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """Every base weight under its HF name, with the adapters merged in (what `merge_and_unload`
     gives, without touching the training model)."""
-    deltas = {f"{name}.weight": layer.get_delta_weight("default") for name, layer in _lora_layers(model)}
+    layers = {f"{name}.weight": layer for name, layer in _lora_layers(model)}
     for name, param in model.named_parameters():
         if ".lora_" in name:
             continue
         hf = name.removeprefix(_PREFIX).replace(".base_layer.", ".")
-        delta = deltas.get(hf)
-        yield hf, param.detach() if delta is None else (param.detach() + delta.to(param.dtype))
+        layer = layers.get(hf)  # each delta made when its weight is: one at a time in memory
+        yield hf, param.detach() if layer is None else param.detach() + layer.get_delta_weight("default").to(param.dtype)
 
 
 def save_adapter(model: torch.nn.Module, out: Path) -> None:
