@@ -7,7 +7,8 @@ project is fully-async first, so `trainer.placement.colocate_all` defaults to fa
 `trainer.fully_async.enabled` to true (SkyRL: true / false); the others are listed where they are.
 
 Every key is read by the code, or refused at run time by `inflight.config.implemented` (keys SkyRL
-has that this project does not implement yet: `tensor_parallel_size > 1`, LoRA). The engine's
+has that this project does not implement yet: `tensor_parallel_size > 1`; LoRA on megatron or
+several policy ranks is refused by the validation). The engine's
 settings are derived from `generator.inference_engine` by field name
 (`inflight.train.engine_settings.engine_config`), the training step's from `trainer.*`
 (`inflight.train.step.StepOptions.from_config`).
