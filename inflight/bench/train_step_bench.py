@@ -6,9 +6,15 @@ The model is random-init with a named shape (default Qwen2.5-0.5B's: hidden 896,
 `--len` tokens, every token in the loss. Each mode runs in its own fresh process, so its peak RSS is
 its own: `fp32` (the policy worker as the trainer builds it), `bf16` (bfloat16 compute over float32
 master weights), `bf16_gc` (plus activation checkpointing), `lora16` (a rank-16 `peft` adapter on
-every linear layer, float32: only the adapter trains), and `plain` (the baseline: the same
-model, token-mean NLL, gradient clipping and AdamW written straight against transformers and torch).
-A step is timed after `--warmup` untimed steps. Achieved FLOP/s counts the useful work, forward and
+every linear layer, float32: only the adapter trains), `lora16_bf16` (the same adapter, float32,
+over the frozen base held in bfloat16, compute under bf16 autocast), `lora16_bf16_gc` (plus
+activation checkpointing), and `plain` (the baseline: the
+same model, token-mean NLL over the full logits, gradient clipping and AdamW written straight against
+transformers and torch). The worker modes run as the trainer builds them: log-probabilities in
+chunks of `trainer.logprobs_chunk_size` tokens (default 1024; `--logprobs-chunk-size`), glibc's
+large blocks mapped (`inflight.train.allocator`).
+A step is timed after `--warmup` untimed steps, on the wall clock and in CPU seconds (user +
+system, steadier than the wall clock on a shared machine). Achieved FLOP/s counts the useful work, forward and
 backward (3 x the forward's 2 FLOPs per parameter and token, plus the LM head and causal attention;
 checkpointing's recomputed forward is not useful work), against the best matmul peak of that dtype
 measured in the same process.
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import subprocess
 import sys
 import tempfile
@@ -31,7 +38,7 @@ SHAPES: dict[str, dict[str, Any]] = {
     "small": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, vocab_size=1024, tie_word_embeddings=True),
 }
-MODES = ("plain", "fp32", "bf16", "bf16_gc", "lora16")
+MODES = ("plain", "fp32", "bf16", "bf16_gc", "lora16", "lora16_bf16", "lora16_bf16_gc")
 
 
 def build_model(shape: str, out: Path) -> Path:
@@ -79,14 +86,15 @@ def _plain_step(model_dir: Path, batch) -> Any:
     return step
 
 
-def _worker_step(model_dir: Path, batch, mode: str) -> Any:
+def _worker_step(model_dir: Path, batch, mode: str, chunk: int | None = None) -> Any:
     from inflight.config import load_config
     from inflight.train import LocalPolicyWorker
 
-    lora = ["trainer.policy.model.lora.rank=16", "trainer.policy.model.lora.alpha=32"] if mode == "lora16" else []
+    lora = ["trainer.policy.model.lora.rank=16", "trainer.policy.model.lora.alpha=32"] if mode.startswith("lora") else []
+    chunking = [] if chunk is None else [f"trainer.logprobs_chunk_size={chunk}"]
     cfg = load_config(None, [f"trainer.policy.model.path={model_dir}",
-                             f"trainer.micro_train_batch_size_per_gpu={batch.input_ids.shape[0]}", *lora])
-    worker = LocalPolicyWorker(cfg, bf16=mode.startswith("bf16"), gradient_checkpointing=mode.endswith("_gc"))
+                             f"trainer.micro_train_batch_size_per_gpu={batch.input_ids.shape[0]}", *lora, *chunking])
+    worker = LocalPolicyWorker(cfg, bf16="bf16" in mode, gradient_checkpointing=mode.endswith("_gc"))
     worker.setup()
     return lambda: worker.train_step(batch)
 
@@ -101,7 +109,14 @@ def _useful_flops(shape: dict[str, Any], seqs: int, length: int) -> float:
     return 3.0 * (2.0 * trunk * tokens + 2.0 * h * shape["vocab_size"] * tokens + attention)
 
 
-def run_mode(mode: str, shape: str, model_dir: Path, seqs: int, length: int, warmup: int, threads: int) -> dict:
+def _cpu_seconds() -> float:
+    """This process's user + system CPU time: on a shared machine, steadier than the wall clock."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_mode(mode: str, shape: str, model_dir: Path, seqs: int, length: int, warmup: int, threads: int,
+             chunk: int | None = None) -> dict:
     """One mode's measurements, in this process (the parent runs each mode in a fresh one)."""
     import torch
 
@@ -110,21 +125,23 @@ def run_mode(mode: str, shape: str, model_dir: Path, seqs: int, length: int, war
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     batch = _batch(SHAPES[shape]["vocab_size"], seqs, length)
-    step = _plain_step(model_dir, batch) if mode == "plain" else _worker_step(model_dir, batch, mode)
+    step = _plain_step(model_dir, batch) if mode == "plain" else _worker_step(model_dir, batch, mode, chunk)
     for _ in range(warmup):
         step()
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), _cpu_seconds()
     step()
-    seconds = time.perf_counter() - started
-    peak = matmul_peak_flops(torch.bfloat16 if mode.startswith("bf16") else torch.float32)
+    seconds, cpu_seconds = time.perf_counter() - started, _cpu_seconds() - cpu_started
+    peak = matmul_peak_flops(torch.bfloat16 if "bf16" in mode else torch.float32)
     flops = _useful_flops(SHAPES[shape], seqs, length)
-    return {"mode": mode, "seconds_per_step": seconds, "tokens_per_s": seqs * length / seconds,
+    return {"mode": mode, "seconds_per_step": seconds, "cpu_seconds_per_step": cpu_seconds,
+            "tokens_per_s": seqs * length / seconds,
             "peak_rss_mib": peak_rss_mib(), "flops_per_s": flops / seconds, "matmul_peak_flops": peak,
             "fraction_of_peak": flops / seconds / peak}
 
 
 def _child(args: argparse.Namespace) -> int:
-    result = run_mode(args.child, args.shape, Path(args.model_dir), args.seqs, args.len, args.warmup, args.threads)
+    result = run_mode(args.child, args.shape, Path(args.model_dir), args.seqs, args.len, args.warmup, args.threads,
+                      args.logprobs_chunk_size)
     print("RESULT " + json.dumps(result))
     return 0
 
@@ -132,7 +149,8 @@ def _child(args: argparse.Namespace) -> int:
 def _run_child(mode: str, args: argparse.Namespace, model_dir: Path) -> dict:
     cmd = [sys.executable, "-m", "inflight.bench.train_step_bench", "--child", mode, "--model-dir", str(model_dir),
            "--shape", args.shape, "--seqs", str(args.seqs), "--len", str(args.len), "--warmup", str(args.warmup),
-           "--threads", str(args.threads)]
+           "--threads", str(args.threads),
+           *([] if args.logprobs_chunk_size is None else ["--logprobs-chunk-size", str(args.logprobs_chunk_size)])]
     done = subprocess.run(cmd, capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode != 0 or not lines:
@@ -142,14 +160,16 @@ def _run_child(mode: str, args: argparse.Namespace, model_dir: Path) -> dict:
 
 def format_table(results: list[dict], cpu: str) -> str:
     plain = next((r for r in results if r["mode"] == "plain"), None)
-    lines = [f"train step on {cpu}", "| mode | s/step | tokens/s | peak RSS (MiB) | vs plain time | vs fp32 memory | "
-             "FLOP/s | of matmul peak |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [f"train step on {cpu}", "| mode | s/step | CPU s/step | tokens/s | peak RSS (MiB) | vs plain time | "
+             "vs plain CPU time | vs fp32 memory | FLOP/s | of matmul peak |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     fp32 = next((r for r in results if r["mode"] == "fp32"), None)
     for r in results:
         vs_time = f"{r['seconds_per_step'] / plain['seconds_per_step']:.2f}x" if plain else "-"
+        vs_cpu = f"{r['cpu_seconds_per_step'] / plain['cpu_seconds_per_step']:.2f}x" if plain else "-"
         vs_mem = f"{r['peak_rss_mib'] / fp32['peak_rss_mib']:.0%}" if fp32 else "-"
-        lines.append(f"| {r['mode']} | {r['seconds_per_step']:.2f} | {r['tokens_per_s']:.0f} | {r['peak_rss_mib']:.0f} | "
-                     f"{vs_time} | {vs_mem} | {r['flops_per_s'] / 1e9:.1f} G | {r['fraction_of_peak']:.0%} |")
+        lines.append(f"| {r['mode']} | {r['seconds_per_step']:.2f} | {r['cpu_seconds_per_step']:.2f} | "
+                     f"{r['tokens_per_s']:.0f} | {r['peak_rss_mib']:.0f} | {vs_time} | {vs_cpu} | {vs_mem} | {r['flops_per_s'] / 1e9:.1f} G | {r['fraction_of_peak']:.0%} |")
     return "\n".join(lines)
 
 
@@ -162,6 +182,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--len", type=int, default=512)
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps before the timed one")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--logprobs-chunk-size", type=int, help="trainer.logprobs_chunk_size for the worker modes "
+                        "(default: the key's default, 1024)")
     parser.add_argument("--model-dir", help="reuse this model directory (built here if empty)")
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--child", help=argparse.SUPPRESS)

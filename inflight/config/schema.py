@@ -7,7 +7,8 @@ project is fully-async first, so `trainer.placement.colocate_all` defaults to fa
 `trainer.fully_async.enabled` to true (SkyRL: true / false); the others are listed where they are.
 
 Every key is read by the code, or refused at run time by `inflight.config.implemented` (keys SkyRL
-has that this project does not implement yet: `tensor_parallel_size > 1`, LoRA). The engine's
+has that this project does not implement yet: `tensor_parallel_size > 1`; LoRA on megatron or
+several policy ranks is refused by the validation). The engine's
 settings are derived from `generator.inference_engine` by field name
 (`inflight.train.engine_settings.engine_config`), the training step's from `trainer.*`
 (`inflight.train.step.StepOptions.from_config`).
@@ -230,6 +231,13 @@ class TrainerConfig:
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward instead of keeping them. Default
     false (SkyRL's is true; on the small CPU models the recompute costs more than the memory saves)."""
+    logprobs_chunk_size: int | None = 1024
+    """Tokens per chunk of the training forward's log-probabilities, >= 1: the LM head and the
+    log-softmax over the vocabulary run a chunk at a time under activation checkpointing, so the
+    [tokens, vocabulary] float32 logits never exist at once (the same values and gradients; the LM
+    head's matmul runs once more in the backward). null: the whole micro-batch at once. Default
+    1024 (SkyRL's). The local worker (one policy rank); FSDP runs the full logits, megatron its
+    vocab-parallel cross-entropy: neither chunks yet."""
     logger: list[str] = field(default_factory=lambda: ["console", "tensorboard"])
     """Experiment trackers: any of `console` (progress bar), `tensorboard`, `wandb`, `mlflow`; one
     name, a comma list or a list. Default console and tensorboard. The metrics JSONL is always written."""
@@ -281,8 +289,10 @@ class InferenceEngineConfig:
     """Largest chunk a sync sends at once, in MiB, > 0 (the size of the shared / broadcast buffer);
     larger tensors go in pieces. None (default): the whole model when it is small, at most 256 MiB."""
     offload_kv_for_weight_sync: bool = False
-    """Non-colocated only, no LoRA: sleep the engine during a sync, freeing its memory; the KV of
-    in-flight requests is copied to host and restored (unless cleared). Default false."""
+    """Non-colocated only: sleep the engine during a sync, freeing its memory; the KV of
+    in-flight requests is copied to host and restored (unless cleared). The sleep drops the
+    engine's weights, so a LoRA policy's sync sends its merged weights, not the adapter. Default
+    false."""
     enable_prefix_caching: bool = True
     """Reuse KV of shared prompt prefixes (keys include the weight version). Default true."""
     enable_chunked_prefill: bool = True

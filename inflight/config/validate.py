@@ -162,6 +162,8 @@ _RANGES: list[tuple[tuple[str, ...], Callable[[Any], bool], str, str]] = [
      "must be token, sequence or null", "use {key}=token, {key}=sequence, or {key}=null for no correction"),
     (("trainer.max_tokens_per_microbatch",), lambda v: v == -1 or v >= 1, "must be -1 or >= 1",
      "set {key}=-1 for no cap"),
+    (("trainer.logprobs_chunk_size",), lambda v: v is None or v >= 1, "must be >= 1 or null",
+     "set {key}=1024 (tokens per chunk), or {key}=null for no chunking"),
     (("trainer.micro_batch_pass_tokens",), lambda v: v >= 0, "must be >= 0", "set {key} to 0 or more, e.g. 64"),
     (("trainer.hf_save_interval",), lambda v: v == -1 or v >= 1, "must be -1 (never) or >= 1",
      "set {key}=-1, or a number of steps"),
@@ -187,7 +189,7 @@ for _keys, _ok, _text, _fix in _RANGES:
         _range_rule(_key, _ok, _text, _fix.format(key=_key))
 
 
-@_rule(LORA_RANK, "trainer.strategy", COLOCATE, POLICY_NODES, POLICY_GPUS)
+@_rule(LORA_RANK, "trainer.strategy", POLICY_NODES, POLICY_GPUS)
 def _lora_runs_where_implemented(cfg: Config) -> Iterator[Violation]:
     if cfg.trainer.policy.model.lora.rank == 0:
         return
@@ -198,9 +200,6 @@ def _lora_runs_where_implemented(cfg: Config) -> Iterator[Violation]:
     if trainer.placement.policy_num_nodes * trainer.placement.policy_num_gpus_per_node > 1:
         yield Violation(LORA_RANK, trainer.policy.model.lora.rank, "LoRA on more than one policy rank is not "
                         "implemented yet", f"set {POLICY_NODES}=1 and {POLICY_GPUS}=1, or {LORA_RANK}=0")
-    if trainer.placement.colocate_all:
-        yield Violation(COLOCATE, True, "a colocated engine sleeps, dropping the base weights a LoRA adapter "
-                        "is merged into", f"set {COLOCATE}=false, or {LORA_RANK}=0")
 
 
 @_rule("trainer.strategy", "trainer.bf16", "trainer.gradient_checkpointing")
@@ -258,17 +257,6 @@ def _offload_needs_non_colocated(cfg: Config) -> Iterator[Violation]:
             OFFLOAD_KV, True,
             f"is for non-colocated engines only ({COLOCATE}=true already sleeps and wakes them around each sync)",
             f"set {OFFLOAD_KV}=false, or {COLOCATE}=false",
-        )  # fmt: skip
-
-
-@_rule(OFFLOAD_KV, LORA_RANK)
-def _offload_needs_no_lora(cfg: Config) -> Iterator[Violation]:
-    rank = cfg.trainer.policy.model.lora.rank
-    if cfg.generator.inference_engine.offload_kv_for_weight_sync and rank > 0:
-        yield Violation(
-            OFFLOAD_KV, True,
-            f"does not support LoRA weight sync ({LORA_RANK}={rank}; adapters bypass the sleep/wake path)",
-            f"set {OFFLOAD_KV}=false, or {LORA_RANK}=0",
         )  # fmt: skip
 
 

@@ -473,6 +473,11 @@ class LLMEngine:
         is_adapter = bool(update.adapter)
         if is_adapter and new_version > self.weight_version:
             try:
+                if not update.intact:
+                    raise WeightUpdateError(
+                        "a LoRA adapter is merged onto the weights the engine holds, and this engine's weights "
+                        "are incomplete (dropped by sleep, or a failed update): send the full weights"
+                    )
                 self._merge_adapter(update)
             except WeightUpdateError:
                 self._update = UpdateState.invalid(update.rollback)

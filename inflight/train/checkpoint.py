@@ -151,10 +151,16 @@ def load_latest(root: str | Path | None) -> CheckpointState | None:
 
 
 def load_optimizer(worker: PolicyWorker, ckpt: CheckpointState) -> None:
-    """Restore the optimizer state and the learning-rate schedule saved by this rank."""
+    """Restore the optimizer state and the learning-rate schedule's position saved by this rank;
+    the learning rate is the schedule's at that position (the run's, over its own step count)."""
     state = torch.load(ckpt.path / f"optimizer_rank{worker.rank}.pt", weights_only=False)
     if "optimizer" not in state:  # written before the schedule was saved with it
         state = {"optimizer": state, "lr_scheduler": None}
     worker.optimizer.load_state_dict(state["optimizer"])
-    if state["lr_scheduler"] is not None and worker.lr_scheduler is not None:
-        worker.lr_scheduler.load_state_dict(state["lr_scheduler"])
+    schedule = worker.lr_scheduler
+    if state["lr_scheduler"] is not None and schedule is not None:
+        schedule.load_state_dict(state["lr_scheduler"])
+        # the saved rate is the old run's schedule's; a resumed run with more steps follows its own
+        for group, base, factor in zip(worker.optimizer.param_groups, schedule.base_lrs,
+                                       getattr(schedule, "lr_lambdas", ()), strict=False):
+            group["lr"] = base * factor(schedule.last_epoch)

@@ -21,6 +21,7 @@ from inflight.config import Config
 from inflight.rollout.generator import TrajectoryGroup
 from inflight.train.checkpoint import CheckpointState, export_model, load_optimizer, save_checkpoint
 from inflight.train.job_config import JobConfig
+from inflight.train.lora import load_adapter, lora_enabled
 from inflight.train.step import StepOptions, TrainingStep
 from inflight.train.workers.base import PolicyWorker, SyncReport
 from inflight.weight_sync.inprocess import InProcessTransport
@@ -116,8 +117,9 @@ class LocalPolicy:
     @classmethod
     def load(cls, cfg: Config, job: JobConfig, pad_id: int, model_dir: str | Path, client: InferenceClient | None,
              transport: WeightTransport | None, version: int, ckpt: CheckpointState | None = None) -> LocalPolicy:
-        """Load the worker from `model_dir` (the checkpoint's on resume, with its optimizer state)
-        and the training step; the base model is `trainer.policy.model.path`."""
+        """Load the worker from `model_dir` (the checkpoint's on resume, with its optimizer state;
+        a LoRA policy's is the base model, and the checkpoint's adapter is loaded into it) and the
+        training step; the base model is `trainer.policy.model.path`."""
         torch.set_num_threads(job.threads)
         base_model_dir = cfg.trainer.policy.model.path
         worker = make_worker(cfg, job, model_dir).setup()
@@ -127,6 +129,8 @@ class LocalPolicy:
             reference.build_model()
         step_fn = TrainingStep(worker, cfg, pad_id, StepOptions.from_config(cfg), reference)
         if ckpt is not None:
+            if lora_enabled(cfg):  # the worker holds the base model: the checkpoint's adapter goes in
+                load_adapter(worker.model, ckpt.path / "adapter", cfg)
             load_optimizer(worker, ckpt)
             worker.global_step = ckpt.step
         return cls(cfg, worker, client, transport, version=version, step_fn=step_fn, reference=reference,

@@ -98,17 +98,17 @@ class RLTrainer:
         if cfg.trainer.policy.model.path is None:
             raise ValueError("no model: set trainer.policy.model.path")
         ckpt = load_latest(cfg.trainer.ckpt_path) if job.resume else None
-        if ckpt is not None and lora_enabled(cfg):
-            raise NotImplementedError(
-                f"resuming a LoRA run is not implemented yet: {ckpt.path} holds the merged model (model/) and the "
-                "adapter (adapter/); start a new run from the merged model (trainer.policy.model.path="
-                f"{ckpt.model_dir}) or set job.resume=false")
-        model_dir = ckpt.model_dir if ckpt else cfg.trainer.policy.model.path
+        # a resumed LoRA run starts from the base model (the engines merge adapters onto an untouched
+        # base) and sends the checkpoint's adapter before anything is generated
+        lora_resume = ckpt is not None and lora_enabled(cfg)
+        model_dir = ckpt.model_dir if ckpt and not lora_resume else cfg.trainer.policy.model.path
         self.runtime = await self._start(cfg, job, pad_id=self._pad_id(), model_dir=model_dir,
                                          version=ckpt.weight_version if ckpt else 0, ckpt=ckpt)
         self.client, self.policy = self.runtime.client, self.runtime.policy
         fully_async = cfg.trainer.fully_async
         self.restarts = EngineRestarts.of(self.runtime, fully_async.engine_restarts if fully_async.enabled else 0)
+        if lora_resume:
+            await self.policy.sync_weights()
         self.loader: AsyncDataLoader[Problem] = AsyncDataLoader(
             self.task.train_problems(), cfg.trainer.epochs, cfg.trainer.seed
         )

@@ -64,6 +64,13 @@ class SyncPlan:
         return self.sleep or self.colocated
 
     @property
+    def full_weights(self) -> bool:
+        """Whether the update must carry every weight: the engines' sleep dropped theirs, so a
+        LoRA adapter, which is merged onto the weights the engine holds, cannot be sent alone;
+        a LoRA policy sends its merged weights (a new base) instead."""
+        return self.wakes
+
+    @property
     def resets(self) -> bool:
         """Whether the sync issues a reset."""
         return self.reset_prefix_cache or self.reset_running_requests

@@ -72,6 +72,6 @@ def test_lora_is_implemented_and_refused_only_where_it_is_not():
                            "trainer.placement.policy_num_gpus_per_node=2"])
     assert [v.rule.split(" is ")[0] for v in err.value.violations] == [
         "LoRA with trainer.strategy=megatron", "LoRA on more than one policy rank"]
-    with pytest.raises(ConfigError, match="dropping the base weights a LoRA adapter is merged into"):
-        load_config(None, ["trainer.policy.model.lora.rank=8", "trainer.placement.colocate_all=true",
-                           "trainer.fully_async.enabled=false"])
+    # sleeping engines take the merged weights instead of the adapter: accepted
+    load_config(None, ["trainer.policy.model.lora.rank=8", "trainer.placement.colocate_all=true",
+                       "trainer.fully_async.enabled=false"])

@@ -145,3 +145,19 @@ def test_a_full_update_after_adapters_is_the_new_base(models):
     second, merged = adapter(models.hf_b, rank=2, targets=["v_proj", "down_proj"], seed=9)
     load_adapter(engine, second)
     assert _greedy(engine, tokens, 8) == hf_greedy(merged, tokens, 8)
+
+
+def test_an_adapter_is_refused_once_sleep_dropped_the_weights(models):
+    engine = make_engine(models)
+    tokens = prompt(9, seed=11)
+    tensors, merged = adapter(models.hf_a, rank=4, targets="all-linear", seed=12)
+    engine.sleep(offload_kv=True)
+    engine.wake_up(["weights"])
+    with pytest.raises(WeightUpdateError, match="weights are incomplete .* send the full weights"):
+        load_adapter(engine, tensors)
+    assert engine.weight_version == 0
+    engine.begin_weight_update()  # what a LoRA policy sends to a sleeping engine: its merged weights
+    engine.load_weights(merged.state_dict().items())
+    engine.finish_weight_update()
+    engine.wake_up(["kv_cache"])
+    assert _greedy(engine, tokens, 8) == hf_greedy(merged, tokens, 8)

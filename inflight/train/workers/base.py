@@ -221,7 +221,8 @@ class PolicyWorker(ABC):
 
     def iter_sync_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """What a weight sync sends (HF names; a collective like `iter_full_hf_tensors`): the full
-        weights, or a LoRA policy's adapter (`inflight.train.lora.adapter_tensors`)."""
+        weights, or a LoRA policy's adapter (`inflight.train.lora.adapter_tensors`). A plan whose
+        engines sleep (`SyncPlan.full_weights`) sends `iter_full_hf_tensors` instead."""
         return self.iter_full_hf_tensors()
 
     def full_hf_state_dict(self) -> dict[str, torch.Tensor]:
@@ -247,7 +248,7 @@ class PolicyWorker(ABC):
         until a complete update lands, and the error says so. Every rank must call this; only rank
         0 uses `client` and `transport`.
         """
-        stream = _TensorStream(self.iter_sync_tensors())
+        stream = _TensorStream(self.iter_full_hf_tensors() if plan.full_weights else self.iter_sync_tensors())
         if self.rank != 0:
             stream.drain()
             ok, new_version = self.agree(True, version)

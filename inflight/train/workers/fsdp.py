@@ -54,6 +54,12 @@ class FSDPPolicyWorker(LocalPolicyWorker):
         fully_shard(model, **options)
         self.model = model
 
+    def logprobs_chunk_size(self) -> int | None:
+        """None: the chunks call the decoder and the LM head apart, outside the root FSDP unit's
+        forward, which all-gathers (and reduce-scatters the gradients of) the embeddings and the
+        LM head; FSDP runs the full logits."""
+        return None
+
     def autocast(self) -> AbstractContextManager:
         """FSDP2's mixed-precision policy casts the parameters: no autocast on top."""
         return nullcontext()

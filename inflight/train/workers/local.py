@@ -5,8 +5,10 @@ against: the same training step and the same HF names, with no collective anywhe
 
 Precision (`bf16`): the parameters, their gradients and AdamW's state stay float32 (the master
 copy); the forward and backward run under `torch.autocast` in bfloat16, so the activations (the
-bulk of a step's memory at long sequences and large vocabularies) are half the size. Log-probabilities
-are taken in float32 from the logits. `gradient_checkpointing`: each decoder layer's activations
+bulk of a step's memory at long sequences and large vocabularies) are half the size. A LoRA
+policy's frozen base is held in bfloat16 (no master copy needed), its adapters in float32.
+Log-probabilities are taken in float32, `trainer.logprobs_chunk_size` tokens at a time
+(`inflight.train.chunked_logprobs`). `gradient_checkpointing`: each decoder layer's activations
 are recomputed in the backward instead of kept (transformers' non-reentrant checkpointing).
 """
 
@@ -18,7 +20,9 @@ from contextlib import AbstractContextManager, nullcontext
 import torch
 
 from inflight.config import Config
+from inflight.train.allocator import map_large_blocks
 from inflight.train.batch import TrainBatch
+from inflight.train.chunked_logprobs import chunked_token_logprobs
 from inflight.train.lora import adapter_tensors, apply_lora, lora_enabled, merged_tensors
 from inflight.train.losses import LossFn, token_logprobs
 from inflight.train.workers.base import PolicyWorker
@@ -59,13 +63,20 @@ class LocalPolicyWorker(PolicyWorker):
     def load_hf_model(self) -> torch.nn.Module:
         from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(str(self.model_path), dtype=self.dtype)
+        model = AutoModelForCausalLM.from_pretrained(str(self.model_path), dtype=self.load_dtype())
         if self.gradient_checkpointing:
             model.config.use_cache = False
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         return model.to(self.device)
 
+    def load_dtype(self) -> torch.dtype:
+        """The dtype the weights are loaded in: a LoRA policy's frozen base in bfloat16 under
+        `bf16` (it gets no gradient and no optimizer state, so it needs no float32 master; the
+        adapters `peft` adds stay float32), otherwise `dtype`."""
+        return torch.bfloat16 if self.bf16 and lora_enabled(self.cfg) else self.dtype
+
     def build_model(self) -> None:
+        map_large_blocks()  # freed activations go back to the system (peak memory; train/allocator.py)
         model = self.load_hf_model()
         self.model = apply_lora(model, self.cfg) if lora_enabled(self.cfg) else model
 
@@ -76,9 +87,27 @@ class LocalPolicyWorker(PolicyWorker):
         return torch.autocast(self.device.type, dtype=torch.bfloat16)
 
     def compute_logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        """The log-probabilities `trainer.logprobs_chunk_size` tokens at a time (the full logits
+        never exist), or from the model's full logits (null, or a model whose forward changes
+        its logits after the LM head)."""
+        chunk = self.logprobs_chunk_size()
+        lm = self.causal_lm()
+        if chunk is None or _post_processes_logits(lm):
+            with self.autocast():
+                logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+            return token_logprobs(logits, batch.input_ids, self.temperature)
         with self.autocast():
-            logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-        return token_logprobs(logits, batch.input_ids, self.temperature)
+            hidden = lm.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+            return chunked_token_logprobs(hidden.last_hidden_state, lm.get_output_embeddings(), batch.input_ids,
+                                          self.temperature, chunk)
+
+    def logprobs_chunk_size(self) -> int | None:
+        """Tokens per log-probability chunk (`trainer.logprobs_chunk_size`), None: the full logits."""
+        return self.cfg.trainer.logprobs_chunk_size
+
+    def causal_lm(self) -> torch.nn.Module:
+        """The transformers causal LM (inside a `peft` model: the base model its adapters are in)."""
+        return self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
 
     def iter_full_hf_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         if lora_enabled(self.cfg):
@@ -87,5 +116,20 @@ class LocalPolicyWorker(PolicyWorker):
         for name, param in self.model.named_parameters():
             yield name, param.detach()
 
+    def full_hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """The full HF-named state on the CPU; a LoRA policy's merged weights are new tensors
+        already, so only those that are the model's own parameters are copied."""
+        if not lora_enabled(self.cfg):
+            return super().full_hf_state_dict()
+        own = {p.data_ptr() for p in self.model.parameters()}
+        return {name: t.to("cpu", copy=t.data_ptr() in own) for name, t in merged_tensors(self.model)}
+
     def iter_sync_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         return adapter_tensors(self.model) if lora_enabled(self.cfg) else self.iter_full_hf_tensors()
+
+
+def _post_processes_logits(model: torch.nn.Module) -> bool:
+    """Whether the model's forward changes the LM head's output (Gemma 2's soft-capping, Cohere's
+    logit scale): then the chunks, which apply the LM head alone, would not match it."""
+    config = getattr(model, "config", None)
+    return any(getattr(config, key, None) not in (None, 1, 1.0) for key in ("final_logit_softcapping", "logit_scale"))
