@@ -208,3 +208,16 @@ def tree_cpu_seconds(roots: list[int]) -> float:
 def busy_cpu_seconds() -> float:
     """CPU seconds all CPUs spent busy since boot (not idle, not waiting for I/O), all processes."""
     return _busy_jiffies() / _HZ
+
+
+def settle(
+    pids: list[int], window_s: float = 0.25, max_cores: float = 0.05, timeout_s: float = 10.0
+) -> None:
+    """Wait until the sides' processes are idle: vLLM's keep a core busy for about a second after
+    a pass, which would otherwise land in the next side's pass."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        before = tree_cpu_seconds(pids)
+        time.sleep(window_s)
+        if tree_cpu_seconds(pids) - before <= max_cores * window_s:
+            return

@@ -38,6 +38,7 @@ from inflight.bench.common import (
     busy_cpu_seconds,
     find_library,
     median,
+    settle,
     tree_cpu_seconds,
 )
 from inflight.bench.engine_report import (
@@ -79,19 +80,6 @@ def _timed_pass(
     record["other_cores"].append(round(max(0.0, others) / wall, 3))
     record["idle_sides_cores"].append(round((tree_cpu_seconds(idle_pids) - idle) / wall, 3))
     return tuple(rest)
-
-
-def _settle(
-    pids: list[int], window_s: float = 0.25, max_cores: float = 0.05, timeout_s: float = 10.0
-) -> None:
-    """Wait until the sides' processes are idle: vLLM's keep a core busy for about a second after
-    a pass, which would otherwise land in the next side's pass."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        before = tree_cpu_seconds(pids)
-        time.sleep(window_s)
-        if tree_cpu_seconds(pids) - before <= max_cores * window_s:
-            return
 
 
 def side_env(allocator: str) -> dict[str, str]:
@@ -162,7 +150,7 @@ def _round(
 
     def settled_others(name: str) -> list[int]:
         """The other sides' pids, once all sides are idle."""
-        _settle(list(pids.values()))
+        settle(list(pids.values()))
         return [pid for other, pid in pids.items() if other != name]
 
     def short(record: dict[str, Any]) -> bool:

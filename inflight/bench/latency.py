@@ -12,6 +12,7 @@ over `--repeats` rounds is reported, with the cores other processes used during 
 
 from __future__ import annotations
 
+import os
 import random
 import statistics
 import tempfile
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from inflight.bench import vllm_side
-from inflight.bench.common import CpuMonitor, Worker
+from inflight.bench.common import CpuMonitor, Worker, settle
 from inflight.bench.engine_sides import build_model, call_side, close_side, open_side
 from inflight.bench.engine_workload import BenchConfig, Workload
 
@@ -55,6 +56,7 @@ def run_latency(cfg: BenchConfig, model_dir: Path, batches: tuple[int, ...], ste
         engine = stack.enter_context(Worker())
         engine.call(open_side, "engine", str(model_dir), cfg, work)
         measure["engine"] = lambda b: engine.call(call_side, "latency", b, steps)
+        pids = [engine.call(os.getpid)] + ([worker.pid] if "vllm" in measure else [])
         for name, fn in measure.items():  # untimed: each batch size's first decode builds its kernels
             for b in batches:
                 fn(b)
@@ -62,6 +64,7 @@ def run_latency(cfg: BenchConfig, model_dir: Path, batches: tuple[int, ...], ste
         for _ in range(cfg.repeats):
             for b in batches:
                 for name, fn in measure.items():
+                    settle(pids)  # vLLM's threads stay busy a while after a call: not in the next one
                     samples[name][b].append(fn(b))
         engine.call(close_side)
     rows = {b: {name: statistics.median(samples[name][b]) for name in samples} for b in batches}
