@@ -31,6 +31,10 @@ from inflight.client.router import Router
 from inflight.engine.request import RequestOutput, SamplingParams
 
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+# idle pooled connections are dropped before the servers' own idle timeout (uvicorn's 5 s, which
+# both servers use) can close one just as a request goes out on it: a generation request that
+# fails that way may have arrived, so it is never re-sent, and the run would end
+KEEPALIVE_EXPIRY_S = 2.0
 
 
 def _json(response: httpx.Response) -> Any:
@@ -220,7 +224,8 @@ class RemoteClient(FanOutClient):
         self.control_headers = {"Authorization": f"Bearer {control_token}"} if control_token else {}
         self.generate_timeout = httpx.Timeout(request_timeout_s, connect=connect_timeout_s, pool=None)
         self.control_timeout = httpx.Timeout(control_timeout_s, connect=connect_timeout_s, pool=None)
-        self._limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        self._limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections,
+                                    keepalive_expiry=KEEPALIVE_EXPIRY_S)
         self._transport = transport
         # generation and control use separate connection pools, so that a pause or a health probe
         # never waits behind hundreds of generation connections; both are bound to one event loop
