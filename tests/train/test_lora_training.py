@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+from typing import Any
 
 import pytest
 import torch
@@ -24,8 +25,25 @@ def model_dir(tmp_path_factory):
     return warm_model_dir(tmp_path_factory)  # rewards that differ within groups: gradients to follow
 
 
-def test_lora_trains_the_adapter_and_syncs_it_in_flight(model_dir, tmp_path):
+async def _train_then_greedy(cfg, job, task, prompt: list[int]) -> tuple[list[dict], Any, list[int]]:
+    """Train the run, then the first in-process engine's 6 greedy tokens for `prompt` (a colocated
+    engine sleeps after generation until the next sync: woken first)."""
     from inflight.train.trainer import make_trainer
+
+    trainer = make_trainer(cfg, job, task)
+    try:
+        await trainer.setup()
+        history = await trainer.train()
+        engine = trainer.runtime.local_engines[0]
+        if not engine.engine.weights.awake:
+            await engine.wake_up()
+        out = await engine.generate(prompt, SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
+        return history, trainer.policy, out.output_token_ids
+    finally:
+        await trainer.close()
+
+
+def test_lora_trains_the_adapter_and_syncs_it_in_flight(model_dir, tmp_path):
 
     ckpt = tmp_path / "ckpt"
     cfg, job = rl_config(model_dir, tmp_path / "run", [
@@ -36,18 +54,7 @@ def test_lora_trains_the_adapter_and_syncs_it_in_flight(model_dir, tmp_path):
     task = small_task()
     prompt = task.encode(task.eval_problems()[0].prompt)
 
-    async def main():
-        trainer = make_trainer(cfg, job, task)
-        try:
-            await trainer.setup()
-            history = await trainer.train()
-            engine = trainer.runtime.local_engines[0]
-            out = await engine.generate(prompt, SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
-            return history, trainer.policy, out.output_token_ids
-        finally:
-            await trainer.close()
-
-    history, policy, engine_tokens = asyncio.run(main())
+    history, policy, engine_tokens = asyncio.run(_train_then_greedy(cfg, job, task, prompt))
     assert len(history) == 2 and sum(r["optimizer_steps"] for r in history) > 0
     worker = policy.worker
     trained = {id(p) for group in worker.optimizer.param_groups for p in group["params"]}
@@ -170,7 +177,6 @@ def test_lora_under_bf16_holds_the_frozen_base_in_bfloat16(tiny_model_factory):
     ["trainer.placement.colocate_all=true", "trainer.fully_async.enabled=false"],
 ], ids=["offload", "colocate"])
 def test_lora_with_sleeping_engines_sends_the_merged_weights(model_dir, tmp_path, sleeping):
-    from inflight.train.trainer import make_trainer
 
     cfg, job = rl_config(model_dir, tmp_path / "run", [
         "job.max_steps=2", "trainer.eval_interval=0", "trainer.policy.model.lora.rank=4",
@@ -178,20 +184,7 @@ def test_lora_with_sleeping_engines_sends_the_merged_weights(model_dir, tmp_path
     task = small_task()
     prompt = task.encode(task.eval_problems()[0].prompt)
 
-    async def main():
-        trainer = make_trainer(cfg, job, task)
-        try:
-            await trainer.setup()
-            history = await trainer.train()
-            engine = trainer.runtime.local_engines[0]
-            if not engine.engine.weights.awake:  # colocated: asleep after generation until the next sync
-                await engine.wake_up()
-            out = await engine.generate(prompt, SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
-            return history, trainer.policy, out.output_token_ids
-        finally:
-            await trainer.close()
-
-    history, policy, engine_tokens = asyncio.run(main())
+    history, policy, engine_tokens = asyncio.run(_train_then_greedy(cfg, job, task, prompt))
     assert sum(r["optimizer_steps"] for r in history) > 0 and policy.history
     full = sum(p.numel() * p.element_size() for n, p in policy.worker.model.named_parameters() if ".lora_" not in n)
     assert all(sync["bytes"] >= full for sync in policy.history)  # every sync: the whole merged model
