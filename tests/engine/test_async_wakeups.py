@@ -79,17 +79,24 @@ def test_a_resume_whose_caller_gave_up_still_wakes_the_loop(make_engine):
     assert missed == 0  # woken by the call itself, not found later by the backstop
 
 
+async def _draining_long_request(engine: AsyncEngine, draining: Callable[[], bool]) -> tuple[asyncio.Task, asyncio.Task]:
+    """A 900-token request decoding, then a pause('wait') draining it: (request task, pause task).
+    `draining` says whether the engine drains (a test counting reads of the state passes its own)."""
+    long = SamplingParams(max_tokens=900, temperature=0.0, ignore_eos=True)
+    task = asyncio.create_task(engine.generate([5, 6, 7], long, request_id="long"))
+    await until(lambda: engine.engine.stats.generated_tokens > 0)  # decoding
+    pause = asyncio.create_task(engine.pause("wait"))
+    await until(draining)
+    return task, pause
+
+
 def test_a_wait_pause_ended_by_a_resume_returns(make_engine):
     """pause('wait') used to poll until the engine was paused: a resume during the drain left the
     pause call (and its HTTP request) waiting forever."""
 
     async def run():
         engine = make_engine()
-        long = SamplingParams(max_tokens=900, temperature=0.0, ignore_eos=True)
-        task = asyncio.create_task(engine.generate([5, 6, 7], long, request_id="long"))
-        await until(lambda: engine.engine.stats.generated_tokens > 0)  # decoding
-        pause = asyncio.create_task(engine.pause("wait"))
-        await until(lambda: engine.engine.is_draining)
+        task, pause = await _draining_long_request(engine, lambda: engine.engine.is_draining)
         await engine.resume()  # ends the drain: the request still has hundreds of tokens to go
         await asyncio.wait_for(pause, ANSWER_S)
         paused = engine.engine.is_paused
@@ -115,11 +122,7 @@ def test_a_wait_pause_sleeps_until_the_drain_ends(make_engine, monkeypatch):
 
     async def run():
         engine = make_engine()
-        long = SamplingParams(max_tokens=900, temperature=0.0, ignore_eos=True)
-        task = asyncio.create_task(engine.generate([5, 6, 7], long, request_id="long"))
-        await until(lambda: engine.engine.stats.generated_tokens > 0)  # decoding
-        pause = asyncio.create_task(engine.pause("wait"))
-        await until(lambda: draining.fget(engine.engine))
+        task, pause = await _draining_long_request(engine, lambda: draining.fget(engine.engine))
         held = HeldLock(engine)
         reads.clear()
         await asyncio.sleep(0.3)  # polling every 5 ms would read it ~60 times in this window
