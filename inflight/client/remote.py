@@ -4,10 +4,13 @@ A `FanOutClient` over one `HttpClient` per server: generation goes to one server
 Router (least outstanding requests, session affinity); every other operation goes to every server
 concurrently and raises if any server fails. `HttpClient` sends each operation by its `HttpRoute`
 (`inflight.client.base`). Transport errors are retried with exponential backoff for
-idempotent calls; a generation request is only re-sent when the server provably never got it
-(connection refused), and then to another server. A server that dies mid-request closes the
-connection, which surfaces as `ServerUnavailableError`; one that hangs without closing is caught by
-polling its /health while the request waits. Weight updates can also carry their bytes over a
+idempotent calls. A generation request goes to another server when this one provably never got
+it (connection refused); when the connection broke after it went out, it is sent again, once, to
+the same server if that server still answers /health and the request has no caller-chosen id (both
+servers abort a request whose client went away, so nothing is generated twice; a chosen id could
+still be held by the aborting request). A server that died mid-request fails that probe, which
+surfaces as `ServerUnavailableError`; one that hangs without closing is caught by polling its
+/health while the request waits. Weight updates can also carry their bytes over a
 broadcast group this client hosts (`init_weight_transfer`, `update_weights_broadcast`; see
 `inflight.client.group`): each server joins it through its init route.
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -32,9 +36,10 @@ from inflight.engine.request import RequestOutput, SamplingParams
 
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 # idle pooled connections are dropped before the servers' own idle timeout (uvicorn's 5 s, which
-# both servers use) can close one just as a request goes out on it: a generation request that
-# fails that way may have arrived, so it is never re-sent, and the run would end
+# both servers use) can close one just as a request goes out on it (the request then fails after it
+# was sent, and costs a /health probe and a second send)
 KEEPALIVE_EXPIRY_S = 2.0
+log = logging.getLogger(__name__)
 
 
 def _json(response: httpx.Response) -> Any:
@@ -130,28 +135,40 @@ class HttpClient(InferenceClient):
         cache_salt: str | None = None,
         session_id: str | None = None,
     ) -> RequestOutput:
-        """Generate on this server (never re-sent: the fan-out fails over when it was not sent)."""
+        """Generate on this server; sent again once when the connection broke after it went out
+        and the server still answers /health (see the module docstring)."""
         prompt = list(prompt_token_ids)
         body: dict[str, Any] = {"prompt_token_ids": prompt, "sampling_params": dataclasses.asdict(params or SamplingParams())}
         if request_id is not None:
             body["request_id"] = request_id
         if cache_salt is not None:
             body["cache_salt"] = cache_salt
-        call = asyncio.ensure_future(
-            self.send("POST", wire.GENERATE, idempotent=False, retries=0, pool="generate", json=body)
-        )
-        call.add_done_callback(lambda t: t.cancelled() or t.exception())  # never "never retrieved"
         try:
-            data = (await self._watch(call)).json()
-        finally:
-            if not call.done():
-                call.cancel()  # closing the connection makes the server abort the request
+            data = await self._generate_once(body)
+        except ServerUnavailableError as err:
+            lost = err.request_sent and isinstance(err.__cause__, httpx.TransportError)
+            if not lost or request_id is not None or not await self._probe(5.0):
+                raise
+            log.warning("%s: a generation request's connection broke after it was sent (%s); the server "
+                        "answers /health, so it is sent once more", self.url, err.__cause__.__class__.__name__)
+            data = await self._generate_once(body)
         return RequestOutput(
             request_id=data["request_id"], prompt_token_ids=prompt, output_token_ids=data["output_token_ids"],
             logprobs=data.get("logprobs"), token_weight_versions=data["token_weight_versions"],
             finish_reason=data["finish_reason"], num_recomputed_tokens=data.get("num_recomputed_tokens", 0),
             num_cached_tokens=data.get("num_cached_tokens", 0), top_logprobs=_top_logprobs(data.get("top_logprobs")),
         )  # fmt: skip
+
+    async def _generate_once(self, body: dict[str, Any]) -> dict[str, Any]:
+        call = asyncio.ensure_future(
+            self.send("POST", wire.GENERATE, idempotent=False, retries=0, pool="generate", json=body)
+        )
+        call.add_done_callback(lambda t: t.cancelled() or t.exception())  # never "never retrieved"
+        try:
+            return (await self._watch(call)).json()
+        finally:
+            if not call.done():
+                call.cancel()  # closing the connection makes the server abort the request
 
     async def _watch(self, call: asyncio.Future[httpx.Response]) -> httpx.Response:
         """Wait for `call`; give up if the server stops answering /health twice in a row."""

@@ -22,10 +22,11 @@ import httpx
 import pytest
 import torch
 
-from inflight.client import RemoteClient
+from inflight.client import RemoteClient, wire
 from inflight.client.base import update_weights
 from inflight.engine import EngineStateError, WeightUpdateError
 from inflight.engine.request import SamplingParams
+from inflight.testing.breaking_proxy import BreakingProxy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))  # the engine tests' oracles
 from conftest_weights import hf_continue  # noqa: E402
@@ -352,3 +353,28 @@ def test_every_parameter_of_an_update_takes(vllm_server):
         ref = torch.log_softmax(logits, -1).gather(1, torch.tensor(out.output_token_ids)[:, None])[:, 0]
         assert out.output_token_ids == hf_continue(hf, hf, prompt, 0, 12)
         assert torch.allclose(torch.tensor(out.logprobs), ref, atol=TOL), (out.logprobs[:4], ref[:4])
+
+
+def test_a_generation_whose_connection_broke_is_sent_again_and_the_orphan_aborted(vllm_server):
+    """The failure one training run on vLLM died of (ReadError mid-generate): the connection breaks
+    after the request went out. The client sends it once more; vLLM aborts the orphan."""
+
+    async def go():
+        direct = await _client(vllm_server)
+        expected = await direct.generate(PROMPTS[0], greedy(64))
+        proxy = BreakingProxy(int(vllm_server.url.rsplit(":", 1)[1]), wire.GENERATE)
+        url = await proxy.start()
+        async with proxy.server, RemoteClient(url, health_check_interval_s=None) as rc:
+            output = await rc.generate(PROMPTS[0], greedy(64))
+        assert (proxy.broken, proxy.generations) == (1, 2)
+        assert output.output_token_ids == expected.output_token_ids
+        async with httpx.AsyncClient() as http:
+            for _ in range(500):  # the orphan leaves vLLM (aborted or finished): nothing stays live
+                if not (await http.get(vllm_server.url + "/status")).json()["live_output_tokens"]:
+                    break
+                await asyncio.sleep(0.02)
+            else:
+                raise AssertionError("the broken request is still running in vLLM")
+        await direct.close()
+
+    run(go())
