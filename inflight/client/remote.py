@@ -21,7 +21,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 import httpx
@@ -104,11 +104,14 @@ class HttpClient(InferenceClient):
 
     async def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """The tensors (HF names) in safetensors chunks of `chunk_bytes`, one request each."""
-        for chunk in wire.chunk_by_bytes(named_tensors, self.http.chunk_bytes):
-            await self.load_chunk(await asyncio.to_thread(wire.encode_tensors, chunk))
+        await self.http.send_chunks(named_tensors, self.load_chunk)
 
-    async def load_chunk(self, data: bytes) -> None:
-        """One safetensors buffer of HF-named tensors to the chunk route."""
+    async def load_chunk(self, data: bytes | str) -> None:
+        """One safetensors buffer of HF-named tensors to the chunk route: the bytes, or the name of
+        the chunk file holding them (`wire.write_chunk_file`, a server on this host)."""
+        if isinstance(data, str):
+            await self.send("POST", wire.WEIGHTS_CHUNK, idempotent=True, params={wire.CHUNK_FILE_PARAM: data})
+            return
         await self.send("POST", wire.WEIGHTS_CHUNK, idempotent=True, content=data,
                         headers={"Content-Type": wire.CONTENT_TYPE})
 
@@ -214,7 +217,9 @@ class HttpClient(InferenceClient):
 
 
 class RemoteClient(FanOutClient):
-    """InferenceClient over the HTTP API of `inflight.server` (one URL or several)."""
+    """InferenceClient over the HTTP API of `inflight.server` (one URL or several). `shm_chunks`:
+    weight chunks go to the servers as chunk files in /dev/shm instead of request bodies (every
+    server on this host; one copy instead of a socket transfer)."""
 
     def __init__(
         self,
@@ -229,6 +234,7 @@ class RemoteClient(FanOutClient):
         backoff_s: float = 0.1,
         health_check_interval_s: float | None = 5.0,
         chunk_bytes: int = 128 * 2**20,
+        shm_chunks: bool = False,
         max_connections: int = 1024,
         router: Router | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
@@ -237,6 +243,7 @@ class RemoteClient(FanOutClient):
         if not self.urls:
             raise ValueError("RemoteClient needs at least one server URL")
         self.chunk_bytes, self.health_check_interval_s = chunk_bytes, health_check_interval_s
+        self.shm_chunks = shm_chunks
         self.api_headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.control_headers = {"Authorization": f"Bearer {control_token}"} if control_token else {}
         self.generate_timeout = httpx.Timeout(request_timeout_s, connect=connect_timeout_s, pool=None)
@@ -296,8 +303,23 @@ class RemoteClient(FanOutClient):
     async def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """The tensors (HF names) to every server in safetensors chunks of `chunk_bytes`, each
         chunk encoded once."""
+        await self.send_chunks(named_tensors, lambda data: self._each("load_chunk", data))
+
+    async def send_chunks(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
+                          send: Callable[[bytes | str], Awaitable[Any]]) -> None:
+        """Encode the tensors in chunks of `chunk_bytes` and `send` each: its bytes, or with
+        `shm_chunks` the name of a chunk file in /dev/shm (removed once sent)."""
         for chunk in wire.chunk_by_bytes(named_tensors, self.chunk_bytes):
-            await self._each("load_chunk", await asyncio.to_thread(wire.encode_tensors, chunk))
+            data = await asyncio.to_thread(wire.encode_tensors, chunk)
+            if not self.shm_chunks:
+                await send(data)
+                continue
+            name = await asyncio.to_thread(wire.write_chunk_file, data)
+            del data
+            try:
+                await send(name)
+            finally:
+                wire.remove_chunk_file(name)
 
     async def health(self) -> dict[str, dict[str, Any]]:
         """Every server's /health answer (raises if any server does not answer)."""

@@ -1,8 +1,11 @@
 """The HTTP wire format shared by the server and RemoteClient: route paths, and weight chunks as
-HF-named tensors in one safetensors buffer (the request body)."""
+HF-named tensors in one safetensors buffer (the request body, or a chunk file in /dev/shm that a
+client on the server's host names in `?shm=`)."""
 
 from __future__ import annotations
 
+import os
+import uuid
 from collections.abc import Iterable, Iterator
 
 import torch
@@ -10,6 +13,8 @@ from safetensors.torch import load as _load
 from safetensors.torch import save as _save
 
 from inflight.client.routes import (  # noqa: F401  (one source of the paths: see routes.py)
+    CHUNK_FILE_PARAM,
+    CHUNK_FILE_PREFIX,
     DESTROY_WEIGHT_TRANSFER,
     GENERATE,
     HEALTH,
@@ -19,6 +24,7 @@ from inflight.client.routes import (  # noqa: F401  (one source of the paths: se
     PAUSE,
     RESET_PREFIX_CACHE,
     RESUME,
+    SHM_DIR,
     SLEEP,
     STATUS,
     WAKE_UP,
@@ -28,6 +34,7 @@ from inflight.client.routes import (  # noqa: F401  (one source of the paths: se
     WEIGHTS_BROADCAST,
     WEIGHTS_CHUNK,
     WEIGHTS_FINISH,
+    read_chunk_file,
 )
 from inflight.weight_sync.group import DEFAULT_WEIGHT_GROUP  # noqa: F401  (the routes' default group name)
 
@@ -52,6 +59,23 @@ def encode_tensors(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> bytes:
         seen.add(storage.data_ptr())
         out[name] = t
     return _save(out)
+
+
+def write_chunk_file(data: bytes) -> str:
+    """Write one chunk's bytes to a fresh chunk file in SHM_DIR (servers on this host read it by the
+    returned name, `?shm=NAME`); the caller removes it with `remove_chunk_file`."""
+    name = f"{CHUNK_FILE_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    with open(os.path.join(SHM_DIR, name), "xb") as f:
+        f.write(data)
+    return name
+
+
+def remove_chunk_file(name: str) -> None:
+    """Unlink a chunk file written by `write_chunk_file` (gone already: nothing to do)."""
+    try:
+        os.unlink(os.path.join(SHM_DIR, name))
+    except FileNotFoundError:
+        pass
 
 
 def decode_tensors(data: bytes) -> list[tuple[str, torch.Tensor]]:

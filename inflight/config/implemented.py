@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 from inflight.config.errors import ConfigError, Violation
 from inflight.config.keys import get_key
@@ -50,6 +51,13 @@ def external(cfg: Config) -> bool:
     return not cfg.generator.inference_engine.run_engines_locally
 
 
+def servers_on_this_host(cfg: Config) -> bool:
+    """Every server is on this host: started by the run, or external at a loopback address."""
+    ie = cfg.generator.inference_engine
+    hosts = [urlsplit(u).hostname for u in ie.external_server_urls or []]
+    return ie.run_engines_locally or all(h in ("127.0.0.1", "localhost", "::1") for h in hosts)
+
+
 _NOT_PASSED_TO_VLLM = {  # engine keys the vLLM server command does not carry: only their defaults run
     "attention_backend": "auto", "linear_backend": "auto", "elementwise_backend": "auto", "num_kv_blocks": None,
     "block_size": 16, "enable_chunked_prefill": True, "weight_update_rollback": True,
@@ -63,10 +71,16 @@ _SET_ON_THE_SERVERS = {  # engine keys a run cannot apply to servers started els
 
 NOT_IMPLEMENTED_WHEN: list[tuple[str, Callable[[Config], bool], Callable[[Any], bool], str, str]] = [
     (
-        _IE + "weight_sync_backend", on_servers, lambda v: v == "inprocess",
-        "shm and broadcast into an HTTP server are not implemented yet: servers take weights as safetensors "
-        "chunks over HTTP, through the client",
-        f"set {_IE}weight_sync_backend=inprocess (HTTP chunks through the client)",
+        _IE + "weight_sync_backend", on_servers, lambda v: v in ("inprocess", "shm"),
+        "broadcast into an HTTP server is not implemented yet: servers take weights as safetensors chunks "
+        "through the client (inprocess: in request bodies; shm: as files in /dev/shm, servers on this host)",
+        f"set {_IE}weight_sync_backend=shm (servers on this host) or inprocess",
+    ),
+    (
+        _IE + "weight_sync_backend", lambda c: external(c) and not servers_on_this_host(c), lambda v: v != "shm",
+        "shm needs the servers on this host (it hands them chunk files in /dev/shm); some of "
+        f"{_IE}external_server_urls are elsewhere",
+        f"set {_IE}weight_sync_backend=inprocess (chunks in request bodies)",
     ),
     (
         "trainer.policy.model.lora.rank", on_vllm, lambda v: v == 0,

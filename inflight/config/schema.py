@@ -257,8 +257,8 @@ class InferenceEngineConfig:
     backend: str = "native"
     """The inference engine: `native` (default; this project's paged-KV engine, in this process or
     in child processes) or `vllm` (vLLM, in its own virtual environment, behind `inflight serve
-    --backend vllm`: the same HTTP routes, driven through `RemoteClient`; weights as HTTP chunks,
-    so it needs weight_sync_backend=inprocess). SkyRL's default is `vllm`; ours is `native` because
+    --backend vllm`: the same HTTP routes, driven through `RemoteClient`; weights as safetensors chunks
+    through the client, weight_sync_backend `shm` or `inprocess`). SkyRL's default is `vllm`; ours is `native` because
     vLLM is not a dependency of this project."""
     vllm_python: str | None = None
     """backend=vllm only: the python of vLLM's virtual environment. None (default): `$INFLIGHT_VLLM_PYTHON`,
@@ -279,7 +279,9 @@ class InferenceEngineConfig:
     more (use num_engines for more engines)."""
     weight_sync_backend: str = "broadcast"
     """Weight transport: `inprocess`, `shm` (one host) or `broadcast` (torch.distributed; default).
-    SkyRL's `nccl` / `gloo` mean `broadcast`, `cuda_ipc` means `shm`."""
+    SkyRL's `nccl` / `gloo` mean `broadcast`, `cuda_ipc` means `shm`. Into HTTP servers (backend=vllm,
+    external_server_urls): `shm` hands them chunk files in /dev/shm (servers on this host), `inprocess`
+    sends chunks in request bodies; `broadcast` is not implemented there."""
     weight_sync_host: str = "127.0.0.1"
     """Address the trainer's `shm` / `broadcast` sender listens on (the engines connect to it).
     Default 127.0.0.1 (one host)."""

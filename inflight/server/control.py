@@ -75,9 +75,10 @@ def build_control_router(
         return {"success": True}
 
     @router.post(wire.WEIGHTS_CHUNK, dependencies=guarded)
-    async def load_weights_chunk(request: Request) -> dict[str, Any]:
-        body = await request.body()
+    async def load_weights_chunk(request: Request, shm: str | None = None) -> dict[str, Any]:
+        """The chunk's safetensors bytes: the body, or with `?shm=NAME` a chunk file in /dev/shm."""
         try:
+            body = await request.body() if shm is None else await asyncio.to_thread(wire.read_chunk_file, shm)
             tensors = await asyncio.to_thread(wire.decode_tensors, body)
         except ValueError as err:
             raise APIError(400, str(err), code="invalid_weights") from err

@@ -11,7 +11,10 @@ from pathlib import Path
 
 from inflight.client.process import ReceiverSpec
 from inflight.config import Config
+from inflight.config.implemented import on_servers
 from inflight.weight_sync import make_transport, transport_kind
+from inflight.weight_sync.factory import chunk_bytes
+from inflight.weight_sync.inprocess import InProcessTransport
 from inflight.weight_sync.transport import ChannelTransport, WeightTransport
 
 SHM_DIR = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
@@ -40,7 +43,11 @@ def make_sender(
     cfg: Config, model_dir: str | Path, device: str = "cpu", host: str | None = None
 ) -> WeightTransport:
     """Policy rank 0's weight sender to all `num_engines` engines (`make_transport`); a shared
-    buffer is named after this process, so a later run can remove it if this one gets killed."""
+    buffer is named after this process, so a later run can remove it if this one gets killed.
+    HTTP servers take their chunks through the client (`RemoteClient(shm_chunks=...)` says whether
+    in request bodies or as /dev/shm files), so for them the sender hands chunks to the client."""
+    if on_servers(cfg):
+        return InProcessTransport(max_chunk_bytes=chunk_bytes(cfg, model_dir))
     path = None
     if transport_kind(cfg) == "shm":
         remove_stale_shm_buffers()

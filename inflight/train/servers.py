@@ -10,8 +10,9 @@ or `run_engines_locally=false`).
   at one weight version; the run then pushes its own weights to them before the first rollout
   (they were started with whatever model their owner gave them).
 
-Weights travel through the client either way (`weight_sync_backend=inprocess`: safetensors chunks
-over HTTP), by the same plan and executor as every other engine (`LocalPolicy.sync_weights`).
+Weights travel through the client either way, as safetensors chunks: with `weight_sync_backend=shm`
+as chunk files in /dev/shm that the servers (on this host) read, with `inprocess` in request bodies;
+by the same plan and executor as every other engine (`LocalPolicy.sync_weights`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from inflight.engine.config import EngineConfig
 from inflight.train.engine_settings import engine_config
 from inflight.train.job_config import JobConfig
 from inflight.train.server_fleet import ServerFleet
+from inflight.weight_sync import transport_kind
 
 CONTROL_TOKEN_ENV = "INFLIGHT_CONTROL_TOKEN"
 START_TIMEOUT_S = {"native": 120.0, "vllm": 600.0}  # vLLM CPU: ~30-60 s to start, more on a busy machine
@@ -97,8 +99,10 @@ async def start_servers(cfg: Config, job: JobConfig, model_dir: str | Path, vers
     running, when one does not start or answer."""
     require_implemented(cfg)
     ie = cfg.generator.inference_engine
+    shm = transport_kind(cfg) == "shm"
     if not ie.run_engines_locally:
-        client = RemoteClient(list(ie.external_server_urls or []), control_token=os.environ.get(CONTROL_TOKEN_ENV))
+        client = RemoteClient(list(ie.external_server_urls or []), control_token=os.environ.get(CONTROL_TOKEN_ENV),
+                              shm_chunks=shm)
         try:
             await check_external(client)
         except BaseException:
@@ -111,7 +115,7 @@ async def start_servers(cfg: Config, job: JobConfig, model_dir: str | Path, vers
     engines = [engine_config(cfg, model_dir, version, i) for i in range(ie.num_engines)]
     commands = [partial(vllm_command, e, threads=job.engine_threads, python=ie.vllm_python) for e in engines]
     urls = await fleet.start(commands, START_TIMEOUT_S["vllm"])
-    return Servers(RemoteClient(urls, control_token=token), fleet)
+    return Servers(RemoteClient(urls, control_token=token, shm_chunks=shm), fleet)
 
 
 def check_vllm_python(python: str | None) -> None:

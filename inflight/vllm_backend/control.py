@@ -132,11 +132,15 @@ def build_router(life: Lifecycle, stage: WeightStage, routes: Any, *, api_key: s
         return {"success": True}
 
     @router.post(routes.WEIGHTS_CHUNK, dependencies=guarded)
-    async def load_weights_chunk(request: Request) -> dict[str, Any]:
-        body = await request.body()
+    async def load_weights_chunk(request: Request, shm: str | None = None) -> dict[str, Any]:
+        """The chunk's safetensors bytes: the body, or with `?shm=NAME` a chunk file in /dev/shm."""
         if life.update != OPEN:
             raise state_error(f"no weight update is open (state {life.update!r}): call begin first")
         life.update_touched = time.monotonic()  # the lease runs from the last chunk
+        try:
+            body = await request.body() if shm is None else await asyncio.to_thread(routes.read_chunk_file, shm)
+        except ValueError as err:
+            raise APIError(400, str(err), param="shm") from err
         tensors = await asyncio.to_thread(_decode, body)
         count = await asyncio.to_thread(stage.check_and_stage, tensors)
         return {"success": True, "num_tensors": count}

@@ -17,6 +17,7 @@ IE = "generator.inference_engine."
 EXTERNAL = [f"{IE}run_engines_locally=false", f"{IE}external_server_urls=[http://10.0.0.5:8000]",
             f"{IE}weight_sync_backend=inprocess"]
 VLLM = [f"{IE}backend=vllm", f"{IE}weight_sync_backend=inprocess"]
+SHM = f"{IE}weight_sync_backend=shm"
 
 
 def _violations(overrides: list[str]) -> list[tuple[str, str]]:
@@ -26,7 +27,8 @@ def _violations(overrides: list[str]) -> list[tuple[str, str]]:
 
 
 def test_defaults_and_the_two_server_setups_are_valid_and_implemented():
-    for overrides in ([], EXTERNAL, VLLM, [*VLLM, *EXTERNAL[:2]]):
+    local_external = [f"{IE}run_engines_locally=false", f"{IE}external_server_urls=[http://127.0.0.1:8000]", SHM]
+    for overrides in ([], EXTERNAL, VLLM, [*VLLM, *EXTERNAL[:2]], [VLLM[0], SHM], local_external):
         cfg = load_config(None, overrides)
         assert unimplemented(cfg) == [], overrides
     cfg = load_config(None, [])
@@ -61,8 +63,8 @@ def test_keys_that_would_be_ignored_are_refused():
 
 
 @pytest.mark.parametrize("overrides, key, rule", [
-    (VLLM[:1], f"{IE}weight_sync_backend", "shm and broadcast into an HTTP server are not implemented yet"),
-    (EXTERNAL[:2], f"{IE}weight_sync_backend", "shm and broadcast into an HTTP server are not implemented yet"),
+    (VLLM[:1], f"{IE}weight_sync_backend", "broadcast into an HTTP server is not implemented yet"),
+    ([*EXTERNAL[:2], SHM], f"{IE}weight_sync_backend", "shm needs the servers on this host"),
     ([*VLLM, "trainer.policy.model.lora.rank=8"], "trainer.policy.model.lora.rank", "LoRA adapters into vLLM"),
     ([*VLLM, "trainer.placement.colocate_all=true", "trainer.fully_async.enabled=false"],
      "trainer.placement.colocate_all", "colocated vLLM engines are not implemented yet"),
@@ -138,3 +140,15 @@ def test_inflight_train_refuses_a_missing_vllm_python_before_any_warm_up(tmp_pat
     err = capsys.readouterr().err
     assert f"{IE}vllm_python=" in err and "scripts/vllm_venv.sh" in err
     assert not (tmp_path / "run").exists()  # no base model built, nothing started
+
+
+def test_the_default_job_runs_on_vllm_by_one_key():
+    """`inflight train generator.inference_engine.backend=vllm`: the default job's shm means chunk files
+    in /dev/shm for the servers, which a run implements (no second key)."""
+    from inflight.train.main import resolve_config
+    from inflight.train.sender import make_sender
+    from inflight.weight_sync.inprocess import InProcessTransport
+
+    cfg, _ = resolve_config(None, [VLLM[0]])
+    assert cfg.generator.inference_engine.weight_sync_backend == "shm" and unimplemented(cfg) == []
+    assert isinstance(make_sender(cfg, "/nonexistent"), InProcessTransport)  # chunks go through the client

@@ -1,5 +1,6 @@
 """Training on vLLM: `generator.inference_engine.backend=vllm` starts `inflight serve --backend vllm`
-servers (vLLM in its own venv), trains fully async with in-flight updates over HTTP weight chunks,
+servers (vLLM in its own venv), trains fully async with in-flight updates (weight chunks as /dev/shm
+files named over HTTP, the default job's `shm`),
 and the server then serves exactly the trained weights (transformers on the run's export is the
 oracle, so an update that did not take, e.g. into vLLM's stale oneDNN copy, fails here).
 
@@ -67,7 +68,8 @@ def test_fully_async_training_on_vllm_servers(vllm_model, tmp_path, device):
 
     ie = "generator.inference_engine."
     cfg, job = rl_config(vllm_model, tmp_path, [f"{ie}backend=vllm", f"{ie}num_kv_blocks=null", f"{ie}device={device}",
-                                                f"{ie}max_model_len=64", f"job.max_steps={STEPS}"])
+                                                f"{ie}max_model_len=64", f"job.max_steps={STEPS}",
+                                                f"{ie}weight_sync_backend=shm"])  # chunk files in /dev/shm
     tok = AutoTokenizer.from_pretrained(vllm_model)
     prompts = [tok.encode(text) for text in ("3+4=", "9+9=", "0+7=")]
 

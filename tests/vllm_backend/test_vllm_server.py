@@ -63,8 +63,8 @@ def run(coro):
     return asyncio.run(coro)
 
 
-async def _client(server) -> RemoteClient:
-    return RemoteClient(server.url, control_token=server.token, health_check_interval_s=None)
+async def _client(server, shm_chunks: bool = False) -> RemoteClient:
+    return RemoteClient(server.url, control_token=server.token, health_check_interval_s=None, shm_chunks=shm_chunks)
 
 
 async def _serve(client: RemoteClient, server, tag: str) -> int:
@@ -171,7 +171,7 @@ def test_full_update_then_new_model_and_no_stale_prefix_cache(vllm_server):
         await _serve(client, vllm_server, "A")
         first = await client.generate(prompt, greedy(8))
         again = await client.generate(prompt, greedy(8))
-        version = await _serve(client, vllm_server, "B")
+        version = await _serve(await _client(vllm_server, shm_chunks=True), vllm_server, "B")  # as /dev/shm files
         on_b = await client.generate(prompt, greedy(8))
         on_b_again = await client.generate(prompt, greedy(8))
         await client.close()
