@@ -83,11 +83,6 @@ NOT_IMPLEMENTED_WHEN: list[tuple[str, Callable[[Config], bool], Callable[[Any], 
         f"set {_IE}weight_sync_backend=inprocess (chunks in request bodies)",
     ),
     (
-        "trainer.policy.model.lora.rank", on_vllm, lambda v: v == 0,
-        "LoRA adapters into vLLM are not implemented yet (the vLLM server takes full weights only)",
-        f"set trainer.policy.model.lora.rank=0, or {BACKEND}=native",
-    ),
-    (
         "trainer.placement.colocate_all", on_vllm, lambda v: v is False,
         "colocated vLLM engines are not implemented yet (vLLM's sleep frees nothing on CPU; on CUDA the "
         "server's sleep/wake is not built)",

@@ -42,6 +42,8 @@ class SyncPlan:
     - `reset_prefix_cache` / `reset_running_requests`: the reset the executor issues after the
       weights land, as one call `reset_prefix_cache(reset_running_requests=...)`.
     - `colocated`: the engine was put to sleep after generation; the sync only wakes it.
+    - `takes_adapters`: the engines merge a LoRA adapter onto the weights they hold (the native
+      engine); False for vLLM, whose server takes full weights only.
     """
 
     pause_mode: PauseMode
@@ -51,6 +53,7 @@ class SyncPlan:
     reset_prefix_cache: bool
     reset_running_requests: bool
     colocated: bool = False
+    takes_adapters: bool = True
 
     @property
     def sleeps(self) -> bool:
@@ -65,10 +68,10 @@ class SyncPlan:
 
     @property
     def full_weights(self) -> bool:
-        """Whether the update must carry every weight: the engines' sleep dropped theirs, so a
-        LoRA adapter, which is merged onto the weights the engine holds, cannot be sent alone;
-        a LoRA policy sends its merged weights (a new base) instead."""
-        return self.wakes
+        """Whether the update must carry every weight: the engines' sleep dropped theirs (a LoRA
+        adapter is merged onto the weights the engine holds, so it cannot be sent alone), or they
+        take no adapters; a LoRA policy then sends its merged weights (a new base) instead."""
+        return self.wakes or not self.takes_adapters
 
     @property
     def resets(self) -> bool:
@@ -113,4 +116,5 @@ def plan_weight_sync(cfg: Config) -> SyncPlan:
     # Frozen requests that keep their KV keep their cached blocks too; the new weight version in
     # the prefix keys already isolates requests that start after the update.
     reset_prefix = engine.enable_prefix_caching and fate in ("none", "recompute")
-    return SyncPlan("keep", sleep, fate == "offload", fate, reset_prefix, reset_running, colocated)
+    takes_adapters = engine.backend != "vllm"
+    return SyncPlan("keep", sleep, fate == "offload", fate, reset_prefix, reset_running, colocated, takes_adapters)

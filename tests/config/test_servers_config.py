@@ -65,7 +65,6 @@ def test_keys_that_would_be_ignored_are_refused():
 @pytest.mark.parametrize("overrides, key, rule", [
     (VLLM[:1], f"{IE}weight_sync_backend", "broadcast into an HTTP server is not implemented yet"),
     ([*EXTERNAL[:2], SHM], f"{IE}weight_sync_backend", "shm needs the servers on this host"),
-    ([*VLLM, "trainer.policy.model.lora.rank=8"], "trainer.policy.model.lora.rank", "LoRA adapters into vLLM"),
     ([*VLLM, "trainer.placement.colocate_all=true", "trainer.fully_async.enabled=false"],
      "trainer.placement.colocate_all", "colocated vLLM engines are not implemented yet"),
     ([*VLLM, f"{IE}device=cuda", f"{IE}offload_kv_for_weight_sync=true"], f"{IE}offload_kv_for_weight_sync",

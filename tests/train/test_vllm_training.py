@@ -61,7 +61,11 @@ def vllm_model(tmp_path_factory) -> Path:
     return path
 
 
-def test_fully_async_training_on_vllm_servers(vllm_model, tmp_path, device):
+@pytest.mark.parametrize("lora", [[], ["trainer.policy.model.lora.rank=4", "trainer.policy.model.lora.alpha=8",
+                                          "trainer.policy.optimizer_config.lr=1e-2"]], ids=["full", "lora"])
+def test_fully_async_training_on_vllm_servers(vllm_model, tmp_path, device, lora):
+    """A LoRA policy's syncs carry its merged weights (vLLM's server takes no adapters): the served
+    model is then the export, which is peft's merge."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from inflight.train.trainer import make_trainer
@@ -69,7 +73,7 @@ def test_fully_async_training_on_vllm_servers(vllm_model, tmp_path, device):
     ie = "generator.inference_engine."
     cfg, job = rl_config(vllm_model, tmp_path, [f"{ie}backend=vllm", f"{ie}num_kv_blocks=null", f"{ie}device={device}",
                                                 f"{ie}max_model_len=64", f"job.max_steps={STEPS}",
-                                                f"{ie}weight_sync_backend=shm"])  # chunk files in /dev/shm
+                                                f"{ie}weight_sync_backend=shm", *lora])  # chunk files in /dev/shm
     tok = AutoTokenizer.from_pretrained(vllm_model)
     prompts = [tok.encode(text) for text in ("3+4=", "9+9=", "0+7=")]
 

@@ -167,3 +167,12 @@ def test_plan_rejects_wrong_types_in_the_keys_it_reads():
     cfg.trainer.fully_async.clear_kv_cache_on_weight_sync = "false"  # truthy string: must not be guessed
     with pytest.raises(ConfigError, match="expected bool"):
         plan_weight_sync(cfg)
+
+
+def test_a_lora_policy_sends_full_weights_to_vllm_and_its_adapter_to_native_engines():
+    lora = ["trainer.policy.model.lora.rank=8"]
+    native = plan_weight_sync(load_config(None, lora))
+    on_vllm = plan_weight_sync(load_config(None, [*lora, "generator.inference_engine.backend=vllm"]))
+    assert (native.takes_adapters, native.full_weights) == (True, False)
+    assert (on_vllm.takes_adapters, on_vllm.full_weights) == (False, True)
+    assert on_vllm.steps() == native.steps()  # the same steps; only what the send carries differs
