@@ -1,5 +1,5 @@
-"""Ray actors: an inference engine (`EngineActor`) and one rank of the trained policy
-(`PolicyActor`); the InferenceClient that drives an engine actor is `RayEngineClient`
+"""Ray actors: an inference engine (`EngineActor`), a vLLM server (`ServerActor`) and one rank of the
+trained policy (`PolicyActor`); the InferenceClient that drives an engine actor is `RayEngineClient`
 (`inflight.client.process`: only how an operation travels is Ray's, one actor `call`).
 
 The engine actor is an async actor holding an AsyncEngine; every client call is one actor call
@@ -16,6 +16,7 @@ import asyncio
 import os
 import socket
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,8 @@ from inflight.train.job_config import JobConfig
 from inflight.train.policy import LocalPolicy
 from inflight.train.runtime import one_client
 from inflight.train.sender import make_sender, receiver_spec
+from inflight.train.server_fleet import ServerFleet
+from inflight.train.servers import CONTROL_TOKEN_ENV, ServerSpec, vllm_command
 from inflight.train.workers.base import SyncReport
 from inflight.weight_sync import transport_kind
 from inflight.weight_sync.transport import ChannelTransport, WeightTransport
@@ -57,6 +60,24 @@ class EngineActor:
 
     def pid(self) -> int:
         return os.getpid()
+
+
+@ray.remote
+class ServerActor:
+    """One HTTP inference server (`inflight serve --backend vllm`) on this actor's node, holding the
+    CPUs (and GPU) of an engine's bundle; the server dies with the actor (`ServerFleet`)."""
+
+    def __init__(self, log_dir: str, control_token: str) -> None:
+        self.fleet = ServerFleet(log_dir, env={CONTROL_TOKEN_ENV: control_token}, host=_node_ip())
+
+    async def start(self, engine: EngineConfig, threads: int, python: str | None, timeout_s: float) -> str:
+        """Start the server for `engine` and wait for its /health; returns its URL (this node's address)."""
+        command = partial(vllm_command, engine, threads=threads, python=python, host=self.fleet.host)
+        (url,) = await self.fleet.start([command], timeout_s)
+        return url
+
+    async def shutdown(self) -> None:
+        await self.fleet.close()
 
 
 @ray.remote
@@ -100,13 +121,16 @@ class PolicyActor:
         version: int,
         ckpt: CheckpointState | None,
         init_method: str | None = None,
+        servers: ServerSpec | None = None,
     ) -> int:
         """Join the ranks' group (blocks until every rank has), load the worker; rank 0 drives
-        `engines` (EngineActor handles) through one client."""
+        `engines` (EngineActor handles) through one client, or the HTTP `servers`."""
         if self.world_size > 1:
             await asyncio.to_thread(self._join, init_method)
         client = None
-        if self.rank == 0:
+        if self.rank == 0 and servers is not None:
+            client = servers.client()
+        elif self.rank == 0:
             client = one_client([RayEngineClient(e) for e in engines])
             if isinstance(self.transport, ChannelTransport):  # a dead engine actor fails a sync at once
                 self.transport.channel.dead_receivers = lambda: [i + 1 for i in dead_actors(engines)]

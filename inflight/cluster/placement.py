@@ -1,7 +1,8 @@
 """Placement of the policy ranks and the engines: one placement group, colocated or not.
 
 Not colocated: one bundle per policy rank (`job.threads` CPUs, a GPU when `job.trainer_device` is
-CUDA) and one per engine (`job.engine_threads` CPUs, a GPU when the engine's device is CUDA).
+CUDA) and one per engine (`job.engine_threads` CPUs, a GPU when the engine's device is CUDA; an
+engine actor or the `ServerActor` of a vLLM server; none for servers started elsewhere).
 Colocated (`trainer.placement.colocate_all`): max(ranks, engines) shared bundles; policy rank i and
 engine i sit on bundle i and split its resources. The group is packed on one node when the weights
 go through shared memory (`shm`), spread freely otherwise.
@@ -17,6 +18,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from inflight.config import Config
+from inflight.config.implemented import external
 from inflight.train.job_config import JobConfig
 from inflight.train.runtime import policy_ranks
 
@@ -48,7 +50,7 @@ def plan_bundles(
     """(bundles, policy specs, engine specs): what `make_placement` reserves, without Ray.
     `num_policy`: policy ranks (default: `policy_ranks(cfg)`)."""
     num_policy = num_policy or policy_ranks(cfg)
-    num_engines = cfg.generator.inference_engine.num_engines
+    num_engines = 0 if external(cfg) else cfg.generator.inference_engine.num_engines  # elsewhere: nothing to hold
     policy_gpu = 1 if _is_cuda(job.trainer_device) else 0
     engine_gpu = 1 if _is_cuda(cfg.generator.inference_engine.device) else 0
     if not cfg.trainer.placement.colocate_all:

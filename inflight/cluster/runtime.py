@@ -18,14 +18,23 @@ from typing import Any
 import ray
 
 from inflight.client.base import InferenceClient
-from inflight.cluster.actors import EngineActor, PolicyActor, RayEngineClient, RayPolicy
+from inflight.cluster.actors import EngineActor, PolicyActor, RayEngineClient, RayPolicy, ServerActor
 from inflight.cluster.placement import Placement, make_placement, required_cpus
 from inflight.config import Config
-from inflight.config.implemented import on_servers
+from inflight.config.implemented import external, on_servers
 from inflight.train.checkpoint import CheckpointState
 from inflight.train.engine_settings import engine_config
 from inflight.train.job_config import JobConfig
 from inflight.train.runtime import one_client, policy_ranks
+from inflight.train.servers import (
+    CONTROL_TOKEN_ENV,
+    START_TIMEOUT_S,
+    ServerSpec,
+    check_external,
+    check_vllm_python,
+    new_control_token,
+    server_spec,
+)
 
 
 def init_ray(address: str | None = None, object_store_mib: int = 512, num_cpus: int | None = None) -> None:
@@ -53,6 +62,8 @@ class RayRuntime:
     placement: Placement | None
     policy_actors: list[Any] = field(default_factory=list)
     engine_actors: list[Any] = field(default_factory=list)
+    server_actors: list[Any] = field(default_factory=list)  # HTTP servers (backend=vllm) this run started
+    servers: ServerSpec | None = None  # the engines are HTTP servers (vLLM, or external_server_urls)
     client: InferenceClient = field(init=False)
     policy: RayPolicy = field(init=False)
 
@@ -60,8 +71,12 @@ class RayRuntime:
         """Stop the actors and release the placement (idempotent)."""
         actors, self.policy_actors = self.policy_actors, []
         engines, self.engine_actors = self.engine_actors, []
+        servers, self.server_actors = self.server_actors, []
+        if self.servers is not None and hasattr(self, "client"):
+            await self.client.close()
         await _stop(actors, "close")  # first: rank 0 tells the engines' receivers to stop
         await _stop(engines, "shutdown")
+        await _stop(servers, "shutdown")
         if self.placement is not None:
             self.placement.remove()
             self.placement = None
@@ -72,11 +87,9 @@ async def start_ray(
     ckpt: CheckpointState | None = None,
 ) -> RayRuntime:
     """Start the policy ranks and the engines as actors (Ray started or joined as `job` says) on
-    `model_dir` at `version`; on any failure stop what was started and re-raise."""
-    if on_servers(cfg):
-        raise NotImplementedError(
-            "HTTP-server engines (generator.inference_engine.backend=vllm or run_engines_locally=false) under "
-            "--ray are not implemented yet: run without --ray (the servers are started or reached from this process)")
+    `model_dir` at `version`; on any failure stop what was started and re-raise. With HTTP-server
+    engines a `ServerActor` per engine bundle starts each vLLM server (or the external servers are
+    checked), and the driver and policy rank 0 each reach them through their own `RemoteClient`."""
     ranks = policy_ranks(cfg)
     # in the main thread: Ray installs its signal handlers there
     init_ray(job.ray_address, num_cpus=required_cpus(cfg, job, ranks))
@@ -87,14 +100,20 @@ async def start_ray(
             for rank, options in enumerate(runtime.placement.policy_options)
         ]
         lead = runtime.policy_actors[0]
-        runtime.engine_actors = await _start_engine_actors(cfg, job, lead, runtime.placement, model_dir, version)
-        runtime.client = one_client([RayEngineClient(a) for a in runtime.engine_actors])
+        if on_servers(cfg):
+            runtime.servers = await _start_servers(runtime, cfg, job, model_dir, version)
+            runtime.client = runtime.servers.client()
+        else:
+            runtime.engine_actors = await _start_engine_actors(cfg, job, lead, runtime.placement, model_dir, version)
+            runtime.client = one_client([RayEngineClient(a) for a in runtime.engine_actors])
         init_method = await lead.rendezvous.remote() if ranks > 1 else None
         versions = await asyncio.gather(*(
-            a.setup.remote(runtime.engine_actors, str(model_dir), version, ckpt, init_method)
+            a.setup.remote(runtime.engine_actors, str(model_dir), version, ckpt, init_method, runtime.servers)
             for a in runtime.policy_actors
         ))
         runtime.policy = RayPolicy(runtime.policy_actors, versions[0], await lead.kv_fate.remote())
+        if external(cfg):  # servers started elsewhere hold what their owner loaded: the run's weights first
+            await runtime.policy.sync_weights()
     except BaseException:
         await runtime.close()
         raise
@@ -111,6 +130,27 @@ async def _start_engine_actors(cfg: Config, job: JobConfig, lead: Any, placement
         EngineActor.options(**o).remote(engine_config(cfg, model_dir, version, i), job.engine_threads, spec)
         for i, (o, spec) in enumerate(zip(options, specs, strict=True))
     ]
+
+
+async def _start_servers(runtime: RayRuntime, cfg: Config, job: JobConfig, model_dir: str | Path,
+                         version: int) -> ServerSpec:
+    """The external servers, checked (`check_external`), or one vLLM server per engine, each
+    started by a `ServerActor` on its engine's bundle."""
+    ie = cfg.generator.inference_engine
+    if external(cfg):
+        spec = server_spec(cfg, ie.external_server_urls or [], os.environ.get(CONTROL_TOKEN_ENV))
+        async with spec.client() as client:
+            await check_external(client)
+        return spec
+    check_vllm_python(ie.vllm_python)
+    token, log_dir = new_control_token(), str(Path(job.output_dir).resolve() / "servers")
+    runtime.server_actors = [ServerActor.options(**o).remote(log_dir, token) for o in runtime.placement.engine_options]
+    urls = await asyncio.gather(*(
+        actor.start.remote(engine_config(cfg, model_dir, version, i), job.engine_threads, ie.vllm_python,
+                           START_TIMEOUT_S["vllm"])
+        for i, actor in enumerate(runtime.server_actors)
+    ))
+    return server_spec(cfg, list(urls), token)
 
 
 async def _stop(actors: list[Any], method: str) -> None:

@@ -63,15 +63,33 @@ def native_command(engine: EngineConfig, port: int, threads: int = 1) -> list[st
     return _serve(port, flags)
 
 
-def vllm_command(engine: EngineConfig, port: int, threads: int = 1, python: str | None = None) -> list[str]:
-    """`inflight serve --backend vllm [--vllm-python PY]` for `engine` on 127.0.0.1:`port`
+def vllm_command(engine: EngineConfig, port: int, threads: int = 1, python: str | None = None,
+                 host: str = "127.0.0.1") -> list[str]:
+    """`inflight serve --backend vllm [--vllm-python PY]` for `engine` on `host`:`port`
     (without PY the shim finds vLLM's python: $INFLIGHT_VLLM_PYTHON, else the repo's .venv-vllm)."""
     return _serve(port, ["--backend", "vllm", *(["--vllm-python", python] if python else []),
-                                 *serve_flags(engine, threads)])
+                                 *serve_flags(engine, threads)], host)
 
 
-def _serve(port: int, flags: list[str]) -> list[str]:
-    return [sys.executable, "-m", "inflight.cli", "serve", *flags, "--host", "127.0.0.1", "--port", str(port)]
+def _serve(port: int, flags: list[str], host: str = "127.0.0.1") -> list[str]:
+    return [sys.executable, "-m", "inflight.cli", "serve", *flags, "--host", host, "--port", str(port)]
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """How any process of the run reaches its servers (the driver, policy rank 0 under Ray)."""
+
+    urls: list[str]
+    control_token: str | None
+    shm_chunks: bool  # weight chunks as /dev/shm files (weight_sync_backend=shm), else request bodies
+
+    def client(self) -> RemoteClient:
+        return RemoteClient(self.urls, control_token=self.control_token, shm_chunks=self.shm_chunks)
+
+
+def server_spec(cfg: Config, urls: list[str], control_token: str | None) -> ServerSpec:
+    """The spec of servers at `urls` for `cfg`'s weight transport."""
+    return ServerSpec(list(urls), control_token, transport_kind(cfg) == "shm")
 
 
 @dataclass
@@ -99,10 +117,8 @@ async def start_servers(cfg: Config, job: JobConfig, model_dir: str | Path, vers
     running, when one does not start or answer."""
     require_implemented(cfg)
     ie = cfg.generator.inference_engine
-    shm = transport_kind(cfg) == "shm"
     if not ie.run_engines_locally:
-        client = RemoteClient(list(ie.external_server_urls or []), control_token=os.environ.get(CONTROL_TOKEN_ENV),
-                              shm_chunks=shm)
+        client = server_spec(cfg, ie.external_server_urls or [], os.environ.get(CONTROL_TOKEN_ENV)).client()
         try:
             await check_external(client)
         except BaseException:
@@ -110,12 +126,17 @@ async def start_servers(cfg: Config, job: JobConfig, model_dir: str | Path, vers
             raise
         return Servers(client)
     check_vllm_python(ie.vllm_python)
-    token = secrets.token_urlsafe(24)
+    token = new_control_token()
     fleet = ServerFleet(Path(job.output_dir) / "servers", env={CONTROL_TOKEN_ENV: token})
     engines = [engine_config(cfg, model_dir, version, i) for i in range(ie.num_engines)]
     commands = [partial(vllm_command, e, threads=job.engine_threads, python=ie.vllm_python) for e in engines]
     urls = await fleet.start(commands, START_TIMEOUT_S["vllm"])
-    return Servers(RemoteClient(urls, control_token=token, shm_chunks=shm), fleet)
+    return Servers(server_spec(cfg, urls, token).client(), fleet)
+
+
+def new_control_token() -> str:
+    """A random control token for servers this run starts (they read it from `CONTROL_TOKEN_ENV`)."""
+    return secrets.token_urlsafe(24)
 
 
 def check_vllm_python(python: str | None) -> None:

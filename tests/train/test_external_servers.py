@@ -45,13 +45,21 @@ def model_dir(tmp_path_factory):
     return warm_model_dir(tmp_path_factory)
 
 
-def test_inflight_train_on_an_external_native_server(model_dir, tmp_path, monkeypatch):
+@pytest.mark.parametrize("ray", [False, True], ids=["local", "ray"])
+def test_inflight_train_on_an_external_native_server(model_dir, tmp_path, monkeypatch, ray):
+    if ray:
+        pytest.importorskip("ray", reason="ray is not installed")
     engine = EngineConfig(model=str(model_dir), max_model_len=64, num_kv_blocks=128)
     fleet = ServerFleet(tmp_path / "elsewhere", env={CONTROL_TOKEN_ENV: TOKEN})
     try:
         (url,) = asyncio.run(fleet.start([lambda p: native_command(engine, p)], timeout_s=120))
         monkeypatch.setenv(CONTROL_TOKEN_ENV, TOKEN)
-        assert main(_overrides(model_dir, url, tmp_path / "run")) == 0
+        if ray:  # only the CLI knows Ray: `inflight train --ray ...`
+            from inflight.cli import main as cli_main
+
+            assert cli_main(["train", "--ray", *_overrides(model_dir, url, tmp_path / "run")]) == 0
+        else:
+            assert main(_overrides(model_dir, url, tmp_path / "run")) == 0
         records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
         tok = AutoTokenizer.from_pretrained(model_dir)
         prompts = [tok.encode(text) for text in ("3+4=", "9+9=", "0+7=")]

@@ -111,3 +111,46 @@ def test_fully_async_training_on_vllm_servers(vllm_model, tmp_path, device, lora
         base_lp = hf_greedy(base, prompt, 6)[1]
         worst_base = max(worst_base, *(abs(a - b) for a, b in zip(out.logprobs, base_lp, strict=True)))
     assert worst_trained < 1e-4 < worst_base, (worst_trained, worst_base)  # the update took, not a 200
+
+
+def test_fully_async_training_on_vllm_servers_through_ray(vllm_model, tmp_path, device):
+    """`--ray` with backend=vllm: a ServerActor on the engine's bundle starts the vLLM server; policy
+    rank 0 (an actor) syncs into it by chunk files, the driver generates through its own client."""
+    ray = pytest.importorskip("ray", reason="ray is not installed")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from inflight.cluster import init_ray, start_ray
+    from inflight.train.trainer import make_trainer
+
+    ie = "generator.inference_engine."
+    cfg, job = rl_config(vllm_model, tmp_path, [f"{ie}backend=vllm", f"{ie}num_kv_blocks=null", f"{ie}device={device}",
+                                                f"{ie}max_model_len=64", "job.max_steps=2", "job.ray=true",
+                                                f"{ie}weight_sync_backend=shm"])
+    tok = AutoTokenizer.from_pretrained(vllm_model)
+    prompt = tok.encode("3+4=")
+
+    async def main():
+        trainer = make_trainer(cfg, job, small_task(), start=start_ray)
+        try:
+            await trainer.setup()
+            history = await trainer.train()
+            out = await trainer.client.generate(prompt, SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
+            export = await trainer.policy.export(tmp_path / "exports", trainer.global_step)
+            urls = list(trainer.runtime.servers.urls)
+            return history, out, export, urls
+        finally:
+            await trainer.close()
+
+    init_ray(object_store_mib=256, num_cpus=4)
+    try:
+        history, out, export, urls = asyncio.run(main())
+    finally:
+        ray.shutdown()
+    assert [r["weight_version"] for r in history] == [1, 2] and set(out.token_weight_versions) == {2}
+    exported = AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32).eval()
+    tokens, logprobs = hf_greedy(exported, prompt, 6)
+    assert out.output_token_ids == tokens
+    assert max(abs(a - b) for a, b in zip(out.logprobs, logprobs, strict=True)) < 1e-4
+    assert (tmp_path / "servers" / "server-0.log").is_file()
+    with pytest.raises(httpx.HTTPError):  # the server went with its actor
+        httpx.get(urls[0] + "/health", timeout=2)
