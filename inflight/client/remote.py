@@ -150,7 +150,7 @@ class HttpClient(InferenceClient):
             data = await self._generate_once(body)
         except ServerUnavailableError as err:
             lost = err.request_sent and isinstance(err.__cause__, httpx.TransportError)
-            if not lost or request_id is not None or not await self._probe(5.0):
+            if not lost or request_id is not None or not await self._answers_health():
                 raise
             log.warning("%s: a generation request's connection broke after it was sent (%s); the server "
                         "answers /health, so it is sent once more", self.url, err.__cause__.__class__.__name__)
@@ -161,6 +161,13 @@ class HttpClient(InferenceClient):
             finish_reason=data["finish_reason"], num_recomputed_tokens=data.get("num_recomputed_tokens", 0),
             num_cached_tokens=data.get("num_cached_tokens", 0), top_logprobs=_top_logprobs(data.get("top_logprobs")),
         )  # fmt: skip
+
+    async def _answers_health(self, timeout_s: float = 5.0) -> bool:
+        """Whether the server answers /health now (a probe of its own: no cached answer)."""
+        try:
+            return (await self.http.pool().get(self.url + wire.HEALTH, timeout=timeout_s)).status_code == 200
+        except httpx.HTTPError:
+            return False
 
     async def _generate_once(self, body: dict[str, Any]) -> dict[str, Any]:
         call = asyncio.ensure_future(
