@@ -67,6 +67,7 @@ def build_router(life: Lifecycle, stage: WeightStage, routes: Any, *, api_key: s
             raise APIError(400, f"mode={mode!r} must be one of {', '.join(PAUSE_MODES)}", param="mode")
         async with life.lock:
             aborted = await life.pause_engine(mode)
+        await life.drained()  # mode=wait: until its requests finished or a resume ended the drain
         return {"success": True, "mode": mode, "paused": life.pause == PAUSED, "num_aborted": aborted}
 
     @router.post(routes.RESUME, dependencies=guarded)
@@ -76,6 +77,7 @@ def build_router(life: Lifecycle, stage: WeightStage, routes: Any, *, api_key: s
                 raise state_error(f"cannot resume: the update state is {life.update!r}, weights awake: "
                                   f"{life.weights_awake}, KV cache awake: {life.kv_cache_awake}; finish a "
                                   "complete weight update (or abort it) and wake both pools first")
+            await life.end_drain()
             life.pause, life.pause_mode = RUNNING, None
             await life.settle()
         return {"success": True, "paused": False}

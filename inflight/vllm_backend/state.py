@@ -58,6 +58,7 @@ class Lifecycle:
     stats: Stats = field(default_factory=Stats)
     weight_update_timeout_s: float | None = 300.0  # the lease of an open update (None: none)
     update_touched: float = 0.0  # time.monotonic() of the open update's last begin or chunk
+    drain: asyncio.Future | None = None  # vLLM's pause(wait) while our pause is DRAINING
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     running: asyncio.Event = field(default_factory=asyncio.Event)  # set while can_run (new requests go in)
 
@@ -108,22 +109,46 @@ class Lifecycle:
         return ok
 
     async def pause_engine(self, mode: str) -> int:
-        """Our pause(mode): returns how many requests an abort ended."""
+        """Our pause(mode) (call under the lock): returns how many requests an abort ended. `wait`
+        only starts the drain: the caller awaits `drained()` without the lock, so that a resume or
+        another pause can end the drain (as on the native engine) instead of waiting behind it."""
         self.running.clear()  # what arrives from now on waits for the resume
+        await self.end_drain()
+        aborted = 0
+        if mode == "wait":
+            self.pause, self.pause_mode = DRAINING, "wait"
+            self.drain = asyncio.ensure_future(self.engine.pause_generation(mode="wait", clear_cache=False))
+            return 0
         if mode == "abort":
             aborted = len(self.live)
             await self.engine.pause_generation(mode="abort", clear_cache=False)
             self.stats.aborted_requests += aborted
-        elif mode == "wait":
-            self.pause, self.pause_mode = DRAINING, "wait"
-            await self.engine.pause_generation(mode="wait", clear_cache=False)
-            aborted = 0
         else:
             await self.engine.pause_generation(mode="keep", clear_cache=False)
-            aborted = 0
         self.engine_paused = True
         self.pause, self.pause_mode = PAUSED, mode
         return aborted
+
+    async def drained(self) -> None:
+        """Wait (without the lock) until the drain a pause(wait) started is over: its requests
+        finished (then the engine is paused), or a resume or another pause ended it."""
+        drain = self.drain
+        if drain is None:
+            return
+        await asyncio.wait({drain})
+        async with self.lock:
+            if self.drain is drain and not drain.cancelled():
+                drain.result()  # vLLM's error, if the drain failed
+                self.drain, self.engine_paused = None, True
+                self.pause, self.pause_mode = PAUSED, "wait"
+
+    async def end_drain(self) -> None:
+        """End a drain in progress (call under the lock): vLLM leaves its drain pause, and the
+        caller sets what comes next (vLLM's own wait resolves whenever its engine next idles)."""
+        drain, self.drain = self.drain, None
+        if drain is not None and not drain.done():
+            drain.cancel()
+            await self.engine.resume_generation()
 
     def status(self) -> dict[str, Any]:
         """The keys of the native `EngineStatus.to_dict()` that have a meaning here (`kv_cache_usage`

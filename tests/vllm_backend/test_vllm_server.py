@@ -378,3 +378,36 @@ def test_a_generation_whose_connection_broke_is_sent_again_and_the_orphan_aborte
         await direct.close()
 
     run(go())
+
+
+def test_a_wait_pause_drains_and_a_resume_ends_the_drain(vllm_server):
+    """pause(wait) returns once the in-flight requests finished, paused; a resume during the drain
+    ends it at once (the request keeps decoding and completes), as on the native engine."""
+
+    async def go():
+        client = await _client(vllm_server)
+        short = asyncio.create_task(client.generate(PROMPTS[1], greedy(16)))
+        await asyncio.sleep(0.05)
+        await client.pause("wait")
+        drained = short.done() and len(short.result().output_token_ids) == 16
+        paused = (await client.status())[vllm_server.url]["pause"]
+        await client.resume()
+        (long,) = await _start_mid_decode(client, vllm_server, [PROMPTS[0]])
+        await client.resume()  # from the keep pause the start used
+        pause = asyncio.create_task(client.pause("wait"))
+        async with httpx.AsyncClient() as http:
+            for _ in range(500):
+                if (await http.get(vllm_server.url + "/status")).json()["pause"] == "draining":
+                    break
+                await asyncio.sleep(0.005)
+        await client.resume()
+        await asyncio.wait_for(pause, timeout=10)
+        ended_early = not long.done()
+        out = await long
+        await client.close()
+        return drained, paused, ended_early, out
+
+    drained, paused, ended_early, out = run(go())
+    assert drained and paused == "paused"
+    assert ended_early, "the resume waited for the drain to finish"
+    assert len(out.output_token_ids) == LONG and out.finish_reason == "length"
