@@ -392,22 +392,22 @@ def test_a_wait_pause_drains_and_a_resume_ends_the_drain(vllm_server):
         drained = short.done() and len(short.result().output_token_ids) == 16
         paused = (await client.status())[vllm_server.url]["pause"]
         await client.resume()
-        (long,) = await _start_mid_decode(client, vllm_server, [PROMPTS[0]])
-        await client.resume()  # from the keep pause the start used
-        pause = asyncio.create_task(client.pause("wait"))
+        (long,) = await _start_mid_decode(client, vllm_server, [PROMPTS[0]])  # frozen mid-decode (keep)
+        pause = asyncio.create_task(client.pause("wait"))  # the frozen request drains from here
         async with httpx.AsyncClient() as http:
-            for _ in range(500):
-                if (await http.get(vllm_server.url + "/status")).json()["pause"] == "draining":
+            for _ in range(2000):
+                status = (await http.get(vllm_server.url + "/status")).json()
+                if status["pause"] == "draining":
                     break
-                await asyncio.sleep(0.005)
+                await asyncio.sleep(0.002)
         await client.resume()
         await asyncio.wait_for(pause, timeout=10)
         ended_early = not long.done()
         out = await long
         await client.close()
-        return drained, paused, ended_early, out
+        return drained, paused, status["pause"], ended_early, out
 
-    drained, paused, ended_early, out = run(go())
-    assert drained and paused == "paused"
+    drained, paused, seen, ended_early, out = run(go())
+    assert drained and paused == "paused" and seen == "draining"
     assert ended_early, "the resume waited for the drain to finish"
     assert len(out.output_token_ids) == LONG and out.finish_reason == "length"
