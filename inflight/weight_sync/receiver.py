@@ -50,20 +50,22 @@ class Receiver:
 
     def load(self, metas: list[TensorMeta], buffer: torch.Tensor) -> int:
         """Load the chunk in `buffer` (tensors and pieces, as views of it); returns the number of
-        entries the engine was given."""
+        tensors it completes (a split one counts with its last piece)."""
         entries: list[tuple[str, torch.Tensor | WeightPiece]] = []
-        adapter_pieces = []
+        adapter_pieces, completed = [], 0
         for meta in metas:
             if meta.whole:
                 entries.append((meta.name, view_entry(meta, buffer)))
+                completed += 1
             elif adapter_part(meta.name) is not None:
                 adapter_pieces.append(meta)
             else:
                 entries.append((meta.name, WeightPiece(view_entry(meta, buffer), meta.start, meta.shape)))
-        entries += self.reassembler.add(adapter_pieces, buffer)
-        if entries:
-            self.engine.load_weights(entries)
-        return len(entries)
+                completed += meta.start + meta.numel == meta.total_numel  # pieces arrive in order
+        adapters = self.reassembler.add(adapter_pieces, buffer)
+        if entries or adapters:
+            self.engine.load_weights(entries + adapters)
+        return completed + len(adapters)
 
     def finish(self, version: int | None) -> int:
         if self.reassembler.incomplete:  # the engine refuses its own incomplete split weights
