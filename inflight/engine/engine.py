@@ -431,7 +431,7 @@ class LLMEngine:
             self._update = replace(update, intact=False)
 
     def _check_chunk(self, chunk: list[tuple[str, torch.Tensor | WeightPiece]]) -> None:
-        params = dict(self.model.named_parameters())
+        params = self.model.parameters_by_name()
         for hf_name, tensor in chunk:
             name = self.model.resolve(hf_name)
             if name is None:
@@ -458,7 +458,9 @@ class LLMEngine:
     def _check_adapter(self, adapter: list[tuple[str, torch.Tensor]]) -> list[tuple[str, str, torch.Tensor]]:
         """(weight, part, float32 copy) of each adapter tensor, checked against the weight it adapts
         (the copy: a chunk's tensors may be views of a buffer the sender reuses)."""
-        params = dict(self.model.named_parameters())
+        if not adapter:
+            return []
+        params = self.model.parameters_by_name()
         out = []
         for hf_name, tensor in adapter:
             if not isinstance(tensor, torch.Tensor):  # a WeightPiece too: adapters are small, sent whole
@@ -473,7 +475,7 @@ class LLMEngine:
 
     def _merge_adapter(self, update: UpdateState) -> None:
         """Write `W0 + B @ A` into every weight the adapter (or an earlier one) touched."""
-        merged = self.adapters.merged(dict(self.model.named_parameters()), update.adapter)
+        merged = self.adapters.merged(self.model.parameters_by_name(), update.adapter)
         update.loaded.update(self.model.copy_weights(merged.items(), keep_old=update.rollback,
                                                      spares=self._spare_weights))
 
@@ -557,7 +559,7 @@ class LLMEngine:
             if update.phase is UpdatePhase.OPEN:
                 self._update = UpdateState() if update.intact else UpdateState.invalid()
             return False
-        params = dict(self.model.named_parameters())
+        params = self.model.parameters_by_name()
         for name, old in update.rollback.items():
             self._spare_weights[name] = params[name].data  # what the abandoned update wrote: reused
             params[name].data = old
