@@ -1,8 +1,9 @@
 """`inflight bench weight-sync --transport ...`: bytes/s and pause time of each weight transport.
 
 One complete weight update (begin, every chunk, finish) of a ~50M-parameter Qwen2-shaped model
-(~500M with `--large`) is timed per transport, beside a memcpy of the same bytes measured in the same
-run:
+(~500M with `--large`, Qwen2.5-1.5B's shape with `--xl`, in bfloat16 unless `--dtype` says
+otherwise: 3 GB, where float32 weights on both sides and the rollback copy would not fit 24 GiB)
+is timed per transport, beside a memcpy of the same bytes measured in the same run:
 
 - `inprocess`: the engine lives in this process; the tensors go to `load_weights` directly.
 - `shm`: the engine lives in a spawned process; the bytes go through one shared-memory buffer.
@@ -42,15 +43,16 @@ from inflight.weight_sync import (
 TRANSPORTS = ("inprocess", "shm", "broadcast")
 
 
-def _engine(model_dir: str, rollback: bool) -> LLMEngine:
-    config = EngineConfig(model=model_dir, num_kv_blocks=16, max_num_seqs=4, weight_update_rollback=rollback)
+def _engine(model_dir: str, rollback: bool, dtype: str = "float32") -> LLMEngine:
+    config = EngineConfig(model=model_dir, num_kv_blocks=16, max_num_seqs=4, weight_update_rollback=rollback,
+                          dtype=dtype)
     return LLMEngine(config)
 
 
-def _engine_process(kind: str, port: int, model_dir: str, threads: int, rollback: bool) -> None:
+def _engine_process(kind: str, port: int, model_dir: str, threads: int, rollback: bool, dtype: str) -> None:
     """Spawned: an engine serving weight updates from this benchmark until it closes the transport."""
     torch.set_num_threads(threads)
-    engine = _engine(model_dir, rollback)
+    engine = _engine(model_dir, rollback, dtype)
     receiver_cls = ShmReceiver if kind == "shm" else BroadcastReceiver
     receiver_cls("127.0.0.1", port, timeout=1800).serve(engine)
 
@@ -70,22 +72,21 @@ async def timed_update(
 
 
 def bench_transport(
-    kind: str, model_dir: str, weights, chunk_bytes: int, repeats: int, threads: int, rollback: bool = True
+    kind: str, model_dir: str, weights, chunk_bytes: int, repeats: int, threads: int, rollback: bool = True,
+    dtype: str = "float32",
 ) -> dict:
     client, child = None, None
     if kind == "inprocess":
         from inflight.client import LocalClient
         from inflight.engine import AsyncEngine
 
-        client = LocalClient(
-            AsyncEngine(LLMEngine(EngineConfig(model=model_dir, num_kv_blocks=16, max_num_seqs=4)))
-        )
+        client = LocalClient(AsyncEngine(_engine(model_dir, rollback, dtype)))
         transport = InProcessTransport(max_chunk_bytes=chunk_bytes)
     else:
         cls = ShmTransport if kind == "shm" else BroadcastTransport
         transport = cls(port=0, max_chunk_bytes=chunk_bytes, timeout=1800)
         child = mp.get_context("spawn").Process(
-            target=_engine_process, args=(kind, transport.port, model_dir, threads, rollback), daemon=True
+            target=_engine_process, args=(kind, transport.port, model_dir, threads, rollback, dtype), daemon=True
         )
         child.start()
     try:
@@ -98,16 +99,19 @@ def bench_transport(
         transport.close()
         if child is not None:
             child.join(60)
+        del client  # the in-process engine's weights go before the next transport's engine comes
     update = statistics.median(timings)
     return {"update_s": update, "best_s": min(timings), "chunks": chunks}
 
 
 def run(
-    model_dir: str, transports: list[str], chunk_bytes: int, repeats: int, threads: int, rollback: bool = True
+    model_dir: str, transports: list[str], chunk_bytes: int, repeats: int, threads: int, rollback: bool = True,
+    dtype: str = "float32",
 ) -> dict:
-    """Every transport in `transports` on this model; `rollback`: the engines keep the pre-update
-    weights until an update completes (the default; costs a fresh allocation per parameter)."""
-    weights = [(name, tensor.clone()) for name, tensor in iter_safetensors(model_dir)]
+    """Every transport in `transports` on this model, weights and engines in `dtype`; `rollback`:
+    the engines keep the pre-update weights until an update completes (the default)."""
+    wire = getattr(torch, dtype)
+    weights = [(name, tensor.to(wire, copy=True)) for name, tensor in iter_safetensors(model_dir)]
     nbytes = sum(t.nbytes for _, t in weights)
     copy_s = memcpy_seconds([t for _, t in weights])
     results: dict = {
@@ -118,12 +122,13 @@ def run(
         "chunk_bytes": chunk_bytes,
         "threads": threads,
         "rollback": rollback,
+        "dtype": dtype,
         "transports": {},
     }
     with CpuMonitor() as monitor:
         for kind in transports:
             results["transports"][kind] = bench_transport(
-                kind, model_dir, weights, chunk_bytes, repeats, threads, rollback
+                kind, model_dir, weights, chunk_bytes, repeats, threads, rollback, dtype
             )
     results["cpu_contention"] = monitor.summary()
     for r in results["transports"].values():
@@ -134,7 +139,8 @@ def run(
 
 def format_table(results: dict) -> str:
     lines = [
-        f"weights: {results['params'] / 1e6:.1f}M parameters, {results['weight_bytes'] / 2**20:.1f} MiB; "
+        f"weights: {results['params'] / 1e6:.1f}M parameters, {results['weight_bytes'] / 2**20:.1f} MiB "
+        f"in {results.get('dtype', 'float32')}; "
         f"memcpy {results['memcpy_s'] * 1e3:.1f} ms ({results['memcpy_bytes_per_s'] / 1e9:.2f} GB/s); "
         f"chunks of {results['chunk_bytes'] / 2**20:.0f} MiB, {results['threads']} thread(s) per process, "
         f"engine rollback {'on' if results['rollback'] else 'off'}; other processes used "
@@ -154,7 +160,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--transport", default="all", choices=[*TRANSPORTS, "all"])
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--large", action="store_true", help="a ~500M-parameter model (2 GB in float32)")
+    size.add_argument("--xl", action="store_true", help="Qwen2.5-1.5B's shape (1.54B parameters; bfloat16 by default)")
     size.add_argument("--small", action="store_true", help="a tiny model (quick check)")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"],
+                        help="weights sent and engine dtype (default float32; bfloat16 with --xl)")
     parser.add_argument("--chunk-mib", type=float, default=64.0, help="chunk size / shared buffer capacity")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
@@ -172,9 +181,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = args.model
         if model_dir is None:
-            shape = MODEL_SHAPES["tiny" if args.small else "500m" if args.large else "50m"]
+            shape = MODEL_SHAPES["tiny" if args.small else "500m" if args.large else "1.5b" if args.xl else "50m"]
             model_dir = str(make_tiny_model(Path(tmp) / "m", "qwen2", seed=0, **shape))
-        results = run(model_dir, transports, chunk_bytes, args.repeats, args.threads, not args.no_rollback)
+        dtype = args.dtype or ("bfloat16" if args.xl else "float32")
+        results = run(model_dir, transports, chunk_bytes, args.repeats, args.threads, not args.no_rollback, dtype)
     print(format_table(results))
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2))

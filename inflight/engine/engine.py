@@ -33,7 +33,7 @@ from inflight.engine.request import Request, RequestOutput, SamplingParams
 from inflight.engine.runner import ModelRunner, layer_ops
 from inflight.engine.scheduler import Scheduler, SchedulerConfig
 from inflight.engine.stats import EngineStats
-from inflight.engine.weight_copy import copy_weight
+from inflight.engine.weight_copy import WeightPiece, copy_weight
 
 MEMORY_TAGS = ("weights", "kv_cache")
 
@@ -393,13 +393,17 @@ class LLMEngine:
             rollback = {} if self.config.weight_update_rollback else None
             self._update = UpdateState(UpdatePhase.OPEN, rollback=rollback, touched=now)
         else:  # restarting an open or failed update keeps what it can roll back to
+            self._drop_pieces(update)
             self._update = UpdateState(UpdatePhase.OPEN, rollback=update.rollback, intact=update.intact,
                                        touched=now)
 
     @_locked
-    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor | WeightPiece]]) -> None:
         """Copy a chunk of HF-named tensors (cast to the engine dtype). A bad chunk raises
-        WeightUpdateError and leaves the engine blocked until a complete update lands."""
+        WeightUpdateError and leaves the engine blocked until a complete update lands.
+
+        A weight may come as `WeightPiece`s over several chunks (a transport's buffer smaller than
+        it), in order: each is copied straight into place, and the weight is set with its last."""
         update = self._update
         if update.phase is not UpdatePhase.OPEN:
             raise EngineStateError("call begin_weight_update() before load_weights()")
@@ -414,7 +418,8 @@ class LLMEngine:
             pieces = self._check_adapter(adapter)
             if (pieces or update.adapter) and (chunk or update.loaded):
                 raise WeightUpdateError("an update carries full weights or a LoRA adapter, not both")
-            loaded = self.model.copy_weights(chunk, keep_old=update.rollback, spares=self._spare_weights)
+            loaded = self.model.copy_weights(chunk, keep_old=update.rollback, spares=self._spare_weights,
+                                             partial=update.pieces)
             for name, part, tensor in pieces:
                 update.adapter.setdefault(name, {})[part] = tensor
         except WeightUpdateError:
@@ -422,31 +427,43 @@ class LLMEngine:
             self.stats.failed_weight_updates += 1
             raise
         update.loaded.update(loaded)
-        if loaded and update.rollback is None:  # overwritten in place: no abort brings them back
+        if (loaded or update.pieces) and update.rollback is None:  # overwritten in place: no abort brings them back
             self._update = replace(update, intact=False)
 
-    def _check_chunk(self, chunk: list[tuple[str, torch.Tensor]]) -> None:
-        params = dict(self.model.named_parameters())
+    def _check_chunk(self, chunk: list[tuple[str, torch.Tensor | WeightPiece]]) -> None:
+        params = self.model.parameters_by_name()
         for hf_name, tensor in chunk:
             name = self.model.resolve(hf_name)
             if name is None:
                 continue
             if name not in params:
                 raise WeightUpdateError(f"unknown parameter {hf_name!r}; the model has no such weight")
-            if not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != tuple(params[name].shape):
-                shape = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+            known = isinstance(tensor, torch.Tensor) or (
+                isinstance(tensor, WeightPiece) and isinstance(tensor.data, torch.Tensor) and tensor.data.dim() == 1
+            )
+            if not known or tuple(tensor.shape) != tuple(params[name].shape):
+                shape = tuple(tensor.shape) if known else type(tensor).__name__
                 raise WeightUpdateError(
                     f"parameter {hf_name!r} has shape {shape}, expected {tuple(params[name].shape)}"
                 )
-            _check_values(hf_name, tensor, params[name].dtype)
+            _check_values(hf_name, tensor.data if isinstance(tensor, WeightPiece) else tensor, params[name].dtype)
+
+    def _drop_pieces(self, update: UpdateState) -> None:
+        """Forget split weights still missing pieces; their spare buffers serve the next update."""
+        for entry in update.pieces.values():
+            if entry.spare:
+                self._spare_weights.setdefault(entry.name, entry.dest)
+        update.pieces.clear()
 
     def _check_adapter(self, adapter: list[tuple[str, torch.Tensor]]) -> list[tuple[str, str, torch.Tensor]]:
         """(weight, part, float32 copy) of each adapter tensor, checked against the weight it adapts
         (the copy: a chunk's tensors may be views of a buffer the sender reuses)."""
-        params = dict(self.model.named_parameters())
+        if not adapter:
+            return []
+        params = self.model.parameters_by_name()
         out = []
         for hf_name, tensor in adapter:
-            if not isinstance(tensor, torch.Tensor):
+            if not isinstance(tensor, torch.Tensor):  # a WeightPiece too: adapters are small, sent whole
                 raise WeightUpdateError(f"adapter tensor {hf_name!r} is a {type(tensor).__name__}, not a tensor")
             target, _ = adapter_part(hf_name)
             name, part = self.adapters.check(hf_name, tensor, params.get(self.model.resolve(target) or ""))
@@ -458,7 +475,7 @@ class LLMEngine:
 
     def _merge_adapter(self, update: UpdateState) -> None:
         """Write `W0 + B @ A` into every weight the adapter (or an earlier one) touched."""
-        merged = self.adapters.merged(dict(self.model.named_parameters()), update.adapter)
+        merged = self.adapters.merged(self.model.parameters_by_name(), update.adapter)
         update.loaded.update(self.model.copy_weights(merged.items(), keep_old=update.rollback,
                                                      spares=self._spare_weights))
 
@@ -480,13 +497,21 @@ class LLMEngine:
                     )
                 self._merge_adapter(update)
             except WeightUpdateError:
+                self._drop_pieces(update)
                 self._update = UpdateState.invalid(update.rollback)
                 self.stats.failed_weight_updates += 1
                 raise
         missing = [] if is_adapter else sorted(self.model.hf_parameter_names() - update.loaded)
-        if missing or new_version <= self.weight_version:
+        split = sorted(update.pieces)
+        if split or missing or new_version <= self.weight_version:
+            self._drop_pieces(update)
             self._update = UpdateState.invalid(update.rollback)  # abort_weight_update() may still restore
             self.stats.failed_weight_updates += 1
+            if split:
+                raise WeightUpdateError(
+                    f"split tensors never completed: {split[:3]}; the engine stays paused until a complete "
+                    "update lands"
+                )
             if missing:
                 raise WeightUpdateError(
                     f"incomplete weight update: {len(missing)} parameters missing, e.g. {missing[:3]}; "
@@ -529,11 +554,12 @@ class LLMEngine:
         the engine then stays unable to run until a complete update lands, unless the abandoned
         update had not overwritten any parameter of complete weights yet."""
         update = self._update
+        self._drop_pieces(update)
         if update.rollback is None:
             if update.phase is UpdatePhase.OPEN:
                 self._update = UpdateState() if update.intact else UpdateState.invalid()
             return False
-        params = dict(self.model.named_parameters())
+        params = self.model.parameters_by_name()
         for name, old in update.rollback.items():
             self._spare_weights[name] = params[name].data  # what the abandoned update wrote: reused
             params[name].data = old

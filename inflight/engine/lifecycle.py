@@ -12,9 +12,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from inflight.engine.models.common import PartialWeight
 
 PAUSE_MODES = ("abort", "keep", "wait")
 
@@ -50,6 +53,7 @@ class UpdateState:
     rollback: dict[str, torch.Tensor] | None = None  # old storage per overwritten parameter, for abort
     intact: bool = True  # OPEN without rollback: the parameters still hold the complete weights
     touched: float = 0.0  # OPEN: time.monotonic() of the last begin or chunk (the lease's start)
+    pieces: dict[str, PartialWeight] = field(default_factory=dict)  # OPEN: split weights, some pieces landed
 
     @classmethod
     def invalid(cls, rollback: dict[str, torch.Tensor] | None = None) -> UpdateState:

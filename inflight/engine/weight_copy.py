@@ -6,9 +6,16 @@ copies (one pass, memcpy speed); otherwise the tensor is copied (cast) and the d
 with a sum, which is one read of it (a value beyond the destination dtype's range became inf in the
 cast, so that is refused too). The destination is never a live parameter while rollback is on: the
 engine copies into the spare buffer and swaps it in only when the copy is accepted.
+
+A tensor larger than a transport's buffer arrives as `WeightPiece`s (flat element ranges), each
+copied straight into its place in the destination: a split tensor is never put back together in a
+temporary of its own.
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
 
 import torch
 
@@ -16,6 +23,24 @@ from inflight.engine import kernels
 from inflight.engine.errors import WeightUpdateError
 
 _EXPONENT_BITS = {torch.float32: 0x7F800000, torch.bfloat16: 0x7F80, torch.float16: 0x7C00}
+
+
+@dataclass(frozen=True)
+class WeightPiece:
+    """Elements `[start, start + data.numel())` (row-major) of a weight of `shape`; `data` is
+    1-D (a view of a transport's buffer: the engine copies it before the buffer is reused)."""
+
+    data: torch.Tensor
+    start: int
+    shape: tuple[int, ...]
+
+    @property
+    def end(self) -> int:
+        return self.start + self.data.numel()
+
+    @property
+    def total_numel(self) -> int:
+        return math.prod(self.shape)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

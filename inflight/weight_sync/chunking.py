@@ -3,9 +3,13 @@
 A chunk is a list of `TensorMeta` (name, dtype, shape, where its bytes sit in a flat buffer) and,
 on the sending side, the tensors themselves. Transports that move bytes through one flat buffer of
 fixed capacity (shared memory, broadcast) may split a tensor larger than the buffer into pieces
-(flat element ranges); `Reassembler` on the receiving side puts the pieces back together, so the
-engine's `load_weights` only ever sees whole tensors. Everything in the metadata is JSON-friendly:
-it travels over a control channel, not with the bytes.
+(flat element ranges); the receiver hands each piece to the engine, which copies it straight into
+its place (`inflight.engine.weight_copy.WeightPiece`); `Reassembler` puts pieces back together for
+what the engine takes only whole (LoRA adapter tensors). Everything in the metadata is
+JSON-friendly: it travels over a control channel, not with the bytes.
+
+A chunk's tensors are the sender's own (no copy is made when chunking); a `dtype` cast happens in
+the one copy into the flat buffer (`pack_chunk`), so an update allocates nothing on the sender.
 """
 
 from __future__ import annotations
@@ -82,7 +86,8 @@ class WeightChunk:
 
     index: int
     metas: list[TensorMeta] = field(default_factory=list)
-    tensors: list[torch.Tensor] = field(default_factory=list)  # flat pieces when split
+    # the sender's tensors (flat pieces when split), not yet cast to their entry's dtype
+    tensors: list[torch.Tensor] = field(default_factory=list)
 
     @property
     def nbytes(self) -> int:
@@ -97,7 +102,7 @@ class WeightChunk:
         """The chunk as (name, tensor) pairs for `load_weights`; only for chunks of whole tensors."""
         if not all(m.whole for m in self.metas):
             raise ValueError("this chunk carries pieces of split tensors; use a Reassembler")
-        return [(m.name, t) for m, t in zip(self.metas, self.tensors, strict=True)]
+        return [(m.name, t.to(dtype_from_name(m.dtype))) for m, t in zip(self.metas, self.tensors, strict=True)]
 
     def metadata(self) -> dict:
         return {"index": self.index, "nbytes": self.nbytes, "tensors": [m.to_json() for m in self.metas]}
@@ -117,9 +122,10 @@ def iter_chunks(
     """Group tensors into chunks of at most `max_chunk_bytes` (alignment included), in order.
 
     A tensor larger than `max_chunk_bytes` travels alone in its own chunk, or, with `split`, in
-    pieces across consecutive chunks. `dtype` casts floating-point tensors before they are
-    chunked (e.g. send bfloat16 to a bfloat16 engine: half the bytes). Lazy: consumes
-    `named_tensors` one tensor at a time, so a trainer can gather each tensor just in time.
+    pieces across consecutive chunks. `dtype` is the dtype floating-point tensors are sent in
+    (e.g. bfloat16 to a bfloat16 engine: half the bytes), cast by `pack_chunk` or
+    `named_tensors`. Lazy: consumes `named_tensors` one tensor at a time, so a trainer can
+    gather each tensor just in time.
     """
     if max_chunk_bytes < ALIGN:
         raise ValueError(f"max_chunk_bytes={max_chunk_bytes} must be at least {ALIGN}")
@@ -127,16 +133,15 @@ def iter_chunks(
     used = 0
     for name, tensor in named_tensors:
         tensor = tensor.detach()
-        if dtype is not None and tensor.is_floating_point():
-            tensor = tensor.to(dtype)
+        wire = dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype
         shape = tuple(tensor.shape)
         total = tensor.numel()
-        itemsize = tensor.element_size()
+        itemsize = wire.itemsize
         if not split or total * itemsize <= max_chunk_bytes:
             if chunk.metas and used + total * itemsize > max_chunk_bytes:
                 yield chunk
                 chunk, used = WeightChunk(chunk.index + 1), 0
-            chunk.metas.append(TensorMeta(name, dtype_name(tensor.dtype), shape, used, 0, total))
+            chunk.metas.append(TensorMeta(name, dtype_name(wire), shape, used, 0, total))
             chunk.tensors.append(tensor)
             used = align(used + total * itemsize)
             continue
@@ -151,7 +156,7 @@ def iter_chunks(
                 chunk, used = WeightChunk(chunk.index + 1), 0
                 continue
             numel = min(room, total - start)
-            chunk.metas.append(TensorMeta(name, dtype_name(tensor.dtype), shape, used, start, numel))
+            chunk.metas.append(TensorMeta(name, dtype_name(wire), shape, used, start, numel))
             chunk.tensors.append(flat[start : start + numel])
             used = align(used + numel * itemsize)
             start += numel
@@ -160,12 +165,13 @@ def iter_chunks(
 
 
 def pack_chunk(chunk: WeightChunk, buffer: torch.Tensor) -> int:
-    """Copy the chunk's tensors into a flat uint8 `buffer` at their offsets; returns bytes used."""
+    """Copy the chunk's tensors into a flat uint8 `buffer` at their offsets, cast to their entries'
+    dtypes in the same pass; returns bytes used."""
     if chunk.nbytes > buffer.numel():
         raise ValueError(f"chunk needs {chunk.nbytes} bytes, the buffer holds {buffer.numel()}")
     for meta, tensor in zip(chunk.metas, chunk.tensors, strict=True):
-        dst = buffer[meta.offset : meta.offset + meta.nbytes].view(tensor.dtype)
-        dst.copy_(tensor.reshape(-1))
+        dst = buffer[meta.offset : meta.offset + meta.nbytes].view(dtype_from_name(meta.dtype))
+        dst.view(tensor.shape if meta.whole else (-1,)).copy_(tensor)
     return chunk.nbytes
 
 
@@ -176,7 +182,8 @@ def view_entry(meta: TensorMeta, buffer: torch.Tensor) -> torch.Tensor:
 
 
 class Reassembler:
-    """Receiving side: turns a chunk's entries into whole (name, tensor) pairs.
+    """Receiving side, for what the engine takes only whole (LoRA adapter tensors): turns a
+    chunk's entries into whole (name, tensor) pairs.
 
     Whole tensors come back as views of the buffer (no copy: the engine copies them on load).
     Pieces of a split tensor are copied into a tensor of the full shape, which is returned with

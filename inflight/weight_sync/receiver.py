@@ -1,5 +1,10 @@
 """THE engine side of every cross-process weight path: `Receiver` joins a group, receives a
-chunk's bytes, reassembles split tensors and loads them, and runs the update's lifecycle.
+chunk's bytes, loads them, and runs the update's lifecycle.
+
+A piece of a split weight goes to the engine as a `WeightPiece` (a view of the buffer), which the
+engine copies straight into its range of the destination (the spare buffer or the parameter): no
+weight is put back together in a temporary. Only LoRA adapter tensors, which the engine takes
+whole (small, and copied to float32 anyway), are reassembled here.
 
 Its control messages come from any channel: the sender's TCPStore `ControlChannel`
 (`ChannelReceiver`, in a thread of the engine's process), the server's broadcast routes, or the
@@ -18,9 +23,11 @@ from typing import Any
 
 import torch
 
+from inflight.engine.adapters import adapter_part
 from inflight.engine.async_engine import AsyncEngine
 from inflight.engine.engine import LLMEngine
-from inflight.weight_sync.chunking import Reassembler, TensorMeta
+from inflight.engine.weight_copy import WeightPiece
+from inflight.weight_sync.chunking import Reassembler, TensorMeta, view_entry
 from inflight.weight_sync.group import GroupMember, WeightGroupError
 from inflight.weight_sync.transport import ControlChannel, TransportError
 
@@ -42,14 +49,26 @@ class Receiver:
         self.engine.begin_weight_update()
 
     def load(self, metas: list[TensorMeta], buffer: torch.Tensor) -> int:
-        """Load the whole tensors that the chunk in `buffer` completes; returns their number."""
-        pairs = self.reassembler.add(metas, buffer)
-        if pairs:
-            self.engine.load_weights(pairs)
-        return len(pairs)
+        """Load the chunk in `buffer` (tensors and pieces, as views of it); returns the number of
+        tensors it completes (a split one counts with its last piece)."""
+        entries: list[tuple[str, torch.Tensor | WeightPiece]] = []
+        adapter_pieces, completed = [], 0
+        for meta in metas:
+            if meta.whole:
+                entries.append((meta.name, view_entry(meta, buffer)))
+                completed += 1
+            elif adapter_part(meta.name) is not None:
+                adapter_pieces.append(meta)
+            else:
+                entries.append((meta.name, WeightPiece(view_entry(meta, buffer), meta.start, meta.shape)))
+                completed += meta.start + meta.numel == meta.total_numel  # pieces arrive in order
+        adapters = self.reassembler.add(adapter_pieces, buffer)
+        if entries or adapters:
+            self.engine.load_weights(entries + adapters)
+        return completed + len(adapters)
 
     def finish(self, version: int | None) -> int:
-        if self.reassembler.incomplete:
+        if self.reassembler.incomplete:  # the engine refuses its own incomplete split weights
             raise TransportError(f"split tensors never completed: {self.reassembler.incomplete}")
         new_version = self.engine.finish_weight_update(version)
         self.updates += 1
@@ -60,7 +79,8 @@ class Receiver:
         return bool(self.engine.abort_weight_update())
 
     def clear_pieces(self) -> None:
-        """Forget pieces of split tensors (a new or abandoned update begun outside this receiver)."""
+        """Forget pieces of split adapter tensors (a new or abandoned update begun outside this
+        receiver; the engine forgets its own pieces on begin and abort)."""
         self.reassembler.clear()
 
     # ---- the group ----------------------------------------------------------------------------

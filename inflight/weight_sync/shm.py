@@ -9,8 +9,9 @@ copy of the weights, not two one after the other); a slot is packed again only o
 have answered the message about its last chunk. A chunk is packed into its slot with one memcpy per
 tensor; the slot's first 8 bytes hold a version counter (the sequence number of the message that
 describes the bytes), so a receiver never reads a slot that was overwritten or not yet written. The
-metadata travels over the control channel; the receiver rebuilds the tensors as views of its own
-mapping of the slot and calls the engine's `load_weights`, which copies them into the parameters.
+metadata travels over the control channel; the receiver rebuilds the tensors (and pieces of split
+ones) as views of its own mapping of the slot and calls the engine's `load_weights`, which copies
+each straight into its place in the parameters' storage: with the pack, the only copies.
 
 On CUDA the same protocol would carry a CUDA tensor shared once through its IPC handle
 (`torch.multiprocessing.reductions.reduce_tensor`, rebuilt with `rebuild_cuda_tensor` on the

@@ -20,8 +20,20 @@ from inflight.engine.attention import AttentionMetadata, paged_attention
 from inflight.engine.errors import WeightUpdateError
 from inflight.engine.kv_cache import KVCache
 from inflight.engine.models.layer_ops import TorchOps
-from inflight.engine.models.linear import FusedLinear, PackedLinear, invalidate_packed, packed_linears
-from inflight.engine.weight_copy import copy_weight
+from inflight.engine.models.linear import FusedLinear, PackedLinear, packed_linears
+from inflight.engine.weight_copy import WeightPiece, copy_weight
+
+
+@dataclass
+class PartialWeight:
+    """A parameter whose first pieces have landed: where they went and how many elements so far.
+    `spare`: `dest` is a spare buffer swapped in once the last piece lands (rollback keeps the
+    parameter's storage), not the parameter's own storage."""
+
+    name: str
+    dest: torch.Tensor
+    filled: int
+    spare: bool
 
 
 @dataclass(frozen=True)
@@ -156,6 +168,10 @@ class DecoderForCausalLM(nn.Module):
         self.head_dim = self.model.layers[0].self_attn.head_dim
         self.cos_sin: torch.Tensor | None = None  # [max_pos, 2, head_dim] float32, not a parameter
         self.ops: TorchOps = TorchOps()
+        # made once: the module tree and the Parameter objects never change after __init__ (updates,
+        # sleep and wake replace a parameter's .data); walking them cost ~3 ms per update chunk
+        self._by_name: dict[str, nn.Parameter] | None = None
+        self._derived: list[PackedLinear | FusedLinear] | None = None
 
     def init_rotary(self, device: torch.device) -> None:
         """Precompute the cos/sin table with the family's own HF rope-init function."""
@@ -190,14 +206,23 @@ class DecoderForCausalLM(nn.Module):
 
     def weights_changed(self) -> None:
         """Drop derived copies of the weights (packed linears); call after any change to them."""
-        invalidate_packed(self)
+        if self._derived is None:
+            self._derived = [*packed_linears(self), *(f for m in self.modules() for f in getattr(m, "fused_linears", ()))]
+        for derived in self._derived:  # what invalidate_packed(self) drops, without the module walk
+            derived.invalidate()
+
+    def parameters_by_name(self) -> dict[str, nn.Parameter]:
+        """`dict(named_parameters())`, made once (do not modify it)."""
+        if self._by_name is None:
+            self._by_name = dict(self.named_parameters())
+        return self._by_name
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
 
     def hf_parameter_names(self) -> set[str]:
         """Names a complete weight update must provide (lm_head is optional when tied)."""
-        names = {name for name, _ in self.named_parameters()}
+        names = set(self.parameters_by_name())
         if self.tie_word_embeddings:
             names.discard("lm_head.weight")
         return names
@@ -211,8 +236,9 @@ class DecoderForCausalLM(nn.Module):
         return hf_name
 
     def copy_weights(
-        self, named_tensors: Iterable[tuple[str, torch.Tensor]], keep_old: dict[str, torch.Tensor] | None = None,
-        spares: dict[str, torch.Tensor] | None = None,
+        self, named_tensors: Iterable[tuple[str, torch.Tensor | WeightPiece]],
+        keep_old: dict[str, torch.Tensor] | None = None, spares: dict[str, torch.Tensor] | None = None,
+        partial: dict[str, PartialWeight] | None = None,
     ) -> set[str]:
         """Copy HF-named tensors into the parameters (cast to their dtype); returns the names set.
 
@@ -220,19 +246,22 @@ class DecoderForCausalLM(nn.Module):
         there (no extra copy), so the caller can roll back. That storage is taken from `spares`
         (name -> a tensor of the parameter's shape, dtype and device, popped) where one is there:
         writing into memory already touched costs a memcpy, a fresh allocation page faults at a
-        fraction of that speed. Raises WeightUpdateError on an unknown name or a wrong shape,
-        before touching that parameter.
+        fraction of that speed. A `WeightPiece` is copied straight into its range of that storage;
+        `partial` (HF name -> PartialWeight) carries a split parameter from one call to the next,
+        and the parameter is set (swapped in) only with its last piece. Raises WeightUpdateError on
+        an unknown name, a wrong shape or a piece out of order, before touching that parameter.
         """
         try:
-            return self._copy_weights(named_tensors, keep_old, {} if spares is None else spares)
+            return self._copy_weights(named_tensors, keep_old, {} if spares is None else spares,
+                                      {} if partial is None else partial)
         finally:
             self.weights_changed()
 
     def _copy_weights(
-        self, named_tensors: Iterable[tuple[str, torch.Tensor]], keep_old: dict[str, torch.Tensor] | None,
-        spares: dict[str, torch.Tensor],
+        self, named_tensors: Iterable[tuple[str, torch.Tensor | WeightPiece]],
+        keep_old: dict[str, torch.Tensor] | None, spares: dict[str, torch.Tensor], partial: dict[str, PartialWeight],
     ) -> set[str]:
-        params = dict(self.named_parameters())
+        params = self.parameters_by_name()
         loaded = set()
         for hf_name, tensor in named_tensors:
             name = self.resolve(hf_name)
@@ -245,6 +274,10 @@ class DecoderForCausalLM(nn.Module):
                 raise WeightUpdateError(
                     f"parameter {hf_name!r} has shape {tuple(tensor.shape)}, expected {tuple(param.shape)}"
                 )
+            if isinstance(tensor, WeightPiece):
+                if _copy_piece(hf_name, name, param, tensor, keep_old, spares, partial):
+                    loaded.add(name)
+                continue
             if keep_old is not None and name not in keep_old:
                 fresh = _buffer_like(spares.pop(name, None), param)
                 try:
@@ -258,6 +291,42 @@ class DecoderForCausalLM(nn.Module):
                 copy_weight(param.data, tensor.detach(), hf_name)
             loaded.add(name)
         return loaded
+
+
+def _copy_piece(
+    hf_name: str, name: str, param: nn.Parameter, piece: WeightPiece, keep_old: dict[str, torch.Tensor] | None,
+    spares: dict[str, torch.Tensor], partial: dict[str, PartialWeight],
+) -> bool:
+    """Copy one piece into its range of the parameter's destination; True once it is complete."""
+    entry = partial.get(hf_name)
+    filled = 0 if entry is None else entry.filled
+    if piece.start != filled or not piece.start < piece.end <= param.numel():
+        raise WeightUpdateError(
+            f"parameter {hf_name!r}: a piece of elements [{piece.start}, {piece.end}) where elements "
+            f"[{filled}, ...) of {param.numel()} come next; pieces of a split tensor arrive in order"
+        )
+    if entry is None:
+        if keep_old is not None and name not in keep_old:  # into a spare: the parameter stays as it is
+            entry = PartialWeight(name, _buffer_like(spares.pop(name, None), param), 0, spare=True)
+        else:
+            entry = PartialWeight(name, param.data, 0, spare=False)
+    try:
+        copy_weight(entry.dest.view(-1)[piece.start : piece.end], piece.data.detach().reshape(-1), hf_name)
+    except WeightUpdateError:
+        partial.pop(hf_name, None)
+        if entry.spare:
+            spares[name] = entry.dest
+        raise
+    entry.filled = piece.end
+    if piece.end < param.numel():
+        partial[hf_name] = entry
+        return False
+    partial.pop(hf_name, None)
+    if entry.spare:
+        assert keep_old is not None
+        keep_old[name] = param.data
+        param.data = entry.dest
+    return True
 
 
 def _buffer_like(spare: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
