@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -210,13 +209,3 @@ def _rolling(values: list[float], window: int) -> list[float]:
         out.append(total / min(i + 1, window))
     return out
 
-
-class StepTimer:
-    """Wall-clock marks for one step's phases (`timing/<name>_s`)."""
-
-    def __init__(self) -> None:
-        self.started = time.perf_counter()
-        self.timings: dict[str, float] = {}
-
-    def add(self, name: str, seconds: float) -> None:
-        self.timings[f"timing/{name}_s"] = self.timings.get(f"timing/{name}_s", 0.0) + seconds

@@ -220,7 +220,6 @@ class AsyncDataLoader(Generic[T]):
         self._consumed: dict[int, _EpochState] = {}
         self._cursor = (0, 0)  # (epoch, position) of the next hand-out
         self._orders: dict[int, list[int]] = {}
-        self.handed_out = 0
 
     def order(self, epoch: int) -> list[int]:
         """Dataset indices in the order epoch `epoch` visits them."""
@@ -245,7 +244,6 @@ class AsyncDataLoader(Generic[T]):
             while pos < len(order):
                 if pos >= state.watermark and pos not in state.above:
                     self._cursor = (epoch, pos + 1)
-                    self.handed_out += 1
                     return PromptRef(epoch, order[pos], self.items[order[pos]], pos)
                 pos += 1
             epoch, pos = epoch + 1, 0
@@ -273,13 +271,6 @@ class AsyncDataLoader(Generic[T]):
     def num_consumed(self, epoch: int) -> int:
         state = self._consumed.get(epoch)
         return 0 if state is None else state.watermark + len(state.above)
-
-    def is_consumed(self, epoch: int, index: int) -> bool:
-        state = self._consumed.get(epoch)
-        if state is None:
-            return False
-        pos = self._position(epoch, index)
-        return pos < state.watermark or pos in state.above
 
     def state(self) -> dict[str, Any]:
         """JSON-able record of consumption (hand-outs in flight are not part of it)."""

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from inflight.client.base import InferenceClient
-from inflight.config import Config
+from inflight.config import Config, SamplingConfig
 from inflight.eval.run import eval_sets
 from inflight.eval.run import evaluate as run_eval
 from inflight.rollout.generator import (
@@ -54,8 +54,6 @@ __all__ = ["FullyAsyncTrainer", "RLTrainer", "SyncTrainer", "make_trainer"]
 
 KV_COUNTERS = ("resets", "kv_invalidated_resets", "recomputed_tokens", "preemptions", "prefix_cache_hit_tokens",
                "weight_updates", "pauses")
-
-
 
 
 class RLTrainer:
@@ -116,14 +114,8 @@ class RLTrainer:
             self.loader.load_state(ckpt.data)
             self.global_step = ckpt.step
             self.resumed_from = ckpt.path
-        sampling = cfg.generator.sampling_params
-        self.generator = self._custom_generate or TaskGenerator(
-            self.client, self.task, n=cfg.generator.n_samples_per_prompt, temperature=sampling.temperature,
-            top_p=sampling.top_p, top_k=sampling.top_k,
-            max_tokens=min(sampling.max_generate_length, self.task.max_new_tokens),
-            max_context=cfg.generator.inference_engine.max_model_len, seed=cfg.trainer.seed,
-            **episode_options(cfg, sampling),
-        )
+        self.generator = self._custom_generate or self._task_generator(
+            cfg.generator.sampling_params, cfg.generator.n_samples_per_prompt, cfg.trainer.seed)
         out = Path(job.output_dir)
         out.mkdir(parents=True, exist_ok=True)
         if self.logger is None:
@@ -155,14 +147,16 @@ class RLTrainer:
         """The training generator's episodes with `generator.eval_sampling_params` and
         `generator.eval_n_samples_per_prompt`, seeded from `trainer.seed` (every evaluation draws
         the same per-sample seeds, so evaluations at different steps differ only by the weights)."""
-        cfg, task = self.cfg, self.task
-        sampling = cfg.generator.eval_sampling_params
+        generator = self.cfg.generator
+        return self._task_generator(generator.eval_sampling_params, generator.eval_n_samples_per_prompt,
+                                    request_seed(self.cfg.trainer.seed, "eval"))
+
+    def _task_generator(self, sampling: SamplingConfig, n: int, seed: int) -> TaskGenerator:
         return TaskGenerator(
-            self.client, task, n=cfg.generator.eval_n_samples_per_prompt, temperature=sampling.temperature,
-            top_p=sampling.top_p, top_k=sampling.top_k,
-            max_tokens=min(sampling.max_generate_length, task.max_new_tokens),
-            max_context=cfg.generator.inference_engine.max_model_len, seed=request_seed(cfg.trainer.seed, "eval"),
-            **episode_options(cfg, sampling),
+            self.client, self.task, n=n, temperature=sampling.temperature, top_p=sampling.top_p,
+            top_k=sampling.top_k, max_tokens=min(sampling.max_generate_length, self.task.max_new_tokens),
+            max_context=self.cfg.generator.inference_engine.max_model_len, seed=seed,
+            **episode_options(self.cfg, sampling),
         )
 
     async def evaluate(self, problems: Sequence[Problem] | None = None) -> dict[str, Any]:
@@ -327,13 +321,10 @@ class SyncTrainer(RLTrainer):
                 break
             groups = list(await asyncio.gather(*(self._generate(r) for r in refs)))
             waited = time.perf_counter() - started
-            kept = []
             for g in groups:
-                if (why := self._dropped(g)) is None:
-                    kept.append(g)
-                else:
+                if (why := self._dropped(g)) is not None:
                     self.reject(g, why)
-            groups = kept
+            groups = [g for g in groups if self._dropped(g) is None]
             if not groups:
                 continue
             if colocated:  # the trainer needs the memory; the sync wakes the engine up again
