@@ -66,9 +66,8 @@ class PolicyActor:
     several ranks they form one torch.distributed group (gloo on CPU, nccl on CUDA) at rank 0's
     `rendezvous()`."""
 
-    def __init__(
-        self, cfg: Config, job: JobConfig, pad_id: int, model_dir: str, rank: int = 0, world_size: int = 1
-    ) -> None:
+    def __init__(self, cfg: Config, job: JobConfig, pad_id: int, model_dir: str, rank: int = 0,
+                 world_size: int = 1) -> None:
         torch.set_num_threads(job.threads)
         if world_size > 1 and job.worker not in ("auto", "fsdp", "megatron"):
             raise ValueError(f"job.worker={job.worker!r} cannot train on {world_size} ranks: use fsdp")
@@ -83,9 +82,8 @@ class PolicyActor:
         kind = transport_kind(self.cfg)
         if kind == "inprocess":
             return None
-        return receiver_spec(
-            self.transport, kind, engine_device, index, self.cfg.generator.inference_engine.num_engines
-        )
+        engines = self.cfg.generator.inference_engine.num_engines
+        return receiver_spec(self.transport, kind, engine_device, index, engines)
 
     def rendezvous(self) -> str:
         """The init method of the policy ranks' process group, on rank 0's node."""
@@ -93,14 +91,8 @@ class PolicyActor:
             s.bind((_node_ip(), 0))
             return f"tcp://{_node_ip()}:{s.getsockname()[1]}"
 
-    async def setup(
-        self,
-        engines: list[Any],
-        model_dir: str,
-        version: int,
-        ckpt: CheckpointState | None,
-        init_method: str | None = None,
-    ) -> int:
+    async def setup(self, engines: list[Any], model_dir: str, version: int, ckpt: CheckpointState | None,
+                    init_method: str | None = None) -> int:
         """Join the ranks' group (blocks until every rank has), load the worker; rank 0 drives
         `engines` (EngineActor handles) through one client."""
         if self.world_size > 1:
@@ -112,9 +104,8 @@ class PolicyActor:
                 self.transport.channel.dead_receivers = lambda: [i + 1 for i in dead_actors(engines)]
             if transport_kind(self.cfg) == "broadcast":
                 await asyncio.to_thread(self.transport.connect)
-        self.policy = await asyncio.to_thread(
-            LocalPolicy.load, self.cfg, self.job, self.pad_id, model_dir, client, self.transport, version, ckpt
-        )
+        self.policy = await asyncio.to_thread(LocalPolicy.load, self.cfg, self.job, self.pad_id, model_dir, client,
+                                              self.transport, version, ckpt)
         return self.policy.weight_version
 
     def _join(self, init_method: str | None) -> None:
@@ -126,13 +117,8 @@ class PolicyActor:
     def describe(self) -> dict[str, Any]:
         """This rank's place, worker, and the rows and forward/backward passes it has trained on."""
         worker = self.policy.worker
-        return {
-            "rank": worker.rank,
-            "world_size": worker.world_size,
-            "worker": type(worker).__name__,
-            "pid": os.getpid(),
-            **self.policy.step_fn.counts,
-        }
+        return {"rank": worker.rank, "world_size": worker.world_size, "worker": type(worker).__name__,
+                "pid": os.getpid(), **self.policy.step_fn.counts}
 
     def kv_fate(self) -> str:
         return self.policy.kv_fate
@@ -165,16 +151,16 @@ def dead_actors(actors: Sequence[Any], timeout_s: float = PING_S) -> list[int]:
     to a dead actor with `RayActorError` (an actor that does not answer within `timeout_s` counts
     as alive). Blocking: call it from a thread, e.g. a transport's wait for an acknowledgement."""
     refs = [a.pid.remote() for a in actors]
-    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
-    done = set(ready)
-    dead = []
-    for i, ref in enumerate(refs):
-        if ref in done:
-            try:
-                ray.get(ref)
-            except ray.exceptions.RayActorError:
-                dead.append(i)
-    return dead
+    done = set(ray.wait(refs, num_returns=len(refs), timeout=timeout_s)[0])
+    return [i for i, ref in enumerate(refs) if ref in done and _died(ref)]
+
+
+def _died(ref: Any) -> bool:
+    try:
+        ray.get(ref)
+    except ray.exceptions.RayActorError:
+        return True
+    return False
 
 
 def _node_ip() -> str:

@@ -37,13 +37,8 @@ def init_ray(address: str | None = None, object_store_mib: int = 512, num_cpus: 
     if address:
         ray.init(address=address, include_dashboard=False, log_to_driver=True)
         return
-    cpus = max(os.cpu_count() or 1, num_cpus or 0)
-    ray.init(
-        include_dashboard=False,
-        object_store_memory=object_store_mib * 2**20,
-        log_to_driver=True,
-        num_cpus=cpus,
-    )
+    ray.init(include_dashboard=False, object_store_memory=object_store_mib * 2**20, log_to_driver=True,
+             num_cpus=max(os.cpu_count() or 1, num_cpus or 0))
 
 
 @dataclass
@@ -90,10 +85,8 @@ async def start_ray(
         runtime.engine_actors = await _start_engine_actors(cfg, job, lead, runtime.placement, model_dir, version)
         runtime.client = one_client([RayEngineClient(a) for a in runtime.engine_actors])
         init_method = await lead.rendezvous.remote() if ranks > 1 else None
-        versions = await asyncio.gather(*(
-            a.setup.remote(runtime.engine_actors, str(model_dir), version, ckpt, init_method)
-            for a in runtime.policy_actors
-        ))
+        versions = await asyncio.gather(*(a.setup.remote(runtime.engine_actors, str(model_dir), version, ckpt,
+                                                         init_method) for a in runtime.policy_actors))
         runtime.policy = RayPolicy(runtime.policy_actors, versions[0], await lead.kv_fate.remote())
     except BaseException:
         await runtime.close()
