@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -29,9 +28,10 @@ from inflight.engine.config import EngineConfig
 from inflight.rollout.generator import TrajectoryGroup
 from inflight.train.checkpoint import CheckpointState
 from inflight.train.job_config import JobConfig
-from inflight.train.policy import LocalPolicy
+from inflight.train.policy import LocalPolicy, ensure_process_group
 from inflight.train.runtime import one_client
 from inflight.train.sender import make_sender, receiver_spec
+from inflight.train.server_fleet import free_port
 from inflight.train.workers.base import SyncReport
 from inflight.weight_sync import transport_kind
 from inflight.weight_sync.transport import ChannelTransport, WeightTransport
@@ -87,16 +87,15 @@ class PolicyActor:
 
     def rendezvous(self) -> str:
         """The init method of the policy ranks' process group, on rank 0's node."""
-        with socket.socket() as s:
-            s.bind((_node_ip(), 0))
-            return f"tcp://{_node_ip()}:{s.getsockname()[1]}"
+        return f"tcp://{_node_ip()}:{free_port(_node_ip())}"
 
     async def setup(self, engines: list[Any], model_dir: str, version: int, ckpt: CheckpointState | None,
                     init_method: str | None = None) -> int:
         """Join the ranks' group (blocks until every rank has), load the worker; rank 0 drives
         `engines` (EngineActor handles) through one client."""
         if self.world_size > 1:
-            await asyncio.to_thread(self._join, init_method)
+            await asyncio.to_thread(ensure_process_group, self.job.trainer_device, init_method, self.rank,
+                                    self.world_size)
         client = None
         if self.rank == 0:
             client = one_client([RayEngineClient(e) for e in engines])
@@ -107,12 +106,6 @@ class PolicyActor:
         self.policy = await asyncio.to_thread(LocalPolicy.load, self.cfg, self.job, self.pad_id, model_dir, client,
                                               self.transport, version, ckpt)
         return self.policy.weight_version
-
-    def _join(self, init_method: str | None) -> None:
-        import torch.distributed as dist
-
-        backend = "nccl" if torch.device(self.job.trainer_device).type == "cuda" else "gloo"
-        dist.init_process_group(backend, init_method=init_method, rank=self.rank, world_size=self.world_size)
 
     def describe(self) -> dict[str, Any]:
         """This rank's place, worker, and the rows and forward/backward passes it has trained on."""

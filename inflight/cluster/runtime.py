@@ -62,10 +62,8 @@ class RayRuntime:
             self.placement = None
 
 
-async def start_ray(
-    cfg: Config, job: JobConfig, *, pad_id: int, model_dir: str | Path, version: int = 0,
-    ckpt: CheckpointState | None = None,
-) -> RayRuntime:
+async def start_ray(cfg: Config, job: JobConfig, *, pad_id: int, model_dir: str | Path, version: int = 0,
+                    ckpt: CheckpointState | None = None) -> RayRuntime:
     """Start the policy ranks and the engines as actors (Ray started or joined as `job` says) on
     `model_dir` at `version`; on any failure stop what was started and re-raise."""
     if on_servers(cfg):

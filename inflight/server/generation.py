@@ -55,12 +55,8 @@ async def _settle(tasks: list[asyncio.Future]) -> None:
         raise failed.exception()  # type: ignore[misc]
 
 
-async def start_calls(
-    engine: AsyncEngine,
-    calls: list[EngineCall],
-    stream: bool,
-    is_disconnected: Callable[[], Awaitable[bool]] | None = None,
-) -> AsyncIterator[Delta]:
+async def start_calls(engine: AsyncEngine, calls: list[EngineCall], stream: bool,
+                      is_disconnected: Callable[[], Awaitable[bool]] | None = None) -> AsyncIterator[Delta]:
     """Add every call's engine request (input the engine rejects raises here, and none stays added);
     returns the deltas of all calls as they come, the last delta of each with its finish_reason.
 

@@ -68,15 +68,8 @@ class BackgroundServer:
         self.stop()
 
 
-def serve_model(
-    config,
-    served_model_name: str | None = None,
-    *,
-    tokenizer=None,
-    host: str = "127.0.0.1",
-    port: int = 0,
-    **app_kwargs,
-) -> BackgroundServer:
+def serve_model(config, served_model_name: str | None = None, *, tokenizer=None, host: str = "127.0.0.1",
+                port: int = 0, **app_kwargs) -> BackgroundServer:
     """Load `config` (an EngineConfig) into an AsyncEngine, serve it in a background thread and return
     the started server; `server.engine` is the AsyncEngine. `app_kwargs` go to `create_app`."""
     from pathlib import Path

@@ -80,13 +80,8 @@ def informative_groups(rewards: torch.Tensor) -> torch.Tensor:
 
 
 # ---- importance sampling -------------------------------------------------------------------------
-def truncated_is_weights(
-    prox_logprobs: torch.Tensor,
-    rollout_logprobs: torch.Tensor,
-    mask: torch.Tensor,
-    level: str = "token",
-    cap: float = 2.0,
-) -> torch.Tensor:
+def truncated_is_weights(prox_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask: torch.Tensor,
+                         level: str = "token", cap: float = 2.0) -> torch.Tensor:
     """[B, T] weights `min(pi_prox / pi_rollout, cap)` on masked tokens (1 elsewhere).
 
     `token`: one weight per token. `sequence`: exp(sum of the masked log-ratios) truncated at
@@ -106,10 +101,8 @@ def truncated_is_weights(
     return torch.where(mask > 0, weights, torch.ones_like(weights)).detach()
 
 
-def importance_stats(
-    prox_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor,
-    cap: float,
-) -> dict[str, float]:
+def importance_stats(prox_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor,
+                     cap: float) -> dict[str, float]:
     """Mean/max/min of the raw token ratios pi_prox / pi_rollout over the mask, the mean applied
     weight and the fraction of tokens whose ratio was truncated."""
     keep = mask > 0

@@ -89,14 +89,8 @@ class MicroPlan:
         return plan_micro_batches(lengths, self.max_rows, self.max_tokens, self.pass_cost)
 
 
-def shard_step(
-    num_groups: int,
-    group_size: int,
-    groups_per_mini: int,
-    micro: int | MicroPlan,
-    dp: DataParallel,
-    lengths: Sequence[int] | None = None,
-) -> Shard:
+def shard_step(num_groups: int, group_size: int, groups_per_mini: int, micro: int | MicroPlan,
+               dp: DataParallel, lengths: Sequence[int] | None = None) -> Shard:
     """Mini-batches of `groups_per_mini` consecutive groups (of `group_size` rows each); the groups
     of each one dealt round-robin to the `dp.size` ranks; each rank's share cut into micro-batches
     of at most `micro` rows (or as a `MicroPlan` says) by the rows' `lengths` (default: all equal)."""
@@ -188,10 +182,8 @@ class StepStats:
         added, peaks = added.to(dp.device), peaks.to(dp.device)
         dist.all_reduce(added, op=dist.ReduceOp.SUM, group=dp.group)
         dist.all_reduce(peaks, op=dist.ReduceOp.MAX, group=dp.group)
-        out = StepStats(
-            {k: v for k, v in self.sums.items() if k not in keys},
-            {k: v for k, v in self.extremes.items() if k not in keys},
-        )
+        out = StepStats({k: v for k, v in self.sums.items() if k not in keys},
+                        {k: v for k, v in self.extremes.items() if k not in keys})
         out.sums |= {k: float(v) for k, (v, has) in zip(sums, added.tolist(), strict=True) if has}
         values = peaks.tolist()
         out.extremes |= {k: v for k, v in zip(tops, values[: len(tops)], strict=True) if v != -math.inf}

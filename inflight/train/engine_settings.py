@@ -32,9 +32,5 @@ def engine_config(cfg: Config, model_dir: str | Path, weight_version: int = 0, i
     ConfigError for keys set to what is not implemented yet (`inflight.config.implemented`)."""
     require_implemented(cfg)
     ie = cfg.generator.inference_engine
-    return EngineConfig(
-        model=str(model_dir),
-        seed=cfg.trainer.seed + index,
-        weight_version=weight_version,
-        **{name: getattr(ie, name) for name in ENGINE_KEYS},
-    )
+    return EngineConfig(model=str(model_dir), seed=cfg.trainer.seed + index, weight_version=weight_version,
+                        **{name: getattr(ie, name) for name in ENGINE_KEYS})

@@ -105,10 +105,8 @@ class LocalRuntime:
         await asyncio.gather(*(e.close() for e in engines))
 
 
-async def start_local(
-    cfg: Config, job: JobConfig, *, pad_id: int, model_dir: str | Path, version: int = 0,
-    ckpt: CheckpointState | None = None,
-) -> LocalRuntime:
+async def start_local(cfg: Config, job: JobConfig, *, pad_id: int, model_dir: str | Path, version: int = 0,
+                      ckpt: CheckpointState | None = None) -> LocalRuntime:
     """Start `generator.inference_engine.num_engines` engines on `model_dir` at `version` and the
     policy (one rank); servers started elsewhere get the policy's weights first (a full sync). On
     any failure stop what was started and re-raise."""

@@ -33,14 +33,8 @@ T = TypeVar("T")
 class StalenessManager:
     """Admission control for generation groups (see the module docstring for the law)."""
 
-    def __init__(
-        self,
-        max_staleness_steps: int,
-        mini_batch_size: int,
-        max_concurrency: int | None = None,
-        global_step: int = 1,
-        accepted: int = 0,
-    ) -> None:
+    def __init__(self, max_staleness_steps: int, mini_batch_size: int, max_concurrency: int | None = None,
+                 global_step: int = 1, accepted: int = 0) -> None:
         if max_staleness_steps < 0 or mini_batch_size < 1:
             raise ValueError("max_staleness_steps must be >= 0 and mini_batch_size >= 1")
         self.max_staleness_steps = max_staleness_steps

@@ -76,14 +76,10 @@ class StepOptions:
         tis = correction.tis_ratio_type or "none"
         cap = correction.sequence_tis_ratio_clip_high if tis == "sequence" else correction.token_tis_ratio_clip_high
         max_tokens = trainer.max_tokens_per_microbatch
-        return cls(
-            tis=tis,
-            tis_cap=cap,
-            drop_zero_advantage_groups=trainer.algorithm.zero_variance_filter,
-            correct_threshold=trainer.correct_threshold,
-            max_tokens_per_micro_batch=max_tokens if max_tokens > 0 else None,
-            micro_batch_pass_tokens=trainer.micro_batch_pass_tokens,
-        )
+        return cls(tis=tis, tis_cap=cap, drop_zero_advantage_groups=trainer.algorithm.zero_variance_filter,
+                   correct_threshold=trainer.correct_threshold,
+                   max_tokens_per_micro_batch=max_tokens if max_tokens > 0 else None,
+                   micro_batch_pass_tokens=trainer.micro_batch_pass_tokens)
 
     def micro_plan(self, max_rows: int) -> MicroPlan:
         """How to cut micro-batches of at most `max_rows` rows."""
@@ -109,15 +105,8 @@ def build_batch(groups: Sequence[TrajectoryGroup], advantages: torch.Tensor, pad
         mask[row, p : p + r] = torch.tensor(t.loss_mask, dtype=torch.float32)
         rollout[row, p : p + r] = torch.tensor(t.logprobs, dtype=torch.float32)
         versions[row, p : p + r] = torch.tensor(t.versions)
-    return RLBatch(
-        input_ids=ids,
-        loss_mask=mask,
-        attention_mask=attention,
-        advantages=advantages.float(),
-        old_logprobs=rollout,
-        rollout_logprobs=rollout,
-        versions=versions,
-    )
+    return RLBatch(input_ids=ids, loss_mask=mask, attention_mask=attention, advantages=advantages.float(),
+                   old_logprobs=rollout, rollout_logprobs=rollout, versions=versions)
 
 
 class TrainingStep:
@@ -129,14 +118,8 @@ class TrainingStep:
     (`trainer.algorithm.use_kl_loss`).
     """
 
-    def __init__(
-        self,
-        worker: PolicyWorker,
-        cfg: Config,
-        pad_id: int,
-        options: StepOptions | None = None,
-        reference: PolicyWorker | None = None,
-    ) -> None:
+    def __init__(self, worker: PolicyWorker, cfg: Config, pad_id: int, options: StepOptions | None = None,
+                 reference: PolicyWorker | None = None) -> None:
         self.worker, self.cfg, self.pad_id = worker, cfg, pad_id
         self.options = options or StepOptions.from_config(cfg)
         self.reference = reference

@@ -62,15 +62,8 @@ class RLTrainer:
 
     mode = "base"
 
-    def __init__(
-        self,
-        cfg: Config,
-        job: JobConfig,
-        task: Task,
-        generate: GenerateFn | None = None,
-        logger: MetricsLogger | None = None,
-        start: Starter = start_local,
-    ) -> None:
+    def __init__(self, cfg: Config, job: JobConfig, task: Task, generate: GenerateFn | None = None,
+                 logger: MetricsLogger | None = None, start: Starter = start_local) -> None:
         self.cfg, self.job, self.task = cfg, job, task
         self._custom_generate = generate
         self.logger = logger

@@ -102,14 +102,8 @@ class PolicyWorker(ABC):
     cross-entropy; the RL objective is `inflight.train.algorithms.rl_loss`).
     """
 
-    def __init__(
-        self,
-        cfg: Config,
-        rank: int = 0,
-        world_size: int = 1,
-        loss_fn: LossFn | None = None,
-        device: str | torch.device = "cpu",
-    ) -> None:
+    def __init__(self, cfg: Config, rank: int = 0, world_size: int = 1, loss_fn: LossFn | None = None,
+                 device: str | torch.device = "cpu") -> None:
         self.cfg = cfg
         self.rank = rank
         self.world_size = world_size
@@ -230,13 +224,8 @@ class PolicyWorker(ABC):
         return {name: t.detach().to("cpu", copy=True) for name, t in self.iter_full_hf_tensors()}
 
     # ---- the sync executor ------------------------------------------------------------------------
-    async def sync_weights(
-        self,
-        client: InferenceClient | None,
-        plan: SyncPlan,
-        version: int,
-        transport: WeightTransport | None = None,
-    ) -> SyncReport:
+    async def sync_weights(self, client: InferenceClient | None, plan: SyncPlan, version: int,
+                           transport: WeightTransport | None = None) -> SyncReport:
         """Execute `plan` against the engines behind `client`, sending this model's weights as
         weight version `version` through `transport` (default: in-process, via the client).
 

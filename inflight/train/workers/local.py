@@ -36,18 +36,10 @@ def use_bf16(cfg: Config, device: torch.device) -> bool:
 class LocalPolicyWorker(PolicyWorker):
     """`AutoModelForCausalLM` from a local directory (`trainer.policy.model.path` or `model_path`)."""
 
-    def __init__(
-        self,
-        cfg: Config,
-        model_path: str | None = None,
-        rank: int = 0,
-        world_size: int = 1,
-        loss_fn: LossFn | None = None,
-        device: str | torch.device = "cpu",
-        dtype: torch.dtype = torch.float32,
-        bf16: bool | None = None,
-        gradient_checkpointing: bool | None = None,
-    ) -> None:
+    def __init__(self, cfg: Config, model_path: str | None = None, rank: int = 0, world_size: int = 1,
+                 loss_fn: LossFn | None = None, device: str | torch.device = "cpu",
+                 dtype: torch.dtype = torch.float32, bf16: bool | None = None,
+                 gradient_checkpointing: bool | None = None) -> None:
         """`bf16` and `gradient_checkpointing` default to `trainer.bf16` (null: true on CUDA) and
         `trainer.gradient_checkpointing`."""
         super().__init__(cfg, rank, world_size, loss_fn, device)

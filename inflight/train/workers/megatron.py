@@ -78,17 +78,9 @@ class MegatronPolicyWorker(PolicyWorker):
     `world_size` default to its. Every rank of a TP group must get the same batch.
     """
 
-    def __init__(
-        self,
-        cfg: Config,
-        model_path: str | Path | None = None,
-        rank: int = 0,
-        world_size: int = 1,
-        loss_fn: LossFn | None = None,
-        device: str | torch.device = "cpu",
-        dtype: torch.dtype = torch.float32,
-        tensor_parallel_size: int | None = None,
-    ) -> None:
+    def __init__(self, cfg: Config, model_path: str | Path | None = None, rank: int = 0, world_size: int = 1,
+                 loss_fn: LossFn | None = None, device: str | torch.device = "cpu",
+                 dtype: torch.dtype = torch.float32, tensor_parallel_size: int | None = None) -> None:
         super().__init__(cfg, rank, world_size, loss_fn, device)
         if use_bf16(cfg, self.device) or cfg.trainer.gradient_checkpointing:
             raise ConfigError([Violation(
