@@ -35,9 +35,7 @@ class GroupMemberClient(Protocol):
     """A client whose engine can join a group hosted elsewhere (process, Ray and HTTP clients)."""
 
     async def join_weight_group(self, request: dict[str, Any]) -> dict[str, Any]: ...
-
     async def receive_weight_chunk(self, metadata: dict[str, Any]) -> int: ...
-
     async def leave_weight_group(self) -> bool: ...
 
 

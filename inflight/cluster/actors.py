@@ -116,19 +116,10 @@ class PolicyActor:
     def kv_fate(self) -> str:
         return self.policy.kv_fate
 
-    async def train(self, groups: list[TrajectoryGroup], policy_version: int) -> dict[str, Any]:
-        """One training step on this rank's share of `groups` (the whole step, see RayPolicy)."""
-        return await self.policy.train(groups, policy_version)
-
-    async def sync_weights(self) -> SyncReport:
-        """This rank's part of the weight sync (rank 0's report is the sync's)."""
-        return await self.policy.sync_weights()
-
-    async def save(self, root: str, step: int, data: dict, extra: dict, keep: int) -> str:
-        return await self.policy.save(root, step, data, extra, keep)
-
-    async def export(self, root: str, step: int) -> str:
-        return await self.policy.export(root, step)
+    async def call(self, method: str, *args: Any) -> Any:
+        """This rank's part of one `LocalPolicy` call (`train` on its share of the whole step,
+        `sync_weights`, `save`, `export`; rank 0's answer is the call's): `RayPolicy`'s channel."""
+        return await getattr(self.policy, method)(*args)
 
     def close(self) -> None:
         if self.transport is not None:
@@ -189,7 +180,7 @@ class RayPolicy:
         return self._version
 
     async def _all(self, method: str, *args: Any) -> Any:
-        results = await asyncio.gather(*(getattr(a, method).remote(*args) for a in self.actors))
+        results = await asyncio.gather(*(a.call.remote(method, *args) for a in self.actors))
         return results[0]
 
     async def train(self, groups: list[TrajectoryGroup], policy_version: int) -> dict[str, Any]:

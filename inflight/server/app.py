@@ -47,9 +47,7 @@ class _HttpMetrics:
     """ASGI middleware counting answered requests by route and status (known routes only)."""
 
     def __init__(self, app, metrics: ServerMetrics, routes: set[str]) -> None:
-        self.app = app
-        self.metrics = metrics
-        self.routes = routes
+        self.app, self.metrics, self.routes = app, metrics, routes
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":

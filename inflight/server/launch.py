@@ -17,9 +17,7 @@ class BackgroundServer:
     """
 
     def __init__(self, app, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning") -> None:
-        self.app = app
-        self.host = host
-        self.port = port
+        self.app, self.host, self.port = app, host, port
         config = uvicorn.Config(app, log_level=log_level, lifespan="on", timeout_graceful_shutdown=2,
                                 timeout_keep_alive=30)
         self.server = uvicorn.Server(config)

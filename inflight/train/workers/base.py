@@ -104,9 +104,7 @@ class PolicyWorker(ABC):
 
     def __init__(self, cfg: Config, rank: int = 0, world_size: int = 1, loss_fn: LossFn | None = None,
                  device: str | torch.device = "cpu") -> None:
-        self.cfg = cfg
-        self.rank = rank
-        self.world_size = world_size
+        self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.loss_fn = loss_fn or cross_entropy_loss
         self.device = torch.device(device)
         temperature = cfg.generator.sampling_params.temperature
