@@ -191,9 +191,8 @@ class InferenceClient(Protocol):
         """`load_weights` with the bytes over the broadcast group (between begin and finish)."""
         ...
 
-    async def update_weights_broadcast(
-        self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None
-    ) -> int:
+    async def update_weights_broadcast(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
+                                       version: int | None = None) -> int:
         """begin → load_weights_broadcast → finish, all or nothing: on any failure the update is
         aborted (the engines go back to their old weights where they can) and the error re-raised."""
         ...
@@ -205,9 +204,8 @@ class InferenceClient(Protocol):
     async def close(self) -> None: ...
 
 
-async def update_weights(
-    client: InferenceClient, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None
-) -> int:
+async def update_weights(client: InferenceClient, named_tensors: Iterable[tuple[str, torch.Tensor]],
+                         version: int | None = None) -> int:
     """begin → load_weights → finish on any client; returns the new weight version."""
     await client.begin_weight_update()
     await client.load_weights(named_tensors)

@@ -74,9 +74,8 @@ async def finish_calls(deltas: AsyncIterator[Delta]) -> None:
         pass
 
 
-async def _run(
-    engine: AsyncEngine, calls: list[EngineCall], stream: bool, is_disconnected: Callable[[], Awaitable[bool]] | None
-) -> AsyncIterator[Delta]:
+async def _run(engine: AsyncEngine, calls: list[EngineCall], stream: bool,
+               is_disconnected: Callable[[], Awaitable[bool]] | None) -> AsyncIterator[Delta]:
     source = _merged(engine, calls, stream or any(c.tracker.stop for c in calls))
     try:
         yield await anext(source)

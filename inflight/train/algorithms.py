@@ -49,9 +49,8 @@ class RLBatch(TrainBatch):
 
 
 # ---- advantages ----------------------------------------------------------------------------------
-def group_advantages(
-    rewards: torch.Tensor, estimator: str = "grpo", norm_by_std: bool = True, eps: float = 1e-6
-) -> torch.Tensor:
+def group_advantages(rewards: torch.Tensor, estimator: str = "grpo", norm_by_std: bool = True,
+                     eps: float = 1e-6) -> torch.Tensor:
     """Per-sample advantages from [G, n] rewards (G groups of n samples of one prompt each).
 
     `grpo`: (r - mean(group)) / (std(group) + eps), std unbiased (without `norm_by_std`: r - mean).
@@ -119,9 +118,8 @@ def importance_stats(prox_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor
 
 
 # ---- losses --------------------------------------------------------------------------------------
-def reduce_loss(
-    values: torch.Tensor, mask: torch.Tensor, reduction: str = "token_mean", norm: torch.Tensor | None = None
-) -> torch.Tensor:
+def reduce_loss(values: torch.Tensor, mask: torch.Tensor, reduction: str = "token_mean",
+                norm: torch.Tensor | None = None) -> torch.Tensor:
     """`token_mean`: mean over every masked token of the batch. `sequence_mean`: mean over
     sequences of each one's token mean. `seq_mean_token_sum_norm`: mean over sequences of each
     one's token sum divided by `norm` [B] (default: the longest masked length in the batch; Dr. GRPO)."""
@@ -146,13 +144,9 @@ def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     return torch.exp(diff) - diff - 1.0
 
 
-def ppo_clip_terms(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    eps_clip_low: float = 0.2,
-    eps_clip_high: float = 0.2,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def ppo_clip_terms(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                   eps_clip_low: float = 0.2,
+                   eps_clip_high: float = 0.2) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-token PPO surrogate loss `-min(r * A, clip(r) * A)`, the ratio r and a clipped flag."""
     ratio = torch.exp(logprobs - old_logprobs)
     clipped_ratio = ratio.clamp(1.0 - eps_clip_low, 1.0 + eps_clip_high)

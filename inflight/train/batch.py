@@ -78,9 +78,8 @@ class TrainBatch:
         return replace(self, **{name: v[:, :keep] for name, v in per_token.items()})
 
 
-def plan_micro_batches(
-    lengths: Sequence[int], max_rows: int, max_tokens: int | None = None, pass_cost: float = 0.0
-) -> list[list[int]]:
+def plan_micro_batches(lengths: Sequence[int], max_rows: int, max_tokens: int | None = None,
+                       pass_cost: float = 0.0) -> list[list[int]]:
     """Micro-batches (lists of indices into `lengths`) of rows sorted longest first, each padded
     only to its own longest row: at most `max_rows` rows and `max_tokens` padded tokens (rows x
     longest; a longer row runs alone), cut where the padded tokens plus `pass_cost` per micro-batch

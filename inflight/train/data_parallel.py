@@ -146,9 +146,8 @@ class StepStats:
     """A step's loss statistics: weighted sums (a mean over the step once every rank's are added)
     and extremes (keys ending in `_max` / `_min`). Until `reduced`, a rank holds its part only."""
 
-    def __init__(
-        self, sums: dict[str, float] | None = None, extremes: dict[str, float] | None = None
-    ) -> None:
+    def __init__(self, sums: dict[str, float] | None = None,
+                 extremes: dict[str, float] | None = None) -> None:
         self.sums = dict(sums or {})
         self.extremes = dict(extremes or {})
 

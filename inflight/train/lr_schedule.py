@@ -13,9 +13,8 @@ SCHEDULERS = ("constant", "constant_with_warmup", "linear", "cosine")
 DECAYING = ("linear", "cosine")
 
 
-def make_lr_scheduler(
-    optimizer: torch.optim.Optimizer, name: str, num_warmup_steps: int, num_training_steps: int | None
-) -> LRScheduler:
+def make_lr_scheduler(optimizer: torch.optim.Optimizer, name: str, num_warmup_steps: int,
+                      num_training_steps: int | None) -> LRScheduler:
     """The schedule `name` over `num_training_steps` optimizer steps, after `num_warmup_steps`
     of linear warm-up. `constant` ignores the warm-up (as transformers does)."""
     from transformers import get_scheduler

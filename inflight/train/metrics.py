@@ -39,18 +39,10 @@ class MetricsLogger:
     `append`: continue an existing file; with `resume_step` (the checkpoint a run resumes from),
     the rows of later steps, which the resumed run logs again, are dropped first."""
 
-    def __init__(
-        self,
-        out_dir: str | os.PathLike | Path,
-        tensorboard: bool = True,
-        progress: bool = True,
-        total_steps: int | None = None,
-        console: Console | None = None,
-        log_interval: int = 10,
-        append: bool = False,
-        trackers: Sequence[Tracker] = (),
-        resume_step: int | None = None,
-    ) -> None:
+    def __init__(self, out_dir: str | os.PathLike | Path, tensorboard: bool = True, progress: bool = True,
+                 total_steps: int | None = None, console: Console | None = None, log_interval: int = 10,
+                 append: bool = False, trackers: Sequence[Tracker] = (),
+                 resume_step: int | None = None) -> None:
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.out_dir / "metrics.jsonl"
@@ -68,10 +60,9 @@ class MetricsLogger:
         self.progress: Progress | None = None
         self._task = None
         if progress and self.console.is_terminal:
-            self.progress = Progress(
-                TextColumn("[bold]RL"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
-                TimeElapsedColumn(), console=self.console, transient=False,
-            )
+            self.progress = Progress(TextColumn("[bold]RL"), BarColumn(), MofNCompleteColumn(),
+                                     TextColumn("{task.description}"), TimeElapsedColumn(),
+                                     console=self.console, transient=False)
             self._task = self.progress.add_task("", total=total_steps)
             self.progress.start()
         self.records: list[dict[str, Any]] = []

@@ -186,9 +186,8 @@ class TrainingStep:
         forward of the step runs on the weights the step starts from, the proximal policy."""
         return self.cfg.trainer.update_epochs_per_batch == 1 and self.groups_per_mini(num_groups) >= num_groups
 
-    def _off_policy(
-        self, batch: RLBatch, local: RLBatch, shard: Shard, policy_version: int, num_groups: int
-    ) -> dict[str, float]:
+    def _off_policy(self, batch: RLBatch, local: RLBatch, shard: Shard, policy_version: int,
+                    num_groups: int) -> dict[str, float]:
         """Use the proximal policy and TIS weights when any token of the step (`batch`, on every
         rank alike) is older than the policy; this rank's rows (`local`) get them."""
         stale = bool(((batch.versions < policy_version) & (batch.loss_mask > 0)).any())
@@ -239,9 +238,8 @@ class TrainingStep:
         metrics["optimizer_steps"] = float(count)
         return metrics
 
-    def _pass(
-        self, part: RLBatch, real: bool, per_token: bool, totals: tuple[float, float], stats: StepStats
-    ) -> None:
+    def _pass(self, part: RLBatch, real: bool, per_token: bool, totals: tuple[float, float],
+              stats: StepStats) -> None:
         """One forward/backward of a micro-batch (`real`, or padding: weight 0). The loss counts by
         the micro-batch's share of what the reduction averages over (`totals[0]`, the mini-batch's),
         the loss statistics, token means, by its share of the mini-batch's tokens (`totals[1]`):

@@ -145,12 +145,11 @@ class RLTrainer:
                                     request_seed(self.cfg.trainer.seed, "eval"))
 
     def _task_generator(self, sampling: SamplingConfig, n: int, seed: int) -> TaskGenerator:
-        return TaskGenerator(
-            self.client, self.task, n=n, temperature=sampling.temperature, top_p=sampling.top_p,
-            top_k=sampling.top_k, max_tokens=min(sampling.max_generate_length, self.task.max_new_tokens),
-            max_context=self.cfg.generator.inference_engine.max_model_len, seed=seed,
-            **episode_options(self.cfg, sampling),
-        )
+        return TaskGenerator(self.client, self.task, n=n, temperature=sampling.temperature,
+                             top_p=sampling.top_p, top_k=sampling.top_k,
+                             max_tokens=min(sampling.max_generate_length, self.task.max_new_tokens),
+                             max_context=self.cfg.generator.inference_engine.max_model_len, seed=seed,
+                             **episode_options(self.cfg, sampling))
 
     async def evaluate(self, problems: Sequence[Problem] | None = None) -> dict[str, Any]:
         """Evaluate the current weights on every problem of the held-out sets, through the engine: `{"accuracy": pass@1 over all sets, "reward": mean reward, "seconds",

@@ -261,9 +261,8 @@ async def _step(report: SyncReport, name: str, call: Awaitable[T]) -> T:
     return result
 
 
-async def _execute(
-    client: InferenceClient, plan: SyncPlan, version: int, transport: WeightTransport, stream: _TensorStream
-) -> SyncReport:
+async def _execute(client: InferenceClient, plan: SyncPlan, version: int, transport: WeightTransport,
+                   stream: _TensorStream) -> SyncReport:
     """The plan's steps in order, each only where the plan has it (docs/design.md section 4)."""
     report = SyncReport(ok=False, version=version - 1)
     start = time.perf_counter()

@@ -153,12 +153,10 @@ class MegatronPolicyWorker(PolicyWorker):
             apply_rope_fusion=False, gradient_accumulation_fusion=False, persist_layer_norm=False,
         )
         spec = get_gpt_layer_local_spec(qk_layernorm=lay.qk_norm, normalization="RMSNorm")
-        return GPTModel(
-            config, spec, vocab_size=lay.padded_vocab_size, max_sequence_length=lay.max_position_embeddings,
-            pre_process=True, post_process=True, parallel_output=True,
-            share_embeddings_and_output_weights=lay.tie_word_embeddings, position_embedding_type="rope",
-            rotary_base=lay.rope_theta,
-        )
+        return GPTModel(config, spec, vocab_size=lay.padded_vocab_size,
+                        max_sequence_length=lay.max_position_embeddings, pre_process=True, post_process=True,
+                        parallel_output=True, share_embeddings_and_output_weights=lay.tie_word_embeddings,
+                        position_embedding_type="rope", rotary_base=lay.rope_theta)
 
     def _load_shards(self, get_hf: Callable[[str], torch.Tensor]) -> None:
         params = dict(self.model.named_parameters())

@@ -97,14 +97,13 @@ class MegatronLayout:
         if getattr(config, "use_sliding_window", False):
             raise ConversionError("sliding-window attention is not supported")
         vocab = config.vocab_size
-        return cls(
-            model_type=model_type, num_layers=config.num_hidden_layers, hidden_size=config.hidden_size,
-            num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, ffn_hidden_size=config.intermediate_size,
-            vocab_size=vocab, padded_vocab_size=-(-vocab // tp) * tp,
-            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)), qkv_bias=qkv_bias,
-            qk_norm=model_type == "qwen3", rms_norm_eps=config.rms_norm_eps, rope_theta=float(theta),
-            max_position_embeddings=config.max_position_embeddings, tp=tp,
-        )
+        return cls(model_type=model_type, num_layers=config.num_hidden_layers, hidden_size=config.hidden_size,
+                   num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+                   ffn_hidden_size=config.intermediate_size, vocab_size=vocab,
+                   padded_vocab_size=-(-vocab // tp) * tp,
+                   tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)), qkv_bias=qkv_bias,
+                   qk_norm=model_type == "qwen3", rms_norm_eps=config.rms_norm_eps, rope_theta=float(theta),
+                   max_position_embeddings=config.max_position_embeddings, tp=tp)
 
 
 # ---- per-parameter rules ------------------------------------------------------------------------
@@ -195,9 +194,8 @@ def _pad_vocab(weight: torch.Tensor, layout: MegatronLayout) -> torch.Tensor:
     return torch.cat((weight, weight.new_zeros(extra, *weight.shape[1:])), dim=0)
 
 
-def hf_to_megatron_shard(
-    name: str, get_hf: Callable[[str], torch.Tensor], layout: MegatronLayout, tp_rank: int
-) -> torch.Tensor:
+def hf_to_megatron_shard(name: str, get_hf: Callable[[str], torch.Tensor], layout: MegatronLayout,
+                         tp_rank: int) -> torch.Tensor:
     """The TP-rank-local tensor of megatron parameter `name`, built from HF tensors via `get_hf`."""
     hf = [get_hf(n) for n in hf_names_for(name, layout)]
     tp = layout.tp
@@ -225,9 +223,8 @@ def hf_lookup(hf_state: Mapping[str, torch.Tensor]) -> Callable[[str], torch.Ten
     return get_hf
 
 
-def hf_to_megatron_shards(
-    hf_state: Mapping[str, torch.Tensor], layout: MegatronLayout, tp_rank: int
-) -> dict[str, torch.Tensor]:
+def hf_to_megatron_shards(hf_state: Mapping[str, torch.Tensor], layout: MegatronLayout,
+                          tp_rank: int) -> dict[str, torch.Tensor]:
     """All megatron parameters of one TP rank from a full HF state dict (tied lm_head may be absent)."""
     get_hf = hf_lookup(hf_state)
     return {name: hf_to_megatron_shard(name, get_hf, layout, tp_rank) for name in megatron_param_names(layout)}
