@@ -20,6 +20,7 @@ clients); for others it raises NotImplementedError naming the alternatives.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -118,8 +119,6 @@ class FanOutClient(HostsWeightGroup, InferenceClient):
         return self.clients  # type: ignore[return-value]  # checked above
 
     async def close(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # best effort: an engine that is gone has no group to leave
             await self.close_weight_transfer()
-        except Exception:  # best effort: an engine that is gone has no group to leave
-            pass
         await self._each("close")

@@ -20,6 +20,7 @@ The training step runs in a worker thread so the event loop keeps feeding the en
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Sequence
@@ -355,10 +356,8 @@ class FullyAsyncTrainer(RLTrainer):
                 w.cancel()
             await asyncio.gather(*workers, return_exceptions=True)
             if self.client is not None:
-                try:
+                with contextlib.suppress(Exception):  # the engine may be gone already (shutdown after an error)
                     await self._stop_generation()
-                except Exception:  # the engine may be gone already (shutdown after an error)
-                    pass
 
     async def _worker(self) -> None:
         manager, buffer = self.staleness, self.buffer
