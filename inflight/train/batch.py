@@ -4,7 +4,7 @@ micro-batches that pay for little padding."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 
 import torch
@@ -48,14 +48,14 @@ class TrainBatch:
 
     def select(self, rows: slice | torch.Tensor) -> TrainBatch:
         """The rows `rows` (a slice, or a tensor of row indices) of every tensor."""
-        return replace(
-            self, **{f.name: v[rows] for f in fields(self) if (v := getattr(self, f.name)) is not None}
-        )
+        return self._map(lambda v: v[rows])
 
     def to(self, device: torch.device | str) -> TrainBatch:
-        return replace(
-            self, **{f.name: v.to(device) for f in fields(self) if (v := getattr(self, f.name)) is not None}
-        )
+        return self._map(lambda v: v.to(device))
+
+    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> TrainBatch:
+        """The batch with `fn` applied to every tensor it holds (subclasses' fields too)."""
+        return replace(self, **{f.name: fn(v) for f in fields(self) if (v := getattr(self, f.name)) is not None})
 
     def widths(self) -> torch.Tensor:
         """[B] each row's length up to and including its last real token (right padding excluded)."""

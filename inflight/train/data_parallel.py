@@ -171,9 +171,8 @@ class StepStats:
         sums = [k for k in keys if not k.endswith(("_max", "_min"))]
         tops = [k for k in keys if k.endswith("_max")]
         lows = [k for k in keys if k.endswith("_min")]
-        added = torch.tensor(
-            [[self.sums.get(k, 0.0), float(k in self.sums)] for k in sums], dtype=torch.float64
-        )
+        added = torch.tensor([[self.sums.get(k, 0.0), float(k in self.sums)] for k in sums],
+                             dtype=torch.float64)
         peaks = torch.tensor(
             [self.extremes.get(k, -math.inf) for k in tops] + [-self.extremes.get(k, math.inf) for k in lows],
             dtype=torch.float64,

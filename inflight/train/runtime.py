@@ -115,9 +115,8 @@ async def start_local(cfg: Config, job: JobConfig, *, pad_id: int, model_dir: st
     runtime = LocalRuntime(make_sender(cfg, model_dir, job.trainer_device))
     try:
         await _start_engines(runtime, cfg, job, model_dir, version)
-        runtime.policy = await asyncio.to_thread(
-            LocalPolicy.load, cfg, job, pad_id, model_dir, runtime.client, runtime.transport, version, ckpt
-        )
+        runtime.policy = await asyncio.to_thread(LocalPolicy.load, cfg, job, pad_id, model_dir,
+                                                 runtime.client, runtime.transport, version, ckpt)
         if external(cfg):  # servers started elsewhere hold what their owner loaded: the run's weights first
             await runtime.policy.sync_weights()
     except BaseException:

@@ -101,9 +101,8 @@ class RLTrainer:
         self.restarts = EngineRestarts.of(self.runtime, fully_async.engine_restarts if fully_async.enabled else 0)
         if lora_resume:
             await self.policy.sync_weights()
-        self.loader: AsyncDataLoader[Problem] = AsyncDataLoader(
-            self.task.train_problems(), cfg.trainer.epochs, cfg.trainer.seed
-        )
+        self.loader: AsyncDataLoader[Problem] = AsyncDataLoader(self.task.train_problems(),
+                                                                cfg.trainer.epochs, cfg.trainer.seed)
         if ckpt is not None:
             self.loader.load_state(ckpt.data)
             self.global_step = ckpt.step
@@ -255,22 +254,18 @@ class RLTrainer:
         if interval > 0 and self.global_step % interval == 0:
             metrics.update((await self.evaluate())["metrics"])
         self.history.append(self.logger.log(self.global_step, metrics))
-        ckpt = self.cfg.trainer.ckpt_path
-        if ckpt and self.global_step % self.cfg.trainer.ckpt_interval == 0:
-            await self._save(data_state)
-        export = self.cfg.trainer.hf_save_interval
-        if export > 0 and self.global_step % export == 0:
-            await self._export()
+        await self._save_on_interval(data_state)
         return metrics
 
-    async def _export(self) -> Path:
-        root = self.cfg.trainer.export_path or str(Path(self.job.output_dir) / "exports")
-        return Path(await self.policy.export(root, self.global_step))
-
-    async def _save(self, data_state: dict[str, Any] | None = None) -> Path:
-        data_state = data_state or self.loader.state()
-        return Path(await self.policy.save(self.cfg.trainer.ckpt_path, self.global_step, data_state,
-                                           {"mode": self.mode}, self.job.max_ckpts_to_keep))
+    async def _save_on_interval(self, data_state: dict[str, Any] | None = None, final: bool = False) -> None:
+        """The checkpoint (`trainer.ckpt_interval`) and the HF export (`trainer.hf_save_interval`)
+        due at this step; with `final` (the end of training), those whose interval this step is not."""
+        trainer, step = self.cfg.trainer, self.global_step
+        if trainer.ckpt_path and (step % trainer.ckpt_interval == 0) != final:
+            await self.policy.save(trainer.ckpt_path, step, data_state or self.loader.state(), {"mode": self.mode},
+                                   self.job.max_ckpts_to_keep)
+        if trainer.hf_save_interval > 0 and (step % trainer.hf_save_interval == 0) != final:
+            await self.policy.export(trainer.export_path or str(Path(self.job.output_dir) / "exports"), step)
 
     async def train(self) -> list[dict[str, Any]]:
         """Run until `job.max_steps`, `job.max_train_seconds` or the end of the data; returns the
@@ -280,12 +275,8 @@ class RLTrainer:
             await self._kv_counters()
         start_step = self.global_step
         await self._run()
-        if self.cfg.trainer.ckpt_path and self.global_step > start_step and \
-                self.global_step % self.cfg.trainer.ckpt_interval != 0:
-            await self._save()
-        export = self.cfg.trainer.hf_save_interval
-        if export > 0 and self.global_step > start_step and self.global_step % export != 0:
-            await self._export()
+        if self.global_step > start_step:
+            await self._save_on_interval(final=True)
         return self.history
 
     async def _run(self) -> None:

@@ -136,12 +136,10 @@ class PolicyWorker(ABC):
         `trainer.policy.optimizer_config` (decaying schedules over `num_training_steps`)."""
         opt = self.cfg.trainer.policy.optimizer_config
         params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(
-            params, lr=opt.lr, betas=tuple(opt.adam_betas), weight_decay=opt.weight_decay
-        )
-        self.lr_scheduler = make_lr_scheduler(
-            self.optimizer, opt.scheduler, opt.num_warmup_steps, self.num_training_steps
-        )
+        self.optimizer = torch.optim.AdamW(params, lr=opt.lr, betas=tuple(opt.adam_betas),
+                                           weight_decay=opt.weight_decay)
+        self.lr_scheduler = make_lr_scheduler(self.optimizer, opt.scheduler, opt.num_warmup_steps,
+                                              self.num_training_steps)
 
     def forward_backward(self, batch: TrainBatch, scale: float) -> dict[str, float]:
         """Accumulate the gradient of `scale * loss_fn(logprobs, batch)`; returns metrics."""
