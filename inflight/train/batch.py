@@ -35,9 +35,7 @@ class TrainBatch:
         for f in fields(self):
             value = getattr(self, f.name)
             if value is not None and value.shape[0] != self.input_ids.shape[0]:
-                raise ValueError(
-                    f"{f.name} has {value.shape[0]} rows, input_ids has {self.input_ids.shape[0]}"
-                )
+                raise ValueError(f"{f.name} has {value.shape[0]} rows, input_ids has {self.input_ids.shape[0]}")
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

@@ -17,11 +17,9 @@ from typing import Any
 from inflight.config import Config, ConfigError, Violation
 from inflight.train.job_config import JobConfig
 
-TOY_LENGTH_KEYS = (
-    ("generator", "inference_engine", "max_model_len"),
-    ("generator", "inference_engine", "kv_cache_memory_gib"),
-    ("generator", "sampling_params", "max_generate_length"),
-)
+TOY_LENGTH_KEYS = (("generator", "inference_engine", "max_model_len"),
+                   ("generator", "inference_engine", "kv_cache_memory_gib"),
+                   ("generator", "sampling_params", "max_generate_length"))
 """Settings of the default job that only fit the addition task."""
 
 

@@ -18,11 +18,8 @@ from inflight.engine.config import EngineConfig
 PER_ENGINE = ("model", "seed", "weight_version")
 """EngineConfig fields set per engine, not by a key: model <- the model directory, seed <-
 `trainer.seed` + the engine's index, weight_version <- the version the weights are."""
-ENGINE_KEYS = tuple(
-    f.name
-    for f in dataclasses.fields(EngineConfig)
-    if f.name in {g.name for g in dataclasses.fields(InferenceEngineConfig)}
-)
+_SCHEMA_FIELDS = {g.name for g in dataclasses.fields(InferenceEngineConfig)}
+ENGINE_KEYS = tuple(f.name for f in dataclasses.fields(EngineConfig) if f.name in _SCHEMA_FIELDS)
 """EngineConfig fields read from `generator.inference_engine.<same name>`."""
 
 

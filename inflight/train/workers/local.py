@@ -48,9 +48,8 @@ class LocalPolicyWorker(PolicyWorker):
             raise ValueError("no model: set trainer.policy.model.path or pass model_path")
         self.dtype = dtype
         self.bf16 = use_bf16(cfg, self.device) if bf16 is None else bf16
-        self.gradient_checkpointing = (
-            cfg.trainer.gradient_checkpointing if gradient_checkpointing is None else gradient_checkpointing
-        )
+        default = cfg.trainer.gradient_checkpointing
+        self.gradient_checkpointing = default if gradient_checkpointing is None else gradient_checkpointing
 
     def load_hf_model(self) -> torch.nn.Module:
         from transformers import AutoModelForCausalLM

@@ -103,11 +103,9 @@ class MegatronPolicyWorker(PolicyWorker):
         if not dist.is_initialized():
             raise RuntimeError("MegatronPolicyWorker needs torch.distributed initialised (init_process_group)")
         if self.world_size % self.tp:
-            raise ConversionError(
-                f"world size {self.world_size} is not divisible by tensor_parallel_size={self.tp}: set "
-                "trainer.policy.megatron_config.tensor_model_parallel_size to a divisor of the number "
-                "of ranks, or launch a multiple of it"
-            )
+            raise ConversionError(f"world size {self.world_size} is not divisible by tensor_parallel_size={self.tp}: "
+                                  "set trainer.policy.megatron_config.tensor_model_parallel_size to a divisor of "
+                                  "the number of ranks, or launch a multiple of it")
         megatron_cpu_shim.apply()
         from megatron.core import parallel_state, tensor_parallel
 
