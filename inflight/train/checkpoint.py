@@ -133,16 +133,12 @@ def export_model(worker: PolicyWorker, base_model_dir: str | Path, root: str | P
 
 def load_latest(root: str | Path | None) -> CheckpointState | None:
     """The newest complete checkpoint under `root`, or None."""
-    if root is None:
+    if root is None or not (pointer := Path(root) / "latest").is_file():
         return None
-    pointer = Path(root) / "latest"
-    if not pointer.is_file():
-        return None
-    path = Path(root) / pointer.read_text().strip()
-    state_file = path / "state.json"
+    state_file = Path(root) / pointer.read_text().strip() / "state.json"
     if not state_file.is_file():
         return None
-    state = json.loads(state_file.read_text())
+    path, state = state_file.parent, json.loads(state_file.read_text())
     return CheckpointState(path, int(state["step"]), int(state["weight_version"]), state["data"], state.get("extra", {}))
 
 

@@ -253,12 +253,8 @@ class AsyncDataLoader(Generic[T]):
 
     def state(self) -> dict[str, Any]:
         """JSON-able record of consumption (hand-outs in flight are not part of it)."""
-        return {
-            "seed": self.seed,
-            "num_items": len(self.items),
-            "consumed": {str(e): {"watermark": s.watermark, "above": sorted(s.above)}
-                         for e, s in self._consumed.items()},
-        }
+        consumed = {str(e): {"watermark": s.watermark, "above": sorted(s.above)} for e, s in self._consumed.items()}
+        return {"seed": self.seed, "num_items": len(self.items), "consumed": consumed}
 
     def load_state(self, state: dict[str, Any]) -> None:
         if state.get("num_items") != len(self.items) or state.get("seed") != self.seed:
