@@ -145,8 +145,7 @@ class TrainingStep:
         rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
         metrics = rollout_metrics(groups, policy_version, opts.correct_threshold)
         keep = informative_groups(rewards) if opts.drop_zero_advantage_groups else torch.ones(len(groups), dtype=torch.bool)
-        metrics["groups_trained"] = float(keep.sum())
-        metrics["groups_dropped"] = float(len(groups) - keep.sum())
+        metrics.update(groups_trained=float(keep.sum()), groups_dropped=float(len(groups) - keep.sum()))
         if not keep.any():  # nothing to learn from: no forward, no ratios, no optimizer step
             metrics.update(train_s=time.perf_counter() - started, optimizer_steps=0.0, is_ratio_mean=None,
                            is_ratio_max=None, is_ratio_min=None)
@@ -170,10 +169,9 @@ class TrainingStep:
             ratios = self.first_pass_ratios
             metrics.update(is_ratio_mean=ratios.get("ratio_mean"), is_ratio_max=ratios.get("ratio_max"),
                            is_ratio_min=ratios.get("ratio_min"))
-        metrics["train_s"] = time.perf_counter() - started
-        metrics["trained_tokens"] = float(batch.loss_mask.sum())
-        metrics["train_padded_tokens"] = float(self.counts["padded_tokens"] - padded)
-        metrics["train_real_tokens"] = float(self.counts["real_tokens"] - real)
+        metrics.update(train_s=time.perf_counter() - started, trained_tokens=float(batch.loss_mask.sum()),
+                       train_padded_tokens=float(self.counts["padded_tokens"] - padded),
+                       train_real_tokens=float(self.counts["real_tokens"] - real))
         return metrics
 
     def groups_per_mini(self, num_groups: int) -> int:

@@ -221,13 +221,11 @@ class RLTrainer:
         """The shared tail of every step: train, sync the weights, record, checkpoint."""
         check_generated(groups, self.cfg)  # zero tokens would train on nothing, silently
         async with self.restarts.step():  # no engine restart while the weights change and sync
-            policy_version = self.policy_version
             t0 = time.perf_counter()
-            metrics: dict[str, Any] = await self.policy.train(groups, policy_version)
-            train_s = time.perf_counter() - t0
-            t0 = time.perf_counter()
+            metrics: dict[str, Any] = await self.policy.train(groups, self.policy_version)
+            t1 = time.perf_counter()
             report = await self.restarts.sync(self.policy)
-            sync_s = time.perf_counter() - t0
+            train_s, sync_s = t1 - t0, time.perf_counter() - t1
         self.global_step += 1
         for group in groups:
             self.loader.mark_consumed(group.ref)
