@@ -23,22 +23,8 @@ from inflight.client.router import Router
 from inflight.client.update import UpdateProgress, update_all_or_nothing
 
 __all__ = [
-    "AuthenticationError",
-    "ClientError",
-    "FanOutClient",
-    "FanOutError",
-    "InconsistentServersError",
-    "InferenceClient",
-    "LocalClient",
-    "RemoteClient",
-    "RemoteEngineStateError",
-    "RemoteError",
-    "RemoteInvalidRequestError",
-    "RemoteWeightUpdateError",
-    "Router",
-    "ServerError",
-    "ServerUnavailableError",
-    "UpdateProgress",
-    "update_all_or_nothing",
-    "update_weights",
+    "AuthenticationError", "ClientError", "FanOutClient", "FanOutError", "InconsistentServersError",
+    "InferenceClient", "LocalClient", "RemoteClient", "RemoteEngineStateError", "RemoteError",
+    "RemoteInvalidRequestError", "RemoteWeightUpdateError", "Router", "ServerError",
+    "ServerUnavailableError", "UpdateProgress", "update_all_or_nothing", "update_weights"
 ]

@@ -122,15 +122,9 @@ class InferenceClient(Protocol):
     client raises the engine's error classes (InvalidRequestError, EngineStateError,
     WeightUpdateError) for the same mistakes."""
 
-    async def generate(
-        self,
-        prompt_token_ids: list[int],
-        params: SamplingParams | None = None,
-        *,
-        request_id: str | None = None,
-        cache_salt: str | None = None,
-        session_id: str | None = None,
-    ) -> RequestOutput:
+    async def generate(self, prompt_token_ids: list[int], params: SamplingParams | None = None, *,
+                       request_id: str | None = None, cache_salt: str | None = None,
+                       session_id: str | None = None) -> RequestOutput:
         """Generate to completion; blocks across a KEEP pause and weight update. `session_id` keeps
         a multi-turn trajectory on one server (prefix cache); ignored in process."""
         return await self._call("generate", list(prompt_token_ids), params, request_id, cache_salt)  # type: ignore[attr-defined]
@@ -183,19 +177,11 @@ class InferenceClient(Protocol):
         do not report them (an HTTP server)."""
         ...
 
-    async def init_weight_transfer(
-        self,
-        master_address: str = "127.0.0.1",
-        master_port: int = 0,
-        *,
-        backend: str | None = None,
-        group_name: str = wire.DEFAULT_WEIGHT_GROUP,
-        device: str | torch.device = "cpu",
-        max_chunk_bytes: int | None = None,
-        dtype: torch.dtype | None = None,
-        timeout_s: float = 600.0,
-        override_existing: bool = True,
-    ) -> dict[str, Any]:
+    async def init_weight_transfer(self, master_address: str = "127.0.0.1", master_port: int = 0, *,
+                                   backend: str | None = None, group_name: str = wire.DEFAULT_WEIGHT_GROUP,
+                                   device: str | torch.device = "cpu", max_chunk_bytes: int | None = None,
+                                   dtype: torch.dtype | None = None, timeout_s: float = 600.0,
+                                   override_existing: bool = True) -> dict[str, Any]:
         """Form a weight broadcast group: this process is rank 0 (hosting the rendezvous at
         master_address:master_port, 0 for a free port), every engine joins at ranks 1..N. Returns
         the group's description. In process there is nothing to join."""
@@ -205,9 +191,8 @@ class InferenceClient(Protocol):
         """`load_weights` with the bytes over the broadcast group (between begin and finish)."""
         ...
 
-    async def update_weights_broadcast(
-        self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None
-    ) -> int:
+    async def update_weights_broadcast(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
+                                       version: int | None = None) -> int:
         """begin → load_weights_broadcast → finish, all or nothing: on any failure the update is
         aborted (the engines go back to their old weights where they can) and the error re-raised."""
         ...
@@ -219,9 +204,8 @@ class InferenceClient(Protocol):
     async def close(self) -> None: ...
 
 
-async def update_weights(
-    client: InferenceClient, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None
-) -> int:
+async def update_weights(client: InferenceClient, named_tensors: Iterable[tuple[str, torch.Tensor]],
+                         version: int | None = None) -> int:
     """begin → load_weights → finish on any client; returns the new weight version."""
     await client.begin_weight_update()
     await client.load_weights(named_tensors)

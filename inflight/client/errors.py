@@ -25,9 +25,7 @@ class RemoteError(ClientError):
     """A server answered with an error status; `status`, `url` and the OpenAI-style `error` body."""
 
     def __init__(self, url: str, status: int, error: dict[str, Any]) -> None:
-        self.url = url
-        self.status = status
-        self.error = error
+        self.url, self.status, self.error = url, status, error
         message = error.get("message") or f"HTTP {status}"
         super().__init__(f"{url}: HTTP {status}: {message}")
 

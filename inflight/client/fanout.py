@@ -20,6 +20,7 @@ clients); for others it raises NotImplementedError naming the alternatives.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -43,14 +44,8 @@ class FanOutClient(HostsWeightGroup, InferenceClient):
     """InferenceClient over `clients` (any InferenceClients); `names` label them in errors.
     `retries` / `backoff_s`: how often a generation request never sent is tried elsewhere."""
 
-    def __init__(
-        self,
-        clients: Sequence[InferenceClient],
-        names: Sequence[str] | None = None,
-        router: Router | None = None,
-        retries: int = 3,
-        backoff_s: float = 0.1,
-    ) -> None:
+    def __init__(self, clients: Sequence[InferenceClient], names: Sequence[str] | None = None,
+                 router: Router | None = None, retries: int = 3, backoff_s: float = 0.1) -> None:
         if not clients:
             raise ValueError(f"{type(self).__name__} needs at least one client")
         self.names = list(names) if names is not None else [f"engine-{i}" for i in range(len(clients))]
@@ -80,15 +75,9 @@ class FanOutClient(HostsWeightGroup, InferenceClient):
         """Each engine's counters (`EngineStats.as_dict()`), by name."""
         return await self._each("stats")
 
-    async def generate(
-        self,
-        prompt_token_ids: list[int],
-        params: SamplingParams | None = None,
-        *,
-        request_id: str | None = None,
-        cache_salt: str | None = None,
-        session_id: str | None = None,
-    ) -> RequestOutput:
+    async def generate(self, prompt_token_ids: list[int], params: SamplingParams | None = None, *,
+                       request_id: str | None = None, cache_salt: str | None = None,
+                       session_id: str | None = None) -> RequestOutput:
         """Generate on the engine the router picks (the session's engine when it has one); fails
         over only when the request was not sent."""
         failed: set[str] = set()
@@ -97,9 +86,8 @@ class FanOutClient(HostsWeightGroup, InferenceClient):
             name = self.router.pick(session_id, avoid=failed)
             self.router.acquire(name)
             try:
-                output = await self.clients[name].generate(
-                    prompt_token_ids, params, request_id=request_id, cache_salt=cache_salt, session_id=session_id
-                )
+                output = await self.clients[name].generate(prompt_token_ids, params, request_id=request_id,
+                                                           cache_salt=cache_salt, session_id=session_id)
             except ConnectionError as err:
                 if getattr(err, "request_sent", True):
                     raise
@@ -118,11 +106,8 @@ class FanOutClient(HostsWeightGroup, InferenceClient):
         raise last
 
     def _group_members(self) -> dict[str, GroupMemberClient]:
-        lacking = [
-            f"{n} ({type(c).__name__})"
-            for n, c in self.clients.items()
-            if not all(callable(getattr(c, m, None)) for m in JOIN_METHODS)
-        ]
+        lacking = [f"{n} ({type(c).__name__})" for n, c in self.clients.items()
+                   if not all(callable(getattr(c, m, None)) for m in JOIN_METHODS)]
         if lacking:
             raise NotImplementedError(
                 "FanOutClient forms one weight broadcast group only over clients that can join a group "
@@ -134,8 +119,6 @@ class FanOutClient(HostsWeightGroup, InferenceClient):
         return self.clients  # type: ignore[return-value]  # checked above
 
     async def close(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # best effort: an engine that is gone has no group to leave
             await self.close_weight_transfer()
-        except Exception:  # best effort: an engine that is gone has no group to leave
-            pass
         await self._each("close")

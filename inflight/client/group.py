@@ -35,9 +35,7 @@ class GroupMemberClient(Protocol):
     """A client whose engine can join a group hosted elsewhere (process, Ray and HTTP clients)."""
 
     async def join_weight_group(self, request: dict[str, Any]) -> dict[str, Any]: ...
-
     async def receive_weight_chunk(self, metadata: dict[str, Any]) -> int: ...
-
     async def leave_weight_group(self) -> bool: ...
 
 
@@ -63,37 +61,24 @@ class WeightGroup:
         self.members = dict(members)
         self.sender: GroupHost | None = None
 
-    async def form(
-        self,
-        master_address: str = "127.0.0.1",
-        master_port: int = 0,
-        *,
-        backend: str | None = None,
-        group_name: str = DEFAULT_WEIGHT_GROUP,
-        device: str | torch.device = "cpu",
-        max_chunk_bytes: int | None = None,
-        dtype: torch.dtype | None = None,
-        timeout_s: float = 600.0,
-        override_existing: bool = True,
-    ) -> dict[str, Any]:
+    async def form(self, master_address: str = "127.0.0.1", master_port: int = 0, *, backend: str | None = None,
+                   group_name: str = DEFAULT_WEIGHT_GROUP, device: str | torch.device = "cpu",
+                   max_chunk_bytes: int | None = None, dtype: torch.dtype | None = None, timeout_s: float = 600.0,
+                   override_existing: bool = True) -> dict[str, Any]:
         """Host the rendezvous at master_address:master_port (0: a free port) and have every member
         join; returns once all have (address, port, world size, backend, each member's rank)."""
         from inflight.weight_sync.chunking import DEFAULT_CHUNK_BYTES
         from inflight.weight_sync.group import GroupHost, in_daemon_thread
 
-        sender = GroupHost(
-            len(self.members) + 1, master_address, master_port, backend=backend, device=device,
-            group_name=group_name, max_chunk_bytes=max_chunk_bytes or DEFAULT_CHUNK_BYTES, dtype=dtype,
-            timeout_s=timeout_s,
-        )  # fmt: skip
+        sender = GroupHost(len(self.members) + 1, master_address, master_port, backend=backend, device=device,
+                           group_name=group_name, max_chunk_bytes=max_chunk_bytes or DEFAULT_CHUNK_BYTES,
+                           dtype=dtype, timeout_s=timeout_s)
         ranks = {name: i + 1 for i, name in enumerate(self.members)}
         cancel = threading.Event()
         formed = in_daemon_thread(sender.connect, cancel)
-        joins = {
-            n: asyncio.ensure_future(c.join_weight_group({**sender.init_request(ranks[n]),
-                                                          "override_existing": override_existing}))
-            for n, c in self.members.items()
-        }
+        joins = {n: asyncio.ensure_future(c.join_weight_group({**sender.init_request(ranks[n]),
+                                                               "override_existing": override_existing}))
+                 for n, c in self.members.items()}
         try:
             await _first_failure(joins.values(), cancel, sender)
             await gather("init_weight_transfer()", joins)
@@ -180,9 +165,8 @@ class HostsWeightGroup:
         """Name -> client (able to join a group hosted here) of each engine, in rank order."""
         raise NotImplementedError(f"{type(self).__name__} cannot join a weight broadcast group")
 
-    async def init_weight_transfer(
-        self, master_address: str = "127.0.0.1", master_port: int = 0, **options: Any
-    ) -> dict[str, Any]:
+    async def init_weight_transfer(self, master_address: str = "127.0.0.1", master_port: int = 0,
+                                   **options: Any) -> dict[str, Any]:
         """Host a weight broadcast group over every engine (this process rank 0, engine i rank
         i + 1); `options` as in `InferenceClient.init_weight_transfer`. A group formed before is
         left first."""
@@ -199,9 +183,8 @@ class HostsWeightGroup:
         for chunk in group.chunks(named_tensors):
             await group.send_chunk(self, chunk)  # type: ignore[arg-type]
 
-    async def update_weights_broadcast(
-        self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None
-    ) -> int:
+    async def update_weights_broadcast(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
+                                       version: int | None = None) -> int:
         """begin → load_weights_broadcast → finish on every engine, all or nothing: on failure the
         update is aborted (old weights back where the engines kept them) and the error re-raised."""
         return await update_all_or_nothing(self, self._group(), named_tensors, version)  # type: ignore[arg-type]

@@ -34,9 +34,8 @@ class LocalClient(InferenceClient):
         """In process, the same as `load_weights`."""
         await self.load_weights(named_tensors)
 
-    async def update_weights_broadcast(
-        self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None
-    ) -> int:
+    async def update_weights_broadcast(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
+                                       version: int | None = None) -> int:
         """begin → load → finish, aborted (old weights back) on failure, as RemoteClient does it."""
         from inflight.weight_sync.inprocess import InProcessTransport  # on use: the weight-sync layer
 

@@ -5,6 +5,7 @@ engine in another process (`ProcessClient`, `RayEngineClient`)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 from collections.abc import Iterable
 from typing import Any
@@ -69,7 +70,5 @@ class JoiningClient(HostsWeightGroup, InferenceClient):
 
     async def close(self) -> None:
         """Leave the weight group if any (best effort); whoever started the engine stops it."""
-        try:
+        with contextlib.suppress(Exception):  # an engine that is gone has no group to leave
             await self.close_weight_transfer()
-        except Exception:  # an engine that is gone has no group to leave
-            pass

@@ -17,6 +17,7 @@ decides when, and brings it to the current weights).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import pickle
@@ -75,7 +76,11 @@ def _portable(err: BaseException) -> BaseException:
         return RuntimeError(f"{type(err).__name__}: {err}")
 
 
-def _child_main(conn: Connection, config: EngineConfig, threads: int, receiver: ReceiverSpec | None) -> None:
+def _main() -> None:
+    """The child (`python -m inflight.client.process`): connect back, start the engine, serve its pipe."""
+    host, port = os.environ["INFLIGHT_ENGINE_ADDRESS"].rsplit(":", 1)
+    conn = Client((host, int(port)), authkey=bytes.fromhex(os.environ["INFLIGHT_ENGINE_KEY"]))
+    config, threads, receiver = conn.recv()
     torch.set_num_threads(threads)
     from inflight.engine import LLMEngine
 
@@ -126,10 +131,8 @@ async def _handle(conn: Connection, engine: AsyncEngine, call_id: int, op: str, 
         return
     except Exception as err:
         reply = (call_id, False, _portable(err))
-    try:
+    with contextlib.suppress(BrokenPipeError, OSError):
         conn.send(reply)
-    except (BrokenPipeError, OSError):
-        pass
 
 
 def describe_exit(code: int | None) -> str:
@@ -177,9 +180,9 @@ class EngineProcess:
                                      f"(exit code {process.poll()})")
         conn = accepted[0]
         conn.send((self.config, self.threads, self.receiver))
-        for message in [("pause", ("keep",))] if paused else []:
+        if paused:
             self._expect(process, conn, timeout)
-            conn.send((-1, *message))
+            conn.send((-1, "pause", ("keep",)))
         self._expect(process, conn, timeout)
         return process, conn
 
@@ -260,10 +263,8 @@ class ProcessClient(JoiningClient):
         """Talk to a new child from now on (after the old one died); calls still waiting on the
         old one fail as it does."""
         old, self._link = self._link, _Link(conn, process)
-        try:
+        with contextlib.suppress(OSError):
             old.conn.close()
-        except OSError:
-            pass
 
     def _ensure_reader(self, link: _Link) -> None:
         loop = asyncio.get_running_loop()
@@ -288,10 +289,8 @@ class ProcessClient(JoiningClient):
 
     def _died(self, link: _Link, wait_s: float = 1.0) -> EngineProcessError:
         """The error of a child that is gone (its exit status, once it has one: `wait_s` at most)."""
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             link.process.wait(wait_s)
-        except subprocess.TimeoutExpired:
-            pass
         code = link.process.poll()
         return EngineProcessError(f"the engine process {self.name} (pid {link.process.pid}) exited: "
                                   f"{describe_exit(code)}")
@@ -342,17 +341,13 @@ class ProcessClient(JoiningClient):
 
     def send_close(self) -> None:
         self._closed = True
-        try:
+        with contextlib.suppress(BrokenPipeError, OSError):
             with self._send_lock:
                 self._link.conn.send((next(self._ids), "close", ()))
-        except (BrokenPipeError, OSError):
-            pass
 
     def stop_reader(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self._link.conn.close()
-        except OSError:
-            pass
 
 
 class RayEngineClient(JoiningClient):
@@ -364,13 +359,6 @@ class RayEngineClient(JoiningClient):
 
     async def _call(self, op: str, *args: Any) -> Any:
         return await self.handle.call.remote(op, *args)
-
-
-def _main() -> None:
-    host, port = os.environ["INFLIGHT_ENGINE_ADDRESS"].rsplit(":", 1)
-    conn = Client((host, int(port)), authkey=bytes.fromhex(os.environ["INFLIGHT_ENGINE_KEY"]))
-    config, threads, receiver = conn.recv()
-    _child_main(conn, config, threads, receiver)
 
 
 if __name__ == "__main__":

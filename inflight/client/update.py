@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import torch
+from torch import Tensor
 
 if TYPE_CHECKING:
     from inflight.client.base import InferenceClient
@@ -21,13 +22,9 @@ class Sender(Protocol):
     """What moves one update (`inflight.weight_sync.WeightTransport` is one)."""
 
     def chunks(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[WeightChunk]: ...
-
     async def begin(self, client: InferenceClient) -> None: ...
-
     async def send_chunk(self, client: InferenceClient, chunk: WeightChunk) -> None: ...
-
     async def finish(self, client: InferenceClient, version: int | None) -> int: ...
-
     async def abort(self, client: InferenceClient) -> bool: ...
 
 
@@ -49,13 +46,8 @@ class UpdateProgress:
     restored: bool | None = None
 
 
-async def update_all_or_nothing(
-    client: InferenceClient,
-    sender: Sender,
-    named_tensors: Iterable[tuple[str, torch.Tensor]],
-    version: int | None = None,
-    progress: Progress | None = None,
-) -> int:
+async def update_all_or_nothing(client: InferenceClient, sender: Sender, named_tensors: Iterable[tuple[str, Tensor]],
+                                version: int | None = None, progress: Progress | None = None) -> int:
     """Send `named_tensors` as weight version `version` through `sender`; returns the new version.
     On any failure the update is aborted and the error re-raised, with a note when the engines
     could not go back to their old weights (e.g. after sleep)."""
@@ -74,8 +66,6 @@ async def update_all_or_nothing(
             progress.restored = False
             err.add_note(f"aborting the weight update failed too: {abort_err}")
         if not progress.restored:
-            err.add_note(
-                "the engines could not go back to their pre-update weights (after sleep they are "
-                "dropped); they stay unable to run until a complete update lands"
-            )
+            err.add_note("the engines could not go back to their pre-update weights (after sleep they are "
+                         "dropped); they stay unable to run until a complete update lands")
         raise

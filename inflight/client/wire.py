@@ -12,30 +12,8 @@ import torch
 from safetensors.torch import load as _load
 from safetensors.torch import save as _save
 
-from inflight.client.routes import (  # noqa: F401  (one source of the paths: see routes.py)
-    CHUNK_FILE_PARAM,
-    CHUNK_FILE_PREFIX,
-    DESTROY_WEIGHT_TRANSFER,
-    GENERATE,
-    HEALTH,
-    INIT_WEIGHT_TRANSFER,
-    INIT_WEIGHT_TRANSFER_ALIAS,
-    METRICS,
-    PAUSE,
-    RESET_PREFIX_CACHE,
-    RESUME,
-    SHM_DIR,
-    SLEEP,
-    STATUS,
-    WAKE_UP,
-    WEIGHT_VERSION,
-    WEIGHTS_ABORT,
-    WEIGHTS_BEGIN,
-    WEIGHTS_BROADCAST,
-    WEIGHTS_CHUNK,
-    WEIGHTS_FINISH,
-    read_chunk_file,
-)
+from inflight.client.routes import *  # noqa: F403  (the route paths, one source: see routes.py)
+from inflight.client.routes import CHUNK_FILE_PREFIX, SHM_DIR
 from inflight.weight_sync.group import DEFAULT_WEIGHT_GROUP  # noqa: F401  (the routes' default group name)
 
 CONTENT_TYPE = "application/octet-stream"
@@ -88,9 +66,8 @@ def decode_tensors(data: bytes) -> list[tuple[str, torch.Tensor]]:
         raise ValueError(f"the body is not a valid safetensors buffer: {err}") from err
 
 
-def chunk_by_bytes(
-    named_tensors: Iterable[tuple[str, torch.Tensor]], max_bytes: int
-) -> Iterator[list[tuple[str, torch.Tensor]]]:
+def chunk_by_bytes(named_tensors: Iterable[tuple[str, torch.Tensor]], max_bytes: int
+                   ) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """Group tensors into chunks of at most `max_bytes` (a larger tensor travels alone)."""
     chunk: list[tuple[str, torch.Tensor]] = []
     size = 0

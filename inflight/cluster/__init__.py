@@ -12,16 +12,6 @@ from inflight.cluster.runtime import RayRuntime, init_ray, start_ray
 from inflight.train.runtime import policy_ranks
 
 __all__ = [
-    "EngineActor",
-    "Placement",
-    "PolicyActor",
-    "RayEngineClient",
-    "RayPolicy",
-    "RayRuntime",
-    "init_ray",
-    "make_placement",
-    "plan_bundles",
-    "policy_ranks",
-    "required_cpus",
-    "start_ray",
+    "EngineActor", "Placement", "PolicyActor", "RayEngineClient", "RayPolicy", "RayRuntime", "init_ray",
+    "make_placement", "plan_bundles", "policy_ranks", "required_cpus", "start_ray"
 ]

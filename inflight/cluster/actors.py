@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
@@ -30,10 +29,10 @@ from inflight.engine.config import EngineConfig
 from inflight.rollout.generator import TrajectoryGroup
 from inflight.train.checkpoint import CheckpointState
 from inflight.train.job_config import JobConfig
-from inflight.train.policy import LocalPolicy
+from inflight.train.policy import LocalPolicy, ensure_process_group
 from inflight.train.runtime import one_client
 from inflight.train.sender import make_sender, receiver_spec
-from inflight.train.server_fleet import ServerFleet
+from inflight.train.server_fleet import ServerFleet, free_port
 from inflight.train.servers import CONTROL_TOKEN_ENV, ServerSpec, vllm_command
 from inflight.train.workers.base import SyncReport
 from inflight.weight_sync import transport_kind
@@ -87,9 +86,8 @@ class PolicyActor:
     several ranks they form one torch.distributed group (gloo on CPU, nccl on CUDA) at rank 0's
     `rendezvous()`."""
 
-    def __init__(
-        self, cfg: Config, job: JobConfig, pad_id: int, model_dir: str, rank: int = 0, world_size: int = 1
-    ) -> None:
+    def __init__(self, cfg: Config, job: JobConfig, pad_id: int, model_dir: str, rank: int = 0,
+                 world_size: int = 1) -> None:
         torch.set_num_threads(job.threads)
         if world_size > 1 and job.worker not in ("auto", "fsdp", "megatron"):
             raise ValueError(f"job.worker={job.worker!r} cannot train on {world_size} ranks: use fsdp")
@@ -104,29 +102,20 @@ class PolicyActor:
         kind = transport_kind(self.cfg)
         if kind == "inprocess":
             return None
-        return receiver_spec(
-            self.transport, kind, engine_device, index, self.cfg.generator.inference_engine.num_engines
-        )
+        engines = self.cfg.generator.inference_engine.num_engines
+        return receiver_spec(self.transport, kind, engine_device, index, engines)
 
     def rendezvous(self) -> str:
         """The init method of the policy ranks' process group, on rank 0's node."""
-        with socket.socket() as s:
-            s.bind((_node_ip(), 0))
-            return f"tcp://{_node_ip()}:{s.getsockname()[1]}"
+        return f"tcp://{_node_ip()}:{free_port(_node_ip())}"
 
-    async def setup(
-        self,
-        engines: list[Any],
-        model_dir: str,
-        version: int,
-        ckpt: CheckpointState | None,
-        init_method: str | None = None,
-        servers: ServerSpec | None = None,
-    ) -> int:
+    async def setup(self, engines: list[Any], model_dir: str, version: int, ckpt: CheckpointState | None,
+                    init_method: str | None = None, servers: ServerSpec | None = None) -> int:
         """Join the ranks' group (blocks until every rank has), load the worker; rank 0 drives
         `engines` (EngineActor handles) through one client, or the HTTP `servers`."""
         if self.world_size > 1:
-            await asyncio.to_thread(self._join, init_method)
+            await asyncio.to_thread(ensure_process_group, self.job.trainer_device, init_method, self.rank,
+                                    self.world_size)
         client = None
         if self.rank == 0 and servers is not None:
             client = servers.client()
@@ -136,44 +125,23 @@ class PolicyActor:
                 self.transport.channel.dead_receivers = lambda: [i + 1 for i in dead_actors(engines)]
             if transport_kind(self.cfg) == "broadcast":
                 await asyncio.to_thread(self.transport.connect)
-        self.policy = await asyncio.to_thread(
-            LocalPolicy.load, self.cfg, self.job, self.pad_id, model_dir, client, self.transport, version, ckpt
-        )
+        self.policy = await asyncio.to_thread(LocalPolicy.load, self.cfg, self.job, self.pad_id, model_dir, client,
+                                              self.transport, version, ckpt)
         return self.policy.weight_version
-
-    def _join(self, init_method: str | None) -> None:
-        import torch.distributed as dist
-
-        backend = "nccl" if torch.device(self.job.trainer_device).type == "cuda" else "gloo"
-        dist.init_process_group(backend, init_method=init_method, rank=self.rank, world_size=self.world_size)
 
     def describe(self) -> dict[str, Any]:
         """This rank's place, worker, and the rows and forward/backward passes it has trained on."""
         worker = self.policy.worker
-        return {
-            "rank": worker.rank,
-            "world_size": worker.world_size,
-            "worker": type(worker).__name__,
-            "pid": os.getpid(),
-            **self.policy.step_fn.counts,
-        }
+        return {"rank": worker.rank, "world_size": worker.world_size, "worker": type(worker).__name__,
+                "pid": os.getpid(), **self.policy.step_fn.counts}
 
     def kv_fate(self) -> str:
         return self.policy.kv_fate
 
-    async def train(self, groups: list[TrajectoryGroup], policy_version: int) -> dict[str, Any]:
-        """One training step on this rank's share of `groups` (the whole step, see RayPolicy)."""
-        return await self.policy.train(groups, policy_version)
-
-    async def sync_weights(self) -> SyncReport:
-        """This rank's part of the weight sync (rank 0's report is the sync's)."""
-        return await self.policy.sync_weights()
-
-    async def save(self, root: str, step: int, data: dict, extra: dict, keep: int) -> str:
-        return await self.policy.save(root, step, data, extra, keep)
-
-    async def export(self, root: str, step: int) -> str:
-        return await self.policy.export(root, step)
+    async def call(self, method: str, *args: Any) -> Any:
+        """This rank's part of one `LocalPolicy` call (`train` on its share of the whole step,
+        `sync_weights`, `save`, `export`; rank 0's answer is the call's): `RayPolicy`'s channel."""
+        return await getattr(self.policy, method)(*args)
 
     def close(self) -> None:
         if self.transport is not None:
@@ -189,16 +157,16 @@ def dead_actors(actors: Sequence[Any], timeout_s: float = PING_S) -> list[int]:
     to a dead actor with `RayActorError` (an actor that does not answer within `timeout_s` counts
     as alive). Blocking: call it from a thread, e.g. a transport's wait for an acknowledgement."""
     refs = [a.pid.remote() for a in actors]
-    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
-    done = set(ready)
-    dead = []
-    for i, ref in enumerate(refs):
-        if ref in done:
-            try:
-                ray.get(ref)
-            except ray.exceptions.RayActorError:
-                dead.append(i)
-    return dead
+    done = set(ray.wait(refs, num_returns=len(refs), timeout=timeout_s)[0])
+    return [i for i, ref in enumerate(refs) if ref in done and _died(ref)]
+
+
+def _died(ref: Any) -> bool:
+    try:
+        ray.get(ref)
+    except ray.exceptions.RayActorError:
+        return True
+    return False
 
 
 def _node_ip() -> str:
@@ -234,7 +202,7 @@ class RayPolicy:
         return self._version
 
     async def _all(self, method: str, *args: Any) -> Any:
-        results = await asyncio.gather(*(getattr(a, method).remote(*args) for a in self.actors))
+        results = await asyncio.gather(*(a.call.remote(method, *args) for a in self.actors))
         return results[0]
 
     async def train(self, groups: list[TrajectoryGroup], policy_version: int) -> dict[str, Any]:

@@ -44,9 +44,8 @@ def _spec(bundle: int, cpus: float, gpus: float) -> dict[str, Any]:
     return {"bundle": bundle, "num_cpus": cpus, "num_gpus": gpus}
 
 
-def plan_bundles(
-    cfg: Config, job: JobConfig, num_policy: int | None = None
-) -> tuple[list[dict], list[dict], list[dict]]:
+def plan_bundles(cfg: Config, job: JobConfig, num_policy: int | None = None
+                 ) -> tuple[list[dict], list[dict], list[dict]]:
     """(bundles, policy specs, engine specs): what `make_placement` reserves, without Ray.
     `num_policy`: policy ranks (default: `policy_ranks(cfg)`)."""
     num_policy = num_policy or policy_ranks(cfg)
@@ -54,9 +53,8 @@ def plan_bundles(
     policy_gpu = 1 if _is_cuda(job.trainer_device) else 0
     engine_gpu = 1 if _is_cuda(cfg.generator.inference_engine.device) else 0
     if not cfg.trainer.placement.colocate_all:
-        bundles = [_bundle(job.threads, policy_gpu)] * num_policy + [
-            _bundle(job.engine_threads, engine_gpu)
-        ] * num_engines
+        bundles = [_bundle(job.threads, policy_gpu)] * num_policy
+        bundles += [_bundle(job.engine_threads, engine_gpu)] * num_engines
         policy = [_spec(i, job.threads, policy_gpu) for i in range(num_policy)]
         engines = [_spec(num_policy + i, job.engine_threads, engine_gpu) for i in range(num_engines)]
         return bundles, policy, engines
@@ -80,9 +78,7 @@ def required_cpus(cfg: Config, job: JobConfig, num_policy: int | None = None) ->
     return int(sum(b["CPU"] for b in plan_bundles(cfg, job, num_policy)[0]))
 
 
-def make_placement(
-    cfg: Config, job: JobConfig, num_policy: int | None = None, timeout_s: float = 120.0
-) -> Placement:
+def make_placement(cfg: Config, job: JobConfig, num_policy: int | None = None, timeout_s: float = 120.0) -> Placement:
     """Reserve the resources of `num_policy` policy ranks and `num_engines` engines."""
     bundles, policy, engines = plan_bundles(cfg, job, num_policy)
     same_node = cfg.generator.inference_engine.weight_sync_backend == "shm"
@@ -91,10 +87,8 @@ def make_placement(
         ray.get(group.ready(), timeout=timeout_s)
     except ray.exceptions.GetTimeoutError as err:
         remove_placement_group(group)
-        raise RuntimeError(
-            f"the Ray cluster cannot place {bundles} within {timeout_s:.0f} s "
-            f"(available: {ray.available_resources()})"
-        ) from err
+        raise RuntimeError(f"the Ray cluster cannot place {bundles} within {timeout_s:.0f} s "
+                           f"(available: {ray.available_resources()})") from err
 
     def options(spec: dict[str, Any]) -> dict[str, Any]:
         strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=spec["bundle"])

@@ -46,13 +46,8 @@ def init_ray(address: str | None = None, object_store_mib: int = 512, num_cpus: 
     if address:
         ray.init(address=address, include_dashboard=False, log_to_driver=True)
         return
-    cpus = max(os.cpu_count() or 1, num_cpus or 0)
-    ray.init(
-        include_dashboard=False,
-        object_store_memory=object_store_mib * 2**20,
-        log_to_driver=True,
-        num_cpus=cpus,
-    )
+    ray.init(include_dashboard=False, object_store_memory=object_store_mib * 2**20, log_to_driver=True,
+             num_cpus=max(os.cpu_count() or 1, num_cpus or 0))
 
 
 @dataclass
@@ -82,10 +77,8 @@ class RayRuntime:
             self.placement = None
 
 
-async def start_ray(
-    cfg: Config, job: JobConfig, *, pad_id: int, model_dir: str | Path, version: int = 0,
-    ckpt: CheckpointState | None = None,
-) -> RayRuntime:
+async def start_ray(cfg: Config, job: JobConfig, *, pad_id: int, model_dir: str | Path, version: int = 0,
+                    ckpt: CheckpointState | None = None) -> RayRuntime:
     """Start the policy ranks and the engines as actors (Ray started or joined as `job` says) on
     `model_dir` at `version`; on any failure stop what was started and re-raise. With HTTP-server
     engines a `ServerActor` per engine bundle starts each vLLM server (or the external servers are

@@ -47,9 +47,7 @@ class _HttpMetrics:
     """ASGI middleware counting answered requests by route and status (known routes only)."""
 
     def __init__(self, app, metrics: ServerMetrics, routes: set[str]) -> None:
-        self.app = app
-        self.metrics = metrics
-        self.routes = routes
+        self.app, self.metrics, self.routes = app, metrics, routes
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -74,17 +72,11 @@ class _HttpMetrics:
             self.metrics.http_requests.labels(route, str(status)).inc()
 
 
-def create_app(
-    async_engine: AsyncEngine,
-    tokenizer: Any,
-    served_model_name: str,
-    api_key: str | None = None,
-    control_token: str | None = None,
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-    max_weight_chunk_bytes: int = DEFAULT_MAX_WEIGHT_CHUNK_BYTES,
-    trust_request_chat_template: bool = False,
-    max_prompts_per_request: int = DEFAULT_MAX_PROMPTS_PER_REQUEST,
-) -> FastAPI:
+def create_app(async_engine: AsyncEngine, tokenizer: Any, served_model_name: str, api_key: str | None = None,
+               control_token: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               max_weight_chunk_bytes: int = DEFAULT_MAX_WEIGHT_CHUNK_BYTES,
+               trust_request_chat_template: bool = False,
+               max_prompts_per_request: int = DEFAULT_MAX_PROMPTS_PER_REQUEST) -> FastAPI:
     """The inference server: OpenAI routes (API key), control routes (control token), /health and
     /metrics (open). Bodies over `max_body_bytes` (weight chunks: `max_weight_chunk_bytes`) get 413."""
     metrics = ServerMetrics(async_engine)

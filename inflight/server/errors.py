@@ -28,15 +28,8 @@ _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permi
 class APIError(Exception):
     """An error to answer with `status` and an OpenAI-style body."""
 
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        type: str | None = None,
-        param: str | None = None,
-        code: str | None = None,
-    ) -> None:
+    def __init__(self, status: int, message: str, *, type: str | None = None, param: str | None = None,
+                 code: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -97,10 +90,6 @@ def _validation_error(exc: RequestValidationError) -> APIError:
 def install_error_handlers(app: FastAPI) -> None:
     """Answer every failure with an OpenAI-style error body."""
 
-    @app.exception_handler(APIError)
-    async def _api(_: Request, exc: APIError) -> JSONResponse:
-        return error_response(exc)
-
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
         return error_response(_validation_error(exc))
@@ -110,13 +99,11 @@ def install_error_handlers(app: FastAPI) -> None:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
         return error_response(APIError(exc.status_code, str(exc.detail), code=code))
 
-    # Engine errors are expected answers: handled here, the connection stays open. Anything else
-    # is a bug; the `Exception` handler still answers 500 with the same body.
+    # APIErrors and engine errors are expected answers: handled here, the connection stays open.
+    # Anything else is a bug; the `Exception` handler still answers 500 with the same body.
+    @app.exception_handler(APIError)
     @app.exception_handler(EngineError)
     @app.exception_handler(ValueError)
-    async def _engine(_: Request, exc: Exception) -> JSONResponse:
-        return error_response(api_error_from(exc))
-
     @app.exception_handler(Exception)
-    async def _other(_: Request, exc: Exception) -> JSONResponse:
+    async def _answer(_: Request, exc: Exception) -> JSONResponse:
         return error_response(api_error_from(exc))

@@ -55,12 +55,8 @@ async def _settle(tasks: list[asyncio.Future]) -> None:
         raise failed.exception()  # type: ignore[misc]
 
 
-async def start_calls(
-    engine: AsyncEngine,
-    calls: list[EngineCall],
-    stream: bool,
-    is_disconnected: Callable[[], Awaitable[bool]] | None = None,
-) -> AsyncIterator[Delta]:
+async def start_calls(engine: AsyncEngine, calls: list[EngineCall], stream: bool,
+                      is_disconnected: Callable[[], Awaitable[bool]] | None = None) -> AsyncIterator[Delta]:
     """Add every call's engine request (input the engine rejects raises here, and none stays added);
     returns the deltas of all calls as they come, the last delta of each with its finish_reason.
 
@@ -78,9 +74,8 @@ async def finish_calls(deltas: AsyncIterator[Delta]) -> None:
         pass
 
 
-async def _run(
-    engine: AsyncEngine, calls: list[EngineCall], stream: bool, is_disconnected: Callable[[], Awaitable[bool]] | None
-) -> AsyncIterator[Delta]:
+async def _run(engine: AsyncEngine, calls: list[EngineCall], stream: bool,
+               is_disconnected: Callable[[], Awaitable[bool]] | None) -> AsyncIterator[Delta]:
     source = _merged(engine, calls, stream or any(c.tracker.stop for c in calls))
     try:
         yield await anext(source)

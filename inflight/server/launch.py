@@ -17,9 +17,7 @@ class BackgroundServer:
     """
 
     def __init__(self, app, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning") -> None:
-        self.app = app
-        self.host = host
-        self.port = port
+        self.app, self.host, self.port = app, host, port
         config = uvicorn.Config(app, log_level=log_level, lifespan="on", timeout_graceful_shutdown=2,
                                 timeout_keep_alive=30)
         self.server = uvicorn.Server(config)
@@ -68,15 +66,8 @@ class BackgroundServer:
         self.stop()
 
 
-def serve_model(
-    config,
-    served_model_name: str | None = None,
-    *,
-    tokenizer=None,
-    host: str = "127.0.0.1",
-    port: int = 0,
-    **app_kwargs,
-) -> BackgroundServer:
+def serve_model(config, served_model_name: str | None = None, *, tokenizer=None, host: str = "127.0.0.1",
+                port: int = 0, **app_kwargs) -> BackgroundServer:
     """Load `config` (an EngineConfig) into an AsyncEngine, serve it in a background thread and return
     the started server; `server.engine` is the AsyncEngine. `app_kwargs` go to `create_app`."""
     from pathlib import Path

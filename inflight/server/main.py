@@ -82,14 +82,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m inflight.server")
     if not _is_loopback(args.host) and not args.control_token:
         print(f"warning: serving on {args.host} without --control-token: anyone who can reach it can pause "
               "the engine and replace its weights", file=sys.stderr)
-    config = EngineConfig(
-        model=args.model, device=args.device, dtype=args.dtype, block_size=args.block_size,
-        num_kv_blocks=args.num_kv_blocks, kv_cache_memory_gib=args.kv_cache_memory_gib,
-        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len, enable_prefix_caching=not args.no_prefix_caching,
-        seed=args.seed, weight_version=args.weight_version,
-        weight_update_timeout_s=args.weight_update_timeout_s or None,
-    )
+    same = ("model", "device", "dtype", "block_size", "num_kv_blocks", "kv_cache_memory_gib", "max_num_seqs",
+            "max_num_batched_tokens", "max_model_len", "seed", "weight_version")  # flag = EngineConfig field
+    config = EngineConfig(**{name: getattr(args, name) for name in same},
+                          enable_prefix_caching=not args.no_prefix_caching,
+                          weight_update_timeout_s=args.weight_update_timeout_s or None)
     try:
         engine = LLMEngine(config)
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)

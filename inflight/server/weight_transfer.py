@@ -58,16 +58,13 @@ class BroadcastChunkRequest(BaseModel):
         metas = [TensorMeta(n, d, tuple(s), o, st, nu) for n, d, s, o, st, nu in self.tensors]
         for m in metas:
             try:
-                dtype_from_name(m.dtype)
+                itemsize = dtype_from_name(m.dtype).itemsize
             except ValueError as err:
                 raise ValueError(f"tensor {m.name!r}: {err}") from None
-            itemsize = dtype_from_name(m.dtype).itemsize
             fits = min(m.shape, default=1) >= 0 and m.start >= 0 and m.numel >= 0
             fits = fits and m.offset >= 0 and m.offset % itemsize == 0  # a view needs aligned data
             if not fits or m.start + m.numel > m.total_numel or m.offset + m.nbytes > self.nbytes:
-                raise ValueError(
-                    f"tensor {m.name!r}: entry {m.to_json()} does not fit a chunk of {self.nbytes} bytes"
-                )
+                raise ValueError(f"tensor {m.name!r}: entry {m.to_json()} does not fit a chunk of {self.nbytes} bytes")
         return metas
 
 

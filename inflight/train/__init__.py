@@ -7,13 +7,6 @@ from inflight.train.policy import LocalPolicy
 from inflight.train.workers import LocalPolicyWorker, PolicyWorker, SyncReport, WeightSyncError
 
 __all__ = [
-    "LocalPolicy",
-    "LocalPolicyWorker",
-    "PolicyWorker",
-    "SyncReport",
-    "TrainBatch",
-    "WeightSyncError",
-    "cross_entropy_loss",
-    "rl_loss",
-    "token_logprobs",
+    "LocalPolicy", "LocalPolicyWorker", "PolicyWorker", "SyncReport", "TrainBatch", "WeightSyncError",
+    "cross_entropy_loss", "rl_loss", "token_logprobs"
 ]

@@ -49,9 +49,8 @@ class RLBatch(TrainBatch):
 
 
 # ---- advantages ----------------------------------------------------------------------------------
-def group_advantages(
-    rewards: torch.Tensor, estimator: str = "grpo", norm_by_std: bool = True, eps: float = 1e-6
-) -> torch.Tensor:
+def group_advantages(rewards: torch.Tensor, estimator: str = "grpo", norm_by_std: bool = True,
+                     eps: float = 1e-6) -> torch.Tensor:
     """Per-sample advantages from [G, n] rewards (G groups of n samples of one prompt each).
 
     `grpo`: (r - mean(group)) / (std(group) + eps), std unbiased (without `norm_by_std`: r - mean).
@@ -80,13 +79,8 @@ def informative_groups(rewards: torch.Tensor) -> torch.Tensor:
 
 
 # ---- importance sampling -------------------------------------------------------------------------
-def truncated_is_weights(
-    prox_logprobs: torch.Tensor,
-    rollout_logprobs: torch.Tensor,
-    mask: torch.Tensor,
-    level: str = "token",
-    cap: float = 2.0,
-) -> torch.Tensor:
+def truncated_is_weights(prox_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask: torch.Tensor,
+                         level: str = "token", cap: float = 2.0) -> torch.Tensor:
     """[B, T] weights `min(pi_prox / pi_rollout, cap)` on masked tokens (1 elsewhere).
 
     `token`: one weight per token. `sequence`: exp(sum of the masked log-ratios) truncated at
@@ -106,10 +100,8 @@ def truncated_is_weights(
     return torch.where(mask > 0, weights, torch.ones_like(weights)).detach()
 
 
-def importance_stats(
-    prox_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor,
-    cap: float,
-) -> dict[str, float]:
+def importance_stats(prox_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor,
+                     cap: float) -> dict[str, float]:
     """Mean/max/min of the raw token ratios pi_prox / pi_rollout over the mask, the mean applied
     weight and the fraction of tokens whose ratio was truncated."""
     keep = mask > 0
@@ -126,9 +118,8 @@ def importance_stats(
 
 
 # ---- losses --------------------------------------------------------------------------------------
-def reduce_loss(
-    values: torch.Tensor, mask: torch.Tensor, reduction: str = "token_mean", norm: torch.Tensor | None = None
-) -> torch.Tensor:
+def reduce_loss(values: torch.Tensor, mask: torch.Tensor, reduction: str = "token_mean",
+                norm: torch.Tensor | None = None) -> torch.Tensor:
     """`token_mean`: mean over every masked token of the batch. `sequence_mean`: mean over
     sequences of each one's token mean. `seq_mean_token_sum_norm`: mean over sequences of each
     one's token sum divided by `norm` [B] (default: the longest masked length in the batch; Dr. GRPO)."""
@@ -153,13 +144,9 @@ def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     return torch.exp(diff) - diff - 1.0
 
 
-def ppo_clip_terms(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    eps_clip_low: float = 0.2,
-    eps_clip_high: float = 0.2,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def ppo_clip_terms(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                   eps_clip_low: float = 0.2,
+                   eps_clip_high: float = 0.2) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-token PPO surrogate loss `-min(r * A, clip(r) * A)`, the ratio r and a clipped flag."""
     ratio = torch.exp(logprobs - old_logprobs)
     clipped_ratio = ratio.clamp(1.0 - eps_clip_low, 1.0 + eps_clip_high)

@@ -4,7 +4,7 @@ micro-batches that pay for little padding."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 
 import torch
@@ -35,9 +35,7 @@ class TrainBatch:
         for f in fields(self):
             value = getattr(self, f.name)
             if value is not None and value.shape[0] != self.input_ids.shape[0]:
-                raise ValueError(
-                    f"{f.name} has {value.shape[0]} rows, input_ids has {self.input_ids.shape[0]}"
-                )
+                raise ValueError(f"{f.name} has {value.shape[0]} rows, input_ids has {self.input_ids.shape[0]}")
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -48,14 +46,14 @@ class TrainBatch:
 
     def select(self, rows: slice | torch.Tensor) -> TrainBatch:
         """The rows `rows` (a slice, or a tensor of row indices) of every tensor."""
-        return replace(
-            self, **{f.name: v[rows] for f in fields(self) if (v := getattr(self, f.name)) is not None}
-        )
+        return self._map(lambda v: v[rows])
 
     def to(self, device: torch.device | str) -> TrainBatch:
-        return replace(
-            self, **{f.name: v.to(device) for f in fields(self) if (v := getattr(self, f.name)) is not None}
-        )
+        return self._map(lambda v: v.to(device))
+
+    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> TrainBatch:
+        """The batch with `fn` applied to every tensor it holds (subclasses' fields too)."""
+        return replace(self, **{f.name: fn(v) for f in fields(self) if (v := getattr(self, f.name)) is not None})
 
     def widths(self) -> torch.Tensor:
         """[B] each row's length up to and including its last real token (right padding excluded)."""
@@ -78,9 +76,8 @@ class TrainBatch:
         return replace(self, **{name: v[:, :keep] for name, v in per_token.items()})
 
 
-def plan_micro_batches(
-    lengths: Sequence[int], max_rows: int, max_tokens: int | None = None, pass_cost: float = 0.0
-) -> list[list[int]]:
+def plan_micro_batches(lengths: Sequence[int], max_rows: int, max_tokens: int | None = None,
+                       pass_cost: float = 0.0) -> list[list[int]]:
     """Micro-batches (lists of indices into `lengths`) of rows sorted longest first, each padded
     only to its own longest row: at most `max_rows` rows and `max_tokens` padded tokens (rows x
     longest; a longer row runs alone), cut where the padded tokens plus `pass_cost` per micro-batch

@@ -77,23 +77,25 @@ def save_model_dir(worker: PolicyWorker, base_model_dir: str | Path, out: Path,
     save_file({k: v.contiguous() for k, v in state.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
 
 
-def save_checkpoint(
-    root: str | Path,
-    step: int,
-    worker: PolicyWorker,
-    base_model_dir: str | Path,
-    weight_version: int,
-    data: dict[str, Any],
-    extra: dict[str, Any] | None = None,
-    keep: int = 2,
-) -> Path:
+def _fresh(path: Path) -> Path:
+    """`path`, emptied of what a killed run left there."""
+    if path.exists():
+        shutil.rmtree(path)
+    return path
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """Put the complete `tmp` in place of `final`."""
+    _fresh(final)
+    os.replace(tmp, final)
+
+
+def save_checkpoint(root: str | Path, step: int, worker: PolicyWorker, base_model_dir: str | Path, weight_version: int,
+                    data: dict[str, Any], extra: dict[str, Any] | None = None, keep: int = 2) -> Path:
     """Write checkpoint `global_step_<step>` under `root`; keeps the newest `keep`. Returns its path."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    final = root / f"global_step_{step}"
-    tmp = root / f".global_step_{step}.tmp"
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    final, tmp = root / f"global_step_{step}", _fresh(root / f".global_step_{step}.tmp")
     save_model_dir(worker, base_model_dir, tmp / "model")
     tmp.mkdir(parents=True, exist_ok=True)
     if lora_enabled(worker.cfg) and worker.rank == 0:
@@ -106,9 +108,7 @@ def save_checkpoint(
     if worker.rank == 0:
         state = {"step": step, "weight_version": weight_version, "data": data, "extra": extra or {}}
         (tmp / "state.json").write_text(json.dumps(state))
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        _publish(tmp, final)
         _write_atomic(root / "latest", final.name)
         for old in sorted(root.glob("global_step_*"), key=lambda p: int(p.name.rsplit("_", 1)[1]))[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
@@ -122,31 +122,23 @@ def export_model(worker: PolicyWorker, base_model_dir: str | Path, root: str | P
     name and renamed when complete. A collective: every rank must call it. (Checkpoints keep the
     float32 master weights, so that a resumed run continues exactly.)"""
     root = Path(root)
-    final, tmp = root / f"global_step_{step}", root / f".global_step_{step}.export.tmp"
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    final, tmp = root / f"global_step_{step}", _fresh(root / f".global_step_{step}.export.tmp")
     save_model_dir(worker, base_model_dir, tmp, model_dtype(base_model_dir))
     if worker.rank == 0:
         if lora_enabled(worker.cfg):
             save_adapter(worker.model, tmp / "adapter")
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        _publish(tmp, final)
     return final
 
 
 def load_latest(root: str | Path | None) -> CheckpointState | None:
     """The newest complete checkpoint under `root`, or None."""
-    if root is None:
+    if root is None or not (pointer := Path(root) / "latest").is_file():
         return None
-    pointer = Path(root) / "latest"
-    if not pointer.is_file():
-        return None
-    path = Path(root) / pointer.read_text().strip()
-    state_file = path / "state.json"
+    state_file = Path(root) / pointer.read_text().strip() / "state.json"
     if not state_file.is_file():
         return None
-    state = json.loads(state_file.read_text())
+    path, state = state_file.parent, json.loads(state_file.read_text())
     return CheckpointState(path, int(state["step"]), int(state["weight_version"]), state["data"], state.get("extra", {}))
 
 

@@ -25,13 +25,8 @@ def _chunk_logprobs(lm_head: torch.nn.Module, hidden: torch.Tensor, targets: tor
     return torch.log_softmax(scaled, dim=-1).gather(-1, targets[:, None]).squeeze(-1)
 
 
-def chunked_token_logprobs(
-    hidden: torch.Tensor,
-    lm_head: torch.nn.Module,
-    input_ids: torch.Tensor,
-    temperature: float = 1.0,
-    chunk_size: int = 1024,
-) -> torch.Tensor:
+def chunked_token_logprobs(hidden: torch.Tensor, lm_head: torch.nn.Module, input_ids: torch.Tensor,
+                           temperature: float = 1.0, chunk_size: int = 1024) -> torch.Tensor:
     """[B, T] log-probabilities of each token given its prefix (position 0 is 0), from the final
     hidden states [B, T, H] and the LM head, `chunk_size` tokens at a time: what
     `token_logprobs(lm_head(hidden), input_ids, temperature)` gives, without the full logits."""

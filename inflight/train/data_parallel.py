@@ -89,14 +89,8 @@ class MicroPlan:
         return plan_micro_batches(lengths, self.max_rows, self.max_tokens, self.pass_cost)
 
 
-def shard_step(
-    num_groups: int,
-    group_size: int,
-    groups_per_mini: int,
-    micro: int | MicroPlan,
-    dp: DataParallel,
-    lengths: Sequence[int] | None = None,
-) -> Shard:
+def shard_step(num_groups: int, group_size: int, groups_per_mini: int, micro: int | MicroPlan,
+               dp: DataParallel, lengths: Sequence[int] | None = None) -> Shard:
     """Mini-batches of `groups_per_mini` consecutive groups (of `group_size` rows each); the groups
     of each one dealt round-robin to the `dp.size` ranks; each rank's share cut into micro-batches
     of at most `micro` rows (or as a `MicroPlan` says) by the rows' `lengths` (default: all equal)."""
@@ -152,9 +146,8 @@ class StepStats:
     """A step's loss statistics: weighted sums (a mean over the step once every rank's are added)
     and extremes (keys ending in `_max` / `_min`). Until `reduced`, a rank holds its part only."""
 
-    def __init__(
-        self, sums: dict[str, float] | None = None, extremes: dict[str, float] | None = None
-    ) -> None:
+    def __init__(self, sums: dict[str, float] | None = None,
+                 extremes: dict[str, float] | None = None) -> None:
         self.sums = dict(sums or {})
         self.extremes = dict(extremes or {})
 
@@ -178,9 +171,8 @@ class StepStats:
         sums = [k for k in keys if not k.endswith(("_max", "_min"))]
         tops = [k for k in keys if k.endswith("_max")]
         lows = [k for k in keys if k.endswith("_min")]
-        added = torch.tensor(
-            [[self.sums.get(k, 0.0), float(k in self.sums)] for k in sums], dtype=torch.float64
-        )
+        added = torch.tensor([[self.sums.get(k, 0.0), float(k in self.sums)] for k in sums],
+                             dtype=torch.float64)
         peaks = torch.tensor(
             [self.extremes.get(k, -math.inf) for k in tops] + [-self.extremes.get(k, math.inf) for k in lows],
             dtype=torch.float64,
@@ -188,10 +180,8 @@ class StepStats:
         added, peaks = added.to(dp.device), peaks.to(dp.device)
         dist.all_reduce(added, op=dist.ReduceOp.SUM, group=dp.group)
         dist.all_reduce(peaks, op=dist.ReduceOp.MAX, group=dp.group)
-        out = StepStats(
-            {k: v for k, v in self.sums.items() if k not in keys},
-            {k: v for k, v in self.extremes.items() if k not in keys},
-        )
+        out = StepStats({k: v for k, v in self.sums.items() if k not in keys},
+                        {k: v for k, v in self.extremes.items() if k not in keys})
         out.sums |= {k: float(v) for k, (v, has) in zip(sums, added.tolist(), strict=True) if has}
         values = peaks.tolist()
         out.extremes |= {k: v for k, v in zip(tops, values[: len(tops)], strict=True) if v != -math.inf}

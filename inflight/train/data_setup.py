@@ -17,11 +17,9 @@ from typing import Any
 from inflight.config import Config, ConfigError, Violation
 from inflight.train.job_config import JobConfig
 
-TOY_LENGTH_KEYS = (
-    ("generator", "inference_engine", "max_model_len"),
-    ("generator", "inference_engine", "kv_cache_memory_gib"),
-    ("generator", "sampling_params", "max_generate_length"),
-)
+TOY_LENGTH_KEYS = (("generator", "inference_engine", "max_model_len"),
+                   ("generator", "inference_engine", "kv_cache_memory_gib"),
+                   ("generator", "sampling_params", "max_generate_length"))
 """Settings of the default job that only fit the addition task."""
 
 
@@ -46,50 +44,21 @@ def check_data_job(cfg: Config, job: JobConfig) -> None:
     """Raise ConfigError listing contradictions between the data keys and the job's task."""
     problems = []
     if cfg.data.train_data and job.train_data:
-        problems.append(
-            Violation(
-                "job.train_data",
-                job.train_data,
-                "is the old spelling of data.train_data, which is also set",
-                "keep data.train_data (a list of files) only",
-            )
-        )
+        problems.append(Violation("job.train_data", job.train_data, "is the old spelling of data.train_data, which "
+                                  "is also set", "keep data.train_data (a list of files) only"))
     if cfg.data.val_data and job.eval_data:
-        problems.append(
-            Violation(
-                "job.eval_data",
-                job.eval_data,
-                "is the old spelling of data.val_data, which is also set",
-                "keep data.val_data only",
-            )
-        )
+        problems.append(Violation("job.eval_data", job.eval_data, "is the old spelling of data.val_data, which is "
+                                  "also set", "keep data.val_data only"))
     if cfg.data.train_data and job.task not in ("addition", "jsonl"):
-        problems.append(
-            Violation(
-                "job.task",
-                job.task,
-                "is a built-in task, but data.train_data is set",
-                "drop job.task to train on your data, or drop data.train_data",
-            )
-        )
+        problems.append(Violation("job.task", job.task, "is a built-in task, but data.train_data is set",
+                                  "drop job.task to train on your data, or drop data.train_data"))
     if not uses_data(cfg, job) and cfg.environment.env_class is not None:
-        problems.append(
-            Violation(
-                "environment.env_class",
-                cfg.environment.env_class,
-                f"scores your data, but the run trains on the built-in task {job.task!r}",
-                "give data.train_data, or drop environment.env_class",
-            )
-        )
+        problems.append(Violation("environment.env_class", cfg.environment.env_class,
+                                  f"scores your data, but the run trains on the built-in task {job.task!r}",
+                                  "give data.train_data, or drop environment.env_class"))
     if uses_data(cfg, job) and cfg.trainer.policy.model.path is None:
-        problems.append(
-            Violation(
-                "trainer.policy.model.path",
-                None,
-                "is required to train on your data",
-                "set trainer.policy.model.path to a local Hugging Face model directory",
-            )
-        )
+        problems.append(Violation("trainer.policy.model.path", None, "is required to train on your data",
+                                  "set trainer.policy.model.path to a local Hugging Face model directory"))
     if problems:
         raise ConfigError(problems)
 
@@ -120,19 +89,10 @@ def make_data_task(cfg: Config, job: JobConfig, tokenizer: Any = None):
     train = data.train_data or [job.train_data]
     val = data.val_data or ([job.eval_data] if job.eval_data else [])
     return DataTask(
-        tokenizer,
-        train,
-        val,
-        prompt_key=data.prompt_key,
-        answer_key=data.answer_key,
-        env_class=cfg.environment.env_class,
-        max_prompt_length=cfg.trainer.max_prompt_length,
-        drop_long_prompts=data.drop_long_prompts,
-        max_new_tokens=cfg.generator.sampling_params.max_generate_length,
-        max_context=model_context(cfg),
-        num_eval=job.num_eval,
-        val_fraction=data.val_fraction,
-        seed=cfg.trainer.seed,
+        tokenizer, train, val, prompt_key=data.prompt_key, answer_key=data.answer_key,
+        env_class=cfg.environment.env_class, max_prompt_length=cfg.trainer.max_prompt_length,
+        drop_long_prompts=data.drop_long_prompts, max_new_tokens=cfg.generator.sampling_params.max_generate_length,
+        max_context=model_context(cfg), num_eval=job.num_eval, val_fraction=data.val_fraction, seed=cfg.trainer.seed,
     )
 
 

@@ -50,7 +50,7 @@ class EngineRestarts:
         self.engines, self.transport, self.budget = list(engines), transport, budget
         self.restarts = 0  # engine processes restarted so far
         self.resubmitted = 0  # generation groups generated again after their engine died
-        self._lock: asyncio.Lock | None = None
+        self.lock = asyncio.Lock()  # bound to the event loop of its first contended use
 
     @classmethod
     def of(cls, runtime: Any, budget: int) -> EngineRestarts:
@@ -61,12 +61,6 @@ class EngineRestarts:
                              f"that `inflight train` starts, not yet for {type(runtime).__name__}'s (Ray actors): "
                              f"set {KEY}=0")
         return cls(getattr(runtime, "engine_procs", []), getattr(runtime, "transport", None), budget)
-
-    @property
-    def lock(self) -> asyncio.Lock:
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        return self._lock
 
     @asynccontextmanager
     async def step(self) -> AsyncIterator[None]:

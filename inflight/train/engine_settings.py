@@ -18,11 +18,8 @@ from inflight.engine.config import EngineConfig
 PER_ENGINE = ("model", "seed", "weight_version")
 """EngineConfig fields set per engine, not by a key: model <- the model directory, seed <-
 `trainer.seed` + the engine's index, weight_version <- the version the weights are."""
-ENGINE_KEYS = tuple(
-    f.name
-    for f in dataclasses.fields(EngineConfig)
-    if f.name in {g.name for g in dataclasses.fields(InferenceEngineConfig)}
-)
+_SCHEMA_FIELDS = {g.name for g in dataclasses.fields(InferenceEngineConfig)}
+ENGINE_KEYS = tuple(f.name for f in dataclasses.fields(EngineConfig) if f.name in _SCHEMA_FIELDS)
 """EngineConfig fields read from `generator.inference_engine.<same name>`."""
 
 
@@ -32,9 +29,5 @@ def engine_config(cfg: Config, model_dir: str | Path, weight_version: int = 0, i
     ConfigError for keys set to what is not implemented yet (`inflight.config.implemented`)."""
     require_implemented(cfg)
     ie = cfg.generator.inference_engine
-    return EngineConfig(
-        model=str(model_dir),
-        seed=cfg.trainer.seed + index,
-        weight_version=weight_version,
-        **{name: getattr(ie, name) for name in ENGINE_KEYS},
-    )
+    return EngineConfig(model=str(model_dir), seed=cfg.trainer.seed + index, weight_version=weight_version,
+                        **{name: getattr(ie, name) for name in ENGINE_KEYS})

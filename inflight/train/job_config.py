@@ -173,9 +173,8 @@ ALIASES: dict[str, tuple[str, ...]] = {
 """`job.<key>` spellings kept for old configs -> the schema keys they set."""
 
 
-def _forward_aliases(
-    values: Mapping[str, Any], rest: Mapping[str, Any], overrides: list[str], given: Sequence[str]
-) -> list[str]:
+def _forward_aliases(values: Mapping[str, Any], rest: Mapping[str, Any], overrides: list[str],
+                     given: Sequence[str]) -> list[str]:
     """Turn each `job.<alias>` given in `values` (as written: `none` stays a value) into overrides of
     its schema keys, placed first so that a command-line override of a schema key still wins over an
     alias in the file. Both spellings with different values in the same place (file or command

@@ -35,10 +35,8 @@ def apply_lora(model: torch.nn.Module, cfg: Config) -> torch.nn.Module:
                            "(or: pip install torch==2.13.0 -e '.[lora]')") from err
     lora = cfg.trainer.policy.model.lora
     targets = lora.target_modules
-    config = peft.LoraConfig(
-        r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-        target_modules="all-linear" if targets == ["all-linear"] else list(targets),
-    )
+    config = peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                             target_modules="all-linear" if targets == ["all-linear"] else list(targets))
     return peft.get_peft_model(model, config)
 
 

@@ -13,9 +13,8 @@ SCHEDULERS = ("constant", "constant_with_warmup", "linear", "cosine")
 DECAYING = ("linear", "cosine")
 
 
-def make_lr_scheduler(
-    optimizer: torch.optim.Optimizer, name: str, num_warmup_steps: int, num_training_steps: int | None
-) -> LRScheduler:
+def make_lr_scheduler(optimizer: torch.optim.Optimizer, name: str, num_warmup_steps: int,
+                      num_training_steps: int | None) -> LRScheduler:
     """The schedule `name` over `num_training_steps` optimizer steps, after `num_warmup_steps`
     of linear warm-up. `constant` ignores the warm-up (as transformers does)."""
     from transformers import get_scheduler
@@ -23,8 +22,6 @@ def make_lr_scheduler(
     if name not in SCHEDULERS:
         raise ValueError(f"trainer.policy.optimizer_config.scheduler={name!r}: use one of {list(SCHEDULERS)}")
     if name in DECAYING and not num_training_steps:
-        raise ValueError(
-            f"trainer.policy.optimizer_config.scheduler={name!r} decays over the run's optimizer steps, "
-            "which are unknown here: set job.max_steps"
-        )
+        raise ValueError(f"trainer.policy.optimizer_config.scheduler={name!r} decays over the run's optimizer "
+                         "steps, which are unknown here: set job.max_steps")
     return get_scheduler(name, optimizer, num_warmup_steps=num_warmup_steps, num_training_steps=num_training_steps)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import sys
 import time
@@ -196,6 +197,11 @@ async def run_job(cfg: Config, job: JobConfig, task, say, start: Starter | None 
     return summary
 
 
+def _error(problem: object, status: int = 2) -> int:
+    print(f"error: {problem}", file=sys.stderr)
+    return status
+
+
 def main(argv: list[str] | None = None, start_ray: Starter | None = None) -> int:
     """Entry point of `inflight train`; returns the exit status. `start_ray`: the runtime for
     `--ray` (`job.ray`), which only the `inflight` command supplies."""
@@ -208,35 +214,26 @@ def main(argv: list[str] | None = None, start_ray: Starter | None = None) -> int
     try:
         cfg, job = resolve_config(args.config, overrides)
     except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return _error(err)
     except OSError as err:  # --config names a file that is missing or unreadable
         reason = "does not exist" if isinstance(err, FileNotFoundError) else f"cannot be read ({err.strerror})"
-        print(f"error: --config {args.config}: the config file {reason}", file=sys.stderr)
-        return 2
+        return _error(f"--config {args.config}: the config file {reason}")
     if args.print_config:
         print(dump_config(cfg) + "job:\n" + "".join(f"  {k}: {json.dumps(v)}\n" for k, v in vars(job).items()))
         return 0
     if (missing := missing_devices(cfg, job)):
-        print(f"error: {missing}", file=sys.stderr)
-        return 2
+        return _error(missing)
     from inflight.train.servers import check_vllm_python
 
     try:  # before any warm-up: a vLLM venv that is not there fails the run at once
         check_vllm_python(cfg.generator.inference_engine.vllm_python)
     except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return _error(err)
     if job.ray and start_ray is None:
-        print("error: job.ray=true needs the `inflight` command (`inflight train --ray`)", file=sys.stderr)
-        return 2
+        return _error("job.ray=true needs the `inflight` command (`inflight train --ray`)")
     from rich.console import Console
 
-    console = Console()
-
-    def say(text: str) -> None:
-        console.print(text, highlight=False)
-
+    say = functools.partial(Console().print, highlight=False)
     from inflight.rewards import RewardError
     from inflight.tasks.dataset import DatasetError
 
@@ -244,8 +241,7 @@ def main(argv: list[str] | None = None, start_ray: Starter | None = None) -> int
     try:
         task = make_task(cfg, job)
     except (ConfigError, DatasetError, RewardError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return _error(err)
     if getattr(task, "report", None) is not None:
         say(task.report.summary())
     warm = None
@@ -258,8 +254,7 @@ def main(argv: list[str] | None = None, start_ray: Starter | None = None) -> int
     try:
         summary = asyncio.run(run_job(cfg, job, task, say, start_ray if job.ray else None))
     except (NothingGeneratedError, EngineDiedError, EngineProcessError) as err:
-        print(f"error: {err}", file=sys.stderr)  # the message names what failed and what to do
-        return 1
+        return _error(err, 1)  # the message names what failed and what to do
     summary["total_seconds"] = time.perf_counter() - started
     if warm is not None:
         summary["warmup"] = warm

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -40,18 +39,10 @@ class MetricsLogger:
     `append`: continue an existing file; with `resume_step` (the checkpoint a run resumes from),
     the rows of later steps, which the resumed run logs again, are dropped first."""
 
-    def __init__(
-        self,
-        out_dir: str | os.PathLike | Path,
-        tensorboard: bool = True,
-        progress: bool = True,
-        total_steps: int | None = None,
-        console: Console | None = None,
-        log_interval: int = 10,
-        append: bool = False,
-        trackers: Sequence[Tracker] = (),
-        resume_step: int | None = None,
-    ) -> None:
+    def __init__(self, out_dir: str | os.PathLike | Path, tensorboard: bool = True, progress: bool = True,
+                 total_steps: int | None = None, console: Console | None = None, log_interval: int = 10,
+                 append: bool = False, trackers: Sequence[Tracker] = (),
+                 resume_step: int | None = None) -> None:
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.out_dir / "metrics.jsonl"
@@ -69,10 +60,9 @@ class MetricsLogger:
         self.progress: Progress | None = None
         self._task = None
         if progress and self.console.is_terminal:
-            self.progress = Progress(
-                TextColumn("[bold]RL"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
-                TimeElapsedColumn(), console=self.console, transient=False,
-            )
+            self.progress = Progress(TextColumn("[bold]RL"), BarColumn(), MofNCompleteColumn(),
+                                     TextColumn("{task.description}"), TimeElapsedColumn(),
+                                     console=self.console, transient=False)
             self._task = self.progress.add_task("", total=total_steps)
             self.progress.start()
         self.records: list[dict[str, Any]] = []
@@ -210,13 +200,3 @@ def _rolling(values: list[float], window: int) -> list[float]:
         out.append(total / min(i + 1, window))
     return out
 
-
-class StepTimer:
-    """Wall-clock marks for one step's phases (`timing/<name>_s`)."""
-
-    def __init__(self) -> None:
-        self.started = time.perf_counter()
-        self.timings: dict[str, float] = {}
-
-    def add(self, name: str, seconds: float) -> None:
-        self.timings[f"timing/{name}_s"] = self.timings.get(f"timing/{name}_s", 0.0) + seconds

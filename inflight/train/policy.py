@@ -9,7 +9,6 @@ The trainers talk to the policy only through `train`, `sync_weights`, `save`, `w
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from inflight.rollout.generator import TrajectoryGroup
 from inflight.train.checkpoint import CheckpointState, export_model, load_optimizer, save_checkpoint
 from inflight.train.job_config import JobConfig
 from inflight.train.lora import load_adapter, lora_enabled
+from inflight.train.server_fleet import free_port
 from inflight.train.step import StepOptions, TrainingStep
 from inflight.train.workers.base import PolicyWorker, SyncReport
 from inflight.weight_sync.inprocess import InProcessTransport
@@ -29,19 +29,16 @@ from inflight.weight_sync.plan import KVFate, plan_weight_sync
 from inflight.weight_sync.transport import WeightTransport
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def ensure_process_group(device: str = "cpu") -> None:
-    """A one-rank torch.distributed group for the FSDP / Megatron workers when none was launched."""
+def ensure_process_group(device: str = "cpu", init_method: str | None = None, rank: int = 0,
+                         world_size: int = 1) -> None:
+    """The policy ranks' torch.distributed group (nccl on CUDA, else gloo) when none was launched;
+    by default one rank, for the FSDP / Megatron workers of a one-process run."""
     import torch.distributed as dist
 
     if not dist.is_initialized():
         backend = "nccl" if torch.device(device).type == "cuda" else "gloo"
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+        init_method = init_method or f"tcp://127.0.0.1:{free_port()}"
+        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size)
 
 
 def make_worker(cfg: Config, job: JobConfig, model_dir: str | Path) -> PolicyWorker:

@@ -48,11 +48,8 @@ class Policy(Protocol):
     def kv_fate(self) -> str: ...
 
     async def train(self, groups: list[TrajectoryGroup], policy_version: int) -> dict[str, Any]: ...
-
     async def sync_weights(self) -> SyncReport: ...
-
     async def save(self, root: str | Path, step: int, data: dict, extra: dict, keep: int) -> str: ...
-
     async def export(self, root: str | Path, step: int) -> str: ...
 
 
@@ -105,10 +102,8 @@ class LocalRuntime:
         await asyncio.gather(*(e.close() for e in engines))
 
 
-async def start_local(
-    cfg: Config, job: JobConfig, *, pad_id: int, model_dir: str | Path, version: int = 0,
-    ckpt: CheckpointState | None = None,
-) -> LocalRuntime:
+async def start_local(cfg: Config, job: JobConfig, *, pad_id: int, model_dir: str | Path, version: int = 0,
+                      ckpt: CheckpointState | None = None) -> LocalRuntime:
     """Start `generator.inference_engine.num_engines` engines on `model_dir` at `version` and the
     policy (one rank); servers started elsewhere get the policy's weights first (a full sync). On
     any failure stop what was started and re-raise."""
@@ -120,9 +115,8 @@ async def start_local(
     runtime = LocalRuntime(make_sender(cfg, model_dir, job.trainer_device))
     try:
         await _start_engines(runtime, cfg, job, model_dir, version)
-        runtime.policy = await asyncio.to_thread(
-            LocalPolicy.load, cfg, job, pad_id, model_dir, runtime.client, runtime.transport, version, ckpt
-        )
+        runtime.policy = await asyncio.to_thread(LocalPolicy.load, cfg, job, pad_id, model_dir,
+                                                 runtime.client, runtime.transport, version, ckpt)
         if external(cfg):  # servers started elsewhere hold what their owner loaded: the run's weights first
             await runtime.policy.sync_weights()
     except BaseException:

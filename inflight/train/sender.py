@@ -39,9 +39,8 @@ def remove_stale_shm_buffers() -> list[Path]:
     return removed
 
 
-def make_sender(
-    cfg: Config, model_dir: str | Path, device: str = "cpu", host: str | None = None
-) -> WeightTransport:
+def make_sender(cfg: Config, model_dir: str | Path, device: str = "cpu",
+                host: str | None = None) -> WeightTransport:
     """Policy rank 0's weight sender to all `num_engines` engines (`make_transport`); a shared
     buffer is named after this process, so a later run can remove it if this one gets killed.
     HTTP servers take their chunks through the client (`RemoteClient(shm_chunks=...)` says whether

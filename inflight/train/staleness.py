@@ -33,24 +33,15 @@ T = TypeVar("T")
 class StalenessManager:
     """Admission control for generation groups (see the module docstring for the law)."""
 
-    def __init__(
-        self,
-        max_staleness_steps: int,
-        mini_batch_size: int,
-        max_concurrency: int | None = None,
-        global_step: int = 1,
-        accepted: int = 0,
-    ) -> None:
+    def __init__(self, max_staleness_steps: int, mini_batch_size: int, max_concurrency: int | None = None,
+                 global_step: int = 1, accepted: int = 0) -> None:
         if max_staleness_steps < 0 or mini_batch_size < 1:
             raise ValueError("max_staleness_steps must be >= 0 and mini_batch_size >= 1")
-        self.max_staleness_steps = max_staleness_steps
-        self.mini_batch_size = mini_batch_size
-        self.max_concurrency = max_concurrency
-        self.global_step = global_step
-        self.accepted = accepted
+        self.max_staleness_steps, self.mini_batch_size = max_staleness_steps, mini_batch_size
+        self.max_concurrency, self.global_step, self.accepted = max_concurrency, global_step, accepted
         self.running = 0
         self.rejected = 0
-        self._changed: asyncio.Event | None = None
+        self._changed = asyncio.Event()  # bound to the event loop of its first wait
 
     @property
     def limit(self) -> int:
@@ -74,8 +65,6 @@ class StalenessManager:
     async def start(self) -> None:
         """Wait for a slot and claim it."""
         while self.capacity() <= 0:
-            if self._changed is None:
-                self._changed = asyncio.Event()
             self._changed.clear()
             await self._changed.wait()
         self.running += 1
@@ -84,32 +73,28 @@ class StalenessManager:
         """A running group finished and entered the buffer."""
         self._finish()
         self.accepted += 1
-        self._notify()
 
     def reject(self) -> None:
         """A running group finished and was filtered out (or never started: no prompt was left)."""
         self._finish()
         self.rejected += 1
-        self._notify()
 
     def cancel(self) -> None:
         """A claimed slot was given back without generating (no prompt left, shutdown)."""
         self._finish()
-        self._notify()
 
     def step_done(self) -> None:
         """The trainer finished step `global_step`; the window moves by one mini-batch."""
         self.global_step += 1
-        self._notify()
+        self._changed.set()
 
     def _finish(self) -> None:
+        """One running group less; the waiting starters look again (the loop runs them later, after
+        the caller's own bookkeeping)."""
         if self.running <= 0:
             raise RuntimeError("no running group to finish")
         self.running -= 1
-
-    def _notify(self) -> None:
-        if self._changed is not None:
-            self._changed.set()
+        self._changed.set()
 
     def state(self) -> dict[str, int]:
         return {"global_step": self.global_step, "accepted": self.accepted, "running": self.running,
@@ -133,7 +118,7 @@ class OutputBuffer(Generic[T]):
         self._ready: deque[T] = deque()  # the contiguous prefix, in start order
         self._next = 0  # first sequence number not yet moved to `_ready`
         self._issued = 0
-        self._event: asyncio.Event | None = None
+        self._event = asyncio.Event()  # bound to the event loop of its first wait
         self.closed = False
 
     def __len__(self) -> int:
@@ -163,16 +148,12 @@ class OutputBuffer(Generic[T]):
             else:
                 break
             self._next += 1
-        self._wake()
+        self._event.set()
 
     def close(self) -> None:
         """No more groups will come: a waiting `get` returns what is ready."""
         self.closed = True
-        self._wake()
-
-    def _wake(self) -> None:
-        if self._event is not None:
-            self._event.set()
+        self._event.set()
 
     @property
     def ready(self) -> int:
@@ -181,8 +162,6 @@ class OutputBuffer(Generic[T]):
 
     async def get(self, n: int) -> list[T]:
         """The next `n` groups in start order; fewer (possibly none) only once closed."""
-        if self._event is None:
-            self._event = asyncio.Event()
         while len(self._ready) < n and not self.closed:
             self._event.clear()
             await self._event.wait()
@@ -220,7 +199,6 @@ class AsyncDataLoader(Generic[T]):
         self._consumed: dict[int, _EpochState] = {}
         self._cursor = (0, 0)  # (epoch, position) of the next hand-out
         self._orders: dict[int, list[int]] = {}
-        self.handed_out = 0
 
     def order(self, epoch: int) -> list[int]:
         """Dataset indices in the order epoch `epoch` visits them."""
@@ -245,7 +223,6 @@ class AsyncDataLoader(Generic[T]):
             while pos < len(order):
                 if pos >= state.watermark and pos not in state.above:
                     self._cursor = (epoch, pos + 1)
-                    self.handed_out += 1
                     return PromptRef(epoch, order[pos], self.items[order[pos]], pos)
                 pos += 1
             epoch, pos = epoch + 1, 0
@@ -274,21 +251,10 @@ class AsyncDataLoader(Generic[T]):
         state = self._consumed.get(epoch)
         return 0 if state is None else state.watermark + len(state.above)
 
-    def is_consumed(self, epoch: int, index: int) -> bool:
-        state = self._consumed.get(epoch)
-        if state is None:
-            return False
-        pos = self._position(epoch, index)
-        return pos < state.watermark or pos in state.above
-
     def state(self) -> dict[str, Any]:
         """JSON-able record of consumption (hand-outs in flight are not part of it)."""
-        return {
-            "seed": self.seed,
-            "num_items": len(self.items),
-            "consumed": {str(e): {"watermark": s.watermark, "above": sorted(s.above)}
-                         for e, s in self._consumed.items()},
-        }
+        consumed = {str(e): {"watermark": s.watermark, "above": sorted(s.above)} for e, s in self._consumed.items()}
+        return {"seed": self.seed, "num_items": len(self.items), "consumed": consumed}
 
     def load_state(self, state: dict[str, Any]) -> None:
         if state.get("num_items") != len(self.items) or state.get("seed") != self.seed:

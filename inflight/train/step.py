@@ -76,14 +76,10 @@ class StepOptions:
         tis = correction.tis_ratio_type or "none"
         cap = correction.sequence_tis_ratio_clip_high if tis == "sequence" else correction.token_tis_ratio_clip_high
         max_tokens = trainer.max_tokens_per_microbatch
-        return cls(
-            tis=tis,
-            tis_cap=cap,
-            drop_zero_advantage_groups=trainer.algorithm.zero_variance_filter,
-            correct_threshold=trainer.correct_threshold,
-            max_tokens_per_micro_batch=max_tokens if max_tokens > 0 else None,
-            micro_batch_pass_tokens=trainer.micro_batch_pass_tokens,
-        )
+        return cls(tis=tis, tis_cap=cap, drop_zero_advantage_groups=trainer.algorithm.zero_variance_filter,
+                   correct_threshold=trainer.correct_threshold,
+                   max_tokens_per_micro_batch=max_tokens if max_tokens > 0 else None,
+                   micro_batch_pass_tokens=trainer.micro_batch_pass_tokens)
 
     def micro_plan(self, max_rows: int) -> MicroPlan:
         """How to cut micro-batches of at most `max_rows` rows."""
@@ -109,15 +105,8 @@ def build_batch(groups: Sequence[TrajectoryGroup], advantages: torch.Tensor, pad
         mask[row, p : p + r] = torch.tensor(t.loss_mask, dtype=torch.float32)
         rollout[row, p : p + r] = torch.tensor(t.logprobs, dtype=torch.float32)
         versions[row, p : p + r] = torch.tensor(t.versions)
-    return RLBatch(
-        input_ids=ids,
-        loss_mask=mask,
-        attention_mask=attention,
-        advantages=advantages.float(),
-        old_logprobs=rollout,
-        rollout_logprobs=rollout,
-        versions=versions,
-    )
+    return RLBatch(input_ids=ids, loss_mask=mask, attention_mask=attention, advantages=advantages.float(),
+                   old_logprobs=rollout, rollout_logprobs=rollout, versions=versions)
 
 
 class TrainingStep:
@@ -129,14 +118,8 @@ class TrainingStep:
     (`trainer.algorithm.use_kl_loss`).
     """
 
-    def __init__(
-        self,
-        worker: PolicyWorker,
-        cfg: Config,
-        pad_id: int,
-        options: StepOptions | None = None,
-        reference: PolicyWorker | None = None,
-    ) -> None:
+    def __init__(self, worker: PolicyWorker, cfg: Config, pad_id: int, options: StepOptions | None = None,
+                 reference: PolicyWorker | None = None) -> None:
         self.worker, self.cfg, self.pad_id = worker, cfg, pad_id
         self.options = options or StepOptions.from_config(cfg)
         self.reference = reference
@@ -162,8 +145,7 @@ class TrainingStep:
         rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
         metrics = rollout_metrics(groups, policy_version, opts.correct_threshold)
         keep = informative_groups(rewards) if opts.drop_zero_advantage_groups else torch.ones(len(groups), dtype=torch.bool)
-        metrics["groups_trained"] = float(keep.sum())
-        metrics["groups_dropped"] = float(len(groups) - keep.sum())
+        metrics.update(groups_trained=float(keep.sum()), groups_dropped=float(len(groups) - keep.sum()))
         if not keep.any():  # nothing to learn from: no forward, no ratios, no optimizer step
             metrics.update(train_s=time.perf_counter() - started, optimizer_steps=0.0, is_ratio_mean=None,
                            is_ratio_max=None, is_ratio_min=None)
@@ -187,10 +169,9 @@ class TrainingStep:
             ratios = self.first_pass_ratios
             metrics.update(is_ratio_mean=ratios.get("ratio_mean"), is_ratio_max=ratios.get("ratio_max"),
                            is_ratio_min=ratios.get("ratio_min"))
-        metrics["train_s"] = time.perf_counter() - started
-        metrics["trained_tokens"] = float(batch.loss_mask.sum())
-        metrics["train_padded_tokens"] = float(self.counts["padded_tokens"] - padded)
-        metrics["train_real_tokens"] = float(self.counts["real_tokens"] - real)
+        metrics.update(train_s=time.perf_counter() - started, trained_tokens=float(batch.loss_mask.sum()),
+                       train_padded_tokens=float(self.counts["padded_tokens"] - padded),
+                       train_real_tokens=float(self.counts["real_tokens"] - real))
         return metrics
 
     def groups_per_mini(self, num_groups: int) -> int:
@@ -203,9 +184,8 @@ class TrainingStep:
         forward of the step runs on the weights the step starts from, the proximal policy."""
         return self.cfg.trainer.update_epochs_per_batch == 1 and self.groups_per_mini(num_groups) >= num_groups
 
-    def _off_policy(
-        self, batch: RLBatch, local: RLBatch, shard: Shard, policy_version: int, num_groups: int
-    ) -> dict[str, float]:
+    def _off_policy(self, batch: RLBatch, local: RLBatch, shard: Shard, policy_version: int,
+                    num_groups: int) -> dict[str, float]:
         """Use the proximal policy and TIS weights when any token of the step (`batch`, on every
         rank alike) is older than the policy; this rank's rows (`local`) get them."""
         stale = bool(((batch.versions < policy_version) & (batch.loss_mask > 0)).any())
@@ -256,9 +236,8 @@ class TrainingStep:
         metrics["optimizer_steps"] = float(count)
         return metrics
 
-    def _pass(
-        self, part: RLBatch, real: bool, per_token: bool, totals: tuple[float, float], stats: StepStats
-    ) -> None:
+    def _pass(self, part: RLBatch, real: bool, per_token: bool, totals: tuple[float, float],
+              stats: StepStats) -> None:
         """One forward/backward of a micro-batch (`real`, or padding: weight 0). The loss counts by
         the micro-batch's share of what the reduction averages over (`totals[0]`, the mini-batch's),
         the loss statistics, token means, by its share of the mini-batch's tokens (`totals[1]`):

@@ -103,9 +103,8 @@ class WandbTracker:
         try:
             import wandb
         except ImportError as err:
-            raise TrackerUnavailable(
-                "trainer.logger=wandb needs the wandb package: " + _EXTRA_HINT.format(pkg="wandb")
-            ) from err
+            raise TrackerUnavailable("trainer.logger=wandb needs the wandb package: "
+                                     + _EXTRA_HINT.format(pkg="wandb")) from err
         self.run: Any = wandb.init(project=project, name=run_name, dir=str(out_dir), config=dict(config),
                                    reinit="finish_previous")
 
@@ -137,9 +136,8 @@ class MlflowTracker:
         try:
             import mlflow
         except ImportError as err:
-            raise TrackerUnavailable(
-                "trainer.logger=mlflow needs the mlflow package: " + _EXTRA_HINT.format(pkg="mlflow-skinny")
-            ) from err
+            raise TrackerUnavailable("trainer.logger=mlflow needs the mlflow package: "
+                                     + _EXTRA_HINT.format(pkg="mlflow-skinny")) from err
         if not os.environ.get("MLFLOW_TRACKING_URI"):
             # the local file store is what a run directory can hold; MLflow 3 asks for an opt-in
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
@@ -168,14 +166,9 @@ def _batches(items: list[Any], size: int) -> Iterable[list[Any]]:
         yield items[start:start + size]
 
 
-def make_trackers(
-    logger: str | Sequence[str] | None,
-    out_dir: str | os.PathLike,
-    *,
-    project_name: str = "inflight",
-    run_name: str | None = None,
-    config: Mapping[str, Any] | None = None,
-) -> list[Tracker]:
+def make_trackers(logger: str | Sequence[str] | None, out_dir: str | os.PathLike, *,
+                  project_name: str = "inflight", run_name: str | None = None,
+                  config: Mapping[str, Any] | None = None) -> list[Tracker]:
     """The trackers `trainer.logger` names (`console` is the progress bar: no tracker object).
     Raises ValueError for an unknown name and TrackerUnavailable when a package is missing; a
     tracker that was already started is closed before the error propagates."""

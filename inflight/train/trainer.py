@@ -20,6 +20,7 @@ The training step runs in a worker thread so the event loop keeps feeding the en
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Sequence
@@ -29,7 +30,7 @@ from typing import Any
 import torch
 
 from inflight.client.base import InferenceClient
-from inflight.config import Config
+from inflight.config import Config, SamplingConfig
 from inflight.eval.run import eval_sets
 from inflight.eval.run import evaluate as run_eval
 from inflight.rollout.generator import (
@@ -56,23 +57,14 @@ KV_COUNTERS = ("resets", "kv_invalidated_resets", "recomputed_tokens", "preempti
                "weight_updates", "pauses")
 
 
-
-
 class RLTrainer:
     """What both trainers share. `await trainer.setup()` (starts the runtime with `start`), then
     `await trainer.train()`, `await trainer.evaluate()`, and finally `await trainer.close()`."""
 
     mode = "base"
 
-    def __init__(
-        self,
-        cfg: Config,
-        job: JobConfig,
-        task: Task,
-        generate: GenerateFn | None = None,
-        logger: MetricsLogger | None = None,
-        start: Starter = start_local,
-    ) -> None:
+    def __init__(self, cfg: Config, job: JobConfig, task: Task, generate: GenerateFn | None = None,
+                 logger: MetricsLogger | None = None, start: Starter = start_local) -> None:
         self.cfg, self.job, self.task = cfg, job, task
         self._custom_generate = generate
         self.logger = logger
@@ -109,21 +101,14 @@ class RLTrainer:
         self.restarts = EngineRestarts.of(self.runtime, fully_async.engine_restarts if fully_async.enabled else 0)
         if lora_resume:
             await self.policy.sync_weights()
-        self.loader: AsyncDataLoader[Problem] = AsyncDataLoader(
-            self.task.train_problems(), cfg.trainer.epochs, cfg.trainer.seed
-        )
+        self.loader: AsyncDataLoader[Problem] = AsyncDataLoader(self.task.train_problems(),
+                                                                cfg.trainer.epochs, cfg.trainer.seed)
         if ckpt is not None:
             self.loader.load_state(ckpt.data)
             self.global_step = ckpt.step
             self.resumed_from = ckpt.path
-        sampling = cfg.generator.sampling_params
-        self.generator = self._custom_generate or TaskGenerator(
-            self.client, self.task, n=cfg.generator.n_samples_per_prompt, temperature=sampling.temperature,
-            top_p=sampling.top_p, top_k=sampling.top_k,
-            max_tokens=min(sampling.max_generate_length, self.task.max_new_tokens),
-            max_context=cfg.generator.inference_engine.max_model_len, seed=cfg.trainer.seed,
-            **episode_options(cfg, sampling),
-        )
+        self.generator = self._custom_generate or self._task_generator(
+            cfg.generator.sampling_params, cfg.generator.n_samples_per_prompt, cfg.trainer.seed)
         out = Path(job.output_dir)
         out.mkdir(parents=True, exist_ok=True)
         if self.logger is None:
@@ -155,15 +140,16 @@ class RLTrainer:
         """The training generator's episodes with `generator.eval_sampling_params` and
         `generator.eval_n_samples_per_prompt`, seeded from `trainer.seed` (every evaluation draws
         the same per-sample seeds, so evaluations at different steps differ only by the weights)."""
-        cfg, task = self.cfg, self.task
-        sampling = cfg.generator.eval_sampling_params
-        return TaskGenerator(
-            self.client, task, n=cfg.generator.eval_n_samples_per_prompt, temperature=sampling.temperature,
-            top_p=sampling.top_p, top_k=sampling.top_k,
-            max_tokens=min(sampling.max_generate_length, task.max_new_tokens),
-            max_context=cfg.generator.inference_engine.max_model_len, seed=request_seed(cfg.trainer.seed, "eval"),
-            **episode_options(cfg, sampling),
-        )
+        generator = self.cfg.generator
+        return self._task_generator(generator.eval_sampling_params, generator.eval_n_samples_per_prompt,
+                                    request_seed(self.cfg.trainer.seed, "eval"))
+
+    def _task_generator(self, sampling: SamplingConfig, n: int, seed: int) -> TaskGenerator:
+        return TaskGenerator(self.client, self.task, n=n, temperature=sampling.temperature,
+                             top_p=sampling.top_p, top_k=sampling.top_k,
+                             max_tokens=min(sampling.max_generate_length, self.task.max_new_tokens),
+                             max_context=self.cfg.generator.inference_engine.max_model_len, seed=seed,
+                             **episode_options(self.cfg, sampling))
 
     async def evaluate(self, problems: Sequence[Problem] | None = None) -> dict[str, Any]:
         """Evaluate the current weights on every problem of the held-out sets, through the engine: `{"accuracy": pass@1 over all sets, "reward": mean reward, "seconds",
@@ -235,13 +221,11 @@ class RLTrainer:
         """The shared tail of every step: train, sync the weights, record, checkpoint."""
         check_generated(groups, self.cfg)  # zero tokens would train on nothing, silently
         async with self.restarts.step():  # no engine restart while the weights change and sync
-            policy_version = self.policy_version
             t0 = time.perf_counter()
-            metrics: dict[str, Any] = await self.policy.train(groups, policy_version)
-            train_s = time.perf_counter() - t0
-            t0 = time.perf_counter()
+            metrics: dict[str, Any] = await self.policy.train(groups, self.policy_version)
+            t1 = time.perf_counter()
             report = await self.restarts.sync(self.policy)
-            sync_s = time.perf_counter() - t0
+            train_s, sync_s = t1 - t0, time.perf_counter() - t1
         self.global_step += 1
         for group in groups:
             self.loader.mark_consumed(group.ref)
@@ -268,22 +252,18 @@ class RLTrainer:
         if interval > 0 and self.global_step % interval == 0:
             metrics.update((await self.evaluate())["metrics"])
         self.history.append(self.logger.log(self.global_step, metrics))
-        ckpt = self.cfg.trainer.ckpt_path
-        if ckpt and self.global_step % self.cfg.trainer.ckpt_interval == 0:
-            await self._save(data_state)
-        export = self.cfg.trainer.hf_save_interval
-        if export > 0 and self.global_step % export == 0:
-            await self._export()
+        await self._save_on_interval(data_state)
         return metrics
 
-    async def _export(self) -> Path:
-        root = self.cfg.trainer.export_path or str(Path(self.job.output_dir) / "exports")
-        return Path(await self.policy.export(root, self.global_step))
-
-    async def _save(self, data_state: dict[str, Any] | None = None) -> Path:
-        data_state = data_state or self.loader.state()
-        return Path(await self.policy.save(self.cfg.trainer.ckpt_path, self.global_step, data_state,
-                                           {"mode": self.mode}, self.job.max_ckpts_to_keep))
+    async def _save_on_interval(self, data_state: dict[str, Any] | None = None, final: bool = False) -> None:
+        """The checkpoint (`trainer.ckpt_interval`) and the HF export (`trainer.hf_save_interval`)
+        due at this step; with `final` (the end of training), those whose interval this step is not."""
+        trainer, step = self.cfg.trainer, self.global_step
+        if trainer.ckpt_path and (step % trainer.ckpt_interval == 0) != final:
+            await self.policy.save(trainer.ckpt_path, step, data_state or self.loader.state(), {"mode": self.mode},
+                                   self.job.max_ckpts_to_keep)
+        if trainer.hf_save_interval > 0 and (step % trainer.hf_save_interval == 0) != final:
+            await self.policy.export(trainer.export_path or str(Path(self.job.output_dir) / "exports"), step)
 
     async def train(self) -> list[dict[str, Any]]:
         """Run until `job.max_steps`, `job.max_train_seconds` or the end of the data; returns the
@@ -293,12 +273,8 @@ class RLTrainer:
             await self._kv_counters()
         start_step = self.global_step
         await self._run()
-        if self.cfg.trainer.ckpt_path and self.global_step > start_step and \
-                self.global_step % self.cfg.trainer.ckpt_interval != 0:
-            await self._save()
-        export = self.cfg.trainer.hf_save_interval
-        if export > 0 and self.global_step > start_step and self.global_step % export != 0:
-            await self._export()
+        if self.global_step > start_step:
+            await self._save_on_interval(final=True)
         return self.history
 
     async def _run(self) -> None:
@@ -327,13 +303,10 @@ class SyncTrainer(RLTrainer):
                 break
             groups = list(await asyncio.gather(*(self._generate(r) for r in refs)))
             waited = time.perf_counter() - started
-            kept = []
             for g in groups:
-                if (why := self._dropped(g)) is None:
-                    kept.append(g)
-                else:
+                if (why := self._dropped(g)) is not None:
                     self.reject(g, why)
-            groups = kept
+            groups = [g for g in groups if self._dropped(g) is None]
             if not groups:
                 continue
             if colocated:  # the trainer needs the memory; the sync wakes the engine up again
@@ -372,10 +345,8 @@ class FullyAsyncTrainer(RLTrainer):
                 w.cancel()
             await asyncio.gather(*workers, return_exceptions=True)
             if self.client is not None:
-                try:
+                with contextlib.suppress(Exception):  # the engine may be gone already (shutdown after an error)
                     await self._stop_generation()
-                except Exception:  # the engine may be gone already (shutdown after an error)
-                    pass
 
     async def _worker(self) -> None:
         manager, buffer = self.staleness, self.buffer

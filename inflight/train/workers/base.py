@@ -102,17 +102,9 @@ class PolicyWorker(ABC):
     cross-entropy; the RL objective is `inflight.train.algorithms.rl_loss`).
     """
 
-    def __init__(
-        self,
-        cfg: Config,
-        rank: int = 0,
-        world_size: int = 1,
-        loss_fn: LossFn | None = None,
-        device: str | torch.device = "cpu",
-    ) -> None:
-        self.cfg = cfg
-        self.rank = rank
-        self.world_size = world_size
+    def __init__(self, cfg: Config, rank: int = 0, world_size: int = 1, loss_fn: LossFn | None = None,
+                 device: str | torch.device = "cpu") -> None:
+        self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.loss_fn = loss_fn or cross_entropy_loss
         self.device = torch.device(device)
         temperature = cfg.generator.sampling_params.temperature
@@ -144,12 +136,10 @@ class PolicyWorker(ABC):
         `trainer.policy.optimizer_config` (decaying schedules over `num_training_steps`)."""
         opt = self.cfg.trainer.policy.optimizer_config
         params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(
-            params, lr=opt.lr, betas=tuple(opt.adam_betas), weight_decay=opt.weight_decay
-        )
-        self.lr_scheduler = make_lr_scheduler(
-            self.optimizer, opt.scheduler, opt.num_warmup_steps, self.num_training_steps
-        )
+        self.optimizer = torch.optim.AdamW(params, lr=opt.lr, betas=tuple(opt.adam_betas),
+                                           weight_decay=opt.weight_decay)
+        self.lr_scheduler = make_lr_scheduler(self.optimizer, opt.scheduler, opt.num_warmup_steps,
+                                              self.num_training_steps)
 
     def forward_backward(self, batch: TrainBatch, scale: float) -> dict[str, float]:
         """Accumulate the gradient of `scale * loss_fn(logprobs, batch)`; returns metrics."""
@@ -230,13 +220,8 @@ class PolicyWorker(ABC):
         return {name: t.detach().to("cpu", copy=True) for name, t in self.iter_full_hf_tensors()}
 
     # ---- the sync executor ------------------------------------------------------------------------
-    async def sync_weights(
-        self,
-        client: InferenceClient | None,
-        plan: SyncPlan,
-        version: int,
-        transport: WeightTransport | None = None,
-    ) -> SyncReport:
+    async def sync_weights(self, client: InferenceClient | None, plan: SyncPlan, version: int,
+                           transport: WeightTransport | None = None) -> SyncReport:
         """Execute `plan` against the engines behind `client`, sending this model's weights as
         weight version `version` through `transport` (default: in-process, via the client).
 
@@ -274,9 +259,8 @@ async def _step(report: SyncReport, name: str, call: Awaitable[T]) -> T:
     return result
 
 
-async def _execute(
-    client: InferenceClient, plan: SyncPlan, version: int, transport: WeightTransport, stream: _TensorStream
-) -> SyncReport:
+async def _execute(client: InferenceClient, plan: SyncPlan, version: int, transport: WeightTransport,
+                   stream: _TensorStream) -> SyncReport:
     """The plan's steps in order, each only where the plan has it (docs/design.md section 4)."""
     report = SyncReport(ok=False, version=version - 1)
     start = time.perf_counter()

@@ -36,18 +36,10 @@ def use_bf16(cfg: Config, device: torch.device) -> bool:
 class LocalPolicyWorker(PolicyWorker):
     """`AutoModelForCausalLM` from a local directory (`trainer.policy.model.path` or `model_path`)."""
 
-    def __init__(
-        self,
-        cfg: Config,
-        model_path: str | None = None,
-        rank: int = 0,
-        world_size: int = 1,
-        loss_fn: LossFn | None = None,
-        device: str | torch.device = "cpu",
-        dtype: torch.dtype = torch.float32,
-        bf16: bool | None = None,
-        gradient_checkpointing: bool | None = None,
-    ) -> None:
+    def __init__(self, cfg: Config, model_path: str | None = None, rank: int = 0, world_size: int = 1,
+                 loss_fn: LossFn | None = None, device: str | torch.device = "cpu",
+                 dtype: torch.dtype = torch.float32, bf16: bool | None = None,
+                 gradient_checkpointing: bool | None = None) -> None:
         """`bf16` and `gradient_checkpointing` default to `trainer.bf16` (null: true on CUDA) and
         `trainer.gradient_checkpointing`."""
         super().__init__(cfg, rank, world_size, loss_fn, device)
@@ -56,9 +48,8 @@ class LocalPolicyWorker(PolicyWorker):
             raise ValueError("no model: set trainer.policy.model.path or pass model_path")
         self.dtype = dtype
         self.bf16 = use_bf16(cfg, self.device) if bf16 is None else bf16
-        self.gradient_checkpointing = (
-            cfg.trainer.gradient_checkpointing if gradient_checkpointing is None else gradient_checkpointing
-        )
+        default = cfg.trainer.gradient_checkpointing
+        self.gradient_checkpointing = default if gradient_checkpointing is None else gradient_checkpointing
 
     def load_hf_model(self) -> torch.nn.Module:
         from transformers import AutoModelForCausalLM

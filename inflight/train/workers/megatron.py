@@ -34,6 +34,7 @@ from inflight.train.workers.local import use_bf16
 from inflight.train.workers.megatron_convert import (
     ConversionError,
     MegatronLayout,
+    hf_lookup,
     hf_to_megatron_shard,
     is_tensor_parallel,
     megatron_param_names,
@@ -77,17 +78,9 @@ class MegatronPolicyWorker(PolicyWorker):
     `world_size` default to its. Every rank of a TP group must get the same batch.
     """
 
-    def __init__(
-        self,
-        cfg: Config,
-        model_path: str | Path | None = None,
-        rank: int = 0,
-        world_size: int = 1,
-        loss_fn: LossFn | None = None,
-        device: str | torch.device = "cpu",
-        dtype: torch.dtype = torch.float32,
-        tensor_parallel_size: int | None = None,
-    ) -> None:
+    def __init__(self, cfg: Config, model_path: str | Path | None = None, rank: int = 0, world_size: int = 1,
+                 loss_fn: LossFn | None = None, device: str | torch.device = "cpu",
+                 dtype: torch.dtype = torch.float32, tensor_parallel_size: int | None = None) -> None:
         super().__init__(cfg, rank, world_size, loss_fn, device)
         if use_bf16(cfg, self.device) or cfg.trainer.gradient_checkpointing:
             raise ConfigError([Violation(
@@ -108,15 +101,11 @@ class MegatronPolicyWorker(PolicyWorker):
     def build_model(self) -> None:
         """Initialise megatron's parallel state, build the GPTModel and load the HF checkpoint."""
         if not dist.is_initialized():
-            raise RuntimeError(
-                "MegatronPolicyWorker needs torch.distributed initialised (init_process_group)"
-            )
+            raise RuntimeError("MegatronPolicyWorker needs torch.distributed initialised (init_process_group)")
         if self.world_size % self.tp:
-            raise ConversionError(
-                f"world size {self.world_size} is not divisible by tensor_parallel_size={self.tp}: set "
-                "trainer.policy.megatron_config.tensor_model_parallel_size to a divisor of the number "
-                "of ranks, or launch a multiple of it"
-            )
+            raise ConversionError(f"world size {self.world_size} is not divisible by tensor_parallel_size={self.tp}: "
+                                  "set trainer.policy.megatron_config.tensor_model_parallel_size to a divisor of "
+                                  "the number of ranks, or launch a multiple of it")
         megatron_cpu_shim.apply()
         from megatron.core import parallel_state, tensor_parallel
 
@@ -134,10 +123,9 @@ class MegatronPolicyWorker(PolicyWorker):
         self._names = megatron_param_names(self.layout)
         built = {name for name, _ in self.model.named_parameters()}
         if built != set(self._names):
-            raise ConversionError(
-                "the GPTModel's parameters differ from the conversion table: "
-                f"extra {sorted(built - set(self._names))}, missing {sorted(set(self._names) - built)}"
-            )
+            names = set(self._names)
+            raise ConversionError("the GPTModel's parameters differ from the conversion table: "
+                                  f"extra {sorted(built - names)}, missing {sorted(names - built)}")
         reader = _SafetensorsReader(self.model_path)
         try:
             self._load_shards(reader.get)
@@ -151,46 +139,22 @@ class MegatronPolicyWorker(PolicyWorker):
 
         lay = self.layout
         config = TransformerConfig(
-            num_layers=lay.num_layers,
-            hidden_size=lay.hidden_size,
-            num_attention_heads=lay.num_heads,
-            num_query_groups=lay.num_kv_heads,
-            kv_channels=lay.head_dim,
-            ffn_hidden_size=lay.ffn_hidden_size,
-            normalization="RMSNorm",
-            layernorm_epsilon=lay.rms_norm_eps,
-            gated_linear_unit=True,
-            activation_func=F.silu,
-            add_bias_linear=False,
-            add_qkv_bias=lay.qkv_bias,
-            qk_layernorm=lay.qk_norm,
-            hidden_dropout=0.0,
-            attention_dropout=0.0,
-            tensor_model_parallel_size=self.tp,
-            params_dtype=self.dtype,
+            num_layers=lay.num_layers, hidden_size=lay.hidden_size, num_attention_heads=lay.num_heads,
+            num_query_groups=lay.num_kv_heads, kv_channels=lay.head_dim, ffn_hidden_size=lay.ffn_hidden_size,
+            normalization="RMSNorm", layernorm_epsilon=lay.rms_norm_eps, gated_linear_unit=True,
+            activation_func=F.silu, add_bias_linear=False, add_qkv_bias=lay.qkv_bias, qk_layernorm=lay.qk_norm,
+            hidden_dropout=0.0, attention_dropout=0.0, tensor_model_parallel_size=self.tp, params_dtype=self.dtype,
             use_cpu_initialization=self.device.type == "cpu",
             perform_initialization=False,  # every parameter is overwritten from the checkpoint
             # no fused kernels or CUDA-extension paths: the same numerics on every device
-            bias_activation_fusion=False,
-            bias_dropout_fusion=False,
-            masked_softmax_fusion=False,
-            apply_rope_fusion=False,
-            gradient_accumulation_fusion=False,
-            persist_layer_norm=False,
+            bias_activation_fusion=False, bias_dropout_fusion=False, masked_softmax_fusion=False,
+            apply_rope_fusion=False, gradient_accumulation_fusion=False, persist_layer_norm=False,
         )
         spec = get_gpt_layer_local_spec(qk_layernorm=lay.qk_norm, normalization="RMSNorm")
-        return GPTModel(
-            config,
-            spec,
-            vocab_size=lay.padded_vocab_size,
-            max_sequence_length=lay.max_position_embeddings,
-            pre_process=True,
-            post_process=True,
-            parallel_output=True,
-            share_embeddings_and_output_weights=lay.tie_word_embeddings,
-            position_embedding_type="rope",
-            rotary_base=lay.rope_theta,
-        )
+        return GPTModel(config, spec, vocab_size=lay.padded_vocab_size,
+                        max_sequence_length=lay.max_position_embeddings, pre_process=True, post_process=True,
+                        parallel_output=True, share_embeddings_and_output_weights=lay.tie_word_embeddings,
+                        position_embedding_type="rope", rotary_base=lay.rope_theta)
 
     def _load_shards(self, get_hf: Callable[[str], torch.Tensor]) -> None:
         params = dict(self.model.named_parameters())
@@ -198,34 +162,21 @@ class MegatronPolicyWorker(PolicyWorker):
             for name in self._names:
                 shard = hf_to_megatron_shard(name, get_hf, self.layout, self.tp_rank)
                 if tuple(shard.shape) != tuple(params[name].shape):
-                    raise ConversionError(
-                        f"{name}: the converted shard has shape {tuple(shard.shape)}, "
-                        f"the model {tuple(params[name].shape)}"
-                    )
+                    raise ConversionError(f"{name}: the converted shard has shape {tuple(shard.shape)}, "
+                                          f"the model {tuple(params[name].shape)}")
                 params[name].copy_(shard)
 
     def load_hf_tensors(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Overwrite every parameter from full HF-named tensors (a checkpoint); all must be given."""
-        state = dict(named_tensors)
-
-        def get_hf(name: str) -> torch.Tensor:
-            if name not in state:
-                raise ConversionError(f"the Hugging Face weights lack {name!r}")
-            return state[name]
-
-        self._load_shards(get_hf)
+        self._load_shards(hf_lookup(dict(named_tensors)))
 
     # ---- forward ------------------------------------------------------------------------------
-    def _vocab_parallel_logits(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
-    ) -> torch.Tensor:
+    def _vocab_parallel_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
         """This rank's slice [B, T, V_padded / tp] of the logits; padded vocabulary entries are -inf."""
         input_ids = input_ids.to(self.device)
         seq = input_ids.shape[1]
         positions = torch.arange(seq, device=self.device).expand_as(input_ids)
-        masked = torch.ones(seq, seq, dtype=torch.bool, device=self.device).triu(1)[
-            None, None
-        ]  # True = hidden
+        masked = torch.ones(seq, seq, dtype=torch.bool, device=self.device).triu(1)[None, None]  # True = hidden
         if attention_mask is not None:  # padding keys are hidden too, as transformers does
             masked = masked | ~attention_mask.to(self.device, torch.bool)[:, None, None, :]
         logits = self.model(input_ids, positions, attention_mask=masked)
@@ -249,9 +200,7 @@ class MegatronPolicyWorker(PolicyWorker):
         return F.pad(-nll.transpose(0, 1), (1, 0))
 
     @torch.no_grad()
-    def forward_logits(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
-    ) -> torch.Tensor:
+    def forward_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Full-vocabulary float32 logits [B, T, vocab_size], gathered over TP, in eval mode (collective)."""
         from megatron.core import tensor_parallel
 

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 from transformers import PretrainedConfig
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
@@ -68,16 +69,12 @@ class MegatronLayout:
         """Check that megatron can hold this model with `tp` ranks; raises ConversionError if not."""
         model_type = getattr(config, "model_type", None)
         if model_type not in SUPPORTED_MODEL_TYPES:
-            raise ConversionError(
-                f"model_type {model_type!r} is not supported; supported: {SUPPORTED_MODEL_TYPES}"
-            )
+            raise ConversionError(f"model_type {model_type!r} is not supported; supported: {SUPPORTED_MODEL_TYPES}")
         heads, kv_heads = config.num_attention_heads, config.num_key_value_heads or config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         if kv_heads % tp or heads % kv_heads:
-            raise ConversionError(
-                f"num_key_value_heads={kv_heads} must be divisible by tensor_parallel_size={tp} "
-                f"and divide num_attention_heads={heads}"
-            )
+            raise ConversionError(f"num_key_value_heads={kv_heads} must be divisible by tensor_parallel_size={tp} "
+                                  f"and divide num_attention_heads={heads}")
         if config.intermediate_size % tp:
             raise ConversionError(f"intermediate_size={config.intermediate_size} is not divisible by tp={tp}")
         if getattr(config, "hidden_act", "silu") != "silu":
@@ -100,24 +97,13 @@ class MegatronLayout:
         if getattr(config, "use_sliding_window", False):
             raise ConversionError("sliding-window attention is not supported")
         vocab = config.vocab_size
-        return cls(
-            model_type=model_type,
-            num_layers=config.num_hidden_layers,
-            hidden_size=config.hidden_size,
-            num_heads=heads,
-            num_kv_heads=kv_heads,
-            head_dim=head_dim,
-            ffn_hidden_size=config.intermediate_size,
-            vocab_size=vocab,
-            padded_vocab_size=-(-vocab // tp) * tp,
-            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
-            qkv_bias=qkv_bias,
-            qk_norm=model_type == "qwen3",
-            rms_norm_eps=config.rms_norm_eps,
-            rope_theta=float(theta),
-            max_position_embeddings=config.max_position_embeddings,
-            tp=tp,
-        )
+        return cls(model_type=model_type, num_layers=config.num_hidden_layers, hidden_size=config.hidden_size,
+                   num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+                   ffn_hidden_size=config.intermediate_size, vocab_size=vocab,
+                   padded_vocab_size=-(-vocab // tp) * tp,
+                   tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)), qkv_bias=qkv_bias,
+                   qk_norm=model_type == "qwen3", rms_norm_eps=config.rms_norm_eps, rope_theta=float(theta),
+                   max_position_embeddings=config.max_position_embeddings, tp=tp)
 
 
 # ---- per-parameter rules ------------------------------------------------------------------------
@@ -139,11 +125,8 @@ def megatron_param_names(layout: MegatronLayout) -> list[str]:
     names = ["embedding.word_embeddings.weight"]
     for i in range(layout.num_layers):
         p = f"decoder.layers.{i}."
-        names += [
-            p + "input_layernorm.weight",
-            p + "self_attention.linear_proj.weight",
-            p + "self_attention.linear_qkv.weight",
-        ]
+        names += [p + "input_layernorm.weight", p + "self_attention.linear_proj.weight",
+                  p + "self_attention.linear_qkv.weight"]
         if layout.qkv_bias:
             names.append(p + "self_attention.linear_qkv.bias")
         if layout.qk_norm:
@@ -196,9 +179,7 @@ def _fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Megatro
     return fused.reshape(g * (layout.heads_per_group + 2) * hd, *q.shape[2:])
 
 
-def _split_qkv(
-    fused: torch.Tensor, layout: MegatronLayout
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _split_qkv(fused: torch.Tensor, layout: MegatronLayout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     g, hd, qpg = layout.num_kv_heads, layout.head_dim, layout.heads_per_group
     grouped = fused.reshape(g, (qpg + 2) * hd, *fused.shape[1:])
     q, k, v = torch.split(grouped, [qpg * hd, hd, hd], dim=1)
@@ -213,9 +194,8 @@ def _pad_vocab(weight: torch.Tensor, layout: MegatronLayout) -> torch.Tensor:
     return torch.cat((weight, weight.new_zeros(extra, *weight.shape[1:])), dim=0)
 
 
-def hf_to_megatron_shard(
-    name: str, get_hf: Callable[[str], torch.Tensor], layout: MegatronLayout, tp_rank: int
-) -> torch.Tensor:
+def hf_to_megatron_shard(name: str, get_hf: Callable[[str], torch.Tensor], layout: MegatronLayout,
+                         tp_rank: int) -> torch.Tensor:
     """The TP-rank-local tensor of megatron parameter `name`, built from HF tensors via `get_hf`."""
     hf = [get_hf(n) for n in hf_names_for(name, layout)]
     tp = layout.tp
@@ -232,25 +212,26 @@ def hf_to_megatron_shard(
     return hf[0].chunk(tp, dim=1)[tp_rank].clone()
 
 
-def hf_to_megatron_shards(
-    hf_state: Mapping[str, torch.Tensor], layout: MegatronLayout, tp_rank: int
-) -> dict[str, torch.Tensor]:
-    """All megatron parameters of one TP rank from a full HF state dict (tied lm_head may be absent)."""
+def hf_lookup(hf_state: Mapping[str, torch.Tensor]) -> Callable[[str], torch.Tensor]:
+    """`get_hf` over a full HF state dict; a missing name raises ConversionError naming it."""
 
     def get_hf(hf_name: str) -> torch.Tensor:
         if hf_name not in hf_state:
             raise ConversionError(f"the Hugging Face weights lack {hf_name!r}")
         return hf_state[hf_name]
 
-    return {
-        name: hf_to_megatron_shard(name, get_hf, layout, tp_rank) for name in megatron_param_names(layout)
-    }
+    return get_hf
+
+
+def hf_to_megatron_shards(hf_state: Mapping[str, torch.Tensor], layout: MegatronLayout,
+                          tp_rank: int) -> dict[str, torch.Tensor]:
+    """All megatron parameters of one TP rank from a full HF state dict (tied lm_head may be absent)."""
+    get_hf = hf_lookup(hf_state)
+    return {name: hf_to_megatron_shard(name, get_hf, layout, tp_rank) for name in megatron_param_names(layout)}
 
 
 # ---- megatron shards -> HF -----------------------------------------------------------------------
-def megatron_shards_to_hf(
-    name: str, shards: list[torch.Tensor], layout: MegatronLayout
-) -> list[tuple[str, torch.Tensor]]:
+def megatron_shards_to_hf(name: str, shards: list[torch.Tensor], layout: MegatronLayout) -> list[tuple[str, Tensor]]:
     """Merge one parameter's TP shards (rank order) and unfuse it into its HF tensors."""
     hf_names = hf_names_for(name, layout)
     if not is_tensor_parallel(name):
@@ -269,9 +250,7 @@ def megatron_shards_to_hf(
     return [(hf_names[0], torch.cat(shards, dim=1))]
 
 
-def megatron_to_hf(
-    shard_states: list[Mapping[str, torch.Tensor]], layout: MegatronLayout
-) -> Iterator[tuple[str, torch.Tensor]]:
+def megatron_to_hf(shard_states: list[Mapping[str, Tensor]], layout: MegatronLayout) -> Iterator[tuple[str, Tensor]]:
     """HF-named full tensors from every TP rank's megatron state dict (index = TP rank)."""
     for name in megatron_param_names(layout):
         yield from megatron_shards_to_hf(name, [state[name] for state in shard_states], layout)
