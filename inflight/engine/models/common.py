@@ -164,6 +164,11 @@ class DecoderForCausalLM(nn.Module):
         if self.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.head_dim = self.model.layers[0].self_attn.head_dim
+        # each layer with the norm its output goes through (the next layer's input norm, or the
+        # final norm), listed once: indexing the ModuleList costs microseconds per layer and step
+        layers = list(self.model.layers)
+        nexts = [layer.input_layernorm for layer in layers[1:]] + [self.model.norm]
+        self.layer_pairs: list[tuple[DecoderLayer, RMSNorm]] = list(zip(layers, nexts, strict=True))
         self.cos_sin: torch.Tensor | None = None  # [max_pos, 2, head_dim] float32, not a parameter
         self.ops: TorchOps = TorchOps()
 
@@ -180,11 +185,10 @@ class DecoderForCausalLM(nn.Module):
         native_step = self.ops.native and meta.native_only
         ctx = ForwardContext(self.ops, positions, self.cos_sin, meta, native_step)
         layers = self.model.layers
-        residual = self.model.embed_tokens(input_ids)
+        residual = self.model.embed_tokens.forward(input_ids)
         first = layers[0].input_layernorm
         normed = self.ops.rms_norm(residual, first.weight, first.eps)
-        for i, layer in enumerate(layers):
-            next_norm = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.model.norm
+        for i, (layer, next_norm) in enumerate(self.layer_pairs):
             k_cache, v_cache = kv.layer(i)
             normed = layer.forward(residual, normed, ctx, k_cache, v_cache, next_norm)
         return normed
