@@ -52,6 +52,8 @@ class NativeDecode:
     block_tables: torch.Tensor  # [count, max_blocks] int32, padded with block 0
     context_lens: torch.Tensor  # [count] int32
     max_context: int
+    # the scratch every layer of the step shares, (floats, data pointer), taken by the first layer
+    scratch: tuple[int, int] | None = None
 
 
 @dataclass
@@ -92,6 +94,11 @@ class AttentionMetadata:
     native: NativeDecode | None = None
     prefills: list[PrefillChunk] = field(default_factory=list)
     workspace: Workspace = field(default_factory=Workspace)
+
+    @property
+    def native_only(self) -> bool:
+        """Whether the native kernel attends every row (nothing for the gather + SDPA path)."""
+        return self.native is not None and not self.decode_groups and all(c.native for c in self.prefills)
 
 
 def build_metadata(
@@ -176,24 +183,64 @@ def rows_of_heads(x: torch.Tensor) -> bool:
 def _native_attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float, out: torch.Tensor) -> None:
     """One kernel call: write the step's new keys/values into the caches, then attend the native
     rows (decodes and short prefill chunks) into the same rows of `out`."""
-    nd, ws = meta.native, meta.workspace
     if not q.dtype == k.dtype == v.dtype == k_cache.dtype == v_cache.dtype:
         raise RuntimeError(f"native attention needs q/k/v in the cache's dtype {k_cache.dtype}, not {q.dtype}")
-    num_heads, head_dim = q.shape[1], q.shape[2]
-    num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     if not (rows_of_heads(q) and rows_of_heads(k) and rows_of_heads(v) and k.stride(0) == v.stride(0)):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    _run_native(meta, q.data_ptr(), q.stride(0), k.data_ptr(), v.data_ptr(), k.stride(0), k_cache, v_cache,
+                out.data_ptr(), q.shape[1], k_cache.shape[2], q.shape[2], scale)  # fmt: skip
+
+
+def _run_native(
+    meta: AttentionMetadata, q: int, q_stride: int, k: int, v: int, kv_stride: int, k_cache: torch.Tensor,
+    v_cache: torch.Tensor, out: int, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
+) -> None:
+    """The kernel call on raw pointers (rows `q_stride` / `kv_stride` elements apart, heads
+    contiguous in a row, all in the cache's dtype). The scratch is taken once per step: every layer
+    of a step has the same shape."""
+    nd = meta.native
     threads = torch.get_num_threads()
-    scratch = ws.take("native_scratch", threads * num_heads * (nd.max_context + 2 * head_dim), torch.float32, q.device)
+    numel = threads * num_heads * (nd.max_context + 2 * head_dim)
+    if nd.scratch is None or nd.scratch[0] != numel:
+        nd.scratch = (numel, meta.workspace.take("native_scratch", numel, torch.float32, k_cache.device).data_ptr())
     status = nd.lib.paged_attention_rows(
-        q.data_ptr(), q.stride(0), k.data_ptr(), v.data_ptr(), k.stride(0), meta.slot_mapping.data_ptr(),
-        meta.slot_mapping.numel(), k_cache.data_ptr(), v_cache.data_ptr(), nd.block_tables.data_ptr(),
-        nd.context_lens.data_ptr(), out.data_ptr(), scratch.data_ptr(), nd.count, num_heads, num_kv_heads,
-        head_dim, block_size, nd.block_tables.shape[1], nd.max_context, scale, _KV_DTYPE_CODES[k_cache.dtype],
-        threads,
+        q, q_stride, k, v, kv_stride, meta.slot_mapping.data_ptr(), meta.slot_mapping.numel(),
+        k_cache.data_ptr(), v_cache.data_ptr(), nd.block_tables.data_ptr(), nd.context_lens.data_ptr(), out,
+        nd.scratch[1], nd.count, num_heads, num_kv_heads, head_dim, k_cache.shape[1], nd.block_tables.shape[1],
+        nd.max_context, scale, _KV_DTYPE_CODES[k_cache.dtype], threads,
     )  # fmt: skip
     if status != 0:
         raise RuntimeError(f"native paged attention failed with status {status}")
+
+
+def paged_attention_qkv(
+    qkv: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """`paged_attention` on a fused q|k|v matrix [T, (H + 2 KVH) * D] (rotary already applied);
+    returns [T, H * D]. On a step the native kernel attends entirely (every decode step), q, k and
+    v go to it as pointers into `qkv`: no views, no copies."""
+    kv_width = num_kv_heads * head_dim
+    q_width = num_heads * head_dim
+    n, width = qkv.shape
+    if not (meta.native_only and qkv.is_contiguous() and qkv.dtype == k_cache.dtype == v_cache.dtype
+            and width == q_width + 2 * kv_width):  # fmt: skip
+        q = qkv[:, :q_width].view(n, num_heads, head_dim)
+        k = qkv[:, q_width : q_width + kv_width].view(n, num_kv_heads, head_dim)
+        v = qkv[:, q_width + kv_width :].view(n, num_kv_heads, head_dim)
+        return paged_attention(q, k, v, k_cache, v_cache, meta, scale).view(n, q_width)
+    out = torch.empty(n, q_width, dtype=qkv.dtype)
+    q = qkv.data_ptr()
+    k = q + q_width * qkv.element_size()
+    _run_native(meta, q, width, k, k + kv_width * qkv.element_size(), width, k_cache, v_cache, out.data_ptr(),
+                num_heads, num_kv_heads, head_dim, scale)  # fmt: skip
+    return out
 
 
 def native_supports(dtype: torch.dtype, device: torch.device) -> bool:
@@ -215,6 +262,8 @@ def paged_attention(
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if meta.native is not None:
         _native_attention(q, k, v, k_cache, v_cache, meta, scale, out)
+        if meta.native_only:  # a decode step: nothing below applies
+            return out
     else:
         k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k)
         v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v)

@@ -32,6 +32,10 @@ class KVCache:
         self.device = device
         self.tensor: torch.Tensor | None = torch.zeros(self.shape, dtype=dtype, device=device)
         self._host_copy: torch.Tensor | None = None
+        # (k, v) views of each layer, made once per tensor: indexing costs microseconds per layer
+        # and step; dropped with the tensor on sleep (they would keep its memory alive)
+        self._views: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._views_of: torch.Tensor | None = None
 
     @staticmethod
     def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype) -> int:
@@ -46,8 +50,12 @@ class KVCache:
         return self.tensor.nbytes if self.tensor is not None else 0
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        assert self.tensor is not None, "KV cache is asleep"
-        return self.tensor[index, 0], self.tensor[index, 1]
+        tensor = self.tensor
+        if self._views_of is not tensor:
+            assert tensor is not None, "KV cache is asleep"
+            self._views = [(layer[0], layer[1]) for layer in tensor.unbind(0)]
+            self._views_of = tensor
+        return self._views[index]
 
     def sleep(self, offload: bool) -> None:
         """Release the device tensor; keep a host copy when `offload`, else discard the contents."""
@@ -59,6 +67,7 @@ class KVCache:
             on_host = self.tensor.device.type == "cpu"
             self._host_copy = self.tensor if on_host else self.tensor.to("cpu")
         self.tensor = None
+        self._views, self._views_of = [], None
 
     def wake_up(self) -> None:
         """Bring the pool back at the same block ids (bit-identical if it was offloaded)."""

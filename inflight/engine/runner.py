@@ -95,7 +95,9 @@ class ModelRunner:
                 samplers.append(request)
         if not rows:
             return []
-        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
+        if len(rows) < hidden.shape[0]:  # a decode step samples every row: no gather then
+            hidden = hidden[torch.tensor(rows, device=self.device)]
+        logits = self.model.compute_logits(hidden)
         tokens, logprobs, tops = sample(
             logits, [r.params for r in samplers], [r.generator for r in samplers], self.generator
         )

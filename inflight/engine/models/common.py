@@ -16,7 +16,7 @@ from torch import nn
 from transformers import PretrainedConfig
 from transformers.activations import ACT2FN
 
-from inflight.engine.attention import AttentionMetadata, paged_attention
+from inflight.engine.attention import AttentionMetadata, paged_attention, paged_attention_qkv
 from inflight.engine.errors import WeightUpdateError
 from inflight.engine.kv_cache import KVCache
 from inflight.engine.models.layer_ops import TorchOps
@@ -62,6 +62,9 @@ class ForwardContext:
     positions: torch.Tensor  # [T] int64
     cos_sin: torch.Tensor  # the rotary table [max_pos, 2, head_dim], float32
     meta: AttentionMetadata
+    # the C kernels do every elementwise step and all of attention (a decode step): layers hand
+    # them pointers into their fused matmul outputs instead of making views
+    native_step: bool = False
 
 
 class Attention(nn.Module):
@@ -91,6 +94,10 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, ctx: ForwardContext, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         n, ops, heads, kv_heads, dim = x.shape[0], ctx.ops, self.num_heads, self.num_kv_heads, self.head_dim
         fused = None if self.qk_norm else self.qkv.matrix(x)
+        if fused is not None and ctx.native_step:
+            ops.rotary_columns(fused, heads + kv_heads, ctx.cos_sin, ctx.positions)
+            out = paged_attention_qkv(fused, heads, kv_heads, dim, k_cache, v_cache, ctx.meta, self.scale)
+            return self.o_proj.forward(out)
         if fused is not None:  # q|k side by side: one rotary call over all their heads
             qk = ops.rotary(fused[:, : (heads + kv_heads) * dim].view(n, heads + kv_heads, dim), ctx.cos_sin, ctx.positions)
             q, k = qk[:, :heads], qk[:, heads:]
@@ -121,6 +128,9 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor, ops: TorchOps) -> torch.Tensor:
         if self.act is not None:  # not SwiGLU: no fused kernel
             return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        fused = self.gate_up.matrix(x)
+        if fused is not None:  # silu * up straight from the fused matrix's halves
+            return self.down_proj.forward(ops.silu_mul_halves(fused))
         return self.down_proj.forward(ops.silu_mul(*self.gate_up(x)))
 
 
@@ -166,6 +176,11 @@ class DecoderForCausalLM(nn.Module):
         if self.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.head_dim = self.model.layers[0].self_attn.head_dim
+        # each layer with the norm its output goes through (the next layer's input norm, or the
+        # final norm), listed once: indexing the ModuleList costs microseconds per layer and step
+        layers = list(self.model.layers)
+        nexts = [layer.input_layernorm for layer in layers[1:]] + [self.model.norm]
+        self.layer_pairs: list[tuple[DecoderLayer, RMSNorm]] = list(zip(layers, nexts, strict=True))
         self.cos_sin: torch.Tensor | None = None  # [max_pos, 2, head_dim] float32, not a parameter
         self.ops: TorchOps = TorchOps()
         # made once: the module tree and the Parameter objects never change after __init__ (updates,
@@ -183,13 +198,13 @@ class DecoderForCausalLM(nn.Module):
         self.cos_sin = torch.stack((emb.cos() * scaling, emb.sin() * scaling), dim=1).to(device)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta, kv: KVCache) -> torch.Tensor:
-        ctx = ForwardContext(self.ops, positions, self.cos_sin, meta)
+        native_step = self.ops.native and meta.native_only
+        ctx = ForwardContext(self.ops, positions, self.cos_sin, meta, native_step)
         layers = self.model.layers
-        residual = self.model.embed_tokens(input_ids)
+        residual = self.model.embed_tokens.forward(input_ids)
         first = layers[0].input_layernorm
         normed = self.ops.rms_norm(residual, first.weight, first.eps)
-        for i, layer in enumerate(layers):
-            next_norm = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.model.norm
+        for i, (layer, next_norm) in enumerate(self.layer_pairs):
             k_cache, v_cache = kv.layer(i)
             normed = layer.forward(residual, normed, ctx, k_cache, v_cache, next_norm)
         return normed

@@ -20,6 +20,8 @@ _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 class TorchOps:
     """The reference implementation (PyTorch eager, transformers' order of operations)."""
 
+    native = False  # whether these are the C kernels (the decode fast path needs them)
+
     @staticmethod
     def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         dtype = x.dtype
@@ -46,9 +48,28 @@ class TorchOps:
     def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.silu(gate) * up
 
+    def silu_mul_halves(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up for a fused [rows, 2 * dim] gate|up matrix (gate on the left)."""
+        half = gate_up.shape[-1] // 2
+        return self.silu_mul(gate_up[..., :half], gate_up[..., half:])
+
+    def rotary_columns(
+        self, x: torch.Tensor, heads: int, cos_sin_table: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
+        """Rotate, in place, the first `heads` heads of each row of a 2-D matrix [T, >= heads * D]
+        (the q|k columns of a fused q|k|v output); returns x."""
+        dim = cos_sin_table.shape[-1]
+        cols = x[:, : heads * dim].view(x.shape[0], heads, dim)
+        rotated = self.rotary(cols, cos_sin_table, positions)
+        if rotated is not cols:
+            cols.copy_(rotated)
+        return x
+
 
 class NativeOps(TorchOps):
     """The fused C kernels; TorchOps where they do not apply."""
+
+    native = True
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         self.lib = lib
@@ -56,11 +77,13 @@ class NativeOps(TorchOps):
     @staticmethod
     def _native(*tensors: torch.Tensor) -> bool:
         first = tensors[0]
-        return (
-            first.device.type == "cpu"
-            and first.dtype in _DTYPE_CODES
-            and all(t.dtype == first.dtype and t.is_contiguous() for t in tensors)
-        )
+        dtype = first.dtype
+        if not first.is_cpu or dtype not in _DTYPE_CODES:  # is_cpu: no torch.device object per call
+            return False
+        for t in tensors:  # a plain loop: this runs a few times per layer and step
+            if t.dtype != dtype or not t.is_contiguous():
+                return False
+        return True
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         if not self._native(x, weight):
@@ -90,7 +113,7 @@ class NativeOps(TorchOps):
     def rotary(self, x: torch.Tensor, cos_sin_table: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """In place when native (x is returned)."""
         native = (
-            x.device.type == "cpu" and x.dtype in _DTYPE_CODES and rows_of_heads(x)
+            x.is_cpu and x.dtype in _DTYPE_CODES and rows_of_heads(x)
             and cos_sin_table.dtype == torch.float32 and cos_sin_table.is_contiguous()
             and positions.dtype == torch.int64 and positions.is_contiguous()
         )  # fmt: skip
@@ -108,7 +131,7 @@ class NativeOps(TorchOps):
     def silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         """gate and up may be the two column halves of one fused gate|up matrix."""
         native = (
-            gate.device.type == "cpu" and gate.dtype in _DTYPE_CODES and up.dtype == gate.dtype
+            gate.is_cpu and gate.dtype in _DTYPE_CODES and up.dtype == gate.dtype
             and gate.dim() == 2 and gate.shape == up.shape and gate.stride(1) == 1 and up.stride(1) == 1
             and gate.stride(0) == up.stride(0)
         )  # fmt: skip
@@ -123,3 +146,39 @@ class NativeOps(TorchOps):
         if status != 0:
             raise RuntimeError(f"fused_silu_mul failed with status {status}")
         return out
+
+    def silu_mul_halves(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """One kernel call on the fused matrix's two halves, no views made (the decode path)."""
+        dtype = gate_up.dtype
+        if not (gate_up.is_cpu and dtype in _DTYPE_CODES and gate_up.dim() == 2 and gate_up.is_contiguous()):
+            return super().silu_mul_halves(gate_up)
+        rows, width = gate_up.shape
+        dim = width // 2
+        out = torch.empty(rows, dim, dtype=dtype)
+        gate = gate_up.data_ptr()
+        status = self.lib.fused_silu_mul(
+            gate, gate + dim * gate_up.element_size(), width, out.data_ptr(), rows, dim, _DTYPE_CODES[dtype],
+            torch.get_num_threads(),
+        )  # fmt: skip
+        if status != 0:
+            raise RuntimeError(f"fused_silu_mul failed with status {status}")
+        return out
+
+    def rotary_columns(
+        self, x: torch.Tensor, heads: int, cos_sin_table: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
+        """One kernel call on x's rows, no views made (the decode path)."""
+        native = (
+            x.is_cpu and x.dtype in _DTYPE_CODES and x.dim() == 2 and x.is_contiguous()
+            and cos_sin_table.dtype == torch.float32 and cos_sin_table.is_contiguous()
+            and positions.dtype == torch.int64 and positions.is_contiguous()
+        )  # fmt: skip
+        if not native:
+            return super().rotary_columns(x, heads, cos_sin_table, positions)
+        status = self.lib.fused_rotary(
+            x.data_ptr(), x.shape[0], x.shape[1], heads, cos_sin_table.shape[-1], cos_sin_table.data_ptr(),
+            positions.data_ptr(), _DTYPE_CODES[x.dtype], torch.get_num_threads(),
+        )  # fmt: skip
+        if status != 0:
+            raise RuntimeError(f"fused_rotary failed with status {status}")
+        return x

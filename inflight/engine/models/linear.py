@@ -69,6 +69,8 @@ class PackedWeights:
 
     def __init__(self, parts: list[nn.Linear]) -> None:
         self.parts = parts
+        # the modules' own dicts: a parameter re-assigned to a module is seen here too
+        self._param_dicts = [p._parameters for p in parts]
         self.invalidate()
 
     def invalidate(self) -> None:
@@ -78,8 +80,9 @@ class PackedWeights:
 
     def _source_key(self) -> list[int]:
         key = []
-        for part in self.parts:  # a plain loop: this runs on every call
-            weight, bias = part.weight, part.bias
+        # a plain loop over the parameter dicts (not Module.__getattr__): this runs on every call
+        for params in self._param_dicts:
+            weight, bias = params["weight"], params["bias"]
             key += (weight.data_ptr(), weight._version)
             if bias is not None:
                 key += (bias.data_ptr(), bias._version)
@@ -105,8 +108,9 @@ class PackedWeights:
 def _packed_matmul(x: torch.Tensor, weights: PackedWeights, compute_dtype: torch.dtype) -> torch.Tensor:
     """x [rows, in] times the packed weights, in `compute_dtype`, returned in x's dtype."""
     packed, bias = weights.get(compute_dtype)
-    out = _linear_pointwise(x.to(compute_dtype).contiguous(), packed, bias)
-    return out.to(x.dtype)
+    if x.dtype is compute_dtype:  # skips two no-op .to() calls per matmul on the decode path
+        return _linear_pointwise(x.contiguous(), packed, bias)
+    return _linear_pointwise(x.to(compute_dtype).contiguous(), packed, bias).to(x.dtype)
 
 
 class PackedLinear(nn.Linear):
@@ -129,12 +133,18 @@ class PackedLinear(nn.Linear):
         self.packed_weights.invalidate()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.compute_dtype is None:
+        compute_dtype = self.compute_dtype
+        if compute_dtype is None:
             return F.linear(x, self.weight, self.bias)
+        if x.dim() == 2:  # the engine's case: no reshape and view around the matmul
+            weight = self._parameters["weight"]
+            if _small(x.shape[0], weight.numel(), weight.dtype):
+                return F.linear(x, weight, self._parameters["bias"])
+            return _packed_matmul(x, self.packed_weights, compute_dtype)
         rows = x.reshape(-1, self.in_features)
         if _small(rows.shape[0], self.weight.numel(), self.weight.dtype):
             return F.linear(x, self.weight, self.bias)
-        out = _packed_matmul(rows, self.packed_weights, self.compute_dtype)
+        out = _packed_matmul(rows, self.packed_weights, compute_dtype)
         return out.view(*x.shape[:-1], self.out_features)
 
 
@@ -162,9 +172,10 @@ class FusedLinear:
         """The parts' outputs for `x` [rows, in_features] side by side in one [rows, sum of widths]
         matrix, or None where this call would not run fused (then call the parts)."""
         first = self.parts[0]
-        if first.compute_dtype is None or _small(x.shape[0], self.numel, first.weight.dtype):
+        compute_dtype = first.compute_dtype
+        if compute_dtype is None or _small(x.shape[0], self.numel, first._parameters["weight"].dtype):
             return None
-        return _packed_matmul(x, self.packed_weights, first.compute_dtype)
+        return _packed_matmul(x, self.packed_weights, compute_dtype)
 
     def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
         """Each part's output for `x` [rows, in_features]."""
