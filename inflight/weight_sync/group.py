@@ -53,9 +53,8 @@ def default_backend(device: torch.device | str) -> str:
     return "nccl" if torch.device(device).type == "cuda" else "gloo"
 
 
-def make_group(
-    store: dist.Store, rank: int, world_size: int, backend: str, timeout: datetime.timedelta
-) -> dist.ProcessGroup:
+def make_group(store: dist.Store, rank: int, world_size: int, backend: str,
+               timeout: datetime.timedelta) -> dist.ProcessGroup:
     """A process group object over `store`, outside torch.distributed's group registry (blocks
     until all `world_size` ranks have joined)."""
     prefixed = dist.PrefixStore("inflight/weight-sync/group", store)
@@ -133,20 +132,11 @@ class GroupHost:
     at most `max_chunk_bytes` (larger tensors travel in pieces).
     """
 
-    def __init__(
-        self,
-        world_size: int,
-        master_address: str = "127.0.0.1",
-        master_port: int = 0,
-        *,
-        backend: str | None = None,
-        device: str | torch.device = "cpu",
-        group_name: str = DEFAULT_WEIGHT_GROUP,
-        max_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-        dtype: torch.dtype | None = None,
-        timeout_s: float = 600.0,
-        store: dist.TCPStore | None = None,
-    ) -> None:
+    def __init__(self, world_size: int, master_address: str = "127.0.0.1", master_port: int = 0, *,
+                 backend: str | None = None, device: str | torch.device = "cpu",
+                 group_name: str = DEFAULT_WEIGHT_GROUP, max_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                 dtype: torch.dtype | None = None, timeout_s: float = 600.0,
+                 store: dist.TCPStore | None = None) -> None:
         if world_size < 2:
             raise ValueError(f"world_size={world_size}: a broadcast group needs rank 0 and at least one member")
         self.world_size, self.master_address, self.group_name = world_size, master_address, group_name

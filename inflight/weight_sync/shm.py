@@ -21,7 +21,6 @@ engine's device) instead of a /dev/shm file; that path is not implemented here.
 from __future__ import annotations
 
 import asyncio
-import os
 import tempfile
 import uuid
 import weakref
@@ -53,13 +52,6 @@ def _shm_dir() -> Path:
     return Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
 
 
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
 class ShmTransport(ChannelTransport):
     """Sender: packs chunks into the shared buffer; lifecycle and metadata over the control channel.
 
@@ -70,20 +62,13 @@ class ShmTransport(ChannelTransport):
     name = "shm"
     split_tensors = True
 
-    def __init__(
-        self,
-        host: str = "127.0.0.1",
-        port: int = 0,
-        num_receivers: int = 1,
-        max_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-        dtype: torch.dtype | None = None,
-        timeout: float = 600.0,
-        path: str | None = None,
-    ) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, num_receivers: int = 1,
+                 max_chunk_bytes: int = DEFAULT_CHUNK_BYTES, dtype: torch.dtype | None = None,
+                 timeout: float = 600.0, path: str | None = None) -> None:
         super().__init__(max_chunk_bytes, dtype)
         self.path = path or str(_shm_dir() / f"inflight-weights-{uuid.uuid4().hex}")
         self.slots = _Slots(self.path, self.max_chunk_bytes)
-        self._finalizer = weakref.finalize(self, _unlink, self.path)
+        self._finalizer = weakref.finalize(self, Path(self.path).unlink, missing_ok=True)
         self._next_slot = 0
         self._in_flight: deque[Posted] = deque()  # chunk messages not yet answered, oldest first
         self.channel = ControlChannel(host, port, num_receivers, rank=0, timeout=timeout)
@@ -135,13 +120,11 @@ class ShmTransport(ChannelTransport):
 class ShmReceiver(ChannelReceiver):
     """Engine side: maps the sender's buffer and loads views of it into the engine."""
 
-    def __init__(
-        self, host: str, port: int, rank: int = 1, num_receivers: int = 1, timeout: float = 600.0
-    ) -> None:
+    def __init__(self, host: str, port: int, rank: int = 1, num_receivers: int = 1,
+                 timeout: float = 600.0) -> None:
         super().__init__(ControlChannel(host, port, num_receivers, rank=rank, timeout=timeout))
-        path, capacity = self.channel.store.get("shm/info").decode().split("\n")
-        self.path = path
-        self.slots = _Slots(path, int(capacity))
+        self.path, capacity = self.channel.store.get("shm/info").decode().split("\n")
+        self.slots = _Slots(self.path, int(capacity))
 
     def chunk_buffer(self, message: dict) -> torch.Tensor:
         slot = int(message.get("slot", 0))
