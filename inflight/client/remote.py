@@ -129,15 +129,9 @@ class HttpClient(InferenceClient):
         return (await self.send("GET", wire.HEALTH, idempotent=True)).json()
 
     # ---- generation ---------------------------------------------------------------------------
-    async def generate(
-        self,
-        prompt_token_ids: list[int],
-        params: SamplingParams | None = None,
-        *,
-        request_id: str | None = None,
-        cache_salt: str | None = None,
-        session_id: str | None = None,
-    ) -> RequestOutput:
+    async def generate(self, prompt_token_ids: list[int], params: SamplingParams | None = None, *,
+                       request_id: str | None = None, cache_salt: str | None = None,
+                       session_id: str | None = None) -> RequestOutput:
         """Generate on this server; sent again once when the connection broke after it went out
         and the server still answers /health (see the module docstring)."""
         prompt = list(prompt_token_ids)
@@ -210,11 +204,7 @@ class HttpClient(InferenceClient):
         return await asyncio.shield(probe)
 
     async def _probe(self, timeout: float) -> bool:
-        try:
-            response = await self.http.pool().get(self.url + wire.HEALTH, timeout=timeout)
-            healthy = response.status_code == 200
-        except httpx.HTTPError:
-            healthy = False
+        healthy = await self._answers_health(timeout)
         self.http.health_cache[self.url] = (time.monotonic(), healthy)
         self.http.probes.pop(self.url, None)
         return healthy
@@ -228,24 +218,13 @@ class RemoteClient(FanOutClient):
     weight chunks go to the servers as chunk files in /dev/shm instead of request bodies (every
     server on this host; one copy instead of a socket transfer)."""
 
-    def __init__(
-        self,
-        urls: str | Sequence[str],
-        *,
-        api_key: str | None = None,
-        control_token: str | None = None,
-        request_timeout_s: float | None = None,
-        control_timeout_s: float | None = 600.0,
-        connect_timeout_s: float = 5.0,
-        retries: int = 3,
-        backoff_s: float = 0.1,
-        health_check_interval_s: float | None = 5.0,
-        chunk_bytes: int = 128 * 2**20,
-        shm_chunks: bool = False,
-        max_connections: int = 1024,
-        router: Router | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
-    ) -> None:
+    def __init__(self, urls: str | Sequence[str], *, api_key: str | None = None,
+                 control_token: str | None = None, request_timeout_s: float | None = None,
+                 control_timeout_s: float | None = 600.0,
+                 connect_timeout_s: float = 5.0, retries: int = 3, backoff_s: float = 0.1,
+                 health_check_interval_s: float | None = 5.0, chunk_bytes: int = 128 * 2**20,
+                 shm_chunks: bool = False, max_connections: int = 1024, router: Router | None = None,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.urls = [u.rstrip("/") for u in ([urls] if isinstance(urls, str) else urls)]
         if not self.urls:
             raise ValueError("RemoteClient needs at least one server URL")
@@ -282,9 +261,8 @@ class RemoteClient(FanOutClient):
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def init_weight_transfer(
-        self, master_address: str = "127.0.0.1", master_port: int = 0, **options: Any
-    ) -> dict[str, Any]:
+    async def init_weight_transfer(self, master_address: str = "127.0.0.1", master_port: int = 0,
+                                   **options: Any) -> dict[str, Any]:
         """Host a weight broadcast group (rank 0, rendezvous at master_address:master_port, 0 for a
         free port; an address the servers can reach) and have server i join it at rank i + 1.
         Returns once every rank has joined: master address and port, world size, backend and each
