@@ -18,6 +18,7 @@ broadcast group this client hosts (`init_weight_transfer`, `update_weights_broad
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
@@ -72,17 +73,15 @@ class HttpClient(InferenceClient):
         attempt = 0
         while True:
             try:
-                response = await self.http.pool(pool).request(
-                    method, self.url + path, headers=headers, timeout=timeout, **kwargs
-                )
+                response = await self.http.pool(pool).request(method, self.url + path, headers=headers,
+                                                              timeout=timeout, **kwargs)
             except httpx.TransportError as err:
                 not_sent = isinstance(err, _NOT_SENT)
                 if attempt >= retries or not (idempotent or not_sent):
                     what = "could not connect" if not_sent else "the connection failed mid-request"
-                    raise ServerUnavailableError(
-                        self.url, f"{method} {path}: {what} ({type(err).__name__}: {err or 'no detail'}) "
-                        f"after {attempt + 1} attempt(s)", request_sent=not not_sent,
-                    ) from err
+                    raise ServerUnavailableError(self.url, f"{method} {path}: {what} ({type(err).__name__}: "
+                                                 f"{err or 'no detail'}) after {attempt + 1} attempt(s)",
+                                                 request_sent=not not_sent) from err
                 await asyncio.sleep(self.http.backoff_s * 2**attempt)
                 attempt += 1
                 continue
@@ -164,9 +163,8 @@ class HttpClient(InferenceClient):
             return False
 
     async def _generate_once(self, body: dict[str, Any]) -> dict[str, Any]:
-        call = asyncio.ensure_future(
-            self.send("POST", wire.GENERATE, idempotent=False, retries=0, pool="generate", json=body)
-        )
+        call = asyncio.ensure_future(self.send("POST", wire.GENERATE, idempotent=False, retries=0,
+                                               pool="generate", json=body))
         call.add_done_callback(lambda t: t.cancelled() or t.exception())  # never "never retrieved"
         try:
             return (await self._watch(call)).json()
@@ -185,10 +183,8 @@ class HttpClient(InferenceClient):
                 return call.result()
             misses = 0 if await self._healthy() else misses + 1
             if misses >= 2:
-                raise ServerUnavailableError(
-                    self.url, "stopped answering /health while a generation request was in flight; "
-                    "the request was abandoned"
-                )
+                raise ServerUnavailableError(self.url, "stopped answering /health while a generation request "
+                                             "was in flight; the request was abandoned")
 
     async def _healthy(self) -> bool:
         """Whether the server answers /health; one probe at a time, shared by every request waiting
@@ -312,10 +308,8 @@ class RemoteClient(FanOutClient):
 
     async def close(self) -> None:
         if self._weight_group is not None:
-            try:
+            with contextlib.suppress(Exception):  # best effort: a server that is gone has no group to leave
                 await self.close_weight_transfer()
-            except Exception:  # best effort: a server that is gone has no group to leave
-                pass
         if self._loop is asyncio.get_running_loop():
             for pool in self._pools.values():
                 await pool.aclose()

@@ -20,6 +20,7 @@ engines' own, and needs no participation from other ranks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import gc
 import json
@@ -114,10 +115,8 @@ def in_daemon_thread(fn: Callable[..., Any], *args: Any) -> asyncio.Future:
             outcome: tuple[Any, BaseException | None] = (fn(*args), None)
         except BaseException as err:  # handed to the awaiting coroutine
             outcome = (None, err)
-        try:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting any more
             loop.call_soon_threadsafe(settle, *outcome)
-        except RuntimeError:  # the loop is closed: nobody is waiting any more
-            pass
 
     threading.Thread(target=run, daemon=True, name=f"weight-broadcast-{fn.__name__}").start()
     future.add_done_callback(lambda f: f.cancelled() or f.exception())  # never "never retrieved"
@@ -144,9 +143,8 @@ class GroupHost:
         self.backend = backend or default_backend(self.device)
         self.max_chunk_bytes, self.dtype, self.timeout_s = int(max_chunk_bytes), dtype, timeout_s
         self.store: dist.TCPStore | None = store or dist.TCPStore(
-            master_address, master_port, world_size, True,
-            timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False,
-        )  # fmt: skip
+            master_address, master_port, world_size, True, timeout=datetime.timedelta(seconds=timeout_s),
+            wait_for_workers=False)  # fmt: skip
         self.port = self.store.port
         info = {"world_size": world_size, "backend": self.backend, "max_chunk_bytes": self.max_chunk_bytes}
         self.store.set(info_key(group_name), json.dumps(info))
@@ -309,16 +307,15 @@ def _await_start(store: dist.Store, name: str, seconds: float, where: str) -> No
     keys = [start_key(name, "go"), start_key(name, "cancelled")]
     while True:
         try:
-            if store.check([keys[1]]):
-                raise WeightGroupError(f"the master at {where} stopped forming the weight group {name!r} (a member "
-                                       "failed to join)", 502, "weight_transfer_failed")
-            if store.check([keys[0]]):
-                return
+            cancelled, go = store.check([keys[1]]), store.check([keys[0]])
         except (RuntimeError, OSError) as err:
-            if isinstance(err, WeightGroupError):
-                raise
             raise WeightGroupError(f"lost the weight-transfer master at {where} while the group formed: {err}",
                                    502, "weight_transfer_unreachable") from err
+        if cancelled:
+            raise WeightGroupError(f"the master at {where} stopped forming the weight group {name!r} (a "
+                                   "member failed to join)", 502, "weight_transfer_failed")
+        if go:
+            return
         if time.monotonic() > deadline:
             raise WeightGroupError(f"the weight group {name!r} did not form within {seconds:g}s (are all ranks "
                                    "joining?)", 504, "weight_transfer_timeout")

@@ -133,10 +133,7 @@ class Receiver:
 
 def _unwrap_engine(target: Any) -> LLMEngine:
     """An LLMEngine from an LLMEngine, AsyncEngine or LocalClient."""
-    while not hasattr(target, "begin_weight_update") or hasattr(target, "engine"):
-        inner = getattr(target, "engine", None)
-        if inner is None:
-            break
+    while (inner := getattr(target, "engine", None)) is not None:
         target = inner
     return target
 

@@ -21,6 +21,7 @@ engine's device) instead of a /dev/shm file; that path is not implemented here.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import tempfile
 import uuid
 import weakref
@@ -30,7 +31,7 @@ from typing import Any
 
 import torch
 
-from inflight.weight_sync.chunking import ALIGN, DEFAULT_CHUNK_BYTES, WeightChunk, pack_chunk
+from inflight.weight_sync.chunking import ALIGN, DEFAULT_CHUNK_BYTES, WeightChunk, align, pack_chunk
 from inflight.weight_sync.receiver import ChannelReceiver
 from inflight.weight_sync.transport import ChannelTransport, ControlChannel, Posted, TransportError, checked
 
@@ -42,7 +43,7 @@ class _Slots:
     """The SLOTS (version counter, data) views of one mapping of the shared file."""
 
     def __init__(self, path: str, capacity: int) -> None:
-        stride = HEADER + -(-capacity // ALIGN) * ALIGN  # every slot starts aligned
+        stride = HEADER + align(capacity)  # every slot starts aligned
         self.buffer = torch.from_file(path, shared=True, size=SLOTS * stride, dtype=torch.uint8)
         self.versions = [self.buffer[i * stride : i * stride + 8].view(torch.int64) for i in range(SLOTS)]
         self.data = [self.buffer[i * stride + HEADER : (i + 1) * stride] for i in range(SLOTS)]
@@ -97,10 +98,8 @@ class ShmTransport(ChannelTransport):
     def _drop_in_flight(self) -> None:
         """After a failure: collect what the receivers still answer, ignoring their errors."""
         while self._in_flight:
-            try:
+            with contextlib.suppress(Exception):  # the failure being handled is the one reported
                 self.channel.collect(self._in_flight.popleft())
-            except Exception:  # the failure being handled is the one reported
-                pass
 
     async def finish(self, client: Any, version: int) -> int:
         await asyncio.to_thread(self._settle)

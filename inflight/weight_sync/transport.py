@@ -14,6 +14,7 @@ engine side the one `Receiver` (`inflight.weight_sync.receiver`) applies each me
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import json
 import time
@@ -266,8 +267,7 @@ class ChannelTransport(WeightTransport):
         await asyncio.to_thread(self.channel.send_checked, {"op": "begin"})
 
     async def send_chunk(self, client: UpdateClient | None, chunk: WeightChunk) -> None:
-        message = {"op": "chunk", "chunk": chunk.metadata()}
-        await asyncio.to_thread(self._send_bytes, chunk, message)
+        await asyncio.to_thread(self._send_bytes, chunk, {"op": "chunk", "chunk": chunk.metadata()})
 
     async def finish(self, client: UpdateClient | None, version: int) -> int:
         results = await asyncio.to_thread(self.channel.send_checked, {"op": "finish", "version": version})
@@ -285,7 +285,5 @@ class ChannelTransport(WeightTransport):
 
     def close_receivers(self, timeout: float = 10.0) -> None:
         """Tell every receiver to return from `serve` (best effort)."""
-        try:
+        with contextlib.suppress(TransportError):
             self.channel.send({"op": "close"}, timeout=timeout)
-        except TransportError:
-            pass
