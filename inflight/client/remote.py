@@ -18,6 +18,7 @@ broadcast group this client hosts (`init_weight_transfer`, `update_weights_broad
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
@@ -72,17 +73,15 @@ class HttpClient(InferenceClient):
         attempt = 0
         while True:
             try:
-                response = await self.http.pool(pool).request(
-                    method, self.url + path, headers=headers, timeout=timeout, **kwargs
-                )
+                response = await self.http.pool(pool).request(method, self.url + path, headers=headers,
+                                                              timeout=timeout, **kwargs)
             except httpx.TransportError as err:
                 not_sent = isinstance(err, _NOT_SENT)
                 if attempt >= retries or not (idempotent or not_sent):
                     what = "could not connect" if not_sent else "the connection failed mid-request"
-                    raise ServerUnavailableError(
-                        self.url, f"{method} {path}: {what} ({type(err).__name__}: {err or 'no detail'}) "
-                        f"after {attempt + 1} attempt(s)", request_sent=not not_sent,
-                    ) from err
+                    raise ServerUnavailableError(self.url, f"{method} {path}: {what} ({type(err).__name__}: "
+                                                 f"{err or 'no detail'}) after {attempt + 1} attempt(s)",
+                                                 request_sent=not not_sent) from err
                 await asyncio.sleep(self.http.backoff_s * 2**attempt)
                 attempt += 1
                 continue
@@ -129,15 +128,9 @@ class HttpClient(InferenceClient):
         return (await self.send("GET", wire.HEALTH, idempotent=True)).json()
 
     # ---- generation ---------------------------------------------------------------------------
-    async def generate(
-        self,
-        prompt_token_ids: list[int],
-        params: SamplingParams | None = None,
-        *,
-        request_id: str | None = None,
-        cache_salt: str | None = None,
-        session_id: str | None = None,
-    ) -> RequestOutput:
+    async def generate(self, prompt_token_ids: list[int], params: SamplingParams | None = None, *,
+                       request_id: str | None = None, cache_salt: str | None = None,
+                       session_id: str | None = None) -> RequestOutput:
         """Generate on this server; sent again once when the connection broke after it went out
         and the server still answers /health (see the module docstring)."""
         prompt = list(prompt_token_ids)
@@ -170,9 +163,8 @@ class HttpClient(InferenceClient):
             return False
 
     async def _generate_once(self, body: dict[str, Any]) -> dict[str, Any]:
-        call = asyncio.ensure_future(
-            self.send("POST", wire.GENERATE, idempotent=False, retries=0, pool="generate", json=body)
-        )
+        call = asyncio.ensure_future(self.send("POST", wire.GENERATE, idempotent=False, retries=0,
+                                               pool="generate", json=body))
         call.add_done_callback(lambda t: t.cancelled() or t.exception())  # never "never retrieved"
         try:
             return (await self._watch(call)).json()
@@ -191,10 +183,8 @@ class HttpClient(InferenceClient):
                 return call.result()
             misses = 0 if await self._healthy() else misses + 1
             if misses >= 2:
-                raise ServerUnavailableError(
-                    self.url, "stopped answering /health while a generation request was in flight; "
-                    "the request was abandoned"
-                )
+                raise ServerUnavailableError(self.url, "stopped answering /health while a generation request "
+                                             "was in flight; the request was abandoned")
 
     async def _healthy(self) -> bool:
         """Whether the server answers /health; one probe at a time, shared by every request waiting
@@ -210,11 +200,7 @@ class HttpClient(InferenceClient):
         return await asyncio.shield(probe)
 
     async def _probe(self, timeout: float) -> bool:
-        try:
-            response = await self.http.pool().get(self.url + wire.HEALTH, timeout=timeout)
-            healthy = response.status_code == 200
-        except httpx.HTTPError:
-            healthy = False
+        healthy = await self._answers_health(timeout)
         self.http.health_cache[self.url] = (time.monotonic(), healthy)
         self.http.probes.pop(self.url, None)
         return healthy
@@ -228,24 +214,13 @@ class RemoteClient(FanOutClient):
     weight chunks go to the servers as chunk files in /dev/shm instead of request bodies (every
     server on this host; one copy instead of a socket transfer)."""
 
-    def __init__(
-        self,
-        urls: str | Sequence[str],
-        *,
-        api_key: str | None = None,
-        control_token: str | None = None,
-        request_timeout_s: float | None = None,
-        control_timeout_s: float | None = 600.0,
-        connect_timeout_s: float = 5.0,
-        retries: int = 3,
-        backoff_s: float = 0.1,
-        health_check_interval_s: float | None = 5.0,
-        chunk_bytes: int = 128 * 2**20,
-        shm_chunks: bool = False,
-        max_connections: int = 1024,
-        router: Router | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
-    ) -> None:
+    def __init__(self, urls: str | Sequence[str], *, api_key: str | None = None,
+                 control_token: str | None = None, request_timeout_s: float | None = None,
+                 control_timeout_s: float | None = 600.0,
+                 connect_timeout_s: float = 5.0, retries: int = 3, backoff_s: float = 0.1,
+                 health_check_interval_s: float | None = 5.0, chunk_bytes: int = 128 * 2**20,
+                 shm_chunks: bool = False, max_connections: int = 1024, router: Router | None = None,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.urls = [u.rstrip("/") for u in ([urls] if isinstance(urls, str) else urls)]
         if not self.urls:
             raise ValueError("RemoteClient needs at least one server URL")
@@ -282,9 +257,8 @@ class RemoteClient(FanOutClient):
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def init_weight_transfer(
-        self, master_address: str = "127.0.0.1", master_port: int = 0, **options: Any
-    ) -> dict[str, Any]:
+    async def init_weight_transfer(self, master_address: str = "127.0.0.1", master_port: int = 0,
+                                   **options: Any) -> dict[str, Any]:
         """Host a weight broadcast group (rank 0, rendezvous at master_address:master_port, 0 for a
         free port; an address the servers can reach) and have server i join it at rank i + 1.
         Returns once every rank has joined: master address and port, world size, backend and each
@@ -334,10 +308,8 @@ class RemoteClient(FanOutClient):
 
     async def close(self) -> None:
         if self._weight_group is not None:
-            try:
+            with contextlib.suppress(Exception):  # best effort: a server that is gone has no group to leave
                 await self.close_weight_transfer()
-            except Exception:  # best effort: a server that is gone has no group to leave
-                pass
         if self._loop is asyncio.get_running_loop():
             for pool in self._pools.values():
                 await pool.aclose()

@@ -25,9 +25,8 @@ from inflight.server.protocol import PauseMode
 from inflight.server.weight_transfer import BroadcastChunkRequest, InitWeightTransferRequest, WeightTransfer
 
 
-def build_control_router(
-    engine: AsyncEngine, control_auth, metrics: ServerMetrics, transfer: WeightTransfer
-) -> APIRouter:
+def build_control_router(engine: AsyncEngine, control_auth, metrics: ServerMetrics,
+                         transfer: WeightTransfer) -> APIRouter:
     """The control routes over `engine`; `transfer` holds the server's broadcast-group membership."""
     router = APIRouter()
     guarded = [Depends(control_auth)]
@@ -52,16 +51,14 @@ def build_control_router(
     @router.post(wire.WAKE_UP, dependencies=guarded)
     async def wake_up(tags: Annotated[list[str] | None, Query()] = None) -> dict[str, Any]:
         await engine.wake_up(tags)
-        status = engine.status()
-        return {"success": True, "weights_awake": status.weights_awake,
-                "kv_cache_awake": status.kv_cache_awake}
+        s = engine.status()
+        return {"success": True, "weights_awake": s.weights_awake, "kv_cache_awake": s.kv_cache_awake}
 
     @router.post(wire.RESET_PREFIX_CACHE, dependencies=guarded)
     async def reset_prefix_cache(reset_running_requests: bool = False):
         """200 {"success": true} when the cache is now empty; 409 {"success": false, ...} when blocks
         held by running or frozen requests kept their hashes (never a silent 200)."""
-        ok = await engine.reset_prefix_cache(reset_running_requests)
-        if ok:
+        if await engine.reset_prefix_cache(reset_running_requests):
             return {"success": True}
         err = APIError(409, "the prefix cache is not empty: blocks held by running or frozen requests keep "
                        "their hashes; pass reset_running_requests=true or wait for them",

@@ -11,6 +11,7 @@ server it started (SIGTERM to the group, then SIGKILL), also after a failed or i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -76,15 +77,11 @@ class ServerProcess:
 
     def stop(self, timeout_s: float = 10.0) -> int:
         """SIGTERM to the server's process group, SIGKILL after `timeout_s`; returns its exit status."""
-        for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, timeout_s)):
-            try:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                pass
-            try:
-                return self.proc.wait(wait_s)
-            except subprocess.TimeoutExpired:
-                continue
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                return self.proc.wait(timeout_s)
         return self.proc.wait()
 
 
@@ -147,11 +144,9 @@ async def wait_healthy(server: ServerProcess, timeout_s: float, poll_s: float = 
             if server.proc.poll() is not None:
                 raise ServerStartError(f"server {server.index} ({server.url}) exited with status "
                                        f"{server.proc.returncode} during start-up\n{server.log_tail()}")
-            try:
+            with contextlib.suppress(httpx.HTTPError):
                 if (await http.get(server.url + HEALTH, timeout=5.0)).status_code == 200:
                     return
-            except httpx.HTTPError:
-                pass
             if time.monotonic() > deadline:
                 raise ServerStartError(f"server {server.index} ({server.url}) did not answer /health within "
                                        f"{timeout_s:.0f} s\n{server.log_tail()}")

@@ -99,10 +99,6 @@ class Servers:
     client: RemoteClient
     fleet: ServerFleet | None = None
 
-    @property
-    def external(self) -> bool:
-        return self.fleet is None
-
     async def close(self) -> None:
         """Close the client's connections and stop the servers this run started (idempotent)."""
         try:

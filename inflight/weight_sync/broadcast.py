@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from inflight.weight_sync.chunking import DEFAULT_CHUNK_BYTES, WeightChunk
-from inflight.weight_sync.group import GroupHost, GroupMember, default_backend, make_group
+from inflight.weight_sync.group import GroupHost, GroupMember
 from inflight.weight_sync.receiver import ChannelReceiver, Receiver
 from inflight.weight_sync.transport import (
     ALIVE_CHECK_S,
@@ -29,7 +29,6 @@ from inflight.weight_sync.transport import (
     UpdateClient,
 )
 
-__all__ = ["BroadcastReceiver", "BroadcastTransport", "default_backend", "make_group"]
 _GROUP = "inflight/weight-sync"  # the group's name in the control channel's store
 
 
@@ -40,17 +39,10 @@ class BroadcastTransport(ChannelTransport):
     name = "broadcast"
     split_tensors = True
 
-    def __init__(
-        self,
-        host: str = "127.0.0.1",
-        port: int = 0,
-        num_receivers: int = 1,
-        max_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-        device: str | torch.device = "cpu",
-        backend: str | None = None,
-        dtype: torch.dtype | None = None,
-        timeout: float = 600.0,
-    ) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, num_receivers: int = 1,
+                 max_chunk_bytes: int = DEFAULT_CHUNK_BYTES, device: str | torch.device = "cpu",
+                 backend: str | None = None, dtype: torch.dtype | None = None,
+                 timeout: float = 600.0) -> None:
         super().__init__(max_chunk_bytes, dtype)
         self.channel = ControlChannel(host, port, num_receivers, rank=0, timeout=timeout)
         self.port = self.channel.store.port
@@ -135,15 +127,8 @@ class BroadcastReceiver(ChannelReceiver):
     """Engine rank `rank` (1..N): joins the group, receives each chunk into its buffer, loads views.
     Construction blocks until the sender connects (make it in the thread that will `serve`)."""
 
-    def __init__(
-        self,
-        host: str,
-        port: int,
-        rank: int = 1,
-        num_receivers: int = 1,
-        device: str | torch.device = "cpu",
-        timeout: float = 600.0,
-    ) -> None:
+    def __init__(self, host: str, port: int, rank: int = 1, num_receivers: int = 1,
+                 device: str | torch.device = "cpu", timeout: float = 600.0) -> None:
         super().__init__(ControlChannel(host, port, num_receivers, rank=rank, timeout=timeout))
         self.device = torch.device(device)
         self.request = {"master_address": host, "master_port": port, "rank_offset": rank,

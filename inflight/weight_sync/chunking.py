@@ -113,12 +113,8 @@ def chunk_metas(data: dict) -> list[TensorMeta]:
     return [TensorMeta.from_json(t) for t in data["tensors"]]
 
 
-def iter_chunks(
-    named_tensors: Iterable[tuple[str, torch.Tensor]],
-    max_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-    split: bool = False,
-    dtype: torch.dtype | None = None,
-) -> Iterator[WeightChunk]:
+def iter_chunks(named_tensors: Iterable[tuple[str, torch.Tensor]], max_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                split: bool = False, dtype: torch.dtype | None = None) -> Iterator[WeightChunk]:
     """Group tensors into chunks of at most `max_chunk_bytes` (alignment included), in order.
 
     A tensor larger than `max_chunk_bytes` travels alone in its own chunk, or, with `split`, in
@@ -129,14 +125,11 @@ def iter_chunks(
     """
     if max_chunk_bytes < ALIGN:
         raise ValueError(f"max_chunk_bytes={max_chunk_bytes} must be at least {ALIGN}")
-    chunk = WeightChunk(0)
-    used = 0
+    chunk, used = WeightChunk(0), 0
     for name, tensor in named_tensors:
         tensor = tensor.detach()
         wire = dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype
-        shape = tuple(tensor.shape)
-        total = tensor.numel()
-        itemsize = wire.itemsize
+        shape, total, itemsize = tuple(tensor.shape), tensor.numel(), wire.itemsize
         if not split or total * itemsize <= max_chunk_bytes:
             if chunk.metas and used + total * itemsize > max_chunk_bytes:
                 yield chunk

@@ -30,10 +30,8 @@ def transport_kind(cfg: Config) -> str:
     """The configured backend as one of `KINDS`."""
     kind = canonical_weight_sync_backend(cfg.generator.inference_engine.weight_sync_backend)
     if kind not in KINDS:
-        raise ValueError(
-            f"generator.inference_engine.weight_sync_backend={kind!r} is not one of {list(KINDS)}; "
-            "set it to one of them (or SkyRL's nccl, gloo, cuda_ipc)"
-        )
+        raise ValueError(f"generator.inference_engine.weight_sync_backend={kind!r} is not one of "
+                         f"{list(KINDS)}; set it to one of them (or SkyRL's nccl, gloo, cuda_ipc)")
     return kind
 
 
@@ -49,16 +47,9 @@ def chunk_bytes(cfg: Config, model_dir: str | Path | None = None) -> int:
     return int(min(max(size + MIB, _AUTO_MIN), _AUTO_MAX))
 
 
-def make_transport(
-    cfg: Config,
-    *,
-    model_dir: str | Path | None = None,
-    host: str | None = None,
-    device: str | torch.device = "cpu",
-    num_receivers: int = 1,
-    path: str | None = None,
-    timeout: float = 600.0,
-) -> WeightTransport:
+def make_transport(cfg: Config, *, model_dir: str | Path | None = None, host: str | None = None,
+                   device: str | torch.device = "cpu", num_receivers: int = 1, path: str | None = None,
+                   timeout: float = 600.0) -> WeightTransport:
     """The sending side of the configured transport.
 
     `host` overrides `weight_sync_host` (e.g. the node's address under Ray); `device` is where the
@@ -75,16 +66,8 @@ def make_transport(
     return BroadcastTransport(host, ie.weight_sync_port, num_receivers, size, device=device, timeout=timeout)
 
 
-def make_receiver(
-    kind: str,
-    host: str,
-    port: int,
-    *,
-    rank: int = 1,
-    num_receivers: int = 1,
-    device: str | torch.device = "cpu",
-    timeout: float = 600.0,
-) -> ChannelReceiver | None:
+def make_receiver(kind: str, host: str, port: int, *, rank: int = 1, num_receivers: int = 1,
+                  device: str | torch.device = "cpu", timeout: float = 600.0) -> ChannelReceiver | None:
     """The engine side for a sender of `kind` at host:port; None for `inprocess` (no receiver).
     Blocks until it reaches the sender (broadcast: until the group forms), so build it in the
     thread that will `serve` the engine."""
@@ -94,9 +77,7 @@ def make_receiver(
     if kind == "shm":
         return ShmReceiver(host, port, rank=rank, num_receivers=num_receivers, timeout=timeout)
     if kind == "broadcast":
-        return BroadcastReceiver(
-            host, port, rank=rank, num_receivers=num_receivers, device=device, timeout=timeout
-        )
-    raise ValueError(
-        f"weight-sync receiver kind {kind!r} is not one of {list(KINDS)} (or nccl, gloo, cuda_ipc)"
-    )
+        return BroadcastReceiver(host, port, rank=rank, num_receivers=num_receivers, device=device,
+                                 timeout=timeout)
+    raise ValueError(f"weight-sync receiver kind {kind!r} is not one of {list(KINDS)} (or nccl, gloo, "
+                     "cuda_ipc)")

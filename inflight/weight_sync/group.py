@@ -20,6 +20,7 @@ engines' own, and needs no participation from other ranks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import gc
 import json
@@ -53,9 +54,8 @@ def default_backend(device: torch.device | str) -> str:
     return "nccl" if torch.device(device).type == "cuda" else "gloo"
 
 
-def make_group(
-    store: dist.Store, rank: int, world_size: int, backend: str, timeout: datetime.timedelta
-) -> dist.ProcessGroup:
+def make_group(store: dist.Store, rank: int, world_size: int, backend: str,
+               timeout: datetime.timedelta) -> dist.ProcessGroup:
     """A process group object over `store`, outside torch.distributed's group registry (blocks
     until all `world_size` ranks have joined)."""
     prefixed = dist.PrefixStore("inflight/weight-sync/group", store)
@@ -115,10 +115,8 @@ def in_daemon_thread(fn: Callable[..., Any], *args: Any) -> asyncio.Future:
             outcome: tuple[Any, BaseException | None] = (fn(*args), None)
         except BaseException as err:  # handed to the awaiting coroutine
             outcome = (None, err)
-        try:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting any more
             loop.call_soon_threadsafe(settle, *outcome)
-        except RuntimeError:  # the loop is closed: nobody is waiting any more
-            pass
 
     threading.Thread(target=run, daemon=True, name=f"weight-broadcast-{fn.__name__}").start()
     future.add_done_callback(lambda f: f.cancelled() or f.exception())  # never "never retrieved"
@@ -133,20 +131,11 @@ class GroupHost:
     at most `max_chunk_bytes` (larger tensors travel in pieces).
     """
 
-    def __init__(
-        self,
-        world_size: int,
-        master_address: str = "127.0.0.1",
-        master_port: int = 0,
-        *,
-        backend: str | None = None,
-        device: str | torch.device = "cpu",
-        group_name: str = DEFAULT_WEIGHT_GROUP,
-        max_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-        dtype: torch.dtype | None = None,
-        timeout_s: float = 600.0,
-        store: dist.TCPStore | None = None,
-    ) -> None:
+    def __init__(self, world_size: int, master_address: str = "127.0.0.1", master_port: int = 0, *,
+                 backend: str | None = None, device: str | torch.device = "cpu",
+                 group_name: str = DEFAULT_WEIGHT_GROUP, max_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                 dtype: torch.dtype | None = None, timeout_s: float = 600.0,
+                 store: dist.TCPStore | None = None) -> None:
         if world_size < 2:
             raise ValueError(f"world_size={world_size}: a broadcast group needs rank 0 and at least one member")
         self.world_size, self.master_address, self.group_name = world_size, master_address, group_name
@@ -154,9 +143,8 @@ class GroupHost:
         self.backend = backend or default_backend(self.device)
         self.max_chunk_bytes, self.dtype, self.timeout_s = int(max_chunk_bytes), dtype, timeout_s
         self.store: dist.TCPStore | None = store or dist.TCPStore(
-            master_address, master_port, world_size, True,
-            timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False,
-        )  # fmt: skip
+            master_address, master_port, world_size, True, timeout=datetime.timedelta(seconds=timeout_s),
+            wait_for_workers=False)  # fmt: skip
         self.port = self.store.port
         info = {"world_size": world_size, "backend": self.backend, "max_chunk_bytes": self.max_chunk_bytes}
         self.store.set(info_key(group_name), json.dumps(info))
@@ -319,16 +307,15 @@ def _await_start(store: dist.Store, name: str, seconds: float, where: str) -> No
     keys = [start_key(name, "go"), start_key(name, "cancelled")]
     while True:
         try:
-            if store.check([keys[1]]):
-                raise WeightGroupError(f"the master at {where} stopped forming the weight group {name!r} (a member "
-                                       "failed to join)", 502, "weight_transfer_failed")
-            if store.check([keys[0]]):
-                return
+            cancelled, go = store.check([keys[1]]), store.check([keys[0]])
         except (RuntimeError, OSError) as err:
-            if isinstance(err, WeightGroupError):
-                raise
             raise WeightGroupError(f"lost the weight-transfer master at {where} while the group formed: {err}",
                                    502, "weight_transfer_unreachable") from err
+        if cancelled:
+            raise WeightGroupError(f"the master at {where} stopped forming the weight group {name!r} (a "
+                                   "member failed to join)", 502, "weight_transfer_failed")
+        if go:
+            return
         if time.monotonic() > deadline:
             raise WeightGroupError(f"the weight group {name!r} did not form within {seconds:g}s (are all ranks "
                                    "joining?)", 504, "weight_transfer_timeout")

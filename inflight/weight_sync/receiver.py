@@ -27,7 +27,7 @@ from inflight.engine.adapters import adapter_part
 from inflight.engine.async_engine import AsyncEngine
 from inflight.engine.engine import LLMEngine
 from inflight.engine.weight_copy import WeightPiece
-from inflight.weight_sync.chunking import Reassembler, TensorMeta, view_entry
+from inflight.weight_sync.chunking import Reassembler, TensorMeta, chunk_metas, view_entry
 from inflight.weight_sync.group import GroupMember, WeightGroupError
 from inflight.weight_sync.transport import ControlChannel, TransportError
 
@@ -100,7 +100,7 @@ class Receiver:
     def receive(self, metadata: dict[str, Any]) -> int:
         """Join the broadcast of one chunk (`WeightChunk.metadata()`), load what it completes;
         returns the tensors loaded."""
-        metas = [TensorMeta.from_json(t) for t in metadata["tensors"]]
+        metas = chunk_metas(metadata)
         with self._lock:
             member = self.member
             if member is None:
@@ -133,10 +133,7 @@ class Receiver:
 
 def _unwrap_engine(target: Any) -> LLMEngine:
     """An LLMEngine from an LLMEngine, AsyncEngine or LocalClient."""
-    while not hasattr(target, "begin_weight_update") or hasattr(target, "engine"):
-        inner = getattr(target, "engine", None)
-        if inner is None:
-            break
+    while (inner := getattr(target, "engine", None)) is not None:
         target = inner
     return target
 
@@ -185,8 +182,7 @@ class ChannelReceiver:
         if op == "begin":
             return receiver.begin()
         if op == "chunk":
-            metas = [TensorMeta.from_json(t) for t in message["chunk"]["tensors"]]
-            return receiver.load(metas, self.chunk_buffer(message))
+            return receiver.load(chunk_metas(message["chunk"]), self.chunk_buffer(message))
         if op == "finish":
             return receiver.finish(message["version"])
         if op == "abort":

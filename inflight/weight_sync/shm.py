@@ -21,7 +21,7 @@ engine's device) instead of a /dev/shm file; that path is not implemented here.
 from __future__ import annotations
 
 import asyncio
-import os
+import contextlib
 import tempfile
 import uuid
 import weakref
@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from inflight.weight_sync.chunking import ALIGN, DEFAULT_CHUNK_BYTES, WeightChunk, pack_chunk
+from inflight.weight_sync.chunking import ALIGN, DEFAULT_CHUNK_BYTES, WeightChunk, align, pack_chunk
 from inflight.weight_sync.receiver import ChannelReceiver
 from inflight.weight_sync.transport import ChannelTransport, ControlChannel, Posted, TransportError, checked
 
@@ -43,7 +43,7 @@ class _Slots:
     """The SLOTS (version counter, data) views of one mapping of the shared file."""
 
     def __init__(self, path: str, capacity: int) -> None:
-        stride = HEADER + -(-capacity // ALIGN) * ALIGN  # every slot starts aligned
+        stride = HEADER + align(capacity)  # every slot starts aligned
         self.buffer = torch.from_file(path, shared=True, size=SLOTS * stride, dtype=torch.uint8)
         self.versions = [self.buffer[i * stride : i * stride + 8].view(torch.int64) for i in range(SLOTS)]
         self.data = [self.buffer[i * stride + HEADER : (i + 1) * stride] for i in range(SLOTS)]
@@ -51,13 +51,6 @@ class _Slots:
 
 def _shm_dir() -> Path:
     return Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 class ShmTransport(ChannelTransport):
@@ -70,20 +63,13 @@ class ShmTransport(ChannelTransport):
     name = "shm"
     split_tensors = True
 
-    def __init__(
-        self,
-        host: str = "127.0.0.1",
-        port: int = 0,
-        num_receivers: int = 1,
-        max_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-        dtype: torch.dtype | None = None,
-        timeout: float = 600.0,
-        path: str | None = None,
-    ) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, num_receivers: int = 1,
+                 max_chunk_bytes: int = DEFAULT_CHUNK_BYTES, dtype: torch.dtype | None = None,
+                 timeout: float = 600.0, path: str | None = None) -> None:
         super().__init__(max_chunk_bytes, dtype)
         self.path = path or str(_shm_dir() / f"inflight-weights-{uuid.uuid4().hex}")
         self.slots = _Slots(self.path, self.max_chunk_bytes)
-        self._finalizer = weakref.finalize(self, _unlink, self.path)
+        self._finalizer = weakref.finalize(self, Path(self.path).unlink, missing_ok=True)
         self._next_slot = 0
         self._in_flight: deque[Posted] = deque()  # chunk messages not yet answered, oldest first
         self.channel = ControlChannel(host, port, num_receivers, rank=0, timeout=timeout)
@@ -112,10 +98,8 @@ class ShmTransport(ChannelTransport):
     def _drop_in_flight(self) -> None:
         """After a failure: collect what the receivers still answer, ignoring their errors."""
         while self._in_flight:
-            try:
+            with contextlib.suppress(Exception):  # the failure being handled is the one reported
                 self.channel.collect(self._in_flight.popleft())
-            except Exception:  # the failure being handled is the one reported
-                pass
 
     async def finish(self, client: Any, version: int) -> int:
         await asyncio.to_thread(self._settle)
@@ -135,13 +119,11 @@ class ShmTransport(ChannelTransport):
 class ShmReceiver(ChannelReceiver):
     """Engine side: maps the sender's buffer and loads views of it into the engine."""
 
-    def __init__(
-        self, host: str, port: int, rank: int = 1, num_receivers: int = 1, timeout: float = 600.0
-    ) -> None:
+    def __init__(self, host: str, port: int, rank: int = 1, num_receivers: int = 1,
+                 timeout: float = 600.0) -> None:
         super().__init__(ControlChannel(host, port, num_receivers, rank=rank, timeout=timeout))
-        path, capacity = self.channel.store.get("shm/info").decode().split("\n")
-        self.path = path
-        self.slots = _Slots(path, int(capacity))
+        self.path, capacity = self.channel.store.get("shm/info").decode().split("\n")
+        self.slots = _Slots(self.path, int(capacity))
 
     def chunk_buffer(self, message: dict) -> torch.Tensor:
         slot = int(message.get("slot", 0))

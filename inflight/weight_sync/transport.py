@@ -14,6 +14,7 @@ engine side the one `Receiver` (`inflight.weight_sync.receiver`) applies each me
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import json
 import time
@@ -136,27 +137,19 @@ class ControlChannel:
     stopped from its own process and a sender finds out instead of waiting.
     """
 
-    def __init__(
-        self,
-        host: str,
-        port: int,
-        num_receivers: int,
-        rank: int = 0,
-        timeout: float | datetime.timedelta = _TIMEOUT,
-    ) -> None:
+    def __init__(self, host: str, port: int, num_receivers: int, rank: int = 0,
+                 timeout: float | datetime.timedelta = _TIMEOUT) -> None:
         if not 0 <= rank <= num_receivers:
             raise ValueError(f"rank {rank} must be 0 (sender) or 1..{num_receivers} (receivers)")
         self.host, self.port, self.rank, self.num_receivers = host, port, rank, num_receivers
         self.timeout = _timedelta(timeout)
         try:
-            self.store = dist.TCPStore(
-                host, port, num_receivers + 1, rank == 0, timeout=self.timeout, wait_for_workers=False
-            )
+            self.store = dist.TCPStore(host, port, num_receivers + 1, rank == 0, timeout=self.timeout,
+                                       wait_for_workers=False)
         except (RuntimeError, OSError) as err:
             role = "host" if rank == 0 else "reach"
-            raise TransportError(
-                f"cannot {role} the weight-sync control store at {host}:{port}: {err}"
-            ) from err
+            raise TransportError(f"cannot {role} the weight-sync control store at {host}:{port}: "
+                                 f"{err}") from err
         self.seq = 0
         self.stopped: set[int] = set()  # receivers found stopped (sender side)
         # sender side: the receivers whose process has exited (set by whoever started them); a
@@ -169,10 +162,6 @@ class ControlChannel:
         if rank > 0 and self.store.check([_start_key(rank)]):
             self.seq, self.readmitted = int(self.store.get(_start_key(rank))), True
 
-    @property
-    def receivers(self) -> range:
-        return range(1, self.num_receivers + 1)
-
     def readmit(self, rank: int) -> None:
         """Sender: receiver `rank`'s process was replaced (call before starting the new one): the
         new receiver is sent messages again, from the next one on."""
@@ -180,12 +169,8 @@ class ControlChannel:
         self.store.set(_start_key(rank), str(self.seq))
 
     # sender side
-    def send(
-        self,
-        message: dict,
-        timeout: float | datetime.timedelta | None = None,
-        during: Callable[[], None] | None = None,
-    ) -> list[dict]:
+    def send(self, message: dict, timeout: float | datetime.timedelta | None = None,
+             during: Callable[[], None] | None = None) -> list[dict]:
         """Post `message` to every receiver, run `during()` (e.g. a collective the receivers join
         on reading the message), then wait for every acknowledgement; returns the replies."""
         posted = self.post(message)
@@ -198,7 +183,7 @@ class ControlChannel:
         are applied in order, so a sender may post the next before the last is answered)."""
         if self.stopped and message["op"] != "close":
             raise TransportError(f"weight-sync receivers {sorted(self.stopped)} have stopped")
-        targets = [r for r in self.receivers if r not in self.stopped]
+        targets = [r for r in range(1, self.num_receivers + 1) if r not in self.stopped]
         seq, self.seq = self.seq, self.seq + 1
         body = json.dumps({**message, "seq": seq})
         for r in targets:
@@ -217,10 +202,8 @@ class ControlChannel:
                 self._wait_ack(r, posted.seq, wait, posted.op)
                 replies.append(json.loads(self.store.get(f"ack/{r}/{posted.seq}")))
             except (RuntimeError, OSError) as err:  # DistStoreError (timeout), connection lost
-                raise TransportError(
-                    f"weight-sync receiver {r} did not answer {posted.op!r} within "
-                    f"{wait.total_seconds():.0f}s: {err}"
-                ) from err
+                raise TransportError(f"weight-sync receiver {r} did not answer {posted.op!r} within "
+                                     f"{wait.total_seconds():.0f}s: {err}") from err
             self.store.delete_key(f"ack/{r}/{posted.seq}")
             self.store.delete_key(f"msg/{r}/{posted.seq}")
         return replies
@@ -254,8 +237,7 @@ class ControlChannel:
         """Block until the next message for this receiver arrives."""
         key = f"msg/{self.rank}/{self.seq}"
         self.store.wait([key], _IDLE)
-        message = json.loads(self.store.get(key))
-        return message
+        return json.loads(self.store.get(key))
 
     def ack(self, reply: dict) -> None:
         self.store.set(f"ack/{self.rank}/{self.seq}", json.dumps(reply))
@@ -285,8 +267,7 @@ class ChannelTransport(WeightTransport):
         await asyncio.to_thread(self.channel.send_checked, {"op": "begin"})
 
     async def send_chunk(self, client: UpdateClient | None, chunk: WeightChunk) -> None:
-        message = {"op": "chunk", "chunk": chunk.metadata()}
-        await asyncio.to_thread(self._send_bytes, chunk, message)
+        await asyncio.to_thread(self._send_bytes, chunk, {"op": "chunk", "chunk": chunk.metadata()})
 
     async def finish(self, client: UpdateClient | None, version: int) -> int:
         results = await asyncio.to_thread(self.channel.send_checked, {"op": "finish", "version": version})
@@ -304,7 +285,5 @@ class ChannelTransport(WeightTransport):
 
     def close_receivers(self, timeout: float = 10.0) -> None:
         """Tell every receiver to return from `serve` (best effort)."""
-        try:
+        with contextlib.suppress(TransportError):
             self.channel.send({"op": "close"}, timeout=timeout)
-        except TransportError:
-            pass
