@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import queue
 import random
 import threading
 from abc import ABC, abstractmethod
@@ -148,17 +149,33 @@ class Task(ABC):
         return encode(self.tokenizer, render(self.tokenizer, messages, tools, add_generation_prompt=True))
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of text (no special tokens added): prompts and environment observations."""
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        """Token ids of text (no special tokens added): prompts and environment observations.
+        Memoised per task (a group's samples share their prompt) and, for a fast tokenizer, taken
+        from its `tokenizers` backend directly (the same ids without transformers' per-call
+        BatchEncoding: in a fully-async run this encoding competes with the train step for the GIL)."""
+        cache = self.__dict__.setdefault("_encoded", {})
+        ids = cache.get(text)
+        if ids is None:
+            backend = getattr(self.tokenizer, "backend_tokenizer", None)
+            if backend is not None:
+                ids = tuple(backend.encode(text, add_special_tokens=False).ids)
+            else:
+                ids = tuple(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+            if len(cache) >= ENCODE_CACHE_SIZE:
+                cache.pop(next(iter(cache)))  # the oldest entry
+            cache[text] = ids
+        return list(ids)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
 
 def in_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Awaitable[Any]:
-    """`fn(*args, **kwargs)` in a new daemon thread, as a future of the running loop: a call that
+    """`fn(*args, **kwargs)` in a daemon thread, as a future of the running loop: a call that
     hangs (a reward, a tool) is abandoned there when its awaiter gives up, and blocks neither the
-    event loop, nor the default executor's threads, nor the process's exit."""
+    event loop, nor the default executor's threads, nor the process's exit. Threads are reused
+    (`_DaemonThreads`): an idle one takes the call, else a new one starts, so a hung call holds only
+    its own thread while starting a thread per call (a cost in a fully-async run) is avoided."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[Any] = loop.create_future()
 
@@ -176,5 +193,33 @@ def in_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Awaitable[An
         except RuntimeError:  # the loop is gone (the call outlived its episode)
             pass
 
-    threading.Thread(target=run, name="inflight-env-call", daemon=True).start()
+    _THREADS.submit(run)
     return future
+
+
+class _DaemonThreads:
+    """Daemon worker threads that wait for calls; one more starts whenever none is idle."""
+
+    def __init__(self) -> None:
+        self.calls: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self.lock = threading.Lock()
+        self.idle = 0
+
+    def submit(self, call: Callable[[], None]) -> None:
+        with self.lock:
+            start = self.idle == 0
+            if not start:
+                self.idle -= 1  # that idle thread is this call's
+        self.calls.put(call)
+        if start:
+            threading.Thread(target=self._work, name="inflight-env-call", daemon=True).start()
+
+    def _work(self) -> None:
+        while True:
+            self.calls.get()()
+            with self.lock:
+                self.idle += 1
+
+
+_THREADS = _DaemonThreads()
+ENCODE_CACHE_SIZE = 4096  # texts memoised per task by `Task.encode`

@@ -1,0 +1,48 @@
+"""`Task.encode` gives transformers' ids (memoised, from the fast tokenizer's backend), and
+`in_thread` reuses its daemon threads while a hung call still holds only its own."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from inflight.tasks import AdditionTask
+from inflight.tasks.base import in_thread
+from inflight.testing import make_tokenizer
+
+TEXTS = {  # the character tokenizer knows only its task's characters
+    "chars": ["12+34=", "", "7+0=", "12+34="],
+    "trained": ["12+34=", "", "  spaced  out ", "héllo wörld ✓", "<|im_start|>user\nhi<|im_end|>", "a\n\nb\t c", "12+34="],
+}
+
+
+@pytest.mark.parametrize("tokenizer", ["chars", "trained"])
+def test_encode_equals_the_tokenizers_own_ids(tokenizer):
+    task = AdditionTask() if tokenizer == "chars" else AdditionTask(make_tokenizer())
+    for text in TEXTS[tokenizer]:
+        expected = list(task.tokenizer(text, add_special_tokens=False)["input_ids"])
+        first, again = task.encode(text), task.encode(text)
+        assert first == again == expected, text
+        first.append(-1)  # a caller's list is its own: the memo is not changed through it
+        assert task.encode(text) == expected
+
+
+def test_in_thread_reuses_threads_and_a_hung_call_blocks_no_other():
+    release = threading.Event()
+
+    async def scenario() -> tuple[list[threading.Thread], float]:
+        hung = in_thread(release.wait, 30)  # holds its thread until released
+        started = time.perf_counter()
+        threads = [await in_thread(threading.current_thread) for _ in range(50)]
+        took = time.perf_counter() - started
+        release.set()
+        assert await hung is True
+        return threads, took
+
+    threads, took = asyncio.run(scenario())
+    assert took < 10  # the hung call held back none of the 50
+    assert {t.name for t in threads} == {"inflight-env-call"} and all(t.daemon for t in threads)
+    assert len(set(threads)) <= 2  # 50 calls one after another: the same thread again, not 50
