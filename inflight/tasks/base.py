@@ -108,6 +108,7 @@ class Task(ABC):
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
+        self._encoded: dict[str, tuple[int, ...]] = {}  # `encode`'s memo, oldest first
 
     @abstractmethod
     def train_problems(self) -> Sequence[Problem]: ...
@@ -153,7 +154,7 @@ class Task(ABC):
         Memoised per task (a group's samples share their prompt) and, for a fast tokenizer, taken
         from its `tokenizers` backend directly (the same ids without transformers' per-call
         BatchEncoding: in a fully-async run this encoding competes with the train step for the GIL)."""
-        cache = self.__dict__.setdefault("_encoded", {})
+        cache = self._encoded
         ids = cache.get(text)
         if ids is None:
             backend = getattr(self.tokenizer, "backend_tokenizer", None)
