@@ -27,11 +27,11 @@ from inflight.train.engine_settings import engine_config
 from inflight.train.job_config import JobConfig
 from inflight.train.runtime import one_client, policy_ranks
 from inflight.train.servers import (
-    CONTROL_TOKEN_ENV,
     START_TIMEOUT_S,
     ServerSpec,
     check_external,
     check_vllm_python,
+    external_spec,
     new_control_token,
     server_spec,
 )
@@ -131,7 +131,7 @@ async def _start_servers(runtime: RayRuntime, cfg: Config, job: JobConfig, model
     started by a `ServerActor` on its engine's bundle."""
     ie = cfg.generator.inference_engine
     if external(cfg):
-        spec = server_spec(cfg, ie.external_server_urls or [], os.environ.get(CONTROL_TOKEN_ENV))
+        spec = external_spec(cfg)
         async with spec.client() as client:
             await check_external(client)
         return spec

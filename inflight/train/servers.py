@@ -92,6 +92,12 @@ def server_spec(cfg: Config, urls: list[str], control_token: str | None) -> Serv
     return ServerSpec(list(urls), control_token, transport_kind(cfg) == "shm")
 
 
+def external_spec(cfg: Config) -> ServerSpec:
+    """The spec of the servers in `external_server_urls`, with the token from `CONTROL_TOKEN_ENV`."""
+    return server_spec(cfg, cfg.generator.inference_engine.external_server_urls or [],
+                       os.environ.get(CONTROL_TOKEN_ENV))
+
+
 @dataclass
 class Servers:
     """The servers' client, and the fleet when this run started them (None: started elsewhere)."""
@@ -114,7 +120,7 @@ async def start_servers(cfg: Config, job: JobConfig, model_dir: str | Path, vers
     require_implemented(cfg)
     ie = cfg.generator.inference_engine
     if not ie.run_engines_locally:
-        client = server_spec(cfg, ie.external_server_urls or [], os.environ.get(CONTROL_TOKEN_ENV)).client()
+        client = external_spec(cfg).client()
         try:
             await check_external(client)
         except BaseException:
