@@ -140,12 +140,19 @@ def _own_cpu_s() -> float:
     return t.user + t.system + t.children_user + t.children_system
 
 
+def _trainer_cpu_s() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
 class CpuMeter:
-    """CPU seconds this process and its reaped children used over a span, and the rest of the
-    machine's busy CPU time (other processes: the load that hit this run)."""
+    """CPU seconds this process and its reaped children used over a span, this process's alone
+    (the trainer's: the train step plus the rollout loop's Python), and the rest of the machine's
+    busy CPU time (other processes: the load that hit this run)."""
 
     def __enter__(self) -> CpuMeter:
         self.t0, self.busy0, self.own0 = time.perf_counter(), _busy_s(), _own_cpu_s()
+        self.trainer0 = _trainer_cpu_s()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -153,6 +160,7 @@ class CpuMeter:
         own, busy = _own_cpu_s() - self.own0, _busy_s() - self.busy0
         other = max(0.0, busy - own)
         self.result = {"wall_s": wall, "own_cpu_s": own, "other_cpu_s": other,
+                       "trainer_cpu_s": _trainer_cpu_s() - self.trainer0,
                        "other_cpu_share": other / max(wall * (os.cpu_count() or 1), 1e-9)}
 
 
@@ -225,6 +233,7 @@ def run_mode(common: list[str], model: str, enabled: bool, run_dir: Path, target
         summary = asyncio.run(run_job(cfg, job, task, lambda _t: None))
     records = [r for r in read_metrics(run_dir / "metrics.jsonl") if "reward" in r]
     return {**phase_seconds(records), "steps_per_s": summary["steps"] / summary["train_seconds"],
+            "trainer_cpu_per_step_s": meter.result["trainer_cpu_s"] / max(summary["steps"], 1),
             "samples_per_s": summary["samples_per_s"], "before": summary["before"], "after": summary["after"],
             "time_to_target_s": _time_to(records, target),
             "response_length_tokens": percentiles(lengths),
@@ -232,12 +241,15 @@ def run_mode(common: list[str], model: str, enabled: bool, run_dir: Path, target
 
 
 def phase_seconds(records: list[dict[str, Any]]) -> dict[str, float]:
-    """Mean seconds per step spent waiting for generation (`generate_s`) and training plus
-    syncing (`train_s`) over a run's step records."""
+    """Mean seconds per step spent waiting for generation (`generate_s`), training plus syncing
+    (`train_s`), and the train step's own wall clock and CPU time (`step_wall_s`, `step_cpu_s`:
+    a step beside generation that takes more wall time for the same CPU time waited for the
+    trainer's core or its GIL) over a run's step records."""
     def mean(keys: tuple[str, ...]) -> float:
         return statistics.mean(sum(r.get(k, 0.0) for k in keys) for r in records) if records else 0.0
 
-    return {"generate_s": mean(("timing/wait_s",)), "train_s": mean(("timing/train_s", "timing/sync_s"))}
+    return {"generate_s": mean(("timing/wait_s",)), "train_s": mean(("timing/train_s", "timing/sync_s")),
+            "step_wall_s": mean(("train_s",)), "step_cpu_s": mean(("train_cpu_s",))}
 
 
 def overlap_bound(sync_rows: list[dict[str, Any]]) -> float:
@@ -253,8 +265,9 @@ def _say_row(say, mode: str, rnd: int, row: dict[str, Any], target: float) -> No
     say(f"{mode:>11} round {rnd}: {row['steps_per_s']:.2f} steps/s, {row['samples_per_s']:.0f} samples/s, "
         f"accuracy {row['before']:.1%} -> {row['after']:.1%}, time to {target:.0%}: "
         f"{f'{reached:.0f} s' if reached is not None else 'not reached'}, response tokens p50/p90/p99/max "
-        f"{_quartet(row['response_length_tokens'])} (load {row['load_before']:.1f}, other processes "
-        f"{row['other_cpu_share']:.0%} of the CPUs)")
+        f"{_quartet(row['response_length_tokens'])}; train step {row['step_wall_s'] * 1e3:.0f} ms wall, "
+        f"{row['step_cpu_s'] * 1e3:.0f} ms CPU; trainer process CPU {row['trainer_cpu_per_step_s'] * 1e3:.0f} ms "
+        f"a step (load {row['load_before']:.1f}, other processes {row['other_cpu_share']:.0%} of the CPUs)")
 
 
 def _quartet(stats: dict[str, float]) -> str:
@@ -263,7 +276,8 @@ def _quartet(stats: dict[str, float]) -> str:
 
 def summarize(results: dict[str, list[dict[str, Any]]]) -> tuple[dict[str, dict[str, float]], float]:
     """Per-mode means and the fully-async / sync samples/s ratio."""
-    keys = ("steps_per_s", "samples_per_s", "after", "other_cpu_share", "generate_s", "train_s")
+    keys = ("steps_per_s", "samples_per_s", "after", "other_cpu_share", "generate_s", "train_s", "step_wall_s",
+            "step_cpu_s", "trainer_cpu_per_step_s")
     mean = {m: {k: statistics.mean(r[k] for r in rows) for k in keys} for m, rows in results.items()}
     return mean, mean["fully_async"]["samples_per_s"] / max(mean["sync"]["samples_per_s"], 1e-9)
 

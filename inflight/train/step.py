@@ -139,7 +139,7 @@ class TrainingStep:
     def __call__(self, groups: Sequence[TrajectoryGroup], policy_version: int) -> dict[str, float | None]:
         """Train on this rank's share of `groups` (every data-parallel rank gets all of them and
         trains on its own rows; see `inflight.train.data_parallel`); returns the step's metrics."""
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.thread_time()
         padded, real = self.counts["padded_tokens"], self.counts["real_tokens"]
         alg, opts = self.cfg.trainer.algorithm, self.options
         rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
@@ -147,7 +147,8 @@ class TrainingStep:
         keep = informative_groups(rewards) if opts.drop_zero_advantage_groups else torch.ones(len(groups), dtype=torch.bool)
         metrics.update(groups_trained=float(keep.sum()), groups_dropped=float(len(groups) - keep.sum()))
         if not keep.any():  # nothing to learn from: no forward, no ratios, no optimizer step
-            metrics.update(train_s=time.perf_counter() - started, optimizer_steps=0.0, is_ratio_mean=None,
+            metrics.update(train_s=time.perf_counter() - started, train_cpu_s=time.thread_time() - cpu_started,
+                           optimizer_steps=0.0, is_ratio_mean=None,
                            is_ratio_max=None, is_ratio_min=None)
             return metrics
         kept = [g for g, k in zip(groups, keep.tolist(), strict=True) if k]
@@ -169,7 +170,8 @@ class TrainingStep:
             ratios = self.first_pass_ratios
             metrics.update(is_ratio_mean=ratios.get("ratio_mean"), is_ratio_max=ratios.get("ratio_max"),
                            is_ratio_min=ratios.get("ratio_min"))
-        metrics.update(train_s=time.perf_counter() - started, trained_tokens=float(batch.loss_mask.sum()),
+        metrics.update(train_s=time.perf_counter() - started, train_cpu_s=time.thread_time() - cpu_started,
+                       trained_tokens=float(batch.loss_mask.sum()),
                        train_padded_tokens=float(self.counts["padded_tokens"] - padded),
                        train_real_tokens=float(self.counts["real_tokens"] - real))
         return metrics

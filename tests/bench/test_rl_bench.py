@@ -69,7 +69,7 @@ def test_cpu_meter_counts_own_and_other_cpu():
         while time.process_time() < end:
             pass
     r = meter.result
-    assert r["own_cpu_s"] >= 0.25 and r["wall_s"] >= 0.25
+    assert r["own_cpu_s"] >= 0.25 and r["wall_s"] >= 0.25 and r["trainer_cpu_s"] >= 0.25
     assert r["other_cpu_s"] >= 0.0 and 0.0 <= r["other_cpu_share"] <= 1.0
 
 
@@ -77,16 +77,19 @@ def test_time_to_target_and_summary():
     records = [{"time": 1.0, "eval/accuracy": 0.2}, {"time": 2.0}, {"time": 3.0, "eval/accuracy": 0.5}]
     assert _time_to(records, 0.45) == 3.0 and _time_to(records, 0.6) is None
     row = {"steps_per_s": 2.0, "samples_per_s": 300.0, "after": 0.5, "other_cpu_share": 0.1,
-           "generate_s": 0.3, "train_s": 0.2}
+           "generate_s": 0.3, "train_s": 0.2, "step_wall_s": 0.15, "step_cpu_s": 0.1, "trainer_cpu_per_step_s": 0.12}
     mean, ratio = summarize({"fully_async": [row, {**row, "samples_per_s": 500.0}], "sync": [row]})
     assert mean["fully_async"]["samples_per_s"] == 400.0 and ratio == pytest.approx(4 / 3)
 
 
 def test_the_overlap_bound_comes_from_the_synchronous_phases():
-    records = [{"timing/wait_s": 0.3, "timing/train_s": 0.15, "timing/sync_s": 0.05},
-               {"timing/wait_s": 0.5, "timing/train_s": 0.25, "timing/sync_s": 0.05}]
+    records = [{"timing/wait_s": 0.3, "timing/train_s": 0.15, "timing/sync_s": 0.05, "train_s": 0.14,
+                "train_cpu_s": 0.1},
+               {"timing/wait_s": 0.5, "timing/train_s": 0.25, "timing/sync_s": 0.05, "train_s": 0.24,
+                "train_cpu_s": 0.2}]
     phases = phase_seconds(records)
-    assert phases == {"generate_s": pytest.approx(0.4), "train_s": pytest.approx(0.25)}
+    assert phases == {"generate_s": pytest.approx(0.4), "train_s": pytest.approx(0.25),
+                      "step_wall_s": pytest.approx(0.19), "step_cpu_s": pytest.approx(0.15)}
     assert overlap_bound([phases]) == pytest.approx(0.65 / 0.4)
     assert overlap_bound([{"generate_s": 0.2, "train_s": 0.2}]) == pytest.approx(2.0)
 
@@ -149,5 +152,8 @@ def test_bench_rl_smoke_on_count_up(tmp_path):
     assert result["throughput_ratio"] > 0
     (sync,) = result["results"]["sync"]
     assert sync["generate_s"] > 0 and sync["train_s"] > 0  # the phases of the bound, from this run
+    # the train step's CPU time is its thread's, within its wall time and the trainer process's CPU
+    assert 0 < sync["step_cpu_s"] <= sync["step_wall_s"] * 1.05
+    assert sync["trainer_cpu_per_step_s"] >= sync["step_cpu_s"]
     assert 1.0 <= result["overlap_bound"] <= 2.0
     assert result["fraction_of_bound"] == pytest.approx(result["throughput_ratio"] / result["overlap_bound"])

@@ -16,7 +16,7 @@ REQUIRED = (
     "reward", "accuracy", "staleness_mean", "staleness_max", "is_ratio_mean", "is_ratio_max", "is_ratio_min",
     "kv/resets", "kv/kv_invalidated_resets", "kv/recomputed_tokens", "kv/preemptions", "timing/wait_s",
     "timing/train_s", "timing/sync_s", "timing/pause_s", "timing/step_s", "throughput/tokens_per_s",
-    "throughput/samples_per_s", "weight_version", "time",
+    "throughput/samples_per_s", "weight_version", "time", "train_s", "train_cpu_s",
 )
 
 FATES = {
