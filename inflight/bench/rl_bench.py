@@ -68,33 +68,47 @@ def _threads_of(pid: int) -> list[int]:
 
 
 def children_of(pid: int) -> list[int]:
-    """Ids of the live child processes of `pid` (from /proc)."""
+    """Ids of the live child processes of `pid`: from its threads' `children` lists in /proc (a
+    few small reads), else from a scan of every process's parent id."""
+    if Path(f"/proc/{pid}/task/{pid}/children").exists():  # not on kernels without CONFIG_PROC_CHILDREN
+        return [int(c) for t in _threads_of(pid) for c in _read(f"/proc/{pid}/task/{t}/children").split()]
     out = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            stat = _read(f"/proc/{entry}/stat")
+            if stat and int(stat.rsplit(")", 1)[1].split()[1]) == pid:
                 out.append(int(entry))
     return out
 
 
-def pin(pid: int, cores: set[int]) -> None:
-    """Restrict every thread of process `pid` to `cores` (affinity is per thread on Linux)."""
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
+
+
+def pin(pid: int, cores: set[int], skip: set[int] = frozenset()) -> set[int]:
+    """Restrict every thread of process `pid` but those in `skip` to `cores` (affinity is per
+    thread on Linux); returns the ids of the threads pinned."""
+    pinned = set()
     for tid in _threads_of(pid):
-        try:
-            os.sched_setaffinity(tid, cores)
-        except OSError:  # the thread ended meanwhile
-            pass
+        if tid not in skip:
+            try:
+                os.sched_setaffinity(tid, cores)
+                pinned.add(tid)
+            except OSError:  # the thread ended meanwhile
+                pass
+    return pinned
 
 
 class CorePinning:
     """While active, this process (the trainer) runs on the first allowed core and every child it
-    starts (the engine process) on the second; a watcher re-pins every 0.2 s, since threads the
-    child started before its first pinning keep the core they were born on. Does nothing when
-    disabled or when fewer than two cores are allowed."""
+    starts (the engine process) on the second; a watcher pins a child's new threads every 0.2 s,
+    since threads the child started before its first pinning keep the core they were born on
+    (later ones inherit the pinned core). The watcher runs on the trainer's core, so a pass is
+    cheap: the known children's threads not pinned yet, new children looked for every 2 s.
+    Does nothing when disabled or when fewer than two cores are allowed."""
 
     def __init__(self, enabled: bool = True, interval_s: float = 0.2) -> None:
         self.saved = sorted(os.sched_getaffinity(0))
@@ -117,10 +131,15 @@ class CorePinning:
             self._watcher.start()
         return self
 
-    def _watch(self) -> None:
+    def _watch(self, look_every: int = 10) -> None:
+        pinned: dict[int, set[int]] = {}  # child pid -> its threads pinned so far
+        passes = 0
         while not self._stop.wait(self.interval_s):
-            for child in children_of(os.getpid()):
-                pin(child, self.engine_cores)
+            if not pinned or passes % look_every == 0:  # new children are rare: looked for less often
+                pinned = {c: pinned.get(c, set()) for c in children_of(os.getpid())}
+            passes += 1
+            for child, done in pinned.items():
+                done |= pin(child, self.engine_cores, skip=done)
 
     def __exit__(self, *exc: object) -> None:
         if self._watcher is not None:
@@ -169,6 +188,8 @@ def record_response_lengths(task) -> list[int]:
     """Make `task` note the tokens (plus EOS) of every training response it scores, held-out
     evaluations left out; returns the list it fills. Single-turn tasks only (they score through
     `task.reward`); the step metrics hold only means, and the tail is what this bench is about."""
+    from inflight.tasks.base import is_bounded
+
     lengths: list[int] = []
     held_out = {p.id for p in task.eval_problems()}
     score = task.reward
@@ -179,6 +200,7 @@ def record_response_lengths(task) -> list[int]:
             lengths.append(min(len(task.encode(response)) + 1, task.max_new_tokens))
         return score(problem, response)
 
+    reward.bounded = is_bounded(score)  # run where the unwrapped reward would (inline or in a thread)
     task.reward = reward  # an instance attribute: the environments call task.reward
     return lengths
 

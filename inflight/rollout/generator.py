@@ -39,7 +39,9 @@ Reward failures: a `step()` (the reward) that raises, returns no finite number, 
 than `reward_timeout_s` (`environment.reward_timeout_s`) scores its sample 0, sets
 `Trajectory.reward_failed` (counted as `reward/failures` in the step's metrics) and ends the
 episode; the run goes on. With a timeout, a synchronous `step()` runs in its own daemon thread (a
-hung one is abandoned there, and cannot block the engine's event loop or the process's exit).
+hung one is abandoned there, and cannot block the engine's event loop or the process's exit),
+unless it is marked `@bounded` (`inflight.tasks.base`: the built-in synthetic tasks' rewards, pure
+functions of microseconds), which is called on the loop.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ from typing import Any
 from inflight.chat.stop import single_token_stops, truncate_at_stop
 from inflight.chat.turns import as_messages, between_turns
 from inflight.engine.request import SamplingParams
-from inflight.tasks.base import Environment, Problem, StepResult, Task, in_thread
+from inflight.tasks.base import Environment, Problem, StepResult, Task, in_thread, step_is_bounded
 
 log = logging.getLogger(__name__)
 
@@ -336,7 +338,7 @@ class TaskGenerator:
 
     async def _run_step(self, env: Environment, text: str) -> StepResult:
         timeout = self.reward_timeout_s
-        if timeout is None:
+        if timeout is None or step_is_bounded(env):
             return await _settled(env.step(text))
         run = env.step(text) if inspect.iscoroutinefunction(env.step) else in_thread(env.step, text)
         try:

@@ -13,7 +13,7 @@ import random
 from collections.abc import Sequence
 from functools import cached_property
 
-from inflight.tasks.base import Environment, Problem, StepResult, Task
+from inflight.tasks.base import Environment, Problem, StepResult, Task, bounded
 from inflight.tasks.tokenizer import make_char_tokenizer
 
 EVAL_SEED = 1_000_003
@@ -94,6 +94,7 @@ class AdditionTask(Task):
     def eval_problems(self) -> Sequence[Problem]:
         return self._eval
 
+    @bounded
     def reward(self, problem: Problem, response: str) -> float:
         return 1.0 if response.strip() == problem.answer else 0.0
 
@@ -114,6 +115,7 @@ class ChainAdditionEnv(Environment):
         self.turn, self.total = 0, int(self.problem.answer)
         return self.problem.prompt
 
+    @bounded
     def step(self, response: str) -> StepResult:
         correct = response.strip() == str(self.total)
         reward = (1.0 if correct else 0.0) / self.max_turns

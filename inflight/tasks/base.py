@@ -55,6 +55,21 @@ class StepResult:
     info: dict[str, Any] = field(default_factory=dict)
 
 
+def bounded(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark a reward or an environment's `step` as a fast pure function that cannot hang: the
+    generator then calls it on its event loop instead of in a thread bounded by
+    `environment.reward_timeout_s` (handing a microsecond's work to a thread and back costs more
+    than the work, on the core the train step needs). A subclass that overrides the method drops
+    the mark with it."""
+    fn.bounded = True
+    return fn
+
+
+def is_bounded(fn: Callable[..., Any]) -> bool:
+    """Whether `fn` (a function or a bound method) was marked `@bounded`."""
+    return getattr(getattr(fn, "__func__", fn), "bounded", False)
+
+
 class Environment(ABC):
     """One episode. `reset()` returns the prompt (text or chat messages); `step(response_text)`
     scores a turn (it may be a coroutine function)."""
@@ -70,7 +85,6 @@ class Environment(ABC):
     @abstractmethod
     def step(self, response: str) -> StepResult | Awaitable[StepResult]: ...
 
-
 class SingleTurnEnv(Environment):
     """The default: the prompt, one response, the task's reward (awaited when async), done."""
 
@@ -85,6 +99,11 @@ class SingleTurnEnv(Environment):
     def step(self, response: str) -> StepResult | Awaitable[StepResult]:
         reward = self.task.reward(self.problem, response)
         return _scored(reward) if inspect.isawaitable(reward) else _result(reward)
+
+
+def step_is_bounded(env: Environment) -> bool:
+    """Whether `env.step` is marked `@bounded`: its own, or a `SingleTurnEnv`'s task reward."""
+    return is_bounded(env.task.reward if isinstance(env, SingleTurnEnv) else env.step)
 
 
 def _result(reward: float) -> StepResult:

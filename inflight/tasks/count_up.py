@@ -22,7 +22,7 @@ import random
 from collections.abc import Sequence
 from functools import cached_property
 
-from inflight.tasks.base import Problem, Task
+from inflight.tasks.base import Problem, Task, bounded
 from inflight.tasks.tokenizer import CHARS, make_char_tokenizer
 
 EVAL_SEED = 2_000_003
@@ -128,5 +128,6 @@ class CountUpTask(Task):
     def eval_problems(self) -> Sequence[Problem]:
         return self._eval
 
+    @bounded
     def reward(self, problem: Problem, response: str) -> float:
         return prefix_credit(problem.answer.split(","), response.strip().split(","))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import threading
 import time
 from collections.abc import Sequence
 
@@ -14,7 +15,7 @@ import pytest
 from rl_support import SMALL_MODEL, play_train_problems, rl_config, run_training, small_task
 
 from inflight.tasks import AdditionTask, build_base_model
-from inflight.tasks.base import Problem
+from inflight.tasks.base import Problem, bounded, is_bounded
 from inflight.train.step import rollout_metrics
 
 
@@ -80,6 +81,31 @@ def test_without_a_timeout_a_raising_reward_is_still_caught(model_dir):
     task.KINDS = ("raise", "async_ok")
     groups = play(model_dir, task, timeout=None)
     assert [t.reward_failed for g in groups for t in g.trajectories] == [True, True, False, False]
+
+
+class ThreadRecordingTask(AdditionTask):
+    """Addition whose reward notes the thread it runs on; `marked` keeps the `@bounded` mark."""
+
+    def __init__(self, *args, marked: bool, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.threads: list[threading.Thread] = []
+        score = super().reward
+
+        def reward(problem: Problem, response: str) -> float:
+            self.threads.append(threading.current_thread())
+            return score(problem, response)
+
+        self.reward = bounded(reward) if marked else reward
+
+
+@pytest.mark.parametrize("marked", [True, False])
+def test_a_bounded_reward_runs_on_the_loop_and_any_other_in_a_thread(model_dir, marked):
+    task = ThreadRecordingTask(max_digits=1, num_eval=5, num_train=3, marked=marked)
+    groups = play(model_dir, task, timeout=5.0)
+    assert len(task.threads) == 6 and all(not t.reward_failed for g in groups for t in g.trajectories)
+    on_loop = [t is threading.main_thread() for t in task.threads]  # asyncio.run's loop: this thread
+    assert on_loop == [marked] * 6
+    assert is_bounded(AdditionTask.reward) and not is_bounded(MisbehavingTask.reward)  # an override drops it
 
 
 class FlakyTask(AdditionTask):
