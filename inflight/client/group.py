@@ -1,7 +1,7 @@
 """Weight updates over a broadcast group a client hosts: the client's broadcast calls
-(`init_weight_transfer`, `load_weights_broadcast`, `update_weights_broadcast`,
-`close_weight_transfer`) as a channel in front of the one group sender
-(`inflight.weight_sync.group.GroupHost`, rank 0) and the one engine-side receiver.
+(`init_weight_transfer`, `update_weights_broadcast`, `close_weight_transfer`) as a channel in
+front of the one group sender (`inflight.weight_sync.group.GroupHost`, rank 0) and the one
+engine-side receiver.
 
 The control messages travel as the member clients' operations (`join_weight_group`,
 `receive_weight_chunk`, `leave_weight_group`: over a pipe, a Ray call, or HTTP routes); each
@@ -108,7 +108,7 @@ class WeightGroup:
 
         sender = self._sender()
         sent = in_daemon_thread(sender.send, chunk)
-        what = f"load_weights_broadcast(chunk {chunk.index}, {chunk.nbytes} bytes)"
+        what = f"update_weights_broadcast(chunk {chunk.index}, {chunk.nbytes} bytes)"
         try:
             await gather(what, {n: c.receive_weight_chunk(chunk.metadata()) for n, c in self.members.items()})
         except BaseException as err:
@@ -177,16 +177,11 @@ class HostsWeightGroup:
         self._weight_group = group
         return info
 
-    async def load_weights_broadcast(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """`load_weights` with each chunk's bytes in one broadcast (between begin and finish)."""
-        group = self._group()
-        for chunk in group.chunks(named_tensors):
-            await group.send_chunk(self, chunk)  # type: ignore[arg-type]
-
     async def update_weights_broadcast(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
                                        version: int | None = None) -> int:
-        """begin → load_weights_broadcast → finish on every engine, all or nothing: on failure the
-        update is aborted (old weights back where the engines kept them) and the error re-raised."""
+        """begin → each chunk's bytes in one broadcast → finish on every engine, all or nothing:
+        on failure the update is aborted (old weights back where the engines kept them) and the
+        error re-raised."""
         return await update_all_or_nothing(self, self._group(), named_tensors, version)  # type: ignore[arg-type]
 
     async def close_weight_transfer(self) -> None:

@@ -30,10 +30,6 @@ class LocalClient(InferenceClient):
         """Nothing to join: the engine is in this process and takes the tensors directly."""
         return {"world_size": 1, "backend": None, "in_process": True}
 
-    async def load_weights_broadcast(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """In process, the same as `load_weights`."""
-        await self.load_weights(named_tensors)
-
     async def update_weights_broadcast(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
                                        version: int | None = None) -> int:
         """begin → load → finish, aborted (old weights back) on failure, as RemoteClient does it."""
