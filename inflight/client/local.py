@@ -11,6 +11,7 @@ from inflight.client.base import InferenceClient
 from inflight.client.ops import apply_op
 from inflight.client.update import update_all_or_nothing
 from inflight.engine.async_engine import AsyncEngine
+from inflight.weight_sync.inprocess import InProcessTransport
 
 
 class LocalClient(InferenceClient):
@@ -33,8 +34,6 @@ class LocalClient(InferenceClient):
     async def update_weights_broadcast(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
                                        version: int | None = None) -> int:
         """begin → load → finish, aborted (old weights back) on failure, as RemoteClient does it."""
-        from inflight.weight_sync.inprocess import InProcessTransport  # on use: the weight-sync layer
-
         return await update_all_or_nothing(self, InProcessTransport(), named_tensors, version)
 
     async def close_weight_transfer(self) -> None:

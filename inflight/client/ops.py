@@ -15,6 +15,7 @@ import torch
 from inflight.client.base import OPS, InferenceClient
 from inflight.client.group import GroupMemberClient, HostsWeightGroup
 from inflight.engine.async_engine import AsyncEngine
+from inflight.weight_sync.receiver import engine_receiver
 
 GROUP_OPS = {"join_weight_group": "join", "receive_weight_chunk": "receive", "leave_weight_group": "leave"}
 """Operations on the engine's membership of a weight broadcast group its client hosts."""
@@ -30,8 +31,6 @@ async def apply_op(engine: AsyncEngine, op: str, *args: Any) -> Any:
         return engine.weight_version
     if op not in OPS and op not in GROUP_OPS:
         raise ValueError(f"unknown engine operation {op!r}")
-    from inflight.weight_sync.receiver import engine_receiver  # on use: torch.distributed
-
     if op in GROUP_OPS:
         return await asyncio.to_thread(getattr(engine_receiver(engine), GROUP_OPS[op]), *args)
     if op in ("begin_weight_update", "abort_weight_update"):

@@ -35,6 +35,7 @@ import torch
 from inflight.client.ops import JoiningClient, apply_op
 from inflight.engine.async_engine import AsyncEngine
 from inflight.engine.config import EngineConfig
+from inflight.weight_sync import make_receiver
 
 
 @dataclass
@@ -59,7 +60,6 @@ def start_receiver(engine: AsyncEngine, receiver: ReceiverSpec | None) -> None:
     receiver blocks until the sender forms the group, so it is built in that thread too)."""
     if receiver is None:
         return
-    from inflight.weight_sync import make_receiver  # on use: the weight-sync layer
 
     def serve() -> None:
         make_receiver(receiver.kind, receiver.host, receiver.port, rank=receiver.rank,

@@ -46,7 +46,8 @@ class TransportError(RuntimeError):
 
 
 class WeightTransport:
-    """How the `send_weights` step of a sync moves tensors. Subclasses override the four calls.
+    """How the `send_weights` step of a sync moves tensors. Subclasses say how a chunk travels
+    (`send_chunk`); the lifecycle goes through the client unless they override it too.
 
     `split_tensors`: chunks may carry pieces of tensors larger than `max_chunk_bytes`.
     """
@@ -62,18 +63,18 @@ class WeightTransport:
         return iter_chunks(named_tensors, self.max_chunk_bytes, split=self.split_tensors, dtype=self.dtype)
 
     async def begin(self, client: UpdateClient) -> None:
-        raise NotImplementedError
+        await client.begin_weight_update()
 
     async def send_chunk(self, client: UpdateClient, chunk: WeightChunk) -> None:
         raise NotImplementedError
 
-    async def finish(self, client: UpdateClient, version: int) -> int:
+    async def finish(self, client: UpdateClient, version: int | None) -> int:
         """Complete the update at `version`; returns the engines' new version."""
-        raise NotImplementedError
+        return int(await client.finish_weight_update(version))
 
     async def abort(self, client: UpdateClient) -> bool:
         """Abandon the update; True when every engine is back on its pre-update weights."""
-        raise NotImplementedError
+        return bool(await client.abort_weight_update())
 
     def close(self) -> None:
         """Release what the transport holds (idempotent)."""
