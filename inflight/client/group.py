@@ -13,9 +13,10 @@ dropped.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Awaitable, Iterable, Iterator
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -29,6 +30,7 @@ from inflight.weight_sync.transport import WeightTransport
 _BROADCAST_GRACE_S = 10.0  # how long a chunk's broadcast may lag behind the engines' answers
 
 
+@runtime_checkable
 class GroupMemberClient(Protocol):
     """A client whose engine can join a group hosted elsewhere (process, Ray and HTTP clients)."""
 
@@ -179,6 +181,11 @@ class HostsWeightGroup:
         group, self._weight_group = self._weight_group, None
         if group is not None:
             await group.leave()
+
+    async def close(self) -> None:
+        """Leave the weight group if any (best effort: an engine that is gone has no group to leave)."""
+        with contextlib.suppress(Exception):
+            await self.close_weight_transfer()
 
     def _group(self) -> WeightGroup:
         if self._weight_group is None or self._weight_group.sender is None:

@@ -5,7 +5,6 @@ engine in another process (`ProcessClient`, `RayEngineClient`)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 from collections.abc import Iterable
 from typing import Any
@@ -44,7 +43,8 @@ async def apply_op(engine: AsyncEngine, op: str, *args: Any) -> Any:
 
 class JoiningClient(HostsWeightGroup, InferenceClient):
     """A client of one engine in another process: its operations travel by `_call`, and the
-    engine can join a weight group this process hosts (at rank 1)."""
+    engine can join a weight group this process hosts (at rank 1). `close()` leaves that group;
+    whoever started the engine stops it."""
 
     async def _call(self, op: str, *args: Any) -> Any:
         raise NotImplementedError
@@ -66,8 +66,3 @@ class JoiningClient(HostsWeightGroup, InferenceClient):
 
     async def leave_weight_group(self) -> bool:
         return await self._call("leave_weight_group")
-
-    async def close(self) -> None:
-        """Leave the weight group if any (best effort); whoever started the engine stops it."""
-        with contextlib.suppress(Exception):  # an engine that is gone has no group to leave
-            await self.close_weight_transfer()

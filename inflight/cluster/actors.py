@@ -193,11 +193,6 @@ class RayPolicy:
         self._version, self.kv_fate = version, kv_fate
 
     @property
-    def actor(self) -> Any:
-        """Rank 0's actor."""
-        return self.actors[0]
-
-    @property
     def weight_version(self) -> int:
         return self._version
 
