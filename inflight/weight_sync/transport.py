@@ -133,9 +133,7 @@ class ControlChannel:
     """Numbered JSON messages from one sender to `num_receivers` receivers, each acknowledged.
 
     The sender hosts a TCPStore at host:port (a port of its own: this store is not the trainer's
-    rendezvous). Message n to receiver r is the key `msg/r/n`, its acknowledgement `ack/r/n`. A
-    receiver's `stop()` claims its next key first (compare-and-set), so a blocked receiver can be
-    stopped from its own process and a sender finds out instead of waiting.
+    rendezvous). Message n to receiver r is the key `msg/r/n`, its acknowledgement `ack/r/n`.
     """
 
     def __init__(self, host: str, port: int, num_receivers: int, rank: int = 0,
@@ -152,7 +150,7 @@ class ControlChannel:
             raise TransportError(f"cannot {role} the weight-sync control store at {host}:{port}: "
                                  f"{err}") from err
         self.seq = 0
-        self.stopped: set[int] = set()  # receivers found stopped (sender side)
+        self.stopped: set[int] = set()  # receivers found dead (sender side)
         # sender side: the receivers whose process has exited (set by whoever started them); a
         # wait for an acknowledgement checks it every ALIVE_CHECK_S instead of waiting its whole
         # timeout for a process that is gone
@@ -188,10 +186,7 @@ class ControlChannel:
         seq, self.seq = self.seq, self.seq + 1
         body = json.dumps({**message, "seq": seq})
         for r in targets:
-            current = self.store.compare_set(f"msg/{r}/{seq}", "", body).decode()
-            if current != body:
-                self.stopped.add(r)
-                raise TransportError(f"weight-sync receiver {r} has stopped")
+            self.store.set(f"msg/{r}/{seq}", body)
         return Posted(seq, message["op"], targets)
 
     def collect(self, posted: Posted, timeout: float | datetime.timedelta | None = None) -> list[dict]:
@@ -243,13 +238,6 @@ class ControlChannel:
     def ack(self, reply: dict) -> None:
         self.store.set(f"ack/{self.rank}/{self.seq}", json.dumps(reply))
         self.seq += 1
-
-    def claim_close(self) -> None:
-        """Post a `close` to this receiver's own next key (used by `ChannelReceiver.stop`), over a
-        connection of its own: the receiving thread may be blocked on the channel's."""
-        store = dist.TCPStore(self.host, self.port, is_master=False, timeout=self.timeout)
-        body = json.dumps({"op": "close", "seq": self.seq, "local": True})
-        store.compare_set(f"msg/{self.rank}/{self.seq}", "", body)
 
 
 class ChannelTransport(WeightTransport):
