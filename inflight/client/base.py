@@ -103,10 +103,7 @@ def _flag(value: bool) -> str:
 
 
 def _reset_answer(response: Any) -> bool:
-    try:
-        body = response.json()
-    except ValueError:
-        body = response.text
+    body = wire.response_body(response)
     if not isinstance(body, dict) or "success" not in body:
         raise InconsistentServersError(f"reset_prefix_cache answers without 'success': {body}")
     return bool(body["success"])
