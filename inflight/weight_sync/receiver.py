@@ -168,13 +168,12 @@ class ChannelReceiver:
             message = self.channel.recv()
             if message["op"] == "close":
                 self.channel.ack({"ok": True, "result": None})
-                break
+                return
             try:
                 reply = {"ok": True, "result": self._apply(receiver, message)}
             except Exception as err:  # reported to the sender, which raises it there
                 reply = {"ok": False, "type": type(err).__name__, "error": str(err)}
             self.channel.ack(reply)
-        self.close()
 
     def _apply(self, receiver: Receiver, message: dict) -> Any:
         op = message["op"]
@@ -193,9 +192,6 @@ class ChannelReceiver:
         self._thread = threading.Thread(target=self.serve, args=(engine,), daemon=True, name="weight-receiver")
         self._thread.start()
         return self._thread
-
-    def close(self) -> None:
-        """Release receiver resources (subclasses)."""
 
 
 _RECEIVERS: weakref.WeakKeyDictionary[AsyncEngine, Receiver] = weakref.WeakKeyDictionary()
