@@ -15,17 +15,14 @@ from inflight.weight_sync.inprocess import InProcessTransport
 
 
 class LocalClient(InferenceClient):
-    """In-process client; the engine's loop must run on the caller's event loop."""
+    """In-process client; the engine's loop must run on the caller's event loop. Weights go to
+    the engine as they are (it copies them into its parameters)."""
 
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
 
     async def _call(self, op: str, *args: Any) -> Any:
         return await apply_op(self.engine, op, *args)
-
-    async def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """The tensors as they are: the engine copies them into its parameters."""
-        await self.engine.load_weights(named_tensors)
 
     async def init_weight_transfer(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """Nothing to join: the engine is in this process and takes the tensors directly."""
