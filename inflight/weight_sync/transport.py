@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
+from inflight.engine import errors as engine_errors
 from inflight.weight_sync.chunking import DEFAULT_CHUNK_BYTES, WeightChunk, iter_chunks
 
 
@@ -100,11 +101,7 @@ def _start_key(rank: int) -> str:
 
 def _error_class(name: str) -> type[Exception]:
     """The engine's error class of that name (so callers catch the same classes as in process)."""
-    if name not in _ENGINE_ERRORS:
-        return TransportError
-    from inflight.engine import errors  # imported on use: the engine pulls in transformers
-
-    return getattr(errors, name)
+    return getattr(engine_errors, name) if name in _ENGINE_ERRORS else TransportError
 
 
 def _timedelta(seconds: float | datetime.timedelta) -> datetime.timedelta:
