@@ -103,10 +103,7 @@ def _flag(value: bool) -> str:
 
 
 def _reset_answer(response: Any) -> bool:
-    try:
-        body = response.json()
-    except ValueError:
-        body = response.text
+    body = wire.response_body(response)
     if not isinstance(body, dict) or "success" not in body:
         raise InconsistentServersError(f"reset_prefix_cache answers without 'success': {body}")
     return bool(body["success"])
@@ -187,13 +184,9 @@ class InferenceClient(Protocol):
         the group's description. In process there is nothing to join."""
         ...
 
-    async def load_weights_broadcast(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """`load_weights` with the bytes over the broadcast group (between begin and finish)."""
-        ...
-
     async def update_weights_broadcast(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
                                        version: int | None = None) -> int:
-        """begin → load_weights_broadcast → finish, all or nothing: on any failure the update is
+        """begin → the chunks over the broadcast group → finish, all or nothing: on any failure the update is
         aborted (the engines go back to their old weights where they can) and the error re-raised."""
         ...
 

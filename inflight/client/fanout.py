@@ -20,7 +20,6 @@ clients); for others it raises NotImplementedError naming the alternatives.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,9 +27,6 @@ from inflight.client.base import OPS, InferenceClient
 from inflight.client.group import GroupMemberClient, HostsWeightGroup, gather
 from inflight.client.router import Router
 from inflight.engine.request import RequestOutput, SamplingParams
-
-JOIN_METHODS = ("join_weight_group", "receive_weight_chunk", "leave_weight_group")
-"""What a member client needs for its engine to be a rank of a group hosted elsewhere."""
 
 
 def _describe(op: str, args: tuple) -> str:
@@ -107,7 +103,7 @@ class FanOutClient(HostsWeightGroup, InferenceClient):
 
     def _group_members(self) -> dict[str, GroupMemberClient]:
         lacking = [f"{n} ({type(c).__name__})" for n, c in self.clients.items()
-                   if not all(callable(getattr(c, m, None)) for m in JOIN_METHODS)]
+                   if not isinstance(c, GroupMemberClient)]
         if lacking:
             raise NotImplementedError(
                 "FanOutClient forms one weight broadcast group only over clients that can join a group "
@@ -119,6 +115,5 @@ class FanOutClient(HostsWeightGroup, InferenceClient):
         return self.clients  # type: ignore[return-value]  # checked above
 
     async def close(self) -> None:
-        with contextlib.suppress(Exception):  # best effort: an engine that is gone has no group to leave
-            await self.close_weight_transfer()
+        await super().close()  # the weight group first
         await self._each("close")

@@ -1,7 +1,7 @@
 """Weight updates over a broadcast group a client hosts: the client's broadcast calls
-(`init_weight_transfer`, `load_weights_broadcast`, `update_weights_broadcast`,
-`close_weight_transfer`) as a channel in front of the one group sender
-(`inflight.weight_sync.group.GroupHost`, rank 0) and the one engine-side receiver.
+(`init_weight_transfer`, `update_weights_broadcast`, `close_weight_transfer`) as a channel in
+front of the one group sender (`inflight.weight_sync.group.GroupHost`, rank 0) and the one
+engine-side receiver.
 
 The control messages travel as the member clients' operations (`join_weight_group`,
 `receive_weight_chunk`, `leave_weight_group`: over a pipe, a Ray call, or HTTP routes); each
@@ -13,24 +13,24 @@ dropped.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Awaitable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from inflight.client.base import InferenceClient
 from inflight.client.errors import FanOutError
 from inflight.client.update import update_all_or_nothing
-from inflight.client.wire import DEFAULT_WEIGHT_GROUP
-
-if TYPE_CHECKING:  # imported on use: torch.distributed and the weight-sync package
-    from inflight.client.base import InferenceClient
-    from inflight.weight_sync.chunking import WeightChunk
-    from inflight.weight_sync.group import GroupHost
+from inflight.weight_sync.chunking import DEFAULT_CHUNK_BYTES, WeightChunk
+from inflight.weight_sync.group import DEFAULT_WEIGHT_GROUP, GroupHost, in_daemon_thread
+from inflight.weight_sync.transport import WeightTransport
 
 _BROADCAST_GRACE_S = 10.0  # how long a chunk's broadcast may lag behind the engines' answers
 
 
+@runtime_checkable
 class GroupMemberClient(Protocol):
     """A client whose engine can join a group hosted elsewhere (process, Ray and HTTP clients)."""
 
@@ -52,12 +52,15 @@ async def gather(what: str, calls: dict[str, Awaitable[Any]]) -> dict[str, Any]:
     return dict(zip(names, results, strict=True))
 
 
-class WeightGroup:
+class WeightGroup(WeightTransport):
     """One group this process hosts (rank 0) over the engines behind `members` (name -> a client
     with `join_weight_group` / `receive_weight_chunk` / `leave_weight_group`; member i joins at
-    rank i + 1). A `Sender` for `update_all_or_nothing`: the lifecycle goes through the client."""
+    rank i + 1). A transport for `update_all_or_nothing`: the lifecycle goes through the client."""
+
+    name = "weight-group"
 
     def __init__(self, members: dict[str, GroupMemberClient]) -> None:
+        super().__init__()
         self.members = dict(members)
         self.sender: GroupHost | None = None
 
@@ -67,9 +70,6 @@ class WeightGroup:
                    override_existing: bool = True) -> dict[str, Any]:
         """Host the rendezvous at master_address:master_port (0: a free port) and have every member
         join; returns once all have (address, port, world size, backend, each member's rank)."""
-        from inflight.weight_sync.chunking import DEFAULT_CHUNK_BYTES
-        from inflight.weight_sync.group import GroupHost, in_daemon_thread
-
         sender = GroupHost(len(self.members) + 1, master_address, master_port, backend=backend, device=device,
                            group_name=group_name, max_chunk_bytes=max_chunk_bytes or DEFAULT_CHUNK_BYTES,
                            dtype=dtype, timeout_s=timeout_s)
@@ -99,16 +99,11 @@ class WeightGroup:
     def chunks(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[WeightChunk]:
         return self._sender().chunks(named_tensors)
 
-    async def begin(self, client: InferenceClient) -> None:
-        await client.begin_weight_update()
-
     async def send_chunk(self, client: InferenceClient, chunk: WeightChunk) -> None:
         """The chunk's metadata to every member, its bytes in one broadcast."""
-        from inflight.weight_sync.group import in_daemon_thread
-
         sender = self._sender()
         sent = in_daemon_thread(sender.send, chunk)
-        what = f"load_weights_broadcast(chunk {chunk.index}, {chunk.nbytes} bytes)"
+        what = f"update_weights_broadcast(chunk {chunk.index}, {chunk.nbytes} bytes)"
         try:
             await gather(what, {n: c.receive_weight_chunk(chunk.metadata()) for n, c in self.members.items()})
         except BaseException as err:
@@ -120,13 +115,7 @@ class WeightGroup:
             raise
         await sent
 
-    async def finish(self, client: InferenceClient, version: int | None) -> int:
-        return await client.finish_weight_update(version)
-
-    async def abort(self, client: InferenceClient) -> bool:
-        return await client.abort_weight_update()
-
-    async def close(self) -> None:
+    async def leave(self) -> None:
         """Have every member leave, then drop the group (also when leaving failed)."""
         sender, self.sender = self.sender, None
         try:
@@ -177,16 +166,11 @@ class HostsWeightGroup:
         self._weight_group = group
         return info
 
-    async def load_weights_broadcast(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """`load_weights` with each chunk's bytes in one broadcast (between begin and finish)."""
-        group = self._group()
-        for chunk in group.chunks(named_tensors):
-            await group.send_chunk(self, chunk)  # type: ignore[arg-type]
-
     async def update_weights_broadcast(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
                                        version: int | None = None) -> int:
-        """begin → load_weights_broadcast → finish on every engine, all or nothing: on failure the
-        update is aborted (old weights back where the engines kept them) and the error re-raised."""
+        """begin → each chunk's bytes in one broadcast → finish on every engine, all or nothing:
+        on failure the update is aborted (old weights back where the engines kept them) and the
+        error re-raised."""
         return await update_all_or_nothing(self, self._group(), named_tensors, version)  # type: ignore[arg-type]
 
     async def close_weight_transfer(self) -> None:
@@ -196,7 +180,12 @@ class HostsWeightGroup:
     async def _leave_group(self) -> None:
         group, self._weight_group = self._weight_group, None
         if group is not None:
-            await group.close()
+            await group.leave()
+
+    async def close(self) -> None:
+        """Leave the weight group if any (best effort: an engine that is gone has no group to leave)."""
+        with contextlib.suppress(Exception):
+            await self.close_weight_transfer()
 
     def _group(self) -> WeightGroup:
         if self._weight_group is None or self._weight_group.sender is None:

@@ -11,10 +11,12 @@ from inflight.client.base import InferenceClient
 from inflight.client.ops import apply_op
 from inflight.client.update import update_all_or_nothing
 from inflight.engine.async_engine import AsyncEngine
+from inflight.weight_sync.inprocess import InProcessTransport
 
 
 class LocalClient(InferenceClient):
-    """In-process client; the engine's loop must run on the caller's event loop."""
+    """In-process client; the engine's loop must run on the caller's event loop. Weights go to
+    the engine as they are (it copies them into its parameters)."""
 
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
@@ -22,23 +24,13 @@ class LocalClient(InferenceClient):
     async def _call(self, op: str, *args: Any) -> Any:
         return await apply_op(self.engine, op, *args)
 
-    async def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """The tensors as they are: the engine copies them into its parameters."""
-        await self.engine.load_weights(named_tensors)
-
     async def init_weight_transfer(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """Nothing to join: the engine is in this process and takes the tensors directly."""
         return {"world_size": 1, "backend": None, "in_process": True}
 
-    async def load_weights_broadcast(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """In process, the same as `load_weights`."""
-        await self.load_weights(named_tensors)
-
     async def update_weights_broadcast(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
                                        version: int | None = None) -> int:
         """begin → load → finish, aborted (old weights back) on failure, as RemoteClient does it."""
-        from inflight.weight_sync.inprocess import InProcessTransport  # on use: the weight-sync layer
-
         return await update_all_or_nothing(self, InProcessTransport(), named_tensors, version)
 
     async def close_weight_transfer(self) -> None:

@@ -5,7 +5,6 @@ engine in another process (`ProcessClient`, `RayEngineClient`)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 from collections.abc import Iterable
 from typing import Any
@@ -15,6 +14,7 @@ import torch
 from inflight.client.base import OPS, InferenceClient
 from inflight.client.group import GroupMemberClient, HostsWeightGroup
 from inflight.engine.async_engine import AsyncEngine
+from inflight.weight_sync.receiver import engine_receiver
 
 GROUP_OPS = {"join_weight_group": "join", "receive_weight_chunk": "receive", "leave_weight_group": "leave"}
 """Operations on the engine's membership of a weight broadcast group its client hosts."""
@@ -30,8 +30,6 @@ async def apply_op(engine: AsyncEngine, op: str, *args: Any) -> Any:
         return engine.weight_version
     if op not in OPS and op not in GROUP_OPS:
         raise ValueError(f"unknown engine operation {op!r}")
-    from inflight.weight_sync.receiver import engine_receiver  # on use: torch.distributed
-
     if op in GROUP_OPS:
         return await asyncio.to_thread(getattr(engine_receiver(engine), GROUP_OPS[op]), *args)
     if op in ("begin_weight_update", "abort_weight_update"):
@@ -45,7 +43,8 @@ async def apply_op(engine: AsyncEngine, op: str, *args: Any) -> Any:
 
 class JoiningClient(HostsWeightGroup, InferenceClient):
     """A client of one engine in another process: its operations travel by `_call`, and the
-    engine can join a weight group this process hosts (at rank 1)."""
+    engine can join a weight group this process hosts (at rank 1). `close()` leaves that group;
+    whoever started the engine stops it."""
 
     async def _call(self, op: str, *args: Any) -> Any:
         raise NotImplementedError
@@ -67,8 +66,3 @@ class JoiningClient(HostsWeightGroup, InferenceClient):
 
     async def leave_weight_group(self) -> bool:
         return await self._call("leave_weight_group")
-
-    async def close(self) -> None:
-        """Leave the weight group if any (best effort); whoever started the engine stops it."""
-        with contextlib.suppress(Exception):  # an engine that is gone has no group to leave
-            await self.close_weight_transfer()

@@ -35,6 +35,8 @@ import torch
 from inflight.client.ops import JoiningClient, apply_op
 from inflight.engine.async_engine import AsyncEngine
 from inflight.engine.config import EngineConfig
+from inflight.engine.engine import LLMEngine
+from inflight.weight_sync import make_receiver
 
 
 @dataclass
@@ -59,7 +61,6 @@ def start_receiver(engine: AsyncEngine, receiver: ReceiverSpec | None) -> None:
     receiver blocks until the sender forms the group, so it is built in that thread too)."""
     if receiver is None:
         return
-    from inflight.weight_sync import make_receiver  # on use: the weight-sync layer
 
     def serve() -> None:
         make_receiver(receiver.kind, receiver.host, receiver.port, rank=receiver.rank,
@@ -82,8 +83,6 @@ def _main() -> None:
     conn = Client((host, int(port)), authkey=bytes.fromhex(os.environ["INFLIGHT_ENGINE_KEY"]))
     config, threads, receiver = conn.recv()
     torch.set_num_threads(threads)
-    from inflight.engine import LLMEngine
-
     try:
         engine = AsyncEngine(LLMEngine(config))
     except Exception as err:  # report start-up failures to the parent instead of dying silently

@@ -43,13 +43,6 @@ KEEPALIVE_EXPIRY_S = 2.0
 log = logging.getLogger(__name__)
 
 
-def _json(response: httpx.Response) -> Any:
-    try:
-        return response.json()
-    except ValueError:
-        return response.text
-
-
 def _top_logprobs(value: list[list[list[Any]]] | None) -> list[list[tuple[int, float]]] | None:
     """The token route's `top_logprobs` (JSON arrays) as RequestOutput holds them: (id, logprob) pairs."""
     if value is None:
@@ -86,7 +79,7 @@ class HttpClient(InferenceClient):
                 attempt += 1
                 continue
             if response.status_code >= 400 and response.status_code not in allow:
-                raise error_from_response(self.url, response.status_code, _json(response))
+                raise error_from_response(self.url, response.status_code, wire.response_body(response))
             return response
 
     async def _call(self, op: str, *args: Any) -> Any:

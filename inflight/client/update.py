@@ -6,26 +6,14 @@ Every weight update goes through `update_all_or_nothing`: the sync executor's (w
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-import torch
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from inflight.client.base import InferenceClient
-    from inflight.weight_sync.chunking import WeightChunk
-
-
-class Sender(Protocol):
-    """What moves one update (`inflight.weight_sync.WeightTransport` is one)."""
-
-    def chunks(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[WeightChunk]: ...
-    async def begin(self, client: InferenceClient) -> None: ...
-    async def send_chunk(self, client: InferenceClient, chunk: WeightChunk) -> None: ...
-    async def finish(self, client: InferenceClient, version: int | None) -> int: ...
-    async def abort(self, client: InferenceClient) -> bool: ...
+from inflight.client.base import InferenceClient
+from inflight.weight_sync.transport import WeightTransport
 
 
 class Progress(Protocol):
@@ -46,8 +34,9 @@ class UpdateProgress:
     restored: bool | None = None
 
 
-async def update_all_or_nothing(client: InferenceClient, sender: Sender, named_tensors: Iterable[tuple[str, Tensor]],
-                                version: int | None = None, progress: Progress | None = None) -> int:
+async def update_all_or_nothing(client: InferenceClient, sender: WeightTransport,
+                                named_tensors: Iterable[tuple[str, Tensor]], version: int | None = None,
+                                progress: Progress | None = None) -> int:
     """Send `named_tensors` as weight version `version` through `sender`; returns the new version.
     On any failure the update is aborted and the error re-raised, with a note when the engines
     could not go back to their old weights (e.g. after sleep)."""

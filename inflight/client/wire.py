@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 from safetensors.torch import load as _load
@@ -17,6 +18,14 @@ from inflight.client.routes import CHUNK_FILE_PREFIX, SHM_DIR
 from inflight.weight_sync.group import DEFAULT_WEIGHT_GROUP  # noqa: F401  (the routes' default group name)
 
 CONTENT_TYPE = "application/octet-stream"
+
+
+def response_body(response: Any) -> Any:
+    """A response's JSON, or its text when it is not JSON (e.g. a proxy's error page)."""
+    try:
+        return response.json()
+    except ValueError:
+        return response.text
 
 
 def encode_tensors(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> bytes:

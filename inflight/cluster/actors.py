@@ -25,6 +25,7 @@ import torch
 from inflight.client.ops import apply_op
 from inflight.client.process import RayEngineClient, ReceiverSpec, start_receiver
 from inflight.config import Config
+from inflight.engine import AsyncEngine, LLMEngine
 from inflight.engine.config import EngineConfig
 from inflight.rollout.generator import TrajectoryGroup
 from inflight.train.checkpoint import CheckpointState
@@ -45,8 +46,6 @@ class EngineActor:
 
     def __init__(self, config: EngineConfig, threads: int = 1, receiver: ReceiverSpec | None = None) -> None:
         torch.set_num_threads(threads)
-        from inflight.engine import AsyncEngine, LLMEngine
-
         self.engine = AsyncEngine(LLMEngine(config))
         start_receiver(self.engine, receiver)
 
@@ -191,11 +190,6 @@ class RayPolicy:
     def __init__(self, actors: Sequence[Any], version: int, kv_fate: str) -> None:
         self.actors = list(actors)
         self._version, self.kv_fate = version, kv_fate
-
-    @property
-    def actor(self) -> Any:
-        """Rank 0's actor."""
-        return self.actors[0]
 
     @property
     def weight_version(self) -> int:

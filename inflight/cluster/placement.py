@@ -36,10 +36,6 @@ class Placement:
         remove_placement_group(self.group)
 
 
-def _is_cuda(device: str) -> bool:
-    return device.startswith("cuda")
-
-
 def _spec(bundle: int, cpus: float, gpus: float) -> dict[str, Any]:
     return {"bundle": bundle, "num_cpus": cpus, "num_gpus": gpus}
 
@@ -50,8 +46,8 @@ def plan_bundles(cfg: Config, job: JobConfig, num_policy: int | None = None
     `num_policy`: policy ranks (default: `policy_ranks(cfg)`)."""
     num_policy = num_policy or policy_ranks(cfg)
     num_engines = 0 if external(cfg) else cfg.generator.inference_engine.num_engines  # elsewhere: nothing to hold
-    policy_gpu = 1 if _is_cuda(job.trainer_device) else 0
-    engine_gpu = 1 if _is_cuda(cfg.generator.inference_engine.device) else 0
+    policy_gpu = 1 if job.trainer_device.startswith("cuda") else 0
+    engine_gpu = 1 if cfg.generator.inference_engine.device.startswith("cuda") else 0
     if not cfg.trainer.placement.colocate_all:
         bundles = [_bundle(job.threads, policy_gpu)] * num_policy
         bundles += [_bundle(job.engine_threads, engine_gpu)] * num_engines

@@ -17,7 +17,7 @@ from inflight.server.errors import APIError, install_error_handlers
 from inflight.server.metrics import ServerMetrics
 from inflight.server.middleware import BodyLimitMiddleware
 from inflight.server.openai_api import DEFAULT_MAX_PROMPTS_PER_REQUEST, ServeContext, build_router
-from inflight.server.weight_transfer import WeightTransfer
+from inflight.weight_sync.receiver import engine_receiver
 
 DEFAULT_MAX_BODY_BYTES = 16 * 2**20
 DEFAULT_MAX_WEIGHT_CHUNK_BYTES = 4 * 2**30
@@ -80,7 +80,6 @@ def create_app(async_engine: AsyncEngine, tokenizer: Any, served_model_name: str
     """The inference server: OpenAI routes (API key), control routes (control token), /health and
     /metrics (open). Bodies over `max_body_bytes` (weight chunks: `max_weight_chunk_bytes`) get 413."""
     metrics = ServerMetrics(async_engine)
-    transfer = WeightTransfer(async_engine)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -90,19 +89,16 @@ def create_app(async_engine: AsyncEngine, tokenizer: Any, served_model_name: str
         finally:
             sampler.cancel()
             await asyncio.gather(sampler, return_exceptions=True)
-            transfer.close()
+            engine_receiver(async_engine).close()  # leave the broadcast group, if any
             await async_engine.close()
 
     app = FastAPI(title="inflight", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     ctx = ServeContext(async_engine, tokenizer, served_model_name, int(time.time()),
                        trust_request_chat_template, max_prompts_per_request)
-    app.state.inflight = ctx
-    app.state.metrics = metrics
-    app.state.weight_transfer = transfer
     install_error_handlers(app)
     routers = [
         build_router(ctx, bearer_auth(api_key, "API key", 401)),
-        build_control_router(async_engine, bearer_auth(control_token, "control token", 403), metrics, transfer),
+        build_control_router(async_engine, bearer_auth(control_token, "control token", 403), metrics),
     ]
     for router in routers:
         app.include_router(router)

@@ -22,15 +22,16 @@ from inflight.engine.async_engine import AsyncEngine
 from inflight.server.errors import APIError, error_response
 from inflight.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from inflight.server.protocol import PauseMode
-from inflight.server.weight_transfer import BroadcastChunkRequest, InitWeightTransferRequest, WeightTransfer
+from inflight.server.weight_transfer import add_weight_transfer_routes
+from inflight.weight_sync.receiver import engine_receiver
 
 
-def build_control_router(engine: AsyncEngine, control_auth, metrics: ServerMetrics,
-                         transfer: WeightTransfer) -> APIRouter:
-    """The control routes over `engine`; `transfer` holds the server's broadcast-group membership."""
+def build_control_router(engine: AsyncEngine, control_auth, metrics: ServerMetrics) -> APIRouter:
+    """The control routes over `engine`; its receiver holds the server's broadcast-group membership."""
     router = APIRouter()
     guarded = [Depends(control_auth)]
-    _add_weight_transfer_routes(router, guarded, transfer)
+    receiver = engine_receiver(engine)
+    add_weight_transfer_routes(router, guarded, receiver)
 
     @router.post(wire.PAUSE, dependencies=guarded)
     async def pause(mode: PauseMode = "keep") -> dict[str, Any]:
@@ -68,7 +69,7 @@ def build_control_router(engine: AsyncEngine, control_auth, metrics: ServerMetri
     @router.post(wire.WEIGHTS_BEGIN, dependencies=guarded)
     async def begin_weight_update() -> dict[str, Any]:
         await engine.begin_weight_update()
-        transfer.clear_pieces()
+        receiver.clear_pieces()
         return {"success": True}
 
     @router.post(wire.WEIGHTS_CHUNK, dependencies=guarded)
@@ -90,7 +91,7 @@ def build_control_router(engine: AsyncEngine, control_auth, metrics: ServerMetri
     @router.post(wire.WEIGHTS_ABORT, dependencies=guarded)
     async def abort_weight_update() -> dict[str, Any]:
         restored = await engine.abort_weight_update()
-        transfer.clear_pieces()
+        receiver.clear_pieces()
         return {"success": True, "restored": restored, "weight_version": engine.weight_version}
 
     @router.get(wire.WEIGHT_VERSION)
@@ -113,7 +114,7 @@ def build_control_router(engine: AsyncEngine, control_auth, metrics: ServerMetri
         return JSONResponse({
             "status": state, "update": s.update, "weight_version": s.weight_version, "paused": s.paused,
             "weights_awake": s.weights_awake, "kv_cache_awake": s.kv_cache_awake, "can_run": s.can_run,
-            "weight_transfer": transfer.describe(), "step_loop": asdict(s.step_loop),
+            "weight_transfer": receiver.describe(), "step_loop": asdict(s.step_loop),
         }, status_code=503 if stalled else 200)
 
     @router.get(wire.METRICS)
@@ -121,21 +122,3 @@ def build_control_router(engine: AsyncEngine, control_auth, metrics: ServerMetri
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     return router
-
-
-def _add_weight_transfer_routes(router: APIRouter, guarded: list, transfer: WeightTransfer) -> None:
-    async def init_weight_transfer(body: InitWeightTransferRequest) -> dict[str, Any]:
-        """Join the trainer's weight broadcast group; answers once every rank has joined."""
-        return {"success": True, **await transfer.init(body)}
-
-    for path in (wire.INIT_WEIGHT_TRANSFER, wire.INIT_WEIGHT_TRANSFER_ALIAS):
-        router.add_api_route(path, init_weight_transfer, methods=["POST"], dependencies=guarded)
-
-    @router.post(wire.WEIGHTS_BROADCAST, dependencies=guarded)
-    async def load_weights_broadcast(body: BroadcastChunkRequest) -> dict[str, Any]:
-        """Receive one chunk over the group (between begin and finish) and load it."""
-        return {"success": True, "num_tensors": await transfer.receive(body)}
-
-    @router.post(wire.DESTROY_WEIGHT_TRANSFER, dependencies=guarded)
-    async def destroy_weight_transfer() -> dict[str, Any]:
-        return {"success": True, "destroyed": await transfer.destroy()}

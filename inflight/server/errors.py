@@ -1,7 +1,8 @@
 """OpenAI-style error responses: `{"error": {"message", "type", "param", "code"}}` for every failure.
 
 Engine errors map onto HTTP statuses (invalid input 400, wrong lifecycle state 409, bad weights 400
-with code `weight_update_error`); anything unexpected is a 500 with the same body, and the server
+with code `weight_update_error`), a weight group's errors onto the status and code they carry;
+anything unexpected is a 500 with the same body, and the server
 keeps serving.
 """
 
@@ -17,6 +18,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from inflight.engine.errors import EngineError, EngineStateError, InvalidRequestError, WeightUpdateError
+from inflight.weight_sync.group import WeightGroupError
 
 log = logging.getLogger("inflight.server")
 
@@ -59,6 +61,8 @@ def api_error_from(err: Exception, param: str | None = None) -> APIError:
         return APIError(400, str(err), code="weight_update_error")
     if isinstance(err, EngineStateError):
         return APIError(409, str(err), code="engine_state_error")
+    if isinstance(err, WeightGroupError):  # it says its status and code (the broadcast-group routes)
+        return APIError(err.status, str(err), param=err.param, code=err.code)
     if isinstance(err, InvalidRequestError | ValueError):
         if m := _PARAM.match(str(err)):
             param = m.group(1)
@@ -103,6 +107,7 @@ def install_error_handlers(app: FastAPI) -> None:
     # Anything else is a bug; the `Exception` handler still answers 500 with the same body.
     @app.exception_handler(APIError)
     @app.exception_handler(EngineError)
+    @app.exception_handler(WeightGroupError)
     @app.exception_handler(ValueError)
     @app.exception_handler(Exception)
     async def _answer(_: Request, exc: Exception) -> JSONResponse:

@@ -5,8 +5,13 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from pathlib import Path
 
 import uvicorn
+from transformers import AutoTokenizer
+
+from inflight.engine import AsyncEngine, LLMEngine
+from inflight.server.app import create_app
 
 
 class BackgroundServer:
@@ -70,13 +75,6 @@ def serve_model(config, served_model_name: str | None = None, *, tokenizer=None,
                 port: int = 0, **app_kwargs) -> BackgroundServer:
     """Load `config` (an EngineConfig) into an AsyncEngine, serve it in a background thread and return
     the started server; `server.engine` is the AsyncEngine. `app_kwargs` go to `create_app`."""
-    from pathlib import Path
-
-    from transformers import AutoTokenizer
-
-    from inflight.engine import AsyncEngine, LLMEngine
-    from inflight.server.app import create_app
-
     engine = AsyncEngine(LLMEngine(config))
     tokenizer = tokenizer or AutoTokenizer.from_pretrained(config.model)
     app = create_app(engine, tokenizer, served_model_name or Path(config.model).name, **app_kwargs)

@@ -8,6 +8,14 @@ import os
 import sys
 from pathlib import Path
 
+import torch
+import uvicorn
+from transformers import AutoTokenizer
+
+from inflight.engine import AsyncEngine, EngineConfig, EngineError, LLMEngine
+from inflight.server.app import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_WEIGHT_CHUNK_BYTES, create_app
+from inflight.server.openai_api import DEFAULT_MAX_PROMPTS_PER_REQUEST
+
 
 def build_parser(prog: str = "python -m inflight.server") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description="OpenAI-compatible inference server with "
@@ -69,14 +77,6 @@ def main(argv: list[str] | None = None, prog: str = "python -m inflight.server")
 
         return launch_vllm(argv)
     args = build_parser(prog).parse_args(argv)
-    import torch
-    import uvicorn
-    from transformers import AutoTokenizer
-
-    from inflight.engine import AsyncEngine, EngineConfig, EngineError, LLMEngine
-    from inflight.server.app import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_WEIGHT_CHUNK_BYTES, create_app
-    from inflight.server.openai_api import DEFAULT_MAX_PROMPTS_PER_REQUEST
-
     if args.threads:
         torch.set_num_threads(args.threads)
     if not _is_loopback(args.host) and not args.control_token:

@@ -17,18 +17,16 @@ route: the update stays all-or-nothing). A broadcast that fails drops the group.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any, Literal
 
+from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
+from inflight.client import wire
 from inflight.client.wire import DEFAULT_WEIGHT_GROUP
-from inflight.engine.async_engine import AsyncEngine
 from inflight.server.errors import APIError
 from inflight.weight_sync.chunking import TensorMeta, dtype_from_name
-from inflight.weight_sync.group import WeightGroupError
-from inflight.weight_sync.receiver import engine_receiver
+from inflight.weight_sync.receiver import Receiver
 
 
 class InitWeightTransferRequest(BaseModel):
@@ -68,39 +66,30 @@ class BroadcastChunkRequest(BaseModel):
         return metas
 
 
-class WeightTransfer:
-    """The routes' logic over the engine's receiver (its blocking calls in worker threads): each
-    `WeightGroupError` becomes the OpenAI-style error its status and code say."""
+def add_weight_transfer_routes(router: APIRouter, guarded: list, receiver: Receiver) -> None:
+    """The broadcast-group routes over the engine's receiver, its blocking calls in worker threads
+    (a `WeightGroupError` is answered with its own status and code: `server.errors`)."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
-        receiver = self.receiver = engine_receiver(engine)
-        self.describe, self.clear_pieces, self.close = receiver.describe, receiver.clear_pieces, receiver.close
+    async def init_weight_transfer(body: InitWeightTransferRequest) -> dict[str, Any]:
+        """Join the trainer's weight broadcast group; answers once every rank has joined (a failed
+        join keeps the old group)."""
+        return {"success": True, **await asyncio.to_thread(receiver.join, body.model_dump())}
 
-    async def init(self, req: InitWeightTransferRequest) -> dict[str, Any]:
-        """Join the group (returns once every rank has joined); a failed join keeps the old group."""
-        with _as_api_error():
-            return await asyncio.to_thread(self.receiver.join, req.model_dump())
+    for path in (wire.INIT_WEIGHT_TRANSFER, wire.INIT_WEIGHT_TRANSFER_ALIAS):
+        router.add_api_route(path, init_weight_transfer, methods=["POST"], dependencies=guarded)
 
-    async def receive(self, req: BroadcastChunkRequest) -> int:
-        """Receive one chunk over the group and load what it completes; returns the tensor count."""
+    @router.post(wire.WEIGHTS_BROADCAST, dependencies=guarded)
+    async def load_weights_broadcast(body: BroadcastChunkRequest) -> dict[str, Any]:
+        """Receive one chunk over the group (between begin and finish) and load what it completes."""
         try:
-            req.metas()
+            body.metas()
         except ValueError as err:
             raise APIError(400, str(err), param="tensors", code="invalid_value") from err
-        with _as_api_error():
-            return await asyncio.to_thread(self.receiver.receive, req.model_dump())
+        return {"success": True, "num_tensors": await asyncio.to_thread(receiver.receive, body.model_dump())}
 
-    async def destroy(self) -> bool:
-        """Leave the group; True when there was one."""
-        return await asyncio.to_thread(self.receiver.leave)
-
-
-@contextmanager
-def _as_api_error() -> Iterator[None]:
-    try:
-        yield
-    except WeightGroupError as err:
-        raise APIError(err.status, str(err), param=err.param, code=err.code) from err
+    @router.post(wire.DESTROY_WEIGHT_TRANSFER, dependencies=guarded)
+    async def destroy_weight_transfer() -> dict[str, Any]:
+        return {"success": True, "destroyed": await asyncio.to_thread(receiver.leave)}
 
 
-__all__ = ["BroadcastChunkRequest", "InitWeightTransferRequest", "WeightTransfer"]
+__all__ = ["BroadcastChunkRequest", "InitWeightTransferRequest", "add_weight_transfer_routes"]

@@ -16,14 +16,5 @@ class InProcessTransport(WeightTransport):
 
     name = "inprocess"
 
-    async def begin(self, client: UpdateClient) -> None:
-        await client.begin_weight_update()
-
     async def send_chunk(self, client: UpdateClient, chunk: WeightChunk) -> None:
         await client.load_weights(chunk.named_tensors())
-
-    async def finish(self, client: UpdateClient, version: int) -> int:
-        return int(await client.finish_weight_update(version))
-
-    async def abort(self, client: UpdateClient) -> bool:
-        return bool(await client.abort_weight_update())

@@ -143,8 +143,8 @@ class ChannelReceiver:
     transports); subclasses say where a chunk's bytes are (`chunk_buffer`).
 
     Run `serve(engine)` in a thread of the engine's process; it returns when the sender closes the
-    transport or `stop()` is called. Engine errors are sent back to the sender, which raises them;
-    the receiver keeps serving.
+    transport. Engine errors are sent back to the sender, which raises them; the receiver keeps
+    serving.
     """
 
     def __init__(self, channel: ControlChannel) -> None:
@@ -167,15 +167,13 @@ class ChannelReceiver:
         while True:
             message = self.channel.recv()
             if message["op"] == "close":
-                if not message.get("local"):
-                    self.channel.ack({"ok": True, "result": None})
-                break
+                self.channel.ack({"ok": True, "result": None})
+                return
             try:
                 reply = {"ok": True, "result": self._apply(receiver, message)}
             except Exception as err:  # reported to the sender, which raises it there
                 reply = {"ok": False, "type": type(err).__name__, "error": str(err)}
             self.channel.ack(reply)
-        self.close()
 
     def _apply(self, receiver: Receiver, message: dict) -> Any:
         op = message["op"]
@@ -194,15 +192,6 @@ class ChannelReceiver:
         self._thread = threading.Thread(target=self.serve, args=(engine,), daemon=True, name="weight-receiver")
         self._thread.start()
         return self._thread
-
-    def stop(self, timeout: float | None = 30.0) -> None:
-        """Make `serve` return (from this process) and wait for the thread started here."""
-        self.channel.claim_close()
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    def close(self) -> None:
-        """Release receiver resources (subclasses)."""
 
 
 _RECEIVERS: weakref.WeakKeyDictionary[AsyncEngine, Receiver] = weakref.WeakKeyDictionary()

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
+from inflight.engine import errors as engine_errors
 from inflight.weight_sync.chunking import DEFAULT_CHUNK_BYTES, WeightChunk, iter_chunks
 
 
@@ -46,7 +47,8 @@ class TransportError(RuntimeError):
 
 
 class WeightTransport:
-    """How the `send_weights` step of a sync moves tensors. Subclasses override the four calls.
+    """How the `send_weights` step of a sync moves tensors. Subclasses say how a chunk travels
+    (`send_chunk`); the lifecycle goes through the client unless they override it too.
 
     `split_tensors`: chunks may carry pieces of tensors larger than `max_chunk_bytes`.
     """
@@ -62,18 +64,18 @@ class WeightTransport:
         return iter_chunks(named_tensors, self.max_chunk_bytes, split=self.split_tensors, dtype=self.dtype)
 
     async def begin(self, client: UpdateClient) -> None:
-        raise NotImplementedError
+        await client.begin_weight_update()
 
     async def send_chunk(self, client: UpdateClient, chunk: WeightChunk) -> None:
         raise NotImplementedError
 
-    async def finish(self, client: UpdateClient, version: int) -> int:
+    async def finish(self, client: UpdateClient, version: int | None) -> int:
         """Complete the update at `version`; returns the engines' new version."""
-        raise NotImplementedError
+        return int(await client.finish_weight_update(version))
 
     async def abort(self, client: UpdateClient) -> bool:
         """Abandon the update; True when every engine is back on its pre-update weights."""
-        raise NotImplementedError
+        return bool(await client.abort_weight_update())
 
     def close(self) -> None:
         """Release what the transport holds (idempotent)."""
@@ -99,11 +101,7 @@ def _start_key(rank: int) -> str:
 
 def _error_class(name: str) -> type[Exception]:
     """The engine's error class of that name (so callers catch the same classes as in process)."""
-    if name not in _ENGINE_ERRORS:
-        return TransportError
-    from inflight.engine import errors  # imported on use: the engine pulls in transformers
-
-    return getattr(errors, name)
+    return getattr(engine_errors, name) if name in _ENGINE_ERRORS else TransportError
 
 
 def _timedelta(seconds: float | datetime.timedelta) -> datetime.timedelta:
@@ -132,9 +130,7 @@ class ControlChannel:
     """Numbered JSON messages from one sender to `num_receivers` receivers, each acknowledged.
 
     The sender hosts a TCPStore at host:port (a port of its own: this store is not the trainer's
-    rendezvous). Message n to receiver r is the key `msg/r/n`, its acknowledgement `ack/r/n`. A
-    receiver's `stop()` claims its next key first (compare-and-set), so a blocked receiver can be
-    stopped from its own process and a sender finds out instead of waiting.
+    rendezvous). Message n to receiver r is the key `msg/r/n`, its acknowledgement `ack/r/n`.
     """
 
     def __init__(self, host: str, port: int, num_receivers: int, rank: int = 0,
@@ -151,7 +147,7 @@ class ControlChannel:
             raise TransportError(f"cannot {role} the weight-sync control store at {host}:{port}: "
                                  f"{err}") from err
         self.seq = 0
-        self.stopped: set[int] = set()  # receivers found stopped (sender side)
+        self.stopped: set[int] = set()  # receivers found dead (sender side)
         # sender side: the receivers whose process has exited (set by whoever started them); a
         # wait for an acknowledgement checks it every ALIVE_CHECK_S instead of waiting its whole
         # timeout for a process that is gone
@@ -187,10 +183,7 @@ class ControlChannel:
         seq, self.seq = self.seq, self.seq + 1
         body = json.dumps({**message, "seq": seq})
         for r in targets:
-            current = self.store.compare_set(f"msg/{r}/{seq}", "", body).decode()
-            if current != body:
-                self.stopped.add(r)
-                raise TransportError(f"weight-sync receiver {r} has stopped")
+            self.store.set(f"msg/{r}/{seq}", body)
         return Posted(seq, message["op"], targets)
 
     def collect(self, posted: Posted, timeout: float | datetime.timedelta | None = None) -> list[dict]:
@@ -242,13 +235,6 @@ class ControlChannel:
     def ack(self, reply: dict) -> None:
         self.store.set(f"ack/{self.rank}/{self.seq}", json.dumps(reply))
         self.seq += 1
-
-    def claim_close(self) -> None:
-        """Post a `close` to this receiver's own next key (used by `ChannelReceiver.stop`), over a
-        connection of its own: the receiving thread may be blocked on the channel's."""
-        store = dist.TCPStore(self.host, self.port, is_master=False, timeout=self.timeout)
-        body = json.dumps({"op": "close", "seq": self.seq, "local": True})
-        store.compare_set(f"msg/{self.rank}/{self.seq}", "", body)
 
 
 class ChannelTransport(WeightTransport):

@@ -84,7 +84,7 @@ def test_a_server_out_of_the_group_drops_it_and_a_new_init_recovers(serve, new_w
                 await client.update_weights_broadcast(new_weights, version=7)
             versions = await client.weight_versions()
             with pytest.raises(RuntimeError, match="init_weight_transfer"):
-                await client.load_weights_broadcast(new_weights)
+                await client.update_weights_broadcast(new_weights)
             await client.init_weight_transfer(max_chunk_bytes=CHUNK, timeout_s=60)  # replaces stale groups
             version = await client.update_weights_broadcast(new_weights, version=7)
         return left.json(), failed.value, versions, version

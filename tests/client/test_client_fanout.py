@@ -119,7 +119,7 @@ def test_broadcast_over_clients_that_cannot_join_names_the_alternatives(model_di
         with pytest.raises(NotImplementedError, match="engine-0 \\(LocalClient\\).*RemoteClient.*broadcast"):
             await client.init_weight_transfer()
         with pytest.raises(RuntimeError, match="init_weight_transfer"):
-            await client.load_weights_broadcast([])
+            await client.update_weights_broadcast([])
 
     _run(model_dir, body)
 

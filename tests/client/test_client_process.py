@@ -102,7 +102,7 @@ def test_process_client_updates_weights_over_a_broadcast_group(model_dir):
         output = await client.generate(prompt, greedy)
         await client.close_weight_transfer()
         with pytest.raises(RuntimeError, match="init_weight_transfer"):
-            await client.load_weights_broadcast(new)
+            await client.update_weights_broadcast(new)
         oracle = LocalClient(AsyncEngine(LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=64))))
         await update_weights(oracle, new)
         expected = await oracle.generate(prompt, greedy)
