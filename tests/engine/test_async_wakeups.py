@@ -111,8 +111,10 @@ def test_a_wait_pause_ended_by_a_resume_returns(make_engine):
 def test_a_wait_pause_sleeps_until_the_drain_ends(make_engine, monkeypatch):
     """pause('wait') used to look at the engine every 5 ms while the drain lasted (issue 18 finding
     7); now the step loop wakes it when the drain ends. With every step held off (the engine's lock
-    held by the test), the waiting pause reads the drain state at most once more, however long the
-    drain lasts; then the request is aborted, which ends the drain, and the pause returns."""
+    held by the test), the waiting pause reads the drain state at most twice more, however long the
+    drain lasts (the pause's own first look may come after the count starts, and a step already
+    running when the lock was requested settles the drain once); then the request is aborted, which
+    ends the drain, and the pause returns."""
     from inflight.engine.engine import LLMEngine
 
     reads: list[str] = []
@@ -137,7 +139,7 @@ def test_a_wait_pause_sleeps_until_the_drain_ends(make_engine, monkeypatch):
         return on_loop, paused, output
 
     on_loop, paused, output = asyncio.run(run())
-    assert len(on_loop) <= 1, on_loop
+    assert len(on_loop) <= 2, on_loop  # polling: ~60
     assert paused and output.finish_reason == "abort"
 
 
