@@ -176,7 +176,7 @@ class PromptRef(Generic[T]):
     epoch: int
     index: int
     item: T
-    position: int = -1
+    position: int
 
 
 @dataclass
@@ -206,13 +206,8 @@ class AsyncDataLoader(Generic[T]):
             order = list(range(len(self.items)))
             if self.shuffle:
                 random.Random(f"{self.seed}-{epoch}").shuffle(order)
-            if len(self._orders) >= 2:  # keep two epochs' orders (the boundary straddles them)
-                self._orders.pop(min(self._orders))
-            self._orders[epoch] = order
+            self._orders = {epoch: order}  # only `next` reads an order, epoch after epoch
         return self._orders[epoch]
-
-    def _position(self, epoch: int, index: int) -> int:
-        return self.order(epoch).index(index) if self.shuffle else index
 
     def next(self) -> PromptRef[T] | None:
         """The next item not yet consumed, or None when every epoch is done."""
@@ -233,16 +228,11 @@ class AsyncDataLoader(Generic[T]):
     def exhausted(self) -> bool:
         return self._cursor[0] >= self.epochs
 
-    @property
-    def epoch(self) -> int:
-        return min(self._cursor[0], self.epochs - 1)
-
     def mark_consumed(self, ref: PromptRef[Any]) -> None:
         state = self._consumed.setdefault(ref.epoch, _EpochState())
-        pos = ref.position if ref.position >= 0 else self._position(ref.epoch, ref.index)
-        if pos < state.watermark or pos in state.above:
+        if ref.position < state.watermark or ref.position in state.above:
             raise RuntimeError(f"prompt {ref.index} of epoch {ref.epoch} was consumed twice")
-        state.above.add(pos)
+        state.above.add(ref.position)
         while state.watermark in state.above:
             state.above.remove(state.watermark)
             state.watermark += 1
