@@ -65,13 +65,11 @@ class MetricsLogger:
                                      console=self.console, transient=False)
             self._task = self.progress.add_task("", total=total_steps)
             self.progress.start()
-        self.records: list[dict[str, Any]] = []
 
     def log(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
         record = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
-        self.records.append(record)
         values = numeric({k: v for k, v in record.items() if k != "step"})
         for tracker in self.trackers:
             tracker.log(values, step)
@@ -81,9 +79,6 @@ class MetricsLogger:
         elif summary and (step % self.log_interval == 0 or step == 1):
             self.console.print(f"step {step}: {summary}", highlight=False)
         return record
-
-    def print(self, text: str) -> None:
-        self.console.print(text, highlight=False)
 
     def close(self) -> None:
         if self.progress is not None:

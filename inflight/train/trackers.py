@@ -47,11 +47,6 @@ def tracker_names(logger: str | Sequence[str] | None) -> list[str]:
     return [str(item).strip() for item in items if str(item).strip()]
 
 
-def unknown_trackers(logger: str | Sequence[str] | None) -> list[str]:
-    """The names in `trainer.logger` that are not trackers."""
-    return [name for name in tracker_names(logger) if name not in TRACKERS]
-
-
 def numeric(metrics: Mapping[str, Any]) -> dict[str, float]:
     """The entries a tracker can plot: finite-or-not ints and floats, never bools or None."""
     return {k: float(v) for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)}
@@ -172,7 +167,8 @@ def make_trackers(logger: str | Sequence[str] | None, out_dir: str | os.PathLike
     """The trackers `trainer.logger` names (`console` is the progress bar: no tracker object).
     Raises ValueError for an unknown name and TrackerUnavailable when a package is missing; a
     tracker that was already started is closed before the error propagates."""
-    unknown = unknown_trackers(logger)
+    names = tracker_names(logger)
+    unknown = [name for name in names if name not in TRACKERS]
     if unknown:
         raise ValueError(f"trainer.logger: unknown tracker(s) {unknown}; use any of {list(TRACKERS)}")
     out = Path(out_dir)
@@ -181,7 +177,7 @@ def make_trackers(logger: str | Sequence[str] | None, out_dir: str | os.PathLike
     config = dict(config or {})
     trackers: list[Tracker] = []
     try:
-        for tracker in dict.fromkeys(tracker_names(logger)):
+        for tracker in dict.fromkeys(names):
             if tracker == "tensorboard":
                 trackers.append(TensorBoardTracker(out, config))
             elif tracker == "wandb":
