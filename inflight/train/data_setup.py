@@ -75,16 +75,15 @@ def model_context(cfg: Config) -> int | None:
     return positions if limit is None else min(limit, positions)
 
 
-def make_data_task(cfg: Config, job: JobConfig, tokenizer: Any = None):
+def make_data_task(cfg: Config, job: JobConfig):
     """The `DataTask` of `data.*` (or the old `job.train_data` / `job.eval_data`), with the model's
-    tokenizer and context. Raises ConfigError / DatasetError / RewardError before any training."""
+    tokenizer and context, for a job `check_data_job` passed (`inflight.train.main.make_task`).
+    Raises DatasetError / RewardError before any training."""
+    from transformers import AutoTokenizer
+
     from inflight.tasks.data_task import DataTask
 
-    check_data_job(cfg, job)
-    if tokenizer is None:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(cfg.trainer.policy.model.path)
+    tokenizer = AutoTokenizer.from_pretrained(cfg.trainer.policy.model.path)
     data = cfg.data
     train = data.train_data or [job.train_data]
     val = data.val_data or ([job.eval_data] if job.eval_data else [])
