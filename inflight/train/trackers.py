@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -141,9 +141,9 @@ class MlflowTracker:
         mlflow.set_experiment(project)
         self.run: Any = mlflow.start_run(run_name=run_name)
         self.run_id: str = self.run.info.run_id
-        params = {k: str(v)[:_MLFLOW_PARAM_CHARS] for k, v in flatten(config).items()}
-        for batch in _batches(list(params.items()), 100):
-            mlflow.log_params(dict(batch))
+        params = [(k, str(v)[:_MLFLOW_PARAM_CHARS]) for k, v in flatten(config).items()]
+        for start in range(0, len(params), 100):  # at most 100 params per call
+            mlflow.log_params(dict(params[start:start + 100]))
         if config:
             mlflow.log_dict(dict(config), "config.yaml")
 
@@ -154,11 +154,6 @@ class MlflowTracker:
         if self.run is not None:
             self.mlflow.end_run()
             self.run = None
-
-
-def _batches(items: list[Any], size: int) -> Iterable[list[Any]]:
-    for start in range(0, len(items), size):
-        yield items[start:start + size]
 
 
 def make_trackers(logger: str | Sequence[str] | None, out_dir: str | os.PathLike, *,
