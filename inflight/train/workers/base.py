@@ -98,7 +98,7 @@ class PolicyWorker(ABC):
 
     Backends implement `build_model` (set `self.model`), `compute_logprobs` and
     `iter_full_hf_tensors`; they may override `build_optimizer`, `forward_backward` and
-    `optimizer_step`. `loss_fn(logprobs, batch) -> scalar` is pluggable (default: token-level
+    `clip_gradients`. `loss_fn(logprobs, batch) -> scalar` is pluggable (default: token-level
     cross-entropy; the RL objective is `inflight.train.algorithms.rl_loss`).
     """
 
@@ -151,14 +151,18 @@ class PolicyWorker(ABC):
     def optimizer_step(self) -> dict[str, float]:
         """Clip the gradient norm, step, zero the gradients, advance the learning-rate schedule;
         returns the pre-clip norm and the learning rate used."""
+        norm = self.clip_gradients(self.cfg.trainer.policy.optimizer_config.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"grad_norm": norm, **self.advance_lr()}
+
+    def clip_gradients(self, max_norm: float) -> float:
+        """Scale the gradients to a norm of at most `max_norm`; returns the norm before clipping."""
         params = [p for p in self.model.parameters() if p.requires_grad]
-        max_norm = self.cfg.trainer.policy.optimizer_config.max_grad_norm
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         if hasattr(norm, "full_tensor"):  # a DTensor from sharded parameters
             norm = norm.full_tensor()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return {"grad_norm": float(norm), **self.advance_lr()}
+        return float(norm)
 
     def advance_lr(self) -> dict[str, float]:
         """After an optimizer step: the learning rate it used (`lr`), and the schedule moved on. An
