@@ -220,7 +220,7 @@ class RLTrainer:
     async def _train_on(self, groups: list[TrajectoryGroup], waited_s: float, step_started: float) -> dict[str, Any]:
         """The shared tail of every step: train, sync the weights, record, checkpoint."""
         check_generated(groups, self.cfg)  # zero tokens would train on nothing, silently
-        async with self.restarts.step():  # no engine restart while the weights change and sync
+        async with self.restarts.lock:  # no engine restart while the weights change and sync
             t0 = time.perf_counter()
             metrics: dict[str, Any] = await self.policy.train(groups, self.policy_version)
             t1 = time.perf_counter()
