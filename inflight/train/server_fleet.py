@@ -94,10 +94,6 @@ class ServerFleet:
         self.servers: list[ServerProcess] = []  # running (until close)
         self.launched: list[ServerProcess] = []  # every server launched, stopped ones too
 
-    @property
-    def urls(self) -> list[str]:
-        return [s.url for s in self.servers]
-
     def launch(self, command_for: CommandFor) -> ServerProcess:
         """Start one server (not waiting for it) on a free port; it is stopped by `close()`."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -128,7 +124,7 @@ class ServerFleet:
         except BaseException:
             await self.close()
             raise
-        return self.urls
+        return [s.url for s in self.servers]
 
     async def close(self) -> None:
         """Stop every server started (idempotent); the logs stay."""
