@@ -361,13 +361,11 @@ class FullyAsyncTrainer(RLTrainer):
                 return
             try:
                 group = await self._generate_until_done(ref)
-            except asyncio.CancelledError:
-                manager.cancel()
-                raise
             except BaseException as err:
                 manager.cancel()
-                self._error = err
-                buffer.close()
+                if not isinstance(err, asyncio.CancelledError):  # the trainer's loop raises it
+                    self._error = err
+                    buffer.close()
                 raise
             if (why := self._dropped(group)) is not None:
                 manager.reject()
