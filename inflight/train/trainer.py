@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,13 +32,7 @@ from inflight.client.base import InferenceClient
 from inflight.config import Config, SamplingConfig
 from inflight.eval.run import eval_sets
 from inflight.eval.run import evaluate as run_eval
-from inflight.rollout.generator import (
-    GenerateFn,
-    TaskGenerator,
-    TrajectoryGroup,
-    episode_options,
-    request_seed,
-)
+from inflight.rollout.generator import TaskGenerator, TrajectoryGroup, episode_options, request_seed
 from inflight.tasks.base import Problem, Task
 from inflight.train.checkpoint import load_latest
 from inflight.train.data_setup import check_generated
@@ -63,11 +56,9 @@ class RLTrainer:
 
     mode = "base"
 
-    def __init__(self, cfg: Config, job: JobConfig, task: Task, generate: GenerateFn | None = None,
-                 logger: MetricsLogger | None = None, start: Starter = start_local) -> None:
+    def __init__(self, cfg: Config, job: JobConfig, task: Task, start: Starter = start_local) -> None:
         self.cfg, self.job, self.task = cfg, job, task
-        self._custom_generate = generate
-        self.logger = logger
+        self.logger: MetricsLogger | None = None
         self._start = start
         self.global_step = 0
         self.runtime: Runtime | None = None
@@ -107,12 +98,11 @@ class RLTrainer:
             self.loader.load_state(ckpt.data)
             self.global_step = ckpt.step
             self.resumed_from = ckpt.path
-        self.generator = self._custom_generate or self._task_generator(
-            cfg.generator.sampling_params, cfg.generator.n_samples_per_prompt, cfg.trainer.seed)
+        self.generator = self._task_generator(cfg.generator.sampling_params, cfg.generator.n_samples_per_prompt,
+                                              cfg.trainer.seed)
         out = Path(job.output_dir)
         out.mkdir(parents=True, exist_ok=True)
-        if self.logger is None:
-            self.logger = open_run_logs(self.cfg, job, ckpt.step if ckpt is not None else None)
+        self.logger = open_run_logs(self.cfg, job, ckpt.step if ckpt is not None else None)
         self._consumed_file = (out / "consumed.jsonl").open("a" if ckpt is not None else "w")
         return self
 
@@ -151,34 +141,29 @@ class RLTrainer:
                              max_context=self.cfg.generator.inference_engine.max_model_len, seed=seed,
                              **episode_options(self.cfg, sampling))
 
-    async def evaluate(self, problems: Sequence[Problem] | None = None) -> dict[str, Any]:
+    async def evaluate(self) -> dict[str, Any]:
         """Evaluate the current weights on every problem of the held-out sets, through the engine: `{"accuracy": pass@1 over all sets, "reward": mean reward, "seconds",
         "datasets": {name: {num_problems, mean_reward, pass@k, ...}}, "metrics": the flat
         `eval/...` keys}`. With `trainer.dump_eval_results` the samples and metrics go to
         `<output_dir>/eval/step_<k>/`. Asked again at the same step and weights, it returns the
         evaluation it already made."""
         key = (self.global_step, self.policy_version)
-        if problems is None and self._last_eval is not None and self._last_eval[0] == key:
+        if self._last_eval is not None and self._last_eval[0] == key:
             return self._last_eval[1]
-        sets = eval_sets(self.task) if problems is None else {self.task.name: list(problems)}
-        result = await run_eval(self.eval_generator(), sets, self.task.decode,
+        result = await run_eval(self.eval_generator(), eval_sets(self.task), self.task.decode,
                                 self.cfg.generator.eval_n_samples_per_prompt,
                                 concurrency=self.cfg.trainer.eval_batch_size)
         if self.cfg.trainer.dump_eval_results:
             result.write(Path(self.job.output_dir) / "eval" / f"step_{self.global_step}")
         summary = {"accuracy": result.accuracy, "reward": result.mean_reward, "seconds": result.seconds,
                    "datasets": result.metrics, "metrics": result.log_metrics(), "step": self.global_step}
-        if problems is None:
-            self._last_eval = (key, summary)
+        self._last_eval = (key, summary)
         return summary
 
     # ---- pieces the loops share ---------------------------------------------------------------
     async def _generate(self, ref: PromptRef[Problem]) -> TrajectoryGroup:
         version = self.policy_version
-        if isinstance(self.generator, TaskGenerator):
-            group = await self.generator(ref.item, epoch=ref.epoch, index=ref.index, version=version)
-        else:
-            group = await self.generator(ref.item)
+        group = await self.generator(ref.item, epoch=ref.epoch, index=ref.index, version=version)
         group.epoch, group.index, group.scheduled_version, group.ref = ref.epoch, ref.index, version, ref
         return group
 
