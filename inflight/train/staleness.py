@@ -192,10 +192,10 @@ class AsyncDataLoader(Generic[T]):
     consumed ones never are, so a killed and resumed run uses every prompt exactly once per epoch.
     """
 
-    def __init__(self, items: Sequence[T], epochs: int = 1, seed: int = 0, shuffle: bool = True) -> None:
+    def __init__(self, items: Sequence[T], epochs: int = 1, seed: int = 0) -> None:
         if not items:
             raise ValueError("the dataset is empty")
-        self.items, self.epochs, self.seed, self.shuffle = items, epochs, seed, shuffle
+        self.items, self.epochs, self.seed = items, epochs, seed
         self._consumed: dict[int, _EpochState] = {}
         self._cursor = (0, 0)  # (epoch, position) of the next hand-out
         self._orders: dict[int, list[int]] = {}
@@ -204,8 +204,7 @@ class AsyncDataLoader(Generic[T]):
         """Dataset indices in the order epoch `epoch` visits them."""
         if epoch not in self._orders:
             order = list(range(len(self.items)))
-            if self.shuffle:
-                random.Random(f"{self.seed}-{epoch}").shuffle(order)
+            random.Random(f"{self.seed}-{epoch}").shuffle(order)
             self._orders = {epoch: order}  # only `next` reads an order, epoch after epoch
         return self._orders[epoch]
 
