@@ -70,7 +70,7 @@ class MegatronPolicyWorker(PolicyWorker):
 
     def __init__(self, cfg: Config, model_path: str | Path | None = None, rank: int = 0, world_size: int = 1,
                  loss_fn: LossFn | None = None, device: str | torch.device = "cpu",
-                 dtype: torch.dtype = torch.float32, tensor_parallel_size: int | None = None) -> None:
+                 tensor_parallel_size: int | None = None) -> None:
         super().__init__(cfg, rank, world_size, loss_fn, device)
         if use_bf16(cfg, self.device) or cfg.trainer.gradient_checkpointing:
             raise ConfigError([Violation(
@@ -82,7 +82,6 @@ class MegatronPolicyWorker(PolicyWorker):
         self.model_path = model_path or cfg.trainer.policy.model.path
         if self.model_path is None:
             raise ValueError("no model: set trainer.policy.model.path or pass model_path")
-        self.dtype = dtype
         self.tp = tensor_parallel_size or cfg.trainer.policy.megatron_config.tensor_model_parallel_size
         self.hf_config = AutoConfig.from_pretrained(self.model_path)
         self.layout = MegatronLayout.from_hf_config(self.hf_config, self.tp)
@@ -130,7 +129,7 @@ class MegatronPolicyWorker(PolicyWorker):
             num_query_groups=lay.num_kv_heads, kv_channels=lay.head_dim, ffn_hidden_size=lay.ffn_hidden_size,
             normalization="RMSNorm", layernorm_epsilon=lay.rms_norm_eps, gated_linear_unit=True,
             activation_func=F.silu, add_bias_linear=False, add_qkv_bias=lay.qkv_bias, qk_layernorm=lay.qk_norm,
-            hidden_dropout=0.0, attention_dropout=0.0, tensor_model_parallel_size=self.tp, params_dtype=self.dtype,
+            hidden_dropout=0.0, attention_dropout=0.0, tensor_model_parallel_size=self.tp, params_dtype=torch.float32,
             use_cpu_initialization=self.device.type == "cpu",
             perform_initialization=False,  # every parameter is overwritten from the checkpoint
             # no fused kernels or CUDA-extension paths: the same numerics on every device
