@@ -64,10 +64,9 @@ class StalenessManager:
 
     async def start(self) -> None:
         """Wait for a slot and claim it."""
-        while self.capacity() <= 0:
+        while not self.try_start():
             self._changed.clear()
             await self._changed.wait()
-        self.running += 1
 
     def accept(self) -> None:
         """A running group finished and entered the buffer."""
