@@ -63,10 +63,6 @@ class ServerProcess:
     proc: subprocess.Popen[bytes]
     log_path: Path
 
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
     def log_tail(self, lines: int = 40) -> str:
         """The last `lines` lines of the server's log."""
         try:
