@@ -185,9 +185,9 @@ def _forward_aliases(values: Mapping[str, Any], rest: Mapping[str, Any], overrid
         value = values.get(name)
         if value is None:
             continue
-        alias_on_line = _given({}, given, f"{SECTION}.{name}") is not None
+        alias_on_line = _on_line(given, f"{SECTION}.{name}") is not None
         for key in keys:
-            other = _given({}, overrides, key) if alias_on_line else _given(rest, [], key)
+            other = _on_line(overrides, key) if alias_on_line else flatten(rest).get(key)
             if other is not None and coerce(other, leaves[key]) != coerce(value, leaves[key]):
                 rule = f"is the old spelling of {key}, which is also set (to {other!r})"
                 problems.append(Violation(f"{SECTION}.{name}", value, rule, f"drop {SECTION}.{name} and keep {key}"))
@@ -197,9 +197,9 @@ def _forward_aliases(values: Mapping[str, Any], rest: Mapping[str, Any], overrid
     return forwarded + list(overrides)
 
 
-def _given(data: Mapping[str, Any], overrides: Sequence[str], key: str) -> Any:
-    """The value `key` is given in a config mapping (nested, dotted, or both) or in the overrides, else None."""
-    value = flatten(data).get(key)
+def _on_line(overrides: Sequence[str], key: str) -> Any:
+    """The value the last of `overrides` that sets `key` gives it, else None."""
+    value = None
     for text in overrides:
         name, _, raw = text.strip().lstrip("+").partition("=")
         if name.strip() == key:
