@@ -43,10 +43,9 @@ from inflight.train.data_parallel import (
 )
 from inflight.train.workers.base import PolicyWorker
 
-LOSS_STAT_KEYS = ("loss", "clip_fraction", "ratio_mean", "ratio_max", "ratio_min", "kl", "is_ratio_mean",
-                  "is_ratio_max", "is_ratio_min", "is_weight_mean", "is_truncated_fraction")
-"""Statistics of the loss that are combined over the data-parallel ranks (the same on every rank)."""
 IMPORTANCE_KEYS = ("is_ratio_mean", "is_ratio_max", "is_ratio_min", "is_weight_mean", "is_truncated_fraction")
+LOSS_STAT_KEYS = ("loss", "clip_fraction", "ratio_mean", "ratio_max", "ratio_min", "kl", *IMPORTANCE_KEYS)
+"""Statistics of the loss that are combined over the data-parallel ranks (the same on every rank)."""
 
 
 @dataclass
