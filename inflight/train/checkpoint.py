@@ -46,12 +46,6 @@ class CheckpointState:
         return self.path / "model"
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def model_dtype(model_dir: str | Path) -> torch.dtype | None:
     """The dtype a Hugging Face directory's config.json declares (`dtype`, or the older
     `torch_dtype`), None when it declares none."""
@@ -109,7 +103,8 @@ def save_checkpoint(root: str | Path, step: int, worker: PolicyWorker, base_mode
         state = {"step": step, "weight_version": weight_version, "data": data, "extra": extra or {}}
         (tmp / "state.json").write_text(json.dumps(state))
         _publish(tmp, final)
-        _write_atomic(root / "latest", final.name)
+        (root / "latest.tmp").write_text(final.name)
+        os.replace(root / "latest.tmp", root / "latest")  # atomically
         for old in sorted(root.glob("global_step_*"), key=lambda p: int(p.name.rsplit("_", 1)[1]))[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     return final

@@ -94,18 +94,17 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
-def drop_after(path: Path, step: int) -> int:
-    """Rewrite the metrics JSONL at `path` without the rows of steps after `step` (atomically);
-    returns how many rows were dropped. A missing file is left missing."""
+def drop_after(path: Path, step: int) -> None:
+    """Rewrite the metrics JSONL at `path` without the rows of steps after `step` (atomically). A
+    missing file is left missing."""
     if not path.is_file():
-        return 0
+        return
     lines = [line for line in path.read_text().splitlines() if line.strip()]
     kept = [line for line in lines if json.loads(line).get("step", 0) <= step]
     if len(kept) != len(lines):
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text("".join(line + "\n" for line in kept))
         os.replace(tmp, path)
-    return len(lines) - len(kept)
 
 
 def plot_metrics(jsonl: str | Path, png: str | Path, title: str | None = None) -> Path:
