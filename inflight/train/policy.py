@@ -1,8 +1,8 @@
 """LocalPolicy: the trained policy of a run, in one process — the policy worker, the shared
 training step, the weight sync to the engines (one plan, `plan_weight_sync(cfg)`) and checkpoints.
 
-The trainers talk to the policy only through `train`, `sync_weights`, `save`, `weight_version` and
-`kv_fate`, so the same object serves in the trainer's own process and inside a Ray actor
+The trainers talk to the policy only through `train`, `sync_weights`, `save`, `export` and
+`weight_version`, so the same object serves in the trainer's own process and inside a Ray actor
 (`inflight.cluster`, where every rank holds one and only rank 0 has a client).
 """
 
