@@ -19,7 +19,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from inflight.train.trackers import TensorBoardTracker, Tracker, numeric
+from inflight.train.trackers import Tracker, numeric
 
 PROGRESS_KEYS = (("reward", "reward {:.2f}"), ("accuracy", "acc {:.0%}"), ("staleness_mean", "stale {:.2f}"),
                  ("throughput/samples_per_s", "{:.0f} samples/s"))
@@ -33,13 +33,12 @@ def _clean(value: Any) -> Any:
 
 class MetricsLogger:
     """Writes each step's metrics to `<out_dir>/metrics.jsonl`, sends the numbers to the
-    experiment trackers (`trackers`; `tensorboard=True` adds TensorBoard under
-    `<out_dir>/tensorboard` when none of them is), and shows progress on `console`.
+    experiment trackers (`trackers`), and shows progress on `console`.
 
     `append`: continue an existing file; with `resume_step` (the checkpoint a run resumes from),
     the rows of later steps, which the resumed run logs again, are dropped first."""
 
-    def __init__(self, out_dir: str | os.PathLike | Path, tensorboard: bool = True, progress: bool = True,
+    def __init__(self, out_dir: str | os.PathLike | Path, progress: bool = True,
                  total_steps: int | None = None, console: Console | None = None, log_interval: int = 10,
                  append: bool = False, trackers: Sequence[Tracker] = (),
                  resume_step: int | None = None) -> None:
@@ -52,11 +51,6 @@ class MetricsLogger:
         self.console = console or Console()
         self.log_interval = log_interval
         self.trackers: list[Tracker] = list(trackers)
-        if tensorboard and not any(t.name == "tensorboard" for t in self.trackers):
-            try:
-                self.trackers.append(TensorBoardTracker(self.out_dir, {}))
-            except ImportError:  # tensorboard not installed: JSONL only
-                self.console.print("[yellow]tensorboard is not installed; metrics go to JSONL only[/yellow]")
         self.progress: Progress | None = None
         self._task = None
         if progress and self.console.is_terminal:
