@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from inflight.client.base import InferenceClient
 from inflight.config import Config
@@ -33,8 +34,6 @@ def ensure_process_group(device: str = "cpu", init_method: str | None = None, ra
                          world_size: int = 1) -> None:
     """The policy ranks' torch.distributed group (nccl on CUDA, else gloo) when none was launched;
     by default one rank, for the FSDP / Megatron workers of a one-process run."""
-    import torch.distributed as dist
-
     if not dist.is_initialized():
         backend = "nccl" if torch.device(device).type == "cuda" else "gloo"
         init_method = init_method or f"tcp://127.0.0.1:{free_port()}"
@@ -44,8 +43,6 @@ def ensure_process_group(device: str = "cpu", init_method: str | None = None, ra
 def make_worker(cfg: Config, job: JobConfig, model_dir: str | Path) -> PolicyWorker:
     """The policy worker the job asks for (see `JobConfig.worker`), not yet set up, knowing the
     run's optimizer steps (for a decaying learning-rate schedule)."""
-    import torch.distributed as dist
-
     kind = job.worker
     if kind == "auto":
         kind = "megatron" if cfg.trainer.strategy == "megatron" else ("fsdp" if dist.is_initialized() else "local")
