@@ -178,12 +178,10 @@ class PolicyWorker(ABC):
         """Rank 0's sync outcome on every rank (a broadcast on the trainer's default group)."""
         if self.world_size == 1 or not dist.is_initialized():
             return ok, version
-        flag = torch.tensor([int(ok), version], dtype=torch.int64, device=self._collective_device())
+        device = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+        flag = torch.tensor([int(ok), version], dtype=torch.int64, device=device)
         dist.broadcast(flag, src=0)
         return bool(flag[0]), int(flag[1])
-
-    def _collective_device(self) -> torch.device:
-        return self.device if dist.get_backend() == "nccl" else torch.device("cpu")
 
     # ---- common -----------------------------------------------------------------------------------
     def setup(self) -> PolicyWorker:
