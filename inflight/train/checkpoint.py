@@ -39,7 +39,6 @@ class CheckpointState:
     step: int
     weight_version: int
     data: dict[str, Any]
-    extra: dict[str, Any]
 
     @property
     def model_dir(self) -> Path:
@@ -134,7 +133,7 @@ def load_latest(root: str | Path | None) -> CheckpointState | None:
     if not state_file.is_file():
         return None
     path, state = state_file.parent, json.loads(state_file.read_text())
-    return CheckpointState(path, int(state["step"]), int(state["weight_version"]), state["data"], state.get("extra", {}))
+    return CheckpointState(path, int(state["step"]), int(state["weight_version"]), state["data"])
 
 
 def load_optimizer(worker: PolicyWorker, ckpt: CheckpointState) -> None:
