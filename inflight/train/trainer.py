@@ -100,10 +100,8 @@ class RLTrainer:
             self.resumed_from = ckpt.path
         self.generator = self._task_generator(cfg.generator.sampling_params, cfg.generator.n_samples_per_prompt,
                                               cfg.trainer.seed)
-        out = Path(job.output_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        self.logger = open_run_logs(self.cfg, job, ckpt.step if ckpt is not None else None)
-        self._consumed_file = (out / "consumed.jsonl").open("a" if ckpt is not None else "w")
+        self.logger = open_run_logs(self.cfg, job, ckpt.step if ckpt is not None else None)  # makes output_dir
+        self._consumed_file = (Path(job.output_dir) / "consumed.jsonl").open("a" if ckpt is not None else "w")
         return self
 
     @property
@@ -174,9 +172,8 @@ class RLTrainer:
         return job.max_train_seconds is not None and time.perf_counter() - self._started >= job.max_train_seconds
 
     def _record_consumed(self, step: int, prompt_ids: list[str], kind: str = "trained") -> None:
-        if self._consumed_file is not None:
-            self._consumed_file.write(json.dumps({"step": step, kind: prompt_ids}) + "\n")
-            self._consumed_file.flush()
+        self._consumed_file.write(json.dumps({"step": step, kind: prompt_ids}) + "\n")
+        self._consumed_file.flush()
 
     def reject(self, group: TrajectoryGroup, kind: str = "rejected") -> None:
         """A group filtered out at generation (`rejected`: no reward signal; `failed`: an episode's
@@ -265,13 +262,6 @@ class RLTrainer:
     async def _run(self) -> None:
         raise NotImplementedError
 
-    async def _stop_generation(self) -> None:
-        """Finish whatever is still generating (abort), so the engine is idle for evaluation."""
-        try:
-            await self.client.pause("abort")
-        finally:
-            await self.client.resume()
-
 
 class SyncTrainer(RLTrainer):
     """Generate `train_batch_size` groups with the current weights, train, sync, repeat."""
@@ -329,9 +319,12 @@ class FullyAsyncTrainer(RLTrainer):
             for w in workers:
                 w.cancel()
             await asyncio.gather(*workers, return_exceptions=True)
-            if self.client is not None:
+            if self.client is not None:  # abort what still generates: the engine is idle for evaluation
                 with contextlib.suppress(Exception):  # the engine may be gone already (shutdown after an error)
-                    await self._stop_generation()
+                    try:
+                        await self.client.pause("abort")
+                    finally:
+                        await self.client.resume()
 
     async def _worker(self) -> None:
         manager, buffer = self.staleness, self.buffer
