@@ -11,6 +11,7 @@ still wins.
 from __future__ import annotations
 
 import copy
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -105,9 +106,7 @@ def check_generated(groups: Any, cfg: Config) -> None:
     trajectories = [t for g in groups for t in g.trajectories]
     if not trajectories or sum(t.num_generated for t in trajectories) > 0:
         return
-    reasons: dict[str, int] = {}
-    for t in trajectories:
-        reasons[t.finish_reason] = reasons.get(t.finish_reason, 0) + 1
+    reasons = Counter(t.finish_reason for t in trajectories)
     longest = max(len(t.prompt_ids) for t in trajectories)
     ie, sampling = cfg.generator.inference_engine, cfg.generator.sampling_params
     raise NothingGeneratedError(
