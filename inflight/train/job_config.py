@@ -117,11 +117,6 @@ class JobConfig:
         return problems
 
 
-def _fields() -> dict[str, Any]:
-    hints = typing.get_type_hints(JobConfig)
-    return {f.name: hints[f.name] for f in dataclasses.fields(JobConfig)}
-
-
 def split_job_config(data: Mapping[str, Any], overrides: Sequence[str]) -> tuple[JobConfig, dict[str, Any], list[str]]:
     """Take the `job` section out of a config mapping and `job.*` out of the overrides; returns
     (JobConfig, the rest of the mapping, the rest of the overrides). Raises ConfigError listing
@@ -142,7 +137,8 @@ def split_job_config(data: Mapping[str, Any], overrides: Sequence[str]) -> tuple
             values[key.strip()[len(SECTION) + 1:]] = parse_value(raw)
         else:
             other.append(text)
-    fields = _fields()
+    hints = typing.get_type_hints(JobConfig)
+    fields = {f.name: hints[f.name] for f in dataclasses.fields(JobConfig)}
     problems: list[Violation] = []
     kwargs = {}
     for key, value in values.items():
