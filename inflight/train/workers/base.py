@@ -19,6 +19,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TypeVar
 
 import torch
@@ -103,8 +104,11 @@ class PolicyWorker(ABC):
     """
 
     def __init__(self, cfg: Config, rank: int = 0, world_size: int = 1, loss_fn: LossFn | None = None,
-                 device: str | torch.device = "cpu") -> None:
+                 device: str | torch.device = "cpu", model_path: str | Path | None = None) -> None:
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self.model_path = model_path or cfg.trainer.policy.model.path  # the HF directory it builds from
+        if self.model_path is None:
+            raise ValueError("no model: set trainer.policy.model.path or pass model_path")
         self.loss_fn = loss_fn or cross_entropy_loss
         self.device = torch.device(device)
         temperature = cfg.generator.sampling_params.temperature

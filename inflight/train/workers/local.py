@@ -41,10 +41,7 @@ class LocalPolicyWorker(PolicyWorker):
                  gradient_checkpointing: bool | None = None) -> None:
         """`bf16` and `gradient_checkpointing` default to `trainer.bf16` (null: true on CUDA) and
         `trainer.gradient_checkpointing`."""
-        super().__init__(cfg, rank, world_size, loss_fn, device)
-        self.model_path = model_path or cfg.trainer.policy.model.path
-        if self.model_path is None:
-            raise ValueError("no model: set trainer.policy.model.path or pass model_path")
+        super().__init__(cfg, rank, world_size, loss_fn, device, model_path)
         self.bf16 = use_bf16(cfg, self.device) if bf16 is None else bf16
         default = cfg.trainer.gradient_checkpointing
         self.gradient_checkpointing = default if gradient_checkpointing is None else gradient_checkpointing

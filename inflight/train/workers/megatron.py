@@ -71,7 +71,7 @@ class MegatronPolicyWorker(PolicyWorker):
     def __init__(self, cfg: Config, model_path: str | Path | None = None, rank: int = 0, world_size: int = 1,
                  loss_fn: LossFn | None = None, device: str | torch.device = "cpu",
                  tensor_parallel_size: int | None = None) -> None:
-        super().__init__(cfg, rank, world_size, loss_fn, device)
+        super().__init__(cfg, rank, world_size, loss_fn, device, model_path)
         if use_bf16(cfg, self.device) or cfg.trainer.gradient_checkpointing:
             raise ConfigError([Violation(
                 "trainer.strategy", cfg.trainer.strategy,
@@ -79,9 +79,6 @@ class MegatronPolicyWorker(PolicyWorker):
                 "use trainer.strategy=fsdp, or set trainer.bf16=false and trainer.gradient_checkpointing=false")])
         if dist.is_initialized():
             self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        self.model_path = model_path or cfg.trainer.policy.model.path
-        if self.model_path is None:
-            raise ValueError("no model: set trainer.policy.model.path or pass model_path")
         self.tp = tensor_parallel_size or cfg.trainer.policy.megatron_config.tensor_model_parallel_size
         self.hf_config = AutoConfig.from_pretrained(self.model_path)
         self.layout = MegatronLayout.from_hf_config(self.hf_config, self.tp)
