@@ -71,9 +71,7 @@ def model_context(cfg: Config) -> int | None:
     hf = AutoConfig.from_pretrained(cfg.trainer.policy.model.path)
     positions = getattr(hf, "max_position_embeddings", None)
     limit = cfg.generator.inference_engine.max_model_len
-    if positions is None:
-        return limit
-    return positions if limit is None else min(limit, positions)
+    return min((x for x in (positions, limit) if x is not None), default=None)
 
 
 def make_data_task(cfg: Config, job: JobConfig):
