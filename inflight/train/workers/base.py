@@ -111,8 +111,7 @@ class PolicyWorker(ABC):
             raise ValueError("no model: set trainer.policy.model.path or pass model_path")
         self.loss_fn = loss_fn or cross_entropy_loss
         self.device = torch.device(device)
-        temperature = cfg.generator.sampling_params.temperature
-        self.temperature = scaling_temperature(temperature)
+        self.temperature = scaling_temperature(cfg.generator.sampling_params.temperature)
         self.model: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.lr_scheduler: LRScheduler | None = None
