@@ -63,6 +63,10 @@ class ServerProcess:
     proc: subprocess.Popen[bytes]
     log_path: Path
 
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
     def log_tail(self, lines: int = 40) -> str:
         """The last `lines` lines of the server's log."""
         try:
@@ -89,6 +93,10 @@ class ServerFleet:
         self.env = {**os.environ, **(env or {})}
         self.servers: list[ServerProcess] = []  # running (until close)
         self.launched: list[ServerProcess] = []  # every server launched, stopped ones too
+
+    @property
+    def urls(self) -> list[str]:
+        return [s.url for s in self.servers]
 
     def launch(self, command_for: CommandFor) -> ServerProcess:
         """Start one server (not waiting for it) on a free port; it is stopped by `close()`."""
@@ -120,7 +128,7 @@ class ServerFleet:
         except BaseException:
             await self.close()
             raise
-        return [s.url for s in self.servers]
+        return self.urls
 
     async def close(self) -> None:
         """Stop every server started (idempotent); the logs stay."""

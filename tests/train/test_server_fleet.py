@@ -46,7 +46,7 @@ def _kill_if_alive(servers) -> None:
     """Kill (by pid) the servers a failed test left running; never a pid already reaped."""
     for server in servers:
         if server.proc.poll() is None:
-            os.killpg(server.proc.pid, signal.SIGKILL)
+            os.killpg(server.pid, signal.SIGKILL)
             server.proc.wait(10)
 
 
@@ -75,7 +75,7 @@ def test_two_native_servers_behind_a_token_and_nothing_left_after_close(tiny_mod
         urls, refused, versions = asyncio.run(run())
     finally:
         _kill_if_alive(fleet.launched)  # only if close() failed to
-    pids = [s.proc.pid for s in fleet.launched]
+    pids = [s.pid for s in fleet.launched]
     assert len(set(urls)) == 2 and all(u.startswith("http://127.0.0.1:") for u in urls)
     assert refused == 401 and versions == dict(zip(urls, (0, 5), strict=True))
     assert all(_gone(pid) for pid in pids) and fleet.servers == []
@@ -90,7 +90,7 @@ def test_a_failed_start_stops_the_servers_already_started(tmp_path):
         with pytest.raises(ServerStartError, match=r"server 1 .* exited with status 2 during start-up") as err:
             asyncio.run(fleet.start([lambda p: SLEEPER, lambda p: [*bad, "--port", str(p)]], timeout_s=120))
         assert "server-1.log" in str(err.value) and "error:" in str(err.value)  # the log's tail
-        assert len(fleet.launched) == 2 and all(_gone(s.proc.pid) for s in fleet.launched) and fleet.servers == []
+        assert len(fleet.launched) == 2 and all(_gone(s.pid) for s in fleet.launched) and fleet.servers == []
     finally:
         _kill_if_alive(fleet.launched)
 
@@ -100,7 +100,7 @@ def test_a_server_that_never_answers_is_stopped_at_the_timeout(tmp_path):
     try:
         with pytest.raises(ServerStartError, match=r"did not answer /health within 1 s"):
             asyncio.run(fleet.start([lambda p: SLEEPER], timeout_s=1))
-        assert _gone(fleet.launched[0].proc.pid)
+        assert _gone(fleet.launched[0].pid)
     finally:
         _kill_if_alive(fleet.launched)
 
@@ -119,7 +119,7 @@ def test_an_interrupted_start_stops_the_servers(tmp_path):
 
     try:
         asyncio.run(run())
-        assert all(_gone(s.proc.pid) for s in fleet.launched) and fleet.servers == []
+        assert all(_gone(s.pid) for s in fleet.launched) and fleet.servers == []
     finally:
         _kill_if_alive(fleet.launched)
 
@@ -131,7 +131,7 @@ def test_the_servers_die_with_the_process_that_launched_them(tmp_path):
         from inflight.train.server_fleet import ServerFleet
         fleet = ServerFleet({str(tmp_path)!r})
         server = fleet.launch(lambda port: {SLEEPER!r})
-        print(server.proc.pid, flush=True)
+        print(server.pid, flush=True)
         time.sleep(600)
     """)
     launcher = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
