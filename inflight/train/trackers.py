@@ -39,10 +39,8 @@ class Tracker(Protocol):
         ...
 
 
-def tracker_names(logger: str | Sequence[str] | None) -> list[str]:
+def tracker_names(logger: str | Sequence[str]) -> list[str]:
     """`trainer.logger` as a list of names: one name, a comma-separated string, or a list."""
-    if logger is None:
-        return []
     items = logger.split(",") if isinstance(logger, str) else list(logger)
     return [str(item).strip() for item in items if str(item).strip()]
 
@@ -156,7 +154,7 @@ class MlflowTracker:
             self.run = None
 
 
-def make_trackers(logger: str | Sequence[str] | None, out_dir: str | os.PathLike, *,
+def make_trackers(logger: str | Sequence[str], out_dir: str | os.PathLike, *,
                   project_name: str = "inflight", run_name: str | None = None,
                   config: Mapping[str, Any] | None = None) -> list[Tracker]:
     """The trackers `trainer.logger` names (`console` is the progress bar: no tracker object).
