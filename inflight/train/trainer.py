@@ -319,12 +319,11 @@ class FullyAsyncTrainer(RLTrainer):
             for w in workers:
                 w.cancel()
             await asyncio.gather(*workers, return_exceptions=True)
-            if self.client is not None:  # abort what still generates: the engine is idle for evaluation
-                with contextlib.suppress(Exception):  # the engine may be gone already (shutdown after an error)
-                    try:
-                        await self.client.pause("abort")
-                    finally:
-                        await self.client.resume()
+            with contextlib.suppress(Exception):  # the engine may be gone already (shutdown after an error)
+                try:  # abort what still generates: the engine is idle for evaluation
+                    await self.client.pause("abort")
+                finally:
+                    await self.client.resume()
 
     async def _worker(self) -> None:
         manager, buffer = self.staleness, self.buffer
@@ -362,9 +361,7 @@ class FullyAsyncTrainer(RLTrainer):
             since = self.restarts.restarts
             try:
                 return await self._generate(ref)
-            except asyncio.CancelledError:
-                raise
-            except Exception as err:
+            except Exception as err:  # not CancelledError (a BaseException): a cancelled worker stops
                 if not await self.restarts.recover(err, self.policy, since):
                     raise
 
