@@ -39,17 +39,10 @@ class CheckpointState:
     step: int
     weight_version: int
     data: dict[str, Any]
-    extra: dict[str, Any]
 
     @property
     def model_dir(self) -> Path:
         return self.path / "model"
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def model_dtype(model_dir: str | Path) -> torch.dtype | None:
@@ -109,7 +102,8 @@ def save_checkpoint(root: str | Path, step: int, worker: PolicyWorker, base_mode
         state = {"step": step, "weight_version": weight_version, "data": data, "extra": extra or {}}
         (tmp / "state.json").write_text(json.dumps(state))
         _publish(tmp, final)
-        _write_atomic(root / "latest", final.name)
+        (root / "latest.tmp").write_text(final.name)
+        os.replace(root / "latest.tmp", root / "latest")  # atomically
         for old in sorted(root.glob("global_step_*"), key=lambda p: int(p.name.rsplit("_", 1)[1]))[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     return final
@@ -139,7 +133,7 @@ def load_latest(root: str | Path | None) -> CheckpointState | None:
     if not state_file.is_file():
         return None
     path, state = state_file.parent, json.loads(state_file.read_text())
-    return CheckpointState(path, int(state["step"]), int(state["weight_version"]), state["data"], state.get("extra", {}))
+    return CheckpointState(path, int(state["step"]), int(state["weight_version"]), state["data"])
 
 
 def load_optimizer(worker: PolicyWorker, ckpt: CheckpointState) -> None:

@@ -11,6 +11,7 @@ still wins.
 from __future__ import annotations
 
 import copy
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -70,21 +71,18 @@ def model_context(cfg: Config) -> int | None:
     hf = AutoConfig.from_pretrained(cfg.trainer.policy.model.path)
     positions = getattr(hf, "max_position_embeddings", None)
     limit = cfg.generator.inference_engine.max_model_len
-    if positions is None:
-        return limit
-    return positions if limit is None else min(limit, positions)
+    return min((x for x in (positions, limit) if x is not None), default=None)
 
 
-def make_data_task(cfg: Config, job: JobConfig, tokenizer: Any = None):
+def make_data_task(cfg: Config, job: JobConfig):
     """The `DataTask` of `data.*` (or the old `job.train_data` / `job.eval_data`), with the model's
-    tokenizer and context. Raises ConfigError / DatasetError / RewardError before any training."""
+    tokenizer and context, for a job `check_data_job` passed (`inflight.train.main.make_task`).
+    Raises DatasetError / RewardError before any training."""
+    from transformers import AutoTokenizer
+
     from inflight.tasks.data_task import DataTask
 
-    check_data_job(cfg, job)
-    if tokenizer is None:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(cfg.trainer.policy.model.path)
+    tokenizer = AutoTokenizer.from_pretrained(cfg.trainer.policy.model.path)
     data = cfg.data
     train = data.train_data or [job.train_data]
     val = data.val_data or ([job.eval_data] if job.eval_data else [])
@@ -106,9 +104,7 @@ def check_generated(groups: Any, cfg: Config) -> None:
     trajectories = [t for g in groups for t in g.trajectories]
     if not trajectories or sum(t.num_generated for t in trajectories) > 0:
         return
-    reasons: dict[str, int] = {}
-    for t in trajectories:
-        reasons[t.finish_reason] = reasons.get(t.finish_reason, 0) + 1
+    reasons = Counter(t.finish_reason for t in trajectories)
     longest = max(len(t.prompt_ids) for t in trajectories)
     ie, sampling = cfg.generator.inference_engine, cfg.generator.sampling_params
     raise NothingGeneratedError(

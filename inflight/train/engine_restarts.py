@@ -10,10 +10,11 @@ export would be labelled wrongly). The live engines receive the same weights aga
 version, which only costs a sync.
 
 Every weight sync and every restart happen under one lock, with the training step inside it
-(`step()`), so a restart's sync never reads weights that an optimizer step is changing and the
-transport's messages never interleave. A generation group that failed because its engine died is
-generated again by the same worker, in the same staleness slot and buffer ticket, from the same
-prompt (never trained on: none is lost, none trained twice); `recover` says when to do that.
+(`EngineRestarts.lock`), so a restart's sync never reads weights that an optimizer step is
+changing and the transport's messages never interleave. A generation group that failed because
+its engine died is generated again by the same worker, in the same staleness slot and buffer
+ticket, from the same prompt (never trained on: none is lost, none trained twice); `recover` says
+when to do that.
 """
 
 from __future__ import annotations
@@ -21,8 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from inflight.client.process import EngineProcess
@@ -62,14 +62,8 @@ class EngineRestarts:
                              f"set {KEY}=0")
         return cls(getattr(runtime, "engine_procs", []), getattr(runtime, "transport", None), budget)
 
-    @asynccontextmanager
-    async def step(self) -> AsyncIterator[None]:
-        """Hold off restarts while a training step and its sync run."""
-        async with self.lock:
-            yield
-
     async def sync(self, policy: Policy) -> SyncReport:
-        """`policy.sync_weights()` (call inside `step()`); a sync that an engine's death broke is
+        """`policy.sync_weights()` (call with `lock` held); a sync that an engine's death broke is
         done again after the restart."""
         try:
             return await policy.sync_weights()

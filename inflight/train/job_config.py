@@ -117,11 +117,6 @@ class JobConfig:
         return problems
 
 
-def _fields() -> dict[str, Any]:
-    hints = typing.get_type_hints(JobConfig)
-    return {f.name: hints[f.name] for f in dataclasses.fields(JobConfig)}
-
-
 def split_job_config(data: Mapping[str, Any], overrides: Sequence[str]) -> tuple[JobConfig, dict[str, Any], list[str]]:
     """Take the `job` section out of a config mapping and `job.*` out of the overrides; returns
     (JobConfig, the rest of the mapping, the rest of the overrides). Raises ConfigError listing
@@ -142,7 +137,8 @@ def split_job_config(data: Mapping[str, Any], overrides: Sequence[str]) -> tuple
             values[key.strip()[len(SECTION) + 1:]] = parse_value(raw)
         else:
             other.append(text)
-    fields = _fields()
+    hints = typing.get_type_hints(JobConfig)
+    fields = {f.name: hints[f.name] for f in dataclasses.fields(JobConfig)}
     problems: list[Violation] = []
     kwargs = {}
     for key, value in values.items():
@@ -185,9 +181,9 @@ def _forward_aliases(values: Mapping[str, Any], rest: Mapping[str, Any], overrid
         value = values.get(name)
         if value is None:
             continue
-        alias_on_line = _given({}, given, f"{SECTION}.{name}") is not None
+        alias_on_line = _on_line(given, f"{SECTION}.{name}") is not None
         for key in keys:
-            other = _given({}, overrides, key) if alias_on_line else _given(rest, [], key)
+            other = _on_line(overrides, key) if alias_on_line else flatten(rest).get(key)
             if other is not None and coerce(other, leaves[key]) != coerce(value, leaves[key]):
                 rule = f"is the old spelling of {key}, which is also set (to {other!r})"
                 problems.append(Violation(f"{SECTION}.{name}", value, rule, f"drop {SECTION}.{name} and keep {key}"))
@@ -197,9 +193,9 @@ def _forward_aliases(values: Mapping[str, Any], rest: Mapping[str, Any], overrid
     return forwarded + list(overrides)
 
 
-def _given(data: Mapping[str, Any], overrides: Sequence[str], key: str) -> Any:
-    """The value `key` is given in a config mapping (nested, dotted, or both) or in the overrides, else None."""
-    value = flatten(data).get(key)
+def _on_line(overrides: Sequence[str], key: str) -> Any:
+    """The value the last of `overrides` that sets `key` gives it, else None."""
+    value = None
     for text in overrides:
         name, _, raw = text.strip().lstrip("+").partition("=")
         if name.strip() == key:

@@ -19,7 +19,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from inflight.train.trackers import TensorBoardTracker, Tracker, numeric
+from inflight.train.trackers import Tracker, numeric
 
 PROGRESS_KEYS = (("reward", "reward {:.2f}"), ("accuracy", "acc {:.0%}"), ("staleness_mean", "stale {:.2f}"),
                  ("throughput/samples_per_s", "{:.0f} samples/s"))
@@ -33,13 +33,12 @@ def _clean(value: Any) -> Any:
 
 class MetricsLogger:
     """Writes each step's metrics to `<out_dir>/metrics.jsonl`, sends the numbers to the
-    experiment trackers (`trackers`; `tensorboard=True` adds TensorBoard under
-    `<out_dir>/tensorboard` when none of them is), and shows progress on `console`.
+    experiment trackers (`trackers`), and shows progress on `console`.
 
     `append`: continue an existing file; with `resume_step` (the checkpoint a run resumes from),
     the rows of later steps, which the resumed run logs again, are dropped first."""
 
-    def __init__(self, out_dir: str | os.PathLike | Path, tensorboard: bool = True, progress: bool = True,
+    def __init__(self, out_dir: str | os.PathLike | Path, progress: bool = True,
                  total_steps: int | None = None, console: Console | None = None, log_interval: int = 10,
                  append: bool = False, trackers: Sequence[Tracker] = (),
                  resume_step: int | None = None) -> None:
@@ -52,11 +51,6 @@ class MetricsLogger:
         self.console = console or Console()
         self.log_interval = log_interval
         self.trackers: list[Tracker] = list(trackers)
-        if tensorboard and not any(t.name == "tensorboard" for t in self.trackers):
-            try:
-                self.trackers.append(TensorBoardTracker(self.out_dir, {}))
-            except ImportError:  # tensorboard not installed: JSONL only
-                self.console.print("[yellow]tensorboard is not installed; metrics go to JSONL only[/yellow]")
         self.progress: Progress | None = None
         self._task = None
         if progress and self.console.is_terminal:
@@ -65,13 +59,11 @@ class MetricsLogger:
                                      console=self.console, transient=False)
             self._task = self.progress.add_task("", total=total_steps)
             self.progress.start()
-        self.records: list[dict[str, Any]] = []
 
     def log(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
         record = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
-        self.records.append(record)
         values = numeric({k: v for k, v in record.items() if k != "step"})
         for tracker in self.trackers:
             tracker.log(values, step)
@@ -81,9 +73,6 @@ class MetricsLogger:
         elif summary and (step % self.log_interval == 0 or step == 1):
             self.console.print(f"step {step}: {summary}", highlight=False)
         return record
-
-    def print(self, text: str) -> None:
-        self.console.print(text, highlight=False)
 
     def close(self) -> None:
         if self.progress is not None:
@@ -99,18 +88,17 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
-def drop_after(path: Path, step: int) -> int:
-    """Rewrite the metrics JSONL at `path` without the rows of steps after `step` (atomically);
-    returns how many rows were dropped. A missing file is left missing."""
+def drop_after(path: Path, step: int) -> None:
+    """Rewrite the metrics JSONL at `path` without the rows of steps after `step` (atomically). A
+    missing file is left missing."""
     if not path.is_file():
-        return 0
+        return
     lines = [line for line in path.read_text().splitlines() if line.strip()]
     kept = [line for line in lines if json.loads(line).get("step", 0) <= step]
     if len(kept) != len(lines):
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text("".join(line + "\n" for line in kept))
         os.replace(tmp, path)
-    return len(lines) - len(kept)
 
 
 def plot_metrics(jsonl: str | Path, png: str | Path, title: str | None = None) -> Path:

@@ -1,8 +1,8 @@
 """LocalPolicy: the trained policy of a run, in one process — the policy worker, the shared
 training step, the weight sync to the engines (one plan, `plan_weight_sync(cfg)`) and checkpoints.
 
-The trainers talk to the policy only through `train`, `sync_weights`, `save`, `weight_version` and
-`kv_fate`, so the same object serves in the trainer's own process and inside a Ray actor
+The trainers talk to the policy only through `train`, `sync_weights`, `save`, `export` and
+`weight_version`, so the same object serves in the trainer's own process and inside a Ray actor
 (`inflight.cluster`, where every rank holds one and only rank 0 has a client).
 """
 
@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from inflight.client.base import InferenceClient
 from inflight.config import Config
@@ -22,7 +23,7 @@ from inflight.train.checkpoint import CheckpointState, export_model, load_optimi
 from inflight.train.job_config import JobConfig
 from inflight.train.lora import load_adapter, lora_enabled
 from inflight.train.server_fleet import free_port
-from inflight.train.step import StepOptions, TrainingStep
+from inflight.train.step import TrainingStep
 from inflight.train.workers.base import PolicyWorker, SyncReport
 from inflight.weight_sync.inprocess import InProcessTransport
 from inflight.weight_sync.plan import KVFate, plan_weight_sync
@@ -33,8 +34,6 @@ def ensure_process_group(device: str = "cpu", init_method: str | None = None, ra
                          world_size: int = 1) -> None:
     """The policy ranks' torch.distributed group (nccl on CUDA, else gloo) when none was launched;
     by default one rank, for the FSDP / Megatron workers of a one-process run."""
-    import torch.distributed as dist
-
     if not dist.is_initialized():
         backend = "nccl" if torch.device(device).type == "cuda" else "gloo"
         init_method = init_method or f"tcp://127.0.0.1:{free_port()}"
@@ -44,7 +43,18 @@ def ensure_process_group(device: str = "cpu", init_method: str | None = None, ra
 def make_worker(cfg: Config, job: JobConfig, model_dir: str | Path) -> PolicyWorker:
     """The policy worker the job asks for (see `JobConfig.worker`), not yet set up, knowing the
     run's optimizer steps (for a decaying learning-rate schedule)."""
-    worker = _new_worker(cfg, job, model_dir)
+    kind = job.worker
+    if kind == "auto":
+        kind = "megatron" if cfg.trainer.strategy == "megatron" else ("fsdp" if dist.is_initialized() else "local")
+    if kind == "local":
+        from inflight.train.workers.local import LocalPolicyWorker as Worker
+    else:
+        ensure_process_group(job.trainer_device)
+        if kind == "fsdp":
+            from inflight.train.workers.fsdp import FSDPPolicyWorker as Worker
+        else:
+            from inflight.train.workers.megatron import MegatronPolicyWorker as Worker
+    worker = Worker(cfg, model_path=str(model_dir), device=job.trainer_device)
     worker.num_training_steps = optimizer_steps(cfg, job)
     return worker
 
@@ -56,26 +66,6 @@ def optimizer_steps(cfg: Config, job: JobConfig) -> int | None:
     trainer = cfg.trainer
     per_step = max(1, trainer.train_batch_size // trainer.policy_mini_batch_size) * trainer.update_epochs_per_batch
     return job.max_steps * per_step
-
-
-def _new_worker(cfg: Config, job: JobConfig, model_dir: str | Path) -> PolicyWorker:
-    import torch.distributed as dist
-
-    kind = job.worker
-    if kind == "auto":
-        kind = "megatron" if cfg.trainer.strategy == "megatron" else ("fsdp" if dist.is_initialized() else "local")
-    if kind == "local":
-        from inflight.train.workers.local import LocalPolicyWorker
-
-        return LocalPolicyWorker(cfg, model_path=str(model_dir), device=job.trainer_device)
-    ensure_process_group(job.trainer_device)
-    if kind == "fsdp":
-        from inflight.train.workers.fsdp import FSDPPolicyWorker
-
-        return FSDPPolicyWorker(cfg, model_path=str(model_dir), device=job.trainer_device)
-    from inflight.train.workers.megatron import MegatronPolicyWorker
-
-    return MegatronPolicyWorker(cfg, model_path=str(model_dir), device=job.trainer_device)
 
 
 async def engines_version(client: InferenceClient) -> int:
@@ -124,7 +114,7 @@ class LocalPolicy:
         if cfg.trainer.algorithm.use_kl_loss:
             reference = make_worker(cfg, job, base_model_dir)
             reference.build_model()
-        step_fn = TrainingStep(worker, cfg, pad_id, StepOptions.from_config(cfg), reference)
+        step_fn = TrainingStep(worker, cfg, pad_id, reference=reference)
         if ckpt is not None:
             if lora_enabled(cfg):  # the worker holds the base model: the checkpoint's adapter goes in
                 load_adapter(worker.model, ckpt.path / "adapter", cfg)

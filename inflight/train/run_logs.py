@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -15,22 +14,17 @@ from inflight.train.metrics import MetricsLogger
 from inflight.train.trackers import make_trackers
 
 
-def resolved_config(cfg: Config, job: JobConfig) -> dict[str, Any]:
-    """Every setting the run uses, the schema's and the `job:` section's, as one mapping."""
-    return {**dataclasses.asdict(cfg), "job": dataclasses.asdict(job)}
-
-
 def open_run_logs(cfg: Config, job: JobConfig, resume_step: int | None = None) -> MetricsLogger:
     """Save the resolved config under `job.output_dir` and open the run's metrics logger.
     `resume_step`: the checkpoint the run resumes from (its metrics file is continued from there).
     `job.tensorboard=false` / `job.progress=false` switch those off whatever `trainer.logger` says."""
     out = Path(job.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    resolved = resolved_config(cfg, job)
+    resolved = {**dataclasses.asdict(cfg), "job": dataclasses.asdict(job)}  # the schema's and job's settings
     (out / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
     names = [n for n in cfg.trainer.logger if n != "console" and (n != "tensorboard" or job.tensorboard)]
     trackers = make_trackers(names, out, project_name=cfg.trainer.project_name, run_name=cfg.trainer.run_name,
                              config=resolved)
-    return MetricsLogger(out, tensorboard=False, progress=job.progress and "console" in cfg.trainer.logger,
+    return MetricsLogger(out, progress=job.progress and "console" in cfg.trainer.logger,
                          total_steps=job.max_steps, log_interval=job.log_interval,
                          append=resume_step is not None, trackers=trackers, resume_step=resume_step)

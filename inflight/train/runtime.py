@@ -1,7 +1,7 @@
 """What a trainer runs on: the engines' client and the trained policy, started together.
 
 A runtime holds an `InferenceClient` (the engines, several behind one `FanOutClient`) and a policy
-(`train`, `sync_weights`, `save`, `weight_version`, `kv_fate`), and stops both with `close()`.
+(`train`, `sync_weights`, `save`, `export`, `weight_version`), and stops both with `close()`.
 `start_local` starts them in this process tree: the engines in this process for the `inprocess`
 weight-sync backend, each in its own child process otherwise, and a `LocalPolicy` of one rank.
 With `generator.inference_engine.backend=vllm` or `run_engines_locally=false` the engines are HTTP
@@ -43,9 +43,6 @@ class Policy(Protocol):
 
     @property
     def weight_version(self) -> int: ...
-
-    @property
-    def kv_fate(self) -> str: ...
 
     async def train(self, groups: list[TrajectoryGroup], policy_version: int) -> dict[str, Any]: ...
     async def sync_weights(self) -> SyncReport: ...

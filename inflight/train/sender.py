@@ -21,22 +21,17 @@ SHM_DIR = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gette
 SHM_PREFIX = "inflight-weights-train-"
 
 
-def remove_stale_shm_buffers() -> list[Path]:
+def remove_stale_shm_buffers() -> None:
     """Unlink the shared-memory weight buffers of trainers that died without cleaning up (killed):
-    their file names carry the trainer's pid. Returns what was removed."""
-    removed = []
+    their file names carry the trainer's pid."""
     for path in SHM_DIR.glob(SHM_PREFIX + "*"):
         try:
             pid = int(path.name[len(SHM_PREFIX):].split("-", 1)[0])
             os.kill(pid, 0)
-        except ValueError:
-            continue
-        except ProcessLookupError:
+        except ProcessLookupError:  # that trainer is gone
             path.unlink(missing_ok=True)
-            removed.append(path)
-        except PermissionError:  # alive, someone else's
-            continue
-    return removed
+        except (ValueError, PermissionError):  # no pid in the name; alive, someone else's
+            pass
 
 
 def make_sender(cfg: Config, model_dir: str | Path, device: str = "cpu",

@@ -152,11 +152,10 @@ def check_vllm_python(python: str | None) -> None:
         "generator.inference_engine.vllm_python=null for $INFLIGHT_VLLM_PYTHON / .venv-vllm")])  # fmt: skip
 
 
-async def check_external(client: RemoteClient) -> dict[str, int]:
-    """Every server answers /health and all are at one weight version; their versions by URL."""
+async def check_external(client: RemoteClient) -> None:
+    """Every server answers /health and all are at one weight version."""
     await client.health()  # raises ServerUnavailableError / RemoteError naming the server
     versions = await client.weight_versions()
     if len(set(versions.values())) > 1:
         raise ValueError(f"the servers in generator.inference_engine.external_server_urls are at different weight "
                          f"versions {versions}: restart them at one version (inflight serve --weight-version N)")
-    return versions

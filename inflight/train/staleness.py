@@ -64,10 +64,9 @@ class StalenessManager:
 
     async def start(self) -> None:
         """Wait for a slot and claim it."""
-        while self.capacity() <= 0:
+        while not self.try_start():
             self._changed.clear()
             await self._changed.wait()
-        self.running += 1
 
     def accept(self) -> None:
         """A running group finished and entered the buffer."""
@@ -176,7 +175,7 @@ class PromptRef(Generic[T]):
     epoch: int
     index: int
     item: T
-    position: int = -1
+    position: int
 
 
 @dataclass
@@ -192,10 +191,10 @@ class AsyncDataLoader(Generic[T]):
     consumed ones never are, so a killed and resumed run uses every prompt exactly once per epoch.
     """
 
-    def __init__(self, items: Sequence[T], epochs: int = 1, seed: int = 0, shuffle: bool = True) -> None:
+    def __init__(self, items: Sequence[T], epochs: int = 1, seed: int = 0) -> None:
         if not items:
             raise ValueError("the dataset is empty")
-        self.items, self.epochs, self.seed, self.shuffle = items, epochs, seed, shuffle
+        self.items, self.epochs, self.seed = items, epochs, seed
         self._consumed: dict[int, _EpochState] = {}
         self._cursor = (0, 0)  # (epoch, position) of the next hand-out
         self._orders: dict[int, list[int]] = {}
@@ -204,15 +203,9 @@ class AsyncDataLoader(Generic[T]):
         """Dataset indices in the order epoch `epoch` visits them."""
         if epoch not in self._orders:
             order = list(range(len(self.items)))
-            if self.shuffle:
-                random.Random(f"{self.seed}-{epoch}").shuffle(order)
-            if len(self._orders) >= 2:  # keep two epochs' orders (the boundary straddles them)
-                self._orders.pop(min(self._orders))
-            self._orders[epoch] = order
+            random.Random(f"{self.seed}-{epoch}").shuffle(order)
+            self._orders = {epoch: order}  # only `next` reads an order, epoch after epoch
         return self._orders[epoch]
-
-    def _position(self, epoch: int, index: int) -> int:
-        return self.order(epoch).index(index) if self.shuffle else index
 
     def next(self) -> PromptRef[T] | None:
         """The next item not yet consumed, or None when every epoch is done."""
@@ -233,16 +226,11 @@ class AsyncDataLoader(Generic[T]):
     def exhausted(self) -> bool:
         return self._cursor[0] >= self.epochs
 
-    @property
-    def epoch(self) -> int:
-        return min(self._cursor[0], self.epochs - 1)
-
     def mark_consumed(self, ref: PromptRef[Any]) -> None:
         state = self._consumed.setdefault(ref.epoch, _EpochState())
-        pos = ref.position if ref.position >= 0 else self._position(ref.epoch, ref.index)
-        if pos < state.watermark or pos in state.above:
+        if ref.position < state.watermark or ref.position in state.above:
             raise RuntimeError(f"prompt {ref.index} of epoch {ref.epoch} was consumed twice")
-        state.above.add(pos)
+        state.above.add(ref.position)
         while state.watermark in state.above:
             state.above.remove(state.watermark)
             state.watermark += 1

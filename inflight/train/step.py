@@ -43,10 +43,9 @@ from inflight.train.data_parallel import (
 )
 from inflight.train.workers.base import PolicyWorker
 
-LOSS_STAT_KEYS = ("loss", "clip_fraction", "ratio_mean", "ratio_max", "ratio_min", "kl", "is_ratio_mean",
-                  "is_ratio_max", "is_ratio_min", "is_weight_mean", "is_truncated_fraction")
-"""Statistics of the loss that are combined over the data-parallel ranks (the same on every rank)."""
 IMPORTANCE_KEYS = ("is_ratio_mean", "is_ratio_max", "is_ratio_min", "is_weight_mean", "is_truncated_fraction")
+LOSS_STAT_KEYS = ("loss", "clip_fraction", "ratio_mean", "ratio_max", "ratio_min", "kl", *IMPORTANCE_KEYS)
+"""Statistics of the loss that are combined over the data-parallel ranks (the same on every rank)."""
 
 
 @dataclass
@@ -80,10 +79,6 @@ class StepOptions:
                    correct_threshold=trainer.correct_threshold,
                    max_tokens_per_micro_batch=max_tokens if max_tokens > 0 else None,
                    micro_batch_pass_tokens=trainer.micro_batch_pass_tokens)
-
-    def micro_plan(self, max_rows: int) -> MicroPlan:
-        """How to cut micro-batches of at most `max_rows` rows."""
-        return MicroPlan(max_rows, self.max_tokens_per_micro_batch, self.micro_batch_pass_tokens)
 
 
 def build_batch(groups: Sequence[TrajectoryGroup], advantages: torch.Tensor, pad_id: int) -> RLBatch:
@@ -154,8 +149,9 @@ class TrainingStep:
         kept = [g for g, k in zip(groups, keep.tolist(), strict=True) if k]
         adv = group_advantages(rewards[keep], alg.advantage_estimator, alg.grpo_norm_by_std)
         batch = build_batch(kept, adv.reshape(-1), self.pad_id)
-        shard = shard_step(len(kept), len(batch) // len(kept), self.groups_per_mini(len(kept)),
-                           opts.micro_plan(self.cfg.trainer.micro_train_batch_size_per_gpu), self.dp,
+        plan = MicroPlan(self.cfg.trainer.micro_train_batch_size_per_gpu, opts.max_tokens_per_micro_batch,
+                         opts.micro_batch_pass_tokens)
+        shard = shard_step(len(kept), len(batch) // len(kept), self.groups_per_mini(len(kept)), plan, self.dp,
                            batch.widths().tolist())
         if alg.loss_reduction == "seq_mean_token_sum_norm":
             batch.token_sum_norm = mini_batch_longest(batch, shard)

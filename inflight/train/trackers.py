@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -39,17 +39,10 @@ class Tracker(Protocol):
         ...
 
 
-def tracker_names(logger: str | Sequence[str] | None) -> list[str]:
+def tracker_names(logger: str | Sequence[str]) -> list[str]:
     """`trainer.logger` as a list of names: one name, a comma-separated string, or a list."""
-    if logger is None:
-        return []
     items = logger.split(",") if isinstance(logger, str) else list(logger)
     return [str(item).strip() for item in items if str(item).strip()]
-
-
-def unknown_trackers(logger: str | Sequence[str] | None) -> list[str]:
-    """The names in `trainer.logger` that are not trackers."""
-    return [name for name in tracker_names(logger) if name not in TRACKERS]
 
 
 def numeric(metrics: Mapping[str, Any]) -> dict[str, float]:
@@ -146,9 +139,9 @@ class MlflowTracker:
         mlflow.set_experiment(project)
         self.run: Any = mlflow.start_run(run_name=run_name)
         self.run_id: str = self.run.info.run_id
-        params = {k: str(v)[:_MLFLOW_PARAM_CHARS] for k, v in flatten(config).items()}
-        for batch in _batches(list(params.items()), 100):
-            mlflow.log_params(dict(batch))
+        params = [(k, str(v)[:_MLFLOW_PARAM_CHARS]) for k, v in flatten(config).items()]
+        for start in range(0, len(params), 100):  # at most 100 params per call
+            mlflow.log_params(dict(params[start:start + 100]))
         if config:
             mlflow.log_dict(dict(config), "config.yaml")
 
@@ -161,18 +154,14 @@ class MlflowTracker:
             self.run = None
 
 
-def _batches(items: list[Any], size: int) -> Iterable[list[Any]]:
-    for start in range(0, len(items), size):
-        yield items[start:start + size]
-
-
-def make_trackers(logger: str | Sequence[str] | None, out_dir: str | os.PathLike, *,
+def make_trackers(logger: str | Sequence[str], out_dir: str | os.PathLike, *,
                   project_name: str = "inflight", run_name: str | None = None,
                   config: Mapping[str, Any] | None = None) -> list[Tracker]:
     """The trackers `trainer.logger` names (`console` is the progress bar: no tracker object).
     Raises ValueError for an unknown name and TrackerUnavailable when a package is missing; a
     tracker that was already started is closed before the error propagates."""
-    unknown = unknown_trackers(logger)
+    names = tracker_names(logger)
+    unknown = [name for name in names if name not in TRACKERS]
     if unknown:
         raise ValueError(f"trainer.logger: unknown tracker(s) {unknown}; use any of {list(TRACKERS)}")
     out = Path(out_dir)
@@ -181,7 +170,7 @@ def make_trackers(logger: str | Sequence[str] | None, out_dir: str | os.PathLike
     config = dict(config or {})
     trackers: list[Tracker] = []
     try:
-        for tracker in dict.fromkeys(tracker_names(logger)):
+        for tracker in dict.fromkeys(names):
             if tracker == "tensorboard":
                 trackers.append(TensorBoardTracker(out, config))
             elif tracker == "wandb":

@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,13 +32,7 @@ from inflight.client.base import InferenceClient
 from inflight.config import Config, SamplingConfig
 from inflight.eval.run import eval_sets
 from inflight.eval.run import evaluate as run_eval
-from inflight.rollout.generator import (
-    GenerateFn,
-    TaskGenerator,
-    TrajectoryGroup,
-    episode_options,
-    request_seed,
-)
+from inflight.rollout.generator import TaskGenerator, TrajectoryGroup, episode_options, request_seed
 from inflight.tasks.base import Problem, Task
 from inflight.train.checkpoint import load_latest
 from inflight.train.data_setup import check_generated
@@ -63,11 +56,9 @@ class RLTrainer:
 
     mode = "base"
 
-    def __init__(self, cfg: Config, job: JobConfig, task: Task, generate: GenerateFn | None = None,
-                 logger: MetricsLogger | None = None, start: Starter = start_local) -> None:
+    def __init__(self, cfg: Config, job: JobConfig, task: Task, start: Starter = start_local) -> None:
         self.cfg, self.job, self.task = cfg, job, task
-        self._custom_generate = generate
-        self.logger = logger
+        self.logger: MetricsLogger | None = None
         self._start = start
         self.global_step = 0
         self.runtime: Runtime | None = None
@@ -107,13 +98,10 @@ class RLTrainer:
             self.loader.load_state(ckpt.data)
             self.global_step = ckpt.step
             self.resumed_from = ckpt.path
-        self.generator = self._custom_generate or self._task_generator(
-            cfg.generator.sampling_params, cfg.generator.n_samples_per_prompt, cfg.trainer.seed)
-        out = Path(job.output_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        if self.logger is None:
-            self.logger = open_run_logs(self.cfg, job, ckpt.step if ckpt is not None else None)
-        self._consumed_file = (out / "consumed.jsonl").open("a" if ckpt is not None else "w")
+        self.generator = self._task_generator(cfg.generator.sampling_params, cfg.generator.n_samples_per_prompt,
+                                              cfg.trainer.seed)
+        self.logger = open_run_logs(self.cfg, job, ckpt.step if ckpt is not None else None)  # makes output_dir
+        self._consumed_file = (Path(job.output_dir) / "consumed.jsonl").open("a" if ckpt is not None else "w")
         return self
 
     @property
@@ -151,34 +139,29 @@ class RLTrainer:
                              max_context=self.cfg.generator.inference_engine.max_model_len, seed=seed,
                              **episode_options(self.cfg, sampling))
 
-    async def evaluate(self, problems: Sequence[Problem] | None = None) -> dict[str, Any]:
+    async def evaluate(self) -> dict[str, Any]:
         """Evaluate the current weights on every problem of the held-out sets, through the engine: `{"accuracy": pass@1 over all sets, "reward": mean reward, "seconds",
         "datasets": {name: {num_problems, mean_reward, pass@k, ...}}, "metrics": the flat
         `eval/...` keys}`. With `trainer.dump_eval_results` the samples and metrics go to
         `<output_dir>/eval/step_<k>/`. Asked again at the same step and weights, it returns the
         evaluation it already made."""
         key = (self.global_step, self.policy_version)
-        if problems is None and self._last_eval is not None and self._last_eval[0] == key:
+        if self._last_eval is not None and self._last_eval[0] == key:
             return self._last_eval[1]
-        sets = eval_sets(self.task) if problems is None else {self.task.name: list(problems)}
-        result = await run_eval(self.eval_generator(), sets, self.task.decode,
+        result = await run_eval(self.eval_generator(), eval_sets(self.task), self.task.decode,
                                 self.cfg.generator.eval_n_samples_per_prompt,
                                 concurrency=self.cfg.trainer.eval_batch_size)
         if self.cfg.trainer.dump_eval_results:
             result.write(Path(self.job.output_dir) / "eval" / f"step_{self.global_step}")
         summary = {"accuracy": result.accuracy, "reward": result.mean_reward, "seconds": result.seconds,
                    "datasets": result.metrics, "metrics": result.log_metrics(), "step": self.global_step}
-        if problems is None:
-            self._last_eval = (key, summary)
+        self._last_eval = (key, summary)
         return summary
 
     # ---- pieces the loops share ---------------------------------------------------------------
     async def _generate(self, ref: PromptRef[Problem]) -> TrajectoryGroup:
         version = self.policy_version
-        if isinstance(self.generator, TaskGenerator):
-            group = await self.generator(ref.item, epoch=ref.epoch, index=ref.index, version=version)
-        else:
-            group = await self.generator(ref.item)
+        group = await self.generator(ref.item, epoch=ref.epoch, index=ref.index, version=version)
         group.epoch, group.index, group.scheduled_version, group.ref = ref.epoch, ref.index, version, ref
         return group
 
@@ -189,9 +172,8 @@ class RLTrainer:
         return job.max_train_seconds is not None and time.perf_counter() - self._started >= job.max_train_seconds
 
     def _record_consumed(self, step: int, prompt_ids: list[str], kind: str = "trained") -> None:
-        if self._consumed_file is not None:
-            self._consumed_file.write(json.dumps({"step": step, kind: prompt_ids}) + "\n")
-            self._consumed_file.flush()
+        self._consumed_file.write(json.dumps({"step": step, kind: prompt_ids}) + "\n")
+        self._consumed_file.flush()
 
     def reject(self, group: TrajectoryGroup, kind: str = "rejected") -> None:
         """A group filtered out at generation (`rejected`: no reward signal; `failed`: an episode's
@@ -220,7 +202,7 @@ class RLTrainer:
     async def _train_on(self, groups: list[TrajectoryGroup], waited_s: float, step_started: float) -> dict[str, Any]:
         """The shared tail of every step: train, sync the weights, record, checkpoint."""
         check_generated(groups, self.cfg)  # zero tokens would train on nothing, silently
-        async with self.restarts.step():  # no engine restart while the weights change and sync
+        async with self.restarts.lock:  # no engine restart while the weights change and sync
             t0 = time.perf_counter()
             metrics: dict[str, Any] = await self.policy.train(groups, self.policy_version)
             t1 = time.perf_counter()
@@ -280,13 +262,6 @@ class RLTrainer:
     async def _run(self) -> None:
         raise NotImplementedError
 
-    async def _stop_generation(self) -> None:
-        """Finish whatever is still generating (abort), so the engine is idle for evaluation."""
-        try:
-            await self.client.pause("abort")
-        finally:
-            await self.client.resume()
-
 
 class SyncTrainer(RLTrainer):
     """Generate `train_batch_size` groups with the current weights, train, sync, repeat."""
@@ -344,9 +319,11 @@ class FullyAsyncTrainer(RLTrainer):
             for w in workers:
                 w.cancel()
             await asyncio.gather(*workers, return_exceptions=True)
-            if self.client is not None:
-                with contextlib.suppress(Exception):  # the engine may be gone already (shutdown after an error)
-                    await self._stop_generation()
+            with contextlib.suppress(Exception):  # the engine may be gone already (shutdown after an error)
+                try:  # abort what still generates: the engine is idle for evaluation
+                    await self.client.pause("abort")
+                finally:
+                    await self.client.resume()
 
     async def _worker(self) -> None:
         manager, buffer = self.staleness, self.buffer
@@ -361,13 +338,11 @@ class FullyAsyncTrainer(RLTrainer):
                 return
             try:
                 group = await self._generate_until_done(ref)
-            except asyncio.CancelledError:
-                manager.cancel()
-                raise
             except BaseException as err:
                 manager.cancel()
-                self._error = err
-                buffer.close()
+                if not isinstance(err, asyncio.CancelledError):  # the trainer's loop raises it
+                    self._error = err
+                    buffer.close()
                 raise
             if (why := self._dropped(group)) is not None:
                 manager.reject()
@@ -386,9 +361,7 @@ class FullyAsyncTrainer(RLTrainer):
             since = self.restarts.restarts
             try:
                 return await self._generate(ref)
-            except asyncio.CancelledError:
-                raise
-            except Exception as err:
+            except Exception as err:  # not CancelledError (a BaseException): a cancelled worker stops
                 if not await self.restarts.recover(err, self.policy, since):
                     raise
 

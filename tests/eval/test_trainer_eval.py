@@ -102,7 +102,7 @@ def test_eval_keys_are_validated():
 def test_the_plot_draws_each_validation_set(tmp_path):
     from inflight.train.metrics import MetricsLogger, _eval_series, plot_metrics, read_metrics
 
-    logger = MetricsLogger(tmp_path, tensorboard=False, progress=False)
+    logger = MetricsLogger(tmp_path, progress=False)
     for step in range(4):
         logger.log(step, {"time": float(step), "reward": 0.1 * step, "response_length": 10.0 + step,
                           "truncated_fraction": 0.25, "staleness_mean": 0.5, "staleness_max": 1.0,

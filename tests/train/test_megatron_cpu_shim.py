@@ -22,7 +22,7 @@ def test_wrong_or_missing_version_is_refused_with_the_fix(monkeypatch, found):
     message = str(err.value)
     assert f"megatron-core=={megatron_cpu_shim.PINNED_VERSION}" in message
     assert (f"megatron-core=={found} is installed" if found else "no megatron-core is installed") in message
-    assert torch.cuda.current_device is current_device and not megatron_cpu_shim.is_applied()
+    assert torch.cuda.current_device is current_device and not megatron_cpu_shim._applied
 
 
 def test_pinned_version_matches_the_package_extra():

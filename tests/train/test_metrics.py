@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 
 from inflight.train.metrics import MetricsLogger, plot_metrics, read_metrics
+from inflight.train.trackers import TensorBoardTracker
 
 
 def test_jsonl_tensorboard_and_plot(tmp_path):
-    logger = MetricsLogger(tmp_path, tensorboard=True, progress=True, total_steps=3, log_interval=1)
+    logger = MetricsLogger(tmp_path, progress=True, total_steps=3, log_interval=1,
+                           trackers=[TensorBoardTracker(tmp_path, {})])
     logger.log(0, {"time": 0.0, "eval/accuracy": 0.25})
     for step in (1, 2, 3):
         logger.log(step, {"time": step * 0.5, "reward": 0.1 * step, "accuracy": 0.1 * step,
@@ -25,11 +27,11 @@ def test_jsonl_tensorboard_and_plot(tmp_path):
 
 def test_a_resumed_run_does_not_repeat_the_steps_after_its_checkpoint(tmp_path):
     """A run killed at step 5 with its checkpoint at step 3 logs steps 4 and 5 again on resume."""
-    first = MetricsLogger(tmp_path, tensorboard=False, progress=False)
+    first = MetricsLogger(tmp_path, progress=False)
     for step in range(1, 6):
         first.log(step, {"reward": step / 10})
     first.close()
-    resumed = MetricsLogger(tmp_path, tensorboard=False, progress=False, append=True, resume_step=3)
+    resumed = MetricsLogger(tmp_path, progress=False, append=True, resume_step=3)
     for step in (4, 5, 6):
         resumed.log(step, {"reward": step})
     resumed.close()

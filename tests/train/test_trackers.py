@@ -17,7 +17,7 @@ STEPS = {
 
 def _run(tmp_path, logger: str):
     trackers = make_trackers(logger, tmp_path, project_name="proj", run_name="run-1", config=CONFIG)
-    metrics = MetricsLogger(tmp_path, tensorboard=False, progress=False, trackers=trackers)
+    metrics = MetricsLogger(tmp_path, progress=False, trackers=trackers)
     for step, values in STEPS.items():
         metrics.log(step, values)
     metrics.close()

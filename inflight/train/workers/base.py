@@ -19,6 +19,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TypeVar
 
 import torch
@@ -98,17 +99,19 @@ class PolicyWorker(ABC):
 
     Backends implement `build_model` (set `self.model`), `compute_logprobs` and
     `iter_full_hf_tensors`; they may override `build_optimizer`, `forward_backward` and
-    `optimizer_step`. `loss_fn(logprobs, batch) -> scalar` is pluggable (default: token-level
+    `clip_gradients`. `loss_fn(logprobs, batch) -> scalar` is pluggable (default: token-level
     cross-entropy; the RL objective is `inflight.train.algorithms.rl_loss`).
     """
 
     def __init__(self, cfg: Config, rank: int = 0, world_size: int = 1, loss_fn: LossFn | None = None,
-                 device: str | torch.device = "cpu") -> None:
+                 device: str | torch.device = "cpu", model_path: str | Path | None = None) -> None:
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self.model_path = model_path or cfg.trainer.policy.model.path  # the HF directory it builds from
+        if self.model_path is None:
+            raise ValueError("no model: set trainer.policy.model.path or pass model_path")
         self.loss_fn = loss_fn or cross_entropy_loss
         self.device = torch.device(device)
-        temperature = cfg.generator.sampling_params.temperature
-        self.temperature = scaling_temperature(temperature)
+        self.temperature = scaling_temperature(cfg.generator.sampling_params.temperature)
         self.model: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.lr_scheduler: LRScheduler | None = None
@@ -151,14 +154,18 @@ class PolicyWorker(ABC):
     def optimizer_step(self) -> dict[str, float]:
         """Clip the gradient norm, step, zero the gradients, advance the learning-rate schedule;
         returns the pre-clip norm and the learning rate used."""
+        norm = self.clip_gradients(self.cfg.trainer.policy.optimizer_config.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"grad_norm": norm, **self.advance_lr()}
+
+    def clip_gradients(self, max_norm: float) -> float:
+        """Scale the gradients to a norm of at most `max_norm`; returns the norm before clipping."""
         params = [p for p in self.model.parameters() if p.requires_grad]
-        max_norm = self.cfg.trainer.policy.optimizer_config.max_grad_norm
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         if hasattr(norm, "full_tensor"):  # a DTensor from sharded parameters
             norm = norm.full_tensor()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return {"grad_norm": float(norm), **self.advance_lr()}
+        return float(norm)
 
     def advance_lr(self) -> dict[str, float]:
         """After an optimizer step: the learning rate it used (`lr`), and the schedule moved on. An
@@ -174,12 +181,10 @@ class PolicyWorker(ABC):
         """Rank 0's sync outcome on every rank (a broadcast on the trainer's default group)."""
         if self.world_size == 1 or not dist.is_initialized():
             return ok, version
-        flag = torch.tensor([int(ok), version], dtype=torch.int64, device=self._collective_device())
+        device = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+        flag = torch.tensor([int(ok), version], dtype=torch.int64, device=device)
         dist.broadcast(flag, src=0)
         return bool(flag[0]), int(flag[1])
-
-    def _collective_device(self) -> torch.device:
-        return self.device if dist.get_backend() == "nccl" else torch.device("cpu")
 
     # ---- common -----------------------------------------------------------------------------------
     def setup(self) -> PolicyWorker:

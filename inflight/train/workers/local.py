@@ -37,16 +37,11 @@ class LocalPolicyWorker(PolicyWorker):
     """`AutoModelForCausalLM` from a local directory (`trainer.policy.model.path` or `model_path`)."""
 
     def __init__(self, cfg: Config, model_path: str | None = None, rank: int = 0, world_size: int = 1,
-                 loss_fn: LossFn | None = None, device: str | torch.device = "cpu",
-                 dtype: torch.dtype = torch.float32, bf16: bool | None = None,
+                 loss_fn: LossFn | None = None, device: str | torch.device = "cpu", bf16: bool | None = None,
                  gradient_checkpointing: bool | None = None) -> None:
         """`bf16` and `gradient_checkpointing` default to `trainer.bf16` (null: true on CUDA) and
         `trainer.gradient_checkpointing`."""
-        super().__init__(cfg, rank, world_size, loss_fn, device)
-        self.model_path = model_path or cfg.trainer.policy.model.path
-        if self.model_path is None:
-            raise ValueError("no model: set trainer.policy.model.path or pass model_path")
-        self.dtype = dtype
+        super().__init__(cfg, rank, world_size, loss_fn, device, model_path)
         self.bf16 = use_bf16(cfg, self.device) if bf16 is None else bf16
         default = cfg.trainer.gradient_checkpointing
         self.gradient_checkpointing = default if gradient_checkpointing is None else gradient_checkpointing
@@ -63,8 +58,8 @@ class LocalPolicyWorker(PolicyWorker):
     def load_dtype(self) -> torch.dtype:
         """The dtype the weights are loaded in: a LoRA policy's frozen base in bfloat16 under
         `bf16` (it gets no gradient and no optimizer state, so it needs no float32 master; the
-        adapters `peft` adds stay float32), otherwise `dtype`."""
-        return torch.bfloat16 if self.bf16 and lora_enabled(self.cfg) else self.dtype
+        adapters `peft` adds stay float32), otherwise float32 (the master weights)."""
+        return torch.bfloat16 if self.bf16 and lora_enabled(self.cfg) else torch.float32
 
     def build_model(self) -> None:
         map_large_blocks()  # freed activations go back to the system (peak memory; train/allocator.py)

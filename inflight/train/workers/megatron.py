@@ -16,7 +16,7 @@ batch must be right-padded: megatron's rotary embedding numbers positions from 0
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import torch
@@ -42,32 +42,22 @@ from inflight.train.workers.megatron_convert import (
 )
 
 
-class _SafetensorsReader:
-    """Read single HF tensors by name from a directory's safetensors files, lazily."""
+@contextmanager
+def _safetensors_reader(model_dir: str | Path) -> Iterator[Callable[[str], torch.Tensor]]:
+    """`get(name)`: one HF tensor of a directory's safetensors files, read lazily (files open meanwhile)."""
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise ConversionError(f"{str(model_dir)!r} has no *.safetensors weights")
+    with ExitStack() as stack:
+        handles = [stack.enter_context(safe_open(str(file), framework="pt")) for file in files]
+        where = {name: handle for handle in handles for name in handle.keys()}
 
-    def __init__(self, model_dir: str | Path) -> None:
-        files = sorted(Path(model_dir).glob("*.safetensors"))
-        if not files:
-            raise ConversionError(f"{str(model_dir)!r} has no *.safetensors weights")
-        self._stack = ExitStack()
-        self._where = {}
-        for file in files:
-            handle = self._stack.enter_context(safe_open(str(file), framework="pt"))
-            for name in handle.keys():
-                self._where[name] = handle
+        def get(name: str) -> torch.Tensor:
+            if name not in where:
+                raise ConversionError(f"the checkpoint lacks {name!r}")
+            return where[name].get_tensor(name)
 
-    def get(self, name: str) -> torch.Tensor:
-        handle = self._where.get(name)
-        if handle is None:
-            raise ConversionError(f"the checkpoint lacks {name!r}")
-        return handle.get_tensor(name)
-
-    def close(self) -> None:
-        self._stack.close()
-
-
-def _is_qk_layernorm(name: str) -> bool:
-    return name.endswith(("self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight"))
+        yield get
 
 
 class MegatronPolicyWorker(PolicyWorker):
@@ -80,8 +70,8 @@ class MegatronPolicyWorker(PolicyWorker):
 
     def __init__(self, cfg: Config, model_path: str | Path | None = None, rank: int = 0, world_size: int = 1,
                  loss_fn: LossFn | None = None, device: str | torch.device = "cpu",
-                 dtype: torch.dtype = torch.float32, tensor_parallel_size: int | None = None) -> None:
-        super().__init__(cfg, rank, world_size, loss_fn, device)
+                 tensor_parallel_size: int | None = None) -> None:
+        super().__init__(cfg, rank, world_size, loss_fn, device, model_path)
         if use_bf16(cfg, self.device) or cfg.trainer.gradient_checkpointing:
             raise ConfigError([Violation(
                 "trainer.strategy", cfg.trainer.strategy,
@@ -89,10 +79,6 @@ class MegatronPolicyWorker(PolicyWorker):
                 "use trainer.strategy=fsdp, or set trainer.bf16=false and trainer.gradient_checkpointing=false")])
         if dist.is_initialized():
             self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        self.model_path = model_path or cfg.trainer.policy.model.path
-        if self.model_path is None:
-            raise ValueError("no model: set trainer.policy.model.path or pass model_path")
-        self.dtype = dtype
         self.tp = tensor_parallel_size or cfg.trainer.policy.megatron_config.tensor_model_parallel_size
         self.hf_config = AutoConfig.from_pretrained(self.model_path)
         self.layout = MegatronLayout.from_hf_config(self.hf_config, self.tp)
@@ -126,11 +112,8 @@ class MegatronPolicyWorker(PolicyWorker):
             names = set(self._names)
             raise ConversionError("the GPTModel's parameters differ from the conversion table: "
                                   f"extra {sorted(built - names)}, missing {sorted(names - built)}")
-        reader = _SafetensorsReader(self.model_path)
-        try:
-            self._load_shards(reader.get)
-        finally:
-            reader.close()
+        with _safetensors_reader(self.model_path) as get_hf:
+            self._load_shards(get_hf)
 
     def _build_gpt_model(self) -> torch.nn.Module:
         from megatron.core.models.gpt import GPTModel
@@ -143,7 +126,7 @@ class MegatronPolicyWorker(PolicyWorker):
             num_query_groups=lay.num_kv_heads, kv_channels=lay.head_dim, ffn_hidden_size=lay.ffn_hidden_size,
             normalization="RMSNorm", layernorm_epsilon=lay.rms_norm_eps, gated_linear_unit=True,
             activation_func=F.silu, add_bias_linear=False, add_qkv_bias=lay.qkv_bias, qk_layernorm=lay.qk_norm,
-            hidden_dropout=0.0, attention_dropout=0.0, tensor_model_parallel_size=self.tp, params_dtype=self.dtype,
+            hidden_dropout=0.0, attention_dropout=0.0, tensor_model_parallel_size=self.tp, params_dtype=torch.float32,
             use_cpu_initialization=self.device.type == "cpu",
             perform_initialization=False,  # every parameter is overwritten from the checkpoint
             # no fused kernels or CUDA-extension paths: the same numerics on every device
@@ -210,14 +193,6 @@ class MegatronPolicyWorker(PolicyWorker):
         return full[..., : self.layout.vocab_size].float()
 
     # ---- optimizer step -------------------------------------------------------------------------
-    def optimizer_step(self) -> dict[str, float]:
-        """Complete the gradients across ranks, clip by the full model's norm, step, zero."""
-        self._reduce_grads()
-        norm = self._clip_grads(self.cfg.trainer.policy.optimizer_config.max_grad_norm)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return {"grad_norm": norm, **self.advance_lr()}
-
     def _reduce_grads(self) -> None:
         """Complete the TP-replicated parameters' gradients, then average data-parallel replicas.
 
@@ -232,15 +207,17 @@ class MegatronPolicyWorker(PolicyWorker):
                 continue
             if self.tp > 1 and not is_tensor_parallel(name):
                 dist.all_reduce(param.grad, group=self.tp_group)
-                if not _is_qk_layernorm(name):
+                if not name.endswith(("self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight")):
                     param.grad.div_(self.tp)
             if dp > 1:
                 dist.all_reduce(param.grad, group=self.dp_group)
                 param.grad.div_(dp)
 
-    def _clip_grads(self, max_norm: float) -> float:
-        """Scale the gradients so the full (unsharded) model's norm is at most `max_norm`; returns
-        the norm before clipping (TP-split gradients summed over the TP group, replicated ones once)."""
+    def clip_gradients(self, max_norm: float) -> float:
+        """Complete the gradients across ranks (`_reduce_grads`), then scale them so the full
+        (unsharded) model's norm is at most `max_norm`; returns the norm before clipping (TP-split
+        gradients summed over the TP group, replicated ones once)."""
+        self._reduce_grads()
         squares = torch.zeros((), dtype=torch.float32, device=self.device)
         for name, param in self.model.named_parameters():
             if param.grad is not None and (is_tensor_parallel(name) or self.tp_rank == 0):

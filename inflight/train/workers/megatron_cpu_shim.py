@@ -115,7 +115,3 @@ def apply() -> bool:
     fused_softmax.get_default_causal_mask = _cpu_causal_mask
     _applied = True
     return True
-
-
-def is_applied() -> bool:
-    return _applied
