@@ -109,15 +109,13 @@ class Trajectory:
 class TrajectoryGroup:
     """The `n` trajectories of one prompt (a GRPO group), plus where the prompt came from.
 
-    `epoch` / `index`: the prompt's place in the data order (checkpoints record consumed prompts);
-    `scheduled_version`: the trainer's weight version when the group was started.
+    `epoch` / `index`: the prompt's place in the data order (checkpoints record consumed prompts).
     """
 
     problem: Problem
     trajectories: list[Trajectory]
     epoch: int = 0
     index: int = 0
-    scheduled_version: int = 0
     generate_s: float = 0.0
     ref: Any = None
     """The data loader's handle of the prompt (set by the trainers)."""
@@ -247,10 +245,10 @@ class TaskGenerator:
         own = getattr(env, "max_turns", None)
         return max(1, own if own is not None else self.max_turns)
 
-    async def __call__(self, problem: Problem, epoch: int = 0, index: int = 0, version: int = 0) -> TrajectoryGroup:
+    async def __call__(self, problem: Problem, epoch: int = 0, index: int = 0) -> TrajectoryGroup:
         started = time.perf_counter()
         trajectories = await asyncio.gather(*(self.episode(problem, epoch, i) for i in range(self.n)))
-        return TrajectoryGroup(problem, list(trajectories), epoch, index, version, time.perf_counter() - started)
+        return TrajectoryGroup(problem, list(trajectories), epoch, index, time.perf_counter() - started)
 
     async def episode(self, problem: Problem, epoch: int = 0, sample: int = 0) -> Trajectory:
         """Play one episode: generate, let the environment score it, append its observation, repeat."""

@@ -5,7 +5,6 @@ remove the buffers of a trainer that was killed (`remove_stale_shm_buffers`)."""
 from __future__ import annotations
 
 import os
-import tempfile
 import uuid
 from pathlib import Path
 
@@ -15,9 +14,9 @@ from inflight.config.implemented import on_servers
 from inflight.weight_sync import make_transport, transport_kind
 from inflight.weight_sync.factory import chunk_bytes
 from inflight.weight_sync.inprocess import InProcessTransport
+from inflight.weight_sync.shm import SHM_DIR
 from inflight.weight_sync.transport import ChannelTransport, WeightTransport
 
-SHM_DIR = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
 SHM_PREFIX = "inflight-weights-train-"
 
 

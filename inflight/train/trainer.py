@@ -160,9 +160,8 @@ class RLTrainer:
 
     # ---- pieces the loops share ---------------------------------------------------------------
     async def _generate(self, ref: PromptRef[Problem]) -> TrajectoryGroup:
-        version = self.policy_version
-        group = await self.generator(ref.item, epoch=ref.epoch, index=ref.index, version=version)
-        group.epoch, group.index, group.scheduled_version, group.ref = ref.epoch, ref.index, version, ref
+        group = await self.generator(ref.item, epoch=ref.epoch, index=ref.index)
+        group.ref = ref
         return group
 
     def _should_stop(self) -> bool:

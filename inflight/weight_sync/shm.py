@@ -49,8 +49,8 @@ class _Slots:
         self.data = [self.buffer[i * stride + HEADER : (i + 1) * stride] for i in range(SLOTS)]
 
 
-def _shm_dir() -> Path:
-    return Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+SHM_DIR = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+"""Where the weight buffers' shared files live (the temporary directory on a system without /dev/shm)."""
 
 
 class ShmTransport(ChannelTransport):
@@ -67,7 +67,7 @@ class ShmTransport(ChannelTransport):
                  max_chunk_bytes: int = DEFAULT_CHUNK_BYTES, dtype: torch.dtype | None = None,
                  timeout: float = 600.0, path: str | None = None) -> None:
         super().__init__(max_chunk_bytes, dtype)
-        self.path = path or str(_shm_dir() / f"inflight-weights-{uuid.uuid4().hex}")
+        self.path = path or str(SHM_DIR / f"inflight-weights-{uuid.uuid4().hex}")
         self.slots = _Slots(self.path, self.max_chunk_bytes)
         self._finalizer = weakref.finalize(self, Path(self.path).unlink, missing_ok=True)
         self._next_slot = 0
