@@ -19,6 +19,7 @@ them (see `inflight.tasks.tool_env.ToolEnv`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import queue
 import random
@@ -187,7 +188,32 @@ class Task(ABC):
         return list(ids)
 
     def decode(self, token_ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+        """Text of token ids, special tokens skipped. For a fast tokenizer whose decode adds nothing
+        to its backend's (no clean-up of spaces, no override), the backend decodes directly:
+        transformers' decode first walks every id through `to_py_obj`, the largest single cost of
+        the rollout loop's Python per sample."""
+        ids = list(token_ids)
+        backend = _plain_backend(self.tokenizer)
+        if backend is not None:
+            return backend.decode(ids, skip_special_tokens=True)
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def _plain_backend(tokenizer: Any) -> Any:
+    """The `tokenizers` backend of `tokenizer` when its `decode` is transformers' own over that
+    backend with no clean-up of spaces (then the two give the same text), else None."""
+    if getattr(tokenizer, "clean_up_tokenization_spaces", True) or not _decodes_through_backend(type(tokenizer)):
+        return None
+    return tokenizer.backend_tokenizer
+
+
+@functools.cache
+def _decodes_through_backend(cls: type) -> bool:
+    from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+    return (issubclass(cls, TokenizersBackend) and cls.decode is PreTrainedTokenizerBase.decode
+            and cls._decode is TokenizersBackend._decode)
 
 
 def in_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Awaitable[Any]:

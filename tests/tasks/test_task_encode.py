@@ -1,5 +1,6 @@
-"""`Task.encode` gives transformers' ids (memoised, from the fast tokenizer's backend), and
-`in_thread` reuses its daemon threads while a hung call still holds only its own."""
+"""`Task.encode` gives transformers' ids (memoised, from the fast tokenizer's backend),
+`Task.decode` transformers' text (from the backend where that is the same), and `in_thread` reuses
+its daemon threads while a hung call still holds only its own."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import time
 import pytest
 
 from inflight.tasks import AdditionTask
-from inflight.tasks.base import in_thread
+from inflight.tasks.base import _plain_backend, in_thread
 from inflight.testing import make_tokenizer
 
 TEXTS = {  # the character tokenizer knows only its task's characters
@@ -28,6 +29,19 @@ def test_encode_equals_the_tokenizers_own_ids(tokenizer):
         assert first == again == expected, text
         first.append(-1)  # a caller's list is its own: the memo is not changed through it
         assert task.encode(text) == expected
+
+
+@pytest.mark.parametrize("tokenizer", ["chars", "trained", "trained_cleanup"])
+def test_decode_equals_the_tokenizers_own_text(tokenizer):
+    task = AdditionTask() if tokenizer == "chars" else AdditionTask(make_tokenizer())
+    if tokenizer == "trained_cleanup":  # transformers' own path then (it may change spaces)
+        task.tokenizer.clean_up_tokenization_spaces = True
+    assert (_plain_backend(task.tokenizer) is None) == (tokenizer == "trained_cleanup")
+    special = task.tokenizer.all_special_ids
+    for text in TEXTS[tokenizer.removesuffix("_cleanup")]:
+        ids = task.encode(text)
+        for sequence in (ids, [*special, *ids, *special], ids[1:]):  # special tokens are skipped
+            assert task.decode(sequence) == task.tokenizer.decode(sequence, skip_special_tokens=True), text
 
 
 def test_in_thread_reuses_threads_and_a_hung_call_blocks_no_other():
