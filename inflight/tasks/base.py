@@ -86,6 +86,7 @@ class Environment(ABC):
     @abstractmethod
     def step(self, response: str) -> StepResult | Awaitable[StepResult]: ...
 
+
 class SingleTurnEnv(Environment):
     """The default: the prompt, one response, the task's reward (awaited when async), done."""
 
