@@ -178,7 +178,7 @@ class Task(ABC):
         cache = self._encoded
         ids = cache.get(text)
         if ids is None:
-            backend = getattr(self.tokenizer, "backend_tokenizer", None)
+            backend = _backend_for(self.tokenizer, _ENCODING)
             if backend is not None:
                 ids = tuple(backend.encode(text, add_special_tokens=False).ids)
             else:
@@ -194,27 +194,29 @@ class Task(ABC):
         transformers' decode first walks every id through `to_py_obj`, the largest single cost of
         the rollout loop's Python per sample."""
         ids = list(token_ids)
-        backend = _plain_backend(self.tokenizer)
+        clean_up = getattr(self.tokenizer, "clean_up_tokenization_spaces", True)
+        backend = None if clean_up else _backend_for(self.tokenizer, _DECODING)
         if backend is not None:
             return backend.decode(ids, skip_special_tokens=True)
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
 
-def _plain_backend(tokenizer: Any) -> Any:
-    """The `tokenizers` backend of `tokenizer` when its `decode` is transformers' own over that
-    backend with no clean-up of spaces (then the two give the same text), else None."""
-    if getattr(tokenizer, "clean_up_tokenization_spaces", True) or not _decodes_through_backend(type(tokenizer)):
-        return None
-    return tokenizer.backend_tokenizer
+_ENCODING = ("__call__", "_encode_plus")  # what `tokenizer(text)` runs through
+_DECODING = ("decode", "_decode")
+
+
+def _backend_for(tokenizer: Any, methods: tuple[str, ...]) -> Any:
+    """The `tokenizers` backend of `tokenizer` when its `methods` are transformers' own over that
+    backend (then the backend gives the same ids or text; a class that overrides one, such as
+    CodeLlama's `_encode_plus`, is not bypassed), else None."""
+    return tokenizer.backend_tokenizer if _plain_methods(type(tokenizer), methods) else None
 
 
 @functools.cache
-def _decodes_through_backend(cls: type) -> bool:
-    from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+def _plain_methods(cls: type, methods: tuple[str, ...]) -> bool:
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
-    return (issubclass(cls, TokenizersBackend) and cls.decode is PreTrainedTokenizerBase.decode
-            and cls._decode is TokenizersBackend._decode)
+    return issubclass(cls, TokenizersBackend) and all(getattr(cls, m) is getattr(TokenizersBackend, m) for m in methods)
 
 
 def in_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Awaitable[Any]:

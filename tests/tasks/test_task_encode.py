@@ -11,7 +11,7 @@ import time
 import pytest
 
 from inflight.tasks import AdditionTask
-from inflight.tasks.base import _plain_backend, in_thread
+from inflight.tasks.base import _DECODING, _ENCODING, _backend_for, in_thread
 from inflight.testing import make_tokenizer
 
 TEXTS = {  # the character tokenizer knows only its task's characters
@@ -31,12 +31,31 @@ def test_encode_equals_the_tokenizers_own_ids(tokenizer):
         assert task.encode(text) == expected
 
 
+def test_a_tokenizer_that_overrides_its_encoding_is_not_bypassed():
+    """A class overriding `_encode_plus` (as CodeLlama's does) gives its own ids, not the backend's."""
+    tokenizer = make_tokenizer()
+
+    class Marking(type(tokenizer)):
+        def _encode_plus(self, *args, **kwargs):
+            encoded = super()._encode_plus(*args, **kwargs)
+            encoded["input_ids"] = [7, *encoded["input_ids"]]
+            return encoded
+
+    tokenizer.__class__ = Marking
+    task = AdditionTask(tokenizer)
+    assert _backend_for(tokenizer, _ENCODING) is None and _backend_for(tokenizer, _DECODING) is not None
+    for text in TEXTS["trained"]:
+        assert task.encode(text) == list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        assert task.encode(text)[0] == 7
+
+
 @pytest.mark.parametrize("tokenizer", ["chars", "trained", "trained_cleanup"])
 def test_decode_equals_the_tokenizers_own_text(tokenizer):
     task = AdditionTask() if tokenizer == "chars" else AdditionTask(make_tokenizer())
     if tokenizer == "trained_cleanup":  # transformers' own path then (it may change spaces)
         task.tokenizer.clean_up_tokenization_spaces = True
-    assert (_plain_backend(task.tokenizer) is None) == (tokenizer == "trained_cleanup")
+    fast = _backend_for(task.tokenizer, _DECODING) is not None and not task.tokenizer.clean_up_tokenization_spaces
+    assert fast == (tokenizer != "trained_cleanup")
     special = task.tokenizer.all_special_ids
     for text in TEXTS[tokenizer.removesuffix("_cleanup")]:
         ids = task.encode(text)
