@@ -188,6 +188,7 @@ def record_response_lengths(task) -> list[int]:
     """Make `task` note the tokens (plus EOS) of every training response it scores, held-out
     evaluations left out; returns the list it fills. Single-turn tasks only (they score through
     `task.reward`); the step metrics hold only means, and the tail is what this bench is about."""
+    from inflight.chat.turns import encode as encode_text
     from inflight.tasks.base import is_bounded
 
     lengths: list[int] = []
@@ -197,7 +198,8 @@ def record_response_lengths(task) -> list[int]:
     def reward(problem, response: str) -> float:
         if problem.id not in held_out:
             # + EOS; a response cut off at the limit has none
-            lengths.append(min(len(task.encode(response)) + 1, task.max_new_tokens))
+            # not task.encode: its memo is for prompts, every response would evict one
+            lengths.append(min(len(encode_text(task.tokenizer, response)) + 1, task.max_new_tokens))
         return score(problem, response)
 
     reward.bounded = is_bounded(score)  # run where the unwrapped reward would (inline or in a thread)

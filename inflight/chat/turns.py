@@ -23,6 +23,7 @@ the ids the model actually sampled and saw, which is the point.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -47,8 +48,32 @@ def render(tokenizer: Any, messages: Sequence[Message], tools: Sequence[dict] | 
 
 
 def encode(tokenizer: Any, text: str) -> list[int]:
-    """Token ids of rendered template text (its special tokens are in the text; none added)."""
+    """Token ids of text, none added (a rendered template's special tokens are in its text). A
+    fast tokenizer's backend encodes directly where transformers' encoding is its own: the same ids
+    without transformers' per-call BatchEncoding (in a fully-async run this encoding competes with
+    the train step for the GIL)."""
+    backend = backend_for(tokenizer, ENCODING)
+    if backend is not None:
+        return backend.encode(text, add_special_tokens=False).ids
     return [int(t) for t in tokenizer(text, add_special_tokens=False)["input_ids"]]
+
+
+ENCODING = ("__call__", "_encode_plus")  # what `tokenizer(text)` runs through
+DECODING = ("decode", "_decode")
+
+
+def backend_for(tokenizer: Any, methods: tuple[str, ...]) -> Any:
+    """The `tokenizers` backend of `tokenizer` when its `methods` are transformers' own over that
+    backend (then the backend gives the same ids or text; a class that overrides one, such as
+    CodeLlama's `_encode_plus`, is not bypassed), else None."""
+    return tokenizer.backend_tokenizer if _plain_methods(type(tokenizer), methods) else None
+
+
+@functools.cache
+def _plain_methods(cls: type, methods: tuple[str, ...]) -> bool:
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+    return issubclass(cls, TokenizersBackend) and all(getattr(cls, m) is getattr(TokenizersBackend, m) for m in methods)
 
 
 def between_turns(tokenizer: Any, history: Sequence[Message], observations: Sequence[Message],

@@ -19,7 +19,6 @@ them (see `inflight.tasks.tool_env.ToolEnv`).
 from __future__ import annotations
 
 import asyncio
-import functools
 import inspect
 import queue
 import random
@@ -28,6 +27,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from inflight.chat.turns import DECODING, backend_for, render
+from inflight.chat.turns import encode as encode_text
 
 
 @dataclass(frozen=True)
@@ -166,23 +168,16 @@ class Task(ABC):
     ) -> list[int]:
         """Token ids of chat `messages` through the tokenizer's chat template, with `tools` (JSON
         schemas) and the assistant generation prompt: an opening prompt that offers tools."""
-        from inflight.chat.turns import encode, render
-
-        return encode(self.tokenizer, render(self.tokenizer, messages, tools, add_generation_prompt=True))
+        return encode_text(self.tokenizer, render(self.tokenizer, messages, tools, add_generation_prompt=True))
 
     def encode(self, text: str) -> list[int]:
         """Token ids of text (no special tokens added): prompts and environment observations.
-        Memoised per task (a group's samples share their prompt) and, for a fast tokenizer, taken
-        from its `tokenizers` backend directly (the same ids without transformers' per-call
-        BatchEncoding: in a fully-async run this encoding competes with the train step for the GIL)."""
+        Memoised per task (a group's samples share their prompt), from `inflight.chat.turns.encode`
+        (a fast tokenizer's backend directly)."""
         cache = self._encoded
         ids = cache.get(text)
         if ids is None:
-            backend = _backend_for(self.tokenizer, _ENCODING)
-            if backend is not None:
-                ids = tuple(backend.encode(text, add_special_tokens=False).ids)
-            else:
-                ids = tuple(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+            ids = tuple(encode_text(self.tokenizer, text))
             if len(cache) >= ENCODE_CACHE_SIZE:
                 cache.pop(next(iter(cache)))  # the oldest entry
             cache[text] = ids
@@ -195,28 +190,10 @@ class Task(ABC):
         the rollout loop's Python per sample."""
         ids = list(token_ids)
         clean_up = getattr(self.tokenizer, "clean_up_tokenization_spaces", True)
-        backend = None if clean_up else _backend_for(self.tokenizer, _DECODING)
+        backend = None if clean_up else backend_for(self.tokenizer, DECODING)
         if backend is not None:
             return backend.decode(ids, skip_special_tokens=True)
         return self.tokenizer.decode(ids, skip_special_tokens=True)
-
-
-_ENCODING = ("__call__", "_encode_plus")  # what `tokenizer(text)` runs through
-_DECODING = ("decode", "_decode")
-
-
-def _backend_for(tokenizer: Any, methods: tuple[str, ...]) -> Any:
-    """The `tokenizers` backend of `tokenizer` when its `methods` are transformers' own over that
-    backend (then the backend gives the same ids or text; a class that overrides one, such as
-    CodeLlama's `_encode_plus`, is not bypassed), else None."""
-    return tokenizer.backend_tokenizer if _plain_methods(type(tokenizer), methods) else None
-
-
-@functools.cache
-def _plain_methods(cls: type, methods: tuple[str, ...]) -> bool:
-    from transformers.tokenization_utils_tokenizers import TokenizersBackend
-
-    return issubclass(cls, TokenizersBackend) and all(getattr(cls, m) is getattr(TokenizersBackend, m) for m in methods)
 
 
 def in_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Awaitable[Any]:

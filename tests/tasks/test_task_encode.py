@@ -10,8 +10,9 @@ import time
 
 import pytest
 
+from inflight.chat.turns import DECODING, ENCODING, backend_for
 from inflight.tasks import AdditionTask
-from inflight.tasks.base import _DECODING, _ENCODING, _backend_for, in_thread
+from inflight.tasks.base import in_thread
 from inflight.testing import make_tokenizer
 
 TEXTS = {  # the character tokenizer knows only its task's characters
@@ -43,7 +44,7 @@ def test_a_tokenizer_that_overrides_its_encoding_is_not_bypassed():
 
     tokenizer.__class__ = Marking
     task = AdditionTask(tokenizer)
-    assert _backend_for(tokenizer, _ENCODING) is None and _backend_for(tokenizer, _DECODING) is not None
+    assert backend_for(tokenizer, ENCODING) is None and backend_for(tokenizer, DECODING) is not None
     for text in TEXTS["trained"]:
         assert task.encode(text) == list(tokenizer(text, add_special_tokens=False)["input_ids"])
         assert task.encode(text)[0] == 7
@@ -54,7 +55,7 @@ def test_decode_equals_the_tokenizers_own_text(tokenizer):
     task = AdditionTask() if tokenizer == "chars" else AdditionTask(make_tokenizer())
     if tokenizer == "trained_cleanup":  # transformers' own path then (it may change spaces)
         task.tokenizer.clean_up_tokenization_spaces = True
-    fast = _backend_for(task.tokenizer, _DECODING) is not None and not task.tokenizer.clean_up_tokenization_spaces
+    fast = backend_for(task.tokenizer, DECODING) is not None and not task.tokenizer.clean_up_tokenization_spaces
     assert fast == (tokenizer != "trained_cleanup")
     special = task.tokenizer.all_special_ids
     for text in TEXTS[tokenizer.removesuffix("_cleanup")]:
