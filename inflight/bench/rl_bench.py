@@ -166,8 +166,9 @@ def _trainer_cpu_s() -> float:
 
 class CpuMeter:
     """CPU seconds this process and its reaped children used over a span, this process's alone
-    (the trainer's: the train step plus the rollout loop's Python), and the rest of the machine's
-    busy CPU time (other processes: the load that hit this run)."""
+    (the trainer's: the train steps, the rollout loop's Python, and the run's setup and
+    evaluations), and the rest of the machine's busy CPU time (other processes: the load that hit
+    this run)."""
 
     def __enter__(self) -> CpuMeter:
         self.t0, self.busy0, self.own0 = time.perf_counter(), _busy_s(), _own_cpu_s()
@@ -290,7 +291,7 @@ def _say_row(say, mode: str, rnd: int, row: dict[str, Any], target: float) -> No
         f"accuracy {row['before']:.1%} -> {row['after']:.1%}, time to {target:.0%}: "
         f"{f'{reached:.0f} s' if reached is not None else 'not reached'}, response tokens p50/p90/p99/max "
         f"{_quartet(row['response_length_tokens'])}; train step {row['step_wall_s'] * 1e3:.0f} ms wall, "
-        f"{row['step_cpu_s'] * 1e3:.0f} ms CPU; trainer process CPU {row['trainer_cpu_per_step_s'] * 1e3:.0f} ms "
+        f"{row['step_cpu_s'] * 1e3:.0f} ms CPU; trainer process CPU (setup included) {row['trainer_cpu_per_step_s'] * 1e3:.0f} ms "
         f"a step (load {row['load_before']:.1f}, other processes {row['other_cpu_share']:.0%} of the CPUs)")
 
 
