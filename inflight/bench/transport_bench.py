@@ -6,7 +6,9 @@ otherwise: 3 GB, where float32 weights on both sides and the rollback copy would
 is timed per transport, beside a memcpy of the same bytes measured in the same run:
 
 - `inprocess`: the engine lives in this process; the tensors go to `load_weights` directly.
-- `shm`: the engine lives in a spawned process; the bytes go through one shared-memory buffer.
+- `shm`: the engine lives in a spawned process; the bytes go through shared memory, packed there
+  before the pause (`stage`, the default; its time is reported apart: the engines still generate).
+- `shm-pipelined`: the same, packed chunk by chunk during the pause (`weight_sync_staged=false`).
 - `broadcast`: the engine lives in a spawned process; the bytes go through a gloo broadcast.
 
 With a `keep` KV fate the generation pause is this update time plus pause/resume calls (well under
@@ -40,7 +42,7 @@ from inflight.weight_sync import (
     ShmTransport,
 )
 
-TRANSPORTS = ("inprocess", "shm", "broadcast")
+TRANSPORTS = ("inprocess", "shm", "shm-pipelined", "broadcast")
 
 
 def _engine(model_dir: str, rollback: bool, dtype: str = "float32") -> LLMEngine:
@@ -53,22 +55,25 @@ def _engine_process(kind: str, port: int, model_dir: str, threads: int, rollback
     """Spawned: an engine serving weight updates from this benchmark until it closes the transport."""
     torch.set_num_threads(threads)
     engine = _engine(model_dir, rollback, dtype)
-    receiver_cls = ShmReceiver if kind == "shm" else BroadcastReceiver
+    receiver_cls = BroadcastReceiver if kind == "broadcast" else ShmReceiver
     receiver_cls("127.0.0.1", port, timeout=1800).serve(engine)
 
 
 async def timed_update(
     transport, client, weights: list[tuple[str, torch.Tensor]], version: int
-) -> tuple[float, int]:
-    """One complete update through `transport`; returns (seconds, chunks)."""
+) -> tuple[float, float, int]:
+    """One complete update through `transport`, staged first as the sync executor does; returns
+    (staging seconds, update seconds: the pause, chunks)."""
     start = time.perf_counter()
+    update = await transport.stage(weights)
+    staged = time.perf_counter()
     await transport.begin(client)
     chunks = 0
-    for chunk in transport.chunks(weights):
+    for chunk in transport.chunks(update):
         await transport.send_chunk(client, chunk)
         chunks += 1
     await transport.finish(client, version)
-    return time.perf_counter() - start, chunks
+    return staged - start, time.perf_counter() - staged, chunks
 
 
 def bench_transport(
@@ -83,25 +88,28 @@ def bench_transport(
         client = LocalClient(AsyncEngine(_engine(model_dir, rollback, dtype)))
         transport = InProcessTransport(max_chunk_bytes=chunk_bytes)
     else:
-        cls = ShmTransport if kind == "shm" else BroadcastTransport
-        transport = cls(port=0, max_chunk_bytes=chunk_bytes, timeout=1800)
+        if kind == "broadcast":
+            transport = BroadcastTransport(port=0, max_chunk_bytes=chunk_bytes, timeout=1800)
+        else:
+            transport = ShmTransport(port=0, max_chunk_bytes=chunk_bytes, timeout=1800, staged=kind == "shm")
         child = mp.get_context("spawn").Process(
             target=_engine_process, args=(kind, transport.port, model_dir, threads, rollback, dtype), daemon=True
         )
         child.start()
     try:
-        timings, chunks = [], 0
+        timings, stagings, chunks = [], [], 0
         for version in range(1, repeats + 2):
-            seconds, chunks = asyncio.run(timed_update(transport, client, weights, version))
+            stage_s, seconds, chunks = asyncio.run(timed_update(transport, client, weights, version))
             if version > 1:  # the first one warms up
                 timings.append(seconds)
+                stagings.append(stage_s)
     finally:
         transport.close()
         if child is not None:
             child.join(60)
         del client  # the in-process engine's weights go before the next transport's engine comes
     update = statistics.median(timings)
-    return {"update_s": update, "best_s": min(timings), "chunks": chunks}
+    return {"update_s": update, "best_s": min(timings), "stage_s": statistics.median(stagings), "chunks": chunks}
 
 
 def run(
@@ -145,12 +153,13 @@ def format_table(results: dict) -> str:
         f"chunks of {results['chunk_bytes'] / 2**20:.0f} MiB, {results['threads']} thread(s) per process, "
         f"engine rollback {'on' if results['rollback'] else 'off'}; other processes used "
         f"{results['cpu_contention']['mean_other_cores']:.2f} cores on average",
-        f"{'transport':<10} {'pause ms':>10} {'best ms':>9} {'GB/s':>7} {'x memcpy':>9} {'chunks':>7}",
+        f"{'transport':<14} {'pause ms':>10} {'best ms':>9} {'GB/s':>7} {'x memcpy':>9} {'chunks':>7} "
+        f"{'staged ms':>10}",
     ]
     for kind, r in results["transports"].items():
         lines.append(
-            f"{kind:<10} {r['update_s'] * 1e3:10.1f} {r['best_s'] * 1e3:9.1f} {r['bytes_per_s'] / 1e9:7.3f} "
-            f"{r['pause_over_memcpy']:9.1f} {r['chunks']:7d}"
+            f"{kind:<14} {r['update_s'] * 1e3:10.1f} {r['best_s'] * 1e3:9.1f} {r['bytes_per_s'] / 1e9:7.3f} "
+            f"{r['pause_over_memcpy']:9.2f} {r['chunks']:7d} {r.get('stage_s', 0.0) * 1e3:10.1f}"
         )
     return "\n".join(lines)
 

@@ -13,7 +13,7 @@ from typing import Protocol
 from torch import Tensor
 
 from inflight.client.base import InferenceClient
-from inflight.weight_sync.transport import WeightTransport
+from inflight.weight_sync.transport import StagedUpdate, WeightTransport
 
 
 class Progress(Protocol):
@@ -35,9 +35,10 @@ class UpdateProgress:
 
 
 async def update_all_or_nothing(client: InferenceClient, sender: WeightTransport,
-                                named_tensors: Iterable[tuple[str, Tensor]], version: int | None = None,
+                                named_tensors: Iterable[tuple[str, Tensor]] | StagedUpdate, version: int | None = None,
                                 progress: Progress | None = None) -> int:
-    """Send `named_tensors` as weight version `version` through `sender`; returns the new version.
+    """Send `named_tensors` (or what `sender.stage` made of them) as weight version `version`
+    through `sender`; returns the new version.
     On any failure the update is aborted and the error re-raised, with a note when the engines
     could not go back to their old weights (e.g. after sleep)."""
     progress = progress if progress is not None else UpdateProgress()  # type: Progress

@@ -290,6 +290,11 @@ class InferenceEngineConfig:
     weight_sync_chunk_size_mb: float | None = None
     """Largest chunk a sync sends at once, in MiB, > 0 (the size of the shared / broadcast buffer);
     larger tensors go in pieces. None (default): the whole model when it is small, at most 256 MiB."""
+    weight_sync_staged: bool = True
+    """`shm` only: pack each update into shared memory before the sync pauses the engines, so the
+    pause holds only their copy out of it (not a SkyRL key). Costs shared memory for a whole update
+    (the trainer's dtype), made once; it grows only while 1 GiB of /dev/shm and of available memory
+    stays free, and packs the rest during the pause. False: pack chunk by chunk during the pause."""
     offload_kv_for_weight_sync: bool = False
     """Non-colocated only: sleep the engine during a sync, freeing its memory; the KV of
     in-flight requests is copied to host and restored (unless cleared). The sleep drops the

@@ -222,6 +222,7 @@ class RLTrainer:
             "timing/train_s": train_s,
             "timing/sync_s": sync_s,
             "timing/pause_s": report.timings.get("pause_s", 0.0),
+            "timing/stage_s": report.timings.get("stage_s", 0.0),
             "timing/send_s": report.timings.get("send_s", 0.0),
             "timing/step_s": step_s,
             "throughput/tokens_per_s": metrics["generated_tokens"] / max(step_s, 1e-9),

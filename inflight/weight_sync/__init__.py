@@ -8,7 +8,7 @@ from inflight.weight_sync.inprocess import InProcessTransport
 from inflight.weight_sync.plan import KVFate, PauseMode, SyncPlan, plan_weight_sync
 from inflight.weight_sync.receiver import ChannelReceiver, Receiver
 from inflight.weight_sync.shm import ShmReceiver, ShmTransport
-from inflight.weight_sync.transport import TransportError, WeightTransport
+from inflight.weight_sync.transport import StagedUpdate, TransportError, WeightTransport
 
 __all__ = [
     "BroadcastReceiver",
@@ -20,6 +20,7 @@ __all__ = [
     "Receiver",
     "ShmReceiver",
     "ShmTransport",
+    "StagedUpdate",
     "SyncPlan",
     "TensorMeta",
     "TransportError",

@@ -3,7 +3,8 @@
 `generator.inference_engine.weight_sync_backend` picks the kind (`inprocess`, `shm`, `broadcast`;
 SkyRL's `nccl` / `gloo` / `cuda_ipc` are read as `broadcast` / `broadcast` / `shm`),
 `weight_sync_host` / `weight_sync_port` say where the trainer's sender listens, and
-`weight_sync_chunk_size_mb` bounds a chunk (None: sized from the model). `make_transport` builds the
+`weight_sync_chunk_size_mb` bounds a chunk (None: sized from the model), `weight_sync_staged` has
+the shm sender pack an update before the pause. `make_transport` builds the
 sender (trainer rank 0), `make_receiver` the engine side that connects to it.
 """
 
@@ -62,7 +63,8 @@ def make_transport(cfg: Config, *, model_dir: str | Path | None = None, host: st
     if kind == "inprocess":
         return InProcessTransport(max_chunk_bytes=size)
     if kind == "shm":
-        return ShmTransport(host, ie.weight_sync_port, num_receivers, size, timeout=timeout, path=path)
+        return ShmTransport(host, ie.weight_sync_port, num_receivers, size, timeout=timeout, path=path,
+                            staged=ie.weight_sync_staged)
     return BroadcastTransport(host, ie.weight_sync_port, num_receivers, size, device=device, timeout=timeout)
 
 

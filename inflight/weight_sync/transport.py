@@ -3,7 +3,9 @@
 A transport moves one weight update to the engines: `begin`, `send_chunk` for each chunk, `finish`
 (or `abort` after a failure), always through `inflight.client.update.update_all_or_nothing`. The
 sync executor decides when (the plan's `send_weights` step), the transport decides how; the
-executor alone issues the prefix-cache reset.
+executor alone issues the prefix-cache reset. Before it pauses the engines the executor lets the
+transport `stage` the update (the shm transport packs it into shared memory then, so the pause
+holds only the engines' copy); the others stage nothing.
 
 Cross-process transports (`shm`, `broadcast`) carry the bytes on their own path and everything else
 (the update lifecycle and each chunk's metadata: names, dtypes, shapes, offsets) as small JSON
@@ -42,6 +44,14 @@ class UpdateClient(Protocol):
     async def abort_weight_update(self) -> bool: ...
 
 
+@dataclass
+class StagedUpdate:
+    """An update a transport prepared before the engines paused (`WeightTransport.stage`): its
+    chunks, in order; the transport knows which of them it packed already."""
+
+    chunks: Iterator[WeightChunk]
+
+
 class TransportError(RuntimeError):
     """A weight transport could not deliver an update (connection, timeout, receiver failure)."""
 
@@ -59,8 +69,15 @@ class WeightTransport:
         self.max_chunk_bytes = int(max_chunk_bytes)
         self.dtype = dtype
 
-    def chunks(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[WeightChunk]:
-        """The chunks this transport sends for these tensors (lazy)."""
+    async def stage(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> StagedUpdate | Iterable:
+        """Prepare the update while the engines still generate; returns what to hand
+        `update_all_or_nothing` instead of `named_tensors` (itself: nothing staged)."""
+        return named_tensors
+
+    def chunks(self, named_tensors: Iterable[tuple[str, torch.Tensor]] | StagedUpdate) -> Iterator[WeightChunk]:
+        """The chunks this transport sends for these tensors (lazy), or a staged update's."""
+        if isinstance(named_tensors, StagedUpdate):
+            return named_tensors.chunks
         return iter_chunks(named_tensors, self.max_chunk_bytes, split=self.split_tensors, dtype=self.dtype)
 
     async def begin(self, client: UpdateClient) -> None:

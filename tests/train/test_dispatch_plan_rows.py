@@ -74,12 +74,22 @@ def test_colocated_row(models, worker_b, prefix):
 def test_reset_through_a_cross_process_transport(models, worker_b):
     """A cross-process transport (shm, its receiver in a thread of the engine's process) carries
     only the weights: the executor issues the reset itself, and the frozen requests are reset and
-    recomputed."""
+    recomputed. The executor has the transport stage the update before it pauses the engine: every
+    chunk was packed while the engine still ran, and the pause only posted their messages."""
     cfg = row_config("async-clear", True)
     transport = ShmTransport(port=0, max_chunk_bytes=8192, timeout=60)
+    paused_when_staged, stage = [], transport.stage
 
     def receiver(engine):
         ShmReceiver("127.0.0.1", transport.port, timeout=60).serve_in_thread(engine)
+
+        async def stage_and_look(named_tensors):
+            paused_when_staged.append(engine.is_paused)
+            staged = await stage(named_tensors)
+            paused_when_staged.append(engine.is_paused)
+            return staged
+
+        transport.stage = stage_and_look
 
     try:
         engine, policy, report, stale, outputs = asyncio.run(
@@ -89,5 +99,7 @@ def test_reset_through_a_cross_process_transport(models, worker_b):
         transport.close()
     assert policy.plan.resets and report.steps == policy.plan.steps() and "reset" in report.steps
     assert report.prefix_cache_empty is True and stale == []
+    assert paused_when_staged == [False, False] and report.timings["stage_s"] > 0
+    assert transport._packs == report.chunks > 2  # every chunk packed once, in the stage
     assert engine.stats.resets == len(PROMPTS)
     check_fate(outputs, "recompute", models.hf_a, models.hf_b)

@@ -18,8 +18,7 @@ from safetensors.torch import load_file, save_file
 from inflight.engine import EngineConfig, LLMEngine, SamplingParams, WeightUpdateError
 from inflight.engine.models.loader import iter_safetensors
 from inflight.testing.oracle import hf_greedy
-from inflight.weight_sync import ShmReceiver, ShmTransport
-from inflight.weight_sync.shm import SLOTS
+from inflight.weight_sync import ShmReceiver, ShmTransport, shm
 
 SMALL = dict(
     hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -57,8 +56,10 @@ def model_dirs(tiny_model_factory):
 
 
 async def send_update(transport, weights: dict[str, torch.Tensor], version: int) -> int:
+    """One update as the sync executor sends it: staged (when the transport stages), then sent."""
+    update = await transport.stage(weights.items())
     await transport.begin(None)
-    for chunk in transport.chunks(weights.items()):
+    for chunk in transport.chunks(update):
         await transport.send_chunk(None, chunk)
     return await transport.finish(None, version)
 
@@ -120,42 +121,113 @@ def run_two_engines(kind: str, make_transport, make_local_receiver, model_dirs, 
     return transport
 
 
-def test_shm_transport_updates_engines_in_two_processes(model_dirs, hf_model_factory, tmp_path):
+@pytest.mark.parametrize("staged", [True, False], ids=["staged", "pipelined"])
+def test_shm_transport_updates_engines_in_two_processes(staged, model_dirs, hf_model_factory, tmp_path):
     transport = run_two_engines(
         "shm",
-        lambda: ShmTransport(port=0, num_receivers=2, max_chunk_bytes=CHUNK, timeout=120),
+        lambda: ShmTransport(port=0, num_receivers=2, max_chunk_bytes=CHUNK, timeout=120, staged=staged),
         lambda port: ShmReceiver("127.0.0.1", port, rank=2, num_receivers=2),
         model_dirs, hf_model_factory, tmp_path,
     )  # fmt: skip
-    assert not os.path.exists(transport.path)  # the buffer is unlinked on close
+    assert len(transport.slots) > shm.MIN_SLOTS if staged else len(transport.slots) == shm.MIN_SLOTS
+    assert transport.paths and not any(os.path.exists(p) for p in transport.paths)  # unlinked on close
 
 
-def test_shm_buffer_is_allocated_once_and_reused(model_dirs):
+@pytest.mark.parametrize("staged", [True, False], ids=["staged", "pipelined"])
+def test_shm_buffers_are_allocated_once_and_reused(staged, model_dirs):
     dir_a, _ = model_dirs
     engine = LLMEngine(EngineConfig(model=str(dir_a), block_size=4))
     weights = {n: t.clone() for n, t in iter_safetensors(dir_a)}
-    with ShmTransport(port=0, max_chunk_bytes=CHUNK, timeout=60) as transport:
+    with ShmTransport(port=0, max_chunk_bytes=CHUNK, timeout=60, staged=staged) as transport:
         receiver = ShmReceiver("127.0.0.1", transport.port)
         receiver.serve_in_thread(engine)
-        pointer = transport.slots.buffer.data_ptr()
-        for version in (1, 2, 3):
+        assert asyncio.run(send_update(transport, weights, 1)) == 1
+        pointers = [slot.buffer.data_ptr() for slot in transport.slots]
+        for version in (2, 3):
             assert asyncio.run(send_update(transport, weights, version)) == version
-        assert transport.slots.buffer.data_ptr() == pointer
-        last = (transport._next_slot - 1) % SLOTS  # the slot of the last chunk, described by the
-        assert int(transport.slots.versions[last].item()) == transport.channel.seq - 2  # message before finish
+        assert [slot.buffer.data_ptr() for slot in transport.slots] == pointers  # no slot made again
+        assert sorted(receiver.slots) == list(range(len(pointers)))  # the engine mapped each slot once
+        packs = sorted(int(slot.pack.item()) for slot in transport.slots)
+        assert packs[-1] == transport._packs and len(set(packs)) == len(packs)  # each holds its own pack
     receiver._thread.join(10)
     assert not receiver._thread.is_alive()
     assert engine.weight_version == 3
 
 
+def test_a_staged_update_is_packed_before_the_engines_are_told_anything(model_dirs):
+    """Staging packs every chunk without a message (the engines are not paused yet and hear
+    nothing); the send then only posts the messages, and the update lands bit for bit."""
+    dir_a, dir_b = model_dirs
+    engine = LLMEngine(EngineConfig(model=str(dir_a), block_size=4))
+    weights = {n: t.clone() for n, t in iter_safetensors(dir_b)}
+    with ShmTransport(port=0, max_chunk_bytes=CHUNK, timeout=60) as transport:
+        receiver = ShmReceiver("127.0.0.1", transport.port)
+        receiver.serve_in_thread(engine)
+        update = asyncio.run(transport.stage(sorted(weights.items())))
+        assert transport.channel.seq == 0 and engine.weight_version == 0  # no message posted
+        packs = transport._packs
+        assert packs == len(transport.slots) > shm.MIN_SLOTS  # one slot per chunk, all packed
+        asyncio.run(transport.begin(None))
+        for chunk in transport.chunks(update):
+            asyncio.run(transport.send_chunk(None, chunk))
+        assert transport._packs == packs  # sending packed nothing more
+        assert asyncio.run(transport.finish(None, 1)) == 1
+    assert_params_equal(engine, weights)
+
+
+def test_staging_without_room_packs_the_rest_during_the_pause(model_dirs, monkeypatch):
+    """When shared memory is short the ring does not grow: what does not fit is packed as it is
+    sent, through the two slots, and the update still lands bit for bit."""
+    monkeypatch.setattr(shm, "_available_memory", lambda: shm.RESERVE_BYTES)  # no room beyond the reserve
+    dir_a, dir_b = model_dirs
+    engine = LLMEngine(EngineConfig(model=str(dir_a), block_size=4))
+    weights = {n: t.clone() for n, t in iter_safetensors(dir_b)}
+    with ShmTransport(port=0, max_chunk_bytes=CHUNK, timeout=60) as transport:
+        receiver = ShmReceiver("127.0.0.1", transport.port)
+        receiver.serve_in_thread(engine)
+        update = asyncio.run(transport.stage(sorted(weights.items())))
+        assert transport._packs == shm.MIN_SLOTS == len(transport.slots)
+        asyncio.run(transport.begin(None))
+        chunks = 0
+        for chunk in transport.chunks(update):
+            asyncio.run(transport.send_chunk(None, chunk))
+            chunks += 1
+        assert chunks > shm.MIN_SLOTS and transport._packs == chunks
+        assert asyncio.run(transport.finish(None, 1)) == 1
+    assert_params_equal(engine, weights)
+
+
+def test_a_staged_update_that_is_never_sent_does_not_leak_into_the_next(model_dirs):
+    """A sync that failed between staging and sending (e.g. the pause) leaves packed slots behind;
+    the next update, staged or not, sends its own bytes."""
+    dir_a, dir_b = model_dirs
+    engine = LLMEngine(EngineConfig(model=str(dir_a), block_size=4))
+    weights_a = {n: t.clone() for n, t in iter_safetensors(dir_a)}
+    weights_b = {n: t.clone() for n, t in iter_safetensors(dir_b)}
+    with ShmTransport(port=0, max_chunk_bytes=CHUNK, timeout=60) as transport:
+        receiver = ShmReceiver("127.0.0.1", transport.port)
+        receiver.serve_in_thread(engine)
+        asyncio.run(transport.stage(sorted(weights_a.items())))  # never sent
+        assert asyncio.run(send_update(transport, weights_b, 1)) == 1
+    assert_params_equal(engine, weights_b)
+
+
+def assert_params_equal(engine: LLMEngine, weights: dict[str, torch.Tensor]) -> None:
+    params = dict(engine.model.named_parameters())
+    for name, tensor in weights.items():
+        resolved = engine.model.resolve(name)
+        if resolved is not None:
+            assert torch.equal(params[resolved], tensor), name
+
+
 def test_the_sender_packs_the_next_chunk_while_the_engine_copies_the_last(model_dirs):
-    """Two slots: with the engine stuck copying chunk 0, chunk 1 is packed and posted; chunk 2
+    """Pipelined, two slots: with the engine stuck copying chunk 0, chunk 1 is packed and posted; chunk 2
     (into chunk 0's slot) waits for chunk 0's answer. The update still lands bit for bit."""
     dir_a, dir_b = model_dirs
     engine = LLMEngine(EngineConfig(model=str(dir_a), block_size=4))
     weights = {n: t.clone() for n, t in iter_safetensors(dir_b)}
     release, copying = threading.Event(), threading.Event()
-    with ShmTransport(port=0, max_chunk_bytes=CHUNK, timeout=60) as transport:
+    with ShmTransport(port=0, max_chunk_bytes=CHUNK, timeout=60, staged=False) as transport:
         receiver = ShmReceiver("127.0.0.1", transport.port)
         read = receiver.chunk_buffer
 
@@ -183,8 +255,4 @@ def test_the_sender_packs_the_next_chunk_while_the_engine_copies_the_last(model_
         for chunk in chunks[3:]:
             asyncio.run(transport.send_chunk(None, chunk))
         assert asyncio.run(transport.finish(None, 1)) == 1
-    params = dict(engine.model.named_parameters())
-    for name, tensor in weights.items():
-        resolved = engine.model.resolve(name)
-        if resolved is not None:
-            assert torch.equal(params[resolved], tensor), name
+    assert_params_equal(engine, weights)

@@ -49,9 +49,10 @@ class WeightSyncError(RuntimeError):
 class SyncReport:
     """What one sync did: outcome, engine weight version afterwards, timings and volume.
 
-    `timings` holds `pause_s` (generation paused: from the pause call until resume returned),
-    `send_s` (the send_weights step: gathering, moving and loading the weights), `total_s` and one
-    `<step>_s` entry per executed step. `restored`: after a failed send, whether the engines are
+    `timings` holds `stage_s` (the transport's `stage`, before the pause: the shm transport packs
+    the update there, gathering it), `pause_s` (generation paused: from the pause call until resume
+    returned), `send_s` (the send_weights step: gathering, moving and loading what was not staged),
+    `total_s` (both) and one `<step>_s` entry per executed step. `restored`: after a failed send, whether the engines are
     back on their pre-update weights. `prefix_cache_empty`: what the reset call returned.
     """
 
@@ -268,6 +269,9 @@ async def _execute(client: InferenceClient, plan: SyncPlan, version: int, transp
                    stream: _TensorStream) -> SyncReport:
     """The plan's steps in order, each only where the plan has it (docs/design.md section 4)."""
     report = SyncReport(ok=False, version=version - 1)
+    began = time.perf_counter()
+    update = await transport.stage(stream)  # before the pause: the engines still generate meanwhile
+    report.timings["stage_s"] = time.perf_counter() - began
     start = time.perf_counter()
     kv_asleep = False
     failure: BaseException | None = None
@@ -278,7 +282,7 @@ async def _execute(client: InferenceClient, plan: SyncPlan, version: int, transp
             await _step(report, "sleep", client.sleep(offload_kv=plan.offload_kv))
         if plan.wakes:
             await _step(report, "wake_up_weights", client.wake_up(["weights"]))
-        send = update_all_or_nothing(client, transport, stream, version, progress=report)
+        send = update_all_or_nothing(client, transport, update, version, progress=report)
         report.version = await _step(report, "send_weights", send)
         if plan.wakes:
             await _step(report, "wake_up_kv_cache", client.wake_up(["kv_cache"]))
@@ -298,7 +302,8 @@ async def _execute(client: InferenceClient, plan: SyncPlan, version: int, transp
     finally:
         await _resume(client, failure, report)  # also when the pause itself failed half-way
         # the pause is the first step: generation was paused for the whole sync
-        report.timings["pause_s"] = report.timings["total_s"] = time.perf_counter() - start
+        report.timings["pause_s"] = time.perf_counter() - start
+        report.timings["total_s"] = time.perf_counter() - began
         report.timings.setdefault("send_s", report.timings.get("send_weights_s", 0.0))
     if report.prefix_cache_empty is False:
         log.warning("the prefix cache still holds blocks after the sync's reset (requests hold them)")
