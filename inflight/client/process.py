@@ -36,6 +36,7 @@ from inflight.client.ops import JoiningClient, apply_op
 from inflight.engine.async_engine import AsyncEngine
 from inflight.engine.config import EngineConfig
 from inflight.engine.engine import LLMEngine
+from inflight.engine.heap import frozen_heap
 from inflight.weight_sync import make_receiver
 
 
@@ -90,7 +91,8 @@ def _main() -> None:
         return
     start_receiver(engine, receiver)
     conn.send(("ready", True, None))
-    asyncio.run(_serve(conn, engine))
+    with frozen_heap():
+        asyncio.run(_serve(conn, engine))
 
 
 async def _serve(conn: Connection, engine: AsyncEngine) -> None:

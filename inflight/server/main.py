@@ -13,6 +13,7 @@ import uvicorn
 from transformers import AutoTokenizer
 
 from inflight.engine import AsyncEngine, EngineConfig, EngineError, LLMEngine
+from inflight.engine.heap import frozen_heap
 from inflight.server.app import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_WEIGHT_CHUNK_BYTES, create_app
 from inflight.server.openai_api import DEFAULT_MAX_PROMPTS_PER_REQUEST
 
@@ -103,5 +104,6 @@ def main(argv: list[str] | None = None, prog: str = "python -m inflight.server")
     )
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                            timeout_graceful_shutdown=5))
-    server.run()
+    with frozen_heap():
+        server.run()
     return 0 if server.started else 1

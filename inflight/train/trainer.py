@@ -30,6 +30,7 @@ import torch
 
 from inflight.client.base import InferenceClient
 from inflight.config import Config, SamplingConfig
+from inflight.engine.heap import frozen_heap
 from inflight.eval.run import eval_sets
 from inflight.eval.run import evaluate as run_eval
 from inflight.rollout.generator import TaskGenerator, TrajectoryGroup, episode_options, request_seed
@@ -254,7 +255,8 @@ class RLTrainer:
         if self._engine_counters is None:
             await self._kv_counters()
         start_step = self.global_step
-        await self._run()
+        with frozen_heap():
+            await self._run()
         if self.global_step > start_step:
             await self._save_on_interval(final=True)
         return self.history

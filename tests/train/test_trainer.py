@@ -5,6 +5,7 @@ file holding every field, weight versions advancing with the steps."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 
 import pytest
@@ -41,7 +42,15 @@ def _train(cfg, job, task=None, evaluate=False):
         try:
             await trainer.setup()
             before = await trainer.evaluate() if evaluate else None
+            log, trainer.frozen_at_steps = trainer.logger.log, []
+
+            def log_and_look(step, metrics):  # what the heap looks like while the loop runs
+                trainer.frozen_at_steps.append(gc.get_freeze_count())
+                return log(step, metrics)
+
+            trainer.logger.log = log_and_look
             history = await trainer.train()
+            trainer.frozen_after = gc.get_freeze_count()
             version = await trainer.client.weight_version()
             after = await trainer.evaluate() if evaluate else None
             return trainer, history, version, before, after
@@ -57,6 +66,9 @@ def test_fully_async_each_kv_fate(model_dir, tmp_path, fate):
     trainer, history, version, _, _ = _train(cfg, job)
     assert isinstance(trainer, FullyAsyncTrainer) and trainer.policy.plan.kv_fate == fate
     assert len(history) == 4 and version == 4 == trainer.global_step
+    # the setup's objects sit in the permanent generation while the loop runs, and leave it after
+    assert len(trainer.frozen_at_steps) == 4 and min(trainer.frozen_at_steps) > 10_000
+    assert trainer.frozen_after == 0
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     for r in records:
@@ -74,6 +86,7 @@ def test_sync_trainer_is_on_policy(model_dir, tmp_path):
     cfg, job = rl_config(model_dir, tmp_path, ["trainer.fully_async.enabled=false", "job.max_steps=3"])
     trainer, history, version, before, after = _train(cfg, job, evaluate=True)
     assert isinstance(trainer, SyncTrainer) and trainer.policy.plan.kv_fate == "none"
+    assert min(trainer.frozen_at_steps) > 10_000 and trainer.frozen_after == 0
     assert version == 3 and [r["staleness_max"] for r in history] == [0.0, 0.0, 0.0]
     assert all(r["off_policy"] == 0.0 for r in history if "off_policy" in r)
     assert all(abs(r["is_ratio_mean"] - 1.0) < 1e-3 for r in history if r.get("optimizer_steps"))
