@@ -256,11 +256,12 @@ def run_mode(common: list[str], model: str, enabled: bool, run_dir: Path, target
     load = os.getloadavg()[0]
     with CorePinning(pinning) as cores, CpuMeter() as meter:
         summary = asyncio.run(run_job(cfg, job, task, lambda _t: None))
-    records = [r for r in read_metrics(run_dir / "metrics.jsonl") if "reward" in r]
+    everything = read_metrics(run_dir / "metrics.jsonl")
+    records = [r for r in everything if "reward" in r]  # the steps (evaluations may be records of their own)
     return {**phase_seconds(records), "steps_per_s": summary["steps"] / summary["train_seconds"],
             "trainer_cpu_per_step_s": meter.result["trainer_cpu_s"] / max(summary["steps"], 1),
             "samples_per_s": summary["samples_per_s"], "before": summary["before"], "after": summary["after"],
-            "time_to_target_s": _time_to(records, target),
+            "time_to_target_s": _time_to(everything, target),
             "response_length_tokens": percentiles(lengths),
             "load_before": load, "cores": cores.describe(), **meter.result}
 

@@ -180,8 +180,7 @@ async def run_job(cfg: Config, job: JobConfig, task, say, start: Starter | None 
         history = await trainer.train()
         train_s = time.perf_counter() - started
         after = await trainer.evaluate() if evaluating else None
-        if after is not None and not (history and history[-1]["step"] == after["step"]
-                                      and "eval/accuracy" in history[-1]):  # the last step's record has it
+        if after is not None and trainer.logged_evaluation != after["step"]:  # the loop logged it
             trainer.logger.log(trainer.global_step, {"time": train_s, **after["metrics"]})
         samples = sum(r.get("samples", 0) for r in history)
         summary.update(before=before and before["accuracy"], after=after and after["accuracy"],

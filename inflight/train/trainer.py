@@ -56,6 +56,9 @@ class RLTrainer:
     `await trainer.train()`, `await trainer.evaluate()`, and finally `await trainer.close()`."""
 
     mode = "base"
+    overlaps_evaluation = False
+    """Whether the periodic evaluation runs beside the next training step (it ends before the
+    next sync, so it sees only the weights it evaluates) instead of between the two steps."""
 
     def __init__(self, cfg: Config, job: JobConfig, task: Task, start: Starter = start_local) -> None:
         self.cfg, self.job, self.task = cfg, job, task
@@ -74,6 +77,9 @@ class RLTrainer:
         self.failed_groups = 0  # groups dropped because an episode failed before its first turn
         self.restarts = EngineRestarts([], None, 0)  # the runtime's, from setup()
         self._last_eval: tuple[tuple[int, int], dict[str, Any]] | None = None
+        # a periodic evaluation running beside the next training step: (step, its time, the task)
+        self._evaluation: tuple[int, float, asyncio.Task[dict[str, Any]]] | None = None
+        self.logged_evaluation: int | None = None  # the step of the last evaluation the loop logged
 
     # ---- set-up -------------------------------------------------------------------------------
     async def setup(self) -> RLTrainer:
@@ -191,6 +197,23 @@ class RLTrainer:
             return "rejected"
         return None
 
+    async def _finish_evaluation(self) -> None:
+        """Wait for the evaluation started in the background (`overlaps_evaluation`), if any, and
+        log its metrics as a record of the step it evaluated, at that step's time."""
+        if self._evaluation is None:
+            return
+        step, at, running = self._evaluation
+        self._evaluation = None
+        result = await running
+        self.logger.log(step, {"time": at, **result["metrics"]})
+        self.logged_evaluation = step
+
+    def _drop_evaluation(self) -> None:
+        """Cancel a background evaluation (the loop is ending on an error)."""
+        if self._evaluation is not None:
+            self._evaluation[2].cancel()
+            self._evaluation = None
+
     async def _kv_counters(self) -> dict[str, float]:
         stats = await self.client.stats()
         if not stats:  # the engines report no counters (an HTTP server)
@@ -206,6 +229,7 @@ class RLTrainer:
             t0 = time.perf_counter()
             metrics: dict[str, Any] = await self.policy.train(groups, self.policy_version)
             t1 = time.perf_counter()
+            await self._finish_evaluation()  # it evaluates the weights this sync replaces
             report = await self.restarts.sync(self.policy)
             train_s, sync_s = t1 - t0, time.perf_counter() - t1
         self.global_step += 1
@@ -233,7 +257,11 @@ class RLTrainer:
         })
         interval = self.cfg.trainer.eval_interval
         if interval > 0 and self.global_step % interval == 0:
-            metrics.update((await self.evaluate())["metrics"])
+            if self.overlaps_evaluation:
+                self._evaluation = (self.global_step, metrics["time"], asyncio.create_task(self.evaluate()))
+            else:
+                metrics.update((await self.evaluate())["metrics"])
+                self.logged_evaluation = self.global_step
         self.history.append(self.logger.log(self.global_step, metrics))
         await self._save_on_interval(data_state)
         return metrics
@@ -256,7 +284,11 @@ class RLTrainer:
             await self._kv_counters()
         start_step = self.global_step
         with frozen_heap():
-            await self._run()
+            try:
+                await self._run()
+                await self._finish_evaluation()
+            finally:
+                self._drop_evaluation()
         if self.global_step > start_step:
             await self._save_on_interval(final=True)
         return self.history
@@ -292,9 +324,12 @@ class SyncTrainer(RLTrainer):
 
 
 class FullyAsyncTrainer(RLTrainer):
-    """K generation workers under the staleness manager; one training step per mini-batch."""
+    """K generation workers under the staleness manager; one training step per mini-batch. The
+    periodic evaluation overlaps the next training step (the trainer's core trains while the
+    engines evaluate)."""
 
     mode = "fully_async"
+    overlaps_evaluation = True
 
     async def _run(self) -> None:
         trainer = self.cfg.trainer

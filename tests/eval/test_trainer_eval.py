@@ -112,3 +112,46 @@ def test_the_plot_draws_each_validation_set(tmp_path):
     assert [label for _, label in _eval_series(read_metrics(tmp_path / "metrics.jsonl"))] == \
         ["held-out pass@1: gsm8k", "held-out pass@1: math"]
     assert plot_metrics(tmp_path / "metrics.jsonl", tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_fully_async_trainer_evaluates_beside_the_next_training_step(model_dir, tmp_path):
+    """Fully async: the evaluation of step k's weights is started after step k and still open when
+    step k+1 trains (the trainer's core trains while the engine evaluates); it ends before step
+    k+1's sync replaces those weights, and its metrics are a record of step k at step k's time."""
+    from inflight.train.trainer import FullyAsyncTrainer, make_trainer
+
+    cfg, job = tiny_run(model_dir, tmp_path, ["trainer.eval_interval=1", "trainer.fully_async.enabled=true",
+                                              "trainer.eval_before_train=false", "job.plot=false"])
+    task = AdditionTask(max_digits=1, num_eval=NUM_EVAL, num_train=40)
+    seen: dict[str, list] = {"train": [], "sync": []}
+
+    async def main():
+        trainer = make_trainer(cfg, job, task)
+        assert isinstance(trainer, FullyAsyncTrainer)
+        try:
+            await trainer.setup()
+            train, sync = trainer.policy.train, trainer.restarts.sync
+
+            async def train_and_look(*args, **kwargs):
+                seen["train"].append(trainer._evaluation and trainer._evaluation[0])
+                return await train(*args, **kwargs)
+
+            async def sync_and_look(policy):
+                seen["sync"].append(trainer._evaluation)
+                return await sync(policy)
+
+            trainer.policy.train, trainer.restarts.sync = train_and_look, sync_and_look
+            return await trainer.train()
+        finally:
+            await trainer.close()
+
+    history = asyncio.run(main())
+    assert seen["train"] == [None, 1, 2]  # steps 2 and 3 trained with the last step's evaluation open
+    assert seen["sync"] == [None, None, None]  # and every sync waited for it
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], "reward" in r) for r in records] == [
+        (1, True), (1, False), (2, True), (2, False), (3, True), (3, False)]
+    steps = {r["step"]: r for r in records if "reward" in r}
+    for r in (r for r in records if "reward" not in r):
+        assert r["time"] == steps[r["step"]]["time"] and r["eval/addition/num_problems"] == NUM_EVAL
+    assert [r["step"] for r in history] == [1, 2, 3]
