@@ -12,8 +12,7 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, TypeVar
 
-import torch
-
+from inflight.bench.matmul_peak import matmul_peak_flops  # noqa: F401  (re-exported)
 from inflight.vllm_backend.venv import SYSTEM_LIB_DIRS, TCMALLOC_NAMES, find_library  # noqa: F401  (re-exported)
 
 T = TypeVar("T")
@@ -45,18 +44,6 @@ def timed(fn: Callable[[], T]) -> tuple[float, T]:
     start = time.perf_counter()
     result = fn()
     return time.perf_counter() - start, result
-
-
-def matmul_peak_flops(dtype: torch.dtype = torch.float32, n: int = 2048, repeats: int = 5) -> float:
-    """Best FLOP/s of an n×n @ n×n matmul with torch's current thread count (2·n³ per product)."""
-    a = torch.randn(n, n).to(dtype)
-    b = torch.randn(n, n).to(dtype)
-    out = torch.matmul(a, b)  # warm-up, and the output buffer
-    best = float("inf")
-    for _ in range(repeats):
-        seconds, _ = timed(lambda: torch.matmul(a, b, out=out))
-        best = min(best, seconds)
-    return 2 * n**3 / best
 
 
 def peak_rss_mib() -> float:

@@ -188,12 +188,12 @@ class ShmTransport(ChannelTransport):
     def _collect_oldest(self) -> None:
         """Collect the oldest chunk message's answers; raises the first receiver error (after
         which nothing is in flight)."""
+        posted, _ = self._in_flight.popleft()  # collected once: its keys are gone after that
         try:
-            checked(self.channel.collect(self._in_flight[0][0]))
+            checked(self.channel.collect(posted))
         except BaseException:
             self._drop_in_flight()
             raise
-        self._in_flight.popleft()
 
     def _settle(self) -> None:
         """Collect every chunk message's answers; raises the first receiver error."""

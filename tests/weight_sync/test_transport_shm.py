@@ -256,3 +256,22 @@ def test_the_sender_packs_the_next_chunk_while_the_engine_copies_the_last(model_
             asyncio.run(transport.send_chunk(None, chunk))
         assert asyncio.run(transport.finish(None, 1)) == 1
     assert_params_equal(engine, weights)
+
+
+@pytest.mark.parametrize("staged", [True, False], ids=["staged", "pipelined"])
+def test_a_refused_chunk_is_reported_once_and_no_answer_is_awaited_twice(staged, model_dirs):
+    """The chunk the engine refuses is collected once: the wait for answers that were already read
+    (their keys deleted) ran to the transport's whole timeout before the error reached the caller."""
+    dir_a, _ = model_dirs
+    engine = LLMEngine(EngineConfig(model=str(dir_a), block_size=4))
+    weights = {n: t.clone() for n, t in iter_safetensors(dir_a)}
+    with ShmTransport(port=0, max_chunk_bytes=CHUNK, timeout=3, staged=staged) as transport:
+        receiver = ShmReceiver("127.0.0.1", transport.port)
+        receiver.serve_in_thread(engine)
+        collected: list[int] = []
+        collect = transport.channel.collect
+        transport.channel.collect = lambda posted, timeout=None: collected.append(posted.seq) or collect(posted, timeout)
+        assert asyncio.run(failed_update(transport, weights)) is True
+        assert len(collected) == len(set(collected)), f"messages collected more than once: {collected}"
+        assert engine.weight_version == 0 and engine.can_run  # back on its weights, free to run
+        assert asyncio.run(send_update(transport, weights, 1)) == 1  # the transport still works
