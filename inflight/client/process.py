@@ -4,7 +4,10 @@ an `EngineProcess` child) and `RayEngineClient` (calls to an engine actor's `cal
 Trainer and engine in two processes, each with its own torch threads, was measured the fastest
 layout on a small CPU host: one Python process with both would serialise them on the GIL. Requests
 and control calls travel as small pickled operations (`inflight.client.ops`; much lighter than
-HTTP); the weights do not: they go through a weight-sync transport whose receiver runs in the child
+HTTP), batched: each message on the pipe is a list of the calls (or answers) one side had ready in
+one turn of its event loop, so a group's samples cost one message, not one each (a message's
+pickling and the wake-up of the other side's loop were most of the rollout loop's own time); the
+weights do not: they go through a weight-sync transport whose receiver runs in the child
 (`shm`: one flat shared-memory buffer allocated once; `broadcast`: a gloo/nccl group). With no
 receiver `load_weights` pickles the tensors through the pipe, the slow path.
 
@@ -26,6 +29,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
@@ -87,53 +91,87 @@ def _main() -> None:
     try:
         engine = AsyncEngine(LLMEngine(config))
     except Exception as err:  # report start-up failures to the parent instead of dying silently
-        conn.send(("ready", False, _portable(err)))
+        conn.send([("ready", False, _portable(err))])
         return
     start_receiver(engine, receiver)
-    conn.send(("ready", True, None))
+    conn.send([("ready", True, None)])
     with frozen_heap():
         asyncio.run(_serve(conn, engine))
+
+
+class _Outbox:
+    """Messages for one pipe, sent as one list at the end of the event loop's turn that queued the
+    first of them (what else that turn queues goes with it, in order)."""
+
+    def __init__(self, conn: Connection, loop: asyncio.AbstractEventLoop, lock: threading.Lock | None = None,
+                 on_error: Callable[[list, BaseException], None] | None = None) -> None:
+        self.conn, self.loop, self.lock = conn, loop, lock or threading.Lock()
+        self.on_error = on_error  # (the unsent messages, the error); None: they are dropped
+        self.queued: list = []
+
+    def put(self, message: Any) -> None:
+        self.queued.append(message)
+        if len(self.queued) == 1:
+            self.loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        messages, self.queued = self.queued, []
+        if not messages:
+            return
+        try:
+            with self.lock:
+                self.conn.send(messages)
+        except (BrokenPipeError, OSError) as err:
+            if self.on_error is not None:
+                self.on_error(messages, err)
 
 
 async def _serve(conn: Connection, engine: AsyncEngine) -> None:
     loop = asyncio.get_running_loop()
     inbox: asyncio.Queue = asyncio.Queue()
+    replies = _Outbox(conn, loop)
 
     def read() -> None:
         while True:
             try:
-                message = conn.recv()
+                calls = conn.recv()
             except (EOFError, OSError):
-                message = None
-            loop.call_soon_threadsafe(inbox.put_nowait, message)
-            if message is None or message[1] == "close":
+                calls = [None]
+            loop.call_soon_threadsafe(_put_all, inbox, calls)
+            if any(call is None or call[1] == "close" for call in calls):
                 return
 
     threading.Thread(target=read, daemon=True, name="engine-inbox").start()
     tasks: set[asyncio.Task] = set()
     while True:
-        message = await inbox.get()
-        if message is None or message[1] == "close":
+        call = await inbox.get()
+        if call is None or call[1] == "close":
             break
-        task = loop.create_task(_handle(conn, engine, *message))
+        task = loop.create_task(_handle(replies, engine, *call))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
     for task in tasks:
         task.cancel()
     await engine.close()
-    if message is not None:
-        conn.send((message[0], True, None))
+    replies.flush()
+    if call is not None:
+        with contextlib.suppress(BrokenPipeError, OSError):
+            conn.send([(call[0], True, None)])
 
 
-async def _handle(conn: Connection, engine: AsyncEngine, call_id: int, op: str, args: tuple) -> None:
+def _put_all(inbox: asyncio.Queue, items: list) -> None:
+    for item in items:
+        inbox.put_nowait(item)
+
+
+async def _handle(replies: _Outbox, engine: AsyncEngine, call_id: int, op: str, args: tuple) -> None:
     try:
         reply = (call_id, True, await apply_op(engine, op, *args))
     except asyncio.CancelledError:
         return
     except Exception as err:
         reply = (call_id, False, _portable(err))
-    with contextlib.suppress(BrokenPipeError, OSError):
-        conn.send(reply)
+    replies.put(reply)
 
 
 def describe_exit(code: int | None) -> str:
@@ -183,7 +221,7 @@ class EngineProcess:
         conn.send((self.config, self.threads, self.receiver))
         if paused:
             self._expect(process, conn, timeout)
-            conn.send((-1, "pause", ("keep",)))
+            conn.send([(-1, "pause", ("keep",))])
         self._expect(process, conn, timeout)
         return process, conn
 
@@ -193,7 +231,7 @@ class EngineProcess:
             process.kill()
             raise EngineProcessError(f"the {self.name} process did not start within {timeout:.0f} s")
         try:
-            _, ok, err = conn.recv()
+            [(_, ok, err)] = conn.recv()
         except EOFError as eof:
             raise EngineProcessError(f"the {self.name} process exited during start-up "
                                      f"({describe_exit(process.wait(10))})") from eof
@@ -245,6 +283,7 @@ class _Link:
         self.pending: dict[int, asyncio.Future] = {}
         self.error: EngineProcessError | None = None  # set once the child is gone
         self.reader: threading.Thread | None = None
+        self.outbox: _Outbox | None = None  # made on the client's loop, at the first call
 
 
 class ProcessClient(JoiningClient):
@@ -273,6 +312,8 @@ class ProcessClient(JoiningClient):
             if link.pending:
                 raise RuntimeError("ProcessClient is in use on another event loop")
             self._loop = loop
+        if link.outbox is None or link.outbox.loop is not loop:
+            link.outbox = _Outbox(link.conn, loop, self._send_lock, lambda calls, err: self._unsent(link, calls))
         if link.reader is None:
             link.reader = threading.Thread(target=self._read, args=(link,), daemon=True, name="engine-replies")
             link.reader.start()
@@ -280,13 +321,21 @@ class ProcessClient(JoiningClient):
     def _read(self, link: _Link) -> None:
         while True:
             try:
-                call_id, ok, value = link.conn.recv()
+                replies = link.conn.recv()
             except (EOFError, OSError):
                 self._fail_all(link)
                 return
             loop = self._loop
             if loop is not None and not loop.is_closed():
-                loop.call_soon_threadsafe(self._resolve, link, call_id, ok, value)
+                loop.call_soon_threadsafe(self._resolve_all, link, replies)
+
+    def _unsent(self, link: _Link, calls: list) -> None:
+        """The pipe broke under a batch of calls: each fails naming the child and how it ended."""
+        err = self._died(link, 0.0)
+        for call_id, _, _ in calls:
+            future = link.pending.pop(call_id, None)
+            if future is not None and not future.done():
+                future.set_exception(err)
 
     def _died(self, link: _Link, wait_s: float = 1.0) -> EngineProcessError:
         """The error of a child that is gone (its exit status, once it has one: `wait_s` at most)."""
@@ -297,14 +346,15 @@ class ProcessClient(JoiningClient):
                                   f"{describe_exit(code)}")
 
     @staticmethod
-    def _resolve(link: _Link, call_id: int, ok: bool, value: Any) -> None:
-        future = link.pending.pop(call_id, None)
-        if future is None or future.done():
-            return
-        if ok:
-            future.set_result(value)
-        else:
-            future.set_exception(value)
+    def _resolve_all(link: _Link, replies: list[tuple[int, bool, Any]]) -> None:
+        for call_id, ok, value in replies:
+            future = link.pending.pop(call_id, None)
+            if future is None or future.done():
+                continue
+            if ok:
+                future.set_result(value)
+            else:
+                future.set_exception(value)
 
     def _fail_all(self, link: _Link) -> None:
         err = self._died(link)
@@ -332,19 +382,16 @@ class ProcessClient(JoiningClient):
         call_id = next(self._ids)
         future = self._loop.create_future()
         link.pending[call_id] = future
-        try:
-            with self._send_lock:
-                link.conn.send((call_id, op, args))
-        except (BrokenPipeError, OSError) as err:
-            link.pending.pop(call_id, None)
-            raise self._died(link, 0.0) from err
+        link.outbox.put((call_id, op, args))
         return await future
 
     def send_close(self) -> None:
         self._closed = True
+        link = self._link
+        unsent, link.outbox.queued = (link.outbox.queued, []) if link.outbox is not None else ([], [])
         with contextlib.suppress(BrokenPipeError, OSError):
-            with self._send_lock:
-                self._link.conn.send((next(self._ids), "close", ()))
+            with self._send_lock:  # after what is queued: the child answers those before it closes
+                link.conn.send([*unsent, (next(self._ids), "close", ())])
 
     def stop_reader(self) -> None:
         with contextlib.suppress(OSError):

@@ -49,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import inspect
+import itertools
 import logging
 import math
 import time
@@ -225,6 +226,7 @@ class TaskGenerator:
         self.max_turns = max_turns
         self.reward_timeout_s = reward_timeout_s
         self.skip_failed_rollouts = skip_failed_rollouts
+        self._sessions, self._session_ids = uuid.uuid4().hex, itertools.count()  # uuid4 a sample cost ~12 us
         raw = lambda ids: task.tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
         extra = single_token_stops(self.stop, task.encode, raw) if self.stop else []
         self.stop_token_ids = list(dict.fromkeys([*task.stop_token_ids, *extra]))
@@ -259,7 +261,7 @@ class TaskGenerator:
         except Exception as err:
             return self._rollout_failed(problem, traj, "setting up the environment", err)
         prompt = traj.prompt_ids = chat.prompt_ids
-        session = uuid.uuid4().hex  # every turn on one engine: its prefix cache holds the episode
+        session = f"{self._sessions}-{next(self._session_ids)}"  # every turn on one engine: its prefix cache
         limit = self.turn_limit(env)
         for index in range(limit):
             budget = self.max_tokens

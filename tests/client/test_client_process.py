@@ -158,3 +158,45 @@ def test_a_killed_engine_process_fails_its_calls_naming_it_and_restarts_paused(m
     assert proc.process.pid != pid and proc.process.poll() is not None
     assert status["pause"] == "paused" and status["pause_mode"] == "keep" and status["weight_version"] == 0
     assert again.output_token_ids == expected.output_token_ids  # the same model, loaded again
+
+
+class CountingConn:
+    """A pipe end that records the messages sent and received through it (each a list of calls or answers)."""
+
+    def __init__(self, conn) -> None:
+        self.conn, self.sent, self.received = conn, [], []
+
+    def send(self, message) -> None:
+        self.sent.append(message)
+        self.conn.send(message)
+
+    def recv(self):
+        message = self.conn.recv()
+        self.received.append(message)
+        return message
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def test_the_calls_of_one_loop_turn_travel_as_one_message_each_way(model_dir):
+    """A group's requests, issued together, cross the pipe as one message, and the answers of
+    requests that finish in the same engine step come back as one: the per-message pickling and
+    wake-ups were most of the rollout loop's own time. Each answer still reaches its own call."""
+    task = small_task()
+    with EngineProcess(EngineConfig(model=str(model_dir), num_kv_blocks=64), 1) as proc:
+        client = proc.client
+        conn = client._link.conn = CountingConn(client._link.conn)
+        prompts = [task.encode_prompt(f"{a}+{a}=") for a in range(8)]
+        params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+
+        async def main():
+            solo = [await client.generate(p, params) for p in prompts]
+            conn.sent.clear(), conn.received.clear()
+            together = await asyncio.gather(*(client.generate(p, params) for p in prompts))
+            return solo, together, list(conn.sent), list(conn.received)
+
+        solo, together, sent, received = asyncio.run(main())
+    assert [o.output_token_ids for o in together] == [o.output_token_ids for o in solo]
+    assert [len(m) for m in sent] == [8] and all(c[1] == "generate" for c in sent[0])
+    assert [len(m) for m in received] == [8]  # same length, same step: answered together
