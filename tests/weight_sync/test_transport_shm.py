@@ -5,6 +5,7 @@ sent tensor), transformers checks the engine generates with the new weights."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -62,6 +63,27 @@ async def send_update(transport, weights: dict[str, torch.Tensor], version: int)
     for chunk in transport.chunks(update):
         await transport.send_chunk(None, chunk)
     return await transport.finish(None, version)
+
+
+@contextlib.contextmanager
+def served_engine(model_dir, **transport_options):
+    """An engine on `model_dir` served by a ShmReceiver thread from a fresh ShmTransport (the
+    sender): yields (engine, transport, receiver)."""
+    engine = LLMEngine(EngineConfig(model=str(model_dir), block_size=4))
+    with ShmTransport(port=0, max_chunk_bytes=CHUNK, **{"timeout": 60, **transport_options}) as transport:
+        receiver = ShmReceiver("127.0.0.1", transport.port)
+        receiver.serve_in_thread(engine)
+        yield engine, transport, receiver
+
+
+def send_chunks(transport, update) -> int:
+    """begin, then every chunk of `update` (staged or tensors); returns how many chunks went."""
+    asyncio.run(transport.begin(None))
+    sent = 0
+    for chunk in transport.chunks(update):
+        asyncio.run(transport.send_chunk(None, chunk))
+        sent += 1
+    return sent
 
 
 async def failed_update(transport, weights: dict[str, torch.Tensor]) -> bool:
@@ -136,11 +158,8 @@ def test_shm_transport_updates_engines_in_two_processes(staged, model_dirs, hf_m
 @pytest.mark.parametrize("staged", [True, False], ids=["staged", "pipelined"])
 def test_shm_buffers_are_allocated_once_and_reused(staged, model_dirs):
     dir_a, _ = model_dirs
-    engine = LLMEngine(EngineConfig(model=str(dir_a), block_size=4))
     weights = {n: t.clone() for n, t in iter_safetensors(dir_a)}
-    with ShmTransport(port=0, max_chunk_bytes=CHUNK, timeout=60, staged=staged) as transport:
-        receiver = ShmReceiver("127.0.0.1", transport.port)
-        receiver.serve_in_thread(engine)
+    with served_engine(dir_a, staged=staged) as (engine, transport, receiver):
         assert asyncio.run(send_update(transport, weights, 1)) == 1
         pointers = [slot.buffer.data_ptr() for slot in transport.slots]
         for version in (2, 3):
@@ -158,18 +177,13 @@ def test_a_staged_update_is_packed_before_the_engines_are_told_anything(model_di
     """Staging packs every chunk without a message (the engines are not paused yet and hear
     nothing); the send then only posts the messages, and the update lands bit for bit."""
     dir_a, dir_b = model_dirs
-    engine = LLMEngine(EngineConfig(model=str(dir_a), block_size=4))
     weights = {n: t.clone() for n, t in iter_safetensors(dir_b)}
-    with ShmTransport(port=0, max_chunk_bytes=CHUNK, timeout=60) as transport:
-        receiver = ShmReceiver("127.0.0.1", transport.port)
-        receiver.serve_in_thread(engine)
+    with served_engine(dir_a) as (engine, transport, _):
         update = asyncio.run(transport.stage(sorted(weights.items())))
         assert transport.channel.seq == 0 and engine.weight_version == 0  # no message posted
         packs = transport._packs
         assert packs == len(transport.slots) > shm.MIN_SLOTS  # one slot per chunk, all packed
-        asyncio.run(transport.begin(None))
-        for chunk in transport.chunks(update):
-            asyncio.run(transport.send_chunk(None, chunk))
+        send_chunks(transport, update)
         assert transport._packs == packs  # sending packed nothing more
         assert asyncio.run(transport.finish(None, 1)) == 1
     assert_params_equal(engine, weights)
@@ -180,18 +194,11 @@ def test_staging_without_room_packs_the_rest_during_the_pause(model_dirs, monkey
     sent, through the two slots, and the update still lands bit for bit."""
     monkeypatch.setattr(shm, "_available_memory", lambda: shm.RESERVE_BYTES)  # no room beyond the reserve
     dir_a, dir_b = model_dirs
-    engine = LLMEngine(EngineConfig(model=str(dir_a), block_size=4))
     weights = {n: t.clone() for n, t in iter_safetensors(dir_b)}
-    with ShmTransport(port=0, max_chunk_bytes=CHUNK, timeout=60) as transport:
-        receiver = ShmReceiver("127.0.0.1", transport.port)
-        receiver.serve_in_thread(engine)
+    with served_engine(dir_a) as (engine, transport, _):
         update = asyncio.run(transport.stage(sorted(weights.items())))
         assert transport._packs == shm.MIN_SLOTS == len(transport.slots)
-        asyncio.run(transport.begin(None))
-        chunks = 0
-        for chunk in transport.chunks(update):
-            asyncio.run(transport.send_chunk(None, chunk))
-            chunks += 1
+        chunks = send_chunks(transport, update)
         assert chunks > shm.MIN_SLOTS and transport._packs == chunks
         assert asyncio.run(transport.finish(None, 1)) == 1
     assert_params_equal(engine, weights)
@@ -201,12 +208,9 @@ def test_a_staged_update_that_is_never_sent_does_not_leak_into_the_next(model_di
     """A sync that failed between staging and sending (e.g. the pause) leaves packed slots behind;
     the next update, staged or not, sends its own bytes."""
     dir_a, dir_b = model_dirs
-    engine = LLMEngine(EngineConfig(model=str(dir_a), block_size=4))
     weights_a = {n: t.clone() for n, t in iter_safetensors(dir_a)}
     weights_b = {n: t.clone() for n, t in iter_safetensors(dir_b)}
-    with ShmTransport(port=0, max_chunk_bytes=CHUNK, timeout=60) as transport:
-        receiver = ShmReceiver("127.0.0.1", transport.port)
-        receiver.serve_in_thread(engine)
+    with served_engine(dir_a) as (engine, transport, _):
         asyncio.run(transport.stage(sorted(weights_a.items())))  # never sent
         assert asyncio.run(send_update(transport, weights_b, 1)) == 1
     assert_params_equal(engine, weights_b)
@@ -263,11 +267,8 @@ def test_a_refused_chunk_is_reported_once_and_no_answer_is_awaited_twice(staged,
     """The chunk the engine refuses is collected once: the wait for answers that were already read
     (their keys deleted) ran to the transport's whole timeout before the error reached the caller."""
     dir_a, _ = model_dirs
-    engine = LLMEngine(EngineConfig(model=str(dir_a), block_size=4))
     weights = {n: t.clone() for n, t in iter_safetensors(dir_a)}
-    with ShmTransport(port=0, max_chunk_bytes=CHUNK, timeout=3, staged=staged) as transport:
-        receiver = ShmReceiver("127.0.0.1", transport.port)
-        receiver.serve_in_thread(engine)
+    with served_engine(dir_a, timeout=3, staged=staged) as (engine, transport, _):
         collected: list[int] = []
         collect = transport.channel.collect
         transport.channel.collect = lambda posted, timeout=None: collected.append(posted.seq) or collect(posted, timeout)
