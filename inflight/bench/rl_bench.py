@@ -15,6 +15,13 @@ steps alternate generation alone (the engine producing the step's groups while t
 `timing/wait_s`) and training alone (the train step and the weight sync, `timing/train_s` +
 `timing/sync_s`), so an overlap of the two can at best turn (generate + train) into
 max(generate, train) per step. The report gives the bound and async/sync as a fraction of it.
+The bound assumes the two cores compute independently; the run first measures whether they do
+(`core_sharing.core_independence`: a VM's two vCPUs can be SMT siblings of one physical core) and
+says so when they do not.
+
+Placement (`--placement`): by default the trainer's core runs only the policy's training thread, and
+the rollout loop (the episode coroutines, the engine pipe's replies) runs beside the engine, as a
+generator beside its engines does in SkyRL or verl; `process` puts the whole trainer process there.
 """
 
 from __future__ import annotations
@@ -46,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--eval-interval", type=int, default=25, help="steps between evaluations")
     parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
                         help="pin trainer and engine to separate cores (default on)")
+    parser.add_argument("--placement", default="training-thread", choices=PLACEMENTS,
+                        help="what the trainer's core runs when pinned: the policy's training thread alone "
+                             "(default; the rollout loop runs beside the engine) or the whole trainer process")
     parser.add_argument("--output-dir", default="runs/bench_rl")
     parser.add_argument("overrides", nargs="*",
                         help="config overrides for both modes (job.*, trainer.*, ...)")
@@ -102,37 +112,51 @@ def pin(pid: int, cores: set[int], skip: set[int] = frozenset()) -> set[int]:
     return pinned
 
 
-class CorePinning:
-    """While active, this process (the trainer) runs on the first allowed core and every child it
-    starts (the engine process) on the second; a watcher pins a child's new threads every 0.2 s,
-    since threads the child started before its first pinning keep the core they were born on
-    (later ones inherit the pinned core). The watcher runs on the trainer's core, so a pass is
-    cheap: the known children's threads not pinned yet, new children looked for every 2 s.
-    Does nothing when disabled or when fewer than two cores are allowed."""
+PLACEMENTS = ("training-thread", "process")
+"""`--placement`: what runs on the trainer's core. `training-thread`: only the policy's training
+thread, the trainer process's other threads (the rollout loop, the engine pipe's reply thread)
+beside the engine; `process`: the whole trainer process."""
 
-    def __init__(self, enabled: bool = True, interval_s: float = 0.2) -> None:
+
+class CorePinning:
+    """While active, the training side runs on the first allowed core and the generation side on
+    the second: the engine process (every child this process starts) and, with placement
+    `training-thread`, every thread of this process but the policy's training thread
+    (`inflight.train.policy.TRAIN_THREAD_NAME`), which gets the first core alone. A watcher pins
+    new threads every 0.2 s, since threads a child started before its first pinning keep the core
+    they were born on, and the training thread is born on the core of the thread that starts it.
+    A pass is cheap: the threads not pinned yet, new children looked for every 2 s. Does nothing
+    when disabled or when fewer than two cores are allowed."""
+
+    def __init__(self, enabled: bool = True, interval_s: float = 0.2, placement: str = "training-thread") -> None:
+        if placement not in PLACEMENTS:
+            raise ValueError(f"placement {placement!r} must be one of {list(PLACEMENTS)}")
         self.saved = sorted(os.sched_getaffinity(0))
         self.enabled = enabled and len(self.saved) >= 2
         self.trainer_cores, self.engine_cores = {self.saved[0]}, {self.saved[-1]}
+        self.placement = placement
         self.interval_s = interval_s
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
 
     def describe(self) -> dict[str, Any]:
-        """Which cores each side runs on (None: not pinned)."""
+        """Which cores each side runs on (None: not pinned) and what the trainer's core runs."""
         if not self.enabled:
-            return {"trainer": None, "engine": None}
-        return {"trainer": sorted(self.trainer_cores), "engine": sorted(self.engine_cores)}
+            return {"trainer": None, "engine": None, "placement": None}
+        return {"trainer": sorted(self.trainer_cores), "engine": sorted(self.engine_cores),
+                "placement": self.placement}
 
     def __enter__(self) -> CorePinning:
         if self.enabled:
-            pin(os.getpid(), self.trainer_cores)
+            own = self.engine_cores if self.placement == "training-thread" else self.trainer_cores
+            pin(os.getpid(), own)
             self._watcher = threading.Thread(target=self._watch, daemon=True, name="core-pinning")
             self._watcher.start()
         return self
 
     def _watch(self, look_every: int = 10) -> None:
         pinned: dict[int, set[int]] = {}  # child pid -> its threads pinned so far
+        training: set[int] = set()  # training threads given the trainer's core
         passes = 0
         while not self._stop.wait(self.interval_s):
             if not pinned or passes % look_every == 0:  # new children are rare: looked for less often
@@ -140,12 +164,24 @@ class CorePinning:
             passes += 1
             for child, done in pinned.items():
                 done |= pin(child, self.engine_cores, skip=done)
+            if self.placement == "training-thread":
+                for tid in training_threads() - training:
+                    os.sched_setaffinity(tid, self.trainer_cores)
+                    training.add(tid)
 
     def __exit__(self, *exc: object) -> None:
         if self._watcher is not None:
             self._stop.set()
             self._watcher.join()
             pin(os.getpid(), set(self.saved))
+
+
+def training_threads() -> set[int]:
+    """Native ids of this process's live policy training threads."""
+    from inflight.train.policy import TRAIN_THREAD_NAME
+
+    return {t.native_id for t in threading.enumerate()
+            if t.name.startswith(TRAIN_THREAD_NAME) and t.native_id is not None and t.is_alive()}
 
 
 def _busy_s() -> float:
@@ -242,7 +278,7 @@ def prepare_model(cfg, job, task, say) -> str:
 
 
 def run_mode(common: list[str], model: str, enabled: bool, run_dir: Path, target: float,
-             pinning: bool) -> dict[str, Any]:
+             pinning: bool, placement: str = "training-thread") -> dict[str, Any]:
     """One RL run (fully async when `enabled`) from `model`; its row of the result."""
     from inflight.tasks.lengths import percentiles
     from inflight.train.main import resolve_config, run_job
@@ -254,7 +290,8 @@ def run_mode(common: list[str], model: str, enabled: bool, run_dir: Path, target
     task = make_bench_task(cfg, job)
     lengths = record_response_lengths(task)
     load = os.getloadavg()[0]
-    with CorePinning(pinning) as cores, CpuMeter() as meter:
+    independence = measure_core_independence(CorePinning(pinning, placement=placement))
+    with CorePinning(pinning, placement=placement) as cores, CpuMeter() as meter:
         summary = asyncio.run(run_job(cfg, job, task, lambda _t: None))
     everything = read_metrics(run_dir / "metrics.jsonl")
     records = [r for r in everything if "reward" in r]  # the steps (evaluations may be records of their own)
@@ -263,7 +300,7 @@ def run_mode(common: list[str], model: str, enabled: bool, run_dir: Path, target
             "samples_per_s": summary["samples_per_s"], "before": summary["before"], "after": summary["after"],
             "time_to_target_s": _time_to(everything, target),
             "response_length_tokens": percentiles(lengths),
-            "load_before": load, "cores": cores.describe(), **meter.result}
+            "load_before": load, "cores": cores.describe(), "core_independence": independence, **meter.result}
 
 
 def phase_seconds(records: list[dict[str, Any]]) -> dict[str, float]:
@@ -293,11 +330,38 @@ def _say_row(say, mode: str, rnd: int, row: dict[str, Any], target: float) -> No
         f"{f'{reached:.0f} s' if reached is not None else 'not reached'}, response tokens p50/p90/p99/max "
         f"{_quartet(row['response_length_tokens'])}; train step {row['step_wall_s'] * 1e3:.0f} ms wall, "
         f"{row['step_cpu_s'] * 1e3:.0f} ms CPU; trainer process CPU (setup included) {row['trainer_cpu_per_step_s'] * 1e3:.0f} ms "
-        f"a step (load {row['load_before']:.1f}, other processes {row['other_cpu_share']:.0%} of the CPUs)")
+        f"a step (load {row['load_before']:.1f}, other processes {row['other_cpu_share']:.0%} of the CPUs"
+        + (f", core independence {row['core_independence']:.0%}" if row["core_independence"] is not None else "") + ")")
 
 
 def _quartet(stats: dict[str, float]) -> str:
     return "/".join(f"{stats[k]:.0f}" for k in ("p50", "p90", "p99", "max"))
+
+
+SHARED_CORE_BELOW = 0.8
+"""A core independence below this: the two cores behave as SMT siblings of one physical core."""
+
+
+def measure_core_independence(pinning: CorePinning) -> float | None:
+    """`core_sharing.core_independence` of the trainer's and the engine's cores (None unpinned).
+    Measured before every run: a VM's vCPUs can move between separate cores and SMT siblings of
+    one core while the bench runs (seen here: 56% and 99% on one machine a quarter of an hour apart)."""
+    if not pinning.enabled:
+        return None
+    from inflight.bench.core_sharing import core_independence
+
+    return core_independence(min(pinning.trainer_cores), min(pinning.engine_cores))
+
+
+def _say_independence(say, rows: list[dict[str, Any]]) -> None:
+    values = [r["core_independence"] for r in rows if r["core_independence"] is not None]
+    if not values:
+        return
+    shared = min(values) < SHARED_CORE_BELOW
+    say("core independence before each run (a matmul on the trainer's core beside one on the engine's, "
+        f"over its speed alone): {', '.join(f'{v:.0%}' for v in values)}" + (
+            "; below 80% the two cores shared one physical core (SMT siblings): generation and training "
+            "overlapped slow each other there, which the overlap bound does not count" if shared else ""))
 
 
 def summarize(results: dict[str, list[dict[str, Any]]]) -> tuple[dict[str, dict[str, float]], float]:
@@ -336,11 +400,13 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, list[dict[str, Any]]] = {"fully_async": [], "sync": []}
     for rnd in range(args.repeats):
         for mode, enabled in (("fully_async", True), ("sync", False)):
-            row = run_mode(common, model, enabled, out / f"{mode}-{rnd}", target, args.pin)
+            row = run_mode(common, model, enabled, out / f"{mode}-{rnd}", target, args.pin, args.placement)
             results[mode].append(row)
             _say_row(say, mode, rnd, row, target)
     mean, ratio = summarize(results)
     bound = overlap_bound(results["sync"])
+    in_run_order = [r for pair in zip(results["fully_async"], results["sync"], strict=True) for r in pair]
+    _say_independence(say, in_run_order)
     say(f"fully-async / sync throughput: {ratio:.2f}x (samples/s "
         f"{mean['fully_async']['samples_per_s']:.0f} vs {mean['sync']['samples_per_s']:.0f}); accuracy after {args.seconds:.0f} s: "
         f"{mean['fully_async']['after']:.1%} vs {mean['sync']['after']:.1%}")
@@ -350,6 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_rl.json").write_text(json.dumps({
         "args": vars(args), "task": task.name, "target": target, "answer_length_tokens": lengths,
+        "core_independence": [r["core_independence"] for r in in_run_order],
         "results": results, "mean": mean, "throughput_ratio": ratio, "overlap_bound": bound,
         "fraction_of_bound": ratio / bound}, indent=2))
     return 0

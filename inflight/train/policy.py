@@ -9,7 +9,9 @@ The trainers talk to the policy only through `train`, `sync_weights`, `save`, `e
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +79,10 @@ async def engines_version(client: InferenceClient) -> int:
     return int(await client.weight_version())
 
 
+TRAIN_THREAD_NAME = "policy-train"
+"""Name prefix of the thread every `LocalPolicy.train` step runs on."""
+
+
 class LocalPolicy:
     """One policy rank in this process: its worker (+ reference for the KL penalty), the training
     step, and the weight sync to the engines behind `client` through `transport`.
@@ -100,6 +106,9 @@ class LocalPolicy:
         self.timings: dict[str, float] = {}
         self.history: list[dict[str, float]] = []
         self.failed_syncs = 0
+        # one named thread for every training step: the step's thread-local state stays put, and a
+        # placement (bench rl's) can find it and give it a core of its own
+        self._train_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=TRAIN_THREAD_NAME)
 
     @classmethod
     def load(cls, cfg: Config, job: JobConfig, pad_id: int, model_dir: str | Path, client: InferenceClient | None,
@@ -129,8 +138,11 @@ class LocalPolicy:
         return self.plan.kv_fate
 
     async def train(self, groups: list[TrajectoryGroup], policy_version: int) -> dict[str, Any]:
-        """One training step (in a worker thread, so the caller's event loop keeps running)."""
-        return await asyncio.to_thread(self.step_fn, groups, policy_version)
+        """One training step, on the policy's training thread (`TRAIN_THREAD_NAME`), so the caller's
+        event loop keeps running."""
+        loop = asyncio.get_running_loop()
+        run = contextvars.copy_context().run  # as asyncio.to_thread does
+        return await loop.run_in_executor(self._train_thread, run, self.step_fn, groups, policy_version)
 
     async def sync_weights(self) -> SyncReport:
         """Push the current weights to the engines as the next weight version, following the plan.

@@ -6,7 +6,9 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -20,9 +22,11 @@ from inflight.bench.rl_bench import (
     phase_seconds,
     record_response_lengths,
     summarize,
+    training_threads,
 )
 from inflight.tasks import CountUpTask, build_base_model
 from inflight.tasks.count_up import make_problem
+from inflight.train.policy import TRAIN_THREAD_NAME
 
 TWO_CORES = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two allowed cores")
 
@@ -37,9 +41,9 @@ def _wait_for(condition, timeout_s: float = 5.0) -> bool:
 
 
 @TWO_CORES
-def test_core_pinning_separates_this_process_and_its_children():
+def test_core_pinning_process_puts_this_process_and_its_children_apart():
     before = os.sched_getaffinity(0)
-    with CorePinning(True, interval_s=0.05) as pinning:
+    with CorePinning(True, interval_s=0.05, placement="process") as pinning:
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
         try:
             assert child.pid in children_of(os.getpid())
@@ -49,6 +53,7 @@ def test_core_pinning_separates_this_process_and_its_children():
             assert pinning.describe() == {
                 "trainer": sorted(pinning.trainer_cores),
                 "engine": sorted(pinning.engine_cores),
+                "placement": "process",
             }
         finally:
             child.kill()
@@ -56,11 +61,41 @@ def test_core_pinning_separates_this_process_and_its_children():
     assert os.sched_getaffinity(0) == before
 
 
+@TWO_CORES
+def test_core_pinning_training_thread_gives_the_policys_training_thread_its_own_core():
+    """The LocalPolicy's training steps run on its named thread; the placement moves that thread
+    (born on the engine's core, like every thread of this process) to the trainer's core."""
+    before = os.sched_getaffinity(0)
+    with CorePinning(True, interval_s=0.05) as pinning:
+        assert pinning.describe()["placement"] == "training-thread"
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=TRAIN_THREAD_NAME)
+        try:
+            assert os.sched_getaffinity(0) == pinning.engine_cores  # the rollout loop's thread
+            assert pool.submit(threading.get_native_id).result() in training_threads()
+            assert _wait_for(lambda: pool.submit(os.sched_getaffinity, 0).result() == pinning.trainer_cores)
+            assert _wait_for(lambda: os.sched_getaffinity(child.pid) == pinning.engine_cores)
+            other = ThreadPoolExecutor(max_workers=1, thread_name_prefix="something-else")
+            time.sleep(0.2)
+            assert other.submit(os.sched_getaffinity, 0).result() == pinning.engine_cores
+            other.shutdown()
+        finally:
+            pool.shutdown()
+            child.kill()
+            child.wait()
+    assert os.sched_getaffinity(0) == before
+
+
+def test_core_pinning_refuses_an_unknown_placement():
+    with pytest.raises(ValueError, match="placement 'gpu' must be one of"):
+        CorePinning(True, placement="gpu")
+
+
 def test_core_pinning_disabled_touches_nothing():
     before = os.sched_getaffinity(0)
     with CorePinning(False) as pinning:
         assert os.sched_getaffinity(0) == before
-    assert pinning.describe() == {"trainer": None, "engine": None}
+    assert pinning.describe() == {"trainer": None, "engine": None, "placement": None}
 
 
 def test_cpu_meter_counts_own_and_other_cpu():
@@ -149,7 +184,12 @@ def test_bench_rl_smoke_on_count_up(tmp_path):
         assert 1 <= generated["p50"] <= generated["max"] <= task.max_new_tokens
         pinned = len(os.sched_getaffinity(0)) >= 2
         assert (row["cores"]["engine"] is not None) == pinned
+        assert row["cores"]["placement"] == ("training-thread" if pinned else None)
     assert result["throughput_ratio"] > 0
+    pinned = len(os.sched_getaffinity(0)) >= 2
+    # the bound's assumption, measured before each run
+    assert len(result["core_independence"]) == 2
+    assert all((value is not None) == pinned for value in result["core_independence"])
     (sync,) = result["results"]["sync"]
     assert sync["generate_s"] > 0 and sync["train_s"] > 0  # the phases of the bound, from this run
     # the train step's CPU time is its thread's, within its wall time and the trainer process's CPU

@@ -8,6 +8,7 @@ import ast
 import asyncio
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from inflight.client import LocalClient
 from inflight.config import load_config
 from inflight.train.job_config import JobConfig
 from inflight.train.main import main
-from inflight.train.policy import LocalPolicy
+from inflight.train.policy import TRAIN_THREAD_NAME, LocalPolicy
 from inflight.train.runtime import LocalRuntime, start_local
 
 
@@ -87,3 +88,29 @@ def test_start_local_stops_the_engines_when_the_policy_fails(tiny_model_factory,
     with pytest.raises(RuntimeError, match="no policy today"):
         asyncio.run(start_local(_cfg(model_dir), JobConfig(worker="local"), pad_id=0, model_dir=model_dir))
     assert len(closed) == 1 and closed[0].local_engines == [] and closed[0].transport is None
+
+
+def test_every_training_step_runs_on_the_policys_one_named_thread(tiny_model_factory):
+    """`LocalPolicy.train` keeps the event loop free and always uses the same thread, named
+    `TRAIN_THREAD_NAME` (bench rl gives it a core of its own)."""
+    model_dir = tiny_model_factory()
+
+    async def run():
+        runtime = await start_local(_cfg(model_dir), JobConfig(worker="local"), pad_id=0, model_dir=model_dir)
+        try:
+            seen = []
+
+            def step(groups, version):
+                seen.append((threading.current_thread().name, threading.get_native_id(), version))
+                return {}
+
+            runtime.policy.step_fn = step
+            await runtime.policy.train([], 0)
+            await runtime.policy.train([], 1)
+            return seen, threading.get_native_id()
+        finally:
+            await runtime.close()
+
+    seen, loop_thread = asyncio.run(run())
+    (name, tid, _), (name2, tid2, version2) = seen
+    assert name.startswith(TRAIN_THREAD_NAME) and name2 == name and tid2 == tid != loop_thread and version2 == 1
