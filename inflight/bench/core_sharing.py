@@ -18,7 +18,7 @@ import time
 import torch
 
 _BUSY_LOOP = """
-import os, sys, torch
+import os, torch
 os.sched_setaffinity(0, {{{core}}})
 torch.set_num_threads(1)
 a = torch.randn({n}, {n})

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -166,7 +167,8 @@ class CorePinning:
                 done |= pin(child, self.engine_cores, skip=done)
             if self.placement == "training-thread":
                 for tid in training_threads() - training:
-                    os.sched_setaffinity(tid, self.trainer_cores)
+                    with contextlib.suppress(OSError):  # the thread ended meanwhile
+                        os.sched_setaffinity(tid, self.trainer_cores)
                     training.add(tid)
 
     def __exit__(self, *exc: object) -> None:
@@ -290,8 +292,9 @@ def run_mode(common: list[str], model: str, enabled: bool, run_dir: Path, target
     task = make_bench_task(cfg, job)
     lengths = record_response_lengths(task)
     load = os.getloadavg()[0]
-    independence = measure_core_independence(CorePinning(pinning, placement=placement))
-    with CorePinning(pinning, placement=placement) as cores, CpuMeter() as meter:
+    cores = CorePinning(pinning, placement=placement)
+    independence = measure_core_independence(cores)
+    with cores, CpuMeter() as meter:
         summary = asyncio.run(run_job(cfg, job, task, lambda _t: None))
     everything = read_metrics(run_dir / "metrics.jsonl")
     records = [r for r in everything if "reward" in r]  # the steps (evaluations may be records of their own)
