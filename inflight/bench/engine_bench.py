@@ -44,6 +44,7 @@ from inflight.bench.common import (
 from inflight.bench.engine_report import (
     DEFAULT_MAX_OTHER_CPU,
     agreement,
+    format_profile,
     format_report,
     quiet_times,
     rates,
@@ -445,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     print(format_report(result))
     if "profile" in result["engine"]:
-        print("\nengine profile (one run, torch.profiler, by self CPU time):\n" + result["engine"]["profile"])
+        print(format_profile(result["engine"]["profile"]))
     _write(args.out, result)
     return 0
 

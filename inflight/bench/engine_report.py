@@ -197,3 +197,12 @@ def format_report(result: dict[str, Any]) -> str:
     if "vllm" in result:
         lines += _vllm_lines(result)
     return "\n".join(lines)
+
+
+def format_profile(profile: dict[str, Any]) -> str:
+    """The engine's profiled pass: where its wall time went by kind, then torch.profiler's op table
+    (the native kernels as `inflight::<name>`)."""
+    wall = profile["wall_s"]
+    split = ", ".join(f"{kind} {s:.2f} s ({s / wall:.0%})" for kind, s in profile["split_s"].items())
+    return (f"\nengine profile (one pass under torch.profiler, {wall:.2f} s with its overhead): {split}\n"
+            f"ops by self CPU time:\n{profile['table']}")

@@ -4,7 +4,10 @@ through `Worker`; the loaded side lives in this module's globals in the worker p
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -104,13 +107,16 @@ class EngineSide:
             times.append(time.perf_counter() - start)
         return per_step_s(times[0], times[1], steps)
 
-    def profile(self) -> str:
-        """One pass under torch.profiler: the op table by self CPU time."""
+    def profile(self) -> dict[str, Any]:
+        """One pass under torch.profiler, the native kernels labelled (`labelled_native_kernels`):
+        the op table by self CPU time, the pass's wall time and its split (`profile_split`)."""
         from torch.profiler import ProfilerActivity, profile
 
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            self.run()
-        return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
+        with labelled_native_kernels(self.engine.runner.native_lib), profile(activities=[ProfilerActivity.CPU]) as prof:
+            wall_s, _ = self.run()
+        events = prof.key_averages()
+        return {"table": events.table(sort_by="self_cpu_time_total", row_limit=25), "wall_s": wall_s,
+                "split_s": profile_split({e.key: e.self_cpu_time_total / 1e6 for e in events}, wall_s)}
 
     def finish(self) -> dict[str, Any]:
         stats = self.engine.stats
@@ -118,6 +124,48 @@ class EngineSide:
             "prefix_cache_hit_tokens": stats.prefix_cache_hit_tokens - self.hits_before,
             "preemptions": stats.preemptions,
         }
+
+
+NATIVE_KERNELS = ("paged_attention_rows", "fused_rms_norm", "fused_rotary", "fused_silu_mul")
+"""The engine's native kernels a profile labels: attention, then the elementwise ones."""
+
+
+@contextlib.contextmanager
+def labelled_native_kernels(lib: ctypes.CDLL | None) -> Iterator[None]:
+    """While active, each call of a native kernel in `lib` shows in torch.profiler as
+    `inflight::<name>`: a ctypes call is no torch op, so its time would otherwise count as no op's
+    (in a table of ops it looked as if the matmuls took the whole step). Nothing without `lib`."""
+    from torch.profiler import record_function
+
+    saved = {} if lib is None else {name: getattr(lib, name) for name in NATIVE_KERNELS}
+
+    def labelled(name: str, kernel: Callable[..., int]) -> Callable[..., int]:
+        def call(*args: Any) -> int:
+            with record_function(f"inflight::{name}"):
+                return kernel(*args)
+        return call
+
+    try:
+        for name, kernel in saved.items():
+            setattr(lib, name, labelled(name, kernel))
+        yield
+    finally:
+        for name, kernel in saved.items():
+            setattr(lib, name, kernel)
+
+
+def profile_split(self_s: dict[str, float], wall_s: float) -> dict[str, float]:
+    """Seconds of a profiled pass by kind, from each op's self CPU seconds: the matmuls (oneDNN's
+    packed linears and aten's matmuls), native attention, native elementwise kernels, every other
+    op, and the host's Python and waits outside any op (the wall time left over; with several
+    threads an op's CPU time can exceed its wall share, so this is a floor of 0)."""
+    matmul = ("mkldnn::_linear_pointwise", "aten::mm", "aten::addmm", "aten::bmm", "aten::linear")
+    split = {"matmul": sum(self_s.get(k, 0.0) for k in matmul),
+             "attention (native)": self_s.get("inflight::paged_attention_rows", 0.0),
+             "elementwise (native)": sum(self_s.get(f"inflight::{k}", 0.0) for k in NATIVE_KERNELS[1:])}
+    split["other ops"] = sum(self_s.values()) - sum(split.values())
+    split["outside ops"] = max(0.0, wall_s - sum(self_s.values()))
+    return split
 
 
 class TransformersSide:

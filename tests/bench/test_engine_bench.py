@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from inflight.bench.engine_bench import main
 
 
@@ -27,6 +29,40 @@ def test_engine_bench_small(tmp_path, capsys):
     assert 0.0 <= result["greedy_agreement"] <= 1.0
 
 
+def test_profile_counts_the_native_kernels_and_splits_the_pass(tmp_path, capsys):
+    """ctypes calls are no torch ops: unlabelled, the native kernels' time fell outside every op and
+    the table showed the matmuls as if they were the whole pass."""
+    from inflight.engine import kernels
+
+    out = tmp_path / "bench.json"
+    argv = "--small --requests 4 --min-len 4 --max-len 10 --repeats 1 --max-rounds 1 --threads 1 --against none".split()
+    assert main([*argv, "--profile", "--out", str(out), "--allow-noisy"]) == 0
+    printed = capsys.readouterr().out
+    profile = json.loads(out.read_text())["engine"]["profile"]
+    split = profile["split_s"]
+    assert set(split) == {"matmul", "attention (native)", "elementwise (native)", "other ops", "outside ops"}
+    assert split["matmul"] > 0 and all(s >= 0 for s in split.values())
+    if kernels.load() is not None:  # native kernels on this machine: each has its own row
+        assert split["attention (native)"] > 0 and split["elementwise (native)"] > 0
+        assert "inflight::paged_attention_rows" in profile["table"] and "inflight::fused_rms_norm" in profile["table"]
+    assert "engine profile (one pass under torch.profiler" in printed and "attention (native)" in printed
+
+
+def test_labelled_kernels_are_the_library_s_own_again_afterwards():
+    from inflight.bench.engine_sides import NATIVE_KERNELS, labelled_native_kernels
+    from inflight.engine import kernels
+
+    lib = kernels.load()
+    if lib is None:
+        pytest.skip("native kernels unavailable here (INFLIGHT_NATIVE_KERNELS=0 or no compiler)")
+    before = {name: getattr(lib, name) for name in NATIVE_KERNELS}
+    with labelled_native_kernels(lib):
+        assert all(getattr(lib, name) is not before[name] for name in NATIVE_KERNELS)
+    assert all(getattr(lib, name) is before[name] for name in NATIVE_KERNELS)
+    with labelled_native_kernels(None):  # no library (kernels off): nothing to label
+        pass
+
+
 def test_worker_env_is_set_from_the_start_and_not_left_behind():
     import os
 
@@ -39,8 +75,6 @@ def test_worker_env_is_set_from_the_start_and_not_left_behind():
 
 
 def test_allocator_choice_preloads_tcmalloc_into_the_side_processes(monkeypatch):
-    import pytest
-
     from inflight.bench import engine_bench
     from inflight.bench.common import TCMALLOC_NAMES, Worker, find_library
 
