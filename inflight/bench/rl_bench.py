@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import statistics
 import threading
@@ -302,7 +303,7 @@ def run_mode(common: list[str], model: str, enabled: bool, run_dir: Path, target
             "trainer_cpu_per_step_s": meter.result["trainer_cpu_s"] / max(summary["steps"], 1),
             "samples_per_s": summary["samples_per_s"], "before": summary["before"], "after": summary["after"],
             "time_to_target_s": _time_to(everything, target),
-            "response_length_tokens": percentiles(lengths),
+            "response_length_tokens": percentiles(lengths), "eval_problems": len(task.eval_problems()),
             "load_before": load, "cores": cores.describe(), "core_independence": independence, **meter.result}
 
 
@@ -375,6 +376,30 @@ def summarize(results: dict[str, list[dict[str, Any]]]) -> tuple[dict[str, dict[
     return mean, mean["fully_async"]["samples_per_s"] / max(mean["sync"]["samples_per_s"], 1e-9)
 
 
+def accuracy_gap(results: dict[str, list[dict[str, Any]]]) -> dict[str, float]:
+    """Fully async's held-out accuracy after the run minus the synchronous run's, with the standard
+    error of that difference (each mode's accuracy a binomial mean over its rounds' greedy answers):
+    on 200 problems one round's accuracy moves by about 3.5 points by chance alone, so a gap of a
+    point or two says nothing either way."""
+    means, variances = {}, {}
+    for mode, rows in results.items():
+        n = sum(r["eval_problems"] for r in rows)
+        p = sum(r["after"] * r["eval_problems"] for r in rows) / max(n, 1)
+        means[mode], variances[mode] = p, p * (1 - p) / max(n, 1)
+    return {"difference": means["fully_async"] - means["sync"],
+            "standard_error": math.sqrt(variances["fully_async"] + variances["sync"])}
+
+
+def _say_accuracy(say, gap: dict[str, float]) -> None:
+    diff, se = gap["difference"], gap["standard_error"]
+    verdict = ("at least the synchronous run's" if diff >= 0 else
+               "below the synchronous run's by more than twice the standard error" if diff < -2 * se else
+               "below the synchronous run's by less than twice the standard error: not told apart from it "
+               "at this many held-out answers (more: job.num_eval, --repeats)")
+    say(f"accuracy after the run, fully async minus sync: {diff * 100:+.1f} points, standard error "
+        f"{se * 100:.1f} points: {verdict}")
+
+
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
@@ -410,16 +435,18 @@ def main(argv: list[str] | None = None) -> int:
     bound = overlap_bound(results["sync"])
     in_run_order = [r for pair in zip(results["fully_async"], results["sync"], strict=True) for r in pair]
     _say_independence(say, in_run_order)
+    gap = accuracy_gap(results)
     say(f"fully-async / sync throughput: {ratio:.2f}x (samples/s "
         f"{mean['fully_async']['samples_per_s']:.0f} vs {mean['sync']['samples_per_s']:.0f}); accuracy after {args.seconds:.0f} s: "
         f"{mean['fully_async']['after']:.1%} vs {mean['sync']['after']:.1%}")
     say(f"overlap bound measured in this run (synchronous steps: generate {mean['sync']['generate_s'] * 1e3:.0f} ms, "
         f"train + sync {mean['sync']['train_s'] * 1e3:.0f} ms): {bound:.2f}x; fully async reached "
         f"{ratio / bound:.0%} of it")
+    _say_accuracy(say, gap)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_rl.json").write_text(json.dumps({
         "args": vars(args), "task": task.name, "target": target, "answer_length_tokens": lengths,
         "core_independence": [r["core_independence"] for r in in_run_order],
         "results": results, "mean": mean, "throughput_ratio": ratio, "overlap_bound": bound,
-        "fraction_of_bound": ratio / bound}, indent=2))
+        "fraction_of_bound": ratio / bound, "accuracy_gap": gap}, indent=2))
     return 0

@@ -15,7 +15,9 @@ import pytest
 from inflight.bench.rl_bench import (
     CorePinning,
     CpuMeter,
+    _say_accuracy,
     _time_to,
+    accuracy_gap,
     children_of,
     main,
     overlap_bound,
@@ -117,6 +119,22 @@ def test_time_to_target_and_summary():
     assert mean["fully_async"]["samples_per_s"] == 400.0 and ratio == pytest.approx(4 / 3)
 
 
+def test_accuracy_gap_is_the_difference_of_binomial_means_with_its_standard_error():
+    rows = {"fully_async": [{"after": 0.5, "eval_problems": 200}, {"after": 0.4, "eval_problems": 200}],
+            "sync": [{"after": 0.47, "eval_problems": 200}]}
+    gap = accuracy_gap(rows)
+    # 0.45 over 400 answers against 0.47 over 200
+    assert gap["difference"] == pytest.approx(-0.02)
+    assert gap["standard_error"] == pytest.approx((0.45 * 0.55 / 400 + 0.47 * 0.53 / 200) ** 0.5)
+    said = []
+    _say_accuracy(said.append, gap)  # 2 points below with a standard error of 4.3: not told apart
+    assert "-2.0 points" in said[0] and "not told apart" in said[0]
+    _say_accuracy(said.append, {"difference": -0.1, "standard_error": 0.02})
+    assert "more than twice the standard error" in said[1]
+    _say_accuracy(said.append, {"difference": 0.0, "standard_error": 0.02})
+    assert "at least the synchronous run's" in said[2]
+
+
 def test_the_overlap_bound_comes_from_the_synchronous_phases():
     records = [{"timing/wait_s": 0.3, "timing/train_s": 0.15, "timing/sync_s": 0.05, "train_s": 0.14,
                 "train_cpu_s": 0.1},
@@ -197,3 +215,5 @@ def test_bench_rl_smoke_on_count_up(tmp_path):
     assert sync["trainer_cpu_per_step_s"] >= sync["step_cpu_s"]
     assert 1.0 <= result["overlap_bound"] <= 2.0
     assert result["fraction_of_bound"] == pytest.approx(result["throughput_ratio"] / result["overlap_bound"])
+    assert sync["eval_problems"] == 8  # job.num_eval: the accuracy gap's sample size
+    assert result["accuracy_gap"]["standard_error"] > 0 or sync["after"] in (0.0, 1.0)
