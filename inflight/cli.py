@@ -65,7 +65,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-BENCHMARKS = "engine | weight-sync | serve | rl | train-step"
+BENCHMARKS = "engine | weight-sync | serve | rl | peers | train-step"
 
 
 def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
@@ -85,6 +85,8 @@ def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
         from inflight.bench.serve_bench import main as bench_main
     elif args.what == "rl":
         from inflight.bench.rl_bench import main as bench_main
+    elif args.what == "peers":
+        from inflight.bench.peers_bench import main as bench_main  # TRL's GRPOTrainer against ours
     elif args.what == "train-step":
         from inflight.bench.train_step_bench import main as bench_main
     else:

@@ -14,6 +14,26 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # torch first, pinned, so nothing below can pull a multi-GB CUDA build.
   # shellcheck disable=SC2086
   .venv/bin/python -m pip install -q $TORCH_SPEC
-  .venv/bin/python -m pip install -q -e ".[test,megatron,ray,trackers,lora]" $TORCH_SPEC
+  .venv/bin/python -m pip install -q -e ".[test,megatron,ray,trackers,lora,docs,environments]" $TORCH_SPEC
   echo "$want" > "$stamp"
+fi
+# Test oracles (tests/algorithms compares inflight.algorithms with SkyRL's and verl's own functions):
+# SkyRL and verl without their dependencies, plus only the modules their algorithm files import, into
+# .venv/oracles (a --target folder the tests put on sys.path; nothing else sees them, so they stay test
+# oracles, never dependencies of inflight). verl's wheel also ships its own test suite as top-level
+# `tests` and `scripts` packages, which would shadow ours: removed.
+ORACLES="skyrl==0.3.0 skyrl-gym==0.4.0 verl==0.9.1 jaxtyping==0.3.11 wadler-lindig==0.1.8 loguru==0.7.3
+omegaconf==2.4.0 tensordict==0.10.0 pyvers==0.1.0 orjson==3.13.0 codetiming==1.4.0 torchdata==0.11.0"
+oracle_dir=".venv/oracles"
+oracle_stamp="$oracle_dir/.inflight-installed"
+oracle_want="$(echo $ORACLES)"
+if [ "$(cat "$oracle_stamp" 2>/dev/null)" != "$oracle_want" ]; then
+  rm -rf "$oracle_dir"
+  # shellcheck disable=SC2086
+  if ! .venv/bin/python -m pip install -q --no-deps --target "$oracle_dir" $ORACLES; then
+    echo "bootstrap: installing the test oracles ($oracle_want) into $oracle_dir failed" >&2
+    exit 1
+  fi
+  rm -rf "$oracle_dir/tests" "$oracle_dir/scripts"
+  echo "$oracle_want" > "$oracle_stamp"
 fi

@@ -55,7 +55,9 @@ def rl_config(model_dir: Path, out: Path, overrides: list[str] = ()) -> tuple[Co
                 "max_steps": 4},
     }
     job, rest, other = split_job_config(data, list(overrides))
-    return config_from_dict(rest, other), job
+    from inflight.testing.configs import with_local_cpu
+
+    return config_from_dict(with_local_cpu(rest), other), job
 
 
 def mask_runs(traj) -> list[tuple[int, list[int]]]:

@@ -264,14 +264,15 @@ def make_bench_task(cfg, job):
                              seed=cfg.trainer.seed)
 
 
-def prepare_model(cfg, job, task, say) -> str:
-    """Build the tiny base model with the task's tokenizer and warm it up; returns its directory."""
+def prepare_model(cfg, job, task, say, shape: dict[str, Any] | None = None) -> str:
+    """Build the tiny base model (`shape`: overrides of its Qwen2 config) with the task's tokenizer
+    and warm it up; returns its directory."""
     from inflight.tasks import build_base_model, warm_up
 
     path = Path(job.base_model_dir or Path(job.output_dir) / "base_model")
-    say(f"building the tiny base model for {task.name} in {path} and warming it up "
-        f"(supervised, <= {job.warmup_max_seconds} s)")
-    build_base_model(path, seed=cfg.trainer.seed, tokenizer=task.tokenizer)
+    say(f"building the {'base model ' + str(shape) if shape else 'tiny base model'} for {task.name} in {path} "
+        f"and warming it up (supervised, <= {job.warmup_max_seconds} s)")
+    build_base_model(path, seed=cfg.trainer.seed, tokenizer=task.tokenizer, **(shape or {}))
     report = warm_up(path, task, steps=job.warmup_steps, batch_size=job.warmup_batch_size, lr=job.warmup_lr,
                      max_seconds=job.warmup_max_seconds, target_accuracy=job.warmup_target_accuracy,
                      seed=cfg.trainer.seed, log=say, threads=job.warmup_threads)
@@ -284,10 +285,10 @@ def run_mode(common: list[str], model: str, enabled: bool, run_dir: Path, target
              pinning: bool, placement: str = "training-thread") -> dict[str, Any]:
     """One RL run (fully async when `enabled`) from `model`; its row of the result."""
     from inflight.tasks.lengths import percentiles
-    from inflight.train.main import resolve_config, run_job
+    from inflight.train.main import run_job
     from inflight.train.metrics import read_metrics
 
-    cfg, job = resolve_config(None, [*common, f"trainer.policy.model.path={model}",
+    cfg, job = bench_config([*common, f"trainer.policy.model.path={model}",
                                      f"trainer.fully_async.enabled={str(enabled).lower()}",
                                      f"job.output_dir={run_dir}"])
     task = make_bench_task(cfg, job)
@@ -400,12 +401,36 @@ def _say_accuracy(say, gap: dict[str, float]) -> None:
         f"{se * 100:.1f} points: {verdict}")
 
 
+def bench_config(overrides: list[str]):
+    """(cfg, job) of a bench run: the built-in demo job (`inflight.train.defaults`, what
+    `examples/default.yaml` holds) with `overrides`."""
+    import tempfile
+
+    from inflight.train.main import resolve_config
+
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as config:  # `base:` is read from a config file
+        config.write("base: default\n")
+        config.flush()
+        return resolve_config(config.name, overrides)
+
+
+def run_overrides(task: str, seconds: float, eval_interval: int, overrides: list[str]) -> list[str]:
+    """The overrides of every run of a bench on `task` (`overrides`: the user's, after the task's):
+    `seconds` of RL each, evaluated every `eval_interval` steps, quiet (no progress bar, plot or
+    log lines), not capped in steps."""
+    from inflight.train.defaults import task_overrides
+
+    # the warm-up stops at its target accuracy, not at a time cap, so a busy machine still gives
+    # every run a comparable starting model
+    return [*task_overrides(task), "job.warmup_max_seconds=900", *overrides, "job.progress=false",
+            "job.max_steps=null", "job.plot=false", "job.log_interval=1000000",
+            f"job.max_train_seconds={seconds}", f"job.eval_interval={eval_interval}"]
+
+
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
     from inflight.tasks.lengths import answer_length_stats
-    from inflight.train.defaults import task_overrides
-    from inflight.train.main import resolve_config
 
     args = build_parser().parse_args(argv)
     console = Console()
@@ -415,12 +440,8 @@ def main(argv: list[str] | None = None) -> int:
 
     out = Path(args.output_dir)
     target = args.target if args.target is not None else DEFAULT_TARGETS[args.task]
-    # the warm-up stops at its target accuracy, not at a time cap, so a busy machine still gives
-    # both modes a comparable starting model
-    common = [*task_overrides(args.task), "job.warmup_max_seconds=900", *args.overrides, "job.progress=false",
-              "job.max_steps=null", "job.plot=false", "job.log_interval=1000000",
-              f"job.max_train_seconds={args.seconds}", f"job.eval_interval={args.eval_interval}"]
-    cfg, job = resolve_config(None, [*common, f"job.output_dir={out / 'base'}"])
+    common = run_overrides(args.task, args.seconds, args.eval_interval, args.overrides)
+    cfg, job = bench_config([*common, f"job.output_dir={out / 'base'}"])
     task = make_bench_task(cfg, job)
     lengths = answer_length_stats(task)
     say(f"{task.name}: reference answer tokens (incl. EOS) p50/p90/p99/max {_quartet(lengths)}")

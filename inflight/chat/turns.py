@@ -24,27 +24,55 @@ the ids the model actually sampled and saw, which is the point.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 Message = dict[str, Any]
 MARKER = "INFLIGHTxTURNxEND"
 """The stand-in content of the last assistant turn (letters only: no template strips or escapes it)."""
+RESERVED_KWARGS = ("messages", "tools", "add_generation_prompt", "tokenize", "chat_template")
+"""Arguments of `apply_chat_template` that the rendering sets itself (not extra template arguments)."""
 
 
 class ChatTemplateError(ValueError):
     """The tokenizer's chat template cannot be used for token-in/token-out multi-turn episodes."""
 
 
+@dataclass(frozen=True)
+class ChatFormat:
+    """How chat messages become text: `template` (Jinja) instead of the tokenizer's own (None: the
+    tokenizer's), and `kwargs`, extra arguments of every rendering (`{"enable_thinking": False}`)."""
+
+    template: str | None = None
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        taken = sorted(set(self.kwargs) & set(RESERVED_KWARGS))
+        if taken:
+            raise ChatTemplateError(f"chat template arguments {taken} are set by the rendering itself; "
+                                    "drop them from generator.chat_template_kwargs")
+
+    def has_template(self, tokenizer: Any) -> bool:
+        """Whether messages can be rendered for `tokenizer` (a template here or the tokenizer's own)."""
+        return self.template is not None or getattr(tokenizer, "chat_template", None) is not None
+
+
+PLAIN = ChatFormat()
+"""The tokenizer's own template, no extra arguments."""
+
+
 def render(tokenizer: Any, messages: Sequence[Message], tools: Sequence[dict] | None = None,
-           add_generation_prompt: bool = False) -> str:
-    """The chat template's text of `messages` (with `tools` when given)."""
-    if getattr(tokenizer, "chat_template", None) is None:
+           add_generation_prompt: bool = False, fmt: ChatFormat = PLAIN) -> str:
+    """The chat template's text of `messages` (with `tools` when given), in the format `fmt`."""
+    if not fmt.has_template(tokenizer):
         raise ChatTemplateError("chat-message observations and tools need a tokenizer with a chat template; "
                                 f"{type(tokenizer).__name__} has none (return text observations instead)")
     kwargs = {"tools": list(tools)} if tools else {}
+    if fmt.template is not None:
+        kwargs["chat_template"] = fmt.template
     return tokenizer.apply_chat_template(list(messages), tokenize=False,
-                                         add_generation_prompt=add_generation_prompt, **kwargs)
+                                         add_generation_prompt=add_generation_prompt, **kwargs, **fmt.kwargs)
 
 
 def encode(tokenizer: Any, text: str) -> list[int]:
@@ -77,11 +105,11 @@ def _plain_methods(cls: type, methods: tuple[str, ...]) -> bool:
 
 
 def between_turns(tokenizer: Any, history: Sequence[Message], observations: Sequence[Message],
-                  tools: Sequence[dict] | None = None) -> list[int]:
+                  tools: Sequence[dict] | None = None, fmt: ChatFormat = PLAIN) -> list[int]:
     """Token ids the template writes after the content of an assistant turn that follows `history`:
     the end of that turn, `observations`, and the next assistant generation prompt."""
     messages = [*history, {"role": "assistant", "content": MARKER}, *observations]
-    text = render(tokenizer, messages, tools, add_generation_prompt=True)
+    text = render(tokenizer, messages, tools, add_generation_prompt=True, fmt=fmt)
     if text.count(MARKER) != 1:
         raise ChatTemplateError(
             "the chat template does not write an assistant turn's content verbatim (found it "

@@ -127,16 +127,22 @@ class InferenceClient(Protocol):
         return await self._call("generate", list(prompt_token_ids), params, request_id, cache_salt)  # type: ignore[attr-defined]
 
     @op(_nothing, HttpRoute("POST", wire.PAUSE, lambda mode: {"mode": mode}))
-    async def pause(self, mode: str = "keep") -> None: ...
+    async def pause(self, mode: str = "keep") -> None:
+        """Pause generation on every engine: `abort` finishes in-flight requests now, `keep` freezes
+        them with their KV, `wait` lets them finish first. Blocked `generate` calls wait across it."""
 
     @op(_nothing, HttpRoute("POST", wire.RESUME))
-    async def resume(self) -> None: ...
+    async def resume(self) -> None:
+        """Undo any pause on every engine; frozen requests continue."""
 
     @op(_nothing, HttpRoute("POST", wire.SLEEP, lambda offload_kv: {"offload_kv": _flag(offload_kv)}))
-    async def sleep(self, offload_kv: bool = False) -> None: ...
+    async def sleep(self, offload_kv: bool = False) -> None:
+        """Free both memory pools of every engine: the weights are dropped (a full update must
+        follow), the KV cache is copied to host memory (`offload_kv`) or discarded."""
 
     @op(_nothing, HttpRoute("POST", wire.WAKE_UP, lambda tags: None if tags is None else {"tags": list(tags)}))
-    async def wake_up(self, tags: list[str] | None = None) -> None: ...
+    async def wake_up(self, tags: list[str] | None = None) -> None:
+        """Bring back the named pools (`weights`, `kv_cache`; None: both) at the same block ids."""
 
     @op(_every, HttpRoute("POST", wire.RESET_PREFIX_CACHE, lambda running: {"reset_running_requests": _flag(running)},
                           answer=_reset_answer, allow=(409,)))  # fmt: skip
@@ -145,14 +151,18 @@ class InferenceClient(Protocol):
         ...
 
     @op(_nothing, HttpRoute("POST", wire.WEIGHTS_BEGIN))
-    async def begin_weight_update(self) -> None: ...
+    async def begin_weight_update(self) -> None:
+        """Open a weight update on every engine; nothing is generated until it finishes or aborts."""
 
     @op(_nothing)  # over HTTP: safetensors chunks in request bodies (HttpClient.load_weights)
-    async def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None: ...
+    async def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Send a chunk of `(hf_name, tensor)` pairs to every engine's open update."""
 
     @op(_one_version("finished the update at different versions"),
         HttpRoute("POST", wire.WEIGHTS_FINISH, lambda v: None if v is None else {"version": v}, False, _version_answer))
-    async def finish_weight_update(self, version: int | None = None) -> int: ...
+    async def finish_weight_update(self, version: int | None = None) -> int:
+        """Complete the update (every parameter loaded) at `version` (default: the next one) on
+        every engine; returns the version, which every engine must agree on."""
 
     @op(_every, HttpRoute("POST", wire.WEIGHTS_ABORT, None, False, lambda r: bool(r.json()["restored"])))
     async def abort_weight_update(self) -> bool:
@@ -160,7 +170,8 @@ class InferenceClient(Protocol):
         ...
 
     @op(_one_version("are at different weight versions"), HttpRoute("GET", wire.WEIGHT_VERSION, answer=_version_answer))
-    async def weight_version(self) -> int: ...
+    async def weight_version(self) -> int:
+        """The engines' weight version (they must all be at the same one)."""
 
     @op(lambda answers: answers, HttpRoute("GET", wire.STATUS, answer=lambda r: r.json()))
     async def status(self) -> dict[str, Any]:
@@ -194,7 +205,8 @@ class InferenceClient(Protocol):
         """Leave the broadcast group (every engine and this process)."""
         ...
 
-    async def close(self) -> None: ...
+    async def close(self) -> None:
+        """Release what the client holds (connections, processes it started)."""
 
 
 async def update_weights(client: InferenceClient, named_tensors: Iterable[tuple[str, torch.Tensor]],

@@ -177,6 +177,13 @@ class HostsWeightGroup:
         """Have every engine leave the group, then drop this side of it."""
         await self._leave_group()
 
+    @property
+    def weight_group(self) -> WeightGroup | None:
+        """The group this client hosts, as a transport for `update_all_or_nothing` (None before
+        `init_weight_transfer` and once a failed broadcast dropped it)."""
+        group = self._weight_group
+        return group if group is not None and group.sender is not None else None
+
     async def _leave_group(self) -> None:
         group, self._weight_group = self._weight_group, None
         if group is not None:

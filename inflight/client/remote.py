@@ -34,6 +34,7 @@ from inflight.client.errors import ServerUnavailableError, error_from_response
 from inflight.client.fanout import FanOutClient
 from inflight.client.router import Router
 from inflight.engine.request import RequestOutput, SamplingParams
+from inflight.engine.routing import decode_routed_experts
 
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 # idle pooled connections are dropped before the servers' own idle timeout (uvicorn's 5 s, which
@@ -141,11 +142,13 @@ class HttpClient(InferenceClient):
             log.warning("%s: a generation request's connection broke after it was sent (%s); the server "
                         "answers /health, so it is sent once more", self.url, err.__cause__.__class__.__name__)
             data = await self._generate_once(body)
+        routed_experts, routed_start = decode_routed_experts(data.get("routed_experts"))
         return RequestOutput(
             request_id=data["request_id"], prompt_token_ids=prompt, output_token_ids=data["output_token_ids"],
             logprobs=data.get("logprobs"), token_weight_versions=data["token_weight_versions"],
             finish_reason=data["finish_reason"], num_recomputed_tokens=data.get("num_recomputed_tokens", 0),
             num_cached_tokens=data.get("num_cached_tokens", 0), top_logprobs=_top_logprobs(data.get("top_logprobs")),
+            routed_experts=routed_experts, routed_experts_start=routed_start,
         )  # fmt: skip
 
     async def _answers_health(self, timeout_s: float = 5.0) -> bool:

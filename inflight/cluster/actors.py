@@ -65,12 +65,15 @@ class ServerActor:
     """One HTTP inference server (`inflight serve --backend vllm`) on this actor's node, holding the
     CPUs (and GPU) of an engine's bundle; the server dies with the actor (`ServerFleet`)."""
 
-    def __init__(self, log_dir: str, control_token: str) -> None:
-        self.fleet = ServerFleet(log_dir, env={CONTROL_TOKEN_ENV: control_token}, host=_node_ip())
+    def __init__(self, log_dir: str, control_token: str, env: dict[str, str] | None = None) -> None:
+        self.fleet = ServerFleet(log_dir, env={CONTROL_TOKEN_ENV: control_token, **(env or {})}, host=_node_ip())
 
-    async def start(self, engine: EngineConfig, threads: int, python: str | None, timeout_s: float) -> str:
-        """Start the server for `engine` and wait for its /health; returns its URL (this node's address)."""
-        command = partial(vllm_command, engine, threads=threads, python=python, host=self.fleet.host)
+    async def start(self, engine: EngineConfig, threads: int, python: str | None, timeout_s: float,
+                    served_model_name: str | None = None, engine_args: list[str] | None = None) -> str:
+        """Start the server for `engine` (vLLM's own `engine_args`) and wait for its /health; returns
+        its URL (this node's address)."""
+        command = partial(vllm_command, engine, threads=threads, python=python, host=self.fleet.host,
+                          served_model_name=served_model_name, engine_args=engine_args or [])
         (url,) = await self.fleet.start([command], timeout_s)
         return url
 
@@ -109,7 +112,8 @@ class PolicyActor:
         return f"tcp://{_node_ip()}:{free_port(_node_ip())}"
 
     async def setup(self, engines: list[Any], model_dir: str, version: int, ckpt: CheckpointState | None,
-                    init_method: str | None = None, servers: ServerSpec | None = None) -> int:
+                    init_method: str | None = None, servers: ServerSpec | None = None,
+                    training_steps: int | None = None) -> int:
         """Join the ranks' group (blocks until every rank has), load the worker; rank 0 drives
         `engines` (EngineActor handles) through one client, or the HTTP `servers`."""
         if self.world_size > 1:
@@ -125,7 +129,7 @@ class PolicyActor:
             if transport_kind(self.cfg) == "broadcast":
                 await asyncio.to_thread(self.transport.connect)
         self.policy = await asyncio.to_thread(LocalPolicy.load, self.cfg, self.job, self.pad_id, model_dir, client,
-                                              self.transport, version, ckpt)
+                                              self.transport, version, ckpt, training_steps)
         return self.policy.weight_version
 
     def describe(self) -> dict[str, Any]:

@@ -31,9 +31,11 @@ from inflight.train.servers import (
     ServerSpec,
     check_external,
     check_vllm_python,
+    engine_env,
     external_spec,
     new_control_token,
     server_spec,
+    vllm_args,
 )
 
 
@@ -78,7 +80,7 @@ class RayRuntime:
 
 
 async def start_ray(cfg: Config, job: JobConfig, *, pad_id: int, model_dir: str | Path, version: int = 0,
-                    ckpt: CheckpointState | None = None) -> RayRuntime:
+                    ckpt: CheckpointState | None = None, training_steps: int | None = None) -> RayRuntime:
     """Start the policy ranks and the engines as actors (Ray started or joined as `job` says) on
     `model_dir` at `version`; on any failure stop what was started and re-raise. With HTTP-server
     engines a `ServerActor` per engine bundle starts each vLLM server (or the external servers are
@@ -101,7 +103,8 @@ async def start_ray(cfg: Config, job: JobConfig, *, pad_id: int, model_dir: str 
             runtime.client = one_client([RayEngineClient(a) for a in runtime.engine_actors])
         init_method = await lead.rendezvous.remote() if ranks > 1 else None
         versions = await asyncio.gather(*(
-            a.setup.remote(runtime.engine_actors, str(model_dir), version, ckpt, init_method, runtime.servers)
+            a.setup.remote(runtime.engine_actors, str(model_dir), version, ckpt, init_method, runtime.servers,
+                           training_steps)
             for a in runtime.policy_actors
         ))
         runtime.policy = RayPolicy(runtime.policy_actors, versions[0], await lead.kv_fate.remote())
@@ -136,11 +139,12 @@ async def _start_servers(runtime: RayRuntime, cfg: Config, job: JobConfig, model
             await check_external(client)
         return spec
     check_vllm_python(ie.vllm_python)
-    token, log_dir = new_control_token(), str(Path(job.output_dir).resolve() / "servers")
-    runtime.server_actors = [ServerActor.options(**o).remote(log_dir, token) for o in runtime.placement.engine_options]
+    token, log_dir = new_control_token(), str(Path(cfg.trainer.log_path).resolve() / "servers")
+    runtime.server_actors = [ServerActor.options(**o).remote(log_dir, token, engine_env(ie))
+                             for o in runtime.placement.engine_options]
     urls = await asyncio.gather(*(
         actor.start.remote(engine_config(cfg, model_dir, version, i), job.engine_threads, ie.vllm_python,
-                           START_TIMEOUT_S["vllm"])
+                           START_TIMEOUT_S["vllm"], ie.served_model_name, vllm_args(ie))
         for i, actor in enumerate(runtime.server_actors)
     ))
     return server_spec(cfg, list(urls), token)

@@ -1,9 +1,12 @@
-"""Keys of the (SkyRL-compatible) schema that this project does not implement yet: refused, never ignored.
+"""Keys of the (SkyRL-compatible) schema set to what this project does not implement: refused, never ignored.
 
 `validate` accepts them, because the schema and the weight-sync plan cover SkyRL's whole space (a
-LoRA config has its plan); a run refuses them: `require_implemented` is called where the config
-becomes engines (`inflight.train.engine_settings.engine_config`) and training steps
-(`inflight.train.step.StepOptions.from_config`).
+SkyRL config always loads, and `inflight train --print-config` lists what a run would refuse); a
+run refuses them: `require_implemented` is called before anything starts (`inflight train`) and
+where the config becomes engines (`inflight.train.engine_settings.engine_config`) and training
+steps (`inflight.train.step.StepOptions.from_config`). What is refused comes from two places: each
+key's declared status (`inflight.config.status`, next to its field: the values a run takes), and
+`NOT_IMPLEMENTED_WHEN`, the combinations (a key's value on some backend or placement).
 """
 
 from __future__ import annotations
@@ -13,18 +16,31 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from inflight.config.errors import ConfigError, Violation
-from inflight.config.keys import get_key
+from inflight.config.keys import default_config, get_key, schema_fields
 from inflight.config.schema import Config
+from inflight.config.status import REFUSED, field_status
 
-NOT_IMPLEMENTED: dict[str, tuple[Callable[[Any], bool], str, str]] = {
-    "generator.inference_engine.tensor_parallel_size": (
-        lambda v: v == 1,
-        "> 1 is not implemented yet: an engine runs on one device",
-        "set generator.inference_engine.tensor_parallel_size=1 (generator.inference_engine.num_engines "
-        "adds engines)",
-    ),
-}
-"""key -> (implemented(value), rule, fix): a value that is not implemented is refused with this rule."""
+
+def refused_keys() -> dict[str, str]:
+    """{key: why} of every key whose status is refused (some of its values do not run)."""
+    return {key: field_status(f).note for key, f in schema_fields().items() if field_status(f).state == REFUSED}
+
+
+def _refusal(key: str, value: Any) -> Violation | None:
+    status = field_status(schema_fields()[key])
+    default = get_key(default_config(), key)
+    if status.takes(value, default):
+        return None
+    fix = status.fix or f"set {key}={_yaml(default)} (the default)"
+    return Violation(key, value, status.note, fix)
+
+
+def _yaml(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
 
 
 _IE = "generator.inference_engine."
@@ -51,11 +67,14 @@ def external(cfg: Config) -> bool:
     return not cfg.generator.inference_engine.run_engines_locally
 
 
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
 def servers_on_this_host(cfg: Config) -> bool:
     """Every server is on this host: started by the run, or external at a loopback address."""
     ie = cfg.generator.inference_engine
     hosts = [urlsplit(u).hostname for u in ie.external_server_urls or []]
-    return ie.run_engines_locally or all(h in ("127.0.0.1", "localhost", "::1") for h in hosts)
+    return ie.run_engines_locally or all(h in _LOOPBACK for h in hosts)
 
 
 _NOT_PASSED_TO_VLLM = {  # engine keys the vLLM server command does not carry: only their defaults run
@@ -64,17 +83,66 @@ _NOT_PASSED_TO_VLLM = {  # engine keys the vLLM server command does not carry: o
 }
 _SET_ON_THE_SERVERS = {  # engine keys a run cannot apply to servers started elsewhere, and their defaults
     name: getattr(Config().generator.inference_engine, name)
-    for name in ("device", "dtype", "block_size", "num_kv_blocks", "kv_cache_memory_gib", "max_num_seqs",
+    for name in ("device", "model_dtype", "block_size", "num_kv_blocks", "kv_cache_memory_gib", "max_num_seqs",
                  "max_num_batched_tokens", "enable_chunked_prefill", "weight_update_rollback",
                  "weight_update_timeout_s", "attention_backend", "linear_backend", "elementwise_backend")
 }
 
+def on_megatron(cfg: Config) -> bool:
+    """The policy trains with the Megatron worker."""
+    return cfg.trainer.strategy == "megatron"
+
+
+def several_policy_ranks(cfg: Config) -> bool:
+    """The policy has more than one rank."""
+    placement = cfg.trainer.placement
+    return placement.policy_num_nodes * placement.policy_num_gpus_per_node > 1
+
+
+_LORA = "trainer.policy.model.lora.rank"
+
+
+def _registered(kind: str) -> Callable[[Any], bool]:
+    """Whether a name is one of `inflight.algorithms`' registered advantage estimators / policy losses (as
+    the registry holds them now: a user's `register_*` before the run counts), or `package.module:name`."""
+    def check(name: Any) -> bool:
+        from inflight.algorithms import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
+
+        return ":" in str(name) or name in (ADVANTAGE_ESTIMATORS if kind == "estimator" else POLICY_LOSSES)
+
+    return check
+
+
+def _known(kind: str) -> str:
+    from inflight.algorithms import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
+
+    return ", ".join((ADVANTAGE_ESTIMATORS if kind == "estimator" else POLICY_LOSSES).names())
+
 NOT_IMPLEMENTED_WHEN: list[tuple[str, Callable[[Config], bool], Callable[[Any], bool], str, str]] = [
+    *((f"trainer.{role}.model.lora.rank", lambda c: True, lambda v: v == 0,
+       f"LoRA on the {role} model is not implemented yet (only the policy takes adapters)",
+       f"set trainer.{role}.model.lora.rank=0") for role in ("ref", "critic")),
+    (_LORA, on_megatron, lambda v: v == 0, "LoRA with trainer.strategy=megatron is not implemented yet",
+     f"use trainer.strategy=fsdp, or {_LORA}=0"),
+    (_LORA, several_policy_ranks, lambda v: v == 0, "LoRA on more than one policy rank is not implemented yet",
+     f"set trainer.placement.policy_num_nodes=1 and trainer.placement.policy_num_gpus_per_node=1, or {_LORA}=0"),
+    ("trainer.bf16", on_megatron, lambda v: v is False, "is not implemented yet for trainer.strategy=megatron",
+     "use trainer.strategy=fsdp, or set trainer.bf16=false"),
+    ("trainer.critic.model.path", on_megatron, lambda v: not v, "a critic (advantage_estimator=gae) with "
+     "trainer.strategy=megatron is not implemented yet: the megatron worker builds a GPTModel without a value head",
+     "use trainer.strategy=fsdp for gae, or an estimator without a critic (grpo, rloo, reinforce++, maxrl)"),
+    *((key, lambda c: True, _registered(kind),
+       f"is not a registered {what} (built in: {_known(kind)}; also names given to "
+       f"inflight.algorithms.register_{what.replace(' ', '_')} before the run starts)",
+       "use one of those, or package.module:name for your own function")
+      for key, kind, what in (("trainer.algorithm.advantage_estimator", "estimator", "advantage estimator"),
+                              ("trainer.algorithm.policy_loss_type", "loss", "policy loss"))),
     (
-        _IE + "weight_sync_backend", on_servers, lambda v: v in ("inprocess", "shm"),
-        "broadcast into an HTTP server is not implemented yet: servers take weights as safetensors chunks "
-        "through the client (inprocess: in request bodies; shm: as files in /dev/shm, servers on this host)",
-        f"set {_IE}weight_sync_backend=shm (servers on this host) or inprocess",
+        _IE + "weight_sync_host", lambda c: (external(c) and not servers_on_this_host(c)
+                                             and c.generator.inference_engine.weight_sync_backend == "broadcast"),
+        lambda v: v not in _LOOPBACK,
+        "is a loopback address, which servers on other hosts cannot reach: they join the weight group the "
+        "trainer hosts there", f"set {_IE}weight_sync_host to an address of this machine that the servers reach",
     ),
     (
         _IE + "weight_sync_backend", lambda c: external(c) and not servers_on_this_host(c), lambda v: v != "shm",
@@ -83,17 +151,12 @@ NOT_IMPLEMENTED_WHEN: list[tuple[str, Callable[[Config], bool], Callable[[Any], 
         f"set {_IE}weight_sync_backend=inprocess (chunks in request bodies)",
     ),
     (
-        "trainer.placement.colocate_all", on_vllm, lambda v: v is False,
-        "colocated vLLM engines are not implemented yet (vLLM's sleep frees nothing on CPU; on CUDA the "
-        "server's sleep/wake is not built)",
-        f"set trainer.placement.colocate_all=false, or {BACKEND}=native",
-    ),
-    (
         _IE + "offload_kv_for_weight_sync", lambda c: on_vllm(c) and c.generator.inference_engine.device != "cpu",
         lambda v: v is False,
-        "offloading vLLM's KV during a sync on CUDA (sleep level 1) is not built yet (on CPU it is keep: the KV "
-        "already lives in host memory)",
-        f"set {_IE}offload_kv_for_weight_sync=false, or {_IE}device=cpu",
+        "cannot offload vLLM's KV on CUDA: its sleep (level 1) frees the KV cache without a copy to restore (on "
+        "CPU it is keep: the KV already lives in host memory)",
+        f"set {_IE}offload_kv_for_weight_sync=false (or fully_async.clear_kv_cache_on_weight_sync=true to "
+        f"recompute the frozen requests), or {_IE}device=cpu",
     ),
     *(
         (_IE + name, starts_vllm, (lambda v, d=default: v == d),
@@ -114,12 +177,12 @@ like `NOT_IMPLEMENTED` where `applies`."""
 
 
 def unimplemented(cfg: Config) -> list[Violation]:
-    """The keys of `cfg` set to something this project does not implement yet, as violations."""
-    out = []
-    for key, (ok, rule, fix) in NOT_IMPLEMENTED.items():
-        value = get_key(cfg, key)
-        if not ok(value):
-            out.append(Violation(key, value, rule, fix))
+    """The keys of `cfg` set to something this project does not implement yet (or to a name nothing
+    registered), as violations."""
+    from inflight.config.validate import env_class_problem
+
+    out = [v for v in (_refusal(key, get_key(cfg, key)) for key in refused_keys()) if v is not None]
+    out += [v for v in (env_class_problem(cfg.environment.env_class),) if v is not None]
     for key, applies, ok, rule, fix in NOT_IMPLEMENTED_WHEN:
         value = get_key(cfg, key)
         if applies(cfg) and not ok(value):

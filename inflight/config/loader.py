@@ -18,14 +18,15 @@ from typing import Any
 import yaml
 
 from inflight.config.errors import ConfigError, Violation
-from inflight.config.keys import coerce, schema_keys, suggest
+from inflight.config.keys import coerce, is_mapping, schema_keys, suggest
 from inflight.config.schema import Config
 from inflight.config.validate import collect_violations
 
 _IE = "generator.inference_engine."
 KEY_ALIASES = {
-    "generator.model_dtype": _IE + "dtype",
-    _IE + "model_dtype": _IE + "dtype",
+    "generator.model_dtype": _IE + "model_dtype",
+    _IE + "dtype": _IE + "model_dtype",
+    "trainer.use_sample_packing": "trainer.remove_microbatch_padding",
     "generator.num_inference_engines": _IE + "num_engines",
     "generator.inference_engine_tensor_parallel_size": _IE + "tensor_parallel_size",
     "generator.weight_sync_backend": _IE + "weight_sync_backend",
@@ -34,7 +35,19 @@ KEY_ALIASES = {
     "generator.max_num_seqs": _IE + "max_num_seqs",
     "generator.max_num_batched_tokens": _IE + "max_num_batched_tokens",
 }
-"""SkyRL key names (older flat generator layout, `model_dtype`) read as ours."""
+"""Older names read as today's: SkyRL's flat generator layout and renamed keys, our `dtype`."""
+
+REMOVED_KEYS = {
+    _IE + "async_engine": ("SkyRL always runs the async engine path; `async_engine=true` is dropped as SkyRL drops it",
+                           True),
+    _IE + "enable_http_endpoint": ("is no longer a SkyRL key: the engines always serve HTTP routes", None),
+    _IE + "override_existing_update_group": ("is no longer a SkyRL key: weight-sync groups are managed by the run",
+                                             None),
+    _IE + "remote_urls": ("is no longer a SkyRL key", None),
+}
+"""Keys SkyRL removed: (why, the one value still accepted and dropped, or None: always refused)."""
+
+ENGINE_INIT_KWARGS = _IE + "engine_init_kwargs"
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
@@ -142,6 +155,7 @@ NAME_LISTS = frozenset({"trainer.logger", "trainer.policy.model.lora.target_modu
 
 def _build(flat: dict[str, Any], problems: list[Violation]) -> Config:
     leaves, sections = schema_keys()
+    flat = _engine_init_kwargs_as_keys(_into_mappings(_without_removed(flat, problems), leaves), leaves)
     nested: dict[str, Any] = {}
     for key, value in flat.items():
         if key in leaves:
@@ -166,6 +180,66 @@ def _build(flat: dict[str, Any], problems: list[Violation]) -> Config:
             )
             problems.append(Violation(key, value, "unknown key", fix))
     return _instantiate(Config, nested)
+
+
+def _without_removed(flat: dict[str, Any], problems: list[Violation]) -> dict[str, Any]:
+    """`flat` without the keys SkyRL removed (an accepted value is dropped, any other is a violation)."""
+    out = {}
+    for key, value in flat.items():
+        if key not in REMOVED_KEYS:
+            out[key] = value
+            continue
+        why, dropped = REMOVED_KEYS[key]
+        if dropped is None or value != dropped and str(value).lower() != str(dropped).lower():
+            problems.append(Violation(key, value, why, "remove it"))
+    return out
+
+
+def _into_mappings(flat: dict[str, Any], leaves: dict[str, Any]) -> dict[str, Any]:
+    """Dotted keys below a mapping key (`...engine_init_kwargs.max_model_len=8`) as entries of that mapping."""
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        parent = None if key in leaves else _mapping_parent(key, leaves)
+        if parent is None:
+            out[key] = value
+            continue
+        node = out.setdefault(parent, {})
+        if not isinstance(node, dict):
+            out[key] = value  # the mapping key holds a non-mapping: validate reports it
+            continue
+        node = out[parent] = dict(node)
+        *path, leaf = key[len(parent) + 1:].split(".")
+        for part in path:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return out
+
+
+def _mapping_parent(key: str, leaves: dict[str, Any]) -> str | None:
+    parts = key.split(".")
+    for end in range(len(parts) - 1, 0, -1):
+        prefix = ".".join(parts[:end])
+        if prefix in leaves:
+            return prefix if is_mapping(leaves[prefix]) else None
+    return None
+
+
+def _engine_init_kwargs_as_keys(flat: dict[str, Any], leaves: dict[str, Any]) -> dict[str, Any]:
+    """Entries of `engine_init_kwargs` that name a key of `generator.inference_engine`
+    (`max_model_len`, ...) set that key: one source per setting; the rest stay (vLLM's arguments)."""
+    kwargs = flat.get(ENGINE_INIT_KWARGS)
+    if not isinstance(kwargs, dict):
+        return flat
+    out = dict(flat)
+    rest = {}
+    for name, value in kwargs.items():
+        key = _IE + str(name)
+        if key in leaves and key != ENGINE_INIT_KWARGS:
+            out.setdefault(key, value)
+        else:
+            rest[name] = value
+    out[ENGINE_INIT_KWARGS] = rest
+    return out
 
 
 def _instantiate(cls: type, values: dict[str, Any]) -> Any:

@@ -21,6 +21,7 @@ from inflight.config.schema import (
     Config,
     canonical_weight_sync_backend,
 )
+from inflight.config.schema.generator import DTYPE_ALIASES
 
 Rule = Callable[[Config], Iterator[Violation]]
 _RULES: list[tuple[frozenset[str], Rule]] = []
@@ -40,17 +41,30 @@ SYNC_KEYS = (COLOCATE, FULLY_ASYNC, CLEAR_KV, OFFLOAD_KV, PREFIX_CACHING, LORA_R
 CHOICES: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
     "trainer.strategy": (("fsdp", "megatron"), STRATEGY_ALIASES),
     "generator.inference_engine.weight_sync_backend": (
-        ("inprocess", "shm", "broadcast"),
+        ("inprocess", "shm", "broadcast", "delta"),
         WEIGHT_SYNC_BACKEND_ALIASES,
     ),
-    "trainer.algorithm.advantage_estimator": (("grpo", "rloo"), {}),
-    "trainer.algorithm.loss_reduction": (("token_mean", "sequence_mean", "seq_mean_token_sum_norm"), {}),
-    "generator.inference_engine.dtype": (("float32", "bfloat16", "float16"), {}),
+    "trainer.algorithm.loss_reduction": (
+        ("token_mean", "token_mean_legacy", "sequence_mean", "prompt_mean", "seq_mean_token_sum_norm"), {}),
+    "trainer.algorithm.kl_estimator_type": (("k1", "k2", "k3", "abs"), {}),
+    "trainer.algorithm.kl_ctrl.type": (("fixed", "adaptive"), {}),
+    "trainer.algorithm.cispo.cispo_anchor": (("old", "rollout"), {}),
+    "trainer.algorithm.dppo.dppo_type": (("binary_tv", "binary_kl"), {}),
+    "generator.inference_engine.model_dtype": (("float32", "bfloat16", "float16"), DTYPE_ALIASES),
     "trainer.policy.optimizer_config.scheduler": (("constant", "constant_with_warmup", "linear", "cosine"), {}),
+    "trainer.critic.optimizer_config.scheduler": (("constant", "constant_with_warmup", "linear", "cosine"), {}),
     "generator.inference_engine.attention_backend": (("auto", "native", "torch"), {}),
     "generator.inference_engine.elementwise_backend": (("auto", "native", "torch"), {}),
     "generator.inference_engine.linear_backend": (("auto", "onednn", "onednn_fp32", "torch"), {}),
     "generator.inference_engine.backend": (("native", "vllm"), {}),
+    "generator.inference_engine.distributed_executor_backend": (("ray", "mp"), {}),
+    "generator.chat_template.source": (("name", "file"), {}),
+    "trainer.sequence_parallel_backend": (("ulysses",), {}),
+    **{f"trainer.{m}.model.lora.init_method": (("kaiming", "gaussian"), {}) for m in ("policy", "ref", "critic")},
+    "trainer.fused_lm_head_logprob_backend": (("torch", "triton"), {}),
+    **{f"trainer.{m}.fsdp_config.mixed_precision.{d}": (("bf16", "fp16", "fp32"), {})
+       for m in ("policy", "ref", "critic") for d in ("param_dtype", "reduce_dtype", "buffer_dtype")},
+    **{f"trainer.{m}.megatron_config.moe_router_dtype": (("fp32", "fp64"), {}) for m in ("policy", "ref")},
 }
 """The allowed values of string keys (and the SkyRL values read as them). The engine's backend choices
 repeat `inflight.engine.config`'s (the config layer does not import the engine; a test keeps them equal)."""
@@ -115,7 +129,9 @@ _RANGES: list[tuple[tuple[str, ...], Callable[[Any], bool], str, str]] = [
     (
         (
             "trainer.train_batch_size", "trainer.policy_mini_batch_size", "trainer.micro_train_batch_size_per_gpu",
-            "trainer.update_epochs_per_batch", "trainer.epochs", "trainer.ckpt_interval",
+            "trainer.update_epochs_per_batch", "trainer.epochs", "trainer.critic_mini_batch_size",
+            "trainer.micro_forward_batch_size_per_gpu", "trainer.algorithm.kl_ctrl.horizon",
+            "environment.skyrl_gym.max_env_workers",
             "trainer.fully_async.num_parallel_generation_workers", "generator.n_samples_per_prompt",
             _IE + "num_engines", _IE + "tensor_parallel_size", _IE + "block_size", _IE + "max_num_seqs",
             _IE + "max_num_batched_tokens", "generator.sampling_params.max_generate_length",
@@ -127,18 +143,40 @@ _RANGES: list[tuple[tuple[str, ...], Callable[[Any], bool], str, str]] = [
     ),
     (
         ("trainer.fully_async.max_staleness_steps", "trainer.fully_async.engine_restarts", LORA_RANK, "trainer.seed", "trainer.policy.model.lora.alpha",
-         "trainer.eval_interval", "trainer.policy.optimizer_config.num_warmup_steps"),
+         "trainer.policy.optimizer_config.num_warmup_steps", "trainer.critic.optimizer_config.num_warmup_steps",
+         "trainer.algorithm.value_clip", "trainer.algorithm.zero_variance_filter_tol"),
         lambda v: v >= 0, "must be >= 0", "set {key} to 0 or more",
     ),
     (
-        (_IE + "num_kv_blocks", _IE + "max_model_len"),
-        lambda v: v is None or v >= 1, "must be >= 1 or null", "set {key}=null to derive it",
+        (_IE + "num_kv_blocks", _IE + "max_model_len", "trainer.max_training_steps", "trainer.algorithm.max_seq_len",
+         "generator.max_input_length", "trainer.algorithm.overlong_buffer_len", "generator.rate_limit.max_concurrency"),
+        lambda v: v is None or v >= 1, "must be >= 1 or null", "set {key}=null, or a positive number",
     ),
     (
         ("trainer.policy.optimizer_config.lr", "trainer.policy.optimizer_config.max_grad_norm",
-         _IE + "kv_cache_memory_gib"),
+         "trainer.critic.optimizer_config.lr", "trainer.critic.optimizer_config.max_grad_norm",
+         _IE + "weight_transfer_threshold_cuda_ipc_GB", "trainer.algorithm.kl_ctrl.kl_target"),
         lambda v: v > 0, "must be > 0", "set {key} to a positive number",
     ),
+    ((_IE + "kv_cache_memory_gib", "generator.rate_limit.trajectories_per_second"),
+     lambda v: v is None or v > 0, "must be > 0 or null", "set {key}=null to size it another way, or a positive number"),
+    ((_IE + "gpu_memory_utilization",), lambda v: 0 < v <= 1, "must be in (0, 1]", "e.g. {key}=0.8"),
+    (("trainer.algorithm.lambd", "trainer.algorithm.gamma", "trainer.algorithm.dynamic_sampling.min_replace_ratio"),
+     lambda v: 0 <= v <= 1, "must be in [0, 1]", "e.g. {key}=1.0"),
+    (("trainer.algorithm.clip_ratio_c",), lambda v: v > 1, "must be > 1 (the dual-clip bound lies beyond the "
+     "clipped ratio)", "e.g. {key}=3.0"),
+    (("trainer.eval_interval",), lambda v: v >= -1, "must be >= -1 (-1 or 0: no evaluation)",
+     "set {key}=-1 to turn evaluation off, or a number of steps"),
+    (("trainer.max_ckpts_to_keep",), lambda v: v != 0, "must be -1 (keep all) or >= 1 (keep the newest N)",
+     "set {key}=-1, or the number of checkpoints to keep"),
+    (("trainer.algorithm.dynamic_sampling.max_sample_batches",), lambda v: v == -1 or v >= 1,
+     "must be -1 (no limit) or >= 1", "e.g. {key}=30"),
+    (("trainer.algorithm.dynamic_sampling.type",), lambda v: v in (None, "filter", "replace"),
+     "must be filter, replace or null", "use {key}=filter, {key}=replace, or {key}=null for none"),
+    ((_OPC + "sequence_mask_metric",), lambda v: v in (None, "geometric", "product"),
+     "must be geometric, product or null", "use {key}=geometric, {key}=product, or {key}=null for no mask"),
+    (("trainer.resume_mode",), lambda v: v in (None, "none", "latest", "from_path"),
+     "must be latest, from_path, or null / none", "use {key}=latest, {key}=from_path, or {key}=null"),
     (
         (_IE + "weight_sync_chunk_size_mb",),
         lambda v: v is None or v > 0, "must be > 0 or null", "set {key}=null to size it from the model",
@@ -148,6 +186,7 @@ _RANGES: list[tuple[tuple[str, ...], Callable[[Any], bool], str, str]] = [
     (
         ("trainer.policy.optimizer_config.weight_decay", "trainer.algorithm.eps_clip_low",
          "trainer.algorithm.eps_clip_high", "trainer.algorithm.kl_loss_coef", "generator.sampling_params.temperature",
+         "trainer.critic.optimizer_config.weight_decay",
          "generator.eval_sampling_params.temperature"),
         lambda v: v >= 0, "must be >= 0", "set {key} to 0 or more",
     ),
@@ -155,9 +194,12 @@ _RANGES: list[tuple[tuple[str, ...], Callable[[Any], bool], str, str]] = [
      lambda v: 0 < v <= 1, "must be in (0, 1]", "use 1.0 to disable it"),
     (("generator.sampling_params.top_k", "generator.eval_sampling_params.top_k"),
      lambda v: v >= -1, "must be >= -1", "use -1 (or 0) to disable it"),
-    (("trainer.policy.model.lora.dropout",), lambda v: 0 <= v < 1, "must be in [0, 1)", "use 0.0 for none"),
+    (("trainer.policy.model.lora.dropout", "trainer.critic.model.lora.dropout"), lambda v: 0 <= v < 1,
+     "must be in [0, 1)", "use 0.0 for none"),
     ((_OPC + "token_tis_ratio_clip_high", _OPC + "sequence_tis_ratio_clip_high"),
      lambda v: v > 0, "must be > 0", "set {key} to a positive number, e.g. {key}=2.0"),
+    (("trainer.critic.optimizer_config.adam_betas",), lambda v: len(v) == 2 and all(0 <= b < 1 for b in v),
+     "must be two values in [0, 1)", "write e.g. {key}=[0.9,0.999]"),
     ((_OPC + "tis_ratio_type",), lambda v: v in (None, "none", "token", "sequence"),
      "must be token, sequence or null", "use {key}=token, {key}=sequence, or {key}=null for no correction"),
     (("trainer.max_tokens_per_microbatch",), lambda v: v == -1 or v >= 1, "must be -1 or >= 1",
@@ -165,8 +207,7 @@ _RANGES: list[tuple[tuple[str, ...], Callable[[Any], bool], str, str]] = [
     (("trainer.logprobs_chunk_size",), lambda v: v is None or v >= 1, "must be >= 1 or null",
      "set {key}=1024 (tokens per chunk), or {key}=null for no chunking"),
     (("trainer.micro_batch_pass_tokens",), lambda v: v >= 0, "must be >= 0", "set {key} to 0 or more, e.g. 64"),
-    (("trainer.hf_save_interval",), lambda v: v == -1 or v >= 1, "must be -1 (never) or >= 1",
-     "set {key}=-1, or a number of steps"),
+
     (("trainer.seed",), lambda v: v < 2**63, "must be below 2**63 (a 64-bit seed)", "use a smaller seed, e.g. 42"),
     ((_IE + "weight_update_timeout_s",), lambda v: v is None or v > 0, "must be > 0 or null",
      "give the seconds an update may go without a chunk, e.g. {key}=300, or {key}=null for no lease"),
@@ -187,28 +228,6 @@ _RANGES: list[tuple[tuple[str, ...], Callable[[Any], bool], str, str]] = [
 for _keys, _ok, _text, _fix in _RANGES:
     for _key in _keys:
         _range_rule(_key, _ok, _text, _fix.format(key=_key))
-
-
-@_rule(LORA_RANK, "trainer.strategy", POLICY_NODES, POLICY_GPUS)
-def _lora_runs_where_implemented(cfg: Config) -> Iterator[Violation]:
-    if cfg.trainer.policy.model.lora.rank == 0:
-        return
-    trainer = cfg.trainer
-    if trainer.strategy == "megatron":
-        yield Violation(LORA_RANK, trainer.policy.model.lora.rank, "LoRA with trainer.strategy=megatron is not "
-                        "implemented yet", f"use trainer.strategy=fsdp, or {LORA_RANK}=0")
-    if trainer.placement.policy_num_nodes * trainer.placement.policy_num_gpus_per_node > 1:
-        yield Violation(LORA_RANK, trainer.policy.model.lora.rank, "LoRA on more than one policy rank is not "
-                        "implemented yet", f"set {POLICY_NODES}=1 and {POLICY_GPUS}=1, or {LORA_RANK}=0")
-
-
-@_rule("trainer.strategy", "trainer.bf16", "trainer.gradient_checkpointing")
-def _megatron_precision(cfg: Config) -> Iterator[Violation]:
-    if cfg.trainer.strategy == "megatron":
-        for key in ("trainer.bf16", "trainer.gradient_checkpointing"):
-            if get_key(cfg, key) is True:
-                yield Violation(key, True, "is not implemented yet for trainer.strategy=megatron",
-                                f"use trainer.strategy=fsdp, or set {key}=false")
 
 
 TRACKERS = ("console", "tensorboard", "wandb", "mlflow")
@@ -258,6 +277,198 @@ def _offload_needs_non_colocated(cfg: Config) -> Iterator[Violation]:
             f"is for non-colocated engines only ({COLOCATE}=true already sleeps and wakes them around each sync)",
             f"set {OFFLOAD_KV}=false, or {COLOCATE}=false",
         )  # fmt: skip
+
+
+_ALG = "trainer.algorithm."
+
+
+@_rule(_ALG + "use_kl_loss", _ALG + "use_kl_in_reward")
+def _kl_once(cfg: Config) -> Iterator[Violation]:
+    if cfg.trainer.algorithm.use_kl_loss and cfg.trainer.algorithm.use_kl_in_reward:
+        yield Violation(_ALG + "use_kl_in_reward", True, f"excludes {_ALG}use_kl_loss=true (the KL is either a "
+                        "loss term or a reward term)", f"set {_ALG}use_kl_loss=false (SkyRL's default is true)")
+
+
+@_rule(_ALG + "advantage_estimator", "trainer.critic.model.path")
+def _gae_needs_critic(cfg: Config) -> Iterator[Violation]:
+    if cfg.trainer.algorithm.advantage_estimator == "gae" and not cfg.trainer.critic.model.path:
+        yield Violation("trainer.critic.model.path", None, "is required by advantage_estimator=gae (the critic "
+                        "gives the values)", "set trainer.critic.model.path (e.g. the policy's model path)")
+
+
+@_rule(_ALG + "loss_reduction", _ALG + "max_seq_len")
+def _token_sum_norm_needs_max_seq_len(cfg: Config) -> Iterator[Violation]:
+    alg = cfg.trainer.algorithm
+    if alg.loss_reduction == "seq_mean_token_sum_norm" and alg.max_seq_len is None:
+        yield Violation(_ALG + "max_seq_len", None, "must be set with loss_reduction=seq_mean_token_sum_norm (it "
+                        "divides each sequence's token sum)", f"set {_ALG}max_seq_len, e.g. to the engines' "
+                        "max_model_len or max_prompt_length + max_generate_length")
+
+
+_REGISTRY_NAME = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+def _registry_name_rule(key: str) -> None:
+    def check(cfg: Config) -> Iterator[Violation]:
+        name = get_key(cfg, key)
+        if not name.strip():
+            yield Violation(key, name, "is empty", f"name a built-in one, e.g. {key}={get_key(Config(), key)}")
+        elif ":" in name and not _REGISTRY_NAME.match(name):
+            yield Violation(key, name, "is not of the form package.module:name",
+                            f"write e.g. {key}=my_package.my_module:my_function")
+
+    _rule(key)(check)
+
+
+for _key in (_ALG + "advantage_estimator", _ALG + "policy_loss_type"):
+    _registry_name_rule(_key)  # a plain name may be registered by the user's code: a run checks it
+
+
+_NO_CORRECTION = ("clip_cov", "kl_cov", "cross_entropy", "importance_sampling")
+_OPC_KEYS = tuple(_OPC + k for k in ("tis_ratio_type", "sequence_mask_metric", "outlier_token_is_threshold_low",
+                                     "outlier_token_is_threshold_high", "token_mask_is_threshold_low"))
+
+
+@_rule(_ALG + "policy_loss_type", _ALG + "use_tis", *_OPC_KEYS)
+def _loss_without_correction(cfg: Config) -> Iterator[Violation]:
+    alg = cfg.trainer.algorithm
+    opc = alg.off_policy_correction
+    on = [k for k in _OPC_KEYS if get_key(cfg, k) is not None] + ([_ALG + "use_tis"] if alg.use_tis else [])
+    if alg.policy_loss_type in _NO_CORRECTION and on:
+        yield Violation(_ALG + "policy_loss_type", alg.policy_loss_type, f"does not apply the off-policy correction "
+                        f"(SkyRL computes it without), which {', '.join(on)} turns on",
+                        f"set {_OPC}tis_ratio_type=null (and the other correction keys to null), or pick another loss")
+    if alg.cispo.cispo_anchor == "rollout" and (opc.tis_ratio_type is not None or alg.use_tis):
+        yield Violation(_ALG + "cispo.cispo_anchor", "rollout", "is already the correction for the rollout policy: "
+                        "TIS would count it twice", f"set {_OPC}tis_ratio_type=null, or cispo_anchor=old")
+
+
+@_rule(_OPC + "token_mask_is_threshold_low", _OPC + "token_mask_is_threshold_high")
+def _token_mask_both_sides(cfg: Config) -> Iterator[Violation]:
+    opc = cfg.trainer.algorithm.off_policy_correction
+    if (opc.token_mask_is_threshold_low is None) != (opc.token_mask_is_threshold_high is None):
+        yield Violation(_OPC + "token_mask_is_threshold_low", opc.token_mask_is_threshold_low, "works together "
+                        "with token_mask_is_threshold_high (SkyRL ignores a one-sided token mask)",
+                        "set both thresholds, or neither")
+
+
+@_rule(_ALG + "use_tis", _ALG + "tis_imp_ratio_cap", _OPC + "tis_ratio_type")
+def _deprecated_tis(cfg: Config) -> Iterator[Violation]:
+    alg = cfg.trainer.algorithm
+    if not alg.use_tis:
+        return
+    if alg.tis_imp_ratio_cap <= 0:
+        yield Violation(_ALG + "tis_imp_ratio_cap", alg.tis_imp_ratio_cap, "must be > 0 with use_tis=true (it caps "
+                        "the token importance weights)", f"set {_ALG}tis_imp_ratio_cap=2.0, or better "
+                        f"{_OPC}tis_ratio_type=token and {_OPC}token_tis_ratio_clip_high")
+    if alg.off_policy_correction.tis_ratio_type == "sequence":
+        yield Violation(_ALG + "use_tis", True, f"means token-level TIS, which contradicts {_OPC}tis_ratio_type="
+                        "sequence", f"drop the deprecated {_ALG}use_tis")
+
+
+@_rule(_ALG + "on_policy_distillation", _ALG + "use_kl_in_reward")
+def _distillation_replaces_kl_reward(cfg: Config) -> Iterator[Violation]:
+    alg = cfg.trainer.algorithm
+    if alg.on_policy_distillation and alg.use_kl_in_reward:
+        yield Violation(_ALG + "use_kl_in_reward", True, "excludes on_policy_distillation (whose rewards are already "
+                        "the teacher's KL term)", f"set {_ALG}use_kl_in_reward=false")
+
+
+@_rule("trainer.update_ref_every_epoch", _ALG + "use_kl_loss", _ALG + "use_kl_in_reward",
+       _ALG + "on_policy_distillation")
+def _update_ref_needs_reference(cfg: Config) -> Iterator[Violation]:
+    alg = cfg.trainer.algorithm
+    if cfg.trainer.update_ref_every_epoch and not (alg.use_kl_loss or alg.use_kl_in_reward
+                                                   or alg.on_policy_distillation):
+        yield Violation("trainer.update_ref_every_epoch", True, "updates the reference model, which this run does not "
+                        "have (nothing reads it: no KL loss, no KL in the reward, no distillation)",
+                        "set trainer.update_ref_every_epoch=false, or use a KL term")
+
+
+@_rule(_ALG + "overlong_buffer_len", _ALG + "overlong_buffer_penalty_factor", "generator.sampling_params.max_generate_length")
+def _overlong_buffer(cfg: Config) -> Iterator[Violation]:
+    alg, longest = cfg.trainer.algorithm, cfg.generator.sampling_params.max_generate_length
+    if alg.overlong_buffer_len is not None and alg.overlong_buffer_len > longest:
+        yield Violation(_ALG + "overlong_buffer_len", alg.overlong_buffer_len, "must be at most the longest response "
+                        f"(generator.sampling_params.max_generate_length={longest})",
+                        f"set {_ALG}overlong_buffer_len to at most {longest}")
+    if alg.overlong_buffer_penalty_factor < 0:
+        yield Violation(_ALG + "overlong_buffer_penalty_factor", alg.overlong_buffer_penalty_factor, "must be >= 0",
+                        "e.g. 1.0")
+
+
+@_rule(_ALG + "value_head_prefix")
+def _value_head_name(cfg: Config) -> Iterator[Violation]:
+    name = cfg.trainer.algorithm.value_head_prefix
+    if not name.isidentifier() or name == "model":
+        yield Violation(_ALG + "value_head_prefix", name, "must be a Python name other than 'model' (it names the "
+                        "critic's value-head parameter)", f"write e.g. {_ALG}value_head_prefix=value_head")
+
+
+@_rule("trainer.critic.model.path", "trainer.train_batch_size", "trainer.critic_mini_batch_size")
+def _critic_mini_batches(cfg: Config) -> Iterator[Violation]:
+    t = cfg.trainer
+    if t.critic.model.path and t.critic_mini_batch_size >= 1 and t.train_batch_size % t.critic_mini_batch_size:
+        yield Violation("trainer.critic_mini_batch_size", t.critic_mini_batch_size, "must divide trainer."
+                        f"train_batch_size ({t.train_batch_size})", f"set trainer.critic_mini_batch_size to a divisor "
+                        f"of {t.train_batch_size}")
+
+
+@_rule(_ALG + "loss_reduction", "trainer.policy_mini_batch_size", "generator.n_samples_per_prompt",
+       "trainer.micro_train_batch_size_per_gpu")
+def _legacy_token_mean(cfg: Config) -> Iterator[Violation]:
+    t = cfg.trainer
+    rows = t.policy_mini_batch_size * cfg.generator.n_samples_per_prompt
+    micro = t.micro_train_batch_size_per_gpu
+    if t.algorithm.loss_reduction == "token_mean_legacy" and micro >= 1 and rows % micro:
+        yield Violation("trainer.micro_train_batch_size_per_gpu", micro, "must divide a mini-batch's rows (policy_"
+                        f"mini_batch_size * n_samples_per_prompt = {rows}) with loss_reduction=token_mean_legacy (its "
+                        "mean is per micro-batch; SkyRL gives the rows past the last whole one advantage 0)",
+                        f"set trainer.micro_train_batch_size_per_gpu to a divisor of {rows}, or loss_reduction=token_mean")
+
+
+@_rule("trainer.fully_async.sample_full_batch", _ALG + "zero_variance_filter")
+def _sample_full_batch(cfg: Config) -> Iterator[Violation]:
+    if cfg.trainer.fully_async.sample_full_batch and not cfg.trainer.algorithm.zero_variance_filter:
+        yield Violation("trainer.fully_async.sample_full_batch", True, f"needs {_ALG}zero_variance_filter=true (it "
+                        "drops the groups that filter finds)", f"set {_ALG}zero_variance_filter=true")
+
+
+@_rule(_ALG + "dynamic_sampling.type", FULLY_ASYNC)
+def _dynamic_sampling_async(cfg: Config) -> Iterator[Violation]:
+    if cfg.trainer.fully_async.enabled and cfg.trainer.algorithm.dynamic_sampling.type == "replace":
+        yield Violation(_ALG + "dynamic_sampling.type", "replace", "needs a whole batch generated at once, which "
+                        "the fully-async trainer never has", f"use {_ALG}dynamic_sampling.type=filter (the "
+                        "fully-async trainer then drops such groups at generation and generates others)")
+
+
+@_rule("generator.step_wise_trajectories", "generator.merge_stepwise_output")
+def _merge_needs_step_wise(cfg: Config) -> Iterator[Violation]:
+    if cfg.generator.merge_stepwise_output and not cfg.generator.step_wise_trajectories:
+        yield Violation("generator.merge_stepwise_output", True, "merges step-wise samples, which only "
+                        "generator.step_wise_trajectories=true makes", "set generator.merge_stepwise_output=false")
+
+
+@_rule("generator.sampling_params.logprobs", "generator.eval_sampling_params.logprobs")
+def _logprobs_zero_or_one(cfg: Config) -> Iterator[Violation]:
+    for kind in ("sampling_params", "eval_sampling_params"):
+        value = getattr(cfg.generator, kind).logprobs
+        if value is not None and value not in (0, 1):
+            yield Violation(f"generator.{kind}.logprobs", value, "must be 0, 1 or null (each asks only for the "
+                            "sampled token's log-probability)", f"set generator.{kind}.logprobs=1")
+
+
+@_rule(COLOCATE, POLICY_NODES, POLICY_GPUS, "generator.inference_engine.num_engines", "generator.inference_engine.device")
+def _colocated_counts(cfg: Config) -> Iterator[Violation]:
+    """SkyRL's rule on GPUs: colocated, each GPU holds one policy rank and one engine. (On CPU the
+    engines share the host's memory with the trainer whatever their number.)"""
+    placement, ie = cfg.trainer.placement, cfg.generator.inference_engine
+    ranks = placement.policy_num_nodes * placement.policy_num_gpus_per_node
+    on_gpus = ie.device.startswith("cuda")
+    if on_gpus and placement.colocate_all and ranks >= 1 and ie.num_engines >= 1 and ranks != ie.num_engines:
+        yield Violation(COLOCATE, True, f"needs one engine per policy rank: {POLICY_NODES} * {POLICY_GPUS} = {ranks} "
+                        f"but generator.inference_engine.num_engines = {ie.num_engines}",
+                        f"set generator.inference_engine.num_engines={ranks}, or {COLOCATE}=false")
 
 
 @_rule(FULLY_ASYNC, "trainer.train_batch_size", "trainer.policy_mini_batch_size")
@@ -359,20 +570,27 @@ for _key in ("data.train_data", "data.val_data"):
 
 @_rule("environment.env_class")
 def _env_class_known(cfg: Config) -> Iterator[Violation]:
-    from inflight.rewards.registry import reward_names  # stdlib only below it: no import cycle
-
+    """A malformed `package.module:name` is a violation; a plain name not registered yet is not (your
+    code may register it before the run, as SkyRL's example entry points register theirs): a run
+    refuses it then (`inflight.config.implemented.unknown_env_class`)."""
     name = cfg.environment.env_class
-    if name is None or name in reward_names():
-        return
-    if ":" in name:
-        if not _MODULE_NAME.match(name):
-            yield Violation("environment.env_class", name, "is not of the form package.module:name",
-                            "write e.g. environment.env_class=my_rewards:score")
-        return
-    close = difflib.get_close_matches(name, reward_names(), n=1)
+    if name is not None and ":" in name and not name.startswith("skyrl_gym:") and not _MODULE_NAME.match(name):
+        yield Violation("environment.env_class", name, "is not of the form package.module:name",
+                        "write e.g. environment.env_class=my_rewards:score")
+
+
+def env_class_problem(name: str | None) -> Violation | None:
+    """Why a run cannot score with `environment.env_class` = `name` (not registered), or None."""
+    from inflight.rewards.registry import SKYRL_GYM_ENVIRONMENTS, known_env_class, reward_names  # stdlib only
+
+    if name is None or ":" in name or known_env_class(name):
+        return None
+    names = [*reward_names(), *(n for n in SKYRL_GYM_ENVIRONMENTS if n not in reward_names())]
+    close = difflib.get_close_matches(name, names, n=1)
     hint = f"did you mean '{close[0]}'? " if close else ""
-    yield Violation("environment.env_class", name, "is not a known reward or environment",
-                    f"{hint}use one of {', '.join(reward_names())}, or package.module:name")
+    return Violation("environment.env_class", name, "is not a known reward or environment (a name your own code "
+                     "registers must be registered before the run: inflight.rewards.register)",
+                     f"{hint}use one of {', '.join(names)}, skyrl_gym:<id>, or package.module:name")
 
 
 @_rule("data.val_data", "data.train_data")

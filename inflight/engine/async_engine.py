@@ -331,6 +331,7 @@ class AsyncEngine:
             self._cancel(request_id, queue)
 
     async def abort(self, request_ids: Iterable[str]) -> list[RequestOutput]:
+        """Finish the given requests now (`finish_reason` 'abort'); returns their outputs."""
         return await self._call(self.engine.abort, list(request_ids))
 
     # ---- lifecycle ----------------------------------------------------------------------------
@@ -365,27 +366,35 @@ class AsyncEngine:
         return outputs
 
     async def resume(self) -> None:
+        """`LLMEngine.resume`: undo any pause."""
         await self._call(self.engine.resume)
 
     async def sleep(self, offload_kv: bool = False) -> None:
+        """`LLMEngine.sleep`: free both pools (KV to host memory with `offload_kv`, else discarded)."""
         await self._call(self.engine.sleep, offload_kv)
 
     async def wake_up(self, tags: list[str] | None = None) -> None:
+        """`LLMEngine.wake_up`: bring the named pools back (default both)."""
         await self._call(self.engine.wake_up, tags)
 
     async def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """`LLMEngine.reset_prefix_cache`: True iff the prefix cache is now empty."""
         return await self._call(self.engine.reset_prefix_cache, reset_running_requests)
 
     async def begin_weight_update(self) -> None:
+        """`LLMEngine.begin_weight_update`: open an all-or-nothing update."""
         await self._call(self.engine.begin_weight_update)
 
     async def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """`LLMEngine.load_weights`: copy a chunk of HF-named tensors into the open update."""
         await self._call(self.engine.load_weights, list(named_tensors))
 
     async def finish_weight_update(self, version: int | None = None) -> int:
+        """`LLMEngine.finish_weight_update`: complete the update; returns the new weight version."""
         return await self._call(self.engine.finish_weight_update, version)
 
     async def abort_weight_update(self) -> bool:
+        """`LLMEngine.abort_weight_update`: True when the old weights are back."""
         return await self._call(self.engine.abort_weight_update)
 
     # ---- health -------------------------------------------------------------------------------
@@ -410,8 +419,10 @@ class AsyncEngine:
 
     @property
     def weight_version(self) -> int:
+        """The version of the weights the engine holds (bumped by every completed update)."""
         return self.engine.weight_version
 
     @property
     def stats(self):
+        """The engine's counters (`EngineStats`)."""
         return self.engine.stats

@@ -161,6 +161,11 @@ class LLMEngine:
             raise InvalidRequestError(
                 f"top_logprobs={params.top_logprobs} exceeds the vocabulary size {self.vocab_size}"
             )
+        if params.return_routed_experts and self.model.routing_shape is None:
+            raise InvalidRequestError(
+                f"return_routed_experts=True: {type(self.model).__name__} has no mixture-of-experts layers, "
+                "so there is no routing to return; leave it false for this model"
+            )
         if not prompt_token_ids:
             raise InvalidRequestError("prompt_token_ids is empty; give at least one token")
         bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
@@ -195,6 +200,7 @@ class LLMEngine:
 
     @_locked
     def has_unfinished_requests(self) -> bool:
+        """Whether any request is waiting, running or frozen."""
         return self.scheduler.has_unfinished()
 
     @_locked
@@ -220,6 +226,7 @@ class LLMEngine:
 
     @property
     def is_paused(self) -> bool:
+        """Whether a pause is in force (a `wait` pause once its drain has ended)."""
         return self._pause.phase is PausePhase.PAUSED
 
     @property
@@ -280,10 +287,14 @@ class LLMEngine:
         return None
 
     def _finish(self, request: Request, reason: str) -> RequestOutput:
+        routed = self.runner.routed_experts(request)  # read through the blocks that finish() frees
         self.scheduler.finish(request, reason)
         del self.requests[request.request_id]
         self.stats.finished_requests += 1
-        return request.to_output()
+        output = request.to_output()
+        if routed is not None:
+            output.routed_experts, output.routed_experts_start = routed
+        return output
 
     def generate(
         self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None
@@ -412,6 +423,7 @@ class LLMEngine:
         chunk = list(named_tensors)
         self._update = update = replace(update, touched=time.monotonic())  # the lease runs from here
         try:
+            chunk = list(self.model.split_fused(chunk))  # MoE: fused expert tensors to per-expert weights
             adapter = [(n, t) for n, t in chunk if adapter_part(n) is not None]
             chunk = [(n, t) for n, t in chunk if adapter_part(n) is None]
             self._check_chunk(chunk)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from inflight.engine import kernels
@@ -10,7 +11,10 @@ from inflight.engine.kv_cache import KVCache
 from inflight.engine.models.common import DecoderForCausalLM
 from inflight.engine.models.layer_ops import NativeOps, TorchOps
 from inflight.engine.request import Request
-from inflight.engine.sampler import TopLogprobs, sample
+from inflight.engine.routing import RoutingCache
+from inflight.engine.sampler import TopLogprobs, sample, score_tokens
+
+PROMPT_LOGPROB_ROWS = 256  # prompt positions scored per LM-head pass: [rows, vocab] floats at a time
 
 
 def native_library(key: str, backend: str, dtype: torch.dtype, device: torch.device, holds: str):
@@ -49,6 +53,8 @@ class ModelRunner:
         self.native_lib = native_library(
             "attention_backend", attention_backend, kv_cache.dtype, kv_cache.device, "KV caches"
         )
+        # MoE models: the experts that computed each KV slot (None for a dense model)
+        self.routing = RoutingCache.for_model(model, kv_cache.shape[2] * block_size, block_size, self.device)
 
     @torch.inference_mode()
     def execute(
@@ -86,7 +92,12 @@ class ModelRunner:
         )
         ids = torch.tensor(input_ids, dtype=torch.long, device=self.device)
         pos = torch.tensor(positions, dtype=torch.long, device=self.device)
-        hidden = self.model(ids, pos, meta, self.kv_cache)
+        routing = None if self.routing is None else self.routing.buffer(len(input_ids))
+        hidden = self.model(ids, pos, meta, self.kv_cache, routing)
+        if routing is not None:
+            self.routing.store(meta.slot_mapping, routing)
+        if any(r.needs_prompt_logprobs for r, _ in ordered):
+            self._score_prompts(hidden, ordered)
         rows, samplers, offset = [], [], 0
         for request, n in ordered:
             offset += n
@@ -102,3 +113,30 @@ class ModelRunner:
             logits, [r.params for r in samplers], [r.generator for r in samplers], self.generator
         )
         return list(zip(samplers, tokens, logprobs, tops, strict=True))
+
+    def _score_prompts(self, hidden: torch.Tensor, ordered: list[tuple[Request, int]]) -> None:
+        """Prompt logprobs of the requests that ask: the hidden row of position p scores prompt
+        token p + 1. Each prompt position is scored once, in order, whichever chunk computes it
+        (a position computed again after a reset or preemption keeps its first score)."""
+        offset = 0
+        for request, n in ordered:
+            start = request.num_computed_tokens
+            if request.needs_prompt_logprobs:
+                first = max(start, len(request.prompt_logprobs) - 1)  # the next unscored token's position
+                end = min(start + n, request.num_prompt_tokens - 1)
+                for lo in range(first, end, PROMPT_LOGPROB_ROWS):
+                    hi = min(lo + PROMPT_LOGPROB_ROWS, end)
+                    rows = torch.arange(offset + lo - start, offset + hi - start, device=self.device)
+                    logits = self.model.compute_logits(hidden[rows])
+                    values, ranks, tops = score_tokens(logits, request.token_ids[lo + 1 : hi + 1],
+                                                       request.params.prompt_logprobs)
+                    request.add_prompt_logprobs(values, ranks, tops)
+            offset += n
+
+    def routed_experts(self, request: Request) -> tuple[np.ndarray, int] | None:
+        """(routing record, first position) of a request, read from its block table (so call it
+        before its blocks are freed); None for a dense model. See `RequestOutput.routed_experts`."""
+        if self.routing is None:
+            return None
+        start = 0 if request.params.return_routed_experts else request.num_prompt_tokens - 1
+        return self.routing.read(request.block_ids, start, request.num_computed_tokens), start

@@ -1,5 +1,6 @@
 """Sampling: greedy, temperature, top-k, top-p, per-request seeds, logprob of each sampled token and,
-for requests that ask, the most likely alternatives (`top_logprobs`).
+for requests that ask, the most likely alternatives (`top_logprobs`) and the prompt's scores
+(`score_tokens`, for `prompt_logprobs`).
 
 Seeded requests draw from their own generator, one draw per sampled token, so their tokens do not
 depend on what else is in the batch; unseeded requests share the engine's generator.
@@ -85,3 +86,21 @@ def _logprobs(
             want = params[wanted[i]].top_logprobs
             tops[wanted[i]] = list(zip(ids_list[j][:want], values_list[j][:want], strict=True))
     return lps, tops
+
+
+def score_tokens(
+    logits: torch.Tensor, targets: list[int], k: int
+) -> tuple[list[float], list[int], list[TopLogprobs] | None]:
+    """Prompt logprobs: each row's log-probability of `targets[row]` under log_softmax(logits) (no
+    temperature), its rank (1 + the tokens more likely), and with k > 0 each row's k most likely
+    (token_id, logprob), most likely first. Computed as x - logsumexp(x), as `_logprobs` does."""
+    lse = torch.logsumexp(logits, dim=-1)
+    idx = torch.tensor(targets, device=logits.device)
+    target_logits = logits.gather(1, idx[:, None])
+    picked = (target_logits.squeeze(1) - lse).tolist()
+    ranks = ((logits > target_logits).sum(-1) + 1).tolist()
+    if k <= 0:
+        return picked, ranks, None
+    values, ids = torch.topk(logits, min(k, logits.shape[-1]), dim=-1)
+    values_list, ids_list = (values - lse[:, None]).tolist(), ids.tolist()
+    return picked, ranks, [list(zip(i, v, strict=True)) for i, v in zip(ids_list, values_list, strict=True)]

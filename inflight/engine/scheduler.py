@@ -3,7 +3,7 @@
 Every step the running requests are served first (oldest first); when blocks run out the newest
 running request is preempted by recompute (blocks freed, tokens kept, back to the front of the
 queue). Waiting requests are admitted after a prefix-cache lookup keyed by the current weight
-version. The backstop: a request holding a block from an older KV epoch (the pool was discarded) is
+version (none for a request whose prompt logprobs are still to be computed). The backstop: a request holding a block from an older KV epoch (the pool was discarded) is
 reset before anything is scheduled, so no request ever attends to discarded KV. The BlockPool makes
 every block decision; schedule() returns what it did and the engine books the counts.
 """
@@ -111,7 +111,9 @@ class Scheduler:
             request = self.waiting[0]
             if self.admission_cutoff is not None and request.arrival > self.admission_cutoff:
                 break
-            hit = self.pool.match_prefix(request, weight_version)
+            # cached KV has no logits: a request whose prompt is still to be scored reads no prefix
+            # (vLLM's rule); it still publishes its blocks for others
+            hit = 0 if request.needs_prompt_logprobs else self.pool.match_prefix(request, weight_version)
             n = self._num_new_tokens(request, budget)
             if n == 0 or not self.pool.allocate_slots(request, n, weight_version):
                 self.reset(request)  # gives back the prefix blocks it just took

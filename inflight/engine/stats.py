@@ -7,6 +7,9 @@ from inflight.engine.scheduler import SchedulerOutput
 
 @dataclass
 class EngineStats:
+    """The engine's counters since it started (`LLMEngine.stats`): steps, tokens, prefix-cache hits,
+    preemptions, resets (asked for, and by the KV-epoch backstop), pauses and weight updates."""
+
     steps: int = 0
     prompt_tokens_computed: int = 0  # prefill tokens run through the model (first time)
     generated_tokens: int = 0
@@ -32,4 +35,5 @@ class EngineStats:
         self.recomputed_tokens += out.recomputed_tokens
 
     def as_dict(self) -> dict[str, int]:
+        """The counters as a plain dict (JSON-ready)."""
         return asdict(self)

@@ -1,5 +1,6 @@
-"""Rewards by name: the built-ins, names added with `register`, and `package.module:name` (a user's
-reward function or environment class, imported on first use)."""
+"""Rewards by name: the built-ins, names added with `register`, `package.module:name` (a user's
+reward function or environment class, imported on first use), and the names of skyrl-gym's
+environments (`skyrl_gym_id`; built by `inflight.tasks.skyrl_gym_env`, which imports the package)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,26 @@ _IMPORTED: dict[str, Any] = {}
 # Built-in environments, named here and imported on first use: they live above this package
 # (inflight.tasks), which imports it.
 _BUILTIN_ENVIRONMENTS = {"tool": "inflight.tasks.tool_env:ToolEnv"}
+SKYRL_GYM_PREFIX = "skyrl_gym:"
+SKYRL_GYM_ENVIRONMENTS = ("aime", "gsm8k", "gsm8k_multi_turn", "lcb", "search", "searchcode", "text2sql")
+"""The environments skyrl-gym 0.4.0 registers. A bare name that is also one of ours (`gsm8k`) is ours;
+`skyrl_gym:<id>` always names skyrl-gym's (any id its registry holds when the run starts)."""
+
+
+def skyrl_gym_id(name: str) -> str | None:
+    """The skyrl-gym environment id `name` stands for (`skyrl_gym:<id>`, or one of
+    `SKYRL_GYM_ENVIRONMENTS` that is not a name of ours), else None."""
+    if name.startswith(SKYRL_GYM_PREFIX):
+        return name[len(SKYRL_GYM_PREFIX):] or None
+    if name in SKYRL_GYM_ENVIRONMENTS and name not in _REGISTRY and name not in _BUILTIN_ENVIRONMENTS:
+        return name
+    return None
+
+
+def known_env_class(name: str) -> bool:
+    """Whether `name` is a name this package resolves without an import of the user's: a reward, a
+    built-in environment or a skyrl-gym environment (`package.module:name` is checked on import)."""
+    return name in reward_names() or skyrl_gym_id(name) is not None
 
 
 def register(name: str, fn: Reward) -> Reward:
@@ -60,12 +81,17 @@ def resolve(name: str) -> Any:
         return _REGISTRY[name]
     if name in _BUILTIN_ENVIRONMENTS:
         return resolve(_BUILTIN_ENVIRONMENTS[name])
+    if skyrl_gym_id(name) is not None:
+        raise RewardError(f"{CONFIG_KEY}={name!r} is a skyrl-gym environment: build it with "
+                          "inflight.tasks.skyrl_gym_env (DataTask does), not as a reward")
     if ":" not in name:
-        close = difflib.get_close_matches(name, list(_REGISTRY), n=1)
+        names = [*reward_names(), *(n for n in SKYRL_GYM_ENVIRONMENTS if n not in reward_names())]
+        close = difflib.get_close_matches(name, names, n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
         raise RewardError(
             f"{CONFIG_KEY}={name!r} is not a known reward: {hint}use one of "
-            f"{', '.join(reward_names())}, or 'package.module:name' for your own function or environment"
+            f"{', '.join(names)}, skyrl_gym:<id> for a skyrl-gym environment, or 'package.module:name' "
+            "for your own function or environment"
         )
     if name not in _IMPORTED:
         _IMPORTED[name] = _import(name)
@@ -102,6 +128,14 @@ def is_environment_class(obj: Any) -> bool:
         inspect.isclass(obj)
         and callable(getattr(obj, "step", None))
         and callable(getattr(obj, "reset", None))
+    )
+
+
+def is_skyrl_gym_class(obj: Any) -> bool:
+    """Whether `obj` is a skyrl-gym environment class (a subclass of `skyrl_gym.Env`: `init` / `step`
+    / `close`), told apart without importing skyrl-gym."""
+    return inspect.isclass(obj) and any(
+        (c.__module__, c.__name__) == ("skyrl_gym.core", "Env") for c in obj.__mro__
     )
 
 

@@ -11,29 +11,46 @@ TrajectoryGroup` callable can take its place in the trainers.
 Multi-turn is token-in/token-out: the model's sampled ids are kept verbatim (never decoded and
 re-encoded) and the next turn's prompt is the previous prompt plus those ids plus the observation.
 A text observation is appended as its tokens; chat messages (`{"role": "tool" | "user", ...}`)
-are appended as the tokens the tokenizer's chat template writes between the assistant turn and the
-next one (`inflight.chat.turns.between_turns`: the end of the turn, the messages, the generation
-prompt). When the model ended its turn with the template's end-of-turn token (`<|im_end|>`) it
-sampled that token (loss mask 1) and the template's copy is dropped; after a turn ended by a stop
-string the whole end of turn is the template's (mask 0). All of these get version `ENV_VERSION`.
+are appended as the tokens the tokenizer's chat template (or `task.chat_format`'s, with its
+arguments) writes between the assistant turn and the next one (`inflight.chat.turns.between_turns`:
+the end of the turn, the messages, the generation prompt), or, with `use_conversation_multi_turn`
+off, as their contents' tokens straight after the model's response (`inflight.rollout.conversation`).
+When the model ended its turn with the template's end-of-turn token (`<|im_end|>`) it sampled that
+token (loss mask 1) and the template's copy is dropped. All of these get version `ENV_VERSION`.
 
 Turns: an environment's own `max_turns` wins; one that leaves it None gets `max_turns` (the
-config's `generator.max_turns`, default 1). A turn cut by the token budget (`finish_reason
-"length"`) is scored and ends the episode, as does reaching `max_context`.
+config's `generator.max_turns`, default 1); skyrl-gym environments end their episodes themselves.
+Each turn's reward is kept where it belongs (`Trajectory.turn_rewards`). A turn cut by the token
+budget (`finish_reason "length"`) is scored and ends the episode, as does reaching `max_context`;
+an episode whose next turn's input (prompt, every turn and the observation) would be longer than
+`max_input_length` ends before that observation with finish reason "length" (SkyRL's
+`generator.max_input_length`; the config's null is trainer.max_prompt_length).
 
 Stop strings (`stop`, `generator.sampling_params.stop`): the engine works on token ids, so the
 response is decoded and cut at the first stop string to complete (`inflight.chat.stop`): the
 tokens up to and including the one that completed it are kept and trained on; the text given to
-the environment drops the stop string unless `include_stop_str_in_output` (vLLM's default: drop).
-A stop string that one token spells is also an engine stop token, so generation ends right there;
-any other runs on to EOS or the budget and the rest is discarded (the clients return whole
-responses).
+the environment drops the stop string unless `include_stop_str_in_output` (vLLM's default: drop) or
+the environment `keeps_stop_str` (skyrl-gym's). A stop string that one token spells is also an
+engine stop token, so generation ends right there; any other runs on to EOS or the budget and the
+rest is discarded (the clients return whole responses). With `append_eos_token_after_stop_str_in_
+multi_turn` (SkyRL's, default on; chat-message observations only) a turn ended by a stop string
+gets the tokenizer's EOS after it, as SkyRL appends it: loss mask 0 (the model did not sample it).
+Off, the turn stays open: the template's end-of-turn EOS is left out before the next observation.
+With observations appended to the response, an episode that ends by itself gets an EOS (mask 0)
+when its last turn did not end with one (SkyRL appends it too, and trains on it with a
+log-probability of 0; a token the model did not sample is never trained on here).
+
+The end of an episode (SkyRL's generator keys): `zero_reward_on_non_stop` scores 0 every episode
+that did not end with finish reason "stop" (its turn rewards too); `apply_overlong_filtering`
+(DAPO) gives such an episode loss mask 0 everywhere. `rate_limiter` bounds the episodes started per
+second and in flight (`generator.rate_limit`, `inflight.rollout.rate_limit`).
 
 Environment failures (`skip_failed_rollouts`, default true): building the environment, `reset()` or
 turning an observation into tokens that raises ends that episode only: it scores 0 with what it
 generated so far (`Trajectory.rollout_failed`, `info["rollout_error"]`); one that failed before its
 first turn has no prompt to train on (`Trajectory.usable` is false), and the trainers drop its group.
 False lets the error end the run, naming the problem. Client and engine errors always propagate.
+An environment's `close()` runs when its episode ends (a failure there is logged).
 
 Reward failures: a `step()` (the reward) that raises, returns no finite number, or takes longer
 than `reward_timeout_s` (`environment.reward_timeout_s`) scores its sample 0, sets
@@ -55,91 +72,19 @@ import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from inflight.chat.stop import single_token_stops, truncate_at_stop
-from inflight.chat.turns import as_messages, between_turns
 from inflight.engine.request import SamplingParams
+from inflight.rollout.conversation import Conversation, Turn
+from inflight.rollout.rate_limit import NO_LIMIT, shared_limiter
+from inflight.rollout.trajectory import ENV_VERSION, Trajectory, TrajectoryGroup
 from inflight.tasks.base import Environment, Problem, StepResult, Task, in_thread, step_is_bounded
 
 log = logging.getLogger(__name__)
 
-ENV_VERSION = -1
-"""`versions` entry of tokens the model did not sample (environment observations)."""
-
-
-@dataclass
-class Trajectory:
-    """One episode: the prompt and everything after it, aligned per response token."""
-
-    prompt_ids: list[int]
-    response_ids: list[int]
-    logprobs: list[float]
-    versions: list[int]
-    loss_mask: list[int]
-    reward: float
-    finish_reason: str
-    num_turns: int = 1
-    num_recomputed_tokens: int = 0
-    num_cached_tokens: int = 0
-    info: dict[str, Any] = field(default_factory=dict)
-    reward_failed: bool = False
-    """The reward / environment step raised or timed out: the sample scores 0 (`info["reward_error"]`
-    says why)."""
-    rollout_failed: bool = False
-    """The environment failed outside its reward (built, reset, observation): the episode ended there
-    and scores 0 (`info["rollout_error"]` says why)."""
-
-    @property
-    def usable(self) -> bool:
-        """Whether there is a sequence to train on (an episode that failed before its first turn has
-        no prompt)."""
-        return bool(self.prompt_ids)
-
-    @property
-    def num_generated(self) -> int:
-        return sum(self.loss_mask)
-
-    @property
-    def model_versions(self) -> list[int]:
-        return [v for v, m in zip(self.versions, self.loss_mask, strict=True) if m]
-
-
-@dataclass
-class TrajectoryGroup:
-    """The `n` trajectories of one prompt (a GRPO group), plus where the prompt came from.
-
-    `epoch` / `index`: the prompt's place in the data order (checkpoints record consumed prompts).
-    """
-
-    problem: Problem
-    trajectories: list[Trajectory]
-    epoch: int = 0
-    index: int = 0
-    generate_s: float = 0.0
-    ref: Any = None
-    """The data loader's handle of the prompt (set by the trainers)."""
-
-    @property
-    def prompt_id(self) -> str:
-        return self.problem.id
-
-    @property
-    def rewards(self) -> list[float]:
-        return [t.reward for t in self.trajectories]
-
-    @property
-    def usable(self) -> bool:
-        """Every trajectory has a sequence to train on (see `Trajectory.usable`)."""
-        return all(t.usable for t in self.trajectories)
-
-    @property
-    def informative(self) -> bool:
-        """Rewards differ within the group (otherwise every advantage is zero)."""
-        r = self.rewards
-        return bool(r) and max(r) > min(r)
-
+__all__ = ["ENV_VERSION", "Conversation", "TaskGenerator", "Trajectory", "TrajectoryGroup", "Turn",
+           "episode_options", "generate_groups", "request_seed"]
 
 GenerateFn = Callable[[Problem], Awaitable[TrajectoryGroup]]
 
@@ -150,52 +95,14 @@ def request_seed(*parts: object) -> int:
     return int.from_bytes(digest, "little") & 0x7FFFFFFF
 
 
-@dataclass
-class Turn:
-    """One model turn after stop strings: what is kept, the text the environment sees, why it ended."""
-
-    tokens: list[int]
-    logprobs: list[float]
-    versions: list[int]
-    text: str
-    finish_reason: str
-
-
-class Conversation:
-    """An episode's chat so far (the context the template renders observation messages in)."""
-
-    def __init__(self, task: Task, opening: str | list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> None:
-        self.task, self.tools = task, tools or None
-        self.messages = [{"role": "user", "content": opening}] if isinstance(opening, str) else list(opening)
-        if self.tools:  # the template lists the tools (a system turn, for Qwen's)
-            self.prompt_ids = task.encode_chat(self.messages, self.tools)
-        else:
-            self.prompt_ids = task.encode_prompt(opening)
-
-    def observation_ids(self, turn: Turn, observation: Any, stop_ids: set[int]) -> list[int]:
-        """The tokens that follow the model's `turn`: a text observation's own, or what the chat
-        template writes after the turn for observation messages (less the end-of-turn token the
-        model sampled itself)."""
-        said = {"role": "assistant", "content": turn.text}
-        if isinstance(observation, str):
-            self.messages.append(said)
-            return self.task.encode(observation)
-        messages = as_messages(observation)
-        ids = between_turns(self.task.tokenizer, self.messages, messages, self.tools)
-        if ids and turn.tokens and turn.tokens[-1] == ids[0] and ids[0] in stop_ids:
-            ids = ids[1:]
-        self.messages += [said, *messages]
-        return ids
-
-
 class TaskGenerator:
     """`n` episodes of `task`'s environment per prompt, sampled through `client`.
 
     `max_tokens` caps each model turn (default: the task's `max_new_tokens`); `max_context`
     caps prompt + response over all turns (multi-turn episodes end there). With `seed` set, each
     sample gets its own seed from (seed, epoch, prompt id, sample index), so a run is reproducible
-    whatever else is in the engine's batch. `stop`, `include_stop_str_in_output`, `max_turns` and
-    `reward_timeout_s`: see the module docstring (`episode_options(cfg)` reads them from a config).
+    whatever else is in the engine's batch. The keyword options: see the module docstring
+    (`episode_options(cfg)` reads them from a config).
     """
 
     def __init__(
@@ -215,21 +122,34 @@ class TaskGenerator:
         max_turns: int = 1,
         reward_timeout_s: float | None = None,
         skip_failed_rollouts: bool = True,
+        max_input_length: int | None = None,
+        use_conversation_multi_turn: bool = True,
+        append_eos_token_after_stop_str_in_multi_turn: bool = True,
+        zero_reward_on_non_stop: bool = False,
+        apply_overlong_filtering: bool = False,
+        rate_limiter: Any = NO_LIMIT,
     ) -> None:
         self.client, self.task, self.n = client, task, n
         self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
         self.max_tokens = max_tokens or task.max_new_tokens
-        self.max_context = max_context
+        self.max_context, self.max_input_length = max_context, max_input_length
         self.seed = seed
         self.stop = [s for s in (stop or []) if s]
         self.include_stop_str_in_output = include_stop_str_in_output
         self.max_turns = max_turns
         self.reward_timeout_s = reward_timeout_s
         self.skip_failed_rollouts = skip_failed_rollouts
+        self.conversation = use_conversation_multi_turn
+        self.append_eos = append_eos_token_after_stop_str_in_multi_turn
+        self.zero_reward_on_non_stop = zero_reward_on_non_stop
+        self.apply_overlong_filtering = apply_overlong_filtering
+        self.rate_limiter = rate_limiter
         self._sessions, self._session_ids = uuid.uuid4().hex, itertools.count()  # uuid4 a sample cost ~12 us
         raw = lambda ids: task.tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
         extra = single_token_stops(self.stop, task.encode, raw) if self.stop else []
         self.stop_token_ids = list(dict.fromkeys([*task.stop_token_ids, *extra]))
+        eos = task.tokenizer.eos_token_id
+        self.eos: int | None = None if eos is None else int(eos)
 
     def params(self, max_tokens: int, seed: int | None) -> SamplingParams:
         return SamplingParams(
@@ -242,8 +162,8 @@ class TaskGenerator:
             stop_token_ids=list(self.stop_token_ids),
         )
 
-    def turn_limit(self, env: Environment) -> int:
-        """The environment's own `max_turns`, else the run's."""
+    def turn_limit(self, env: Environment) -> float:
+        """The environment's own `max_turns` (skyrl-gym's: unbounded), else the run's."""
         own = getattr(env, "max_turns", None)
         return max(1, own if own is not None else self.max_turns)
 
@@ -253,49 +173,106 @@ class TaskGenerator:
         return TrajectoryGroup(problem, list(trajectories), epoch, index, time.perf_counter() - started)
 
     async def episode(self, problem: Problem, epoch: int = 0, sample: int = 0) -> Trajectory:
-        """Play one episode: generate, let the environment score it, append its observation, repeat."""
-        traj = Trajectory([], [], [], [], [], 0.0, "stop", num_turns=0)
+        """Play one episode (within the rate limits): generate, let the environment score it, append
+        its observation, repeat; then close the environment and apply the episode-end rules."""
+        async with self.rate_limiter:
+            traj = Trajectory([], [], [], [], [], 0.0, "stop", num_turns=0)
+            try:
+                env = self.task.make_env(problem)
+            except Exception as err:
+                return self._rollout_failed(problem, traj, "setting up the environment", err)
+            try:
+                await self._play(env, problem, traj, epoch, sample)
+            finally:
+                await self._close(env)
+        return self._finish(traj)
+
+    async def _play(self, env: Environment, problem: Problem, traj: Trajectory, epoch: int, sample: int) -> None:
         try:
-            env = self.task.make_env(problem)
-            chat = Conversation(self.task, env.reset(), getattr(env, "tools", None))
+            chat = Conversation(self.task, env.reset(), getattr(env, "tools", None), self.conversation)
         except Exception as err:
-            return self._rollout_failed(problem, traj, "setting up the environment", err)
+            self._rollout_failed(problem, traj, "setting up the environment", err)
+            return
         prompt = traj.prompt_ids = chat.prompt_ids
         session = f"{self._sessions}-{next(self._session_ids)}"  # every turn on one engine: its prefix cache
         limit = self.turn_limit(env)
-        for index in range(limit):
+        if self.max_input_length is not None and len(prompt) > self.max_input_length:
+            traj.finish_reason = "length"
+            return
+        for index in itertools.count():
             budget = self.max_tokens
             if self.max_context is not None:
                 budget = min(budget, self.max_context - len(prompt) - len(traj.response_ids))
                 if budget < 1:
                     traj.finish_reason = "length"
-                    break
+                    return
             seed = None if self.seed is None else request_seed(self.seed, epoch, problem.id, sample, index)
             out = await self.client.generate(prompt + traj.response_ids, self.params(budget, seed),
                                              session_id=session)
             turn = self.cut(out)
-            self._append(traj, turn.tokens, turn.logprobs, turn.versions, 1)
+            appended = self._add_turn(traj, turn)
             traj.finish_reason = turn.finish_reason
             traj.num_turns = index + 1
             traj.num_recomputed_tokens += out.num_recomputed_tokens
             traj.num_cached_tokens += out.num_cached_tokens
             if turn.finish_reason == "abort":
-                break
-            result = await self.step(env, turn.text, traj)
+                return
+            text = turn.full_text if getattr(env, "keeps_stop_str", False) else turn.text
+            result = await self.step(env, text, traj, len(traj.response_ids) - 1 - appended)
             if result is None or result.done or result.observation is None or turn.finish_reason == "length":
-                break
+                return
             if index + 1 >= limit:
                 traj.info["max_turns_reached"] = True
-                break
+                return
+            if not self.conversation:
+                self._drop_eos(traj)
             try:
-                observation = chat.observation_ids(turn, result.observation, set(self.stop_token_ids))
+                observation = chat.observation_ids(
+                    text, result.observation, traj.response_ids[-1] if traj.response_ids else None,
+                    set(self.stop_token_ids), drop_eos=turn.stopped_by_string and not self.append_eos)
             except Exception as err:
-                return self._rollout_failed(problem, traj, "turning the observation into tokens", err)
+                self._rollout_failed(problem, traj, "turning the observation into tokens", err)
+                return
             used = len(prompt) + len(traj.response_ids) + len(observation)
+            if self.max_input_length is not None and used > self.max_input_length:
+                traj.finish_reason = "length"
+                return
             if self.max_context is not None and used >= self.max_context:
                 traj.finish_reason = "length"
-                break
+                return
             self._append(traj, observation, [0.0] * len(observation), [ENV_VERSION] * len(observation), 0)
+
+    def _add_turn(self, traj: Trajectory, turn: Turn) -> int:
+        """Append the model's turn (mask 1) and, after a stop string with chat-message observations and
+        `append_eos_token_after_stop_str_in_multi_turn`, the EOS (mask 0). Returns the tokens appended
+        after the sampled ones."""
+        self._append(traj, turn.tokens, turn.logprobs, turn.versions, 1)
+        if (self.conversation and self.append_eos and turn.stopped_by_string and self.eos is not None
+                and turn.tokens and turn.tokens[-1] != self.eos):
+            self._append(traj, [self.eos], [0.0], [ENV_VERSION], 0)
+            return 1
+        return 0
+
+    def _drop_eos(self, traj: Trajectory) -> None:
+        """Observations appended to the response: the model's EOS before them goes (one message)."""
+        if traj.response_ids and traj.response_ids[-1] == self.eos and traj.loss_mask[-1] == 1:
+            for seq in (traj.response_ids, traj.logprobs, traj.versions, traj.loss_mask):
+                seq.pop()
+            end = len(traj.response_ids) - 1
+            traj.turn_rewards = [(min(i, end), r) for i, r in traj.turn_rewards]
+
+    def _finish(self, traj: Trajectory) -> Trajectory:
+        """The end-of-episode rules: a closing EOS for appended observations, zero reward and overlong
+        filtering for episodes that did not stop by themselves."""
+        stopped = traj.finish_reason == "stop"
+        if not self.conversation and stopped and traj.response_ids and traj.response_ids[-1] != self.eos \
+                and self.eos is not None:
+            self._append(traj, [self.eos], [0.0], [ENV_VERSION], 0)
+        if self.zero_reward_on_non_stop and not stopped:
+            traj.reward = 0.0
+            traj.turn_rewards = [(i, 0.0) for i, _ in traj.turn_rewards]
+        if self.apply_overlong_filtering and not stopped:
+            traj.loss_mask = [0] * len(traj.loss_mask)
         return traj
 
     @staticmethod
@@ -314,14 +291,18 @@ class TaskGenerator:
         finish = out.finish_reason or "stop"
         match = None
         if self.stop and finish != "abort":
-            match = truncate_at_stop(tokens, self.stop, self.task.decode, self.include_stop_str_in_output)
+            match = truncate_at_stop(tokens, self.stop, self.task.decode, True)
         if match is None:
-            return Turn(tokens, logprobs, versions, self.task.decode(tokens), finish)
-        n = match.num_tokens
-        return Turn(tokens[:n], logprobs[:n], versions[:n], match.text, "stop")
+            text = self.task.decode(tokens)
+            return Turn(tokens, logprobs, versions, text, finish, text)
+        n, full = match.num_tokens, match.text
+        text = full if self.include_stop_str_in_output else full[: len(full) - len(match.stop)]
+        return Turn(tokens[:n], logprobs[:n], versions[:n], text, "stop", full, True)
 
-    async def step(self, env: Environment, text: str, traj: Trajectory) -> StepResult | None:
-        """`env.step(text)` added to `traj`; None (and the sample scored 0) when it failed."""
+    async def step(self, env: Environment, text: str, traj: Trajectory, position: int | None = None
+                   ) -> StepResult | None:
+        """`env.step(text)` added to `traj` (its reward at `position`, default the response's last
+        token); None (and the sample scored 0) when it failed."""
         try:
             result = await self._run_step(env, text)
             reward = float(result.reward)
@@ -333,6 +314,7 @@ class TaskGenerator:
             self._failed(env, traj, err)
             return None
         traj.reward += reward
+        traj.turn_rewards.append((len(traj.response_ids) - 1 if position is None else position, reward))
         traj.info.update(result.info)
         return result
 
@@ -347,6 +329,18 @@ class TaskGenerator:
         except TimeoutError:
             raise TimeoutError(f"took longer than environment.reward_timeout_s={timeout:g} s") from None
 
+    async def _close(self, env: Environment) -> None:
+        close = getattr(env, "close", None)
+        if not callable(close):
+            return
+        try:
+            await _settled(close())
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            _warn_once((type(env).__name__, "close"), "%s.close failed (%s: %s); the sample is kept",
+                       type(env).__name__, type(err).__name__, err)
+
     def _rollout_failed(self, problem: Problem, traj: Trajectory, doing: str, err: Exception) -> Trajectory:
         """End the episode on an environment failure: scored 0, or the error ends the run."""
         message = f"{type(err).__name__}: {err}"
@@ -354,6 +348,7 @@ class TaskGenerator:
             raise RuntimeError(f"problem {problem.id!r}: the environment failed {doing} ({message}); "
                                "generator.skip_failed_rollouts=true scores such samples 0 instead") from err
         traj.reward, traj.rollout_failed, traj.finish_reason = 0.0, True, "rollout_error"
+        traj.turn_rewards = [(i, 0.0) for i, _ in traj.turn_rewards]
         traj.info["rollout_error"] = f"{doing}: {message}"
         _warn_once((doing, type(err).__name__), "problem %r: the environment failed %s (%s); the sample "
                    "scores 0%s (rollout/failed)", problem.id, doing, message,
@@ -363,6 +358,7 @@ class TaskGenerator:
     def _failed(self, env: Environment, traj: Trajectory, err: Exception) -> None:
         message = f"{type(err).__name__}: {err}"
         traj.reward, traj.reward_failed = 0.0, True
+        traj.turn_rewards = [(i, 0.0) for i, _ in traj.turn_rewards]
         traj.info["reward_error"] = message
         _warn_once((type(env).__name__, type(err).__name__), "%s.step failed (%s); the sample scores 0 and is "
                    "counted in reward/failures", type(env).__name__, message)
@@ -389,11 +385,21 @@ async def _settled(value: Any) -> Any:
 
 def episode_options(cfg: Any, sampling: Any = None) -> dict[str, Any]:
     """`TaskGenerator` keyword arguments from a config, besides the sampling basics: stop strings
-    (`sampling` or `generator.sampling_params`), `generator.max_turns`, `environment.reward_timeout_s`."""
-    sampling = sampling if sampling is not None else cfg.generator.sampling_params
+    (`sampling` or `generator.sampling_params`), `generator.max_turns`, `max_input_length` (null:
+    trainer.max_prompt_length), `use_conversation_multi_turn`, `append_eos_token_after_stop_str_in_
+    multi_turn`, `zero_reward_on_non_stop`, `apply_overlong_filtering`, `skip_failed_rollouts`, the
+    rate limits (one limiter per config), `environment.reward_timeout_s`."""
+    g = cfg.generator
+    sampling = sampling if sampling is not None else g.sampling_params
+    max_input = g.max_input_length if g.max_input_length is not None else cfg.trainer.max_prompt_length
     return {"stop": sampling.stop, "include_stop_str_in_output": sampling.include_stop_str_in_output,
-            "max_turns": cfg.generator.max_turns, "reward_timeout_s": cfg.environment.reward_timeout_s,
-            "skip_failed_rollouts": cfg.generator.skip_failed_rollouts}
+            "max_turns": g.max_turns, "reward_timeout_s": cfg.environment.reward_timeout_s,
+            "skip_failed_rollouts": g.skip_failed_rollouts, "max_input_length": max_input,
+            "use_conversation_multi_turn": g.use_conversation_multi_turn,
+            "append_eos_token_after_stop_str_in_multi_turn": g.append_eos_token_after_stop_str_in_multi_turn,
+            "zero_reward_on_non_stop": g.zero_reward_on_non_stop,
+            "apply_overlong_filtering": g.apply_overlong_filtering,
+            "rate_limiter": shared_limiter(g.rate_limit)}
 
 
 async def generate_groups(generate: GenerateFn, problems: Sequence[Problem]) -> list[TrajectoryGroup]:

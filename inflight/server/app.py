@@ -17,11 +17,13 @@ from inflight.server.errors import APIError, install_error_handlers
 from inflight.server.metrics import ServerMetrics
 from inflight.server.middleware import BodyLimitMiddleware
 from inflight.server.openai_api import DEFAULT_MAX_PROMPTS_PER_REQUEST, ServeContext, build_router
+from inflight.server.responses_api import build_responses_router
+from inflight.server.tokenize_api import build_tokenize_router
 from inflight.weight_sync.receiver import engine_receiver
 
 DEFAULT_MAX_BODY_BYTES = 16 * 2**20
 DEFAULT_MAX_WEIGHT_CHUNK_BYTES = 4 * 2**30
-GENERATION_ROUTES = ("/v1/completions", "/v1/chat/completions", wire.GENERATE)
+GENERATION_ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/responses", wire.GENERATE)
 
 
 def bearer_auth(token: str | None, what: str, wrong_status: int):
@@ -96,8 +98,11 @@ def create_app(async_engine: AsyncEngine, tokenizer: Any, served_model_name: str
     ctx = ServeContext(async_engine, tokenizer, served_model_name, int(time.time()),
                        trust_request_chat_template, max_prompts_per_request)
     install_error_handlers(app)
+    api_auth = bearer_auth(api_key, "API key", 401)
     routers = [
-        build_router(ctx, bearer_auth(api_key, "API key", 401)),
+        build_router(ctx, api_auth),
+        build_tokenize_router(ctx, api_auth),
+        build_responses_router(ctx, api_auth),
         build_control_router(async_engine, bearer_auth(control_token, "control token", 403), metrics),
     ]
     for router in routers:

@@ -2,12 +2,16 @@
 
 `IncrementalDetokenizer` decodes only a short window of recent tokens per step (the method vLLM and
 HF's TextStreamer use), holding text back while it ends in an incomplete UTF-8 sequence (U+FFFD).
-`ChoiceTracker` turns successive `RequestOutput` snapshots of one request into `Delta`s.
+`ChoiceTracker` turns successive `RequestOutput` snapshots of one request into `Delta`s, and keeps
+what the whole choice needs besides them: the prompt's scores (`prompt_logprobs`), the echoed
+prompt text and vLLM's `stop_reason` (the stop string or stop token id that ended it).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from inflight.chat.stop import first_stop
 from inflight.engine.request import RequestOutput
@@ -73,6 +77,10 @@ class ChoiceTracker:
     include_stop: bool = False  # keep the matched stop string at the end of the text (vLLM's option)
     incremental: bool = True  # False: only a final snapshot comes, decoded in one go
     decode: bool = True  # False: tokens only, no text (the token-in/token-out route)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    keep_output: bool = True  # False: the prompt alone (echo with max_tokens=0: the one token is dropped)
+    prompt_text: str = ""  # the prompt as echoed (completions `echo`)
     output_token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] | None = None
     top_logprobs: list[list[tuple[int, float]]] | None = None
@@ -83,6 +91,12 @@ class ChoiceTracker:
     num_cached_tokens: int = 0
     num_recomputed_tokens: int = 0
     stopped: bool = False  # a stop string matched: the engine request is to be aborted
+    stop_reason: str | int | None = None  # vLLM's: the stop string or stop token id; None at EOS or length
+    prompt_logprobs: list[float | None] | None = None  # the engine's prompt scores, when asked
+    prompt_top_logprobs: list[list[tuple[int, float]] | None] | None = None
+    prompt_logprob_ranks: list[int | None] | None = None
+    routed_experts: np.ndarray | None = None  # an MoE model's routing record (the finished snapshot's)
+    routed_experts_start: int = 0
 
     def __post_init__(self) -> None:
         self._detok = IncrementalDetokenizer(self.tokenizer, self.prompt_token_ids, self.skip_special_tokens)
@@ -92,11 +106,18 @@ class ChoiceTracker:
     def update(self, snapshot: RequestOutput) -> Delta:
         if self.finish_reason is not None:  # already stopped by a stop string
             return Delta(self.index, "", [], None, [], None)
+        if snapshot.prompt_logprobs is not None:
+            self.prompt_logprobs = snapshot.prompt_logprobs
+            self.prompt_top_logprobs = snapshot.prompt_top_logprobs
+            self.prompt_logprob_ranks = snapshot.prompt_logprob_ranks
+        if snapshot.routed_experts is not None:
+            self.routed_experts, self.routed_experts_start = snapshot.routed_experts, snapshot.routed_experts_start
         start = len(self.output_token_ids)
-        new_ids = snapshot.output_token_ids[start:]
-        new_logprobs = snapshot.logprobs[start:] if snapshot.logprobs is not None else None
-        new_top = snapshot.top_logprobs[start:] if snapshot.top_logprobs is not None else None
-        new_versions = snapshot.token_weight_versions[start:]
+        end = len(snapshot.output_token_ids) if self.keep_output else start
+        new_ids = snapshot.output_token_ids[start:end]
+        new_logprobs = snapshot.logprobs[start:end] if snapshot.logprobs is not None else None
+        new_top = snapshot.top_logprobs[start:end] if snapshot.top_logprobs is not None else None
+        new_versions = snapshot.token_weight_versions[start:end]
         self.output_token_ids.extend(new_ids)
         if new_logprobs is not None:
             self.logprobs = (self.logprobs or []) + new_logprobs
@@ -119,9 +140,23 @@ class ChoiceTracker:
             if hit is not None:
                 at, matched = hit
                 self.text = self.text[: at + (len(matched) if self.include_stop else 0)]
-                self.finish_reason, self.stopped = "stop", True
+                self.finish_reason, self.stopped, self.stop_reason = "stop", True, matched
         if self.finish_reason is None and snapshot.finished:
             self.finish_reason = snapshot.finish_reason
+            self.stop_reason = self._stop_token(snapshot)
         upto = len(self.text) if self.finish_reason is not None else max(self.emitted, len(self.text) - self._hold)
         text, self.emitted = self.text[self.emitted : upto], upto
         return Delta(self.index, text, new_ids, new_logprobs, new_versions, self.finish_reason, new_top)
+
+    def _stop_token(self, snapshot: RequestOutput) -> int | None:
+        """The stop token id that ended the request (vLLM's `stop_reason`); None at EOS, length or abort."""
+        if snapshot.finish_reason != "stop" or not snapshot.output_token_ids:
+            return None
+        last = snapshot.output_token_ids[-1]
+        at_eos = not self.ignore_eos and last == getattr(self.tokenizer, "eos_token_id", None)
+        return last if last in self.stop_token_ids and not at_eos else None
+
+    @property
+    def prompt_scores_complete(self) -> bool:
+        """Whether every prompt token has its score (or none were asked for)."""
+        return self.prompt_logprobs is None or len(self.prompt_logprobs) == len(self.prompt_token_ids)

@@ -1,5 +1,6 @@
 """OpenAI-compatible routes (`/v1/completions`, `/v1/chat/completions`, `/v1/models`) and the
-token-in/token-out route `/inflight/v1/generate`.
+token-in/token-out route `/inflight/v1/generate`; `engine_calls` and `start_engine_calls` also serve
+`/v1/responses` (`responses_api.py`).
 
 Both OpenAI routes take one path: validate once (`validation.py`), turn the prompts into one engine
 request per prompt and choice, then answer whole or as SSE chunks, the choices rendered by the
@@ -28,6 +29,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from inflight.engine.async_engine import AsyncEngine
 from inflight.engine.errors import InvalidRequestError
 from inflight.engine.request import SamplingParams
+from inflight.engine.routing import encode_routed_experts
 from inflight.server.chat_prompt import chat_prompt
 from inflight.server.choices import ChatChoices, Choices, TextChoices, whole_delta
 from inflight.server.detokenize import ChoiceTracker, Delta
@@ -35,7 +37,7 @@ from inflight.server.errors import APIError, api_error_from, error_body
 from inflight.server.generation import EngineCall, finish_calls, start_calls, ticking
 from inflight.server.logprobs import TokenNamer
 from inflight.server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
-from inflight.server.validation import Checked, check_chat, check_completion, check_model
+from inflight.server.validation import Checked, check_chat, check_chat_template, check_completion, check_model
 
 SSE_KEEPALIVE_S = 10.0  # a stream that produced nothing for this long (a paused engine) sends a comment
 DEFAULT_MAX_PROMPTS_PER_REQUEST = 1024  # engine requests (prompts x n) one call may add
@@ -61,6 +63,11 @@ class ServeContext:
     def max_model_len(self) -> int:
         return self.engine.engine.max_model_len
 
+    def model_card(self) -> dict[str, Any]:
+        """The served model as `/v1/models` lists it."""
+        return {"id": self.served_model_name, "object": "model", "created": self.created, "owned_by": "inflight",
+                "max_model_len": self.max_model_len, "root": self.served_model_name}
+
 
 # ---- request → engine calls ---------------------------------------------------------------------
 def _check_length(ctx: ServeContext, prompt: list[int], param: str) -> None:
@@ -72,7 +79,8 @@ def _check_length(ctx: ServeContext, prompt: list[int], param: str) -> None:
         )
 
 
-def _calls(ctx: ServeContext, checked: Checked, prompts: list[list[int]], param: str) -> list[EngineCall]:
+def engine_calls(ctx: ServeContext, checked: Checked, prompts: list[list[int]], param: str,
+           prompt_texts: list[str] | None = None) -> list[EngineCall]:
     req, base, calls = checked.req, uuid.uuid4().hex, []
     if len(prompts) * req.n > ctx.max_prompts_per_request:
         raise APIError(400, f"{len(prompts)} prompts x n={req.n} is {len(prompts) * req.n} generations; this "
@@ -83,13 +91,16 @@ def _calls(ctx: ServeContext, checked: Checked, prompts: list[list[int]], param:
         for c in range(req.n):
             index = p_index * req.n + c
             tracker = ChoiceTracker(index, ctx.tokenizer, prompt, checked.stops, req.skip_special_tokens,
-                                    req.include_stop_str_in_output, req.stream or bool(checked.stops))
+                                    req.include_stop_str_in_output, req.stream or bool(checked.stops),
+                                    stop_token_ids=list(req.stop_token_ids or []), ignore_eos=req.ignore_eos,
+                                    keep_output=not checked.echo_only,
+                                    prompt_text=prompt_texts[p_index] if prompt_texts else "")
             params = checked.params(len(prompt), ctx.max_model_len, c)
             calls.append(EngineCall(f"{base}-{index}", prompt, params, req.cache_salt, tracker))
     return calls
 
 
-async def _start(ctx: ServeContext, calls: list[EngineCall], stream: bool, request: Request,
+async def start_engine_calls(ctx: ServeContext, calls: list[EngineCall], stream: bool, request: Request,
                  param: str) -> AsyncIterator[Delta]:
     """Add the engine requests; raises an APIError (and adds nothing) if the engine rejects one.
     A whole response polls the connection while it waits (a stream notices when it writes)."""
@@ -101,11 +112,11 @@ async def _start(ctx: ServeContext, calls: list[EngineCall], stream: bool, reque
 
 # ---- the one response path ----------------------------------------------------------------------
 async def _respond(ctx: ServeContext, checked: Checked, prompts: list[list[int]], kind: Choices,
-                   request: Request, param: str) -> Response:
+                   request: Request, param: str, prompt_texts: list[str] | None = None) -> Response:
     """Run the request's engine calls and answer with `kind`'s choices: whole, or streamed."""
     req = checked.req
-    calls = _calls(ctx, checked, prompts, param)
-    deltas = await _start(ctx, calls, req.stream, request, param)
+    calls = engine_calls(ctx, checked, prompts, param, prompt_texts)
+    deltas = await start_engine_calls(ctx, calls, req.stream, request, param)
     head = {"id": f"{kind.id_prefix}-{uuid.uuid4().hex}", "object": kind.object, "created": int(time.time()),
             "model": ctx.served_model_name}
     usage = lambda: _usage(calls, req.n)  # noqa: E731
@@ -114,10 +125,9 @@ async def _respond(ctx: ServeContext, checked: Checked, prompts: list[list[int]]
         chunks = _chunks(deltas, kind, calls, {**head, "object": kind.chunk_object}, usage if include_usage else None)
         return StreamingResponse(chunks, media_type="text/event-stream")
     await finish_calls(deltas)
-    body = {**head, "choices": [kind.choice(whole_delta(c.tracker), whole=True) for c in calls], "usage": usage()}
-    if req.return_token_ids:
-        body["prompt_token_ids"] = prompts[0] if len(prompts) == 1 else prompts
-    return JSONResponse(body)
+    choices = [kind.choice(whole_delta(c.tracker), True, c.tracker) for c in calls]
+    trackers = [c.tracker for c in calls]
+    return JSONResponse({**head, "choices": choices, "usage": usage(), **kind.whole_head(prompts, trackers)})
 
 
 def _usage(calls: list[EngineCall], n: int) -> dict[str, Any]:
@@ -138,12 +148,12 @@ async def _chunks(deltas: AsyncIterator[Delta], kind: Choices, calls: list[Engin
     try:
         for call in calls:
             if (opening := kind.opening(call.tracker.index)) is not None:
-                yield _sse({**head, "choices": [opening]})
+                yield _sse({**head, **kind.stream_head(call.tracker), "choices": [opening]})
         async with contextlib.aclosing(ticking(deltas, SSE_KEEPALIVE_S)) as items:
             async for delta in items:
                 if delta is None:  # an SSE comment: clients ignore it; proxies and idle timeouts see traffic,
                     yield ": keep-alive\n\n"  # and a client that went away is noticed during a pause
-                elif (choice := kind.choice(delta, whole=False)) is not None:
+                elif (choice := kind.choice(delta, False, calls[delta.index].tracker)) is not None:
                     yield _sse({**head, "choices": [choice]})
         if usage is not None:
             yield _sse({**head, "choices": [], "usage": usage()})
@@ -161,26 +171,26 @@ def build_router(ctx: ServeContext, api_auth) -> APIRouter:
 
     @router.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{
-            "id": ctx.served_model_name, "object": "model", "created": ctx.created, "owned_by": "inflight",
-            "max_model_len": ctx.max_model_len, "root": ctx.served_model_name,
-        }]}
+        return {"object": "list", "data": [ctx.model_card()]}
+
+    @router.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict[str, Any]:
+        check_model(model_id, ctx.served_model_name)
+        return ctx.model_card()
 
     @router.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request) -> Response:
         checked = check_completion(req, ctx.served_model_name)
-        prompts = await asyncio.to_thread(_completion_prompts, ctx, req.prompt)  # never on the event loop
+        # tokenizing (and decoding a token prompt to echo it) never runs on the event loop
+        prompts, texts = await asyncio.to_thread(_completion_prompts, ctx, req.prompt, req.echo)
         kind = TextChoices(TokenNamer(ctx.tokenizer, req.return_tokens_as_token_ids), checked.top_logprobs,
-                           req.return_token_ids)
-        return await _respond(ctx, checked, prompts, kind, request, "prompt")
+                           req.return_token_ids, req.echo)
+        return await _respond(ctx, checked, prompts, kind, request, "prompt", texts)
 
     @router.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
         checked = check_chat(req, ctx.served_model_name)
-        if req.chat_template is not None and not ctx.trust_request_chat_template:
-            raise APIError(400, "this server does not run chat templates sent with a request (a template is "
-                           "code); start it with --trust-request-chat-template to allow them",
-                           param="chat_template", code="unsupported_parameter")
+        check_chat_template(req.chat_template, ctx.trust_request_chat_template)
         prompt = await asyncio.to_thread(chat_prompt, ctx.tokenizer, req)  # templating can be slow: off the loop
         kind = ChatChoices(TokenNamer(ctx.tokenizer, req.return_tokens_as_token_ids), checked.top_logprobs,
                            req.return_token_ids, checked.parse_tool_calls)
@@ -194,7 +204,7 @@ def build_router(ctx: ServeContext, api_auth) -> APIRouter:
         request_id = req.request_id or uuid.uuid4().hex
         tracker = ChoiceTracker(0, ctx.tokenizer, req.prompt_token_ids, incremental=False, decode=False)
         call = EngineCall(request_id, list(req.prompt_token_ids), params, req.cache_salt, tracker)
-        await finish_calls(await _start(ctx, [call], False, request, "prompt_token_ids"))
+        await finish_calls(await start_engine_calls(ctx, [call], False, request, "prompt_token_ids"))
         return {
             "request_id": request_id,
             "output_token_ids": tracker.output_token_ids,
@@ -205,22 +215,39 @@ def build_router(ctx: ServeContext, api_auth) -> APIRouter:
             "num_cached_tokens": tracker.num_cached_tokens,
             "num_recomputed_tokens": tracker.num_recomputed_tokens,
             "weight_version": ctx.engine.weight_version,
+            # MoE models: {"start", "shape", "dtype", "data" (base64)} (inflight.engine.routing), else None
+            "routed_experts": encode_routed_experts(tracker.routed_experts, tracker.routed_experts_start),
+            # sampling_params.prompt_logprobs set: per prompt token (None for the first), as the engine gives them
+            "prompt_logprobs": tracker.prompt_logprobs,
+            "prompt_top_logprobs": tracker.prompt_top_logprobs,
+            "prompt_logprob_ranks": tracker.prompt_logprob_ranks,
         }
 
     return router
 
 
-def _completion_prompts(ctx: ServeContext, prompt: Any) -> list[list[int]]:
+def _completion_prompts(ctx: ServeContext, prompt: Any, echo: bool) -> tuple[list[list[int]], list[str] | None]:
+    """The prompts' token ids, and with `echo` their texts (as sent, or a token prompt decoded)."""
     if isinstance(prompt, str):
         prompt = [prompt]
     if not prompt:
         raise APIError(400, "prompt is empty", param="prompt", code="invalid_value")
     if all(isinstance(p, int) for p in prompt):
-        return [list(prompt)]
-    out = []
+        prompt = [list(prompt)]
+    out, texts = [], []
     for p in prompt:
         ids = ctx.tokenizer(p)["input_ids"] if isinstance(p, str) else list(p)
         if not ids:
             raise APIError(400, "a prompt is empty (no tokens)", param="prompt", code="invalid_value")
         out.append(list(ids))
-    return out
+        if echo:
+            texts.append(p if isinstance(p, str) else _decode_prompt(ctx, p))
+    return out, texts if echo else None
+
+
+def _decode_prompt(ctx: ServeContext, ids: list[int]) -> str:
+    try:
+        return ctx.tokenizer.decode(ids, skip_special_tokens=False)
+    except (OverflowError, IndexError, TypeError, ValueError) as err:  # ids outside the vocabulary
+        raise APIError(400, f"prompt token ids cannot be decoded to echo them: {err}", param="prompt",
+                       code="invalid_value") from err

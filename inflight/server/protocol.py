@@ -5,8 +5,9 @@ can refuse them by name: what the engine does not implement is a 400, never igno
 the body (the `openai` package sends them with `extra_body=`): `top_k`, `ignore_eos`,
 `stop_token_ids`, `include_stop_str_in_output`, `cache_salt`, `skip_special_tokens`,
 `return_tokens_as_token_ids` (logprob entries name tokens as `token_id:<id>`, as vLLM does), and
-`return_token_ids`, which adds `token_ids` and `token_weight_versions` to every choice (and
-`prompt_token_ids` to the response). Chat also takes `add_generation_prompt`,
+`return_token_ids`, which adds `token_ids` and `token_weight_versions` to every choice and
+`prompt_token_ids` where vLLM puts them (`choices.py`), and `prompt_logprobs` (vLLM's: the prompt's
+scores, k alternatives each). Chat also takes `add_generation_prompt`,
 `continue_final_message`, `add_special_tokens`, `chat_template` and `chat_template_kwargs`.
 """
 
@@ -53,6 +54,7 @@ class OpenAIRequestBase(BaseModel):
     skip_special_tokens: bool = True
     return_token_ids: bool = False
     return_tokens_as_token_ids: bool = False
+    prompt_logprobs: int | None = None
 
 
 class CompletionRequest(OpenAIRequestBase):

@@ -36,7 +36,6 @@ REFUSED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "min_p": (_ZERO, "min_p is not implemented by the engine; use top_p or top_k"),
     "min_tokens": (_ZERO, "min_tokens is not implemented by the engine"),
     "use_beam_search": (_is(False), "beam search is not implemented"),
-    "prompt_logprobs": (_OFF, "prompt logprobs are not implemented; use /inflight/v1/generate outputs"),
     "allowed_token_ids": (_OFF, "allowed_token_ids is not implemented by the engine"),
     "bad_words": (_is([]), "bad_words is not implemented by the engine"),
     "logits_processors": (_OFF, "custom logits processors are not supported"),
@@ -65,18 +64,19 @@ REFUSED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "function_call": (_OFF, "the deprecated `function_call` field is not supported; send `tool_choice`"),
     "parallel_tool_calls": (_is(True), "the model may always make several calls; omit it or use true"),
     "documents": (_OFF, "documents are not supported; put them in the messages"),
-    "echo": (_is(False), "echo is not supported by this server"),
+    "echo": (_is(False), "echo is implemented on /v1/completions only (vLLM's chat echo of the last message "
+                         "is not)"),
     "suffix": (_OFF, "suffix is not supported by this server"),
 }
 
 
-def check_fields(req: BaseModel) -> None:
+def check_fields(req: BaseModel, implemented: frozenset[str] = frozenset()) -> None:
     """Raise APIError(400) for the first refused or unrecognized field of `req` (declared fields
-    and extras alike), naming it in `param`."""
+    and extras alike), naming it in `param`; `implemented`: listed fields this route implements."""
     values = {name: getattr(req, name) for name in type(req).model_fields}
     values.update(req.model_extra or {})
     for name, value in values.items():
-        if name in REFUSED:
+        if name in REFUSED and name not in implemented:
             accepted, fix = REFUSED[name]
             if not accepted(value):
                 raise APIError(400, f"{name}={value!r} is not supported by this server: {fix}", param=name,

@@ -1,7 +1,10 @@
 """The one validation pass of an OpenAI request, after pydantic has checked the body's types.
 
 In one place and order: the model name (404), `n`, the fields the engine lacks (`unsupported.py`),
-stop strings, `best_of`, tools and the logprobs range, each a 400 naming the field. The sampling
+stop strings, `best_of`, tools, the logprobs ranges and `echo`/`prompt_logprobs` (vLLM's rules:
+echo with `logprobs=k` scores the prompt with k alternatives unless `prompt_logprobs` says otherwise;
+`max_tokens=0` only with echo, which then answers the prompt alone; no `prompt_logprobs` in a stream),
+each a 400 naming the field. The sampling
 values (temperature, top_p, top_k, max_tokens, stop_token_ids, ...) are checked once, by the engine
 as it admits the requests (`LLMEngine.check_request`), whose message names the field; every engine
 request of a call is admitted before anything is awaited, so such an error is still a 400 before any
@@ -32,12 +35,21 @@ class Checked:
     top_logprobs: int | None  # None: no logprobs (the engine computes none); k: k alternatives per token
     stops: list[str]
     parse_tool_calls: bool = False
+    prompt_logprobs: int | None = None  # the engine's: None, or score the prompt with k alternatives
+    echo: bool = False  # completions: the prompt comes first in each choice
+    echo_only: bool = False  # echo with max_tokens=0: the prompt alone (one token generated and dropped, as vLLM)
 
     def params(self, prompt_len: int, max_model_len: int, choice: int) -> SamplingParams:
         """The engine parameters of choice `choice` of a prompt of `prompt_len` tokens."""
         req = self.req
+        if self.echo_only:
+            max_tokens = 1
+        elif self.max_tokens is None:
+            max_tokens = max(1, max_model_len - prompt_len)
+        else:
+            max_tokens = self.max_tokens
         return SamplingParams(
-            max_tokens=self.max_tokens if self.max_tokens is not None else max(1, max_model_len - prompt_len),
+            max_tokens=max_tokens,
             temperature=1.0 if req.temperature is None else req.temperature,
             top_p=1.0 if req.top_p is None else req.top_p,
             top_k=0 if req.top_k in (None, -1) else req.top_k,
@@ -46,6 +58,7 @@ class Checked:
             top_logprobs=self.top_logprobs or 0,
             stop_token_ids=list(req.stop_token_ids or []),
             ignore_eos=req.ignore_eos,
+            prompt_logprobs=self.prompt_logprobs,
         )
 
 
@@ -54,6 +67,14 @@ def check_model(model: str | None, served_model_name: str) -> None:
     if model is not None and model != served_model_name:
         raise APIError(404, f"the model `{model}` does not exist; this server serves `{served_model_name}`",
                        param="model", code="model_not_found")
+
+
+def check_chat_template(template: str | None, trusted: bool) -> None:
+    """A request's own `chat_template` is code: refused unless the server trusts request templates."""
+    if template is not None and not trusted:
+        raise APIError(400, "this server does not run chat templates sent with a request (a template is "
+                       "code); start it with --trust-request-chat-template to allow them",
+                       param="chat_template", code="unsupported_parameter")
 
 
 def invalid_unicode(value: Any, path: str = "") -> str | None:
@@ -73,7 +94,7 @@ def invalid_unicode(value: Any, path: str = "") -> str | None:
     return None
 
 
-def _check_common(req: OpenAIRequestBase, served_model_name: str) -> list[str]:
+def _check_common(req: OpenAIRequestBase, served_model_name: str, implemented: frozenset[str]) -> list[str]:
     """The checks both routes share; returns the stop strings."""
     if (where := invalid_unicode(req.model_dump(exclude_none=True))) is not None:
         raise APIError(400, f"{where} is not valid Unicode (it holds a lone UTF-16 surrogate such as "
@@ -81,7 +102,12 @@ def _check_common(req: OpenAIRequestBase, served_model_name: str) -> list[str]:
     check_model(req.model, served_model_name)
     if not 1 <= req.n <= MAX_N:
         raise APIError(400, f"n={req.n} must be between 1 and {MAX_N}", param="n", code="invalid_value")
-    check_fields(req)
+    check_fields(req, implemented)
+    _check_range("prompt_logprobs", req.prompt_logprobs)
+    if req.stream and req.prompt_logprobs is not None:
+        raise APIError(400, "prompt_logprobs are not available when stream=true (as vLLM); send stream=false, "
+                       "or echo=true with logprobs on /v1/completions", param="prompt_logprobs",
+                       code="invalid_value")
     stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     if any(s == "" for s in stops):
         raise APIError(400, "stop strings must not be empty", param="stop", code="invalid_value")
@@ -96,23 +122,33 @@ def _check_range(param: str, value: int | None) -> None:
 
 def check_completion(req: CompletionRequest, served_model_name: str) -> Checked:
     """Validate a `/v1/completions` body; raises APIError naming the first bad field."""
-    stops = _check_common(req, served_model_name)
+    stops = _check_common(req, served_model_name, frozenset({"echo"}))
     if req.best_of is not None and req.best_of != req.n:
         raise APIError(400, "best_of is not supported by this server (leave it unset or equal to n)",
                        param="best_of", code="unsupported_parameter")
     _check_range("logprobs", req.logprobs)
-    return Checked(req, req.max_tokens, req.logprobs, stops)
+    echo_only = req.echo and req.max_tokens == 0
+    if req.max_tokens == 0 and not req.echo:
+        raise APIError(400, "max_tokens=0 generates nothing: it is allowed only with echo=true (the prompt "
+                       "alone, with its logprobs when asked)", param="max_tokens", code="invalid_value")
+    prompt_logprobs = req.prompt_logprobs
+    if prompt_logprobs is None and req.echo:
+        prompt_logprobs = req.logprobs
+    return Checked(req, req.max_tokens, req.logprobs, stops, prompt_logprobs=prompt_logprobs, echo=req.echo,
+                   echo_only=echo_only)
 
 
 def check_chat(req: ChatCompletionRequest, served_model_name: str) -> Checked:
     """Validate a `/v1/chat/completions` body; raises APIError naming the first bad field."""
-    stops = _check_common(req, served_model_name)
+    stops = _check_common(req, served_model_name, frozenset())
     parse_calls = parses_tool_calls(req)
     _check_range("top_logprobs", req.top_logprobs)
     if req.top_logprobs and not req.logprobs:
         raise APIError(400, "top_logprobs requires logprobs=true", param="top_logprobs", code="invalid_value")
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    return Checked(req, max_tokens, (req.top_logprobs or 0) if req.logprobs else None, stops, parse_calls)
+    return Checked(req, max_tokens, (req.top_logprobs or 0) if req.logprobs else None, stops, parse_calls,
+                   prompt_logprobs=req.prompt_logprobs)
 
 
-__all__ = ["MAX_LOGPROBS", "MAX_N", "Checked", "check_chat", "check_completion", "check_model"]
+__all__ = ["MAX_LOGPROBS", "MAX_N", "Checked", "check_chat", "check_chat_template", "check_completion",
+           "check_model", "invalid_unicode"]

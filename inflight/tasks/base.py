@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from inflight.chat.turns import DECODING, backend_for, render
+from inflight.chat.turns import DECODING, PLAIN, ChatFormat, backend_for, render
 from inflight.chat.turns import encode as encode_text
 
 
@@ -81,12 +81,22 @@ class Environment(ABC):
     """Most model turns of the episode; None: the run's `generator.max_turns`."""
     tools: list[dict[str, Any]] | None = None
     """JSON schemas of the tools the model may call, passed to the chat template; None: no tools."""
+    keeps_stop_str: bool = False
+    """Whether `step` gets a turn's text with the stop string that ended it whatever
+    `include_stop_str_in_output` says (skyrl-gym's environments parse it: SkyRL always keeps it)."""
 
     @abstractmethod
-    def reset(self) -> str | list[dict[str, Any]]: ...
+    def reset(self) -> str | list[dict[str, Any]]:
+        """The opening prompt of the episode: text, or chat messages that the chat template renders."""
 
     @abstractmethod
-    def step(self, response: str) -> StepResult | Awaitable[StepResult]: ...
+    def step(self, response: str) -> StepResult | Awaitable[StepResult]:
+        """Score the model's turn (`response`: its text, special tokens skipped) and say whether the
+        episode goes on; may be `async def`. An exception or a timeout scores the sample 0."""
+
+    def close(self) -> None | Awaitable[None]:
+        """Release what the episode holds; called once when it ends (default: nothing). May be async."""
+        return None
 
 
 class SingleTurnEnv(Environment):
@@ -128,16 +138,21 @@ class Task(ABC):
     name: str = "task"
     max_new_tokens: int = 16
     """Most tokens generated per model turn."""
+    chat_format: ChatFormat = PLAIN
+    """The chat template and its extra arguments for every rendering of this task's messages
+    (prompts and the tokens between turns); default: the tokenizer's own, no arguments."""
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self._encoded: dict[str, tuple[int, ...]] = {}  # `encode`'s memo, oldest first
 
     @abstractmethod
-    def train_problems(self) -> Sequence[Problem]: ...
+    def train_problems(self) -> Sequence[Problem]:
+        """The problems a run trains on."""
 
     @abstractmethod
-    def eval_problems(self) -> Sequence[Problem]: ...
+    def eval_problems(self) -> Sequence[Problem]:
+        """The held-out problems a run evaluates on (never trained on)."""
 
     @abstractmethod
     def reward(self, problem: Problem, response: str) -> float | Awaitable[float]:
@@ -145,6 +160,7 @@ class Task(ABC):
         May return an awaitable (an async reward)."""
 
     def make_env(self, problem: Problem) -> Environment:
+        """A new environment for one trajectory of `problem` (default: `SingleTurnEnv`)."""
         return SingleTurnEnv(self, problem)
 
     def sample_problems(self, rng: random.Random, n: int) -> list[Problem]:
@@ -154,6 +170,7 @@ class Task(ABC):
 
     @property
     def stop_token_ids(self) -> list[int]:
+        """Token ids that end a model turn (default: the tokenizer's EOS)."""
         eos = self.tokenizer.eos_token_id
         return [] if eos is None else [int(eos)]
 
@@ -168,7 +185,8 @@ class Task(ABC):
     ) -> list[int]:
         """Token ids of chat `messages` through the tokenizer's chat template, with `tools` (JSON
         schemas) and the assistant generation prompt: an opening prompt that offers tools."""
-        return encode_text(self.tokenizer, render(self.tokenizer, messages, tools, add_generation_prompt=True))
+        text = render(self.tokenizer, messages, tools, add_generation_prompt=True, fmt=self.chat_format)
+        return encode_text(self.tokenizer, text)
 
     def encode(self, text: str) -> list[int]:
         """Token ids of text (no special tokens added): prompts and environment observations.

@@ -2,9 +2,11 @@
 reward or environment each row names (`env_class`, else `environment.env_class`).
 
 At construction, before any training: every file is read (`load_problems`), every reward name is
-resolved (a `package.module:name` is imported; an error names the module and the key), prompts
-longer than `max_prompt_length` tokens are dropped and counted (or refused), and, without held-out
-files, a seeded share of the rows is split off as held-out and never trained on. `report` says what
+resolved (a `package.module:name` is imported; an error names the module and the key; a skyrl-gym
+environment is built for every row of its and the services it needs are checked,
+`inflight.tasks.skyrl_gym_env`), prompts longer than `max_prompt_length` tokens (after the chat
+template of `chat_format`) are dropped and counted (or refused), and, without held-out files, a
+seeded share of the rows is split off as held-out and never trained on. `report` says what
 happened; `inflight train` prints it and stores it in summary.json.
 """
 
@@ -18,9 +20,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from inflight.chat.turns import PLAIN, ChatFormat
 from inflight.rewards import RewardError, environment_class, get_reward
 from inflight.tasks.base import Environment, Problem, SingleTurnEnv, Task
 from inflight.tasks.dataset import DatasetError, encode_chat_prompt, load_problems
+from inflight.tasks.skyrl_gym_env import GymEnvironmentMaker, GymSettings, gym_environment
 
 AUTO_GSM8K, AUTO_OTHER = "gsm8k", "exact"
 """What rows without an `env_class` are scored by when `environment.env_class` is unset: GSM8K's rule
@@ -92,7 +96,9 @@ class DataTask(Task):
     `max_prompt_length`: longest prompt kept, in tokens after the chat template (`max_context`, the
     model's context, lowers it to leave at least one token to generate); `drop_long_prompts=False`
     refuses longer ones instead. `num_eval` / `val_fraction`: without `val_data`, `min(num_eval,
-    ceil(val_fraction * rows))` rows (at least 1, seeded by `seed`) are held out.
+    ceil(val_fraction * rows))` rows (at least 1, seeded by `seed`) are held out. `chat_format`:
+    the chat template and its arguments (`generator.chat_template`, `chat_template_kwargs`);
+    `skyrl_gym`: what skyrl-gym's environments get (`environment.skyrl_gym`, `generator.max_turns`).
     """
 
     name = "data"
@@ -114,13 +120,21 @@ class DataTask(Task):
         val_fraction: float = 0.1,
         seed: int = 42,
         chat_template: bool = True,
+        chat_format: ChatFormat = PLAIN,
+        skyrl_gym: GymSettings | None = None,
     ) -> None:
         super().__init__(tokenizer)
         if not train_data:
             raise DatasetError("no training data: set data.train_data to a list of files")
         self.env_class = env_class
         self.max_new_tokens = max_new_tokens
-        self.chat_template = chat_template and getattr(tokenizer, "chat_template", None) is not None
+        self.chat_format = chat_format
+        self.skyrl_gym = skyrl_gym if skyrl_gym is not None else GymSettings()
+        self.chat_template = chat_template and chat_format.has_template(tokenizer)
+        if chat_format.kwargs and not self.chat_template:
+            raise DatasetError("generator.chat_template_kwargs is set, but no chat template renders the prompts "
+                               f"({type(tokenizer).__name__} has none): drop it, or give a template "
+                               "(generator.chat_template)")
         limit = max_prompt_length if max_context is None else min(max_prompt_length, max_context - 1)
         self.report = DataReport(
             [str(p) for p in train_data], [str(p) for p in val_data], max_prompt_length=limit
@@ -140,19 +154,31 @@ class DataTask(Task):
     # ---- start-up -----------------------------------------------------------------------------
     def _resolve_rewards(self, problems: list[Problem]) -> dict[str, Any]:
         resolved: dict[str, Any] = {}
+        rows: dict[str, list[Problem]] = {}
         for p in problems:
             name = reward_name(p, self.env_class)
             self.report.rewards[name] = self.report.rewards.get(name, 0) + 1
+            rows.setdefault(name, []).append(p)
             if name in resolved:
                 continue
             try:
-                cls = environment_class(name)
-                resolved[name] = cls if cls is not None else get_reward(name)
+                resolved[name] = self._resolve(name)
             except RewardError as err:
                 if p.meta.get("env_class"):
                     raise DatasetError(f"{p.meta['source']}: column 'env_class': {err}") from err
                 raise
+        for name, fn in resolved.items():
+            if isinstance(fn, GymEnvironmentMaker):
+                fn.check(rows[name])
         return resolved
+
+    def _resolve(self, name: str) -> Any:
+        """A skyrl-gym environment's maker, an environment class, or a reward function."""
+        maker = gym_environment(name, self.skyrl_gym)
+        if maker is not None:
+            return maker
+        cls = environment_class(name)
+        return cls if cls is not None else get_reward(name)
 
     def _fit(
         self,
@@ -199,7 +225,7 @@ class DataTask(Task):
         """The reward function (or environment class) that scores `problem`."""
         name = reward_name(problem, self.env_class)
         if name not in self._rewards:
-            self._rewards[name] = environment_class(name) or get_reward(name)
+            self._rewards[name] = self._resolve(name)
         return self._rewards[name]
 
     def reward(self, problem: Problem, response: str) -> float | Awaitable[float]:
@@ -207,11 +233,16 @@ class DataTask(Task):
         environment class's step) is async; SingleTurnEnv awaits it on the generator's loop, so an
         async reward never blocks that loop (`score` always awaits)."""
         fn = self.reward_fn(problem)
-        if inspect.isclass(fn):  # an environment class: its single-turn score
+        if _makes_env(fn):  # an environment: its single-turn score
             env = fn(problem)
             env.reset()
             result = env.step(response)
-            return _step_reward(result) if inspect.isawaitable(result) else float(result.reward)
+            if inspect.isawaitable(result):
+                return _step_reward(env, result)
+            closed = env.close() if callable(getattr(env, "close", None)) else None
+            if inspect.isawaitable(closed):  # an async close after a sync step: awaited with the reward
+                return _step_reward(env, result, closed)
+            return float(result.reward)
         value = fn(response, problem.answer, **reward_extra(problem))
         return _as_float(value) if inspect.isawaitable(value) else float(value)
 
@@ -223,7 +254,7 @@ class DataTask(Task):
     def make_env(self, problem: Problem) -> Environment:
         """The row's environment class built for the problem (`cls(problem)`), else single-turn."""
         fn = self.reward_fn(problem)
-        return fn(problem) if inspect.isclass(fn) else SingleTurnEnv(self, problem)
+        return fn(problem) if _makes_env(fn) else SingleTurnEnv(self, problem)
 
     def encode_prompt(self, prompt: str | list[dict[str, str]]) -> list[int]:
         return encode_chat_prompt(self, prompt, self.chat_template)
@@ -271,5 +302,17 @@ async def _as_float(value: Awaitable[Any]) -> float:
     return float(await value)
 
 
-async def _step_reward(result: Awaitable[Any]) -> float:
-    return float((await result).reward)
+def _makes_env(fn: Any) -> bool:
+    """Whether a resolved name builds environments (a class, a skyrl-gym maker), not a reward."""
+    return inspect.isclass(fn) or isinstance(fn, GymEnvironmentMaker)
+
+
+async def _step_reward(env: Any, result: Any, closed: Any = None) -> float:
+    """The reward of one step (awaited), the environment closed after it (`closed`: its close, begun)."""
+    try:
+        return float((await result if inspect.isawaitable(result) else result).reward)
+    finally:
+        if closed is None and callable(getattr(env, "close", None)):
+            closed = env.close()
+        if inspect.isawaitable(closed):
+            await closed

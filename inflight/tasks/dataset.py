@@ -2,15 +2,18 @@
 `datasets.save_to_disk` directories, one `Problem` per row.
 
 Row formats, detected per file from its columns:
-- SkyRL's: `prompt` (chat messages), `env_class`, `reward_spec` (`{"method": "rule", "ground_truth": ...}`),
-  `data_source`, `extra_info`;
+- SkyRL's: `prompt` (chat messages), `env_class`, `reward_spec` (`{"method": "rule", "ground_truth": ...}`;
+  verl's `reward_model` too, as DAPO's AIME files have), `data_source`, `extra_info`, and whatever
+  other columns an environment reads (text2sql's `db_id` and `data`);
 - flat: `prompt` (text or chat messages) and `answer`;
 - GSM8K's `question` / `answer`, or any other columns named by `prompt_key` / `answer_key`.
 An answer holding `####` (GSM8K's reasoning, then `#### 72`) has what follows the last `####` as its
-ground truth. `Problem.answer` is the ground truth as text; `Problem.meta` holds `ground_truth`,
+ground truth. `Problem.answer` is the ground truth as text (a structured one, Search-R1's
+`{"target": [...]}`, as JSON; environments read it from `extras`); `Problem.meta` holds `ground_truth`,
 `env_class` (None when the row has none), `data_source` (default: the file's stem) and `extra_info`
-(a dict), `gsm8k_format` (the answer held `####`) and `source` (`file:row`). An optional `id` column
-names the problems (default: `<file stem>-<row number>`).
+(a dict), `gsm8k_format` (the answer held `####`), `source` (`file:row`) and `extras` (every column
+but the prompt and `env_class`: what SkyRL hands an environment as its `extras`). An optional `id`
+column names the problems (default: `<file stem>-<row number>`).
 
 `JsonlTask` / `load_jsonl` are the older JSONL-only spellings, kept working.
 """
@@ -25,6 +28,8 @@ from typing import Any
 from inflight.tasks.base import Problem, Task
 
 DATA_SUFFIXES = (".parquet", ".jsonl", ".json")
+SPEC_COLUMNS = ("reward_spec", "reward_model")
+"""Columns holding `{"ground_truth": ...}`: SkyRL's `reward_spec`, verl's `reward_model`."""
 
 
 class DatasetError(ValueError):
@@ -155,7 +160,7 @@ class _RowReader:
         self.prompt_col = prompt_key or next((c for c in ("prompt", "question") if c in columns), None)
         if self.prompt_col is None or self.prompt_col not in columns:
             raise self.missing(prompt_key or "prompt", "data.prompt_key", "prompts")
-        self.answer_col = answer_key or next((c for c in ("reward_spec", "answer") if c in columns), None)
+        self.answer_col = answer_key or next((c for c in SPEC_COLUMNS + ("answer",) if c in columns), None)
         if self.answer_col is None or self.answer_col not in columns:
             raise self.missing(answer_key or "answer", "data.answer_key", "answers")
 
@@ -193,18 +198,22 @@ class _RowReader:
             "extra_info": dict(extra or {}),
             "source": f"{self.path}:{number}",
             "gsm8k_format": gsm8k_format,
+            "extras": {k: v for k, v in row.items() if k not in (self.prompt_col, "env_class")},
         }
         return Problem(str(pid) if pid is not None else f"{self.prefix}-{number}", prompt, truth, meta)
 
     def ground_truth(self, number: int, row: dict[str, Any]) -> tuple[str, bool]:
         """The row's ground truth, and whether it was a GSM8K answer (reasoning, then `#### 72`)."""
         value, column = row.get(self.answer_col), self.answer_col
-        if column == "reward_spec" and isinstance(value, dict):
-            value, column = value.get("ground_truth"), "reward_spec.ground_truth"
+        spec = column in SPEC_COLUMNS and isinstance(value, dict)
+        if spec:
+            value, column = value.get("ground_truth"), f"{column}.ground_truth"
+        if spec and isinstance(value, dict | list) and value:  # Search-R1's {"target": [...]}: as JSON
+            return json.dumps(value, ensure_ascii=False), False
         if value is None or isinstance(value, dict):
             raise self.error(number, column, f"holds no ground truth (got {value!r})")
         text = str(value)
-        if column != "reward_spec.ground_truth" and "####" in text:
+        if not spec and "####" in text:
             return text.rsplit("####", 1)[-1].strip(), True
         return text, False
 
@@ -236,7 +245,10 @@ def encode_chat_prompt(task: Task, prompt: str | list[dict[str, Any]], chat_temp
             raise DatasetError("chat-message prompts need a tokenizer with a chat template")
         return task.encode(prompt)
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-    ids = task.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    fmt = task.chat_format
+    template = {} if fmt.template is None else {"chat_template": fmt.template}
+    ids = task.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                             **template, **fmt.kwargs)
     if hasattr(ids, "keys"):
         ids = ids["input_ids"]
     return [int(t) for t in ids]

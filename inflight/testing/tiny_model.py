@@ -13,9 +13,25 @@ from typing import Any
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen3Config
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2MoeConfig,
+    Qwen3Config,
+    Qwen3MoeConfig,
+)
 
-SUPPORTED_ARCHS = ("qwen2", "qwen3", "llama")
+SUPPORTED_ARCHS = ("qwen2", "qwen3", "llama", "qwen3_moe", "qwen2_moe")
+# Mixtures of experts: 8 experts, 2 per token, each expert a quarter of the dense MLP's width.
+# Qwen3-MoE checkpoints renormalise the chosen experts' weights, Qwen2-MoE (Qwen1.5-MoE) ones do not
+# and add a gated shared expert.
+_MOE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
+_MOE_DEFAULTS = {
+    "qwen3_moe": dict(_MOE, norm_topk_prob=True),
+    "qwen2_moe": dict(_MOE, norm_topk_prob=False, shared_expert_intermediate_size=64),
+}
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
     # ChatML; with `tools`, Qwen2.5's rendering: a system turn lists them as JSON in <tools>, an
@@ -107,11 +123,17 @@ def _config(arch: str, vocab_size: int, tokenizer: PreTrainedTokenizerFast, over
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=None,
     )
+    common.update(_MOE_DEFAULTS.get(arch, {}))
     common.update(overrides)
+    if arch in ("qwen3", "qwen3_moe"):
+        common.setdefault("head_dim", common["hidden_size"] // common["num_attention_heads"])
+    if arch == "qwen3_moe":
+        return Qwen3MoeConfig(**common)
+    if arch == "qwen2_moe":
+        return Qwen2MoeConfig(**common)
     if arch == "qwen2":
         return Qwen2Config(**common)
     if arch == "qwen3":
-        common.setdefault("head_dim", common["hidden_size"] // common["num_attention_heads"])
         return Qwen3Config(**common)
     if arch == "llama":
         return LlamaConfig(**common)
@@ -119,9 +141,13 @@ def _config(arch: str, vocab_size: int, tokenizer: PreTrainedTokenizerFast, over
 
 
 def make_tiny_model(path: str | Path, arch: str = "qwen2", seed: int = 0, **config_overrides: Any) -> Path:
-    """Write a random-init HF causal LM (`arch` in qwen2|qwen3|llama) plus tokenizer to `path`.
+    """Write a random-init HF causal LM (`arch` in qwen2|qwen3|llama|qwen3_moe|qwen2_moe) plus tokenizer
+    to `path`.
 
-    `config_overrides` go into the transformers config (hidden_size, num_hidden_layers, ...).
+    `config_overrides` go into the transformers config (hidden_size, num_hidden_layers, ...; for the
+    mixtures of experts also num_experts, num_experts_per_tok, moe_intermediate_size,
+    norm_topk_prob, decoder_sparse_step, mlp_only_layers, shared_expert_intermediate_size).
+    The checkpoint is what transformers' `save_pretrained` writes (MoE experts under per-expert names).
     The same `seed` always gives the same weights and tokenizer. Returns the directory.
     """
     if arch not in SUPPORTED_ARCHS:

@@ -7,7 +7,12 @@ Layout under `trainer.ckpt_path`:
                                  adapters merged (the HF export)
     global_step_<k>/adapter/     a LoRA policy's adapter in peft's format (PeftModel.from_pretrained)
     global_step_<k>/optimizer_rank<r>.pt   AdamW state and the learning-rate schedule's position
-    global_step_<k>/state.json   step, weight version, data-loader record, trainer extras
+    global_step_<k>/critic/      the critic (`gae`): backbone + value head, as an HF directory
+    global_step_<k>/critic_optimizer_rank<r>.pt   the critic's AdamW state and schedule
+    global_step_<k>/ref/         the reference, once `update_ref_every_epoch` has replaced its weights
+    global_step_<k>/state.json   step, weight version, data-loader record, trainer extras, the
+                                 training step's algorithm state (the KL controller's coefficient,
+                                 the reference's epoch)
     latest                       the name of the newest complete checkpoint
 
 A checkpoint is written under a temporary name and renamed when complete, and `latest` is replaced
@@ -19,7 +24,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +32,8 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 
+from inflight.config import ConfigError, Violation
+from inflight.config.schema import TrainerConfig
 from inflight.train.lora import lora_enabled, save_adapter
 from inflight.train.workers.base import PolicyWorker
 
@@ -39,6 +46,7 @@ class CheckpointState:
     step: int
     weight_version: int
     data: dict[str, Any]
+    algorithm: dict[str, Any] = field(default_factory=dict)
 
     @property
     def model_dir(self) -> Path:
@@ -84,8 +92,12 @@ def _publish(tmp: Path, final: Path) -> None:
 
 
 def save_checkpoint(root: str | Path, step: int, worker: PolicyWorker, base_model_dir: str | Path, weight_version: int,
-                    data: dict[str, Any], extra: dict[str, Any] | None = None, keep: int = 2) -> Path:
-    """Write checkpoint `global_step_<step>` under `root`; keeps the newest `keep`. Returns its path."""
+                    data: dict[str, Any], extra: dict[str, Any] | None = None, keep: int = -1, *,
+                    critic: PolicyWorker | None = None, reference: PolicyWorker | None = None,
+                    algorithm: dict[str, Any] | None = None) -> Path:
+    """Write checkpoint `global_step_<step>` under `root`; keeps the newest `keep` (-1: all, as
+    `trainer.max_ckpts_to_keep`). With `critic` its model and optimizer, with `reference` its weights,
+    with `algorithm` the training step's state. Returns its path. A collective: every rank calls it."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     final, tmp = root / f"global_step_{step}", _fresh(root / f".global_step_{step}.tmp")
@@ -93,20 +105,31 @@ def save_checkpoint(root: str | Path, step: int, worker: PolicyWorker, base_mode
     tmp.mkdir(parents=True, exist_ok=True)
     if lora_enabled(worker.cfg) and worker.rank == 0:
         save_adapter(worker.model, tmp / "adapter")
-    schedule = worker.lr_scheduler.state_dict() if worker.lr_scheduler is not None else None
-    torch.save({"optimizer": worker.optimizer.state_dict(), "lr_scheduler": schedule},
-               tmp / f"optimizer_rank{worker.rank}.pt")
+    _save_optimizer(worker, tmp / f"optimizer_rank{worker.rank}.pt")
+    if critic is not None:
+        save_model_dir(critic, critic.model_path, tmp / "critic")
+        _save_optimizer(critic, tmp / f"critic_optimizer_rank{critic.rank}.pt")
+    if reference is not None:
+        save_model_dir(reference, reference.model_path, tmp / "ref")
     if worker.world_size > 1 and dist.is_initialized():
         dist.barrier()  # every rank's optimizer file is in place before rank 0 publishes
     if worker.rank == 0:
-        state = {"step": step, "weight_version": weight_version, "data": data, "extra": extra or {}}
+        state = {"step": step, "weight_version": weight_version, "data": data, "extra": extra or {},
+                 "algorithm": algorithm or {}}
         (tmp / "state.json").write_text(json.dumps(state))
         _publish(tmp, final)
         (root / "latest.tmp").write_text(final.name)
         os.replace(root / "latest.tmp", root / "latest")  # atomically
-        for old in sorted(root.glob("global_step_*"), key=lambda p: int(p.name.rsplit("_", 1)[1]))[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+        if keep > 0:
+            for old in sorted(root.glob("global_step_*"), key=lambda p: int(p.name.rsplit("_", 1)[1]))[:-keep]:
+                shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _save_optimizer(worker: PolicyWorker, path: Path) -> None:
+    schedule = worker.lr_scheduler.state_dict() if worker.lr_scheduler is not None else None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"optimizer": worker.optimizer.state_dict(), "lr_scheduler": schedule}, path)
 
 
 def export_model(worker: PolicyWorker, base_model_dir: str | Path, root: str | Path, step: int) -> Path:
@@ -125,6 +148,30 @@ def export_model(worker: PolicyWorker, base_model_dir: str | Path, root: str | P
     return final
 
 
+def resume_checkpoint(trainer: TrainerConfig) -> CheckpointState | None:
+    """The checkpoint a run resumes from, as `trainer.resume_mode` says: `latest` (the newest in
+    `trainer.ckpt_path`, or None when there is none), `from_path` (`trainer.resume_path`, which must be
+    a complete checkpoint), null / `none` (None)."""
+    if trainer.resume_mode in (None, "none"):
+        return None
+    if trainer.resume_mode == "latest":
+        return load_latest(trainer.ckpt_path)
+    path = Path(trainer.resume_path or "")
+    if not trainer.resume_path or not (path / "state.json").is_file():
+        raise ConfigError([Violation("trainer.resume_path", trainer.resume_path, "is not a complete checkpoint "
+                                     "(a global_step_<k> directory with state.json)", "give the directory of a "
+                                     "checkpoint, e.g. <trainer.ckpt_path>/global_step_10, or resume_mode=latest")])
+    return load_checkpoint(path)
+
+
+def load_checkpoint(path: str | Path) -> CheckpointState:
+    """The checkpoint in `path` (a `global_step_<k>` directory)."""
+    path = Path(path)
+    state = json.loads((path / "state.json").read_text())
+    return CheckpointState(path, int(state["step"]), int(state["weight_version"]), state["data"],
+                           state.get("algorithm", {}))
+
+
 def load_latest(root: str | Path | None) -> CheckpointState | None:
     """The newest complete checkpoint under `root`, or None."""
     if root is None or not (pointer := Path(root) / "latest").is_file():
@@ -132,14 +179,14 @@ def load_latest(root: str | Path | None) -> CheckpointState | None:
     state_file = Path(root) / pointer.read_text().strip() / "state.json"
     if not state_file.is_file():
         return None
-    path, state = state_file.parent, json.loads(state_file.read_text())
-    return CheckpointState(path, int(state["step"]), int(state["weight_version"]), state["data"])
+    return load_checkpoint(state_file.parent)
 
 
-def load_optimizer(worker: PolicyWorker, ckpt: CheckpointState) -> None:
-    """Restore the optimizer state and the learning-rate schedule's position saved by this rank;
-    the learning rate is the schedule's at that position (the run's, over its own step count)."""
-    state = torch.load(ckpt.path / f"optimizer_rank{worker.rank}.pt", weights_only=False)
+def load_optimizer(worker: PolicyWorker, ckpt: CheckpointState, prefix: str = "") -> None:
+    """Restore the optimizer state and the learning-rate schedule's position saved by this rank
+    (`prefix="critic_"`: the critic's); the learning rate is the schedule's at that position (the
+    run's, over its own step count)."""
+    state = torch.load(ckpt.path / f"{prefix}optimizer_rank{worker.rank}.pt", weights_only=False)
     if "optimizer" not in state:  # written before the schedule was saved with it
         state = {"optimizer": state, "lr_scheduler": None}
     worker.optimizer.load_state_dict(state["optimizer"])

@@ -69,10 +69,12 @@ class MiniBatch:
 
 @dataclass(frozen=True)
 class Shard:
-    """A rank's part of a step: its rows of the step's batch, mini-batch after mini-batch."""
+    """A rank's part of a step: its rows of the step's batch, mini-batch after mini-batch, and
+    every rank's rows (`rank_rows`, step indices: what forward-only passes are planned over)."""
 
     rows: list[int]
     mini_batches: list[MiniBatch]
+    rank_rows: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -90,25 +92,51 @@ class MicroPlan:
 
 
 def shard_step(num_groups: int, group_size: int, groups_per_mini: int, micro: int | MicroPlan,
-               dp: DataParallel, lengths: Sequence[int] | None = None) -> Shard:
+               dp: DataParallel, lengths: Sequence[int] | None = None,
+               live: Sequence[bool] | None = None) -> Shard:
     """Mini-batches of `groups_per_mini` consecutive groups (of `group_size` rows each); the groups
     of each one dealt round-robin to the `dp.size` ranks; each rank's share cut into micro-batches
-    of at most `micro` rows (or as a `MicroPlan` says) by the rows' `lengths` (default: all equal)."""
+    of at most `micro` rows (or as a `MicroPlan` says) by the rows' `lengths` (default: all equal).
+    Rows that are not `live` (nothing to train on: an all-zero loss mask) stay in the rank's rows
+    but in none of its micro-batches."""
     plan = micro if isinstance(micro, MicroPlan) else MicroPlan(micro, pass_cost=math.inf)
     lengths = list(lengths) if lengths is not None else [1] * (num_groups * group_size)
+    live = list(live) if live is not None else [True] * (num_groups * group_size)
     rows: list[int] = []
+    every_rank: list[list[int]] = [[] for _ in range(dp.size)]
     minis: list[MiniBatch] = []
     for start in range(0, num_groups, groups_per_mini):
         stop = min(num_groups, start + groups_per_mini)
         shares = [_share(range(start + r, stop, dp.size), group_size) for r in range(dp.size)]
-        cuts = [plan.cut([lengths[i] for i in share]) for share in shares]
+        for r, share in enumerate(shares):
+            every_rank[r].extend(share)
+        cuts = [_cut(plan, share, lengths, live) for share in shares]
         first = len(rows)
         rows.extend(shares[dp.rank])
         parts = tuple(tuple(first + i for i in part) for part in cuts[dp.rank])
         passes = max(1, *(len(c) for c in cuts))
         every = slice(start * group_size, stop * group_size)
         minis.append(MiniBatch(every, slice(first, len(rows)), passes, parts))
-    return Shard(rows, minis)
+    return Shard(rows, minis, tuple(tuple(r) for r in every_rank))
+
+
+def _cut(plan: MicroPlan, share: list[int], lengths: Sequence[int], live: Sequence[bool]) -> list[list[int]]:
+    """`plan`'s micro-batches of a share's live rows, as positions in the share."""
+    positions = [i for i, row in enumerate(share) if live[row]]
+    return [[positions[j] for j in part] for part in plan.cut([lengths[share[i]] for i in positions])]
+
+
+def forward_parts(shard: Shard, plan: MicroPlan, lengths: Sequence[int],
+                  include: Sequence[bool] | None = None) -> tuple[list[tuple[int, ...]], int]:
+    """Forward-only micro-batches over a rank's rows (those `include` keeps, default all) at once,
+    cut as `plan` says: this rank's (indices into its batch, `local_batch`'s rows) and the number of
+    passes every rank runs (the most any rank needs: the passes of FSDP and Megatron are collectives)."""
+    keep = [True] * len(lengths) if include is None else include
+    where = {row: i for i, row in enumerate(shard.rows)}
+    cuts = [plan.cut([lengths[row] for row in rows if keep[row]]) for rows in shard.rank_rows]
+    mine_rows = [row for row in shard.rows if keep[row]]
+    mine = [tuple(where[mine_rows[j]] for j in part) for part in plan.cut([lengths[r] for r in mine_rows])]
+    return mine, max(1, *(len(c) for c in cuts)) if cuts else 1
 
 
 def _share(groups: range, group_size: int) -> list[int]:
@@ -135,11 +163,31 @@ def local_batch(batch: TrainBatch, shard: Shard) -> TrainBatch:
 def micro_batches(batch: TrainBatch, mini: MiniBatch) -> list[tuple[TrainBatch, torch.Tensor | None]]:
     """The rank's micro-batches of `mini`, each trimmed to its longest row, and padding passes up
     to `mini.micro_batches`; each with its row indices in `batch` (None: padding)."""
+    return passes(batch, mini.parts, mini.micro_batches)
+
+
+def passes(batch: TrainBatch, parts: Sequence[Sequence[int]], count: int) -> list[tuple[TrainBatch, torch.Tensor | None]]:
+    """The micro-batches `parts` (row indices into `batch`), each trimmed to its longest row, then
+    padding up to `count` passes; each with its row indices in `batch` (None: padding)."""
     out: list[tuple[TrainBatch, torch.Tensor | None]] = []
-    for part in mini.parts:
+    for part in parts:
         rows = torch.tensor(part, dtype=torch.long, device=batch.input_ids.device)
         out.append((batch.select(rows).trimmed(), rows))
-    return out + [(padding(batch), None)] * (mini.micro_batches - len(out))
+    return out + [(padding(batch), None)] * (count - len(out))
+
+
+def gather_rows(local: torch.Tensor, shard: Shard, num_rows: int, dp: DataParallel) -> torch.Tensor:
+    """[num_rows, T]: every rank's rows of a per-row tensor (`local`, the rank's rows in `shard.rows`
+    order) put at their place in the step's batch (a sum over the ranks: their rows are disjoint;
+    a collective over `dp.group` when `dp.size > 1`)."""
+    out = torch.zeros((num_rows, *local.shape[1:]), dtype=local.dtype, device=local.device)
+    if shard.rows:
+        out[torch.tensor(shard.rows, dtype=torch.long, device=local.device)] = local[: len(shard.rows)]
+    if dp.size > 1:
+        moved = out.to(dp.device)
+        dist.all_reduce(moved, op=dist.ReduceOp.SUM, group=dp.group)
+        out = moved.to(local.device)
+    return out
 
 
 class StepStats:
@@ -163,11 +211,16 @@ class StepStats:
     def copy(self) -> StepStats:
         return StepStats(self.sums, self.extremes)
 
-    def reduced(self, dp: DataParallel, keys: tuple[str, ...]) -> StepStats:
-        """Every rank's `keys` combined (sums added, extremes taken; a key no rank has stays
-        absent); other keys stay this rank's. A collective over `dp.group` when `dp.size > 1`."""
+    def reduced(self, dp: DataParallel, keys: tuple[str, ...] | None = None) -> StepStats:
+        """Every rank's `keys` (default: every key any rank has) combined (sums added, extremes
+        taken; a key no rank has stays absent); other keys stay this rank's. A collective over
+        `dp.group` when `dp.size > 1`."""
         if dp.size == 1:
             return self.copy()
+        if keys is None:
+            names: list[list[str]] = [[] for _ in range(dp.size)]
+            dist.all_gather_object(names, sorted({*self.sums, *self.extremes}), group=dp.group)
+            keys = tuple(sorted({k for ks in names for k in ks}))
         sums = [k for k in keys if not k.endswith(("_max", "_min"))]
         tops = [k for k in keys if k.endswith("_max")]
         lows = [k for k in keys if k.endswith("_min")]

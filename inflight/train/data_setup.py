@@ -1,62 +1,49 @@
-"""`inflight train` on your own data: when the data task is chosen, what lengths it gets, how it is built.
+"""`inflight train` on your own data: when the data task is chosen and how it is built.
 
-`data.train_data` (SkyRL's key) selects the data task, and so does the older `job.task=jsonl` with
-`job.train_data` / `job.eval_data`. Lengths come from the model and the data: the default job's
-settings sized for the toy addition task (a 64-token context, 8 generated tokens, a 50 MiB KV cache)
-are left out when the default job runs on user data, so the schema's defaults apply (the model's
-context, `generator.sampling_params.max_generate_length` 1024, 1 GiB of KV); anything the user sets
-still wins.
+A run trains on `data.train_data` (SkyRL's key; the older `job.task=jsonl` with `job.train_data` /
+`job.eval_data` too) unless `job.task` names a built-in task (the demo's `addition`, ...), which
+makes its own problems and scores itself.
 """
 
 from __future__ import annotations
 
-import copy
 from collections import Counter
-from collections.abc import Mapping
 from typing import Any
 
 from inflight.config import Config, ConfigError, Violation
+from inflight.config.keys import default_config, get_key
 from inflight.train.job_config import JobConfig
 
-TOY_LENGTH_KEYS = (("generator", "inference_engine", "max_model_len"),
-                   ("generator", "inference_engine", "kv_cache_memory_gib"),
-                   ("generator", "sampling_params", "max_generate_length"))
-"""Settings of the default job that only fit the addition task."""
+BUILTIN_TASKS = ("addition", "chain_addition", "count_up")
+CHAT_KEYS = ("generator.chat_template.name_or_path", "generator.chat_template_kwargs")
+"""Keys of the chat template your data's prompts go through (the built-in tasks render none)."""
 
 
 def uses_data(cfg: Config, job: JobConfig) -> bool:
-    """Whether the run trains on data files (`data.train_data`, or `job.task=jsonl`)."""
-    return bool(cfg.data.train_data) or job.task == "jsonl"
+    """Whether the run trains on data files: unless `job.task` names a built-in task."""
+    return job.task not in BUILTIN_TASKS
 
 
-def without_toy_lengths(data: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of the default job's mapping without `TOY_LENGTH_KEYS`."""
-    out = copy.deepcopy(dict(data))
-    for *parents, leaf in TOY_LENGTH_KEYS:
-        node = out
-        for part in parents:
-            node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, dict):
-            node.pop(leaf, None)
-    return out
+def _set(cfg: Config, key: str) -> bool:
+    """Whether `key` differs from SkyRL's default in `cfg`."""
+    return get_key(cfg, key) != get_key(default_config(), key)
 
 
 def check_data_job(cfg: Config, job: JobConfig) -> None:
     """Raise ConfigError listing contradictions between the data keys and the job's task."""
     problems = []
-    if cfg.data.train_data and job.train_data:
+    if cfg.data.train_data and _set(cfg, "data.train_data") and job.train_data:
         problems.append(Violation("job.train_data", job.train_data, "is the old spelling of data.train_data, which "
                                   "is also set", "keep data.train_data (a list of files) only"))
-    if cfg.data.val_data and job.eval_data:
+    if cfg.data.val_data and _set(cfg, "data.val_data") and job.eval_data:
         problems.append(Violation("job.eval_data", job.eval_data, "is the old spelling of data.val_data, which is "
                                   "also set", "keep data.val_data only"))
-    if cfg.data.train_data and job.task not in ("addition", "jsonl"):
-        problems.append(Violation("job.task", job.task, "is a built-in task, but data.train_data is set",
-                                  "drop job.task to train on your data, or drop data.train_data"))
-    if not uses_data(cfg, job) and cfg.environment.env_class is not None:
-        problems.append(Violation("environment.env_class", cfg.environment.env_class,
-                                  f"scores your data, but the run trains on the built-in task {job.task!r}",
-                                  "give data.train_data, or drop environment.env_class"))
+    if not uses_data(cfg, job):
+        for key in ("data.train_data", "data.val_data", "environment.env_class", *CHAT_KEYS):
+            if _set(cfg, key) and get_key(cfg, key) != []:  # [] (no files) is no data
+                problems.append(Violation(key, get_key(cfg, key), f"is for your data, but the run trains on the "
+                                          f"built-in task {job.task!r} (job.task)",
+                                          f"drop job.task to train on your data, or drop {key}"))
     if uses_data(cfg, job) and cfg.trainer.policy.model.path is None:
         problems.append(Violation("trainer.policy.model.path", None, "is required to train on your data",
                                   "set trainer.policy.model.path to a local Hugging Face model directory"))
@@ -81,17 +68,32 @@ def make_data_task(cfg: Config, job: JobConfig):
     from transformers import AutoTokenizer
 
     from inflight.tasks.data_task import DataTask
+    from inflight.tasks.skyrl_gym_env import GymSettings
 
-    tokenizer = AutoTokenizer.from_pretrained(cfg.trainer.policy.model.path)
+    tokenizer = AutoTokenizer.from_pretrained(cfg.trainer.policy.model.path,
+                                              use_fast=not cfg.trainer.disable_fast_tokenizer)
     data = cfg.data
-    train = data.train_data or [job.train_data]
-    val = data.val_data or ([job.eval_data] if job.eval_data else [])
+    old_spelling = job.task == "jsonl" and bool(job.train_data)  # job.train_data / job.eval_data
+    train = [job.train_data] if old_spelling else data.train_data
+    val = ([job.eval_data] if job.eval_data else []) if old_spelling else data.val_data
     return DataTask(
         tokenizer, train, val, prompt_key=data.prompt_key, answer_key=data.answer_key,
+        chat_format=chat_format(cfg), skyrl_gym=GymSettings(cfg.environment.skyrl_gym, cfg.generator.max_turns),
         env_class=cfg.environment.env_class, max_prompt_length=cfg.trainer.max_prompt_length,
         drop_long_prompts=data.drop_long_prompts, max_new_tokens=cfg.generator.sampling_params.max_generate_length,
         max_context=model_context(cfg), num_eval=job.num_eval, val_fraction=data.val_fraction, seed=cfg.trainer.seed,
     )
+
+
+def chat_format(cfg: Config):
+    """The `ChatFormat` of `generator.chat_template` (a file, or one of SkyRL's names) and
+    `generator.chat_template_kwargs`. Raises ChatTemplateError naming the key."""
+    from inflight.chat.templates import resolve_chat_template
+    from inflight.chat.turns import ChatFormat
+
+    template = cfg.generator.chat_template
+    return ChatFormat(resolve_chat_template(template.source, template.name_or_path),
+                      dict(cfg.generator.chat_template_kwargs))
 
 
 class NothingGeneratedError(RuntimeError):
@@ -102,7 +104,7 @@ def check_generated(groups: Any, cfg: Config) -> None:
     """Raise NothingGeneratedError when the trajectories of `groups` hold zero generated tokens in
     total, naming the lengths that are the likely cause."""
     trajectories = [t for g in groups for t in g.trajectories]
-    if not trajectories or sum(t.num_generated for t in trajectories) > 0:
+    if not trajectories or sum(t.num_sampled for t in trajectories) > 0:  # overlong filtering masks some
         return
     reasons = Counter(t.finish_reason for t in trajectories)
     longest = max(len(t.prompt_ids) for t in trajectories)

@@ -1,4 +1,4 @@
-"""The default `inflight train` job (also `examples/default.yaml`): fully-async GRPO on the built-in
+"""The demo job (`examples/default.yaml`, `base: demo` in a config): fully-async GRPO on the built-in
 addition task with the tiny base model, sized to learn visibly on 2 CPU cores in a few minutes
 (the measured recipe: 16 prompts x 8 samples, temperature 1, lr 1e-4,
 betas (0.9, 0.99), clip 0.2, gradient clip 1, token-mean loss, zero-advantage groups dropped)."""
@@ -10,17 +10,27 @@ from typing import Any
 import yaml
 
 DEFAULT_JOB_YAML = """\
-# inflight train: the default job (what `inflight train` runs with no --config).
+# inflight's demo job (`scripts/run.sh`: `inflight train --config examples/default.yaml`).
 # Fully-async GRPO with in-flight weight updates on the built-in addition task; the tiny base model
-# is built and warmed up first because trainer.policy.model.path is null.
+# is built and warmed up first because trainer.policy.model.path is null. Every key not set here
+# takes SkyRL's default, as in any config; this file sets what the demo needs on 2 CPU cores.
 trainer:
   strategy: fsdp                      # one process: the local worker (FSDP with world size 1)
+  placement:
+    colocate_all: false               # engine and trainer run side by side (fully async)
   train_batch_size: 16                # prompts per step
   policy_mini_batch_size: 16          # one optimizer step per training step
   micro_train_batch_size_per_gpu: 128 # the whole step in one forward/backward
+  micro_forward_batch_size_per_gpu: 128
   epochs: 1
+  max_training_steps: 2000
   seed: 42
   eval_interval: 100                  # held-out evaluation every 100 steps (in the plot), before and after
+  bf16: false                         # float32 on CPU
+  gradient_checkpointing: false       # the recompute costs more than the memory it saves on this model
+  logger: [console, tensorboard]
+  ckpt_interval: -1                   # no checkpoints (set trainer.ckpt_path and an interval to save)
+  resume_mode: null
   policy:
     model:
       path: null                      # null: build + warm up the tiny base model
@@ -34,6 +44,11 @@ trainer:
     eps_clip_low: 0.2
     eps_clip_high: 0.2
     loss_reduction: token_mean
+    use_kl_loss: false
+    zero_variance_filter: true        # groups whose rewards are all equal carry no signal
+    off_policy_correction:
+      tis_ratio_type: token           # truncated importance sampling for tokens older than the policy
+      token_tis_ratio_clip_high: 2.0
   fully_async:
     enabled: true
     max_staleness_steps: 1            # generate the next batch while training on this one
@@ -48,6 +63,8 @@ generator:
     temperature: 1.0
     max_generate_length: 8
   inference_engine:
+    backend: native                   # this project's paged-KV engine
+    model_dtype: float32
     weight_sync_backend: shm          # engine in its own process, weights via one shared buffer
     offload_kv_for_weight_sync: false
     enable_prefix_caching: true
@@ -58,13 +75,11 @@ generator:
 job:
   task: addition
   num_train: 40000                    # training problems (the held-out 200 are never among them)
-  max_steps: 2000
   max_train_seconds: 240              # RL time budget: the whole job stays well under 10 minutes
   output_dir: runs/inflight
   warmup_steps: 400
   warmup_max_seconds: 90
   warmup_target_accuracy: 0.3         # stop the warm-up early: RL gets the rest
-  tis: token                          # truncated importance sampling for tokens older than the policy
 """
 
 
@@ -87,5 +102,5 @@ def task_overrides(task: str) -> list[str]:
 
 
 def default_job() -> dict[str, Any]:
-    """The default job as a mapping (`inflight train` with no --config)."""
+    """The demo job as a mapping (`examples/default.yaml`; `base: demo` in a config)."""
     return yaml.safe_load(DEFAULT_JOB_YAML)

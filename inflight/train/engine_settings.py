@@ -14,13 +14,18 @@ from pathlib import Path
 from inflight.config import Config, InferenceEngineConfig
 from inflight.config.implemented import require_implemented
 from inflight.engine.config import EngineConfig
+from inflight.train.engine_memory import kv_cache_gib
 
-PER_ENGINE = ("model", "seed", "weight_version")
-"""EngineConfig fields set per engine, not by a key: model <- the model directory, seed <-
-`trainer.seed` + the engine's index, weight_version <- the version the weights are."""
+PER_ENGINE = ("model", "seed", "weight_version", "kv_cache_memory_gib")
+"""EngineConfig fields set per engine, not by a key of the same name: model <- the model directory,
+seed <- `trainer.seed` + the engine's index, weight_version <- the version the weights are,
+kv_cache_memory_gib <- `kv_cache_memory_gib` or `gpu_memory_utilization` (`engine_memory.kv_cache_gib`)."""
+RENAMED = {"dtype": "model_dtype"}
+"""EngineConfig fields whose key has SkyRL's name: `dtype` <- `generator.inference_engine.model_dtype`."""
 _SCHEMA_FIELDS = {g.name for g in dataclasses.fields(InferenceEngineConfig)}
-ENGINE_KEYS = tuple(f.name for f in dataclasses.fields(EngineConfig) if f.name in _SCHEMA_FIELDS)
-"""EngineConfig fields read from `generator.inference_engine.<same name>`."""
+ENGINE_KEYS = tuple(f.name for f in dataclasses.fields(EngineConfig)
+                    if RENAMED.get(f.name, f.name) in _SCHEMA_FIELDS and f.name not in PER_ENGINE)
+"""EngineConfig fields read from `generator.inference_engine.<same name>` (or its `RENAMED` key)."""
 
 
 def engine_config(cfg: Config, model_dir: str | Path, weight_version: int = 0, index: int = 0) -> EngineConfig:
@@ -30,4 +35,5 @@ def engine_config(cfg: Config, model_dir: str | Path, weight_version: int = 0, i
     require_implemented(cfg)
     ie = cfg.generator.inference_engine
     return EngineConfig(model=str(model_dir), seed=cfg.trainer.seed + index, weight_version=weight_version,
-                        **{name: getattr(ie, name) for name in ENGINE_KEYS})
+                        kv_cache_memory_gib=kv_cache_gib(ie, model_dir, ie.num_engines),
+                        **{name: getattr(ie, RENAMED.get(name, name)) for name in ENGINE_KEYS})

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,10 +26,11 @@ SECTION = "job"
 class JobConfig:
     """Run settings outside the shared schema (YAML section `job:`, overrides `job.<key>=...`)."""
 
-    task: str = "addition"
-    """`addition` (built-in, default), `chain_addition` (multi-turn variant), `count_up` (built-in,
-    long-tailed answer lengths; needs `inflight.train.defaults.task_overrides`) or `jsonl` (your data;
-    the older spelling of `data.train_data`, which selects the data task by itself)."""
+    task: str | None = None
+    """A built-in task instead of your data: `addition` (the demo's), `chain_addition` (multi-turn
+    variant), `count_up` (long-tailed answer lengths; needs `inflight.train.defaults.task_overrides`);
+    or `jsonl` (the older spelling of `data.train_data`). None (default): your data
+    (`data.train_data`)."""
     train_data: str | None = None
     """One data file for `task: jsonl` (older spelling of `data.train_data`; every format it reads)."""
     eval_data: str | None = None
@@ -39,8 +40,6 @@ class JobConfig:
     num_eval: int = 200
     """Held-out problems the built-in tasks generate, and the most rows split off your training data
     when `data.val_data` is empty (every row of `data.val_data` is evaluated)."""
-    max_steps: int | None = 200
-    """Stop after this many training steps (none: run the epochs out)."""
     max_train_seconds: float | None = None
     """Stop training after this many seconds of RL (checked after each step)."""
     eval_interval: int | None = None
@@ -52,7 +51,9 @@ class JobConfig:
     warmup_steps: int = 400
     """Supervised warm-up steps of the built-in base model (only when no model path is given)."""
     warmup_batch_size: int = 128
+    """Problems per supervised warm-up step of the built-in base model."""
     warmup_lr: float = 1e-3
+    """Learning rate of the supervised warm-up of the built-in base model."""
     warmup_max_seconds: float | None = 90.0
     """Stop the warm-up after this long, to leave room for RL."""
     warmup_target_accuracy: float | None = 0.3
@@ -77,41 +78,37 @@ class JobConfig:
     `trainer.algorithm.off_policy_correction.token_tis_ratio_clip_high` and `sequence_tis_ratio_clip_high`."""
     drop_zero_advantage_groups: bool | None = None
     """Old spelling of `trainer.algorithm.zero_variance_filter`, which it sets."""
-    dynamic_sampling: bool = False
-    """Fully async: reject such groups at generation instead, and generate others in their place."""
     tensorboard: bool = True
+    """Write TensorBoard events when trainer.logger names tensorboard (false turns them off whatever
+    trainer.logger says, e.g. in tests)."""
     plot: bool = True
+    """Draw the reward / staleness plot (`<output_dir>/reward_staleness.png`) after the run."""
     progress: bool = True
+    """Show the progress bar when trainer.logger names console (false: a line every log_interval steps)."""
     log_interval: int = 10
     """Print a line every this many steps when the console is not a terminal."""
     ray: bool = False
     """Run the engine and the policy as Ray actors (`inflight.cluster`); needs `ray` installed."""
     ray_address: str | None = None
     """An existing Ray cluster to join (implies `ray`); none starts a local Ray instance."""
-    resume: bool = True
-    """Resume from the latest checkpoint in trainer.ckpt_path when there is one."""
-    max_ckpts_to_keep: int = 2
 
     def validate(self) -> list[Violation]:
         problems = []
-        choices = {"task": ("addition", "chain_addition", "count_up", "jsonl"),
+        choices = {"task": (None, "addition", "chain_addition", "count_up", "jsonl"),
                    "worker": ("auto", "local", "fsdp", "megatron"), "tis": ("none", "token", "sequence")}
         for key, allowed in choices.items():
             if getattr(self, key) not in (*allowed, *([None] if key == "tis" else [])):
                 problems.append(Violation(f"{SECTION}.{key}", getattr(self, key), "is not a known choice",
-                                          f"use one of {', '.join(allowed)}"))
+                                          f"use one of {', '.join(str(a) for a in allowed if a)}"))
         if self.task == "jsonl" and not self.train_data:
             problems.append(Violation(f"{SECTION}.train_data", None, "is required for task jsonl",
                                       "give a JSONL file of prompt/answer lines"))
         if self.warmup_threads < 0:
             problems.append(Violation(f"{SECTION}.warmup_threads", self.warmup_threads, "must be >= 0",
                                       "0 picks by measuring"))
-        for key in ("num_train", "num_eval", "warmup_batch_size", "threads", "engine_threads", "log_interval",
-                    "max_ckpts_to_keep"):
+        for key in ("num_train", "num_eval", "warmup_batch_size", "threads", "engine_threads", "log_interval"):
             if getattr(self, key) < 1:
                 problems.append(Violation(f"{SECTION}.{key}", getattr(self, key), "must be >= 1", "raise it"))
-        if self.max_steps is not None and self.max_steps < 1:
-            problems.append(Violation(f"{SECTION}.max_steps", self.max_steps, "must be >= 1 or null", "raise it"))
         if self.tis_cap is not None and self.tis_cap <= 0:
             problems.append(Violation(f"{SECTION}.tis_cap", self.tis_cap, "must be > 0", "e.g. 2.0"))
         return problems
@@ -129,7 +126,7 @@ def split_job_config(data: Mapping[str, Any], overrides: Sequence[str]) -> tuple
     if not isinstance(section, Mapping):
         raise ConfigError([Violation(SECTION, section, "must be a mapping", "write job: {key: value}")])
     values = {**section, **values}
-    other = []
+    other: list[str] = []
     for text in overrides:
         body = text.strip().lstrip("+")
         if body.startswith(SECTION + "."):
@@ -142,8 +139,10 @@ def split_job_config(data: Mapping[str, Any], overrides: Sequence[str]) -> tuple
     problems: list[Violation] = []
     kwargs = {}
     for key, value in values.items():
+        if key in ALIASES and key not in fields:
+            continue  # forwarded to its schema keys below
         if key not in fields:
-            hint = suggest(key, list(fields))
+            hint = suggest(key, [*fields, *ALIASES])
             problems.append(Violation(f"{SECTION}.{key}", value, "unknown key",
                                       f"did you mean '{SECTION}.{hint}'?" if hint else "see inflight/train/job_config.py"))
             continue
@@ -165,8 +164,16 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "tis": (_OPC + "tis_ratio_type",),
     "tis_cap": (_OPC + "token_tis_ratio_clip_high", _OPC + "sequence_tis_ratio_clip_high"),
     "drop_zero_advantage_groups": ("trainer.algorithm.zero_variance_filter",),
+    "max_steps": ("trainer.max_training_steps",),
+    "max_ckpts_to_keep": ("trainer.max_ckpts_to_keep",),
+    "resume": ("trainer.resume_mode",),
+    "dynamic_sampling": ("trainer.fully_async.sample_full_batch",),
 }
 """`job.<key>` spellings kept for old configs -> the schema keys they set."""
+ALIAS_VALUES: dict[str, Callable[[Any], Any]] = {
+    "resume": lambda v: "latest" if coerce(v, bool) is True else ("none" if coerce(v, bool) is False else v),
+}
+"""How an alias's value becomes its keys' (`job.resume=true` is resume_mode `latest`)."""
 
 
 def _forward_aliases(values: Mapping[str, Any], rest: Mapping[str, Any], overrides: list[str],
@@ -181,6 +188,7 @@ def _forward_aliases(values: Mapping[str, Any], rest: Mapping[str, Any], overrid
         value = values.get(name)
         if value is None:
             continue
+        value = ALIAS_VALUES.get(name, lambda v: v)(value)
         alias_on_line = _on_line(given, f"{SECTION}.{name}") is not None
         for key in keys:
             other = _on_line(overrides, key) if alias_on_line else flatten(rest).get(key)

@@ -36,8 +36,19 @@ def apply_lora(model: torch.nn.Module, cfg: Config) -> torch.nn.Module:
     lora = cfg.trainer.policy.model.lora
     targets = lora.target_modules
     config = peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                             target_modules="all-linear" if targets == ["all-linear"] else list(targets))
+                             target_modules="all-linear" if targets == ["all-linear"] else list(targets),
+                             exclude_modules=list(lora.exclude_modules) if lora.exclude_modules else None,
+                             init_lora_weights=init_lora_weights(lora.init_method))
     return peft.get_peft_model(model, config)
+
+
+INIT_METHODS = {"kaiming": True, "gaussian": "gaussian"}
+"""SkyRL's `lora.init_method` names as peft's `init_lora_weights` (peft's own names pass through)."""
+
+
+def init_lora_weights(method: str) -> bool | str:
+    """peft's `init_lora_weights` for `trainer.policy.model.lora.init_method`."""
+    return INIT_METHODS.get(method, method)
 
 
 def _lora_layers(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module]]:

@@ -11,11 +11,13 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from inflight.algorithms import entropy_from_logits, masked_mean
 from inflight.engine.request import scaling_temperature
-from inflight.train.algorithms import reduce_loss
 from inflight.train.batch import TrainBatch
 
-LossFn = Callable[[torch.Tensor, TrainBatch], torch.Tensor]
+LossFn = Callable[..., torch.Tensor]
+"""`loss_fn(logprobs, batch) -> scalar`; one whose `wants_entropy` attribute is true also takes
+`entropy=` (per-token [B, T], aligned like the log-probabilities)."""
 
 
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -26,7 +28,13 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: f
     return F.pad(picked, (1, 0))
 
 
+def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """[B, T] entropy of the temperature-scaled distribution each token was drawn from (position t:
+    the distribution predicting token t, as `token_logprobs`; position 0 is 0), from [B, T, V] logits."""
+    return F.pad(entropy_from_logits(logits[:, :-1].float() / scaling_temperature(temperature)), (1, 0))
+
+
 def cross_entropy_loss(logprobs: torch.Tensor, batch: TrainBatch) -> torch.Tensor:
     """Token-mean negative log-likelihood of the masked tokens (supervised fine-tuning). The RL
     objective is `inflight.train.algorithms.rl_loss`."""
-    return -reduce_loss(logprobs, batch.loss_mask)
+    return -masked_mean(logprobs, batch.loss_mask)

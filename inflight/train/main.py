@@ -1,10 +1,14 @@
-"""`inflight train [--config YAML] [key=value ...]`: warm-up (built-in model), evaluate, RL, evaluate.
+"""`inflight train [--config YAML] [key=value ...]`: evaluate, RL, evaluate.
 
-With no arguments it runs the default job (`inflight.train.defaults`, also `examples/default.yaml`):
-it builds the tiny base model and the character tokenizer, warms the model up with a short
-supervised phase, prints its greedy accuracy on 200 held-out problems, runs fully-async GRPO with
-in-flight weight updates, and prints the accuracy after. Overrides use dotted keys of the shared
-schema (`trainer.fully_async.enabled=false`) or of the `job:` section (`job.max_steps=50`).
+`inflight train key=value ...` means what SkyRL's entry point means: every key not given takes
+SkyRL's default (`inflight.config.schema`), the run lasts `trainer.epochs` over the data (or
+`trainer.max_training_steps`), and it resumes as `trainer.resume_mode` says. `--config YAML` starts
+from a file instead (`base: demo` in it: from the built-in demo). The demo
+(`--config examples/default.yaml`, what `scripts/run.sh` runs) builds a tiny base model and a
+character tokenizer, warms the model up with a short supervised phase, prints its greedy accuracy on
+200 held-out problems, runs fully-async GRPO with in-flight weight updates, and prints the accuracy
+after. Overrides use dotted keys of the schema (`trainer.fully_async.enabled=true`) or of the
+`job:` section (`job.max_train_seconds=60`).
 
 This module does not know Ray: with `--ray` (`job.ray`) the run starts on the runtime that the
 caller passes as `start_ray` (the `inflight` command passes `inflight.cluster.start_ray`).
@@ -22,9 +26,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from inflight.config import Config, ConfigError, Violation, config_from_dict, dump_config
-from inflight.config.implemented import require_implemented
+from inflight.config.implemented import require_implemented, unimplemented
 from inflight.config.loader import read_yaml
-from inflight.train.data_setup import check_data_job, make_data_task, uses_data, without_toy_lengths
+from inflight.train.data_setup import check_data_job, make_data_task, uses_data
 from inflight.train.defaults import default_job
 from inflight.train.job_config import JobConfig, split_job_config
 
@@ -35,35 +39,44 @@ if TYPE_CHECKING:
 def build_parser(prog: str = "inflight train") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default=None, help="YAML config (default: the built-in default job)")
-    parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    parser.add_argument("--config", default=None,
+                        help="YAML config (default: none, SkyRL's defaults; the demo: examples/default.yaml)")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the resolved config, and what a run would refuse, and exit")
+    parser.add_argument("--reference", action="store_true",
+                        help="print the configuration reference (every key: default, status, meaning) and exit")
     parser.add_argument("--ray", action="store_true", help="run the engines and the policy ranks as Ray actors")
     parser.add_argument("--ray-address", default=None, help="join this Ray cluster (implies --ray)")
-    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. job.max_steps=50")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.epochs=2")
     return parser
 
 
 def resolve_config(config_path: str | None, overrides: list[str]) -> tuple[Config, JobConfig]:
-    """The run's settings: the YAML at `config_path` (or the default job), then `overrides`. A YAML
-    with `base: default` (or `base: other.yaml`, relative to it) holds only what differs from that
-    base: its mappings are merged over the base's, key by key."""
-    data = with_base(read_yaml(config_path), Path(config_path)) if config_path else default_job()
+    """The run's settings: the YAML at `config_path` (or SkyRL's defaults), then `overrides`. A YAML
+    with `base: demo` (or `base: other.yaml`, relative to it) holds only what differs from that base:
+    its mappings are merged over the base's, key by key. What a run would refuse is not checked here
+    (`inflight.config.implemented.require_implemented`)."""
+    data = with_base(read_yaml(config_path), Path(config_path)) if config_path else {}
     try:
         job, rest, other = split_job_config(data, overrides)
     except ConfigError as err:  # list the schema's violations too, not only the job section's
         raise ConfigError([*err.violations, *_schema_violations(data, overrides)]) from None
     if job.ray_address:
         job.ray = True
-    cfg = config_from_dict(rest, other)
-    if config_path is None and uses_data(cfg, job):  # the default job's lengths fit only its toy task
-        cfg = config_from_dict(without_toy_lengths(rest), other)
-    require_implemented(cfg)  # before any warm-up or engine start: refused keys fail at once
-    return cfg, job
+    return config_from_dict(rest, other), job
+
+
+def config_reference() -> str:
+    """The configuration reference page (`docs/reference/config.md`): the schema's keys, then `job:`'s."""
+    from inflight.config.reference import dataclass_rows, render
+
+    return render(dataclass_rows(JobConfig, "job."))
 
 
 def missing_devices(cfg: Config, job: JobConfig) -> str | None:
-    """Why the run cannot have the CUDA devices it names (a CPU-only torch, or no GPU), or None;
-    checked before anything is built, so the run stops at once with the key, not 20 s in."""
+    """Why the run cannot have the CUDA devices it names (a CPU-only torch, no GPU, or fewer GPUs
+    than the GPU-count keys ask of this node: `device_counts.too_many_gpus`), or None; checked
+    before anything is built, so the run stops at once with the key, not 20 s in."""
     wanted = {key: value for key, value in (("generator.inference_engine.device", cfg.generator.inference_engine.device),
                                             ("job.trainer_device", job.trainer_device)) if value.startswith("cuda")}
     if not wanted:
@@ -71,7 +84,9 @@ def missing_devices(cfg: Config, job: JobConfig) -> str | None:
     import torch
 
     if torch.cuda.is_available():
-        return None
+        from inflight.train.device_counts import too_many_gpus
+
+        return too_many_gpus(cfg, job)
     build = "a CPU-only build" if torch.version.cuda is None else "built with CUDA but sees no GPU"
     keys = ", ".join(f"{k}={v}" for k, v in wanted.items())
     return f"{keys}: this torch ({torch.__version__}) is {build}; use cpu, or a CUDA torch on a GPU machine"
@@ -93,7 +108,7 @@ def with_base(data: dict[str, Any], path: Path) -> dict[str, Any]:
     base = data.pop("base", None)
     if base is None:
         return data
-    if base == "default":
+    if base in ("demo", "default"):
         parent = default_job()
     else:
         base_path = (path.parent / str(base)).resolve()
@@ -120,7 +135,8 @@ def make_task(cfg: Config, job: JobConfig):
     if cfg.trainer.policy.model.path is not None:
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(cfg.trainer.policy.model.path)
+        tokenizer = AutoTokenizer.from_pretrained(cfg.trainer.policy.model.path,
+                                                  use_fast=not cfg.trainer.disable_fast_tokenizer)
     return make_builtin_task(job.task, tokenizer, num_train=job.num_train, num_eval=job.num_eval,
                              seed=cfg.trainer.seed)
 
@@ -205,6 +221,9 @@ def main(argv: list[str] | None = None, start_ray: Starter | None = None) -> int
     """Entry point of `inflight train`; returns the exit status. `start_ray`: the runtime for
     `--ray` (`job.ray`), which only the `inflight` command supplies."""
     args = build_parser().parse_args(argv)
+    if args.reference:
+        sys.stdout.write(config_reference())
+        return 0
     overrides = list(args.overrides)
     if args.ray or args.ray_address:
         overrides.append("job.ray=true")
@@ -219,17 +238,22 @@ def main(argv: list[str] | None = None, start_ray: Starter | None = None) -> int
         return _error(f"--config {args.config}: the config file {reason}")
     if args.print_config:
         print(dump_config(cfg) + "job:\n" + "".join(f"  {k}: {json.dumps(v)}\n" for k, v in vars(job).items()))
+        refusals = unimplemented(cfg)
+        if refusals:
+            print(f"note: the config is valid, but a run would refuse {len(refusals)} setting(s) not "
+                  "implemented here:\n" + "\n".join(f"  - {v}" for v in refusals), file=sys.stderr)
         return 0
     if (missing := missing_devices(cfg, job)):
         return _error(missing)
+    if job.ray and start_ray is None:
+        return _error("job.ray=true needs the `inflight` command (`inflight train --ray`)")
     from inflight.train.servers import check_vllm_python
 
-    try:  # before any warm-up: a vLLM venv that is not there fails the run at once
+    try:  # before any warm-up or engine start: refused keys and a missing vLLM venv fail at once
+        require_implemented(cfg)
         check_vllm_python(cfg.generator.inference_engine.vllm_python)
     except ConfigError as err:
         return _error(err)
-    if job.ray and start_ray is None:
-        return _error("job.ray=true needs the `inflight` command (`inflight train --ray`)")
     from rich.console import Console
 
     say = functools.partial(Console().print, highlight=False)

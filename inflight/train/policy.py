@@ -21,6 +21,7 @@ import torch.distributed as dist
 from inflight.client.base import InferenceClient
 from inflight.config import Config
 from inflight.rollout.generator import TrajectoryGroup
+from inflight.train.algorithms import uses_reference
 from inflight.train.checkpoint import CheckpointState, export_model, load_optimizer, save_checkpoint
 from inflight.train.job_config import JobConfig
 from inflight.train.lora import load_adapter, lora_enabled
@@ -42,32 +43,55 @@ def ensure_process_group(device: str = "cpu", init_method: str | None = None, ra
         dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size)
 
 
-def make_worker(cfg: Config, job: JobConfig, model_dir: str | Path) -> PolicyWorker:
+def make_worker(cfg: Config, job: JobConfig, model_dir: str | Path, training_steps: int | None = None,
+                role: str = "policy") -> PolicyWorker:
     """The policy worker the job asks for (see `JobConfig.worker`), not yet set up, knowing the
-    run's optimizer steps (for a decaying learning-rate schedule)."""
+    run's optimizer steps (for a decaying learning-rate schedule); `role="ref"` builds the
+    reference model with `trainer.ref`'s settings, `role="critic"` the critic (`inflight.train.critic`)
+    with `trainer.critic`'s."""
     kind = job.worker
     if kind == "auto":
         kind = "megatron" if cfg.trainer.strategy == "megatron" else ("fsdp" if dist.is_initialized() else "local")
-    if kind == "local":
-        from inflight.train.workers.local import LocalPolicyWorker as Worker
-    else:
+    if kind != "local":
         ensure_process_group(job.trainer_device)
-        if kind == "fsdp":
-            from inflight.train.workers.fsdp import FSDPPolicyWorker as Worker
-        else:
-            from inflight.train.workers.megatron import MegatronPolicyWorker as Worker
-    worker = Worker(cfg, model_path=str(model_dir), device=job.trainer_device)
-    worker.num_training_steps = optimizer_steps(cfg, job)
+    if role == "critic":
+        if kind == "megatron":
+            raise ValueError("a critic on the megatron worker is not implemented (refused by the config check)")
+        from inflight.train.critic import FSDPCriticWorker, LocalCriticWorker
+
+        Worker = LocalCriticWorker if kind == "local" else FSDPCriticWorker
+    elif kind == "local":
+        from inflight.train.workers.local import LocalPolicyWorker as Worker
+    elif kind == "fsdp":
+        from inflight.train.workers.fsdp import FSDPPolicyWorker as Worker
+    else:
+        from inflight.train.workers.megatron import MegatronPolicyWorker as Worker
+    worker = Worker(cfg, model_path=str(model_dir), device=job.trainer_device, role=role)
+    mini = cfg.trainer.critic_mini_batch_size if role == "critic" else None
+    worker.num_training_steps = optimizer_steps(cfg, training_steps, mini)
     return worker
 
 
-def optimizer_steps(cfg: Config, job: JobConfig) -> int | None:
-    """The run's optimizer steps: `job.max_steps` training steps, each one per mini-batch and pass."""
-    if job.max_steps is None:
+def run_training_steps(cfg: Config, num_prompts: int) -> int:
+    """The run's training steps, as SkyRL counts them: `trainer.max_training_steps` when set, else
+    `trainer.epochs` passes of `num_prompts // train_batch_size` steps (at least one)."""
+    trainer = cfg.trainer
+    if trainer.max_training_steps is not None:
+        return trainer.max_training_steps
+    return trainer.epochs * max(1, num_prompts // trainer.train_batch_size)
+
+
+def optimizer_steps(cfg: Config, training_steps: int | None, mini_batch_size: int | None = None) -> int | None:
+    """The run's optimizer steps: `training_steps` training steps (default `trainer.max_training_steps`),
+    each one per mini-batch (of `policy_mini_batch_size` prompts, or `mini_batch_size`: the critic's)
+    and pass; None when unknown."""
+    steps = training_steps if training_steps is not None else cfg.trainer.max_training_steps
+    if steps is None:
         return None
     trainer = cfg.trainer
-    per_step = max(1, trainer.train_batch_size // trainer.policy_mini_batch_size) * trainer.update_epochs_per_batch
-    return job.max_steps * per_step
+    mini = trainer.policy_mini_batch_size if mini_batch_size is None else mini_batch_size
+    per_step = max(1, trainer.train_batch_size // mini) * trainer.update_epochs_per_batch
+    return steps * per_step
 
 
 async def engines_version(client: InferenceClient) -> int:
@@ -84,8 +108,8 @@ TRAIN_THREAD_NAME = "policy-train"
 
 
 class LocalPolicy:
-    """One policy rank in this process: its worker (+ reference for the KL penalty), the training
-    step, and the weight sync to the engines behind `client` through `transport`.
+    """One policy rank in this process: its worker (+ the reference of the KL terms, + the critic of
+    `gae`), the training step, and the weight sync to the engines behind `client` through `transport`.
 
     Only rank 0 needs a client (and a transport); the other ranks take part in the sync's gathers.
     `timings` holds the last sync's timings, `history` every sync's, `failed_syncs` the count of
@@ -94,14 +118,15 @@ class LocalPolicy:
 
     def __init__(self, cfg: Config, worker: PolicyWorker, client: InferenceClient | None,
                  transport: WeightTransport | None = None, *, version: int = 0, step_fn: TrainingStep | None = None,
-                 reference: PolicyWorker | None = None, base_model_dir: str | Path | None = None) -> None:
+                 reference: PolicyWorker | None = None, base_model_dir: str | Path | None = None,
+                 critic: PolicyWorker | None = None) -> None:
         if worker.rank == 0 and client is None:
             raise ValueError("the process holding rank 0 needs an inference client")
         self.cfg, self.worker, self.client = cfg, worker, client
         self.transport = transport if transport is not None else InProcessTransport()
         self.plan = plan_weight_sync(cfg)
         self.weight_version = version
-        self.step_fn, self.reference = step_fn, reference
+        self.step_fn, self.reference, self.critic = step_fn, reference, critic
         self.base_model_dir = None if base_model_dir is None else str(base_model_dir)
         self.timings: dict[str, float] = {}
         self.history: list[dict[str, float]] = []
@@ -112,25 +137,40 @@ class LocalPolicy:
 
     @classmethod
     def load(cls, cfg: Config, job: JobConfig, pad_id: int, model_dir: str | Path, client: InferenceClient | None,
-             transport: WeightTransport | None, version: int, ckpt: CheckpointState | None = None) -> LocalPolicy:
+             transport: WeightTransport | None, version: int, ckpt: CheckpointState | None = None,
+             training_steps: int | None = None) -> LocalPolicy:
         """Load the worker from `model_dir` (the checkpoint's on resume, with its optimizer state;
-        a LoRA policy's is the base model, and the checkpoint's adapter is loaded into it) and the
-        training step; the base model is `trainer.policy.model.path`."""
+        a LoRA policy's is the base model, and the checkpoint's adapter is loaded into it), the
+        reference and the critic (the checkpoint's when it holds them) and the training step; the
+        base model is `trainer.policy.model.path`. `training_steps`: the run's (`run_training_steps`),
+        over which a decaying learning-rate schedule runs."""
         torch.set_num_threads(job.threads)
         base_model_dir = cfg.trainer.policy.model.path
-        worker = make_worker(cfg, job, model_dir).setup()
+        worker = make_worker(cfg, job, model_dir, training_steps).setup()
+
+        def saved(name: str) -> Path | None:  # a model the checkpoint holds (critic/, ref/)
+            return ckpt.path / name if ckpt is not None and (ckpt.path / name).is_dir() else None
+
         reference = None
-        if cfg.trainer.algorithm.use_kl_loss:
-            reference = make_worker(cfg, job, base_model_dir)
+        if uses_reference(cfg):
+            ref_dir = saved("ref") or cfg.trainer.ref.model.path or base_model_dir
+            reference = make_worker(cfg, job, ref_dir, role="ref")
             reference.build_model()
-        step_fn = TrainingStep(worker, cfg, pad_id, reference=reference)
+        critic = None
+        if cfg.trainer.critic.model.path:
+            critic = make_worker(cfg, job, saved("critic") or cfg.trainer.critic.model.path, training_steps,
+                                 role="critic").setup()
+        step_fn = TrainingStep(worker, cfg, pad_id, reference=reference, critic=critic)
         if ckpt is not None:
             if lora_enabled(cfg):  # the worker holds the base model: the checkpoint's adapter goes in
                 load_adapter(worker.model, ckpt.path / "adapter", cfg)
             load_optimizer(worker, ckpt)
             worker.global_step = ckpt.step
+            if critic is not None and saved("critic") is not None:
+                load_optimizer(critic, ckpt, prefix="critic_")
+            step_fn.load_state(ckpt.algorithm)
         return cls(cfg, worker, client, transport, version=version, step_fn=step_fn, reference=reference,
-                   base_model_dir=base_model_dir)
+                   base_model_dir=base_model_dir, critic=critic)
 
     @property
     def kv_fate(self) -> KVFate:
@@ -172,7 +212,12 @@ class LocalPolicy:
         return str(path)
 
     async def save(self, root: str | Path, step: int, data: dict[str, Any], extra: dict[str, Any], keep: int) -> str:
-        """A checkpoint of the worker at `step` (with the data loader's state `data`); its path."""
+        """A checkpoint of the worker at `step` (with the data loader's state `data`, the critic, the
+        reference once `update_ref_every_epoch` changed it, and the step's algorithm state); its path."""
+        step_fn = self.step_fn
+        reference = self.reference if step_fn is not None and step_fn.ref_epoch > 0 else None
+        extras = {"critic": self.critic, "reference": reference,
+                  "algorithm": step_fn.state() if step_fn is not None else {}}
         path = await asyncio.to_thread(save_checkpoint, root, step, self.worker, self.base_model_dir,
-                                       self.weight_version, data, extra, keep)
+                                       self.weight_version, data, extra, keep, **extras)
         return str(path)

@@ -14,9 +14,11 @@ from inflight.train.metrics import MetricsLogger
 from inflight.train.trackers import make_trackers
 
 
-def open_run_logs(cfg: Config, job: JobConfig, resume_step: int | None = None) -> MetricsLogger:
+def open_run_logs(cfg: Config, job: JobConfig, resume_step: int | None = None,
+                  total_steps: int | None = None) -> MetricsLogger:
     """Save the resolved config under `job.output_dir` and open the run's metrics logger.
-    `resume_step`: the checkpoint the run resumes from (its metrics file is continued from there).
+    `resume_step`: the checkpoint the run resumes from (its metrics file is continued from there);
+    `total_steps`: the run's training steps (the progress bar's length).
     `job.tensorboard=false` / `job.progress=false` switch those off whatever `trainer.logger` says."""
     out = Path(job.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -24,7 +26,7 @@ def open_run_logs(cfg: Config, job: JobConfig, resume_step: int | None = None) -
     (out / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
     names = [n for n in cfg.trainer.logger if n != "console" and (n != "tensorboard" or job.tensorboard)]
     trackers = make_trackers(names, out, project_name=cfg.trainer.project_name, run_name=cfg.trainer.run_name,
-                             config=resolved)
+                             config=resolved, tags=cfg.trainer.tags)
     return MetricsLogger(out, progress=job.progress and "console" in cfg.trainer.logger,
-                         total_steps=job.max_steps, log_interval=job.log_interval,
+                         total_steps=total_steps, log_interval=job.log_interval,
                          append=resume_step is not None, trackers=trackers, resume_step=resume_step)

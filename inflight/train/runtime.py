@@ -5,7 +5,8 @@ A runtime holds an `InferenceClient` (the engines, several behind one `FanOutCli
 `start_local` starts them in this process tree: the engines in this process for the `inprocess`
 weight-sync backend, each in its own child process otherwise, and a `LocalPolicy` of one rank.
 With `generator.inference_engine.backend=vllm` or `run_engines_locally=false` the engines are HTTP
-servers behind one `RemoteClient` (`inflight.train.servers`), started here or elsewhere.
+servers behind one `RemoteClient` (`inflight.train.servers`), started here or elsewhere; with the
+`broadcast` weight sync they join a group the client hosts (`ServerGroupSender`) before the policy loads.
 `inflight.cluster.start_ray` starts the same two as Ray actors; the trainers cannot tell them apart.
 """
 
@@ -28,7 +29,7 @@ from inflight.train.checkpoint import CheckpointState
 from inflight.train.engine_settings import engine_config
 from inflight.train.job_config import JobConfig
 from inflight.train.policy import LocalPolicy
-from inflight.train.sender import make_sender, receiver_spec
+from inflight.train.sender import ServerGroupSender, make_sender, receiver_spec
 from inflight.train.servers import Servers, start_servers
 from inflight.train.workers.base import SyncReport
 from inflight.weight_sync import transport_kind
@@ -100,10 +101,11 @@ class LocalRuntime:
 
 
 async def start_local(cfg: Config, job: JobConfig, *, pad_id: int, model_dir: str | Path, version: int = 0,
-                      ckpt: CheckpointState | None = None) -> LocalRuntime:
+                      ckpt: CheckpointState | None = None, training_steps: int | None = None) -> LocalRuntime:
     """Start `generator.inference_engine.num_engines` engines on `model_dir` at `version` and the
-    policy (one rank); servers started elsewhere get the policy's weights first (a full sync). On
-    any failure stop what was started and re-raise."""
+    policy (one rank; `training_steps`: the run's, for its learning-rate schedule); servers started
+    elsewhere get the policy's weights first (a full sync). On any failure stop what was started and
+    re-raise."""
     ranks = policy_ranks(cfg)
     if ranks != 1:
         raise ValueError(f"the policy has {ranks} ranks (trainer.placement.policy_num_nodes x "
@@ -113,7 +115,7 @@ async def start_local(cfg: Config, job: JobConfig, *, pad_id: int, model_dir: st
     try:
         await _start_engines(runtime, cfg, job, model_dir, version)
         runtime.policy = await asyncio.to_thread(LocalPolicy.load, cfg, job, pad_id, model_dir,
-                                                 runtime.client, runtime.transport, version, ckpt)
+                                                 runtime.client, runtime.transport, version, ckpt, training_steps)
         if external(cfg):  # servers started elsewhere hold what their owner loaded: the run's weights first
             await runtime.policy.sync_weights()
     except BaseException:
@@ -129,6 +131,8 @@ async def _start_engines(runtime: LocalRuntime, cfg: Config, job: JobConfig, mod
     if on_servers(cfg):
         runtime.servers = await start_servers(cfg, job, model_dir, version)
         runtime.client = runtime.servers.client
+        if isinstance(runtime.transport, ServerGroupSender):  # broadcast: the group forms now, not at the first sync
+            await runtime.transport.connect(runtime.client)
         return
     ie = cfg.generator.inference_engine
     configs = [engine_config(cfg, model_dir, version, i) for i in range(ie.num_engines)]

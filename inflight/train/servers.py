@@ -3,29 +3,41 @@ or `run_engines_locally=false`).
 
 - backend=vllm, run_engines_locally=true: one `inflight serve --backend vllm` server per engine,
   started by this interpreter (so the shim's own launcher picks vLLM's python), on free
-  127.0.0.1 ports with a random control token, logs in `<job.output_dir>/servers/`.
+  127.0.0.1 ports with a random control token, logs in `<trainer.log_path>/servers/`; vLLM's own
+  arguments from `engine_init_kwargs` (and `enforce_eager`; on CUDA `gpu_memory_utilization`, or
+  `kv_cache_memory_gib` as vLLM's `--kv-cache-memory-bytes`, and sleep mode for colocated engines),
+  its environment from `vllm_v1_disable_multiproc` and `use_expandable_segments` (`vllm_args`,
+  `engine_env`). On CPU the KV cache is `--kv-cache-memory-gib` of the shim (vLLM's CPU KV space),
+  which the run sizes from `gpu_memory_utilization` (`engine_memory.kv_cache_gib`).
 - run_engines_locally=false: the servers in `external_server_urls`, with the control token in
   `$INFLIGHT_CONTROL_TOKEN` (the variable `inflight serve` reads; a token never sits in the config,
   which the run writes to config.yaml and the trackers). Each must answer /health and all must be
   at one weight version; the run then pushes its own weights to them before the first rollout
   (they were started with whatever model their owner gave them).
 
-Weights travel through the client either way, as safetensors chunks: with `weight_sync_backend=shm`
-as chunk files in /dev/shm that the servers (on this host) read, with `inprocess` in request bodies;
-by the same plan and executor as every other engine (`LocalPolicy.sync_weights`).
+Weights travel through the client either way: with `weight_sync_backend=shm` as safetensors chunk
+files in /dev/shm that the servers (on this host) read, with `inprocess` in request bodies, with
+`broadcast` (SkyRL's nccl / gloo) in a weight group the client hosts, each server a member
+(`inflight.train.sender.ServerGroupSender`); by the same plan and executor as every other engine
+(`LocalPolicy.sync_weights`). Colocated engines (`colocate_all`) sleep while the trainer trains:
+on CUDA through vLLM's sleep mode, on CPU without freeing memory (vLLM's sleep is CUDA-only; the
+run says so once in its log).
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import secrets
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 from inflight.client.remote import RemoteClient
-from inflight.config import Config, ConfigError, Violation
+from inflight.config import Config, ConfigError, InferenceEngineConfig, Violation
 from inflight.config.implemented import require_implemented
 from inflight.engine.config import EngineConfig
 from inflight.train.engine_settings import engine_config
@@ -33,6 +45,7 @@ from inflight.train.job_config import JobConfig
 from inflight.train.server_fleet import ServerFleet
 from inflight.weight_sync import transport_kind
 
+log = logging.getLogger(__name__)
 CONTROL_TOKEN_ENV = "INFLIGHT_CONTROL_TOKEN"
 START_TIMEOUT_S = {"native": 120.0, "vllm": 600.0}  # vLLM CPU: ~30-60 s to start, more on a busy machine
 _NATIVE_ONLY_DEFAULTS = {"attention_backend": "auto", "linear_backend": "auto", "elementwise_backend": "auto",
@@ -64,11 +77,50 @@ def native_command(engine: EngineConfig, port: int, threads: int = 1) -> list[st
 
 
 def vllm_command(engine: EngineConfig, port: int, threads: int = 1, python: str | None = None,
-                 host: str = "127.0.0.1") -> list[str]:
-    """`inflight serve --backend vllm [--vllm-python PY]` for `engine` on `host`:`port`
-    (without PY the shim finds vLLM's python: $INFLIGHT_VLLM_PYTHON, else the repo's .venv-vllm)."""
+                 host: str = "127.0.0.1", served_model_name: str | None = None,
+                 engine_args: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """`inflight serve --backend vllm [--vllm-python PY] ... [-- ENGINE_ARGS]` for `engine` on
+    `host`:`port` (without PY the shim finds vLLM's python: $INFLIGHT_VLLM_PYTHON, else the repo's
+    .venv-vllm); `engine_args` go to vLLM itself."""
+    name = ["--served-model-name", served_model_name] if served_model_name else []
+    tail = ["--", *engine_args] if engine_args else []
     return _serve(port, ["--backend", "vllm", *(["--vllm-python", python] if python else []),
-                                 *serve_flags(engine, threads)], host)
+                         *serve_flags(engine, threads), *name], host) + tail
+
+
+def vllm_args(ie: InferenceEngineConfig, *, sleep_mode: bool = False) -> list[str]:
+    """vLLM's command-line arguments for `engine_init_kwargs` (each `name: value` as `--name-with-dashes
+    value`; true as the bare flag, false as `--no-name`, mappings and lists as JSON) and
+    `enforce_eager`; on CUDA also the KV memory (`gpu_memory_utilization` as vLLM's, or
+    `kv_cache_memory_gib` as `--kv-cache-memory-bytes`, unless `engine_init_kwargs` has
+    `kv_cache_memory_bytes`) and, with `sleep_mode` (colocated engines), `--enable-sleep-mode`. On
+    CPU neither: the shim's `--kv-cache-memory-gib` sets vLLM's CPU KV space, and vLLM has no sleep mode."""
+    args: list[str] = ["--enforce-eager"] if ie.enforce_eager else []
+    if ie.device.startswith("cuda"):
+        if "kv_cache_memory_bytes" not in ie.engine_init_kwargs:
+            args += (["--kv-cache-memory-bytes", str(int(ie.kv_cache_memory_gib * 2**30))]
+                     if ie.kv_cache_memory_gib is not None else
+                     ["--gpu-memory-utilization", str(ie.gpu_memory_utilization)])
+        if sleep_mode and "enable_sleep_mode" not in ie.engine_init_kwargs:
+            args.append("--enable-sleep-mode")
+    for name, value in ie.engine_init_kwargs.items():
+        flag = "--" + str(name).replace("_", "-")
+        if value is True:
+            args.append(flag)
+        elif value is False:
+            args.append("--no-" + flag[2:])
+        elif value is not None:
+            args += [flag, json.dumps(value) if isinstance(value, dict | list) else str(value)]
+    return args
+
+
+def engine_env(ie: InferenceEngineConfig) -> dict[str, str]:
+    """The environment of the engines' processes: vLLM's engine core in the server's process
+    (`vllm_v1_disable_multiproc`) and CUDA's expandable segments (`use_expandable_segments`)."""
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0" if ie.vllm_v1_disable_multiproc else "1"}
+    if ie.use_expandable_segments:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    return env
 
 
 def _serve(port: int, flags: list[str], host: str = "127.0.0.1") -> list[str]:
@@ -129,11 +181,23 @@ async def start_servers(cfg: Config, job: JobConfig, model_dir: str | Path, vers
         return Servers(client)
     check_vllm_python(ie.vllm_python)
     token = new_control_token()
-    fleet = ServerFleet(Path(job.output_dir) / "servers", env={CONTROL_TOKEN_ENV: token})
-    engines = [engine_config(cfg, model_dir, version, i) for i in range(ie.num_engines)]
-    commands = [partial(vllm_command, e, threads=job.engine_threads, python=ie.vllm_python) for e in engines]
-    urls = await fleet.start(commands, START_TIMEOUT_S["vllm"])
+    fleet = ServerFleet(Path(cfg.trainer.log_path) / "servers", env={CONTROL_TOKEN_ENV: token, **engine_env(ie)})
+    if cfg.trainer.placement.colocate_all and not ie.device.startswith("cuda"):
+        log.warning("trainer.placement.colocate_all=true with vLLM on %s: the engines sleep while the trainer "
+                    "trains, but vLLM's sleep frees no memory off CUDA (its weights and KV cache stay in host "
+                    "memory); the engines only stop generating", ie.device)
+    urls = await fleet.start(vllm_commands(cfg, job, model_dir, version), START_TIMEOUT_S["vllm"])
     return Servers(server_spec(cfg, urls, token).client(), fleet)
+
+
+def vllm_commands(cfg: Config, job: JobConfig, model_dir: str | Path, version: int) -> list[Callable[[int], list[str]]]:
+    """The command line of each vLLM server the run starts, given its port (`vllm_command` over each
+    engine's `engine_config`: the KV size per engine from `engine_memory.kv_cache_gib`)."""
+    ie = cfg.generator.inference_engine
+    args = vllm_args(ie, sleep_mode=cfg.trainer.placement.colocate_all)
+    return [partial(vllm_command, engine_config(cfg, model_dir, version, i), threads=job.engine_threads,
+                    python=ie.vllm_python, served_model_name=ie.served_model_name, engine_args=args)
+            for i in range(ie.num_engines)]
 
 
 def new_control_token() -> str:

@@ -1,64 +1,66 @@
 """THE training step, shared by the synchronous and the fully-async trainer.
 
-Groups of trajectories in, one (or a few) optimizer steps on a `PolicyWorker` out: group advantages
-(GRPO / RLOO), zero-advantage groups dropped, a padded `RLBatch` with the rollout log-probabilities
-and per-token weight versions, the off-policy correction when some tokens were sampled by older
-weights than the trainer holds (proximal forward + truncated importance sampling), an optional KL
-penalty to a frozen reference, then mini-batches and micro-batches with an exact token-mean (or
-sequence-mean) gradient over each mini-batch. Micro-batches are cut from rows sorted by length and
-padded only to their own longest row (`inflight.train.batch.plan_micro_batches`): the gradient does
-not depend on the cut, and the long tail of a few rows no longer pads every other one.
+Groups of trajectories in, the critic's and the policy's optimizer steps out, in SkyRL 0.3.0's order
+(`inflight.train.algorithms` for the objective, `inflight.train.advantages` for the batch-level
+part): each trajectory's reward (DAPO's overlong penalty applied) on its last response token; the
+zero-variance filter (rows of groups without signal keep their place but get an all-zero loss mask,
+and no training pass runs on them); the forwards without gradients (the critic's values, the
+reference's log-probabilities, the policy's old log-probabilities where the training forward cannot
+be them); the KL in the reward or the distillation term; advantages and returns; the critic's
+mini-batches; then the policy's, `update_epochs_per_batch` passes of one optimizer step per
+mini-batch, each cut into micro-batches of rows sorted by length and padded only to their own
+longest row (`inflight.train.batch.plan_micro_batches`). The gradient does not depend on the cut:
+every loss term is a sum whose weights come from the whole mini-batch.
 
 Data parallel: every rank is handed the whole step and trains on its share of each mini-batch
-(`inflight.train.data_parallel`); the averaged gradient is the one-rank gradient of the whole batch.
+(`inflight.train.data_parallel`); what the batch-level part needs from the forwards (values, old and
+reference log-probabilities) is gathered from every rank's rows, so every rank computes the same
+advantages, and the averaged gradient is the one-rank gradient of the whole batch.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from inflight.config import Config
 from inflight.config.implemented import require_implemented
 from inflight.rollout.generator import TrajectoryGroup
-from inflight.train.algorithms import (
-    RLBatch,
-    group_advantages,
-    importance_stats,
-    informative_groups,
-    rl_loss,
-    truncated_is_weights,
+from inflight.train.advantages import (
+    ResponseLayout,
+    compute_advantages,
+    overlong_penalty,
+    shaped_reward,
+    token_rewards,
 )
+from inflight.train.algorithms import Objective, RLBatch, rl_loss, uses_reference
+from inflight.train.batch import TrainBatch
+from inflight.train.critic import CriticBatch
 from inflight.train.data_parallel import (
     MicroPlan,
     Shard,
     StepStats,
     data_parallel,
+    forward_parts,
+    gather_rows,
     local_batch,
     micro_batches,
+    passes,
     shard_step,
 )
 from inflight.train.workers.base import PolicyWorker
 
-IMPORTANCE_KEYS = ("is_ratio_mean", "is_ratio_max", "is_ratio_min", "is_weight_mean", "is_truncated_fraction")
-LOSS_STAT_KEYS = ("loss", "clip_fraction", "ratio_mean", "ratio_max", "ratio_min", "kl", *IMPORTANCE_KEYS)
-"""Statistics of the loss that are combined over the data-parallel ranks (the same on every rank)."""
-
 
 @dataclass
 class StepOptions:
-    """The training step's settings. `from_config` reads them from the `trainer.*` keys each field
-    names (their docs in inflight/config/schema.py); constructed directly, the defaults are the keys'."""
+    """The training step's micro-batching and reporting settings. `from_config` reads them from the
+    `trainer.*` keys each field names; constructed directly, the defaults are the keys'. (What the step
+    computes is `trainer.algorithm.*`, read by `inflight.train.algorithms.Objective`.)"""
 
-    tis: str = "token"
-    """`token`, `sequence` or `none`: trainer.algorithm.off_policy_correction.tis_ratio_type (null: none)."""
-    tis_cap: float = 2.0
-    """off_policy_correction.token_tis_ratio_clip_high (sequence_tis_ratio_clip_high for `sequence`)."""
-    drop_zero_advantage_groups: bool = True
-    """trainer.algorithm.zero_variance_filter."""
     correct_threshold: float = 1.0
     """trainer.correct_threshold."""
     max_tokens_per_micro_batch: int | None = None
@@ -71,20 +73,16 @@ class StepOptions:
         """The options `cfg` sets. Raises ConfigError for keys set to what is not implemented yet."""
         require_implemented(cfg)
         trainer = cfg.trainer
-        correction = trainer.algorithm.off_policy_correction
-        tis = correction.tis_ratio_type or "none"
-        cap = correction.sequence_tis_ratio_clip_high if tis == "sequence" else correction.token_tis_ratio_clip_high
         max_tokens = trainer.max_tokens_per_microbatch
-        return cls(tis=tis, tis_cap=cap, drop_zero_advantage_groups=trainer.algorithm.zero_variance_filter,
-                   correct_threshold=trainer.correct_threshold,
+        return cls(correct_threshold=trainer.correct_threshold,
                    max_tokens_per_micro_batch=max_tokens if max_tokens > 0 else None,
                    micro_batch_pass_tokens=trainer.micro_batch_pass_tokens)
 
 
-def build_batch(groups: Sequence[TrajectoryGroup], advantages: torch.Tensor, pad_id: int) -> RLBatch:
+def build_batch(groups: Sequence[TrajectoryGroup], advantages: torch.Tensor | None, pad_id: int) -> RLBatch:
     """Right-padded [B, T] tensors of every trajectory in `groups` (row order: group by group).
-    `advantages` [B] per trajectory. Rollout log-probabilities and versions sit at the position of
-    the token they score (`logprobs[b, t]` scores token t), prompt positions have version -1."""
+    `advantages` [B] or [B, T] (or None). Rollout log-probabilities and versions sit at the position
+    of the token they score (`logprobs[b, t]` scores token t), prompt positions have version -1."""
     trajs = [t for g in groups for t in g.trajectories]
     width = max(len(t.prompt_ids) + len(t.response_ids) for t in trajs)
     shape = (len(trajs), width)
@@ -100,8 +98,9 @@ def build_batch(groups: Sequence[TrajectoryGroup], advantages: torch.Tensor, pad
         mask[row, p : p + r] = torch.tensor(t.loss_mask, dtype=torch.float32)
         rollout[row, p : p + r] = torch.tensor(t.logprobs, dtype=torch.float32)
         versions[row, p : p + r] = torch.tensor(t.versions)
-    return RLBatch(input_ids=ids, loss_mask=mask, attention_mask=attention, advantages=advantages.float(),
-                   old_logprobs=rollout, rollout_logprobs=rollout, versions=versions)
+    adv = None if advantages is None else advantages.float()
+    return RLBatch(input_ids=ids, loss_mask=mask, attention_mask=attention, advantages=adv,
+                   rollout_logprobs=rollout, versions=versions)
 
 
 class TrainingStep:
@@ -109,175 +108,300 @@ class TrainingStep:
 
     `policy_version`: the weight version the worker's weights are (the engines' version after the
     last sync); tokens sampled by an older version are stale. `options`: by default the ones `cfg`
-    sets (`StepOptions.from_config`). `reference`: a frozen worker for the KL penalty
-    (`trainer.algorithm.use_kl_loss`).
+    sets (`StepOptions.from_config`). `reference`: a frozen worker (the KL terms, on-policy
+    distillation's teacher); `critic`: a critic worker (`inflight.train.critic`, for `gae`).
     """
 
     def __init__(self, worker: PolicyWorker, cfg: Config, pad_id: int, options: StepOptions | None = None,
-                 reference: PolicyWorker | None = None) -> None:
+                 reference: PolicyWorker | None = None, critic: PolicyWorker | None = None) -> None:
         self.worker, self.cfg, self.pad_id = worker, cfg, pad_id
         self.options = options or StepOptions.from_config(cfg)
-        self.reference = reference
-        alg = cfg.trainer.algorithm
-        self.kl_coef = alg.kl_loss_coef if alg.use_kl_loss else 0.0
-        if self.kl_coef > 0 and reference is None:
-            raise ValueError("trainer.algorithm.use_kl_loss needs a reference worker")
-        self.loss_fn = rl_loss(alg.eps_clip_low, alg.eps_clip_high, alg.loss_reduction, self.kl_coef,
-                               self.options.tis, self.options.tis_cap)
+        self.objective = Objective.from_config(cfg)
+        self.reference, self.critic = reference, critic
+        if uses_reference(cfg) and reference is None:
+            raise ValueError("trainer.algorithm.use_kl_loss / use_kl_in_reward / on_policy_distillation need a "
+                             "reference worker")
+        if cfg.trainer.algorithm.advantage_estimator == "gae" and critic is None:
+            raise ValueError("advantage_estimator=gae needs a critic worker (trainer.critic.model.path)")
+        self.loss_fn = rl_loss(self.objective)
         worker.loss_fn = self.loss_fn
         self.dp = data_parallel(worker)
-        self.first_pass_ratios: dict[str, float] = {}
+        self.ref_epoch = 0
+        """The epoch whose start the reference holds the policy of (`update_ref_every_epoch`)."""
         self.counts = {"trained_rows": 0, "passes": 0, "padded_tokens": 0, "real_tokens": 0}
         """This rank's rows with tokens trained on, forward/backward passes and the tokens they ran
         (with and without padding), over every step."""
 
+    # ---- the step -------------------------------------------------------------------------------
     def __call__(self, groups: Sequence[TrajectoryGroup], policy_version: int) -> dict[str, float | None]:
         """Train on this rank's share of `groups` (every data-parallel rank gets all of them and
         trains on its own rows; see `inflight.train.data_parallel`); returns the step's metrics."""
         started, cpu_started = time.perf_counter(), time.thread_time()
         padded, real = self.counts["padded_tokens"], self.counts["real_tokens"]
-        alg, opts = self.cfg.trainer.algorithm, self.options
-        rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
-        metrics = rollout_metrics(groups, policy_version, opts.correct_threshold)
-        keep = informative_groups(rewards) if opts.drop_zero_advantage_groups else torch.ones(len(groups), dtype=torch.bool)
-        metrics.update(groups_trained=float(keep.sum()), groups_dropped=float(len(groups) - keep.sum()))
-        if not keep.any():  # nothing to learn from: no forward, no ratios, no optimizer step
+        metrics: dict[str, Any] = rollout_metrics(groups, policy_version, self.options.correct_threshold)
+        metrics.update(self._update_reference(groups))
+        trajs = [t for g in groups for t in g.trajectories]
+        group_size = len(groups[0].trajectories)
+        if any(len(g.trajectories) != group_size for g in groups):
+            raise ValueError("every group of a step must have the same number of trajectories "
+                             f"(got {sorted({len(g.trajectories) for g in groups})})")
+        uids = [i for i, g in enumerate(groups) for _ in g.trajectories]
+        batch = build_batch(groups, None, self.pad_id)
+        penalties = self._penalties(trajs)
+        rewards = [shaped_reward(t, p) for t, p in zip(trajs, penalties, strict=True)]
+        live = self._zero_variance_filter(batch, rewards, uids, metrics)
+        if not any(live):  # nothing to learn from: no forward, no ratios, no optimizer step
             metrics.update(train_s=time.perf_counter() - started, train_cpu_s=time.thread_time() - cpu_started,
-                           optimizer_steps=0.0, is_ratio_mean=None,
-                           is_ratio_max=None, is_ratio_min=None)
+                           optimizer_steps=0.0, is_ratio_mean=None, is_ratio_max=None, is_ratio_min=None)
             return metrics
-        kept = [g for g, k in zip(groups, keep.tolist(), strict=True) if k]
-        adv = group_advantages(rewards[keep], alg.advantage_estimator, alg.grpo_norm_by_std)
-        batch = build_batch(kept, adv.reshape(-1), self.pad_id)
-        plan = MicroPlan(self.cfg.trainer.micro_train_batch_size_per_gpu, opts.max_tokens_per_micro_batch,
-                         opts.micro_batch_pass_tokens)
-        shard = shard_step(len(kept), len(batch) // len(kept), self.groups_per_mini(len(kept)), plan, self.dp,
-                           batch.widths().tolist())
-        if alg.loss_reduction == "seq_mean_token_sum_norm":
-            batch.token_sum_norm = mini_batch_longest(batch, shard)
+        widths = batch.widths().tolist()
+        shard = shard_step(len(groups), group_size, self.groups_per_mini(len(groups)), self.plan(), self.dp,
+                           widths, live)
+        batch.row_weight, batch.token_weight = mini_batch_weights(batch.loss_mask, shard)
         local = local_batch(batch, shard).to(self.worker.device)
-        metrics.update(self._off_policy(batch, local, shard, policy_version, len(kept)))
-        if self.kl_coef > 0:
-            local.ref_logprobs = shard_logprobs(self.reference, local, shard)
+        metrics["off_policy"] = float(bool(((batch.versions < policy_version) & (batch.loss_mask > 0)).any()))
+        layout = ResponseLayout.of(trajs)
+        old = self._old_logprobs(batch, local, shard, live, len(groups), metrics)
+        ref = self._reference_logprobs(batch, local, shard, live)
+        critic_shard = self._critic_shard(len(groups), group_size, widths, live)
+        values = self._values(batch, critic_shard, layout)
+        adv = compute_advantages(
+            self.objective, token_rewards(trajs, layout, penalties), layout, layout.take(batch.loss_mask), uids,
+            [(m.rows.start, m.rows.stop) for m in shard.mini_batches], self.cfg.trainer.micro_train_batch_size_per_gpu,
+            values=None if values is None else layout.take(values),
+            old_logprobs=None if old is None else layout.take(old),
+            ref_logprobs=None if ref is None else layout.take(ref))
+        metrics.update(adv.metrics)
+        batch.advantages = layout.put(adv.scaled, batch.input_ids.shape[1])
+        local.advantages = rows_of(batch.advantages, shard, local).to(self.worker.device)
+        if self.critic is not None:
+            metrics.update(self._train_critic(batch, values, layout.put(adv.returns, batch.input_ids.shape[1]),
+                                              critic_shard))
         metrics.update(self._optimize(batch, local, shard))
-        if "is_ratio_mean" not in metrics:
-            # on-policy batch: the PPO ratio of the first mini-batch, taken before any update, IS the
-            # trainer / rollout importance ratio (old = rollout log-probabilities); or TIS off
-            ratios = self.first_pass_ratios
-            metrics.update(is_ratio_mean=ratios.get("ratio_mean"), is_ratio_max=ratios.get("ratio_max"),
-                           is_ratio_min=ratios.get("ratio_min"))
         metrics.update(train_s=time.perf_counter() - started, train_cpu_s=time.thread_time() - cpu_started,
                        trained_tokens=float(batch.loss_mask.sum()),
                        train_padded_tokens=float(self.counts["padded_tokens"] - padded),
                        train_real_tokens=float(self.counts["real_tokens"] - real))
         return metrics
 
-    def groups_per_mini(self, num_groups: int) -> int:
-        """Groups per optimizer step: `policy_mini_batch_size / train_batch_size` of the step's."""
+    # ---- settings ---------------------------------------------------------------------------------
+    def groups_per_mini(self, num_groups: int, mini_batch_size: int | None = None) -> int:
+        """Groups per optimizer step: `policy_mini_batch_size / train_batch_size` of the step's
+        (`mini_batch_size`: another one's, the critic's)."""
         trainer = self.cfg.trainer
-        return max(1, round(num_groups * trainer.policy_mini_batch_size / trainer.train_batch_size))
+        size = trainer.policy_mini_batch_size if mini_batch_size is None else mini_batch_size
+        return max(1, round(num_groups * size / trainer.train_batch_size))
 
     def single_pass(self, num_groups: int) -> bool:
         """Whether the batch gets exactly one optimizer step (one mini-batch, one epoch): then every
-        forward of the step runs on the weights the step starts from, the proximal policy."""
+        forward of the step runs on the weights the step starts from, the old policy."""
         return self.cfg.trainer.update_epochs_per_batch == 1 and self.groups_per_mini(num_groups) >= num_groups
 
-    def _off_policy(self, batch: RLBatch, local: RLBatch, shard: Shard, policy_version: int,
-                    num_groups: int) -> dict[str, float]:
-        """Use the proximal policy and TIS weights when any token of the step (`batch`, on every
-        rank alike) is older than the policy; this rank's rows (`local`) get them."""
-        stale = bool(((batch.versions < policy_version) & (batch.loss_mask > 0)).any())
-        out = {"off_policy": float(stale)}
-        if not stale or self.options.tis == "none":
-            return out
-        if self.single_pass(num_groups):
-            local.old_logprobs = None  # the training forward itself is the proximal policy (see rl_loss)
-            return out
+    def plan(self) -> MicroPlan:
+        """The training passes' micro-batches (`micro_train_batch_size_per_gpu`, token cap, pass cost)."""
+        return MicroPlan(self.cfg.trainer.micro_train_batch_size_per_gpu, self.options.max_tokens_per_micro_batch,
+                         self.options.micro_batch_pass_tokens)
+
+    def forward_plan(self) -> MicroPlan:
+        """Forward-only passes' micro-batches (`micro_forward_batch_size_per_gpu`)."""
+        return MicroPlan(self.cfg.trainer.micro_forward_batch_size_per_gpu, self.options.max_tokens_per_micro_batch,
+                         self.options.micro_batch_pass_tokens)
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the step (the KL controller, the reference's epoch)."""
+        return {**self.objective.state(), "ref_epoch": self.ref_epoch}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.objective.load_state(state)
+        self.ref_epoch = int(state.get("ref_epoch", 0))
+
+    # ---- before the forwards -----------------------------------------------------------------------
+    def _penalties(self, trajs: Sequence[Any]) -> list[float | None]:
+        """Each trajectory's overlong penalty (`overlong_buffer_len`; None: its reward becomes 0)."""
+        alg = self.cfg.trainer.algorithm
+        longest = self.cfg.generator.sampling_params.max_generate_length
+        return [overlong_penalty(len(t.response_ids), longest, alg.overlong_buffer_len,
+                                 alg.overlong_buffer_penalty_factor) for t in trajs]
+
+    def _zero_variance_filter(self, batch: RLBatch, rewards: list[float], uids: list[int],
+                              metrics: dict[str, Any]) -> list[bool]:
+        """`zero_variance_filter`: rows of groups whose rewards are equal within the tolerance get an
+        all-zero loss mask (SkyRL's); returns which rows still have tokens to train on."""
+        from inflight.algorithms import zero_variance_filter
+
+        alg = self.cfg.trainer.algorithm
+        if alg.zero_variance_filter:
+            kept = set(zero_variance_filter(rewards, uids, batch.loss_mask, alg.zero_variance_filter_tol))
+            dropped = [row for row in range(len(uids)) if row not in kept]
+            batch.loss_mask[dropped] = 0.0
+        groups = len(set(uids))
+        trained = len({uid for uid, m in zip(uids, batch.loss_mask.sum(1).tolist(), strict=True) if m > 0})
+        metrics.update(groups_trained=float(trained), groups_dropped=float(groups - trained))
+        return (batch.loss_mask.sum(1) > 0).tolist()
+
+    def _update_reference(self, groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
+        """`update_ref_every_epoch`: once every group of a step is of a later epoch than the one the
+        reference holds, the policy's weights go into it (the epoch before is trained out)."""
+        if not self.cfg.trainer.update_ref_every_epoch or self.reference is None:
+            return {}
+        epoch = min(g.epoch for g in groups)
+        if epoch <= self.ref_epoch:
+            return {}
+        self.reference.load_hf_state(self.worker.iter_full_hf_tensors())
+        self.ref_epoch = epoch
+        return {"ref_updated": 1.0}
+
+    # ---- forwards without gradients ----------------------------------------------------------------
+    def _old_logprobs(self, batch: RLBatch, local: RLBatch, shard: Shard, live: list[bool], num_groups: int,
+                      metrics: dict[str, Any]) -> torch.Tensor | None:
+        """The old log-probabilities: none when nothing reads them or the training forward is them
+        (one optimizer step: `local.old_logprobs` stays None), else a forward, in the training
+        micro-batches (`recompute_old_logprobs_per_minibatch`) or in forward micro-batches. Returns
+        every rank's rows of them ([B, T]) when the rewards need them, else None."""
+        objective = self.objective
+        if not objective.needs_old_logprobs or (self.single_pass(num_groups)
+                                                and not objective.old_logprobs_before_training):
+            return None
         t0 = time.perf_counter()
-        prox, mask = shard_logprobs(self.worker, local, shard), local.loss_mask
-        weights = truncated_is_weights(prox, local.rollout_logprobs, mask, self.options.tis, self.options.tis_cap)
-        local.old_logprobs, local.is_weights = prox, weights
-        stats = StepStats()
-        stats.add(importance_stats(prox, local.rollout_logprobs, weights, mask, self.options.tis_cap),
-                  float(mask.sum()) / max(float(batch.loss_mask.sum()), 1.0))
-        stats = stats.reduced(self.dp, IMPORTANCE_KEYS)
-        out.update(stats.sums | stats.extremes)
-        out["prox_forward_s"] = time.perf_counter() - t0
-        return out
+        if self.cfg.trainer.recompute_old_logprobs_per_minibatch:
+            local.old_logprobs = shard_logprobs(self.worker, local, shard)
+        else:
+            parts, count = forward_parts(shard, self.forward_plan(), batch.widths().tolist(), live)
+            local.old_logprobs = forward_rows(self.worker.logprobs, local, parts, count)
+        metrics["prox_forward_s"] = time.perf_counter() - t0
+        if not objective.old_logprobs_before_training:
+            return None
+        return gather_rows(local.old_logprobs.cpu(), shard, len(batch), self.dp)
+
+    def _reference_logprobs(self, batch: RLBatch, local: RLBatch, shard: Shard, live: list[bool]) -> torch.Tensor | None:
+        """The reference's log-probabilities of this rank's rows (`local.ref_logprobs`), in forward
+        micro-batches; every rank's rows ([B, T]) when the rewards need them, else None."""
+        if self.reference is None:
+            return None
+        parts, count = forward_parts(shard, self.forward_plan(), batch.widths().tolist(), live)
+        local.ref_logprobs = forward_rows(self.reference.logprobs, local, parts, count).to(self.worker.device)
+        if not self.objective.old_logprobs_before_training:
+            return None
+        return gather_rows(local.ref_logprobs.cpu(), shard, len(batch), self.dp)
+
+    def _critic_shard(self, num_groups: int, group_size: int, widths: list[int], live: list[bool]) -> Shard | None:
+        if self.critic is None:
+            return None
+        per_mini = self.groups_per_mini(num_groups, self.cfg.trainer.critic_mini_batch_size)
+        return shard_step(num_groups, group_size, per_mini, self.plan(), self.dp, widths, live)
+
+    def _values(self, batch: RLBatch, shard: Shard | None, layout: ResponseLayout) -> torch.Tensor | None:
+        """The critic's values of every row ([B, T], 0 outside the responses: GAE's recursion then
+        stops at each row's end), in forward micro-batches over every rank's rows."""
+        if shard is None:
+            return None
+        local = local_batch(batch, shard)
+        parts, count = forward_parts(shard, self.forward_plan(), batch.widths().tolist())
+        values = gather_rows(forward_rows(self.critic.values, local, parts, count).cpu(), shard, len(batch), self.dp)
+        return values * layout.put(layout.mask(), values.shape[1])
+
+    # ---- training ---------------------------------------------------------------------------------------
+    def _train_critic(self, batch: RLBatch, values: torch.Tensor, returns: torch.Tensor, shard: Shard) -> dict[str, float]:
+        """The critic's optimizer steps, one per critic mini-batch (`critic_mini_batch_size` prompts),
+        `update_epochs_per_batch` passes; each micro-batch's value loss weighted by its share of the
+        mini-batch's rows (SkyRL's loss is a mean over rows)."""
+        critic, dp = self.critic, self.dp
+        data = CriticBatch(input_ids=batch.input_ids, loss_mask=batch.loss_mask, attention_mask=batch.attention_mask,
+                           old_values=values, returns=returns)
+        local = local_batch(data, shard).to(critic.device)
+        stats, local_stats, count = StepStats(), StepStats(), 0
+        critic.model.train()
+        for _ in range(self.cfg.trainer.update_epochs_per_batch):
+            for mini in shard.mini_batches:
+                rows = mini.rows.stop - mini.rows.start
+                for part, idx in micro_batches(local, mini):
+                    share = len(part) / rows if idx is not None else 0.0
+                    out = critic.forward_backward(part, share * dp.size)
+                    if idx is not None:
+                        stats.add(out, share)
+                local_stats.add(critic.optimizer_step(), 1.0)
+                count += 1
+        critic.global_step += 1
+        reduced = stats.reduced(dp)
+        out = {k: v / count for k, v in (reduced.sums | local_stats.sums).items()} | reduced.extremes
+        return {f"critic/{k}": v for k, v in out.items()}
 
     def _optimize(self, batch: RLBatch, local: RLBatch, shard: Shard) -> dict[str, float]:
         """One optimizer step per mini-batch, `update_epochs_per_batch` passes. Each rank runs the
-        same number of micro-batches (padding with weight 0 where its share is smaller), each
-        scaled by its share of the mini-batch's GLOBAL count times the data-parallel size: the
-        backends average the ranks' gradients, which makes it the exact reduction over the mini-batch."""
-        trainer = self.cfg.trainer
-        per_token = trainer.algorithm.loss_reduction == "token_mean"
-        stats, first_pass, count = StepStats(), None, 0
+        same number of micro-batches (padding with weight 0 where its share is smaller); every loss
+        term's weights are its share of the whole mini-batch, and the loss is multiplied by the
+        data-parallel size: the backends average the ranks' gradients, which makes it the exact
+        gradient of the mini-batch."""
+        stats, local_stats, count = StepStats(), StepStats(), 0
         self.worker.model.train()
-        for _ in range(trainer.update_epochs_per_batch):
+        for _ in range(self.cfg.trainer.update_epochs_per_batch):
             for mini in shard.mini_batches:
-                mask = batch.loss_mask[mini.rows]
-                totals = max(_count(mask, per_token), 1.0), max(_count(mask, True), 1.0)
+                tokens = max(float(batch.loss_mask[mini.rows].sum()), 1.0)
                 for part, rows in micro_batches(local, mini):
-                    self._pass(part, rows is not None, per_token, totals, stats)
-                if first_pass is None:  # before any optimizer step: the policy that starts the step
-                    first_pass = stats.copy()
-                stats.add(self.worker.optimizer_step(), 1.0)
+                    self._pass(part, rows is not None, tokens, stats)
+                local_stats.add(self.worker.optimizer_step(), 1.0)
                 count += 1
         self.worker.global_step += 1
-        stats = stats.reduced(self.dp, LOSS_STAT_KEYS)
-        first = first_pass.reduced(self.dp, LOSS_STAT_KEYS)
-        self.first_pass_ratios = {"ratio_mean": first.sums.get("ratio_mean", 1.0),
-                                  "ratio_max": first.extremes.get("ratio_max", 1.0),
-                                  "ratio_min": first.extremes.get("ratio_min", 1.0)}
-        metrics = {key: value / count for key, value in stats.sums.items()} | stats.extremes
+        reduced = stats.reduced(self.dp)
+        metrics = {key: value / count for key, value in (reduced.sums | local_stats.sums).items()} | reduced.extremes
         metrics["optimizer_steps"] = float(count)
         return metrics
 
-    def _pass(self, part: RLBatch, real: bool, per_token: bool, totals: tuple[float, float],
-              stats: StepStats) -> None:
-        """One forward/backward of a micro-batch (`real`, or padding: weight 0). The loss counts by
-        the micro-batch's share of what the reduction averages over (`totals[0]`, the mini-batch's),
-        the loss statistics, token means, by its share of the mini-batch's tokens (`totals[1]`):
-        both sums are then the mini-batch's, however its rows were cut and ordered."""
-        share = _count(part.loss_mask, per_token) / totals[0] if real else 0.0
-        out = self.worker.forward_backward(part, share * self.dp.size)
+    def _pass(self, part: RLBatch, real: bool, tokens: float, stats: StepStats) -> None:
+        """One forward/backward of a micro-batch (`real`, or padding: weight 0). The loss statistics,
+        token means, count by the micro-batch's share of the mini-batch's tokens; the loss, a sum,
+        as it is."""
+        out = self.worker.forward_backward(part, float(self.dp.size) if real else 0.0)
         self.counts["passes"] += 1
         self.counts["padded_tokens"] += part.input_ids.numel()
         if not real:
             return
         self.counts["trained_rows"] += int((part.loss_mask.sum(1) > 0).sum())
         self.counts["real_tokens"] += int(part.widths().sum())
-        if share > 0:
-            stats.add(out, share)
-            stats.add(self.loss_fn.stats, _count(part.loss_mask, True) / totals[1])
+        stats.add({**out, **self.loss_fn.sums}, 1.0)
+        stats.add(self.loss_fn.stats, float(part.loss_mask.sum()) / tokens)
+
+
+def mini_batch_weights(loss_mask: torch.Tensor, shard: Shard) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B] 1 / rows and [B] 1 / loss-mask tokens of each row's mini-batch (the KL loss's and the
+    entropy bonus's weights: their means over the mini-batch, however it is cut)."""
+    rows = torch.zeros(loss_mask.shape[0])
+    tokens = torch.zeros(loss_mask.shape[0])
+    for mini in shard.mini_batches:
+        rows[mini.rows] = 1.0 / (mini.rows.stop - mini.rows.start)
+        tokens[mini.rows] = 1.0 / max(float(loss_mask[mini.rows].sum()), 1.0)
+    return rows, tokens
+
+
+def rows_of(full: torch.Tensor, shard: Shard, local: TrainBatch) -> torch.Tensor:
+    """This rank's rows of a [B, ...] step tensor, as `local_batch` holds them (zeros for the one
+    padding row of a rank without rows)."""
+    if not shard.rows:
+        return torch.zeros_like(local.loss_mask)
+    return full[torch.tensor(shard.rows, dtype=torch.long)]
+
+
+def forward_rows(fn: Callable[[TrainBatch], torch.Tensor], local: TrainBatch, parts: Sequence[Sequence[int]],
+                 count: int) -> torch.Tensor:
+    """[rows, T] of `fn` (a forward without gradients: log-probabilities, values) on the rank's rows
+    `local`, run in the micro-batches `parts` and padding up to `count` passes (the same number on
+    every rank: FSDP's forwards are collectives) and put back at each row's place; 0 elsewhere."""
+    out = torch.zeros(local.loss_mask.shape, dtype=torch.float32, device=local.input_ids.device)
+    for part, rows in passes(local, parts, count):
+        got = fn(part)
+        if rows is not None:
+            out[rows, : got.shape[1]] = got.to(out)
+    return out
 
 
 def shard_logprobs(worker: PolicyWorker, local: RLBatch, shard: Shard) -> torch.Tensor:
     """[B, T] log-probabilities (no gradients) of the rank's rows `local`, forwarded in the
-    micro-batches of the training passes (the same number on every rank: FSDP's forwards are
-    collectives) and put back at each row's place; 0 beyond a row's micro-batch."""
+    micro-batches of the training passes and put back at each row's place; 0 beyond a row's
+    micro-batch (rows without tokens to train on are in none)."""
     out = torch.zeros(local.loss_mask.shape, dtype=torch.float32, device=local.input_ids.device)
     for mini in shard.mini_batches:
-        for part, rows in micro_batches(local, mini):
-            logprobs = worker.logprobs(part)
-            if rows is not None:
-                out[rows, : logprobs.shape[1]] = logprobs.to(out)
+        out += forward_rows(worker.logprobs, local, mini.parts, mini.micro_batches)
     return out
-
-
-def _count(mask: torch.Tensor, per_token: bool) -> float:
-    """What the loss averages over: masked tokens, or sequences with any masked token."""
-    return float(mask.sum()) if per_token else float((mask.sum(1) > 0).sum())
-
-
-def mini_batch_longest(batch: RLBatch, shard: Shard) -> torch.Tensor:
-    """[B] the longest masked length of each row's mini-batch (`seq_mean_token_sum_norm`'s divisor)."""
-    lengths = batch.loss_mask.sum(1)
-    norm = torch.zeros_like(lengths)
-    for mini in shard.mini_batches:
-        norm[mini.rows] = lengths[mini.rows].max()
-    return norm
 
 
 def rollout_metrics(groups: Sequence[TrajectoryGroup], policy_version: int, threshold: float = 1.0) -> dict[str, float]:
@@ -307,3 +431,6 @@ def rollout_metrics(groups: Sequence[TrajectoryGroup], policy_version: int, thre
         "reward/failures": float(sum(t.reward_failed for t in trajs)),
         "rollout/failed": float(sum(t.rollout_failed for t in trajs)),
     }
+
+
+__all__ = ["StepOptions", "TrainingStep", "build_batch", "forward_rows", "rollout_metrics", "shard_logprobs"]

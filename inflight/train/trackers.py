@@ -10,6 +10,7 @@ config goes to each tracker once, at the start (W&B run config, MLflow params pl
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from inflight.config.validate import TRACKERS
+
+log = logging.getLogger(__name__)
 
 _EXTRA_HINT = "pip install torch==2.13.0 {pkg}   (or: pip install torch==2.13.0 -e '.[trackers]')"
 
@@ -87,19 +90,32 @@ class TensorBoardTracker:
             self.writer = None
 
 
+def wandb_mode() -> str | None:
+    """`offline` when neither `WANDB_API_KEY` nor `WANDB_MODE` is set (no login to wait for: the run
+    is written under the output directory for `wandb sync`), else None (wandb decides)."""
+    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_MODE"):
+        return None
+    return "offline"
+
+
 class WandbTracker:
-    """A Weights & Biases run (`project_name`, `run_name`); `WANDB_MODE=offline` works without network."""
+    """A Weights & Biases run (`project_name`, `run_name`, `tags`); offline when no API key is set."""
 
     name = "wandb"
 
-    def __init__(self, out_dir: Path, project: str, run_name: str, config: Mapping[str, Any]) -> None:
+    def __init__(self, out_dir: Path, project: str, run_name: str, config: Mapping[str, Any],
+                 tags: Sequence[str] | None = None) -> None:
         try:
             import wandb
         except ImportError as err:
             raise TrackerUnavailable("trainer.logger=wandb needs the wandb package: "
                                      + _EXTRA_HINT.format(pkg="wandb")) from err
+        mode = wandb_mode()
+        if mode == "offline":
+            log.warning("wandb: no WANDB_API_KEY, so the run is logged offline under %s (upload it with "
+                        "`wandb sync`)", out_dir / "wandb")
         self.run: Any = wandb.init(project=project, name=run_name, dir=str(out_dir), config=dict(config),
-                                   reinit="finish_previous")
+                                   reinit="finish_previous", tags=list(tags) if tags else None, mode=mode)
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         self.run.log(dict(metrics), step=step)
@@ -125,7 +141,8 @@ class MlflowTracker:
 
     name = "mlflow"
 
-    def __init__(self, out_dir: Path, project: str, run_name: str, config: Mapping[str, Any]) -> None:
+    def __init__(self, out_dir: Path, project: str, run_name: str, config: Mapping[str, Any],
+                 tags: Sequence[str] | None = None) -> None:
         try:
             import mlflow
         except ImportError as err:
@@ -137,7 +154,7 @@ class MlflowTracker:
             mlflow.set_tracking_uri((out_dir / "mlruns").resolve().as_uri())
         self.mlflow: Any = mlflow
         mlflow.set_experiment(project)
-        self.run: Any = mlflow.start_run(run_name=run_name)
+        self.run: Any = mlflow.start_run(run_name=run_name, tags={tag: "true" for tag in tags or ()})
         self.run_id: str = self.run.info.run_id
         params = [(k, str(v)[:_MLFLOW_PARAM_CHARS]) for k, v in flatten(config).items()]
         for start in range(0, len(params), 100):  # at most 100 params per call
@@ -156,10 +173,11 @@ class MlflowTracker:
 
 def make_trackers(logger: str | Sequence[str], out_dir: str | os.PathLike, *,
                   project_name: str = "inflight", run_name: str | None = None,
-                  config: Mapping[str, Any] | None = None) -> list[Tracker]:
+                  config: Mapping[str, Any] | None = None, tags: Sequence[str] | None = None) -> list[Tracker]:
     """The trackers `trainer.logger` names (`console` is the progress bar: no tracker object).
     Raises ValueError for an unknown name and TrackerUnavailable when a package is missing; a
-    tracker that was already started is closed before the error propagates."""
+    tracker that was already started is closed before the error propagates. `tags`: the run's
+    (`trainer.tags`; W&B and MLflow)."""
     names = tracker_names(logger)
     unknown = [name for name in names if name not in TRACKERS]
     if unknown:
@@ -174,9 +192,9 @@ def make_trackers(logger: str | Sequence[str], out_dir: str | os.PathLike, *,
             if tracker == "tensorboard":
                 trackers.append(TensorBoardTracker(out, config))
             elif tracker == "wandb":
-                trackers.append(WandbTracker(out, project_name, name, config))
+                trackers.append(WandbTracker(out, project_name, name, config, tags))
             elif tracker == "mlflow":
-                trackers.append(MlflowTracker(out, project_name, name, config))
+                trackers.append(MlflowTracker(out, project_name, name, config, tags))
     except BaseException:
         for started in trackers:
             started.close()

@@ -35,15 +35,18 @@ from inflight.eval.run import eval_sets
 from inflight.eval.run import evaluate as run_eval
 from inflight.rollout.generator import TaskGenerator, TrajectoryGroup, episode_options, request_seed
 from inflight.tasks.base import Problem, Task
-from inflight.train.checkpoint import load_latest
+from inflight.train.checkpoint import resume_checkpoint
 from inflight.train.data_setup import check_generated
+from inflight.train.dynamic_sampling import DynamicSampler
 from inflight.train.engine_restarts import EngineRestarts
 from inflight.train.job_config import JobConfig
 from inflight.train.lora import lora_enabled
 from inflight.train.metrics import MetricsLogger
+from inflight.train.policy import run_training_steps
 from inflight.train.run_logs import open_run_logs
 from inflight.train.runtime import Policy, Runtime, Starter, start_local
 from inflight.train.staleness import AsyncDataLoader, OutputBuffer, PromptRef, StalenessManager
+from inflight.train.step_records import dump_batch, example_interval, format_example, memory_metrics
 
 __all__ = ["FullyAsyncTrainer", "RLTrainer", "SyncTrainer", "make_trainer"]
 
@@ -87,13 +90,15 @@ class RLTrainer:
         torch.set_num_threads(job.threads)
         if cfg.trainer.policy.model.path is None:
             raise ValueError("no model: set trainer.policy.model.path")
-        ckpt = load_latest(cfg.trainer.ckpt_path) if job.resume else None
+        ckpt = resume_checkpoint(cfg.trainer)
         # a resumed LoRA run starts from the base model (the engines merge adapters onto an untouched
         # base) and sends the checkpoint's adapter before anything is generated
         lora_resume = ckpt is not None and lora_enabled(cfg)
         model_dir = ckpt.model_dir if ckpt and not lora_resume else cfg.trainer.policy.model.path
+        self.training_steps = run_training_steps(cfg, len(self.task.train_problems()))
         self.runtime = await self._start(cfg, job, pad_id=self._pad_id(), model_dir=model_dir,
-                                         version=ckpt.weight_version if ckpt else 0, ckpt=ckpt)
+                                         version=ckpt.weight_version if ckpt else 0, ckpt=ckpt,
+                                         training_steps=self.training_steps)
         self.client, self.policy = self.runtime.client, self.runtime.policy
         fully_async = cfg.trainer.fully_async
         self.restarts = EngineRestarts.of(self.runtime, fully_async.engine_restarts if fully_async.enabled else 0)
@@ -107,7 +112,8 @@ class RLTrainer:
             self.resumed_from = ckpt.path
         self.generator = self._task_generator(cfg.generator.sampling_params, cfg.generator.n_samples_per_prompt,
                                               cfg.trainer.seed)
-        self.logger = open_run_logs(self.cfg, job, ckpt.step if ckpt is not None else None)  # makes output_dir
+        self.logger = open_run_logs(self.cfg, job, ckpt.step if ckpt is not None else None,  # makes output_dir
+                                    total_steps=self.training_steps)
         self._consumed_file = (Path(job.output_dir) / "consumed.jsonl").open("a" if ckpt is not None else "w")
         return self
 
@@ -173,7 +179,7 @@ class RLTrainer:
 
     def _should_stop(self) -> bool:
         job = self.job
-        if job.max_steps is not None and self.global_step >= job.max_steps:
+        if self.global_step >= self.training_steps:
             return True
         return job.max_train_seconds is not None and time.perf_counter() - self._started >= job.max_train_seconds
 
@@ -189,11 +195,20 @@ class RLTrainer:
         if kind == "failed":
             self.failed_groups += 1
 
+    @property
+    def drops_uninformative(self) -> bool:
+        """Whether groups whose rewards are all equal are dropped at generation (and others generated
+        in their place): `trainer.fully_async.sample_full_batch`, or dynamic sampling `filter` in the
+        fully-async trainer (the same thing there)."""
+        trainer = self.cfg.trainer
+        return trainer.fully_async.sample_full_batch or (
+            self.mode == "fully_async" and trainer.algorithm.dynamic_sampling.type == "filter")
+
     def _dropped(self, group: TrajectoryGroup) -> str | None:
         """Why `group` is not trained on (`failed`, `rejected`), or None to train on it."""
         if not group.usable:
             return "failed"
-        if self.job.dynamic_sampling and not group.informative:
+        if self.drops_uninformative and group.spread <= self.cfg.trainer.algorithm.zero_variance_filter_tol:
             return "rejected"
         return None
 
@@ -233,10 +248,11 @@ class RLTrainer:
             report = await self.restarts.sync(self.policy)
             train_s, sync_s = t1 - t0, time.perf_counter() - t1
         self.global_step += 1
-        for group in groups:
+        originals = [g for g in groups if g.ref is not None]  # not dynamic sampling's copies
+        for group in originals:
             self.loader.mark_consumed(group.ref)
         data_state = self.loader.state()  # captured right after the step: no await in between
-        self._record_consumed(self.global_step, [g.prompt_id for g in groups])
+        self._record_consumed(self.global_step, [g.prompt_id for g in originals])
         step_s = time.perf_counter() - step_started
         metrics.update(await self._kv_counters())
         metrics.update({
@@ -262,22 +278,35 @@ class RLTrainer:
             else:
                 metrics.update((await self.evaluate())["metrics"])
                 self.logged_evaluation = self.global_step
+        self._step_records(groups, metrics)
         self.history.append(self.logger.log(self.global_step, metrics))
         await self._save_on_interval(data_state)
         return metrics
+
+    def _step_records(self, groups: list[TrajectoryGroup], metrics: dict[str, Any]) -> None:
+        """The example printed, the batch dumped and the memory measured, as `trainer.*` asks."""
+        trainer, step = self.cfg.trainer, self.global_step
+        interval = example_interval(trainer)
+        if interval > 0 and step % interval == 0:
+            print(format_example(groups, self.task.decode, step), flush=True)
+        if trainer.dump_data_batch:
+            dump_batch(groups, self.job.output_dir, step)
+        if trainer.enable_ray_gpu_monitor:
+            metrics.update(memory_metrics())
 
     async def _save_on_interval(self, data_state: dict[str, Any] | None = None, final: bool = False) -> None:
         """The checkpoint (`trainer.ckpt_interval`) and the HF export (`trainer.hf_save_interval`)
         due at this step; with `final` (the end of training), those whose interval this step is not."""
         trainer, step = self.cfg.trainer, self.global_step
-        if trainer.ckpt_path and (step % trainer.ckpt_interval == 0) != final:
+        if trainer.ckpt_interval > 0 and (step % trainer.ckpt_interval == 0) != final:
             await self.policy.save(trainer.ckpt_path, step, data_state or self.loader.state(), {"mode": self.mode},
-                                   self.job.max_ckpts_to_keep)
+                                   trainer.max_ckpts_to_keep)
         if trainer.hf_save_interval > 0 and (step % trainer.hf_save_interval == 0) != final:
-            await self.policy.export(trainer.export_path or str(Path(self.job.output_dir) / "exports"), step)
+            await self.policy.export(trainer.export_path, step)
 
     async def train(self) -> list[dict[str, Any]]:
-        """Run until `job.max_steps`, `job.max_train_seconds` or the end of the data; returns the
+        """Run `trainer.epochs` over the data (or `trainer.max_training_steps`, or until
+        `job.max_train_seconds`); returns the
         per-step records. Saves a final checkpoint when checkpointing is on."""
         self._started = time.perf_counter()
         if self._engine_counters is None:
@@ -298,29 +327,49 @@ class RLTrainer:
 
 
 class SyncTrainer(RLTrainer):
-    """Generate `train_batch_size` groups with the current weights, train, sync, repeat."""
+    """Generate `train_batch_size` groups with the current weights, train, sync, repeat; with
+    `trainer.algorithm.dynamic_sampling`, more batches until a full batch has a learning signal
+    (`inflight.train.dynamic_sampling`)."""
 
     mode = "sync"
 
     async def _run(self) -> None:
-        batch = self.cfg.trainer.train_batch_size
         colocated = self.cfg.trainer.placement.colocate_all
+        sampler = DynamicSampler.from_config(self.cfg)
         while not self._should_stop():
             started = time.perf_counter()
-            refs = [r for r in (self.loader.next() for _ in range(batch)) if r is not None]
-            if not refs:
-                break
-            groups = list(await asyncio.gather(*(self._generate(r) for r in refs)))
-            waited = time.perf_counter() - started
-            for g in groups:
-                if (why := self._dropped(g)) is not None:
-                    self.reject(g, why)
-            groups = [g for g in groups if self._dropped(g) is None]
+            groups = await self._generate_batch()
+            if groups is None:  # the data ran out: what dynamic sampling collected is a last batch
+                groups = sampler.rest() if sampler is not None else []
+                if not groups:
+                    break
+            elif sampler is not None:
+                groups, dropped = sampler.offer(groups, self.global_step + 1)
+                for group, why in dropped:
+                    self.reject(group, why)
+                if groups is None:
+                    continue
             if not groups:
                 continue
+            waited = time.perf_counter() - started
             if colocated:  # the trainer needs the memory; the sync wakes the engine up again
                 await self.client.sleep(offload_kv=False)
             await self._train_on(groups, waited, started)
+
+    async def _generate_batch(self) -> list[TrajectoryGroup] | None:
+        """The groups of the next `train_batch_size` prompts, failed ones (and, with
+        sample_full_batch, uninformative ones) recorded and left out; None when no prompt is left."""
+        refs = [r for r in (self.loader.next() for _ in range(self.cfg.trainer.train_batch_size)) if r is not None]
+        if not refs:
+            return None
+        groups = list(await asyncio.gather(*(self._generate(r) for r in refs)))
+        kept = []
+        for group in groups:
+            if (why := self._dropped(group)) is not None:
+                self.reject(group, why)
+            else:
+                kept.append(group)
+        return kept
 
 
 class FullyAsyncTrainer(RLTrainer):
@@ -342,6 +391,7 @@ class FullyAsyncTrainer(RLTrainer):
                                           global_step=self.global_step + 1, accepted=self.global_step * mini)
         self.buffer: OutputBuffer[TrajectoryGroup] = OutputBuffer()
         workers = [asyncio.create_task(self._worker(), name=f"generation-worker-{i}") for i in range(workers_n)]
+        finished = False
         try:
             while not self._should_stop():
                 started = time.perf_counter()
@@ -352,10 +402,13 @@ class FullyAsyncTrainer(RLTrainer):
                     break
                 await self._train_on(groups, time.perf_counter() - started, started)
                 self.staleness.step_done()
+            finished = True
         finally:
             for w in workers:
                 w.cancel()
             await asyncio.gather(*workers, return_exceptions=True)
+            if finished:  # the last step's evaluation runs on: the abort below would cut its requests short
+                await self._finish_evaluation()
             with contextlib.suppress(Exception):  # the engine may be gone already (shutdown after an error)
                 try:  # abort what still generates: the engine is idle for evaluation
                     await self.client.pause("abort")

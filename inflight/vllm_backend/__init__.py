@@ -17,15 +17,18 @@ from vLLM, said plainly:
 - no per-block weight versions and no engine-side KV epoch: the only guard against attending to
   discarded KV is the shim's own backstop (`sleep(offload_kv=false)` -> the frozen requests are
   reset before they run again) and the plan's explicit reset;
-- `sleep` frees no memory: the shim never calls vLLM's sleep (a no-op on CPU, where KV and weights
-  live in host memory; on CUDA not done yet). It keeps our contract instead: `offload_kv=true` is
-  the same as keep (said in the log), `offload_kv=false` counts as discarding the KV (the backstop
-  above), and the weights count as dropped (resume refused until a full update lands);
+- on CPU `sleep` frees no memory (vLLM's sleep is CUDA-only; KV and weights live in host memory).
+  The shim keeps our contract instead: `offload_kv=true` is the same as keep (said in the log),
+  `offload_kv=false` counts as discarding the KV (the backstop above), and the weights count as
+  dropped (resume refused until a full update lands). On CUDA with vLLM's sleep mode
+  (`-- --enable-sleep-mode`) the same calls also free memory through vLLM's sleep level 1 and
+  wake_up (`state.py`); `offload_kv=true` is then refused, since level 1 keeps no copy of the KV;
 - the prefix cache is version-blind inside vLLM: the shim salts every request (token route and
   OpenAI routes) with the weight version; on the OpenAI routes a request accepted just before an
   update but not yet started keeps the old salt (the token route restarts such requests), and
   they report no per-token weight versions;
 - `/status`: `num_running` counts token-route requests only; `kv_cache_usage` is unknown (null);
-- weight updates are full updates only (every parameter of the checkpoint); no LoRA adapters, no
-  broadcast group (`/weight_update/broadcast` and the init routes are not served).
+- weight updates are full updates only (every parameter of the checkpoint); no LoRA adapters.
+  They arrive by the chunk route or a trainer's broadcast group (`broadcast.py`, over the group
+  protocol's own files loaded by path: `shared.py`).
 """

@@ -14,6 +14,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
 
+from .broadcast import BroadcastMember, add_broadcast_routes
 from .errors import APIError, error_response, state_error, weight_error
 from .generate import GenerateBody, restart_unstarted, run_request
 from .metrics import render_metrics
@@ -43,10 +44,12 @@ def bearer(token: str | None, what: str, wrong_status: int):
 
 
 def build_router(life: Lifecycle, stage: WeightStage, routes: Any, *, api_key: str | None,
-                 control_token: str | None, max_model_len: int) -> APIRouter:
-    """Every route of ours (paths from `routes`, i.e. inflight/client/routes.py)."""
+                 control_token: str | None, max_model_len: int, member: BroadcastMember) -> APIRouter:
+    """Every route of ours (paths from `routes`, i.e. inflight/client/routes.py); `member` is this
+    server's place in a trainer's broadcast group (`broadcast.py`)."""
     router = APIRouter()
     guarded = [Depends(bearer(control_token, "control token", 403))]
+    add_broadcast_routes(router, guarded, life, stage, member, routes)
 
     @router.post(routes.GENERATE, dependencies=[Depends(bearer(api_key, "API key", 401))])
     async def generate(body: GenerateBody, request: Request) -> Any:
@@ -84,18 +87,25 @@ def build_router(life: Lifecycle, stage: WeightStage, routes: Any, *, api_key: s
 
     @router.post(routes.SLEEP, dependencies=guarded)
     async def sleep(offload_kv: bool = False) -> dict[str, Any]:
+        """Our sleep: the weights count as dropped (a full update must land), the KV as offloaded
+        (`offload_kv`: kept) or discarded; with vLLM's sleep mode (CUDA) memory is freed too."""
         async with life.lock:
+            if offload_kv and life.frees_memory:
+                raise APIError(400, "offload_kv=true cannot be kept here: vLLM's sleep (level 1) frees the KV "
+                               "cache without a copy; sleep with offload_kv=false (the frozen requests are "
+                               "reset and recomputed)", param="offload_kv")
             life.weights_awake = life.kv_cache_awake = False
             life.update, life.can_roll_back = INVALID, False  # our contract: sleep drops the weights
             stage.clear()
             if offload_kv:
-                log.info("sleep(offload_kv=true): vLLM's KV cache lives in host memory on CPU: kept as is "
+                log.info("sleep(offload_kv=true): vLLM's KV cache stays in place, its memory not freed "
                          "(offload = keep)")
             else:
                 life.kv_discarded = True
                 log.info("sleep(offload_kv=false): the KV cache counts as discarded; every running or frozen "
                          "request is reset before it runs again")
             await life.settle()
+            await life.sleep_engine()
         return {"success": True, "offload_kv": offload_kv}
 
     @router.post(routes.WAKE_UP, dependencies=guarded)
@@ -104,6 +114,8 @@ def build_router(life: Lifecycle, stage: WeightStage, routes: Any, *, api_key: s
         if wanted - {"weights", "kv_cache"}:
             raise APIError(400, f"tags={sorted(wanted)}: known tags are weights and kv_cache", param="tags")
         async with life.lock:
+            if "weights" in wanted:  # now: an update reloads into them (the KV pool wakes with the scheduler)
+                await life.wake_engine(["weights"])
             life.weights_awake |= "weights" in wanted
             life.kv_cache_awake |= "kv_cache" in wanted
             await life.settle()
@@ -176,7 +188,8 @@ def build_router(life: Lifecycle, stage: WeightStage, routes: Any, *, api_key: s
         s = life.status()
         return JSONResponse({"status": "updating" if s["update"] != NONE else "ok", "backend": "vllm",
                              **{k: s[k] for k in ("update", "weight_version", "paused", "weights_awake",
-                                                  "kv_cache_awake", "can_run")}})
+                                                  "kv_cache_awake", "can_run")},
+                             "weight_transfer": member.describe()})
 
     @router.get(routes.METRICS)
     async def metrics() -> Response:
@@ -224,9 +237,12 @@ async def _finish(life: Lifecycle, stage: WeightStage, version: int | None) -> i
     """The staged update into vLLM in one reload, then the new version; our finish's rules."""
     if life.update != OPEN:
         raise state_error(f"no weight update is open (state {life.update!r}): call begin first")
+    if "weights" in life.asleep:
+        raise state_error("the weights are asleep in vLLM: wake_up(tags=[weights]) before finishing an update")
     new = life.weight_version + 1 if version is None else version
-    missing = stage.missing()
-    problem = (f"the update is incomplete: {len(missing)} parameters were not sent (e.g. {', '.join(missing[:3])}); "
+    missing, split = stage.missing(), stage.incomplete()
+    problem = (f"split tensors never completed: {split}" if split else
+               f"the update is incomplete: {len(missing)} parameters were not sent (e.g. {', '.join(missing[:3])}); "
                "the vLLM backend takes full updates only" if missing else
                f"version={new} must be greater than the current weight version {life.weight_version}"
                if new <= life.weight_version else None)

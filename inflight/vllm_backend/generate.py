@@ -11,6 +11,8 @@
   would carry the old version's salt into the new weights: the update restarts it (aborted in vLLM,
   submitted again under the new salt; the caller sees one result), so no request that starts after
   an update ever reuses KV of older weights.
+- `prompt_logprobs` are vLLM's (the model's own distribution, no temperature, as ours; vLLM too
+  reads no prefix cache for such a request).
 - Logprobs are vLLM's `processed_logprobs` (the server runs with `--logprobs-mode
   processed_logprobs`): the sampled token under the temperature-scaled distribution, the unscaled
   one for greedy, as ours. vLLM computes them after its top-k/top-p filter (renormalized), ours
@@ -55,6 +57,8 @@ class SamplingFields(BaseModel):
     top_logprobs: int = 0
     stop_token_ids: list[int] = Field(default_factory=list)
     ignore_eos: bool = False
+    return_routed_experts: bool = False
+    prompt_logprobs: int | None = None
 
 
 class GenerateBody(BaseModel):
@@ -84,12 +88,17 @@ def check_sampling(p: SamplingFields) -> None:
         problems.append(f"top_logprobs={p.top_logprobs} must be an integer >= 0 (0: none)")
     elif p.top_logprobs > 0 and not p.logprobs:
         problems.append(f"top_logprobs={p.top_logprobs} needs logprobs=True")
+    if p.prompt_logprobs is not None and p.prompt_logprobs < 0:
+        problems.append(f"prompt_logprobs={p.prompt_logprobs} must be None (off) or an integer >= 0")
     if any(t < 0 for t in p.stop_token_ids):
         problems.append(f"stop_token_ids={p.stop_token_ids} must be non-negative integers")
     if p.logprobs and (p.top_k > 0 or p.top_p < 1.0):
         problems.append(f"logprobs=True with top_k={p.top_k}, top_p={p.top_p}: vLLM computes logprobs after "
                         "its top-k/top-p filter (renormalized), not before it as this API promises; set "
                         "logprobs=false, or top_k=0 and top_p=1, or use the native backend")
+    if p.return_routed_experts:
+        problems.append("return_routed_experts=True: the vLLM backend does not return the routing of "
+                        "mixture-of-experts models yet; use the native backend for routing records")
     if problems:
         first = problems[0].split("=", 1)[0]
         raise APIError(400, "invalid sampling parameters: " + "; ".join(problems), code="invalid_value",
@@ -103,7 +112,8 @@ def vllm_sampling(p: SamplingFields) -> Any:
     return SamplingParams(
         max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p, top_k=max(p.top_k, 0),
         seed=p.seed, logprobs=p.top_logprobs if p.logprobs else None, stop_token_ids=list(p.stop_token_ids),
-        ignore_eos=p.ignore_eos, detokenize=False, output_kind=RequestOutputKind.DELTA,
+        ignore_eos=p.ignore_eos, prompt_logprobs=p.prompt_logprobs, detokenize=False,
+        output_kind=RequestOutputKind.DELTA,
         stream_interval=STREAM_INTERVAL,
     )
 
@@ -209,7 +219,27 @@ def _answer(live: Live, final: Any, p: SamplingFields) -> dict[str, Any]:
         "num_cached_tokens": int(final.num_cached_tokens or 0),
         "num_recomputed_tokens": 0,
         "top_logprobs": live.top if p.top_logprobs else None,
+        **prompt_scores(final.prompt_token_ids, final.prompt_logprobs, p.prompt_logprobs),
     }
+
+
+def prompt_scores(prompt: list[int] | None, scores: Any, k: int | None) -> dict[str, Any]:
+    """vLLM's prompt logprobs (per position None or {token_id: Logprob}) as the native token route
+    gives them: each prompt token's logprob and rank, and the k most likely (token_id, logprob)."""
+    if k is None or scores is None or prompt is None:
+        return {"prompt_logprobs": None, "prompt_top_logprobs": None, "prompt_logprob_ranks": None}
+    logprobs, ranks, tops = [], [], []
+    for token, position in zip(prompt, scores, strict=True):
+        if position is None:
+            logprobs.append(None)
+            ranks.append(None)
+            tops.append(None)
+            continue
+        logprobs.append(float(position[token].logprob))
+        ranks.append(int(position[token].rank))
+        ranked = sorted((lp.rank, t, lp.logprob) for t, lp in position.items() if lp.rank <= k)
+        tops.append([[t, float(lp)] for _, t, lp in ranked[:k]])
+    return {"prompt_logprobs": logprobs, "prompt_top_logprobs": tops if k else None, "prompt_logprob_ranks": ranks}
 
 
 async def restart_unstarted(life: Lifecycle, new_version: int) -> int:

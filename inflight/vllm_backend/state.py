@@ -10,6 +10,13 @@ KV was declared discarded (`sleep(offload_kv=False)`) since the requests froze, 
 frozen request is reset first (`reset_prefix_cache(reset_running_requests=True)`), so none ever
 attends to KV that our contract says is gone. vLLM has no such check of its own.
 
+Memory: where vLLM runs with sleep mode (`--enable-sleep-mode`, CUDA only: `frees_memory`), our
+`sleep` is vLLM's sleep level 1 (weights to host memory, KV cache freed; vLLM resets the requests
+that held it first) and `wake_up` is vLLM's `wake_up` of the same pools: the weights at once (an
+update reloads into them), the KV cache only when the scheduler is about to run again (vLLM resumes
+its scheduler itself once every pool is awake, so an earlier KV wake would let requests run while
+ours are still paused). On CPU vLLM has no sleep mode: sleep frees nothing and only the flags move.
+
 Every transition runs under one asyncio lock; `status()` reads without it.
 """
 
@@ -61,6 +68,8 @@ class Lifecycle:
     drain: asyncio.Future | None = None  # vLLM's pause(wait) while our pause is DRAINING
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     running: asyncio.Event = field(default_factory=asyncio.Event)  # set while can_run (new requests go in)
+    frees_memory: bool = False  # vLLM runs with sleep mode (CUDA): sleep and wake_up move memory
+    asleep: set[str] = field(default_factory=set)  # the pools vLLM holds asleep ("weights", "kv_cache")
 
     def __post_init__(self) -> None:
         self.running.set()
@@ -91,6 +100,7 @@ class Lifecycle:
             if self.kv_discarded:
                 await self.reset_running("kv_invalidated_resets")
                 self.kv_discarded = False
+            await self.wake_engine(["kv_cache"])  # the last pool: vLLM resumes its scheduler itself
             await self.engine.resume_generation()
             self.engine_paused = False
         elif not self.can_run and not self.engine_paused:
@@ -100,6 +110,21 @@ class Lifecycle:
             self.running.set()
         else:
             self.running.clear()
+
+    async def sleep_engine(self) -> None:
+        """vLLM's sleep level 1 where it frees memory (call under the lock, scheduler paused): the
+        weights go to host memory and the KV cache is freed. Once per sleep: vLLM's sleep acts on
+        every pool, so while one is still asleep nothing more is freed."""
+        if self.frees_memory and not self.asleep:
+            await self.engine.sleep(level=1, mode="keep")
+            self.asleep = {"weights", "kv_cache"}
+
+    async def wake_engine(self, tags: list[str]) -> None:
+        """vLLM's wake_up of those of `tags` that it holds asleep (call under the lock)."""
+        waking = [t for t in tags if t in self.asleep]
+        if waking:
+            await self.engine.wake_up(tags=waking)
+            self.asleep -= set(waking)
 
     async def reset_running(self, counter: str) -> bool:
         """reset_prefix_cache(reset_running_requests=True): every running and frozen request drops
@@ -162,6 +187,7 @@ class Lifecycle:
             "num_waiting": 0, "num_frozen": frozen, "kv_cache_usage": None,
             "paused": self.pause == PAUSED, "draining": self.pause == DRAINING,
             "has_unfinished": num_live > 0, "backend": "vllm", "kv_discarded": self.kv_discarded,
+            "frees_memory": self.frees_memory, "vllm_asleep": sorted(self.asleep),
             "vllm_num_unfinished": self.engine.get_num_unfinished_requests(),  # every route's, in vLLM
             "stats": dict(vars(self.stats)),
             # token-route requests in flight: output tokens this server has received of each so far

@@ -9,6 +9,9 @@ refused chunk stages nothing. At finish the staged tensors are written as one sa
 weights_path=..., is_checkpoint_format=True)`: vLLM's layerwise reload, which runs each layer's
 post-load processing again, so the oneDNN-packed copies on CPU are re-made from the new weights;
 a plain `load_weights` would write into weights the packed copies no longer read).
+Chunks arrive as safetensors bytes (the chunk route) or through the trainer's broadcast group
+(`broadcast.py`: copied out of the group's buffer, a tensor split over several chunks put back
+together from its pieces); both are checked and staged alike.
 
 vLLM keeps no copy of the old weights: if the reload fails, the shim reloads the last complete
 weights (the checkpoint, or the file of the last update) and reports the failure; if that fails
@@ -28,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import weight_error
+from .shared import chunking
 
 log = logging.getLogger("inflight.vllm_backend")
 
@@ -61,6 +65,7 @@ class WeightStage:
     def __init__(self, model_dir: Path) -> None:
         self.params = checkpoint_parameters(model_dir)
         self.staged: dict[str, Any] = {}
+        self.pieces = chunking.Reassembler()  # split tensors of broadcast chunks, until their last piece
         self.complete_dir: Path = Path(model_dir)  # where the last complete weights load from
         self.owned: Path | None = None  # a directory this class wrote (removed when replaced)
         root = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
@@ -68,6 +73,7 @@ class WeightStage:
 
     def clear(self) -> None:
         self.staged = {}
+        self.pieces.clear()
 
     def check_and_stage(self, tensors: list[tuple[str, Any]]) -> int:
         """Check every tensor of one chunk, then stage them all (a refused chunk stages nothing)."""
@@ -77,17 +83,37 @@ class WeightStage:
             self.staged[name] = tensor
         return len(tensors)
 
-    def _check(self, name: str, tensor: Any) -> None:
-        import torch
+    def stage_chunk(self, metas: list[Any], flat: Any) -> int:
+        """Stage one broadcast chunk: `chunking.TensorMeta` entries over `flat`, the group's buffer
+        (reused by the next chunk, so every tensor is copied out, into host memory); a split tensor
+        is staged once its last piece came. Names and shapes are checked before anything is
+        copied; returns the tensors staged."""
+        for meta in metas:
+            self._check_name_and_shape(meta.name, meta.shape)
+        host = flat if flat.device.type == "cpu" else flat.to("cpu")  # nccl: one copy off the device
+        tensors: list[tuple[str, Any]] = []
+        for meta in metas:
+            if meta.whole:  # a copy of its own: tensors sharing storage cannot be written as safetensors
+                tensors.append((meta.name, chunking.view_entry(meta, host).clone()))
+            else:
+                tensors += self.pieces.add([meta], host)
+        return self.check_and_stage(tensors)
 
+    def _check_name_and_shape(self, name: str, shape: Any) -> dict[str, Any]:
         spec = self.params.get(name)
         if spec is None:
             sample = ", ".join(sorted(self.params)[:3])
             raise weight_error(f"unknown parameter {name!r}: the model has {len(self.params)} parameters "
                                f"(e.g. {sample}); send HF checkpoint names", param=name)
-        if list(tensor.shape) != list(spec["shape"]):
-            raise weight_error(f"parameter {name!r}: shape {list(tensor.shape)} does not match the model's "
+        if list(shape) != list(spec["shape"]):
+            raise weight_error(f"parameter {name!r}: shape {list(shape)} does not match the model's "
                                f"{list(spec['shape'])}", param=name)
+        return spec
+
+    def _check(self, name: str, tensor: Any) -> None:
+        import torch
+
+        spec = self._check_name_and_shape(name, tensor.shape)
         floating = spec["dtype"] in _FLOAT_DTYPES
         if floating and not tensor.is_floating_point():
             raise weight_error(f"parameter {name!r}: an integer tensor ({tensor.dtype}) for a floating weight "
@@ -102,6 +128,10 @@ class WeightStage:
 
     def missing(self) -> list[str]:
         return sorted(set(self.params) - set(self.staged))
+
+    def incomplete(self) -> list[str]:
+        """Split tensors of broadcast chunks still missing pieces."""
+        return self.pieces.incomplete
 
     def write(self, version: int) -> Path:
         """The staged tensors as one checkpoint directory for vLLM's reload."""

@@ -113,6 +113,21 @@ def chunk_metas(data: dict) -> list[TensorMeta]:
     return [TensorMeta.from_json(t) for t in data["tensors"]]
 
 
+def check_entries(metas: list[TensorMeta], nbytes: int) -> None:
+    """Raise ValueError, naming the entry, unless every entry is a torch dtype's aligned range of
+    elements of its tensor that lies inside a flat buffer of `nbytes` (what a receiver checks of a
+    chunk's metadata before it reads the buffer)."""
+    for m in metas:
+        try:
+            itemsize = dtype_from_name(m.dtype).itemsize
+        except ValueError as err:
+            raise ValueError(f"tensor {m.name!r}: {err}") from None
+        fits = min(m.shape, default=1) >= 0 and m.start >= 0 and m.numel >= 0
+        fits = fits and m.offset >= 0 and m.offset % itemsize == 0  # a view needs aligned data
+        if not fits or m.start + m.numel > m.total_numel or m.offset + m.nbytes > nbytes:
+            raise ValueError(f"tensor {m.name!r}: entry {m.to_json()} does not fit a chunk of {nbytes} bytes")
+
+
 def iter_chunks(named_tensors: Iterable[tuple[str, torch.Tensor]], max_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                 split: bool = False, dtype: torch.dtype | None = None) -> Iterator[WeightChunk]:
     """Group tensors into chunks of at most `max_chunk_bytes` (alignment included), in order.

@@ -38,14 +38,19 @@ def transport_kind(cfg: Config) -> str:
 
 def chunk_bytes(cfg: Config, model_dir: str | Path | None = None) -> int:
     """`weight_sync_chunk_size_mb` in bytes; when it is None, a buffer holding the whole model in
-    one chunk (its safetensors plus 1 MiB, within [16, 256] MiB), or 256 MiB without `model_dir`."""
-    size_mb = cfg.generator.inference_engine.weight_sync_chunk_size_mb
-    if size_mb is not None:
-        return max(1, int(size_mb * MIB))
+    one chunk (its safetensors plus 1 MiB, within [16, 256] MiB), or 256 MiB without `model_dir`;
+    for `shm` (SkyRL's `cuda_ipc`) at most `weight_transfer_threshold_cuda_ipc_GB`."""
+    ie = cfg.generator.inference_engine
+    if ie.weight_sync_chunk_size_mb is not None:
+        return max(1, int(ie.weight_sync_chunk_size_mb * MIB))
     if model_dir is None:
-        return DEFAULT_CHUNK_BYTES
-    size = sum(f.stat().st_size for f in Path(model_dir).glob("*.safetensors"))
-    return int(min(max(size + MIB, _AUTO_MIN), _AUTO_MAX))
+        auto = DEFAULT_CHUNK_BYTES
+    else:
+        size = sum(f.stat().st_size for f in Path(model_dir).glob("*.safetensors"))
+        auto = int(min(max(size + MIB, _AUTO_MIN), _AUTO_MAX))
+    if transport_kind(cfg) == "shm":
+        auto = min(auto, max(MIB, int(ie.weight_transfer_threshold_cuda_ipc_GB * 1024 * MIB)))
+    return auto
 
 
 def make_transport(cfg: Config, *, model_dir: str | Path | None = None, host: str | None = None,

@@ -33,7 +33,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from inflight.weight_sync.chunking import DEFAULT_CHUNK_BYTES, WeightChunk, iter_chunks, pack_chunk
+# relative, and nothing of inflight but chunking.py: the vLLM backend loads these two files by path into
+# vLLM's interpreter, which lacks this package (inflight/vllm_backend/shared.py)
+from .chunking import DEFAULT_CHUNK_BYTES, WeightChunk, iter_chunks, pack_chunk
 
 DEFAULT_WEIGHT_GROUP = "inflight-weights"  # the group's name unless told otherwise
 

@@ -1,5 +1,5 @@
 """`inflight bench train-step` end to end on a small shape: each mode runs in its own process and
-the table names the CPU (the real shape's figures are in the README). Two modes keep it short:
+the table names the CPU (the real shape's figures are in docs/benchmarks.md). Two modes keep it short:
 the baseline, the full fine-tuning mode that uses every option, and LoRA over a bfloat16 base."""
 
 from __future__ import annotations

@@ -11,11 +11,12 @@ pytest.importorskip("ray", reason="ray is not installed: pip install torch==2.13
 
 from inflight.cluster import plan_bundles, policy_ranks, required_cpus  # noqa: E402
 from inflight.config import load_config  # noqa: E402
+from inflight.testing import LOCAL_CPU
 from inflight.train.job_config import JobConfig  # noqa: E402
 
 
 def _cfg(*overrides: str):
-    return load_config(None, ["trainer.fully_async.enabled=false", *overrides])
+    return load_config(None, [*LOCAL_CPU, "trainer.fully_async.enabled=false", *overrides])
 
 
 def test_not_colocated_gives_each_rank_and_engine_its_own_bundle():
@@ -31,6 +32,7 @@ def test_colocated_puts_rank_i_and_engine_i_on_bundle_i_and_splits_it():
     cfg = _cfg(
         "trainer.placement.colocate_all=true",
         "generator.inference_engine.num_engines=3",
+        "trainer.placement.policy_num_gpus_per_node=3",  # SkyRL: one engine per policy rank on GPUs
         "generator.inference_engine.device=cuda",
     )
     job = JobConfig(threads=2, engine_threads=2, trainer_device="cuda")

@@ -27,10 +27,10 @@ OVERRIDES = [
     ("trainer.policy.model.path=Qwen/Qwen2.5-0.5B", "trainer.policy.model.path", "Qwen/Qwen2.5-0.5B"),
     ("trainer.policy.model.path='/tmp/a b'", "trainer.policy.model.path", "/tmp/a b"),
     ("trainer.ckpt_path=/ckpt/x=1", "trainer.ckpt_path", "/ckpt/x=1"),
-    ("trainer.ckpt_path=null", "trainer.ckpt_path", None),
-    ("trainer.ckpt_path=None", "trainer.ckpt_path", None),
+    ("trainer.resume_path=null", "trainer.resume_path", None),
+    ("trainer.resume_path=None", "trainer.resume_path", None),
     ("generator.inference_engine.num_kv_blocks=128", "generator.inference_engine.num_kv_blocks", 128),
-    ("generator.inference_engine.dtype=bfloat16", "generator.inference_engine.dtype", "bfloat16"),
+    ("generator.inference_engine.dtype=bf16", "generator.inference_engine.model_dtype", "bfloat16"),
     ("trainer.policy.optimizer_config.adam_betas=[0.9, 0.95]", "trainer.policy.optimizer_config.adam_betas", [0.9, 0.95]),
     ("trainer.policy.optimizer_config.adam_betas=[0,0.5]", "trainer.policy.optimizer_config.adam_betas", [0.0, 0.5]),
     ("generator.sampling_params.stop=[</s>, '\\n\\n']", "generator.sampling_params.stop", ["</s>", "\\n\\n"]),
@@ -132,12 +132,12 @@ def test_missing_file_raises_file_not_found(tmp_path):
         ("generator.inference_engine_tensor_parallel_size=2", "generator.inference_engine.tensor_parallel_size", 2),
         ("generator.weight_sync_backend=shm", "generator.inference_engine.weight_sync_backend", "shm"),
         ("generator.enable_prefix_caching=false", "generator.inference_engine.enable_prefix_caching", False),
-        ("generator.model_dtype=bfloat16", "generator.inference_engine.dtype", "bfloat16"),
-        ("generator.inference_engine.model_dtype=float16", "generator.inference_engine.dtype", "float16"),
+        ("generator.model_dtype=float32", "generator.inference_engine.model_dtype", "float32"),
+        ("generator.inference_engine.model_dtype=float16", "generator.inference_engine.model_dtype", "float16"),
     ],
 )  # fmt: skip
 def test_skyrl_names_and_values_are_read_as_ours(given, key, value):
-    got = load_config(None, [given])
+    got = load_config(None, [given, "trainer.placement.colocate_all=false"])
     for part in key.split("."):
         got = getattr(got, part)
     assert got == value
@@ -146,10 +146,11 @@ def test_skyrl_names_and_values_are_read_as_ours(given, key, value):
 def test_skyrl_alias_in_a_nested_yaml(tmp_path):
     path = tmp_path / "skyrl.yaml"
     path.write_text(
-        "generator:\n  num_inference_engines: 3\n  inference_engine:\n    model_dtype: bfloat16\n"
+        "generator:\n  num_inference_engines: 3\n  inference_engine:\n    model_dtype: float16\n"
+        "trainer:\n  placement:\n    colocate_all: false\n"
     )
     engine = load_config(path).generator.inference_engine
-    assert (engine.num_engines, engine.dtype) == (3, "bfloat16")
+    assert (engine.num_engines, engine.model_dtype) == (3, "float16")
 
 
 def test_dump_round_trips(tmp_path):
@@ -175,3 +176,22 @@ def test_config_from_dict_accepts_nested_and_dotted():
 
 def test_a_single_override_string_is_one_override():
     assert load_config(None, "trainer.epochs=2").trainer.epochs == 2  # type: ignore[arg-type]
+
+
+def test_engine_init_kwargs_entries_naming_our_keys_set_them_and_the_rest_stay_vllms():
+    ie = load_config(None, ["generator.inference_engine.engine_init_kwargs.max_model_len=4096",
+                            "generator.inference_engine.engine_init_kwargs.enable_log_requests=false",
+                            'generator.chat_template_kwargs={enable_thinking: false}']).generator
+    assert ie.inference_engine.max_model_len == 4096
+    assert ie.inference_engine.engine_init_kwargs == {"enable_log_requests": False}
+    assert ie.chat_template_kwargs == {"enable_thinking": False}
+
+
+def test_keys_skyrl_removed_are_dropped_or_refused_as_skyrl_does():
+    load_config(None, ["generator.inference_engine.async_engine=true"])  # SkyRL drops it
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["generator.inference_engine.async_engine=false",
+                           "generator.inference_engine.enable_http_endpoint=true"])
+    assert err.value.keys == ["generator.inference_engine.async_engine",
+                              "generator.inference_engine.enable_http_endpoint"]
+    assert load_config(None, ["trainer.use_sample_packing=false"]).trainer.remove_microbatch_padding is False

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from inflight.config import Config, ConfigError, Violation, collect_violations, load_config, validate
+from inflight.testing import LOCAL_CPU
 
 FA = "trainer.fully_async."
 IE = "generator.inference_engine."
@@ -13,8 +14,9 @@ GPUS = "trainer.placement.policy_num_gpus_per_node"
 
 
 def _violations(*overrides: str) -> list[Violation]:
+    """The violations of `overrides` over the local CPU baseline (fully async, small batches)."""
     with pytest.raises(ConfigError) as err:
-        load_config(None, list(overrides))
+        load_config(None, [*LOCAL_CPU, *overrides])
     return err.value.violations
 
 
@@ -30,10 +32,10 @@ def test_default_config_is_valid():
 
 def test_every_violation_is_listed_at_once():
     err_overrides = [
-        "trainer.placement.colocate_all=true",  # excludes fully async (the default)
+        f"{FA}enabled=true",  # colocated engines (SkyRL's default) exclude it
         f"{IE}offload_kv_for_weight_sync=true",  # needs non-colocated
-        "trainer.policy.model.lora.rank=8",  # on 2 ranks: not implemented yet
-        "trainer.placement.policy_num_gpus_per_node=2",
+        "trainer.placement.policy_num_gpus_per_node=2",  # colocated on GPUs: one engine per policy rank
+        f"{IE}device=cuda",
         "trainer.epochs=-1",  # range
         "trainer.seed=abc",  # type
         "trainer.placment.colocate_all=false",  # unknown, did-you-mean
@@ -49,12 +51,13 @@ def test_every_violation_is_listed_at_once():
             "trainer.epochs",
             "trainer.strategy",
             "trainer.placement.colocate_all",
-            "trainer.policy.model.lora.rank",
+            "trainer.placement.colocate_all",
             f"{IE}offload_kv_for_weight_sync",
+            "trainer.train_batch_size",  # fully async: one mini-batch per step (SkyRL's 1024 vs 256)
         ]
     )
     message = str(err.value)
-    assert message.startswith("7 configuration violations:")
+    assert message.startswith("8 configuration violations:")
     for v in err.value.violations:
         assert v.key in message and v.rule in message and v.fix in message
 
@@ -78,7 +81,7 @@ def test_violation_carries_key_value_rule_and_fix():
 def test_engine_restarts_need_engine_processes_of_the_fully_async_trainer(overrides, rule, fix):
     v = _one(*overrides)
     assert v.key == f"{FA}engine_restarts" and rule in v.rule and v.fix == fix
-    load_config(None, [f"{FA}engine_restarts=2", f"{IE}weight_sync_backend=broadcast"])  # valid
+    load_config(None, [*LOCAL_CPU, f"{FA}engine_restarts=2", f"{IE}weight_sync_backend=broadcast"])  # valid
 
 
 def test_config_error_is_a_value_error():
@@ -191,7 +194,7 @@ def test_validate_accepts_skyrl_value_aliases_set_in_code():
         (f"{IE}max_num_batched_tokens=0", "must be >= 1"),
         (f"{IE}num_kv_blocks=0", "must be >= 1 or null"),
         (f"{IE}max_model_len=-1", "must be >= 1 or null"),
-        (f"{IE}kv_cache_memory_gib=0", "must be > 0"),
+        (f"{IE}kv_cache_memory_gib=0", "must be > 0 or null"),
         ("generator.sampling_params.max_generate_length=0", "must be >= 1"),
         (f"{FA}max_staleness_steps=-1", "must be >= 0"),
         ("trainer.policy.model.lora.rank=-4", "must be >= 0"),
@@ -229,9 +232,8 @@ def test_values_out_of_range(override, rule):
         ("trainer.strategy=megatorn", "did you mean 'megatron'?"),
         (f"{IE}weight_sync_backend=ncl", "did you mean 'nccl'?"),
         (f"{IE}weight_sync_backend=tcp", ""),
-        ("trainer.algorithm.advantage_estimator=ppo", ""),
         ("trainer.algorithm.loss_reduction=token_sum", ""),
-        (f"{IE}dtype=fp16", ""),
+        (f"{IE}model_dtype=fp8", ""),
     ],
 )
 def test_choices(override, hint):
@@ -242,7 +244,7 @@ def test_choices(override, hint):
 
 @pytest.mark.parametrize("value", ["inprocess", "shm", "broadcast", "nccl", "gloo", "cuda_ipc"])
 def test_weight_sync_backends(value):
-    load_config(None, [f"{IE}weight_sync_backend={value}"])
+    load_config(None, [*LOCAL_CPU, f"{IE}weight_sync_backend={value}"])
 
 
 # --- combination rules -------------------------------------------------------------------------
@@ -253,7 +255,7 @@ def test_colocate_all_excludes_fully_async():
     assert v.key == "trainer.placement.colocate_all"
     assert "trainer.fully_async.enabled=true" in v.rule
     assert "trainer.placement.colocate_all=false" in v.fix and "trainer.fully_async.enabled=false" in v.fix
-    load_config(None, ["trainer.placement.colocate_all=true", f"{FA}enabled=false"])
+    load_config(None, [*LOCAL_CPU, "trainer.placement.colocate_all=true", f"{FA}enabled=false"])
 
 
 def test_offload_kv_needs_non_colocated():
@@ -264,13 +266,16 @@ def test_offload_kv_needs_non_colocated():
     assert "non-colocated" in vs[0].rule
 
 
-def test_lora_runs_with_sleeping_engines_but_not_on_megatron_or_several_ranks():
-    load_config(None, ["trainer.policy.model.lora.rank=16", f"{IE}offload_kv_for_weight_sync=true"])
-    load_config(None, ["trainer.policy.model.lora.rank=16", "trainer.placement.colocate_all=true",
-                       "trainer.fully_async.enabled=false"])
-    v = _one("trainer.policy.model.lora.rank=16", "trainer.strategy=megatron")
+def test_lora_runs_with_sleeping_engines_and_is_refused_by_a_run_on_megatron_or_several_ranks():
+    from inflight.config.implemented import unimplemented
+
+    for extra in ([f"{IE}offload_kv_for_weight_sync=true"], ["trainer.placement.colocate_all=true",
+                                                            "trainer.fully_async.enabled=false"]):
+        assert unimplemented(load_config(None, [*LOCAL_CPU, "trainer.policy.model.lora.rank=16", *extra])) == []
+    (v,) = unimplemented(load_config(None, [*LOCAL_CPU, "trainer.policy.model.lora.rank=16", "trainer.strategy=megatron"]))
     assert v.key == "trainer.policy.model.lora.rank" and "megatron is not implemented yet" in v.rule
-    v = _one("trainer.policy.model.lora.rank=16", "trainer.placement.policy_num_nodes=2")
+    (v,) = unimplemented(load_config(None, [*LOCAL_CPU, "trainer.policy.model.lora.rank=16",
+                                            "trainer.placement.policy_num_nodes=2"]))
     assert "more than one policy rank" in v.rule
 
 
@@ -282,7 +287,7 @@ def test_fully_async_needs_train_batch_equal_to_mini_batch():
 
 
 def test_synchronous_trainer_needs_train_batch_multiple_of_mini_batch():
-    load_config(None, [f"{FA}enabled=false", "trainer.train_batch_size=16"])
+    load_config(None, [*LOCAL_CPU, f"{FA}enabled=false", "trainer.train_batch_size=16"])
     v = _one(f"{FA}enabled=false", "trainer.train_batch_size=12")
     assert (
         "multiple of trainer.policy_mini_batch_size (8)" in v.rule
@@ -300,14 +305,14 @@ def test_generation_workers_between_mini_batch_and_staleness_bound(workers, ok):
 
 
 def test_generation_workers_bound_follows_staleness():
-    load_config(None, [f"{FA}max_staleness_steps=0", f"{FA}num_parallel_generation_workers=8"])
+    load_config(None, [*LOCAL_CPU, f"{FA}max_staleness_steps=0", f"{FA}num_parallel_generation_workers=8"])
     v = _one(f"{FA}max_staleness_steps=0")  # default 24 workers > 8 * (0 + 1)
     assert "[8, 8]" in v.rule and v.fix == f"set {FA}num_parallel_generation_workers=8"
 
 
 def test_fully_async_rules_do_not_apply_to_the_synchronous_trainer():
     load_config(
-        None, [f"{FA}enabled=false", f"{FA}num_parallel_generation_workers=1", "trainer.train_batch_size=32"]
+        None, [*LOCAL_CPU, f"{FA}enabled=false", f"{FA}num_parallel_generation_workers=1", "trainer.train_batch_size=32"]
     )
 
 
@@ -320,13 +325,13 @@ def test_tensor_parallel_size_must_divide_the_policy_ranks():
     assert "must divide the policy's ranks" in v.rule and "= 4" in v.rule
     assert v.fix == f"set {TP} to one of [1, 2, 4], or {GPUS} to a multiple of 3"
     cfg = load_config(
-        None, ["trainer.strategy=megatron", f"{TP}=2", f"{GPUS}=2", "trainer.placement.policy_num_nodes=3"]
+        None, [*LOCAL_CPU, "trainer.strategy=megatron", f"{TP}=2", f"{GPUS}=2", "trainer.placement.policy_num_nodes=3"]
     )
     assert cfg.trainer.policy.megatron_config.tensor_model_parallel_size == 2
 
 
 def test_tensor_parallel_rule_reads_only_megatron_runs():
-    load_config(None, [f"{TP}=2"])  # fsdp (the default) does not use it
+    load_config(None, [*LOCAL_CPU, f"{TP}=2"])  # fsdp (the default) does not use it
 
 
 def test_tensor_parallel_violation_is_listed_with_the_others():

@@ -6,15 +6,16 @@ import dataclasses
 
 import pytest
 
-from inflight.config import Config, ConfigError, InferenceEngineConfig, load_config
+from inflight.config import Config, ConfigError, load_config
 from inflight.config.validate import CHOICES
 from inflight.engine.config import NATIVE_BACKENDS, EngineConfig
 from inflight.engine.models.linear import LINEAR_BACKENDS
-from inflight.train.engine_settings import ENGINE_KEYS, PER_ENGINE, engine_config
+from inflight.testing import LOCAL_CPU
+from inflight.train.engine_settings import ENGINE_KEYS, PER_ENGINE, RENAMED, engine_config
 
 IE = "generator.inference_engine."
 NON_DEFAULT = {
-    "device": "cpu:0", "dtype": "bfloat16", "block_size": 8, "num_kv_blocks": 12, "kv_cache_memory_gib": 0.5,
+    "device": "cpu:0", "model_dtype": "float16", "block_size": 8, "num_kv_blocks": 12,
     "max_num_seqs": 3, "max_num_batched_tokens": 100, "max_model_len": 77, "enable_prefix_caching": False,
     "enable_chunked_prefill": False, "attention_backend": "torch", "linear_backend": "onednn_fp32",
     "elementwise_backend": "native", "weight_update_rollback": False, "weight_update_timeout_s": 7.5,
@@ -25,21 +26,35 @@ def test_every_engine_field_has_exactly_one_source():
     fields = [f.name for f in dataclasses.fields(EngineConfig)]
     assert sorted(ENGINE_KEYS + PER_ENGINE) == sorted(fields)
     assert not set(ENGINE_KEYS) & set(PER_ENGINE)
-    assert set(NON_DEFAULT) == set(ENGINE_KEYS)
+    assert {RENAMED.get(k, k) for k in ENGINE_KEYS} == set(NON_DEFAULT)
 
 
-def test_schema_defaults_are_the_engine_defaults(tmp_path):
-    ie = InferenceEngineConfig()
-    for name in ENGINE_KEYS:
-        assert getattr(ie, name) == getattr(EngineConfig(model="m"), name), name
-    assert engine_config(Config(), tmp_path) == EngineConfig(model=str(tmp_path), seed=42)
+def test_the_engine_settings_are_the_keys_values(tmp_path):
+    cfg = load_config(None, [f"{IE}backend=native", f"{IE}kv_cache_memory_gib=0.5"])  # otherwise SkyRL's defaults
+    expected = {name: getattr(cfg.generator.inference_engine, RENAMED.get(name, name)) for name in ENGINE_KEYS}
+    got = engine_config(cfg, tmp_path)
+    assert {name: getattr(got, name) for name in ENGINE_KEYS} == expected
+    assert (got.seed, got.kv_cache_memory_gib) == (42, 0.5)
 
 
 def test_each_key_reaches_its_engine_field(tmp_path):
-    cfg = load_config(None, [f"{IE}{k}={v}" for k, v in NON_DEFAULT.items()] + ["trainer.seed=7"])
+    overrides = [f"{IE}{k}={v}" for k, v in NON_DEFAULT.items()]
+    cfg = load_config(None, [*LOCAL_CPU, *overrides, "trainer.seed=7", f"{IE}kv_cache_memory_gib=0.5"])
     got = engine_config(cfg, tmp_path, weight_version=3, index=2)
-    assert {k: getattr(got, k) for k in NON_DEFAULT} == NON_DEFAULT
-    assert (got.model, got.seed, got.weight_version) == (str(tmp_path), 9, 3)
+    assert {RENAMED.get(k, k): getattr(got, k) for k in ENGINE_KEYS} == NON_DEFAULT
+    assert (got.model, got.seed, got.weight_version, got.kv_cache_memory_gib) == (str(tmp_path), 9, 3, 0.5)
+
+
+def test_gpu_memory_utilization_sizes_the_kv_cache_from_the_memory_left(tmp_path):
+    from inflight.testing import make_tiny_model
+    from inflight.train.engine_memory import available_bytes, kv_cache_gib, weight_bytes
+
+    model = make_tiny_model(tmp_path / "m", arch="qwen2")
+    ie = load_config(None, [f"{IE}gpu_memory_utilization=0.5", f"{IE}num_engines=2",
+                            "trainer.placement.colocate_all=false"]).generator.inference_engine
+    expected = (0.5 * available_bytes("cpu") / 2 - weight_bytes(model, "bfloat16")) / 2**30
+    assert kv_cache_gib(ie, model, engines_on_host=2) == pytest.approx(expected, rel=0.05)
+    assert weight_bytes(model, "float32") == 2 * weight_bytes(model, "bfloat16") > 0
 
 
 def test_backend_choices_are_the_engine_ones():
@@ -51,7 +66,7 @@ def test_backend_choices_are_the_engine_ones():
 @pytest.mark.parametrize("key", ["attention_backend", "elementwise_backend", "linear_backend"])
 def test_a_bad_backend_is_listed_with_key_and_fix(key):
     with pytest.raises(ConfigError) as err:
-        load_config(None, [f"{IE}{key}=torh", f"{IE}block_size=0"])
+        load_config(None, [*LOCAL_CPU, f"{IE}{key}=torh", f"{IE}block_size=0"])
     assert err.value.keys == [f"{IE}block_size", f"{IE}{key}"]
     v = err.value.violations[1]
     assert v.value == "torh" and "must be one of" in v.rule and "did you mean 'torch'?" in v.fix

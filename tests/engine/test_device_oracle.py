@@ -15,7 +15,7 @@ from inflight.testing.oracle import hf_greedy
 ATOL = {"cpu": 1e-4, "cuda": 2e-3}  # CUDA: other reduction orders (and kernels) than the CPU's, float32
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "llama"])
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "llama", "qwen3_moe", "qwen2_moe"])
 def test_greedy_on_the_device_matches_transformers(arch, device, tiny_model_factory, hf_model_factory):
     if device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False

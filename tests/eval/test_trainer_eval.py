@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import pytest
 
 from inflight.config import ConfigError
 from inflight.tasks import AdditionTask, build_base_model
+from inflight.testing import LOCAL_CPU
 from inflight.train.main import eval_label, resolve_config, run_job
 
 NUM_EVAL, EVAL_N = 6, 2
@@ -24,7 +26,7 @@ def model_dir(tmp_path_factory):
 
 def tiny_run(model_dir, out, overrides=()):
     return resolve_config(None, [
-        f"trainer.policy.model.path={model_dir}", "trainer.train_batch_size=2",
+        *LOCAL_CPU, f"trainer.policy.model.path={model_dir}", "trainer.train_batch_size=2",
         "trainer.policy_mini_batch_size=2",
         "trainer.fully_async.num_parallel_generation_workers=2", "trainer.micro_train_batch_size_per_gpu=64",
         "generator.n_samples_per_prompt=2", "generator.inference_engine.weight_sync_backend=inprocess",
@@ -72,8 +74,9 @@ def test_eval_off_and_without_dumps(model_dir, tmp_path):
     assert not [k for r in records for k in r if k.startswith("eval/")] and not (tmp_path / "eval").exists()
 
 
-def test_the_default_job_evaluates_greedily_every_100_steps():
-    cfg, job = resolve_config(None, [])
+def test_the_demo_job_evaluates_greedily_every_100_steps():
+    demo = Path(__file__).resolve().parents[2] / "examples" / "default.yaml"
+    cfg, job = resolve_config(str(demo), [])
     assert cfg.trainer.eval_interval == 100 and cfg.trainer.eval_before_train
     assert eval_label(cfg) == "greedy accuracy" and cfg.generator.eval_n_samples_per_prompt == 1
     assert job.eval_interval is None  # the default job spells it trainer.eval_interval
@@ -91,7 +94,7 @@ def test_job_eval_interval_is_the_old_spelling():
 
 def test_eval_keys_are_validated():
     with pytest.raises(ConfigError) as err:
-        resolve_config(None, ["trainer.eval_interval=-1", "generator.eval_n_samples_per_prompt=0",
+        resolve_config(None, ["trainer.eval_interval=-2", "generator.eval_n_samples_per_prompt=0",
                               "generator.eval_sampling_params.temperature=-0.5",
                               "generator.eval_sampling_params.top_p=1.5"])
     assert sorted(err.value.keys) == ["generator.eval_n_samples_per_prompt",

@@ -9,6 +9,7 @@ import textwrap
 import pytest
 
 from inflight.rewards import RewardError, environment_class, get_reward, register, reward_names, score
+from inflight.testing import LOCAL_CPU
 
 
 def test_text_rules():
@@ -108,5 +109,5 @@ def test_the_built_in_tool_environment_is_a_known_env_class_before_its_module_is
     from inflight.tasks.tool_env import ToolEnv
 
     assert "tool" in reward_names()
-    assert load_config(None, ["environment.env_class=tool"]).environment.env_class == "tool"
+    assert load_config(None, [*LOCAL_CPU, "environment.env_class=tool"]).environment.env_class == "tool"
     assert environment_class("tool") is ToolEnv

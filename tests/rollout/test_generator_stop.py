@@ -78,8 +78,9 @@ def test_a_stop_string_ends_the_turn_at_the_token_that_completed_it(model_dir):
     text = decode(free[0].response_ids)
     assert len(text) >= 12
     stop = text[6:9]  # three characters, wherever the token boundaries fall
-    for include in (False, True):
-        _, cut, _ = sample(model_dir, stop=[stop], include_stop_str_in_output=include)
+    for include, append_eos in ((False, True), (True, True), (False, False)):
+        _, cut, _ = sample(model_dir, stop=[stop], include_stop_str_in_output=include,
+                           append_eos_token_after_stop_str_in_multi_turn=append_eos)
         hits = 0
         for full, short in zip(free, cut, strict=True):
             whole = decode(full.response_ids)
@@ -88,8 +89,11 @@ def test_a_stop_string_ends_the_turn_at_the_token_that_completed_it(model_dir):
                 continue
             hits += 1
             n = next(k for k in range(1, len(full.response_ids) + 1) if stop in decode(full.response_ids[:k]))
-            assert short.response_ids == full.response_ids[:n] and short.finish_reason == "stop"
-            assert short.logprobs == full.logprobs[:n] and short.loss_mask == [1] * n
+            # the sampled tokens up to the stop string, then (SkyRL's default) the EOS, not trained on
+            eos = [tok.eos_token_id] if append_eos else []
+            assert short.response_ids == full.response_ids[:n] + eos and short.finish_reason == "stop"
+            assert short.logprobs == full.logprobs[:n] + [0.0] * len(eos)
+            assert short.loss_mask == [1] * n + [0] * len(eos) and short.turn_rewards == [(n - 1, 0.0)]
         assert hits >= 1
 
 
@@ -110,6 +114,6 @@ def test_a_stop_string_one_token_spells_stops_the_engine_there(model_dir):
                 if tok(tok.decode([i]), add_special_tokens=False)["input_ids"] == [i])
     _, cut, generated = sample(model_dir, stop=[word])
     n = next(k for k in range(1, len(ids) + 1) if word in tok.decode(ids[:k], skip_special_tokens=True))
-    assert cut[0].response_ids == ids[:n]
+    assert cut[0].response_ids == ids[:n] + [tok.eos_token_id] and cut[0].loss_mask == [1] * n + [0]
     first = request_seed(9, 0, "p0", 0, 0)  # the seed of the first sample's only turn
     assert generated[first] == n < generated_free[first]  # the engine stopped at the stop token

@@ -22,7 +22,7 @@ CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['cont
 REFUSED_VALUES = [
     ("presence_penalty", 0.5), ("frequency_penalty", -1.0), ("repetition_penalty", 1.2), ("min_p", 0.05),
     ("logit_bias", {"5": 10}), ("min_tokens", 4), ("use_beam_search", True), ("length_penalty", 0.5),
-    ("prompt_logprobs", 1), ("allowed_token_ids", [5, 6]), ("bad_words", ["water"]), ("priority", 1),
+    ("allowed_token_ids", [5, 6]), ("bad_words", ["water"]), ("priority", 1),
     ("guided_json", {"type": "object"}), ("guided_choice", ["a", "b"]), ("structured_outputs", {"regex": "a"}),
     ("response_format", {"type": "json_object"}), ("truncate_prompt_tokens", 8), ("reasoning_effort", "low"),
     ("parallel_tool_calls", False), ("functions", [{"name": "f"}]), ("modalities", ["text", "audio"]),
@@ -54,7 +54,7 @@ def assert_refused(r: httpx.Response, param: str, code: str = "unsupported_param
 def test_non_default_value_is_refused_by_name(http, field, value):
     assert field in REFUSED
     assert_refused(http.post(CHAT, json={"messages": MESSAGES, "max_tokens": 2, field: value}), field)
-    if field not in ("parallel_tool_calls", "functions", "response_format", "documents", "reasoning_effort"):
+    if field not in ("parallel_tool_calls", "functions", "response_format", "documents", "reasoning_effort", "echo"):
         assert_refused(http.post(COMPLETIONS, json={"prompt": "x", "max_tokens": 2, field: value}), field)
 
 

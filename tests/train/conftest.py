@@ -16,6 +16,7 @@ import pytest  # noqa: E402
 from conftest_weights import tiny_models  # noqa: E402
 
 from inflight.config import load_config  # noqa: E402
+from inflight.testing import LOCAL_CPU  # noqa: E402
 from inflight.train import LocalPolicyWorker  # noqa: E402
 
 
@@ -27,4 +28,4 @@ def models(tmp_path_factory):
 @pytest.fixture(scope="module")
 def worker_b(models):
     """A real (single-process) policy worker whose weights are model B."""
-    return LocalPolicyWorker(load_config(None, []), model_path=str(models.dir_b)).setup()
+    return LocalPolicyWorker(load_config(None, list(LOCAL_CPU)), model_path=str(models.dir_b)).setup()

@@ -15,6 +15,7 @@ from conftest_weights import greedy_params, hf_continue, hf_greedy, prompt
 
 from inflight.config import Config, load_config
 from inflight.engine import LLMEngine, RequestOutput
+from inflight.testing import LOCAL_CPU
 from inflight.weight_sync import InProcessTransport, TransportError
 
 MAX_TOKENS = 32
@@ -43,7 +44,7 @@ def row_config(row: str, prefix: bool, *extra: str) -> Config:
     values = [*ROWS[row], prefix]
     keys = [*KEYS, "generator.inference_engine.enable_prefix_caching"]
     return load_config(
-        None, [f"{k}={str(v).lower()}" for k, v in zip(keys, values, strict=True)] + list(extra)
+        None, [*LOCAL_CPU, *(f"{k}={str(v).lower()}" for k, v in zip(keys, values, strict=True)), *extra]
     )
 
 

@@ -16,6 +16,7 @@ import torch
 from rl_support import rl_config, small_task, warm_model_dir
 from safetensors.torch import load_file
 
+from inflight.testing import LOCAL_CPU
 from inflight.train.checkpoint import load_latest
 from inflight.train.sender import SHM_DIR, SHM_PREFIX
 from inflight.train.trainer import make_trainer
@@ -33,7 +34,8 @@ def _consumed(path) -> list[dict]:
 @pytest.mark.parametrize("interrupt_after", [2, 3])
 def test_interrupted_mid_step_and_resumed_uses_every_prompt_once(model_dir, tmp_path, interrupt_after):
     task = small_task(num_train=30)  # 4 prompts a step: 8 steps, the last one partial
-    overrides = [f"trainer.ckpt_path={tmp_path / 'ckpt'}", "trainer.ckpt_interval=1", "job.max_steps=null"]
+    overrides = [f"trainer.ckpt_path={tmp_path / 'ckpt'}", "trainer.ckpt_interval=1", "job.max_steps=null",
+                 "trainer.resume_mode=latest"]
     cfg, job = rl_config(model_dir, tmp_path / "out", overrides)
 
     async def interrupted() -> None:
@@ -95,8 +97,9 @@ def test_killed_process_resumes(model_dir, tmp_path):
     data.write_text("".join(json.dumps({"id": p.id, "prompt": p.prompt, "answer": p.answer}) + "\n"
                             for p in task.train_problems()))
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
-    cmd = [sys.executable, "-m", "inflight.train.main",
+    cmd = [sys.executable, "-m", "inflight.train.main", *LOCAL_CPU,
            f"trainer.policy.model.path={model_dir}", f"trainer.ckpt_path={ckpt}", "trainer.ckpt_interval=1",
+           "trainer.resume_mode=latest",
            "trainer.train_batch_size=4", "trainer.policy_mini_batch_size=4",
            "trainer.micro_train_batch_size_per_gpu=64", "generator.n_samples_per_prompt=4",
            "trainer.fully_async.num_parallel_generation_workers=8",
@@ -145,7 +148,7 @@ def test_exports_are_in_the_models_own_dtype_and_load_with_transformers(tmp_path
         if (base / name).is_file():
             (bf16_dir / name).write_bytes((base / name).read_bytes())
     assert model_dtype(bf16_dir) is torch.bfloat16 and model_dtype(base) is torch.float32
-    worker = LocalPolicyWorker(load_config(None, []), model_path=str(bf16_dir)).setup()
+    worker = LocalPolicyWorker(load_config(None, list(LOCAL_CPU)), model_path=str(bf16_dir)).setup()
     assert all(p.dtype == torch.float32 for p in worker.model.parameters())  # the master weights
     out = export_model(worker, bf16_dir, tmp_path / "exports", step=3)
     assert out == tmp_path / "exports" / "global_step_3"

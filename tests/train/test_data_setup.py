@@ -1,5 +1,6 @@
-"""`inflight train` on your own data: the data task is chosen by data.train_data, lengths come from
-the model and data (not the toy task), bad data fails before training, a zero-token step fails loudly."""
+"""`inflight train` on your own data: the data task is chosen by data.train_data, every key not given
+is SkyRL's default (nothing of the demo job), bad data fails before training, a zero-token step
+fails loudly."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 from inflight.config import ConfigError
 from inflight.tasks import DataTask
+from inflight.testing import LOCAL_CPU
 from inflight.train.data_setup import NothingGeneratedError, check_generated
 from inflight.train.main import main, make_task, resolve_config
 
@@ -40,23 +42,26 @@ def _skyrl_parquet(path, questions):
     return path
 
 
-def test_default_job_on_user_data_gets_the_models_lengths(tmp_path):
+def test_a_run_without_a_config_file_takes_skyrls_defaults_and_nothing_of_the_demo(tmp_path):
+    from inflight.config import Config
+
     data = f"data.train_data=[{tmp_path / 'd.parquet'}]"
-    cfg, _ = resolve_config(None, [data])
-    assert cfg.generator.inference_engine.max_model_len is None  # the model's context, not the toy 64
-    assert cfg.generator.sampling_params.max_generate_length == 1024
-    assert cfg.generator.inference_engine.kv_cache_memory_gib == 1.0
+    cfg, job = resolve_config(None, [data])
+    skyrl = Config()
+    assert cfg.generator == skyrl.generator and cfg.trainer == skyrl.trainer  # SkyRL's defaults throughout
+    assert job.max_train_seconds is None and job.task is None  # no demo time budget, no built-in task
     cfg, _ = resolve_config(None, [data, "generator.sampling_params.max_generate_length=300"])
     assert cfg.generator.sampling_params.max_generate_length == 300  # the user's own setting wins
-    cfg, _ = resolve_config(None, ["job.task=jsonl", f"job.train_data={tmp_path / 'd.jsonl'}"])
-    assert cfg.generator.inference_engine.max_model_len is None
-    cfg, _ = resolve_config(None, [])
-    assert cfg.generator.inference_engine.max_model_len == 64  # the built-in task keeps its job
+    demo = tmp_path.parent / "demo.yaml"
+    demo.write_text("base: demo\n")
+    cfg, job = resolve_config(str(demo), [])
+    assert (cfg.generator.inference_engine.max_model_len, job.task, job.max_train_seconds) == (64, "addition", 240)
 
 
 def test_data_task_is_built_from_data_keys(tmp_path, chat_model):
     path = _skyrl_parquet(tmp_path / "train.parquet", [f"What is {i} + 1?" for i in range(20)])
-    cfg, job = resolve_config(None, [f"data.train_data=[{path}]", f"trainer.policy.model.path={chat_model}"])
+    cfg, job = resolve_config(None, [f"data.train_data=[{path}]", "data.val_data=[]",
+                                     f"trainer.policy.model.path={chat_model}"])
     task = make_task(cfg, job)
     assert isinstance(task, DataTask) and task.max_new_tokens == 1024
     assert (task.report.train_rows, task.report.val_rows) == (18, 2)
@@ -66,8 +71,9 @@ def test_data_task_is_built_from_data_keys(tmp_path, chat_model):
 @pytest.mark.parametrize(
     "overrides, keys",
     [
-        (["environment.env_class=gsm8k"], ["environment.env_class"]),
-        (["data.train_data=[a.parquet]", "job.task=count_up"], ["job.task", "trainer.policy.model.path"]),
+        (["environment.env_class=math", "job.task=addition"], ["environment.env_class"]),
+        (["data.train_data=[a.parquet]", "job.task=count_up"], ["data.train_data"]),
+        ([], ["trainer.policy.model.path"]),
         (
             [
                 "data.train_data=[a.parquet]",
@@ -86,8 +92,10 @@ def test_contradictions_are_config_errors(overrides, keys):
     assert err.value.keys == keys
 
 
-def test_zero_generated_tokens_fail_loudly():
-    cfg, _ = resolve_config(None, [])
+def test_zero_generated_tokens_fail_loudly(tmp_path):
+    demo = tmp_path / "demo.yaml"
+    demo.write_text("base: demo\n")
+    cfg, _ = resolve_config(str(demo), [])
     empty = SimpleNamespace(prompt_ids=[1] * 64, num_generated=0, finish_reason="length")
     groups = [SimpleNamespace(trajectories=[empty, empty])]
     with pytest.raises(
@@ -103,6 +111,7 @@ def test_zero_generated_tokens_fail_loudly():
 
 def _train_args(chat_model, tmp_path, *extra):
     return [
+        *LOCAL_CPU,
         f"trainer.policy.model.path={chat_model}",
         "trainer.train_batch_size=2",
         "trainer.policy_mini_batch_size=2",
@@ -155,6 +164,7 @@ def test_run_on_user_data_drops_long_prompts_and_reports_the_split(tmp_path, cha
             None,
             [
                 f"data.train_data=[{path}]",
+                "data.val_data=[]",
                 f"trainer.policy.model.path={chat_model}",
                 "trainer.max_prompt_length=40",
                 "job.num_eval=2",

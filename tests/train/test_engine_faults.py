@@ -21,6 +21,7 @@ from transformers import AutoModelForCausalLM
 
 from inflight.client.process import EngineProcess, EngineProcessError
 from inflight.engine import EngineConfig, SamplingParams
+from inflight.testing import LOCAL_CPU
 from inflight.testing.oracle import hf_greedy
 from inflight.train.engine_restarts import EngineDiedError, EngineRestarts
 from inflight.train.trainer import make_trainer
@@ -206,6 +207,7 @@ def test_inflight_train_says_which_engine_died_in_one_line(monkeypatch, capsys, 
 
     monkeypatch.setattr(train_main, "run_job", dies)
     model = tiny_model_factory("qwen2")
-    rc = train_main.main([f"trainer.policy.model.path={model}", f"job.output_dir={tmp_path}"])
+    rc = train_main.main([*LOCAL_CPU, "job.task=addition", f"trainer.policy.model.path={model}",
+                          f"job.output_dir={tmp_path}"])
     err = capsys.readouterr().err
     assert rc == 1 and f"error: {message}" in err and "Traceback" not in err

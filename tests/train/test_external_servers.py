@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from inflight.client.remote import RemoteClient
 from inflight.engine.config import EngineConfig
 from inflight.engine.request import SamplingParams
+from inflight.testing import LOCAL_CPU_TRAINER
 from inflight.testing.oracle import hf_greedy
 from inflight.train.main import main
 from inflight.train.server_fleet import ServerFleet
@@ -29,12 +30,11 @@ STEPS = 3
 def _overrides(model_dir, url: str, out) -> list[str]:
     ie = "generator.inference_engine."
     return [
+        *LOCAL_CPU_TRAINER, "job.task=addition", f"trainer.export_path={out}/exports",
         f"trainer.policy.model.path={model_dir}", "trainer.train_batch_size=4", "trainer.policy_mini_batch_size=4",
         "trainer.micro_train_batch_size_per_gpu=64", "trainer.fully_async.num_parallel_generation_workers=8",
         "trainer.eval_interval=0", "trainer.hf_save_interval=1", "generator.n_samples_per_prompt=4",
         f"{ie}run_engines_locally=false", f"{ie}external_server_urls=[{url}]", f"{ie}weight_sync_backend=inprocess",
-        # the default job's engine sizes are the (external) server's flags here: back to the defaults
-        f"{ie}max_num_seqs=64", f"{ie}max_num_batched_tokens=2048", f"{ie}kv_cache_memory_gib=1.0",
         f"job.max_steps={STEPS}", "job.num_train=400", "job.num_eval=20", f"job.output_dir={out}", "job.plot=false",
         "job.tensorboard=false", "job.progress=false",
     ]  # fmt: skip

@@ -16,6 +16,7 @@ from rl_support import rl_config, small_task, warm_model_dir
 from transformers import AutoModelForCausalLM
 
 from inflight.engine import SamplingParams
+from inflight.testing import LOCAL_CPU
 
 peft = pytest.importorskip("peft")
 
@@ -49,6 +50,7 @@ def test_lora_trains_the_adapter_and_syncs_it_in_flight(model_dir, tmp_path):
     cfg, job = rl_config(model_dir, tmp_path / "run", [
         "job.max_steps=2", "trainer.eval_interval=0", "trainer.policy.model.lora.rank=4",
         "trainer.policy.model.lora.alpha=8", f"trainer.ckpt_path={ckpt}", "trainer.ckpt_interval=2",
+        "trainer.resume_mode=latest",
         "trainer.policy.optimizer_config.lr=1e-2", "trainer.hf_save_interval=1",
         f"trainer.export_path={tmp_path / 'exports'}"])
     task = small_task()
@@ -104,7 +106,8 @@ def test_a_resumed_lora_run_continues_the_checkpoints_adapter(model_dir, tmp_pat
 
     ckpt = tmp_path / "ckpt"
     common = ["trainer.eval_interval=0", "trainer.policy.model.lora.rank=4", "trainer.policy.model.lora.alpha=8",
-              f"trainer.ckpt_path={ckpt}", "trainer.ckpt_interval=1", "trainer.policy.optimizer_config.lr=1e-2",
+              f"trainer.ckpt_path={ckpt}", "trainer.ckpt_interval=1", "trainer.resume_mode=latest",
+              "trainer.policy.optimizer_config.lr=1e-2",
               "trainer.policy.optimizer_config.scheduler=linear"]
     task = small_task()
     first = run_training(*rl_config(model_dir, tmp_path / "run", ["job.max_steps=1", *common]), task)
@@ -154,7 +157,7 @@ def test_lora_under_bf16_holds_the_frozen_base_in_bfloat16(tiny_model_factory):
     from inflight.train import LocalPolicyWorker, TrainBatch
     from inflight.train.lora import merged_tensors
 
-    cfg = load_config(None, ["trainer.policy.model.lora.rank=4", "trainer.policy.model.lora.alpha=8",
+    cfg = load_config(None, [*LOCAL_CPU, "trainer.policy.model.lora.rank=4", "trainer.policy.model.lora.alpha=8",
                              "trainer.policy.optimizer_config.lr=1e-2"])
     worker = LocalPolicyWorker(cfg, model_path=str(tiny_model_factory("qwen2", seed=2)), bf16=True).setup()
     params = dict(worker.model.named_parameters())
@@ -199,7 +202,7 @@ def test_a_lora_checkpoints_state_copies_the_models_own_tensors_only(tiny_model_
     from inflight.config import load_config
     from inflight.train import LocalPolicyWorker
 
-    cfg = load_config(None, ["trainer.policy.model.lora.rank=4", "trainer.policy.model.lora.target_modules=q_proj"])
+    cfg = load_config(None, [*LOCAL_CPU, "trainer.policy.model.lora.rank=4", "trainer.policy.model.lora.target_modules=q_proj"])
     worker = LocalPolicyWorker(cfg, model_path=str(tiny_model_factory("qwen2", seed=2))).setup()
     state = worker.full_hf_state_dict()
     own = {p.data_ptr() for p in worker.model.parameters()}

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from inflight.config import ConfigError, load_config
+from inflight.testing import LOCAL_CPU
 from inflight.train import LocalPolicyWorker, TrainBatch
 from inflight.train.checkpoint import load_latest, load_optimizer, save_checkpoint
 
@@ -24,7 +25,7 @@ def _batch() -> TrainBatch:
 
 
 def _worker(model_dir, scheduler: str, warmup: int, total: int | None) -> LocalPolicyWorker:
-    cfg = load_config(None, [f"trainer.policy.optimizer_config.lr={LR}",
+    cfg = load_config(None, [*LOCAL_CPU, f"trainer.policy.optimizer_config.lr={LR}",
                              f"trainer.policy.optimizer_config.scheduler={scheduler}",
                              f"trainer.policy.optimizer_config.num_warmup_steps={warmup}"])
     worker = LocalPolicyWorker(cfg, model_path=str(model_dir))
@@ -73,7 +74,7 @@ def test_a_decaying_schedule_needs_the_run_length(model_dir):
 
 def test_bad_schedule_keys_are_listed():
     with pytest.raises(ConfigError) as err:
-        load_config(None, ["trainer.policy.optimizer_config.scheduler=cosin",
+        load_config(None, [*LOCAL_CPU, "trainer.policy.optimizer_config.scheduler=cosin",
                            "trainer.policy.optimizer_config.num_warmup_steps=-1"])
     assert sorted(err.value.keys) == ["trainer.policy.optimizer_config.num_warmup_steps",
                                       "trainer.policy.optimizer_config.scheduler"]

@@ -6,7 +6,9 @@ base-class training step on an unsharded transformers model) as the oracles:
 
 - megatron's forward logits equal transformers' on the same weights;
 - the HF tensors gathered from the TP shards are bit-identical to the checkpoint (HF -> megatron -> HF);
-- one train step (PPO loss, micro-batches, AdamW, clipping) gives the weights LocalPolicyWorker gets;
+- megatron's vocab-parallel token entropy equals the entropy of transformers' logits;
+- one train step (PPO loss with an entropy bonus, micro-batches, AdamW, clipping) gives the weights
+  LocalPolicyWorker gets;
 - the base class's `sync_weights` syncs them into a real engine with requests in
   flight (fully-async, clear KV: fate `recompute`): the frozen requests are reset, and every token
   sampled after the sync, and its logprob, is the trained model's, through transformers and through
@@ -35,9 +37,13 @@ import torch.multiprocessing as mp  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
+from inflight.algorithms import entropy_from_logits, masked_mean, ppo_clip_loss  # noqa: E402
 from inflight.config import load_config  # noqa: E402
-from inflight.testing import make_tiny_model  # noqa: E402
-from inflight.train import TrainBatch, rl_loss  # noqa: E402
+from inflight.testing import (
+    LOCAL_CPU,
+    make_tiny_model,  # noqa: E402
+)
+from inflight.train import TrainBatch  # noqa: E402
 from inflight.train.workers import LocalPolicyWorker  # noqa: E402
 from inflight.train.workers.megatron_convert import (  # noqa: E402
     ConversionError,
@@ -64,12 +70,15 @@ def _cfg(model_dir: Path):
     return load_config(
         None,
         overrides=[
+            *LOCAL_CPU,
             f"trainer.policy.model.path={model_dir}",
             "trainer.strategy=megatron",
             f"trainer.policy.optimizer_config.lr={LR}",
             "trainer.micro_train_batch_size_per_gpu=2",
             "trainer.fully_async.enabled=true",
             "trainer.fully_async.clear_kv_cache_on_weight_sync=true",
+            # SkyRL's default recompute settings run megatron's activation checkpointing, which needs CUDA
+            "trainer.policy.megatron_config.transformer_config_kwargs={}",
         ],
     )
 
@@ -87,6 +96,17 @@ def _batch(vocab: int) -> TrainBatch:
         attention_mask=attention_mask,
         advantages=torch.tensor([1.0, -0.5, 2.0]),
     )
+
+
+def ppo_with_entropy_bonus(logprobs: torch.Tensor, batch: TrainBatch, entropy: torch.Tensor) -> torch.Tensor:
+    """On-policy PPO-clip (token mean) minus 0.1 times the token-mean entropy: a loss whose gradient
+    runs through the worker's log-probabilities and its entropy."""
+    advantages = batch.advantages[:, None].expand_as(logprobs)
+    loss, _ = ppo_clip_loss(logprobs, logprobs.detach(), advantages, batch.loss_mask)
+    return masked_mean(loss, batch.loss_mask) - 0.1 * masked_mean(entropy, batch.loss_mask)
+
+
+ppo_with_entropy_bonus.wants_entropy = True
 
 
 def _free_port() -> int:
@@ -126,9 +146,11 @@ def _run_case(rank: int, model_dir: Path, out: Path) -> None:
     from inflight.weight_sync import plan_weight_sync
 
     cfg = _cfg(model_dir)
-    worker = MegatronPolicyWorker(cfg, loss_fn=rl_loss(tis="none"), tensor_parallel_size=TP).setup()
+    worker = MegatronPolicyWorker(cfg, loss_fn=ppo_with_entropy_bonus, tensor_parallel_size=TP).setup()
     batch = _batch(worker.layout.vocab_size)
     result: dict = {"logits_before": worker.forward_logits(batch.input_ids)}
+    with torch.no_grad():
+        result["entropy"] = worker.compute_logprobs(batch, entropy=True)[1]
     result["hf_before"] = worker.full_hf_state_dict()
     result["metrics"] = worker.train_step(batch)
     result["hf_after"] = worker.full_hf_state_dict()
@@ -272,14 +294,14 @@ def test_tensor_parallel_size_comes_from_the_config(model_dirs):
     from inflight.train.workers.megatron import MegatronPolicyWorker
 
     path = model_dirs["qwen2"]
-    tp2 = load_config(None, [
+    tp2 = load_config(None, [*LOCAL_CPU,
         "trainer.strategy=megatron", "trainer.placement.policy_num_gpus_per_node=2",
         "trainer.policy.megatron_config.tensor_model_parallel_size=2",
     ])  # fmt: skip
     worker = MegatronPolicyWorker(tp2, model_path=path)
     assert worker.tp == worker.layout.tp == 2
     assert MegatronPolicyWorker(tp2, model_path=path, tensor_parallel_size=1).tp == 1
-    assert MegatronPolicyWorker(load_config(None, []), model_path=path).tp == 1
+    assert MegatronPolicyWorker(load_config(None, list(LOCAL_CPU)), model_path=path).tp == 1
 
 
 # ---- two TP ranks -------------------------------------------------------------------------------
@@ -289,6 +311,10 @@ def test_megatron_forward_matches_transformers(model_dirs, ranks_output, case):
     with torch.no_grad():
         expected = _hf(model_dirs[case])(_batch(result["logits_before"].shape[-1]).input_ids).logits
     torch.testing.assert_close(result["logits_before"], expected, atol=1e-5, rtol=0)
+    batch = _batch(result["logits_before"].shape[-1])
+    real = batch.attention_mask[:, :-1].bool()  # the distributions read from real tokens
+    entropy = entropy_from_logits(expected[:, :-1] / _cfg(model_dirs[case]).generator.sampling_params.temperature)
+    torch.testing.assert_close(result["entropy"][:, 1:][real], entropy[real], atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -305,10 +331,10 @@ def test_gathered_hf_tensors_equal_checkpoint(model_dirs, ranks_output, case):
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_train_step_equals_unsharded_transformers_step(model_dirs, ranks_output, case):
-    """The base class's step (PPO loss, 2 micro-batches, AdamW, clip) on an unsharded transformers
-    model lands on the weights megatron's TP=2 step produced."""
+    """The base class's step (PPO loss and entropy bonus, 2 micro-batches, AdamW, clip) on an
+    unsharded transformers model lands on the weights megatron's TP=2 step produced."""
     result = ranks_output[case]
-    reference = LocalPolicyWorker(_cfg(model_dirs[case]), loss_fn=rl_loss(tis="none")).setup()
+    reference = LocalPolicyWorker(_cfg(model_dirs[case]), loss_fn=ppo_with_entropy_bonus).setup()
     metrics = reference.train_step(_batch(reference.model.config.vocab_size))
     assert result["metrics"]["loss"] == pytest.approx(metrics["loss"], abs=1e-5)
     assert result["metrics"]["grad_norm"] == pytest.approx(metrics["grad_norm"], rel=1e-4)

@@ -62,11 +62,11 @@ def test_trimmed_cuts_every_per_token_tensor_to_the_longest_row():
     attention = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 0, 0, 0]])
     batch = RLBatch(input_ids=torch.arange(10).reshape(2, 5), loss_mask=attention.float(), attention_mask=attention,
                     advantages=torch.tensor([1.0, -1.0]), rollout_logprobs=torch.zeros(2, 5),
-                    token_sum_norm=torch.tensor([3.0, 3.0]))
+                    row_weight=torch.tensor([0.5, 0.5]))
     assert batch.widths().tolist() == [3, 2]
     cut = batch.trimmed()
     assert cut.input_ids.tolist() == [[0, 1, 2], [5, 6, 7]] and cut.rollout_logprobs.shape == (2, 3)
-    assert cut.advantages.shape == (2,) and cut.token_sum_norm.shape == (2,)
+    assert cut.advantages.shape == (2,) and cut.row_weight.shape == (2,)
     assert batch.select(torch.tensor([1])).trimmed().input_ids.tolist() == [[5, 6]]
 
 

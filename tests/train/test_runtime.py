@@ -15,6 +15,7 @@ import pytest
 
 from inflight.client import LocalClient
 from inflight.config import load_config
+from inflight.testing import LOCAL_CPU
 from inflight.train.job_config import JobConfig
 from inflight.train.main import main
 from inflight.train.policy import TRAIN_THREAD_NAME, LocalPolicy
@@ -22,7 +23,7 @@ from inflight.train.runtime import LocalRuntime, start_local
 
 
 def _cfg(model_dir):
-    return load_config(None, [f"trainer.policy.model.path={model_dir}", "generator.inference_engine.num_kv_blocks=32",
+    return load_config(None, [*LOCAL_CPU, f"trainer.policy.model.path={model_dir}", "generator.inference_engine.num_kv_blocks=32",
                               "generator.inference_engine.weight_sync_backend=inprocess"])
 
 

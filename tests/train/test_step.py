@@ -1,80 +1,77 @@
-"""The shared training step on a real worker: micro-batching gives the exact token-mean gradient,
-stale tokens switch on the off-policy correction (in the forward for one optimizer step, with a
-separate proximal forward for several), zero-advantage groups are dropped."""
+"""The shared training step on a real worker: where the old log-probabilities come from (the training
+forward for one optimizer step; a forward of their own for several, or when the rewards need them
+first), the off-policy correction against the rollout's, stale tokens reported, the zero-variance
+filter, a batch with nothing to learn from."""
 
 from __future__ import annotations
 
 import pytest
-import torch
-from rl_support import rl_config, warm_model_dir
+from objective_support import BASE, make_groups, step_grads
+from rl_support import rl_config
 
-from inflight.rollout.generator import Trajectory, TrajectoryGroup
-from inflight.tasks import Problem
+from inflight.testing import make_tiny_model
 from inflight.train import LocalPolicyWorker
-from inflight.train.step import StepOptions, TrainingStep
+from inflight.train.step import TrainingStep
+
+OPC = "trainer.algorithm.off_policy_correction."
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    return warm_model_dir(tmp_path_factory)
+    return make_tiny_model(tmp_path_factory.mktemp("step") / "m", seed=0)
 
 
-def _groups(version: int, rewards: list[list[float]]) -> list[TrajectoryGroup]:
-    gen = torch.Generator().manual_seed(0)
-    groups = []
-    for g, rs in enumerate(rewards):
-        trajs = []
-        for r in rs:
-            n = int(torch.randint(1, 4, (1,), generator=gen))
-            ids = torch.randint(2, 14, (n,), generator=gen).tolist() + [1]
-            trajs.append(Trajectory([5, 12, 7, 13], ids, (-torch.rand(n + 1, generator=gen)).tolist(),
-                                    [version] * (n + 1), [1] * (n + 1), r, "stop"))
-        groups.append(TrajectoryGroup(Problem(f"p{g}", "3+5=", "8"), trajs))
-    return groups
+@pytest.fixture(scope="module")
+def groups(model_dir):
+    return make_groups(model_dir, 1, noise=0.05)
 
 
-def _grads(model_dir, tmp_path, micro: int, groups, version: int, overrides=(), options=None):
-    cfg, _ = rl_config(model_dir, tmp_path, [f"trainer.micro_train_batch_size_per_gpu={micro}", *overrides])
-    worker = LocalPolicyWorker(cfg).setup()
-    step = TrainingStep(worker, cfg, 0, options or StepOptions())
-    captured = {}
-    original = worker.optimizer_step
-
-    def spy():
-        captured.setdefault("grads", [p.grad.clone() for p in worker.model.parameters()])
-        return original()
-
-    worker.optimizer_step = spy
-    metrics = step(groups, version)
-    return captured.get("grads"), metrics
+def test_one_optimizer_step_needs_no_old_forward(model_dir, groups, tmp_path):
+    _, metrics = step_grads(model_dir, tmp_path, [OPC + "tis_ratio_type=token"], groups, 2)
+    assert metrics["off_policy"] == 1 and "prox_forward_s" not in metrics
+    assert metrics["is_ratio_mean"] == pytest.approx(1.0, abs=0.05) and "tis_token_clip_high_ratio" in metrics
+    _, on = step_grads(model_dir, tmp_path, [], groups, 1)
+    assert on["off_policy"] == 0 and "tis_token_clip_high_ratio" not in on
 
 
-def test_micro_batches_give_the_exact_token_mean_gradient(model_dir, tmp_path):
-    groups = _groups(0, [[1, 0, 0, 1], [0, 0, 1, 0], [1, 1, 1, 1]])
-    whole, m1 = _grads(model_dir, tmp_path, 64, groups, 0)
-    pieces, m2 = _grads(model_dir, tmp_path, 1, groups, 0)
-    for a, b in zip(whole, pieces, strict=True):
-        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
-    assert m1["groups_dropped"] == 1 and m1["groups_trained"] == 2 and m1["optimizer_steps"] == 1
-    assert m1["off_policy"] == 0 and "prox_forward_s" not in m1
+@pytest.mark.parametrize("overrides", [
+    ["trainer.update_epochs_per_batch=2"],
+    ["trainer.algorithm.use_kl_in_reward=true", "trainer.algorithm.use_kl_loss=false"],
+])  # fmt: skip
+def test_several_optimizer_steps_or_rewards_from_them_need_an_old_forward(model_dir, groups, tmp_path, overrides):
+    _, metrics = step_grads(model_dir, tmp_path, overrides, groups, 1, ref_dir=model_dir if "kl" in overrides[0] else None)
+    assert "prox_forward_s" in metrics
 
 
-def test_micro_batches_give_the_exact_dr_grpo_gradient(model_dir, tmp_path):
-    """`seq_mean_token_sum_norm` divides by the mini-batch's longest response, not each
-    micro-batch's: one row per micro-batch gives the gradient of the whole mini-batch at once."""
-    groups = _groups(0, [[1, 0, 0, 1], [0, 0, 1, 0]])
-    dr = ["trainer.algorithm.loss_reduction=seq_mean_token_sum_norm"]
-    whole, _ = _grads(model_dir, tmp_path, 64, groups, 0, dr)
-    pieces, _ = _grads(model_dir, tmp_path, 1, groups, 0, dr)
-    for a, b in zip(whole, pieces, strict=True):
-        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+def test_losses_that_read_the_rollout_need_no_old_forward(model_dir, groups, tmp_path):
+    _, metrics = step_grads(model_dir, tmp_path, ["trainer.update_epochs_per_batch=2",
+                                                  "trainer.algorithm.policy_loss_type=rollout_is"], groups, 1)
+    assert "prox_forward_s" not in metrics and metrics["optimizer_steps"] == 2
 
 
-def test_stale_tokens_turn_on_tis(model_dir, tmp_path):
-    groups = _groups(0, [[1, 0, 0, 1], [0, 0, 1, 0]])
-    _, single = _grads(model_dir, tmp_path, 64, groups, 2)
-    assert single["off_policy"] == 1 and "prox_forward_s" not in single and "is_weight_mean" in single
-    _, two = _grads(model_dir, tmp_path, 64, groups, 2, ["trainer.update_epochs_per_batch=2"])
-    assert two["off_policy"] == 1 and "prox_forward_s" in two and two["optimizer_steps"] == 2
-    _, off = _grads(model_dir, tmp_path, 64, groups, 2, options=StepOptions(tis="none"))
-    assert off["off_policy"] == 1 and "is_weight_mean" not in off
+def test_zero_variance_groups_train_nothing_and_a_batch_without_signal_takes_no_step(model_dir, groups, tmp_path):
+    _, metrics = step_grads(model_dir, tmp_path, [], groups, 1)
+    assert metrics["groups_dropped"] == 1 and metrics["groups_trained"] == 2
+    assert metrics["trained_tokens"] == sum(sum(t.loss_mask) for g in groups[:2] for t in g.trajectories)
+    flat = make_groups(model_dir, 1, rewards=[[1.0] * 4, [0.0] * 4, [0.5] * 4])
+    grads, metrics = step_grads(model_dir, tmp_path, [], flat, 1)
+    assert grads is None and metrics["optimizer_steps"] == 0 and metrics["is_ratio_mean"] is None
+    grads, metrics = step_grads(model_dir, tmp_path, ["trainer.algorithm.zero_variance_filter=false"], flat, 1)
+    assert grads is not None and metrics["groups_trained"] == 3  # GRPO gives them advantage 0, SkyRL's way
+
+
+def test_groups_of_unequal_size_are_refused(model_dir, groups, tmp_path):
+    cfg, _ = rl_config(model_dir, tmp_path, list(BASE))
+    step = TrainingStep(LocalPolicyWorker(cfg).setup(), cfg, 0)
+    short = [groups[0], type(groups[1])(groups[1].problem, groups[1].trajectories[:2])]
+    with pytest.raises(ValueError, match="same number of trajectories"):
+        step(short, 1)
+
+
+def test_a_run_without_its_reference_or_critic_is_refused(model_dir, tmp_path):
+    for overrides, what in ((["trainer.algorithm.use_kl_loss=true"], "reference"),
+                            ([f"trainer.critic.model.path={model_dir}", "trainer.algorithm.advantage_estimator=gae"],
+                             "critic")):
+        cfg, _ = rl_config(model_dir, tmp_path, [*BASE, *overrides])
+        with pytest.raises(ValueError, match=what):
+            TrainingStep(LocalPolicyWorker(cfg), cfg, 0)

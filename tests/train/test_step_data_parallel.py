@@ -1,7 +1,7 @@
 """The training step split over data-parallel ranks: which rows each rank trains on
 (`shard_step`, no processes), and 2 FSDP ranks (spawned, gloo) against one unsharded worker on the
-whole batch: the same updated parameters and metrics, each rank training on its own rows only,
-and no hang when the shares are uneven (dp_step_session.py holds the scenarios)."""
+whole batch: the same updated parameters (the critic's too) and metrics, each rank training on its
+own rows only, and no hang when the shares are uneven (dp_step_session.py holds the scenarios)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from rl_support import warm_model_dir
 
 from inflight.train import LocalPolicyWorker
 from inflight.train import data_parallel as dp_module
+from inflight.train.critic import LocalCriticWorker
 from inflight.train.data_parallel import DataParallel, StepStats, data_parallel, shard_step
 
 SPAWN_TIMEOUT_S = 600
@@ -82,7 +83,8 @@ def ranks(model_dir, tmp_path_factory):
 
 def _alone(name: str, model_dir, tmp_path) -> dict:
     return run_scenario(
-        name, str(model_dir), str(tmp_path), lambda cfg: LocalPolicyWorker(cfg, model_path=model_dir)
+        name, str(model_dir), str(tmp_path), lambda cfg: LocalPolicyWorker(cfg, model_path=model_dir),
+        lambda cfg: LocalCriticWorker(cfg, model_path=model_dir),
     )
 
 
@@ -93,6 +95,8 @@ def test_two_ranks_step_like_one_rank_on_the_whole_batch(ranks, model_dir, tmp_p
     assert alone["moved"] > 1e-3  # the step did change the weights
     for key, tensor in first["state"].items():
         torch.testing.assert_close(tensor, alone["state"][key], atol=1e-5, rtol=0, msg=key)
+    for key, tensor in first["critic_state"].items():
+        torch.testing.assert_close(tensor, alone["critic_state"][key], atol=1e-5, rtol=0, msg=f"critic {key}")
     for key in COMPARED_METRICS:  # rank 0 reports the metrics of the whole step
         assert (key in first["metrics"]) == (key in alone["metrics"]), key
         if key in alone["metrics"]:

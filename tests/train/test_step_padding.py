@@ -1,7 +1,7 @@
 """The training step pays for little padding and computes what it did fully padded: each
 micro-batch is as wide as its own longest row, and the update, the metrics and the proximal and
-reference log-probabilities equal those of the unsorted step padded to its longest row, for every
-loss reduction, on- and off-policy, with and without KL."""
+reference log-probabilities equal those of the unsorted step padded to its longest row, for the
+loss reductions, on- and off-policy, with and without KL."""
 
 from __future__ import annotations
 
@@ -13,21 +13,22 @@ from inflight.rollout.generator import Trajectory, TrajectoryGroup
 from inflight.tasks import Problem
 from inflight.train import LocalPolicyWorker
 from inflight.train import step as step_module
-from inflight.train.algorithms import group_advantages
 from inflight.train.data_parallel import DataParallel, MicroPlan, padding, shard_step
 from inflight.train.step import StepOptions, TrainingStep, build_batch, shard_logprobs
 
-COMPARED = ("loss", "ratio_mean", "clip_fraction", "kl", "is_ratio_mean", "is_ratio_max", "is_weight_mean",
-            "is_truncated_fraction", "trained_tokens", "optimizer_steps")
+COMPARED = ("loss", "clip_ratio", "kl", "is_ratio_mean", "is_ratio_max", "is_ratio_min", "tis_token_clip_high_ratio",
+            "trained_tokens", "optimizer_steps")
+SIZES = ("trainer.train_batch_size=4", "trainer.policy_mini_batch_size=4",
+         "trainer.fully_async.num_parallel_generation_workers=8", "trainer.algorithm.max_seq_len=40")
 REGIMES = {
     "on-policy": (0, []),
-    "stale-in-forward-tis": (1, []),  # one optimizer step: TIS inside the training forward
-    # 2 mini-batches x 2 epochs: a proximal forward for the TIS weights, and a reference for the KL
+    "stale-in-forward-tis": (1, []),  # one optimizer step: TIS against the training forward itself
+    # 2 mini-batches x 2 epochs: an old-log-probability forward for the TIS weights, a reference for the KL
     "stale-proximal-kl": (1, ["trainer.update_epochs_per_batch=2", "trainer.policy_mini_batch_size=2",
                               "trainer.fully_async.enabled=false",
                               "trainer.algorithm.use_kl_loss=true", "trainer.algorithm.kl_loss_coef=0.5"]),
 }
-REDUCTIONS = ("token_mean", "sequence_mean", "seq_mean_token_sum_norm")
+REDUCTIONS = ("token_mean", "sequence_mean", "seq_mean_token_sum_norm", "prompt_mean")
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +70,7 @@ def fully_padded(batch, mini):
 def run_step(model_dir, tmp_path, overrides, version, micro, options, monkeypatch=None) -> dict:
     """One step with plain SGD (so parameters compare to 1e-5); the updated state, the metrics and
     the [rows, width] of every forward/backward."""
-    cfg, _ = rl_config(model_dir, tmp_path, [f"trainer.micro_train_batch_size_per_gpu={micro}", *overrides])
+    cfg, _ = rl_config(model_dir, tmp_path, [*SIZES, f"trainer.micro_train_batch_size_per_gpu={micro}", *overrides])
     worker = LocalPolicyWorker(cfg).setup()
     worker.optimizer = torch.optim.SGD([p for p in worker.model.parameters() if p.requires_grad], lr=0.5)
     reference = None
@@ -118,18 +119,20 @@ def test_the_update_equals_the_fully_padded_one(model_dir, tmp_path, monkeypatch
     for key, tensor in want["state"].items():
         torch.testing.assert_close(got["state"][key], tensor, atol=1e-5, rtol=0, msg=key)
     rel = summation_order_tolerance(int(want["metrics"]["trained_tokens"]))
+    # after a first optimizer step the weights agree to the state's 1e-5, and later passes inherit it
+    atol = 1e-4 if "trainer.update_epochs_per_batch=2" in overrides else 1e-5
     for key in COMPARED:
         assert (key in got["metrics"]) == (key in want["metrics"]), key
         if key in want["metrics"]:
-            assert got["metrics"][key] == pytest.approx(want["metrics"][key], rel=rel, abs=1e-5), key
+            assert got["metrics"][key] == pytest.approx(want["metrics"][key], rel=rel, abs=atol), key
     assert got["metrics"]["train_padded_tokens"] < 0.7 * want["metrics"]["train_padded_tokens"]
 
 
 def test_logprobs_come_back_to_their_rows(model_dir, tmp_path):
-    cfg, _ = rl_config(model_dir, tmp_path)
+    cfg, _ = rl_config(model_dir, tmp_path, list(SIZES))
     worker = LocalPolicyWorker(cfg).setup()
     groups = long_tail_groups(0, num_groups=3)
-    batch = build_batch(groups, group_advantages(torch.ones(3, 4)).reshape(-1), 0)
+    batch = build_batch(groups, None, 0)
     shard = shard_step(3, 4, 3, MicroPlan(2, pass_cost=0.0), DataParallel(), batch.widths().tolist())
     got, want = shard_logprobs(worker, batch, shard), worker.logprobs(batch)
     attention = batch.attention_mask.bool()

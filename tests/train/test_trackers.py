@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from inflight.testing import LOCAL_CPU
 from inflight.train.metrics import MetricsLogger, read_metrics
 from inflight.train.trackers import make_trackers, mlflow_metric_name, tracker_names
 
@@ -94,9 +95,9 @@ def test_missing_package_is_a_clear_error(tmp_path, monkeypatch):
 def test_trainer_logger_takes_skyrl_spellings_and_refuses_unknown_names():
     from inflight.config import ConfigError, load_config
 
-    assert load_config(None, []).trainer.logger == ["console", "tensorboard"]
-    assert load_config(None, ["trainer.logger=wandb"]).trainer.logger == ["wandb"]
-    assert load_config(None, ["trainer.logger=console,mlflow"]).trainer.logger == ["console", "mlflow"]
-    assert load_config(None, ["trainer.logger=[tensorboard,wandb]"]).trainer.logger == ["tensorboard", "wandb"]
+    assert load_config(None, list(LOCAL_CPU)).trainer.logger == ["console", "tensorboard"]
+    assert load_config(None, [*LOCAL_CPU, "trainer.logger=wandb"]).trainer.logger == ["wandb"]
+    assert load_config(None, [*LOCAL_CPU, "trainer.logger=console,mlflow"]).trainer.logger == ["console", "mlflow"]
+    assert load_config(None, [*LOCAL_CPU, "trainer.logger=[tensorboard,wandb]"]).trainer.logger == ["tensorboard", "wandb"]
     with pytest.raises(ConfigError, match=r"trainer.logger=\['wandbb'\]: unknown tracker\(s\) \['wandbb'\]"):
-        load_config(None, ["trainer.logger=wandbb"])
+        load_config(None, [*LOCAL_CPU, "trainer.logger=wandbb"])

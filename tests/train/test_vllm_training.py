@@ -1,8 +1,12 @@
 """Training on vLLM: `generator.inference_engine.backend=vllm` starts `inflight serve --backend vllm`
-servers (vLLM in its own venv), trains fully async with in-flight updates (weight chunks as /dev/shm
-files named over HTTP, the default job's `shm`),
-and the server then serves exactly the trained weights (transformers on the run's export is the
-oracle, so an update that did not take, e.g. into vLLM's stale oneDNN copy, fails here).
+servers (vLLM in its own venv) and trains, and the server then serves exactly the trained weights
+(transformers on the run's export is the oracle, so an update that did not take, e.g. into vLLM's
+stale oneDNN copy, fails here):
+- fully async with in-flight updates through SkyRL's `weight_sync_backend=gloo`: a broadcast group
+  the run's client hosts, the server a member (chunk bytes in one gloo broadcast each);
+- SkyRL's default placement, `colocate_all=true` (synchronous trainer, the engines asleep while the
+  trainer trains; on CPU vLLM's sleep frees nothing, which the run's log says once), with gloo too;
+- LoRA under Ray, by /dev/shm chunk files (`shm`).
 
 Marked `vllm`; skips when the shim is not there or vLLM's python is missing (scripts/vllm_venv.sh).
 `pytest --device cuda` runs it on vLLM's CUDA build (float32; not run yet: no GPU was at hand)."""
@@ -11,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -61,42 +66,10 @@ def vllm_model(tmp_path_factory) -> Path:
     return path
 
 
-def test_fully_async_training_on_vllm_servers(vllm_model, tmp_path, device):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def _served_is_exported(vllm_model: Path, export: str, prompts: list[list[int]], outs, version: int) -> None:
+    """The server's greedy tokens and logprobs are transformers' on the export, no longer the base's."""
+    from transformers import AutoModelForCausalLM
 
-    from inflight.train.trainer import make_trainer
-
-    ie = "generator.inference_engine."
-    cfg, job = rl_config(vllm_model, tmp_path, [f"{ie}backend=vllm", f"{ie}num_kv_blocks=null", f"{ie}device={device}",
-                                                f"{ie}max_model_len=64", f"job.max_steps={STEPS}",
-                                                f"{ie}weight_sync_backend=shm"])  # chunk files in /dev/shm
-    tok = AutoTokenizer.from_pretrained(vllm_model)
-    prompts = [tok.encode(text) for text in ("3+4=", "9+9=", "0+7=")]
-
-    async def main():
-        trainer = make_trainer(cfg, job, small_task())
-        try:
-            await trainer.setup()
-            history = await trainer.train()
-            params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
-            outs = await asyncio.gather(*(trainer.client.generate(p, params) for p in prompts))
-            version = await trainer.client.weight_version()
-            export = await trainer.policy.export(tmp_path / "exports", trainer.global_step)
-            fleet = trainer.runtime.servers.fleet
-            async with httpx.AsyncClient(trust_env=False) as http:  # the run's random token guards control
-                refused = (await http.post(fleet.urls[0] + "/pause", params={"mode": "keep"})).status_code
-            return history, outs, version, export, refused, [s.pid for s in fleet.launched]
-        finally:
-            await trainer.close()
-
-    history, outs, version, export, refused, pids = asyncio.run(main())
-    assert refused == 401 and len(pids) == 1
-    for pid in pids:  # stopped by the run's close
-        with pytest.raises(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)
-    assert [r["weight_version"] for r in history] == list(range(1, STEPS + 1)) and version == STEPS
-    assert max(r["staleness_max"] for r in history) >= 1  # generation ran ahead of training
-    assert (tmp_path / "servers" / "server-0.log").is_file()
     exported = AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32).eval()
     base = AutoModelForCausalLM.from_pretrained(vllm_model, dtype=torch.float32).eval()
     worst_trained = worst_base = 0.0
@@ -107,6 +80,85 @@ def test_fully_async_training_on_vllm_servers(vllm_model, tmp_path, device):
         base_lp = hf_greedy(base, prompt, 6)[1]
         worst_base = max(worst_base, *(abs(a - b) for a, b in zip(out.logprobs, base_lp, strict=True)))
     assert worst_trained < 1e-4 < worst_base, (worst_trained, worst_base)  # the update took, not a 200
+
+
+async def _train_then_serve(cfg, job, prompts: list[list[int]], exports: Path):
+    """Train the run through; then the served greedy outputs, the servers' version, the export, the
+    trainer's sync history and transport, the servers' /health, a control call without the token's
+    status, and the servers' pids."""
+    from inflight.train.trainer import make_trainer
+
+    trainer = make_trainer(cfg, job, small_task())
+    try:
+        await trainer.setup()
+        history = await trainer.train()
+        params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+        outs = await asyncio.gather(*(trainer.client.generate(p, params) for p in prompts))
+        version = await trainer.client.weight_version()
+        export = await trainer.policy.export(exports, trainer.global_step)
+        fleet = trainer.runtime.servers.fleet
+        health = await trainer.client.health()
+        async with httpx.AsyncClient(trust_env=False) as http:  # the run's random token guards control
+            refused = (await http.post(fleet.urls[0] + "/pause", params={"mode": "keep"})).status_code
+        return (history, outs, version, export, trainer.policy.history, trainer.policy.transport, health,
+                refused, [s.pid for s in fleet.launched])
+    finally:
+        await trainer.close()
+
+
+def test_fully_async_training_on_vllm_servers_over_a_gloo_group(vllm_model, tmp_path, device):
+    from transformers import AutoTokenizer
+
+    from inflight.train.sender import ServerGroupSender
+
+    ie = "generator.inference_engine."
+    cfg, job = rl_config(vllm_model, tmp_path, [f"{ie}backend=vllm", f"{ie}num_kv_blocks=null", f"{ie}device={device}",
+                                                f"{ie}max_model_len=64", f"trainer.log_path={tmp_path}",
+                                                f"job.max_steps={STEPS}",
+                                                f"{ie}weight_sync_backend=gloo"])  # SkyRL's name: broadcast
+    tok = AutoTokenizer.from_pretrained(vllm_model)
+    prompts = [tok.encode(text) for text in ("3+4=", "9+9=", "0+7=")]
+    (history, outs, version, export, syncs, transport, health, refused,
+     pids) = asyncio.run(_train_then_serve(cfg, job, prompts, tmp_path / "exports"))
+    assert refused == 401 and len(pids) == 1
+    for pid in pids:  # stopped by the run's close
+        with pytest.raises(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+    assert isinstance(transport, ServerGroupSender) and transport.backend == "gloo"  # the trainer's buffer: host memory
+    assert transport.formed == 1  # formed at start-up, every sync over the same group
+    (served,) = health.values()
+    assert served["weight_transfer"]["rank"] == 1 and served["weight_transfer"]["world_size"] == 2
+    assert all(s["send_bytes_per_s"] > 0 for s in syncs) and len(syncs) == STEPS
+    assert [r["weight_version"] for r in history] == list(range(1, STEPS + 1)) and version == STEPS
+    assert max(r["staleness_max"] for r in history) >= 1  # generation ran ahead of training
+    assert (tmp_path / "servers" / "server-0.log").is_file()
+    _served_is_exported(vllm_model, export, prompts, outs, version)
+
+
+def test_colocated_synchronous_training_on_vllm_servers(vllm_model, tmp_path, device, caplog):
+    """SkyRL's defaults for placement and weight sync: `colocate_all=true` with the synchronous
+    trainer and gloo. Each step the engine sleeps once generation is done; the sync wakes its
+    weights, sends, wakes the KV cache and resumes it; the served model is the export."""
+    from transformers import AutoTokenizer
+
+    ie = "generator.inference_engine."
+    cfg, job = rl_config(vllm_model, tmp_path, [f"{ie}backend=vllm", f"{ie}num_kv_blocks=null", f"{ie}device={device}",
+                                                f"{ie}max_model_len=64", f"trainer.log_path={tmp_path}", "job.max_steps=2",
+                                                "trainer.placement.colocate_all=true", "trainer.fully_async.enabled=false",
+                                                f"{ie}weight_sync_backend=gloo"])
+    tok = AutoTokenizer.from_pretrained(vllm_model)
+    prompts = [tok.encode(text) for text in ("3+4=", "9+9=")]
+    with caplog.at_level(logging.WARNING, logger="inflight.train.servers"):
+        history, outs, version, export, syncs, _, health, _, _ = asyncio.run(
+            _train_then_serve(cfg, job, prompts, tmp_path / "exports"))
+    notes = [r.getMessage() for r in caplog.records if "frees no memory" in r.getMessage()]
+    assert len(notes) == (0 if device == "cuda" else 1), notes  # said once, where it holds
+    assert [r["weight_version"] for r in history] == [1, 2] and version == 2
+    for sync in syncs:  # the colocated plan: the engine slept after generation, the sync woke it
+        assert {"wake_up_weights_s", "wake_up_kv_cache_s"} <= set(sync) and "sleep_s" not in sync
+    (served,) = health.values()
+    assert served["can_run"] and served["weights_awake"] and served["kv_cache_awake"]
+    _served_is_exported(vllm_model, export, prompts, outs, version)
 
 
 LORA = ["trainer.policy.model.lora.rank=4", "trainer.policy.model.lora.alpha=8", "trainer.policy.optimizer_config.lr=1e-2"]
@@ -125,7 +177,8 @@ def test_lora_training_on_vllm_servers_through_ray(vllm_model, tmp_path, device)
 
     ie = "generator.inference_engine."
     cfg, job = rl_config(vllm_model, tmp_path, [f"{ie}backend=vllm", f"{ie}num_kv_blocks=null", f"{ie}device={device}",
-                                                f"{ie}max_model_len=64", "job.max_steps=2", "job.ray=true",
+                                                f"{ie}max_model_len=64", f"trainer.log_path={tmp_path}",
+                                                "job.max_steps=2", "job.ray=true",
                                                 f"{ie}weight_sync_backend=shm", *LORA])
     tok = AutoTokenizer.from_pretrained(vllm_model)
     prompt = tok.encode("3+4=")

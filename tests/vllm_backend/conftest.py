@@ -3,6 +3,7 @@ head_dim 64 (vLLM's CPU attention has no head_dim 16), and the transformers mode
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -11,6 +12,7 @@ import sys
 import tempfile
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,25 +74,23 @@ def _wait_ready(url: str, proc: subprocess.Popen, log: Path) -> None:
     raise RuntimeError(f"the vLLM server did not answer /health within {START_TIMEOUT_S} s:\n{_tail(log)}")
 
 
-@pytest.fixture(scope="module")
-def vllm_server(tmp_path_factory, tiny_model_factory, hf_model_factory):
-    """`python -m inflight.server --backend vllm` on model A; models A and B (same shapes, other
-    seed) with their transformers twins and weights."""
+@contextlib.contextmanager
+def launch(model: Path, args: list[str]) -> Iterator[tuple[str, Path]]:
+    """`python -m inflight.server --backend vllm --model MODEL ARGS` on a free port until the block
+    ends (its process group stopped); yields (url, log file)."""
     python = vllm_python_or_skip()
-    models = {"A": tiny_model_factory("qwen2", 0, **TINY), "B": tiny_model_factory("qwen2", 1, **TINY)}
     port = _free_port()
     log = Path(tempfile.mkstemp(prefix="inflight-vllm-test-", suffix=".log")[1])
-    args = [sys.executable, "-m", "inflight.server", "--backend", "vllm", "--vllm-python", python,
-            "--model", str(models["A"]), "--port", str(port), "--control-token", TOKEN,
-            "--max-model-len", "1024", "--threads", "1", "--kv-cache-memory-gib", "1", "--log-level", "warning"]
+    argv = [sys.executable, "-m", "inflight.server", "--backend", "vllm", "--vllm-python", python,
+            "--model", str(model), "--port", str(port), "--threads", "1", "--kv-cache-memory-gib", "1",
+            "--log-level", "warning", *args]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     with open(log, "w") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_ready(url, proc, log)
-        yield VllmServer(url, models, {k: hf_model_factory(v) for k, v in models.items()},
-                         {k: load_file(str(v / "model.safetensors")) for k, v in models.items()}, log)
+        yield url, log
     finally:
         for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
             try:
@@ -104,3 +104,14 @@ def vllm_server(tmp_path_factory, tiny_model_factory, hf_model_factory):
         except ProcessLookupError:
             pass
         print(f"vLLM server log: {log}", file=sys.stderr)
+
+
+@pytest.fixture(scope="module")
+def vllm_server(tmp_path_factory, tiny_model_factory, hf_model_factory):
+    """`python -m inflight.server --backend vllm` on model A; models A and B (same shapes, other
+    seed) with their transformers twins and weights."""
+    vllm_python_or_skip()
+    models = {"A": tiny_model_factory("qwen2", 0, **TINY), "B": tiny_model_factory("qwen2", 1, **TINY)}
+    with launch(models["A"], ["--control-token", TOKEN, "--max-model-len", "1024"]) as (url, log):
+        yield VllmServer(url, models, {k: hf_model_factory(v) for k, v in models.items()},
+                         {k: load_file(str(v / "model.safetensors")) for k, v in models.items()}, log)

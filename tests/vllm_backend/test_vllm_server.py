@@ -192,6 +192,38 @@ def test_full_update_then_new_model_and_no_stale_prefix_cache(vllm_server):
     assert on_b_again.num_cached_tokens == 256 and on_b_again.output_token_ids == on_b.output_token_ids
 
 
+def test_a_gloo_broadcast_update_serves_the_new_weights(vllm_server):
+    """SkyRL's weight_sync_backend=gloo into vLLM: this client hosts the group (rank 0), the server
+    joins it at rank 1 and takes each chunk's bytes in one broadcast, the largest tensors in pieces
+    (a buffer of half the largest); the update serves B as transformers does, every weight of it."""
+    weights = vllm_server.weights["B"]
+    biggest = max(t.numel() * t.element_size() for t in weights.values())
+
+    async def go():
+        client = await _client(vllm_server)
+        await _serve(client, vllm_server, "A")
+        info = await client.init_weight_transfer("127.0.0.1", 0, backend="gloo", max_chunk_bytes=biggest // 2)
+        joined = (await client.health())[vllm_server.url]["weight_transfer"]
+        version = await client.update_weights_broadcast(list(weights.items()))
+        outs = await asyncio.gather(*(client.generate(p, greedy(12)) for p in PROMPTS))
+        await client.close_weight_transfer()
+        left = (await client.health())[vllm_server.url]["weight_transfer"]
+        await client.close()
+        return info, joined, version, outs, left
+
+    info, joined, version, outs, left = run(go())
+    assert info["backend"] == "gloo" and joined["rank"] == 1 and joined["max_chunk_bytes"] == biggest // 2
+    assert left is None
+    hf_b = vllm_server.hf["B"]
+    for prompt, out in zip(PROMPTS, outs, strict=True):
+        assert out.token_weight_versions == [version] * 12
+        assert out.output_token_ids == hf_continue(hf_b, hf_b, prompt, 0, 12)
+        with torch.no_grad():
+            logits = hf_b(torch.tensor([prompt + out.output_token_ids])).logits[0, len(prompt) - 1 : -1]
+        ref = torch.log_softmax(logits, -1).gather(1, torch.tensor(out.output_token_ids)[:, None])[:, 0]
+        assert torch.allclose(torch.tensor(out.logprobs), ref, atol=TOL), (out.logprobs[:4], ref[:4])
+
+
 @pytest.mark.parametrize("fate", ["keep", "recompute", "skyrl"])
 def test_frozen_requests_continue_as_transformers_predicts(vllm_server, fate):
     async def go():

@@ -8,6 +8,7 @@ import itertools
 import pytest
 
 from inflight.config import ConfigError, load_config
+from inflight.testing import LOCAL_CPU
 from inflight.weight_sync import SyncPlan, plan_weight_sync
 
 BOOL_KEYS = (
@@ -46,7 +47,7 @@ CELLS = list(_cells())
 
 def _cfg(bools, strategy="fsdp"):
     overrides = [f"{k}={str(v).lower()}" for k, v in zip(BOOL_KEYS, bools, strict=True)]
-    return load_config(None, [*overrides, f"trainer.strategy={strategy}"])
+    return load_config(None, [*LOCAL_CPU, *overrides, f"trainer.strategy={strategy}"])
 
 
 def _valid(bools) -> bool:
@@ -128,16 +129,17 @@ def test_issue_4_seed_block_resets_running_requests(tmp_path):
         "trainer.fully_async.clear_kv_cache_on_weight_sync: true\n"
         "generator.inference_engine.offload_kv_for_weight_sync: true\n"
         "generator.inference_engine.enable_prefix_caching: false\n"
+        "trainer.train_batch_size: 256\n"  # fully async: one mini-batch (SkyRL's 256) per step
     )
     plan = plan_weight_sync(load_config(path))
-    assert plan == SyncPlan("keep", True, False, "recompute", False, True)
+    assert plan == SyncPlan("keep", True, False, "recompute", False, True, takes_adapters=False)  # on vLLM (SkyRL's default)
     assert plan.steps() == (
         "pause", "sleep", "wake_up_weights", "send_weights", "wake_up_kv_cache", "reset", "resume",
     )  # fmt: skip
 
 
 def test_default_config_is_fully_async_keep_without_resets():
-    plan = plan_weight_sync(load_config(None))
+    plan = plan_weight_sync(load_config(None, list(LOCAL_CPU)))
     assert (plan.kv_fate, plan.sleep, plan.resets) == ("keep", False, False)
 
 
@@ -151,7 +153,7 @@ def test_plan_is_pure():
 
 
 def test_plan_refuses_contradictory_config_listing_every_violation():
-    cfg = load_config(None, ["trainer.fully_async.enabled=false", "trainer.placement.colocate_all=true"])
+    cfg = load_config(None, [*LOCAL_CPU, "trainer.fully_async.enabled=false", "trainer.placement.colocate_all=true"])
     cfg.trainer.fully_async.enabled = True
     cfg.generator.inference_engine.offload_kv_for_weight_sync = True
     with pytest.raises(ConfigError) as err:
@@ -163,7 +165,7 @@ def test_plan_refuses_contradictory_config_listing_every_violation():
 
 
 def test_plan_rejects_wrong_types_in_the_keys_it_reads():
-    cfg = load_config(None)
+    cfg = load_config(None, list(LOCAL_CPU))
     cfg.trainer.fully_async.clear_kv_cache_on_weight_sync = "false"  # truthy string: must not be guessed
     with pytest.raises(ConfigError, match="expected bool"):
         plan_weight_sync(cfg)
@@ -171,8 +173,8 @@ def test_plan_rejects_wrong_types_in_the_keys_it_reads():
 
 def test_a_lora_policy_sends_full_weights_to_vllm_and_its_adapter_to_native_engines():
     lora = ["trainer.policy.model.lora.rank=8"]
-    native = plan_weight_sync(load_config(None, lora))
-    on_vllm = plan_weight_sync(load_config(None, [*lora, "generator.inference_engine.backend=vllm"]))
+    native = plan_weight_sync(load_config(None, [*LOCAL_CPU, *lora]))
+    on_vllm = plan_weight_sync(load_config(None, [*LOCAL_CPU, *lora, "generator.inference_engine.backend=vllm"]))
     assert (native.takes_adapters, native.full_weights) == (True, False)
     assert (on_vllm.takes_adapters, on_vllm.full_weights) == (False, True)
     assert on_vllm.steps() == native.steps()  # the same steps; only what the send carries differs

@@ -17,6 +17,7 @@ from inflight.client import LocalClient
 from inflight.config import load_config
 from inflight.engine import AsyncEngine, EngineConfig, LLMEngine
 from inflight.engine.models.loader import iter_safetensors
+from inflight.testing import LOCAL_CPU
 from inflight.weight_sync import (
     BroadcastReceiver,
     BroadcastTransport,
@@ -35,7 +36,7 @@ RECEIVERS = {"shm": ShmReceiver, "broadcast": BroadcastReceiver}
 
 
 def _cfg(backend: str, *extra: str):
-    return load_config(None, [f"{IE}weight_sync_backend={backend}", *extra])
+    return load_config(None, [*LOCAL_CPU, f"{IE}weight_sync_backend={backend}", *extra])
 
 
 def _free_port() -> int:
@@ -103,6 +104,15 @@ def test_chunk_size_without_a_setting_holds_the_whole_small_model(model_dirs):
     assert model_bytes + MIB <= 16 * MIB
     assert chunk_bytes(_cfg("shm")) == 256 * MIB  # no model to size it from
     assert chunk_bytes(_cfg("shm", f"{IE}weight_sync_chunk_size_mb=2"), dir_a) == 2 * MIB
+
+
+def test_skyrls_cuda_ipc_threshold_caps_an_shm_chunk(model_dirs):
+    dir_a, _ = model_dirs
+    threshold = f"{IE}weight_transfer_threshold_cuda_ipc_GB={4 / 1024}"  # 4 MiB
+    assert chunk_bytes(_cfg("cuda_ipc", threshold)) == 4 * MIB
+    assert chunk_bytes(_cfg("shm", threshold), dir_a) == 4 * MIB
+    assert chunk_bytes(_cfg("broadcast", threshold)) == 256 * MIB  # only shm's chunks
+    assert chunk_bytes(_cfg("shm", threshold, f"{IE}weight_sync_chunk_size_mb=8")) == 8 * MIB  # ours wins
 
 
 @pytest.mark.parametrize("backend", ["inprocess", "shm", "broadcast", "gloo"])

@@ -1,4 +1,5 @@
-"""A decoder-only transformer over the paged KV cache, shared by the Qwen2, Qwen3 and Llama families.
+"""A decoder-only transformer over the paged KV cache, shared by the Qwen2, Qwen3 and Llama families and
+their mixture-of-experts variants (the sparse MLP block is `models/moe.py`'s).
 
 Parameter names equal the Hugging Face ones (`model.layers.0.self_attn.q_proj.weight`, ...), so a
 checkpoint or a weight update in HF names maps onto `named_parameters()` directly. The numerics follow
@@ -7,7 +8,7 @@ checkpoint or a weight update in HF names maps onto `named_parameters()` directl
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -42,6 +43,8 @@ class ArchSpec:
 
     qk_norm: bool  # per-head RMSNorm on q and k before rotary (Qwen3)
     rotary_class: type  # the family's HF rotary-embedding module, used only to compute inv_freq
+    # the mixture-of-experts MLP (models/moe.py) of the layers its `used_at(config, layer)` picks; None: dense
+    sparse_block: type | None = None
 
 
 class RMSNorm(nn.Module):
@@ -65,6 +68,8 @@ class ForwardContext:
     # the C kernels do every elementwise step and all of attention (a decode step): layers hand
     # them pointers into their fused matmul outputs instead of making views
     native_step: bool = False
+    # [T, num_moe_layers, top_k]: each MoE layer writes the experts it chose per token (None: not asked)
+    routing: torch.Tensor | None = None
 
 
 class Attention(nn.Module):
@@ -75,8 +80,8 @@ class Attention(nn.Module):
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
         self.scale = self.head_dim**-0.5
         qkv_bias = getattr(config, "attention_bias", None)
-        if qkv_bias is None:  # Qwen2 configs do not carry the flag: q/k/v have biases, o has none
-            qkv_bias, o_bias = True, False
+        if qkv_bias is None:  # Qwen2 configs do not carry the flag: q/k/v have biases (Qwen2-MoE: `qkv_bias`), o none
+            qkv_bias, o_bias = bool(getattr(config, "qkv_bias", True)), False
         else:
             o_bias = qkv_bias
         hidden = config.hidden_size
@@ -115,12 +120,16 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, config: PretrainedConfig) -> None:
+    """gate/up/down projections (SwiGLU unless `hidden_act` says otherwise); `intermediate_size`
+    overrides the config's (an expert's or a shared expert's width)."""
+
+    def __init__(self, config: PretrainedConfig, intermediate_size: int | None = None) -> None:
         super().__init__()
         bias = bool(getattr(config, "mlp_bias", False))
-        self.gate_proj = PackedLinear(config.hidden_size, config.intermediate_size, bias=bias)
-        self.up_proj = PackedLinear(config.hidden_size, config.intermediate_size, bias=bias)
-        self.down_proj = PackedLinear(config.intermediate_size, config.hidden_size, bias=bias)
+        width = config.intermediate_size if intermediate_size is None else intermediate_size
+        self.gate_proj = PackedLinear(config.hidden_size, width, bias=bias)
+        self.up_proj = PackedLinear(config.hidden_size, width, bias=bias)
+        self.down_proj = PackedLinear(width, config.hidden_size, bias=bias)
         self.act = None if config.hidden_act in ("silu", "swish") else ACT2FN[config.hidden_act]
         self.gate_up = FusedLinear([self.gate_proj, self.up_proj])
         self.fused_linears = (self.gate_up,)
@@ -135,12 +144,14 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: PretrainedConfig, spec: ArchSpec) -> None:
+    def __init__(self, config: PretrainedConfig, spec: ArchSpec, moe_index: int | None = None) -> None:
+        """`moe_index`: this layer's place among the MoE layers (its MLP is then `spec.sparse_block`)."""
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config, spec)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config)
+        self.sparse = moe_index is not None
+        self.mlp = spec.sparse_block(config, moe_index) if moe_index is not None else MLP(config)
 
     def forward(self, residual, normed, ctx: ForwardContext, k_cache, v_cache, next_norm: RMSNorm) -> torch.Tensor:
         """`residual` is the stream (updated in place), `normed` its input_layernorm; returns the
@@ -151,14 +162,18 @@ class DecoderLayer(nn.Module):
         attn = self.self_attn.forward(normed, ctx, k_cache, v_cache)
         post = self.post_attention_layernorm
         normed = ops.add_rms_norm(residual, attn, post.weight, post.eps)
-        return ops.add_rms_norm(residual, self.mlp.forward(normed, ops), next_norm.weight, next_norm.eps)
+        mlp = self.mlp.forward(normed, ctx) if self.sparse else self.mlp.forward(normed, ops)
+        return ops.add_rms_norm(residual, mlp, next_norm.weight, next_norm.eps)
 
 
 class Backbone(nn.Module):
     def __init__(self, config: PretrainedConfig, spec: ArchSpec) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, spec) for _ in range(config.num_hidden_layers))
+        block = spec.sparse_block
+        sparse = [block is not None and block.used_at(config, i) for i in range(config.num_hidden_layers)]
+        moe_index = [sum(sparse[:i]) if s else None for i, s in enumerate(sparse)]
+        self.layers = nn.ModuleList(DecoderLayer(config, spec, m) for m in moe_index)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
@@ -176,6 +191,7 @@ class DecoderForCausalLM(nn.Module):
         if self.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.head_dim = self.model.layers[0].self_attn.head_dim
+        self.moe_blocks = [layer.mlp for layer in self.model.layers if layer.sparse]
         # each layer with the norm its output goes through (the next layer's input norm, or the
         # final norm), listed once: indexing the ModuleList costs microseconds per layer and step
         layers = list(self.model.layers)
@@ -197,9 +213,20 @@ class DecoderForCausalLM(nn.Module):
         scaling = rotary.attention_scaling
         self.cos_sin = torch.stack((emb.cos() * scaling, emb.sin() * scaling), dim=1).to(device)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta, kv: KVCache) -> torch.Tensor:
+    @property
+    def routing_shape(self) -> tuple[int, int] | None:
+        """(MoE layers, experts per token) of the routing a forward records; None for a dense model."""
+        if not self.moe_blocks:
+            return None
+        return len(self.moe_blocks), self.moe_blocks[0].top_k
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta, kv: KVCache, routing: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The final-normed hidden states of the tokens; with `routing` ([T, *routing_shape]), each
+        MoE layer also writes there the experts it chose for each token."""
         native_step = self.ops.native and meta.native_only
-        ctx = ForwardContext(self.ops, positions, self.cos_sin, meta, native_step)
+        ctx = ForwardContext(self.ops, positions, self.cos_sin, meta, native_step, routing)
         layers = self.model.layers
         residual = self.model.embed_tokens.forward(input_ids)
         first = layers[0].input_layernorm
@@ -241,6 +268,13 @@ class DecoderForCausalLM(nn.Module):
         if self.tie_word_embeddings:
             names.discard("lm_head.weight")
         return names
+
+    def split_fused(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor | WeightPiece]]
+    ) -> Iterator[tuple[str, torch.Tensor | WeightPiece]]:
+        """HF-named tensors as the parameters take them, lazily: a family whose HF module stores
+        several of its parameters in one tensor (MoE experts) splits it here; the rest pass through."""
+        return iter(named_tensors)
 
     def resolve(self, hf_name: str) -> str | None:
         """Map an HF checkpoint name to a parameter name; None for names that carry no parameter."""

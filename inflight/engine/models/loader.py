@@ -12,14 +12,19 @@ from inflight.engine.errors import ModelLoadError, WeightUpdateError
 from inflight.engine.models.common import DecoderForCausalLM
 from inflight.engine.models.llama import LlamaForCausalLM
 from inflight.engine.models.qwen2 import Qwen2ForCausalLM
+from inflight.engine.models.qwen2_moe import Qwen2MoeForCausalLM
 from inflight.engine.models.qwen3 import Qwen3ForCausalLM
+from inflight.engine.models.qwen3_moe import Qwen3MoeForCausalLM
 
 ARCHITECTURES: dict[str, type[DecoderForCausalLM]] = {
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
+    "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
+    "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
 }
-_BY_MODEL_TYPE = {"qwen2": Qwen2ForCausalLM, "qwen3": Qwen3ForCausalLM, "llama": LlamaForCausalLM}
+_BY_MODEL_TYPE = {"qwen2": Qwen2ForCausalLM, "qwen3": Qwen3ForCausalLM, "llama": LlamaForCausalLM,
+                  "qwen2_moe": Qwen2MoeForCausalLM, "qwen3_moe": Qwen3MoeForCausalLM}
 
 
 def load_config(model_dir: str | Path) -> PretrainedConfig:
@@ -32,10 +37,8 @@ def load_config(model_dir: str | Path) -> PretrainedConfig:
 
 
 def model_class(config: PretrainedConfig) -> type[DecoderForCausalLM]:
-    for arch in getattr(config, "architectures", None) or []:
-        if arch in ARCHITECTURES:
-            return ARCHITECTURES[arch]
-    cls = _BY_MODEL_TYPE.get(getattr(config, "model_type", ""))
+    archs = [a for a in getattr(config, "architectures", None) or [] if a in ARCHITECTURES]
+    cls = ARCHITECTURES[archs[0]] if archs else _BY_MODEL_TYPE.get(getattr(config, "model_type", ""))
     if cls is None:
         archs = getattr(config, "architectures", None)
         raise ModelLoadError(
@@ -67,7 +70,7 @@ def load_model(model_dir: str | Path, dtype: torch.dtype, device: torch.device) 
     if model.tie_word_embeddings:  # to_empty unties shared parameters
         model.lm_head.weight = model.model.embed_tokens.weight
     try:
-        loaded = model.copy_weights(iter_safetensors(model_dir))
+        loaded = model.copy_weights(model.split_fused(iter_safetensors(model_dir)))
     except WeightUpdateError as err:
         raise ModelLoadError(f"checkpoint in {str(model_dir)!r} does not match its config: {err}") from err
     missing = model.hf_parameter_names() - loaded

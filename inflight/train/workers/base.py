@@ -29,7 +29,7 @@ from torch.optim.lr_scheduler import LRScheduler
 from inflight.client.base import InferenceClient
 from inflight.client.update import update_all_or_nothing
 from inflight.config import Config
-from inflight.engine.request import scaling_temperature
+from inflight.train.algorithms import training_temperature
 from inflight.train.batch import TrainBatch
 from inflight.train.losses import LossFn, cross_entropy_loss
 from inflight.train.lr_schedule import make_lr_scheduler
@@ -95,24 +95,37 @@ class _TensorStream:
                 pass
 
 
+def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """Every tensor of `optimizer`'s state to `device` (the parameters stay where they are)."""
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and value.device != device and value.dim() > 0:
+                state[key] = value.to(device, non_blocking=True)
+
+
 class PolicyWorker(ABC):
     """One rank of the policy: a model, its optimizer, a training step, and the weight sync.
 
     Backends implement `build_model` (set `self.model`), `compute_logprobs` and
     `iter_full_hf_tensors`; they may override `build_optimizer`, `forward_backward` and
     `clip_gradients`. `loss_fn(logprobs, batch) -> scalar` is pluggable (default: token-level
-    cross-entropy; the RL objective is `inflight.train.algorithms.rl_loss`).
+    cross-entropy; the RL objective is `inflight.train.algorithms.rl_loss`, which may ask for the
+    per-token entropy too: `wants_entropy`).
     """
 
     def __init__(self, cfg: Config, rank: int = 0, world_size: int = 1, loss_fn: LossFn | None = None,
-                 device: str | torch.device = "cpu", model_path: str | Path | None = None) -> None:
+                 device: str | torch.device = "cpu", model_path: str | Path | None = None,
+                 role: str = "policy") -> None:
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self.role = role
+        """`policy`, `ref` or `critic`: whose settings (`trainer.<role>.*`) the model is built with."""
+        self.section = getattr(cfg.trainer, role)
         self.model_path = model_path or cfg.trainer.policy.model.path  # the HF directory it builds from
         if self.model_path is None:
             raise ValueError("no model: set trainer.policy.model.path or pass model_path")
         self.loss_fn = loss_fn or cross_entropy_loss
         self.device = torch.device(device)
-        self.temperature = scaling_temperature(cfg.generator.sampling_params.temperature)
+        self.temperature = training_temperature(cfg)  # trainer.algorithm.temperature (null: the rollouts')
         self.model: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.lr_scheduler: LRScheduler | None = None
@@ -125,9 +138,10 @@ class PolicyWorker(ABC):
         """Create `self.model` (sharded / parallel as the backend does it)."""
 
     @abstractmethod
-    def compute_logprobs(self, batch: TrainBatch) -> torch.Tensor:
+    def compute_logprobs(self, batch: TrainBatch, entropy: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """[B, T] token log-probabilities of `batch` under the current model, with gradients
-        (`inflight.train.losses.token_logprobs` of the logits, at `self.temperature`)."""
+        (`inflight.train.losses.token_logprobs` of the logits, at `self.temperature`); with
+        `entropy`, (log-probabilities, [B, T] token entropy of the same distributions)."""
 
     @abstractmethod
     def iter_full_hf_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -138,7 +152,7 @@ class PolicyWorker(ABC):
     def build_optimizer(self) -> None:
         """AdamW over the trainable parameters and its learning-rate schedule, from
         `trainer.policy.optimizer_config` (decaying schedules over `num_training_steps`)."""
-        opt = self.cfg.trainer.policy.optimizer_config
+        opt = self.section.optimizer_config
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=opt.lr, betas=tuple(opt.adam_betas),
                                            weight_decay=opt.weight_decay)
@@ -146,19 +160,35 @@ class PolicyWorker(ABC):
                                               self.num_training_steps)
 
     def forward_backward(self, batch: TrainBatch, scale: float) -> dict[str, float]:
-        """Accumulate the gradient of `scale * loss_fn(logprobs, batch)`; returns metrics."""
-        logprobs = self.compute_logprobs(batch)
-        loss = self.loss_fn(logprobs, batch)
+        """Accumulate the gradient of `scale * loss_fn(logprobs, batch)` (and `entropy=` when the
+        loss wants it); returns metrics."""
+        if getattr(self.loss_fn, "wants_entropy", False):
+            logprobs, entropy = self.compute_logprobs(batch, entropy=True)
+            loss = self.loss_fn(logprobs, batch, entropy=entropy)
+        else:
+            loss = self.loss_fn(self.compute_logprobs(batch), batch)
         (loss * scale).backward()
         return {"loss": float(loss.detach())}
 
     def optimizer_step(self) -> dict[str, float]:
         """Clip the gradient norm, step, zero the gradients, advance the learning-rate schedule;
         returns the pre-clip norm and the learning rate used."""
-        norm = self.clip_gradients(self.cfg.trainer.policy.optimizer_config.max_grad_norm)
+        norm = self.clip_gradients(self.section.optimizer_config.max_grad_norm)
+        offload = self.offloads_optimizer()
+        if offload:
+            move_optimizer_state(self.optimizer, self.device)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if offload:
+            move_optimizer_state(self.optimizer, torch.device("cpu"))
         return {"grad_norm": norm, **self.advance_lr()}
+
+    def offloads_optimizer(self) -> bool:
+        """`optimizer_config.offload_after_step` in a colocated run on CUDA: the AdamW state waits in
+        host memory between steps, so the engines get the device while they generate (on CPU it
+        already is in host memory)."""
+        return (self.section.optimizer_config.offload_after_step and self.cfg.trainer.placement.colocate_all
+                and self.device.type == "cuda")
 
     def clip_gradients(self, max_norm: float) -> float:
         """Scale the gradients to a norm of at most `max_norm`; returns the norm before clipping."""
@@ -214,6 +244,16 @@ class PolicyWorker(ABC):
         """Token log-probabilities without gradients (e.g. for old or reference logprobs)."""
         self.model.eval()
         return self.compute_logprobs(batch.to(self.device)).detach()
+
+    @torch.no_grad()
+    def load_hf_state(self, named_tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
+        """Overwrite parameters from full HF-named tensors (another worker's `iter_full_hf_tensors`
+        of the same model: `update_ref_every_epoch`); every name must be a parameter of this model."""
+        params = dict(self.model.named_parameters())
+        for name, tensor in named_tensors:
+            if name not in params:
+                raise KeyError(f"{name!r} is not a parameter of the {self.role} model")
+            params[name].copy_(tensor)
 
     def iter_sync_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """What a weight sync sends (HF names; a collective like `iter_full_hf_tensors`): the full

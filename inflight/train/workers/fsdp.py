@@ -22,12 +22,12 @@ from contextlib import AbstractContextManager, nullcontext
 
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from inflight.config import ConfigError, Violation
 from inflight.train.lora import lora_enabled
-from inflight.train.workers.local import LocalPolicyWorker
+from inflight.train.workers.local import PRECISIONS, LocalPolicyWorker
 
 
 class FSDPPolicyWorker(LocalPolicyWorker):
@@ -47,12 +47,38 @@ class FSDPPolicyWorker(LocalPolicyWorker):
         if not dist.is_initialized():
             raise RuntimeError("FSDPPolicyWorker needs torch.distributed initialised (init_process_group)")
         model = self.load_hf_model()
-        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if self.bf16 else None
-        options = {"mp_policy": policy} if policy is not None else {}
-        for layer in model.model.layers:
-            fully_shard(layer, **options)
+        options = self.shard_options()
+        for unit in self.wrapped_units(model):
+            fully_shard(unit, **options)
         fully_shard(model, **options)
         self.model = model
+
+    def shard_options(self) -> dict:
+        """`fully_shard`'s options from `fsdp_config`: the mixed precision (under `bf16`), where
+        parameters wait (`cpu_offload`, on CUDA) and `reshard_after_forward`."""
+        fsdp = self.section.fsdp_config
+        options: dict = {"reshard_after_forward": fsdp.reshard_after_forward}
+        if self.bf16:
+            mp = fsdp.mixed_precision
+            options["mp_policy"] = MixedPrecisionPolicy(param_dtype=PRECISIONS[mp.param_dtype],
+                                                        reduce_dtype=PRECISIONS[mp.reduce_dtype])
+        if fsdp.cpu_offload and self.device.type == "cuda":
+            options["offload_policy"] = CPUOffloadPolicy()
+        return options
+
+    def wrapped_units(self, model: torch.nn.Module) -> list[torch.nn.Module]:
+        """The modules sharded as one unit each: those whose class `fsdp_config.wrap_policy`'s
+        `transformer_layer_cls_to_wrap` names, else each decoder layer."""
+        names = self.section.fsdp_config.wrap_policy.get("transformer_layer_cls_to_wrap")
+        if not names:
+            return list(model.model.layers)
+        names = [names] if isinstance(names, str) else list(names)
+        units = [m for m in model.modules() if type(m).__name__ in names and m is not model]
+        if not units:
+            raise ConfigError([Violation(f"trainer.{self.role}.fsdp_config.wrap_policy", names, "names no module "
+                                         "class of the model", f"use one of its classes, e.g. "
+                                         f"{type(model.model.layers[0]).__name__}")])
+        return units
 
     def logprobs_chunk_size(self) -> int | None:
         """None: the chunks call the decoder and the LM head apart, outside the root FSDP unit's
@@ -68,3 +94,18 @@ class FSDPPolicyWorker(LocalPolicyWorker):
         for name, param in self.model.named_parameters():
             full = param.full_tensor() if isinstance(param, DTensor) else param
             yield name, full.detach()
+
+    @torch.no_grad()
+    def load_hf_state(self, named_tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
+        """Overwrite the shards from full HF-named tensors, each cut as its parameter is sharded
+        (a collective: every rank gives the same tensors in the same order)."""
+        params = dict(self.model.named_parameters())
+        for name, tensor in named_tensors:
+            if name not in params:
+                raise KeyError(f"{name!r} is not a parameter of the {self.role} model")
+            param = params[name]
+            if isinstance(param, DTensor):
+                full = tensor.to(param.device, param.dtype)
+                param.to_local().copy_(distribute_tensor(full, param.device_mesh, param.placements).to_local())
+            else:
+                param.copy_(tensor)

@@ -24,7 +24,7 @@ from inflight.train.allocator import map_large_blocks
 from inflight.train.batch import TrainBatch
 from inflight.train.chunked_logprobs import chunked_token_logprobs
 from inflight.train.lora import adapter_tensors, apply_lora, lora_enabled, merged_tensors
-from inflight.train.losses import LossFn, token_logprobs
+from inflight.train.losses import LossFn, token_entropy, token_logprobs
 from inflight.train.workers.base import PolicyWorker
 
 
@@ -33,59 +33,87 @@ def use_bf16(cfg: Config, device: torch.device) -> bool:
     return device.type == "cuda" if cfg.trainer.bf16 is None else cfg.trainer.bf16
 
 
+PRECISIONS = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+"""`fsdp_config.mixed_precision` dtype names."""
+
+
+def attention_implementation(cfg: Config, device: torch.device) -> str:
+    """The training forward's attention (`trainer.flash_attn`): flash-attention 2 on CUDA where the
+    `flash_attn` package is installed, else PyTorch's SDPA."""
+    if cfg.trainer.flash_attn and device.type == "cuda":
+        import importlib.util
+
+        if importlib.util.find_spec("flash_attn") is not None:
+            return "flash_attention_2"
+    return "sdpa"
+
+
 class LocalPolicyWorker(PolicyWorker):
     """`AutoModelForCausalLM` from a local directory (`trainer.policy.model.path` or `model_path`)."""
 
     def __init__(self, cfg: Config, model_path: str | None = None, rank: int = 0, world_size: int = 1,
                  loss_fn: LossFn | None = None, device: str | torch.device = "cpu", bf16: bool | None = None,
-                 gradient_checkpointing: bool | None = None) -> None:
+                 gradient_checkpointing: bool | None = None, role: str = "policy") -> None:
         """`bf16` and `gradient_checkpointing` default to `trainer.bf16` (null: true on CUDA) and
-        `trainer.gradient_checkpointing`."""
-        super().__init__(cfg, rank, world_size, loss_fn, device, model_path)
+        `trainer.gradient_checkpointing`; `role` (`policy`, `ref`, `critic`) picks the model's
+        section (`trainer.<role>`: model_config_kwargs, fsdp_config, LoRA)."""
+        super().__init__(cfg, rank, world_size, loss_fn, device, model_path, role)
+        self.lora = lora_enabled(cfg) and role == "policy"  # only the policy takes adapters
         self.bf16 = use_bf16(cfg, self.device) if bf16 is None else bf16
         default = cfg.trainer.gradient_checkpointing
         self.gradient_checkpointing = default if gradient_checkpointing is None else gradient_checkpointing
 
     def load_hf_model(self) -> torch.nn.Module:
-        from transformers import AutoModelForCausalLM
+        """The transformers model of `model_path`, its config overridden by `model_config_kwargs`,
+        with the attention `trainer.flash_attn` picks and the activation checkpointing
+        `trainer.gradient_checkpointing(_use_reentrant)` asks for."""
+        from transformers import AutoConfig, AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(str(self.model_path), dtype=self.load_dtype())
+        config = AutoConfig.from_pretrained(str(self.model_path), **self.section.model_config_kwargs)
+        model = AutoModelForCausalLM.from_pretrained(str(self.model_path), config=config, dtype=self.load_dtype(),
+                                                     attn_implementation=attention_implementation(self.cfg, self.device))
         if self.gradient_checkpointing:
             model.config.use_cache = False
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            reentrant = self.cfg.trainer.gradient_checkpointing_use_reentrant
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": reentrant})
         return model.to(self.device)
+
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype of the forward under `bf16`: `fsdp_config.mixed_precision.param_dtype`."""
+        return PRECISIONS[self.section.fsdp_config.mixed_precision.param_dtype]
 
     def load_dtype(self) -> torch.dtype:
         """The dtype the weights are loaded in: a LoRA policy's frozen base in bfloat16 under
         `bf16` (it gets no gradient and no optimizer state, so it needs no float32 master; the
         adapters `peft` adds stay float32), otherwise float32 (the master weights)."""
-        return torch.bfloat16 if self.bf16 and lora_enabled(self.cfg) else torch.float32
+        return self.compute_dtype() if self.bf16 and self.lora else torch.float32
 
     def build_model(self) -> None:
         map_large_blocks()  # freed activations go back to the system (peak memory; train/allocator.py)
         model = self.load_hf_model()
-        self.model = apply_lora(model, self.cfg) if lora_enabled(self.cfg) else model
+        self.model = apply_lora(model, self.cfg) if self.lora else model
 
     def autocast(self) -> AbstractContextManager:
         """The forward's precision context: bfloat16 autocast when `bf16`, else nothing."""
-        if not self.bf16:
+        if not self.bf16 or self.compute_dtype() == torch.float32:
             return nullcontext()
-        return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return torch.autocast(self.device.type, dtype=self.compute_dtype())
 
-    def compute_logprobs(self, batch: TrainBatch) -> torch.Tensor:
-        """The log-probabilities `trainer.logprobs_chunk_size` tokens at a time (the full logits
-        never exist), or from the model's full logits (null, or a model whose forward changes
-        its logits after the LM head)."""
+    def compute_logprobs(self, batch: TrainBatch, entropy: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """The log-probabilities (with `entropy`, and the token entropy) `trainer.logprobs_chunk_size`
+        tokens at a time (the full logits never exist), or from the model's full logits (null, or a
+        model whose forward changes its logits after the LM head)."""
         chunk = self.logprobs_chunk_size()
         lm = self.causal_lm()
         if chunk is None or _post_processes_logits(lm):
             with self.autocast():
                 logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-            return token_logprobs(logits, batch.input_ids, self.temperature)
+            logprobs = token_logprobs(logits, batch.input_ids, self.temperature)
+            return (logprobs, token_entropy(logits, self.temperature)) if entropy else logprobs
         with self.autocast():
             hidden = lm.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
             return chunked_token_logprobs(hidden.last_hidden_state, lm.get_output_embeddings(), batch.input_ids,
-                                          self.temperature, chunk)
+                                          self.temperature, chunk, entropy=entropy)
 
     def logprobs_chunk_size(self) -> int | None:
         """Tokens per log-probability chunk (`trainer.logprobs_chunk_size`), None: the full logits."""
@@ -96,7 +124,7 @@ class LocalPolicyWorker(PolicyWorker):
         return self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
 
     def iter_full_hf_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        if lora_enabled(self.cfg):
+        if self.lora:
             yield from merged_tensors(self.model)
             return
         for name, param in self.model.named_parameters():
@@ -105,13 +133,13 @@ class LocalPolicyWorker(PolicyWorker):
     def full_hf_state_dict(self) -> dict[str, torch.Tensor]:
         """The full HF-named state on the CPU; a LoRA policy's merged weights are new tensors
         already, so only those that are the model's own parameters are copied."""
-        if not lora_enabled(self.cfg):
+        if not self.lora:
             return super().full_hf_state_dict()
         own = {p.data_ptr() for p in self.model.parameters()}
         return {name: t.to("cpu", copy=t.data_ptr() in own) for name, t in merged_tensors(self.model)}
 
     def iter_sync_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        return adapter_tensors(self.model) if lora_enabled(self.cfg) else self.iter_full_hf_tensors()
+        return adapter_tensors(self.model) if self.lora else self.iter_full_hf_tensors()
 
 
 def _post_processes_logits(model: torch.nn.Module) -> bool:

@@ -70,17 +70,17 @@ class MegatronPolicyWorker(PolicyWorker):
 
     def __init__(self, cfg: Config, model_path: str | Path | None = None, rank: int = 0, world_size: int = 1,
                  loss_fn: LossFn | None = None, device: str | torch.device = "cpu",
-                 tensor_parallel_size: int | None = None) -> None:
-        super().__init__(cfg, rank, world_size, loss_fn, device, model_path)
-        if use_bf16(cfg, self.device) or cfg.trainer.gradient_checkpointing:
+                 tensor_parallel_size: int | None = None, role: str = "policy") -> None:
+        super().__init__(cfg, rank, world_size, loss_fn, device, model_path, role)
+        if use_bf16(cfg, self.device):
             raise ConfigError([Violation(
-                "trainer.strategy", cfg.trainer.strategy,
-                "megatron with trainer.bf16 or trainer.gradient_checkpointing is not implemented yet",
-                "use trainer.strategy=fsdp, or set trainer.bf16=false and trainer.gradient_checkpointing=false")])
+                "trainer.bf16", cfg.trainer.bf16, "megatron with trainer.bf16 is not implemented yet",
+                "use trainer.strategy=fsdp, or set trainer.bf16=false")])
         if dist.is_initialized():
             self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        self.tp = tensor_parallel_size or cfg.trainer.policy.megatron_config.tensor_model_parallel_size
-        self.hf_config = AutoConfig.from_pretrained(self.model_path)
+        self.megatron = self.section.megatron_config
+        self.tp = tensor_parallel_size or self.megatron.tensor_model_parallel_size
+        self.hf_config = AutoConfig.from_pretrained(self.model_path, **self.megatron.model_config_kwargs)
         self.layout = MegatronLayout.from_hf_config(self.hf_config, self.tp)
 
     # ---- building -----------------------------------------------------------------------------
@@ -121,7 +121,7 @@ class MegatronPolicyWorker(PolicyWorker):
         from megatron.core.transformer.transformer_config import TransformerConfig
 
         lay = self.layout
-        config = TransformerConfig(
+        config = TransformerConfig(**{**dict(
             num_layers=lay.num_layers, hidden_size=lay.hidden_size, num_attention_heads=lay.num_heads,
             num_query_groups=lay.num_kv_heads, kv_channels=lay.head_dim, ffn_hidden_size=lay.ffn_hidden_size,
             normalization="RMSNorm", layernorm_epsilon=lay.rms_norm_eps, gated_linear_unit=True,
@@ -132,7 +132,7 @@ class MegatronPolicyWorker(PolicyWorker):
             # no fused kernels or CUDA-extension paths: the same numerics on every device
             bias_activation_fusion=False, bias_dropout_fusion=False, masked_softmax_fusion=False,
             apply_rope_fusion=False, gradient_accumulation_fusion=False, persist_layer_norm=False,
-        )
+        ), **self.megatron.transformer_config_kwargs})  # SkyRL's pass-through: recompute settings, ...
         spec = get_gpt_layer_local_spec(qk_layernorm=lay.qk_norm, normalization="RMSNorm")
         return GPTModel(config, spec, vocab_size=lay.padded_vocab_size,
                         max_sequence_length=lay.max_position_embeddings, pre_process=True, post_process=True,
@@ -153,6 +153,10 @@ class MegatronPolicyWorker(PolicyWorker):
         """Overwrite every parameter from full HF-named tensors (a checkpoint); all must be given."""
         self._load_shards(hf_lookup(dict(named_tensors)))
 
+    def load_hf_state(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """`load_hf_tensors` (every rank of the tensor-parallel group takes its own slices)."""
+        self.load_hf_tensors(named_tensors)
+
     # ---- forward ------------------------------------------------------------------------------
     def _vocab_parallel_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
         """This rank's slice [B, T, V_padded / tp] of the logits; padded vocabulary entries are -inf."""
@@ -170,17 +174,38 @@ class MegatronPolicyWorker(PolicyWorker):
         vocab_ids = torch.arange(per_rank, device=logits.device) + self.tp_rank * per_rank
         return logits.masked_fill(vocab_ids >= lay.vocab_size, float("-inf"))
 
-    def compute_logprobs(self, batch: TrainBatch) -> torch.Tensor:
+    def compute_logprobs(self, batch: TrainBatch, entropy: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """[B, T] temperature-scaled token log-probabilities (position 0 is 0), computed with the
-        vocabulary split across the TP ranks (megatron's vocab-parallel cross-entropy)."""
+        vocabulary split across the TP ranks (megatron's vocab-parallel cross-entropy); with
+        `entropy`, also the token entropy, reduced over the TP ranks the same way."""
         from megatron.core import tensor_parallel
 
-        logits = self._vocab_parallel_logits(batch.input_ids, batch.attention_mask)[:, :-1].float()
+        logits = self._vocab_parallel_logits(batch.input_ids, batch.attention_mask)[:, :-1].float() / self.temperature
         targets = batch.input_ids[:, 1:].to(self.device)
+        # before the cross-entropy, which works on its input in place (a one-row batch's transpose is
+        # no copy)
+        token_entropy = F.pad(self._vocab_parallel_entropy(logits), (1, 0)) if entropy else None
         nll = tensor_parallel.vocab_parallel_cross_entropy(
-            (logits / self.temperature).transpose(0, 1).contiguous(), targets.transpose(0, 1).contiguous()
+            logits.transpose(0, 1).contiguous(), targets.transpose(0, 1).contiguous()
         )
-        return F.pad(-nll.transpose(0, 1), (1, 0))
+        logprobs = F.pad(-nll.transpose(0, 1), (1, 0))
+        return (logprobs, token_entropy) if entropy else logprobs
+
+    def _vocab_parallel_entropy(self, logits: torch.Tensor) -> torch.Tensor:
+        """[B, T] entropy of the distributions whose vocabulary slices [B, T, V / tp] this TP group
+        holds: H = log S - sum(e * z) / S with z the logits less their maximum and e = exp(z), both
+        sums over the whole vocabulary (summed over the TP ranks, gradients flowing to each slice)."""
+        from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
+
+        with torch.no_grad():
+            peak = logits.max(dim=-1, keepdim=True).values
+            if self.tp > 1:
+                dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=self.tp_group)
+        shifted = logits - peak
+        weights = shifted.exp()  # padded vocabulary entries (-inf) weigh 0
+        total = reduce_from_tensor_model_parallel_region(weights.sum(-1))
+        spread = reduce_from_tensor_model_parallel_region((weights * shifted.masked_fill(weights == 0, 0.0)).sum(-1))
+        return total.log() - spread / total
 
     @torch.no_grad()
     def forward_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -1,0 +1,101 @@
+"""What a rollout produces: `Trajectory` (one episode, aligned per response token) and
+`TrajectoryGroup` (the `n` episodes of one prompt)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from inflight.tasks.base import Problem
+
+ENV_VERSION = -1
+"""`versions` entry of tokens the model did not sample (environment observations)."""
+
+
+@dataclass
+class Trajectory:
+    """One episode: the prompt and everything after it, aligned per response token."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    loss_mask: list[int]
+    reward: float
+    finish_reason: str
+    num_turns: int = 1
+    num_recomputed_tokens: int = 0
+    num_cached_tokens: int = 0
+    info: dict[str, Any] = field(default_factory=dict)
+    reward_failed: bool = False
+    """The reward / environment step raised or timed out: the sample scores 0 (`info["reward_error"]`
+    says why)."""
+    rollout_failed: bool = False
+    """The environment failed outside its reward (built, reset, observation): the episode ended there
+    and scores 0 (`info["rollout_error"]` says why)."""
+    turn_rewards: list[tuple[int, float]] = field(default_factory=list)
+    """Each scored turn's reward where it belongs: `(position, reward)` per environment step, in turn
+    order, `position` the index in `response_ids` of the last token the model sampled in that turn
+    (-1 only when the response is empty). The rewards sum to `reward` (a failed reward, a failed
+    rollout and `zero_reward_on_non_stop` zero them all). A trainer that places rewards on tokens puts
+    each on its position; one that scores whole sequences uses `reward`."""
+
+    @property
+    def usable(self) -> bool:
+        """Whether there is a sequence to train on (an episode that failed before its first turn has
+        no prompt)."""
+        return bool(self.prompt_ids)
+
+    @property
+    def num_generated(self) -> int:
+        """Tokens trained on (loss mask 1)."""
+        return sum(self.loss_mask)
+
+    @property
+    def num_sampled(self) -> int:
+        """Tokens the model sampled, trained on or not (overlong filtering masks them)."""
+        return sum(v != ENV_VERSION for v in self.versions)
+
+    @property
+    def model_versions(self) -> list[int]:
+        return [v for v, m in zip(self.versions, self.loss_mask, strict=True) if m]
+
+
+@dataclass
+class TrajectoryGroup:
+    """The `n` trajectories of one prompt (a GRPO group), plus where the prompt came from.
+
+    `epoch` / `index`: the prompt's place in the data order (checkpoints record consumed prompts).
+    """
+
+    problem: Problem
+    trajectories: list[Trajectory]
+    epoch: int = 0
+    index: int = 0
+    generate_s: float = 0.0
+    ref: Any = None
+    """The data loader's handle of the prompt (set by the trainers)."""
+
+    @property
+    def prompt_id(self) -> str:
+        return self.problem.id
+
+    @property
+    def rewards(self) -> list[float]:
+        return [t.reward for t in self.trajectories]
+
+    @property
+    def usable(self) -> bool:
+        """Every trajectory has a sequence to train on (see `Trajectory.usable`)."""
+        return all(t.usable for t in self.trajectories)
+
+    @property
+    def informative(self) -> bool:
+        """Rewards differ within the group (otherwise every advantage is zero)."""
+        return self.spread > 0
+
+    @property
+    def spread(self) -> float:
+        """The largest minus the smallest reward of the group (0 for an empty group)."""
+        r = self.rewards
+        return max(r) - min(r) if r else 0.0

@@ -1,0 +1,148 @@
+"""`--backend vllm` answers what the native server answers (issue 30): started on a model whose
+context (512) is shorter than the old fixed 2048 without `--max-model-len`; prompt logprobs (token
+route, `echo`) equal transformers; `/tokenize`, `/detokenize`, `/tokenizer_info` equal the native
+server's on the same model; `return_token_ids` / `stop_reason` / `prompt_logprobs` where vLLM puts
+them are where the native server puts them; `models.retrieve` and `/v1/responses` (text, streamed,
+function tools) through the official client."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+import torch
+from conftest import TINY, launch, vllm_python_or_skip
+from openai import OpenAI
+
+from inflight.engine import EngineConfig
+from inflight.server.launch import serve_model
+
+pytestmark = pytest.mark.vllm
+NAME = "tiny"
+CONTEXT = 512
+# vLLM's CPU kernels against transformers, float32: another summation order over 4 layers of
+# 512/1024-wide sums, ~2n eps relative per sum on logits of magnitude ~10 (test_vllm_server's TOL, T = 1)
+ATOL = 1.5e-3
+FUNCTION = {"type": "function", "name": "get_weather", "description": "Weather in a city.",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_factory):
+    return tiny_model_factory("qwen2", 0, **TINY, max_position_embeddings=CONTEXT)
+
+
+@pytest.fixture(scope="module")
+def vllm_url(model):
+    vllm_python_or_skip()
+    with launch(model, ["--served-model-name", NAME]) as (url, _):
+        yield url
+
+
+@pytest.fixture(scope="module")
+def native_url(model):
+    srv = serve_model(EngineConfig(model=str(model), block_size=16), NAME)
+    yield srv.url
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def hf(model, hf_model_factory):
+    return hf_model_factory(model)
+
+
+def hf_logprobs(hf, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return torch.log_softmax(hf(torch.tensor([ids])).logits[0, :-1].float(), -1)
+
+
+def post(url: str, route: str, body: dict) -> dict:
+    r = httpx.post(url + route, json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def sse(url: str, route: str, body: dict) -> list[dict]:
+    r = httpx.post(url + route, json={**body, "stream": True}, timeout=60)
+    lines = [line[6:] for line in r.text.splitlines() if line.startswith("data: ") and line != "data: [DONE]"]
+    return [json.loads(line) for line in lines]
+
+
+def test_context_comes_from_the_models_config(vllm_url):
+    models = httpx.get(vllm_url + "/v1/models", timeout=30).json()["data"]
+    assert [(m["id"], m["max_model_len"]) for m in models] == [(NAME, CONTEXT)]
+
+
+def test_prompt_logprobs_equal_transformers(vllm_url, hf):
+    ids = [5, 17, 101, 33, 250, 7, 64, 300, 12]
+    out = post(vllm_url, "/inflight/v1/generate", {"prompt_token_ids": ids, "sampling_params": {
+        "max_tokens": 1, "temperature": 0.7, "prompt_logprobs": 2}})
+    rows = hf_logprobs(hf, ids)
+    expected = rows.gather(1, torch.tensor(ids[1:])[:, None]).squeeze(1)
+    assert out["prompt_logprobs"][0] is None
+    assert out["prompt_logprobs"][1:] == pytest.approx(expected.tolist(), abs=ATOL)  # no temperature
+    assert out["prompt_logprob_ranks"][1:] == ((rows > expected[:, None]).sum(-1) + 1).tolist()
+    assert [[t for t, _ in top] for top in out["prompt_top_logprobs"][1:]] == torch.topk(rows, 2).indices.tolist()
+    echo = post(vllm_url, "/v1/completions", {"prompt": ids, "echo": True, "logprobs": 1, "max_tokens": 1,
+                                              "temperature": 0})["choices"][0]["logprobs"]
+    assert echo["token_logprobs"][0] is None
+    assert echo["token_logprobs"][1 : len(ids)] == pytest.approx(expected.tolist(), abs=ATOL)
+
+
+def test_tokenizer_routes_equal_the_native_servers(vllm_url, native_url):
+    bodies = [("/tokenize", {"prompt": "the water is 12+34 \u2603", "return_token_strs": True}),
+              ("/tokenize", {"prompt": "the water", "add_special_tokens": False}),
+              ("/tokenize", {"messages": [{"role": "user", "content": "hi there"}]}),
+              ("/detokenize", {"tokens": [366, 289, 316, 297, 223, 2]})]
+    for route, body in bodies:
+        assert post(vllm_url, route, body) == post(native_url, route, body), (route, body)
+    mine, theirs = (httpx.get(u + "/tokenizer_info", timeout=30).json() for u in (native_url, vllm_url))
+    for key in ("eos_token", "bos_token", "pad_token", "chat_template"):
+        assert mine[key] == theirs[key], key
+
+
+def _keys(obj: dict) -> set[str]:
+    return {k for k, v in obj.items() if v is not None}
+
+
+def test_token_ids_and_stop_reason_where_vllm_puts_them(vllm_url, native_url):
+    """Every field the native server sets (at the top, in choices, in stream chunks) vLLM sets too,
+    but our own `token_weight_versions`."""
+    ours_only = {"token_weight_versions"}
+    completion = {"model": NAME, "prompt": [5, 6, 7, 8], "max_tokens": 3, "temperature": 0.8, "seed": 3,
+                  "return_token_ids": True, "n": 2, "logprobs": 1, "prompt_logprobs": 1}
+    chat = {"model": NAME, "messages": [{"role": "user", "content": "the water"}], "max_tokens": 3, "temperature": 0,
+            "return_token_ids": True, "logprobs": True}
+    for route, body in (("/v1/completions", completion), ("/v1/chat/completions", chat)):
+        mine, theirs = post(native_url, route, body), post(vllm_url, route, body)
+        legacy = {"prompt_token_ids"} if route == "/v1/completions" else set()  # our top-level copy, kept
+        assert _keys(mine) - _keys(theirs) <= legacy, (route, _keys(mine) - _keys(theirs))
+        for a, b in zip(mine["choices"], theirs["choices"], strict=True):
+            assert _keys(a) - ours_only <= _keys(b) | {"stop_reason"}, (route, _keys(a) - _keys(b))
+            assert a.get("prompt_token_ids") == b.get("prompt_token_ids") and len(a["token_ids"]) == len(b["token_ids"])
+        streamed = {k: v for k, v in body.items() if k != "prompt_logprobs"}
+        mine, theirs = sse(native_url, route, streamed), sse(vllm_url, route, streamed)
+        assert [_keys(c) for c in mine if c["choices"]][0] <= [_keys(c) for c in theirs if c["choices"]][0]
+        for index in range(body.get("n", 1)):
+            a = [c["choices"][0] for c in mine if c["choices"] and c["choices"][0]["index"] == index]
+            b = [c["choices"][0] for c in theirs if c["choices"] and c["choices"][0]["index"] == index]
+            assert ("prompt_token_ids" in a[0]) == ("prompt_token_ids" in b[0]), route
+            assert len(sum((c.get("token_ids") or [] for c in a), [])) == len(sum((c.get("token_ids") or [] for c in b), []))
+            assert "stop_reason" in a[-1] and "stop_reason" in b[-1]
+
+
+def test_models_retrieve_and_responses_through_the_client(vllm_url):
+    client = OpenAI(base_url=f"{vllm_url}/v1", api_key="unused", max_retries=0, timeout=120)
+    assert client.models.retrieve(NAME).id == NAME
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("other")
+    r = client.responses.create(model=NAME, input="the sound of water", max_output_tokens=5, temperature=0)
+    assert r.status == "incomplete" and r.usage.output_tokens == 5
+    events = list(client.responses.create(model=NAME, input="the sound of water", max_output_tokens=5,
+                                          temperature=0, stream=True))
+    assert events[-1].type == "response.completed" and events[-1].response.output_text == r.output_text
+    with_tools = client.responses.create(model=NAME, input="weather in Paris?", tools=[FUNCTION],
+                                         max_output_tokens=5, temperature=0)
+    assert with_tools.usage.output_tokens == 5  # parsed by vLLM's Hermes parser, as ours: no call in 5 tokens
