@@ -14,7 +14,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # torch first, pinned, so nothing below can pull a multi-GB CUDA build.
   # shellcheck disable=SC2086
   .venv/bin/python -m pip install -q $TORCH_SPEC
-  .venv/bin/python -m pip install -q -e ".[test,megatron,ray,trackers,lora,docs,environments]" $TORCH_SPEC
+  .venv/bin/python -m pip install -q -e ".[test,megatron,ray,trackers,lora,docs,environments,agents]" $TORCH_SPEC
   echo "$want" > "$stamp"
 fi
 # Test oracles (tests/algorithms compares inflight.algorithms with SkyRL's and verl's own functions):

@@ -55,9 +55,17 @@ def rl_config(model_dir: Path, out: Path, overrides: list[str] = ()) -> tuple[Co
                 "max_steps": 4},
     }
     job, rest, other = split_job_config(data, list(overrides))
-    from inflight.testing.configs import with_local_cpu
-
     return config_from_dict(with_local_cpu(rest), other), job
+
+
+def with_local_cpu(data: dict) -> dict:
+    """A config mapping over the `LOCAL_CPU` baseline: `data`'s own values win (nested or dotted)."""
+    from inflight.config.loader import flatten, parse_override
+    from inflight.testing import LOCAL_CPU
+
+    merged = {key: value for key, value in (parse_override(text, []) for text in LOCAL_CPU)}
+    merged.update(flatten(data))
+    return merged
 
 
 def mask_runs(traj) -> list[tuple[int, list[int]]]:

@@ -28,6 +28,7 @@ LAYERS: dict[str, int] = {
     "server": 6,
     "rollout": 6,
     "eval": 7,
+    "agents": 7,  # the agent endpoint and generator: server, client and rollout below it; train holds it
     "train": 8,
     "cluster": 9,
     "bench": 10,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -125,6 +125,14 @@ class InferenceClient(Protocol):
         """Generate to completion; blocks across a KEEP pause and weight update. `session_id` keeps
         a multi-turn trajectory on one server (prefix cache); ignored in process."""
         return await self._call("generate", list(prompt_token_ids), params, request_id, cache_salt)  # type: ignore[attr-defined]
+
+    async def generate_stream(self, prompt_token_ids: list[int], params: SamplingParams | None = None, *,
+                              request_id: str | None = None, cache_salt: str | None = None,
+                              session_id: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Snapshots of a generation, the last one finished (what a server route streams from). A
+        client that cannot stream (every one but `LocalClient`) yields the final output alone."""
+        yield await self.generate(prompt_token_ids, params, request_id=request_id, cache_salt=cache_salt,
+                                  session_id=session_id)
 
     @op(_nothing, HttpRoute("POST", wire.PAUSE, lambda mode: {"mode": mode}))
     async def pause(self, mode: str = "keep") -> None:

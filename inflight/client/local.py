@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 import torch
@@ -11,6 +11,7 @@ from inflight.client.base import InferenceClient
 from inflight.client.ops import apply_op
 from inflight.client.update import update_all_or_nothing
 from inflight.engine.async_engine import AsyncEngine
+from inflight.engine.request import RequestOutput, SamplingParams
 from inflight.weight_sync.inprocess import InProcessTransport
 
 
@@ -23,6 +24,13 @@ class LocalClient(InferenceClient):
 
     async def _call(self, op: str, *args: Any) -> Any:
         return await apply_op(self.engine, op, *args)
+
+    async def generate_stream(self, prompt_token_ids: list[int], params: SamplingParams | None = None, *,
+                              request_id: str | None = None, cache_salt: str | None = None,
+                              session_id: str | None = None) -> AsyncIterator[RequestOutput]:
+        """The engine's own snapshots, one per step that ran the request."""
+        async for snapshot in self.engine.generate_stream(list(prompt_token_ids), params, request_id, cache_salt):
+            yield snapshot
 
     async def init_weight_transfer(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """Nothing to join: the engine is in this process and takes the tensors directly."""

@@ -144,7 +144,8 @@ async def _start_servers(runtime: RayRuntime, cfg: Config, job: JobConfig, model
                              for o in runtime.placement.engine_options]
     urls = await asyncio.gather(*(
         actor.start.remote(engine_config(cfg, model_dir, version, i), job.engine_threads, ie.vllm_python,
-                           START_TIMEOUT_S["vllm"], ie.served_model_name, vllm_args(ie))
+                           START_TIMEOUT_S["vllm"], ie.served_model_name,
+                           vllm_args(ie, sleep_mode=cfg.trainer.placement.colocate_all))
         for i, actor in enumerate(runtime.server_actors)
     ))
     return server_spec(cfg, list(urls), token)

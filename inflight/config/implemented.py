@@ -119,6 +119,12 @@ def _known(kind: str) -> str:
     return ", ".join((ADVANTAGE_ESTIMATORS if kind == "estimator" else POLICY_LOSSES).names())
 
 NOT_IMPLEMENTED_WHEN: list[tuple[str, Callable[[Config], bool], Callable[[Any], bool], str, str]] = [
+    ("environment.env_class", lambda c: True, lambda v: not (isinstance(v, str) and v.startswith("verifiers:")),
+     "verifiers environments are not implemented yet: verifiers 0.4.0 requires openai<3, which cannot share a "
+     "virtual environment with the agent clients (openai-agents 0.24 requires openai>=3), and it plays each "
+     "episode through a harness program it installs with uv",
+     "run the environment inside your own agent (generator.agent.path) from a process of its own, or serve it "
+     "as an OpenEnv server (environment.env_class=openenv)"),
     *((f"trainer.{role}.model.lora.rank", lambda c: True, lambda v: v == 0,
        f"LoRA on the {role} model is not implemented yet (only the policy takes adapters)",
        f"set trainer.{role}.model.lora.rank=0") for role in ("ref", "critic")),
@@ -131,6 +137,15 @@ NOT_IMPLEMENTED_WHEN: list[tuple[str, Callable[[Config], bool], Callable[[Any], 
     ("trainer.critic.model.path", on_megatron, lambda v: not v, "a critic (advantage_estimator=gae) with "
      "trainer.strategy=megatron is not implemented yet: the megatron worker builds a GPTModel without a value head",
      "use trainer.strategy=fsdp for gae, or an estimator without a critic (grpo, rloo, reinforce++, maxrl)"),
+    (_IE + "enable_return_routed_experts", on_vllm, lambda v: v is False,
+     "is not implemented on the vLLM backend: vLLM 0.32 captures the routing only in its V2 GPU model runner "
+     "(its aux-output connector), which its CPU worker does not run, and the shim does not return it",
+     f"use {BACKEND}=native for routing replay, or set {_IE}enable_return_routed_experts=false and "
+     "trainer.policy.megatron_config.moe_enable_routing_replay=false"),
+    (_IE + "enable_return_routed_experts", lambda c: c.generator.agent.path is not None, lambda v: v is False,
+     "is not implemented for your agent's episodes (generator.agent.path): their calls do not keep the "
+     "routing record", f"set {_IE}enable_return_routed_experts=false and "
+     "trainer.policy.megatron_config.moe_enable_routing_replay=false"),
     *((key, lambda c: True, _registered(kind),
        f"is not a registered {what} (built in: {_known(kind)}; also names given to "
        f"inflight.algorithms.register_{what.replace(' ', '_')} before the run starts)",

@@ -181,8 +181,12 @@ _RANGES: list[tuple[tuple[str, ...], Callable[[Any], bool], str, str]] = [
         (_IE + "weight_sync_chunk_size_mb",),
         lambda v: v is None or v > 0, "must be > 0 or null", "set {key}=null to size it from the model",
     ),
-    ((_IE + "weight_sync_port",), lambda v: 0 <= v <= 65535, "must be in [0, 65535]", "use 0 for a free port"),
-    ((_IE + "weight_sync_host",), lambda v: bool(v.strip()), "must not be empty", "write e.g. {key}=127.0.0.1"),
+    ((_IE + "weight_sync_port", "generator.agent.port"), lambda v: 0 <= v <= 65535, "must be in [0, 65535]",
+     "use 0 for a free port"),
+    ((_IE + "weight_sync_host", "generator.agent.host"), lambda v: bool(v.strip()), "must not be empty",
+     "write e.g. {key}=127.0.0.1"),
+    (("generator.agent.timeout_s",), lambda v: v is None or v > 0, "must be > 0 or null",
+     "give the seconds an episode may take, e.g. {key}=600, or {key}=null for no limit"),
     (
         ("trainer.policy.optimizer_config.weight_decay", "trainer.algorithm.eps_clip_low",
          "trainer.algorithm.eps_clip_high", "trainer.algorithm.kl_loss_coef", "generator.sampling_params.temperature",
@@ -207,6 +211,7 @@ _RANGES: list[tuple[tuple[str, ...], Callable[[Any], bool], str, str]] = [
     (("trainer.logprobs_chunk_size",), lambda v: v is None or v >= 1, "must be >= 1 or null",
      "set {key}=1024 (tokens per chunk), or {key}=null for no chunking"),
     (("trainer.micro_batch_pass_tokens",), lambda v: v >= 0, "must be >= 0", "set {key} to 0 or more, e.g. 64"),
+    (("trainer.moe_logprob_gap_interval",), lambda v: v >= 0, "must be >= 0", "set {key}=0 for never, e.g. 10"),
 
     (("trainer.seed",), lambda v: v < 2**63, "must be below 2**63 (a 64-bit seed)", "use a smaller seed, e.g. 42"),
     ((_IE + "weight_update_timeout_s",), lambda v: v is None or v > 0, "must be > 0 or null",
@@ -442,6 +447,24 @@ def _dynamic_sampling_async(cfg: Config) -> Iterator[Violation]:
                         "fully-async trainer then drops such groups at generation and generates others)")
 
 
+_REPLAY = "trainer.{}.megatron_config.moe_enable_routing_replay"
+_RETURN_ROUTED = "generator.inference_engine.enable_return_routed_experts"
+
+
+@_rule(_REPLAY.format("policy"), _REPLAY.format("ref"), _RETURN_ROUTED)
+def _routing_replay_needs_the_record(cfg: Config) -> Iterator[Violation]:
+    """SkyRL's rule (without its Megatron-only part): routing replay needs the rollouts' routing
+    record, and the record is asked for only to be replayed."""
+    returns = cfg.generator.inference_engine.enable_return_routed_experts
+    for role in ("policy", "ref"):
+        if getattr(cfg.trainer, role).megatron_config.moe_enable_routing_replay and not returns:
+            yield Violation(_REPLAY.format(role), True, "replays the rollouts' routing, which they record only with "
+                            f"{_RETURN_ROUTED}=true", f"set {_RETURN_ROUTED}=true")
+    if returns and not cfg.trainer.policy.megatron_config.moe_enable_routing_replay:
+        yield Violation(_RETURN_ROUTED, True, "records the routing for the policy's routing replay, which is off",
+                        f"set {_REPLAY.format('policy')}=true, or {_RETURN_ROUTED}=false")
+
+
 @_rule("generator.step_wise_trajectories", "generator.merge_stepwise_output")
 def _merge_needs_step_wise(cfg: Config) -> Iterator[Violation]:
     if cfg.generator.merge_stepwise_output and not cfg.generator.step_wise_trajectories:
@@ -574,7 +597,8 @@ def _env_class_known(cfg: Config) -> Iterator[Violation]:
     code may register it before the run, as SkyRL's example entry points register theirs): a run
     refuses it then (`inflight.config.implemented.unknown_env_class`)."""
     name = cfg.environment.env_class
-    if name is not None and ":" in name and not name.startswith("skyrl_gym:") and not _MODULE_NAME.match(name):
+    if name is not None and ":" in name and not name.startswith(("skyrl_gym:", "verifiers:")) \
+            and not _MODULE_NAME.match(name):
         yield Violation("environment.env_class", name, "is not of the form package.module:name",
                         "write e.g. environment.env_class=my_rewards:score")
 

@@ -51,6 +51,9 @@ def build_parser(prog: str = "inflight eval") -> argparse.ArgumentParser:
                    help="column holding the prompt (default: prompt, or question)")
     p.add_argument("--answer-key", default=None,
                    help="column holding the ground truth (default: reward_spec or answer)")
+    p.add_argument("--skyrl-gym", action="append", default=[], metavar="KEY=VALUE",
+                   help="a setting of the skyrl-gym environments, as environment.skyrl_gym.KEY in training "
+                        "(e.g. text2sql.db_path=/data/sql); repeat for several")
     p.add_argument("--max-problems", type=int, default=None,
                    help="evaluate only the first N problems of each set")
     p.add_argument("--server", action="append", default=[], metavar="URL",
@@ -101,7 +104,7 @@ def spec_from_args(args: argparse.Namespace) -> EvalSpec:
         include_stop_str_in_output=args.include_stop_str_in_output, max_turns=args.max_turns,
         reward_timeout_s=args.reward_timeout_s or None,
         env_class=args.env_class, prompt_key=args.prompt_key, answer_key=args.answer_key,
-        max_problems=args.max_problems,
+        max_problems=args.max_problems, skyrl_gym=list(args.skyrl_gym),
         server=list(args.server), api_key=args.api_key, device=args.device, dtype=args.dtype,
         max_model_len=args.max_model_len, kv_cache_memory_gib=args.kv_cache_memory_gib,
         max_num_seqs=args.max_num_seqs, concurrency=args.concurrency,
@@ -120,6 +123,7 @@ def main(argv: list[str] | None = None, prog: str = "inflight eval") -> int:
     from rich.console import Console
 
     from inflight.client.errors import ClientError
+    from inflight.config import ConfigError
     from inflight.engine import EngineError
     from inflight.rewards import RewardError
     from inflight.tasks.dataset import DatasetError
@@ -127,7 +131,7 @@ def main(argv: list[str] | None = None, prog: str = "inflight eval") -> int:
     console = Console()
     try:
         result = asyncio.run(run_job(spec_from_args(args), progress=not args.no_progress))
-    except (DatasetError, RewardError, EvalError, EngineError, ClientError, OSError) as err:
+    except (ConfigError, DatasetError, RewardError, EvalError, EngineError, ClientError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     for name, m in result.metrics.items():

@@ -16,8 +16,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from inflight.config.schema import SkyRLGymConfig
 from inflight.eval.run import EvalResult, dataset_names, evaluate, source_file
 from inflight.tasks.base import Problem
+from inflight.tasks.skyrl_gym_env import GymSettings
 
 
 class EvalError(ValueError):
@@ -50,6 +52,9 @@ class EvalSpec:
     answer_key: str | None = None
     max_problems: int | None = None
     """At most this many problems per data set (the first ones); none: all."""
+    skyrl_gym: list[str] = field(default_factory=list)
+    """Settings of the skyrl-gym environments as `environment.skyrl_gym` keys without that prefix
+    (`text2sql.db_path=/data/sql`, `search.search_url=http://...`)."""
     server: list[str] = field(default_factory=list)
     """`inflight serve` URLs; empty: the native engine in this process."""
     api_key: str | None = None
@@ -73,6 +78,15 @@ class EvalSpec:
         return out
 
 
+def gym_config(settings: list[str]) -> SkyRLGymConfig:
+    """`environment.skyrl_gym` with `settings` (`text2sql.db_path=...`) over SkyRL's defaults; a
+    ConfigError names a bad one."""
+    from inflight.config import load_config
+
+    overrides = ["trainer.placement.colocate_all=false", *(f"environment.skyrl_gym.{s}" for s in settings)]
+    return load_config(None, overrides).environment.skyrl_gym
+
+
 def build_task(spec: EvalSpec, tokenizer: Any, max_context: int) -> tuple[Any, dict[str, list[Problem]]]:
     """The training data task over the data files (each file is a held-out set, nothing is split
     off; a prompt that does not fit the context is refused, naming its row) and the problems by
@@ -81,7 +95,8 @@ def build_task(spec: EvalSpec, tokenizer: Any, max_context: int) -> tuple[Any, d
 
     task = DataTask(tokenizer, spec.data, spec.data, prompt_key=spec.prompt_key, answer_key=spec.answer_key,
                     env_class=spec.env_class, max_prompt_length=max_context - 1, drop_long_prompts=False,
-                    max_new_tokens=spec.max_tokens, max_context=max_context, seed=spec.seed)
+                    max_new_tokens=spec.max_tokens, max_context=max_context, seed=spec.seed,
+                    skyrl_gym=GymSettings(gym_config(spec.skyrl_gym), spec.max_turns))
     try:
         names = dataset_names(spec.data)
     except ValueError as err:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
+import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -34,6 +35,8 @@ _IMPORTED: dict[str, Any] = {}
 # Built-in environments, named here and imported on first use: they live above this package
 # (inflight.tasks), which imports it.
 _BUILTIN_ENVIRONMENTS = {"tool": "inflight.tasks.tool_env:ToolEnv"}
+CONFIGURED_ENVIRONMENTS = ("openenv",)
+"""Environments `inflight.tasks.DataTask` builds from its own config section (`environment.openenv`)."""
 SKYRL_GYM_PREFIX = "skyrl_gym:"
 SKYRL_GYM_ENVIRONMENTS = ("aime", "gsm8k", "gsm8k_multi_turn", "lcb", "search", "searchcode", "text2sql")
 """The environments skyrl-gym 0.4.0 registers. A bare name that is also one of ours (`gsm8k`) is ours;
@@ -41,19 +44,24 @@ SKYRL_GYM_ENVIRONMENTS = ("aime", "gsm8k", "gsm8k_multi_turn", "lcb", "search", 
 
 
 def skyrl_gym_id(name: str) -> str | None:
-    """The skyrl-gym environment id `name` stands for (`skyrl_gym:<id>`, or one of
-    `SKYRL_GYM_ENVIRONMENTS` that is not a name of ours), else None."""
+    """The skyrl-gym environment id `name` stands for (`skyrl_gym:<id>`, or a name that is not ours:
+    one of `SKYRL_GYM_ENVIRONMENTS`, or an id your code registered in skyrl-gym, as SkyRL's
+    llm_as_a_judge example does), else None."""
     if name.startswith(SKYRL_GYM_PREFIX):
         return name[len(SKYRL_GYM_PREFIX):] or None
-    if name in SKYRL_GYM_ENVIRONMENTS and name not in _REGISTRY and name not in _BUILTIN_ENVIRONMENTS:
+    if name in _REGISTRY or name in _BUILTIN_ENVIRONMENTS:
+        return None
+    gym = sys.modules.get("skyrl_gym")  # registered ids exist only once skyrl-gym is imported
+    if name in SKYRL_GYM_ENVIRONMENTS or name in getattr(gym, "registry", {}):
         return name
     return None
 
 
 def known_env_class(name: str) -> bool:
     """Whether `name` is a name this package resolves without an import of the user's: a reward, a
-    built-in environment or a skyrl-gym environment (`package.module:name` is checked on import)."""
-    return name in reward_names() or skyrl_gym_id(name) is not None
+    built-in environment, an environment the data task builds from its own settings (`openenv`) or a
+    skyrl-gym environment (`package.module:name` is checked on import)."""
+    return name in reward_names() or name in CONFIGURED_ENVIRONMENTS or skyrl_gym_id(name) is not None
 
 
 def register(name: str, fn: Reward) -> Reward:

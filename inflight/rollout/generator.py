@@ -45,6 +45,12 @@ that did not end with finish reason "stop" (its turn rewards too); `apply_overlo
 (DAPO) gives such an episode loss mask 0 everywhere. `rate_limiter` bounds the episodes started per
 second and in flight (`generator.rate_limit`, `inflight.rollout.rate_limit`).
 
+Mixture-of-experts models: with `return_routed_experts` (`generator.inference_engine.
+enable_return_routed_experts`) every turn asks the engine for the routing of every position, prompt
+included, and the trajectory keeps the last turn's record (`Trajectory.routed_experts`): its prompt
+is the whole trajectory so far, so it covers every earlier turn's positions too (routed as the KV
+that turn attended to was), which the trainer's routing replay uses.
+
 Environment failures (`skip_failed_rollouts`, default true): building the environment, `reset()` or
 turning an observation into tokens that raises ends that episode only: it scores 0 with what it
 generated so far (`Trajectory.rollout_failed`, `info["rollout_error"]`); one that failed before its
@@ -128,6 +134,7 @@ class TaskGenerator:
         zero_reward_on_non_stop: bool = False,
         apply_overlong_filtering: bool = False,
         rate_limiter: Any = NO_LIMIT,
+        return_routed_experts: bool = False,
     ) -> None:
         self.client, self.task, self.n = client, task, n
         self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
@@ -144,6 +151,7 @@ class TaskGenerator:
         self.zero_reward_on_non_stop = zero_reward_on_non_stop
         self.apply_overlong_filtering = apply_overlong_filtering
         self.rate_limiter = rate_limiter
+        self.return_routed_experts = return_routed_experts
         self._sessions, self._session_ids = uuid.uuid4().hex, itertools.count()  # uuid4 a sample cost ~12 us
         raw = lambda ids: task.tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
         extra = single_token_stops(self.stop, task.encode, raw) if self.stop else []
@@ -160,6 +168,7 @@ class TaskGenerator:
             seed=seed,
             logprobs=True,
             stop_token_ids=list(self.stop_token_ids),
+            return_routed_experts=self.return_routed_experts,
         )
 
     def turn_limit(self, env: Environment) -> float:
@@ -189,32 +198,36 @@ class TaskGenerator:
 
     async def _play(self, env: Environment, problem: Problem, traj: Trajectory, epoch: int, sample: int) -> None:
         try:
-            chat = Conversation(self.task, env.reset(), getattr(env, "tools", None), self.conversation)
+            opening = await _settled(env.reset())
+            chat = Conversation(self.task, opening, getattr(env, "tools", None), self.conversation)
+        except asyncio.CancelledError:
+            raise
         except Exception as err:
             self._rollout_failed(problem, traj, "setting up the environment", err)
             return
-        prompt = traj.prompt_ids = chat.prompt_ids
+        traj.prompt_ids = chat.prompt_ids
         session = f"{self._sessions}-{next(self._session_ids)}"  # every turn on one engine: its prefix cache
         limit = self.turn_limit(env)
-        if self.max_input_length is not None and len(prompt) > self.max_input_length:
+        if self.max_input_length is not None and len(traj.prompt_ids) > self.max_input_length:
             traj.finish_reason = "length"
             return
         for index in itertools.count():
             budget = self.max_tokens
             if self.max_context is not None:
-                budget = min(budget, self.max_context - len(prompt) - len(traj.response_ids))
+                budget = min(budget, self.max_context - len(traj.prompt_ids) - len(traj.response_ids))
                 if budget < 1:
                     traj.finish_reason = "length"
                     return
             seed = None if self.seed is None else request_seed(self.seed, epoch, problem.id, sample, index)
-            out = await self.client.generate(prompt + traj.response_ids, self.params(budget, seed),
+            out = await self.client.generate(traj.prompt_ids + traj.response_ids, self.params(budget, seed),
                                              session_id=session)
             turn = self.cut(out)
             appended = self._add_turn(traj, turn)
-            traj.finish_reason = turn.finish_reason
-            traj.num_turns = index + 1
+            traj.finish_reason, traj.num_turns = turn.finish_reason, index + 1
             traj.num_recomputed_tokens += out.num_recomputed_tokens
             traj.num_cached_tokens += out.num_cached_tokens
+            if self.return_routed_experts:  # the last turn's: its prompt is the whole trajectory so far
+                traj.routed_experts, traj.routed_experts_start = out.routed_experts, out.routed_experts_start
             if turn.finish_reason == "abort":
                 return
             text = turn.full_text if getattr(env, "keeps_stop_str", False) else turn.text
@@ -224,23 +237,29 @@ class TaskGenerator:
             if index + 1 >= limit:
                 traj.info["max_turns_reached"] = True
                 return
-            if not self.conversation:
-                self._drop_eos(traj)
-            try:
-                observation = chat.observation_ids(
-                    text, result.observation, traj.response_ids[-1] if traj.response_ids else None,
-                    set(self.stop_token_ids), drop_eos=turn.stopped_by_string and not self.append_eos)
-            except Exception as err:
-                self._rollout_failed(problem, traj, "turning the observation into tokens", err)
+            if not self._observe(chat, traj, problem, turn, text, result.observation):
                 return
-            used = len(prompt) + len(traj.response_ids) + len(observation)
-            if self.max_input_length is not None and used > self.max_input_length:
-                traj.finish_reason = "length"
-                return
-            if self.max_context is not None and used >= self.max_context:
-                traj.finish_reason = "length"
-                return
-            self._append(traj, observation, [0.0] * len(observation), [ENV_VERSION] * len(observation), 0)
+
+    def _observe(self, chat: Conversation, traj: Trajectory, problem: Problem, turn: Turn, text: str,
+                 observation: Any) -> bool:
+        """Append the observation after the model's turn (mask 0); False when the episode ends instead
+        (the input would pass `max_input_length` or `max_context`, or the observation failed)."""
+        if not self.conversation:
+            self._drop_eos(traj)
+        try:
+            ids = chat.observation_ids(text, observation, traj.response_ids[-1] if traj.response_ids else None,
+                                       set(self.stop_token_ids),
+                                       drop_eos=turn.stopped_by_string and not self.append_eos)
+        except Exception as err:
+            self._rollout_failed(problem, traj, "turning the observation into tokens", err)
+            return False
+        used = len(traj.prompt_ids) + len(traj.response_ids) + len(ids)
+        if (self.max_input_length is not None and used > self.max_input_length) or (
+                self.max_context is not None and used >= self.max_context):
+            traj.finish_reason = "length"
+            return False
+        self._append(traj, ids, [0.0] * len(ids), [ENV_VERSION] * len(ids), 0)
+        return True
 
     def _add_turn(self, traj: Trajectory, turn: Turn) -> int:
         """Append the model's turn (mask 1) and, after a stop string with chat-message observations and
@@ -388,7 +407,8 @@ def episode_options(cfg: Any, sampling: Any = None) -> dict[str, Any]:
     (`sampling` or `generator.sampling_params`), `generator.max_turns`, `max_input_length` (null:
     trainer.max_prompt_length), `use_conversation_multi_turn`, `append_eos_token_after_stop_str_in_
     multi_turn`, `zero_reward_on_non_stop`, `apply_overlong_filtering`, `skip_failed_rollouts`, the
-    rate limits (one limiter per config), `environment.reward_timeout_s`."""
+    rate limits (one limiter per config), `environment.reward_timeout_s`, the routing record
+    (`generator.inference_engine.enable_return_routed_experts`)."""
     g = cfg.generator
     sampling = sampling if sampling is not None else g.sampling_params
     max_input = g.max_input_length if g.max_input_length is not None else cfg.trainer.max_prompt_length
@@ -399,7 +419,8 @@ def episode_options(cfg: Any, sampling: Any = None) -> dict[str, Any]:
             "append_eos_token_after_stop_str_in_multi_turn": g.append_eos_token_after_stop_str_in_multi_turn,
             "zero_reward_on_non_stop": g.zero_reward_on_non_stop,
             "apply_overlong_filtering": g.apply_overlong_filtering,
-            "rate_limiter": shared_limiter(g.rate_limit)}
+            "rate_limiter": shared_limiter(g.rate_limit),
+            "return_routed_experts": g.inference_engine.enable_return_routed_experts}
 
 
 async def generate_groups(generate: GenerateFn, problems: Sequence[Problem]) -> list[TrajectoryGroup]:

@@ -36,28 +36,32 @@ class RateLimiter:
         self.capacity = max(1.0, per_second or 1.0)
         self.tokens, self.refilled = self.capacity, clock()
         self.running = 0
-        self._token_lock: asyncio.Lock | None = None
-        self._slots: asyncio.Semaphore | None = None
+        # asyncio's primitives belong to one event loop: one set per loop (a run has one)
+        self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[asyncio.Lock, asyncio.Semaphore]] = (
+            weakref.WeakKeyDictionary())
+
+    def _primitives(self) -> tuple[asyncio.Lock, asyncio.Semaphore]:
+        loop = asyncio.get_running_loop()
+        if loop not in self._loops:
+            self._loops[loop] = (asyncio.Lock(), asyncio.Semaphore(self.max_concurrency or 1))
+        return self._loops[loop]
 
     async def __aenter__(self) -> RateLimiter:
+        lock, slots = self._primitives()
         if self.per_second is not None:
-            await self._take_token()
+            await self._take_token(lock)
         if self.max_concurrency is not None:
-            if self._slots is None:
-                self._slots = asyncio.Semaphore(self.max_concurrency)
-            await self._slots.acquire()
+            await slots.acquire()
         self.running += 1
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
         self.running -= 1
-        if self._slots is not None:
-            self._slots.release()
+        if self.max_concurrency is not None:
+            self._primitives()[1].release()
 
-    async def _take_token(self) -> None:
-        if self._token_lock is None:
-            self._token_lock = asyncio.Lock()
-        async with self._token_lock:  # one waiter at a time: starts keep their order
+    async def _take_token(self, lock: asyncio.Lock) -> None:
+        async with lock:  # one waiter at a time: starts keep their order
             while True:
                 now = self.clock()
                 self.tokens = min(self.capacity, self.tokens + (now - self.refilled) * self.per_second)

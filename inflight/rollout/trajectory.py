@@ -39,6 +39,11 @@ class Trajectory:
     (-1 only when the response is empty). The rewards sum to `reward` (a failed reward, a failed
     rollout and `zero_reward_on_non_stop` zero them all). A trainer that places rewards on tokens puts
     each on its position; one that scores whole sequences uses `reward`."""
+    routed_experts: Any = None
+    """A mixture-of-experts model's routing record (numpy [positions, MoE layers, top_k]) when the
+    generator asked for it: its last turn's (`RequestOutput.routed_experts`), whose prompt is the
+    whole trajectory so far; row i is position `routed_experts_start + i` of prompt + response."""
+    routed_experts_start: int = 0
 
     @property
     def usable(self) -> bool:

@@ -48,11 +48,17 @@ def _render(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str
                        code="invalid_messages") from err
 
 
-def chat_prompt(tokenizer: Any, req: ChatCompletionRequest) -> list[int]:
-    """The prompt token ids of a chat request; raises APIError(400) naming what is wrong."""
+def template_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
+    """The request's messages as the chat template reads them (text parts joined, tool-call
+    arguments as objects); raises APIError(400) naming what is wrong."""
     if not req.messages:
         raise APIError(400, "messages must not be empty", param="messages", code="invalid_value")
-    messages = [_message(i, m) for i, m in enumerate(req.messages)]
+    return [_message(i, m) for i, m in enumerate(req.messages)]
+
+
+def chat_prompt(tokenizer: Any, req: ChatCompletionRequest) -> list[int]:
+    """The prompt token ids of a chat request; raises APIError(400) naming what is wrong."""
+    messages = template_messages(req)
     text = _render(tokenizer, messages, req.tools or None, req)
     if req.tools and _render(tokenizer, messages, None, req) == text:
         raise APIError(400, "this model's chat template renders nothing for `tools`, so the model would "

@@ -15,8 +15,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from inflight.engine.async_engine import AsyncEngine
 from inflight.engine.request import RequestOutput, SamplingParams
+from inflight.server.backend import Backend
 from inflight.server.detokenize import ChoiceTracker, Delta
 from inflight.server.errors import APIError
 
@@ -55,7 +55,7 @@ async def _settle(tasks: list[asyncio.Future]) -> None:
         raise failed.exception()  # type: ignore[misc]
 
 
-async def start_calls(engine: AsyncEngine, calls: list[EngineCall], stream: bool,
+async def start_calls(engine: Backend, calls: list[EngineCall], stream: bool,
                       is_disconnected: Callable[[], Awaitable[bool]] | None = None) -> AsyncIterator[Delta]:
     """Add every call's engine request (input the engine rejects raises here, and none stays added);
     returns the deltas of all calls as they come, the last delta of each with its finish_reason.
@@ -74,7 +74,7 @@ async def finish_calls(deltas: AsyncIterator[Delta]) -> None:
         pass
 
 
-async def _run(engine: AsyncEngine, calls: list[EngineCall], stream: bool,
+async def _run(engine: Backend, calls: list[EngineCall], stream: bool,
                is_disconnected: Callable[[], Awaitable[bool]] | None) -> AsyncIterator[Delta]:
     source = _merged(engine, calls, stream or any(c.tracker.stop for c in calls))
     try:
@@ -120,11 +120,11 @@ async def _once(output: Awaitable[RequestOutput]) -> AsyncIterator[RequestOutput
     yield await output
 
 
-async def _merged(engine: AsyncEngine, calls: list[EngineCall], stream: bool) -> AsyncIterator[Delta]:
+async def _merged(engine: Backend, calls: list[EngineCall], stream: bool) -> AsyncIterator[Delta]:
     """The calls' deltas in the order they come: from every step's snapshot when streaming (or
     watching for stop strings), else from each final output alone."""
-    run = engine.generate_stream if stream else lambda *args: _once(engine.generate(*args))
-    streams = [run(c.prompt_token_ids, c.params, c.request_id, c.cache_salt) for c in calls]
+    run = engine.generate_stream if stream else lambda *args, **kw: _once(engine.generate(*args, **kw))
+    streams = [run(c.prompt_token_ids, c.params, request_id=c.request_id, cache_salt=c.cache_salt) for c in calls]
     firsts = [asyncio.ensure_future(anext(s)) for s in streams]
     queue: asyncio.Queue[tuple[int, RequestOutput | None, BaseException | None]] = asyncio.Queue()
 

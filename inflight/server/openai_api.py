@@ -20,17 +20,16 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from inflight.engine.async_engine import AsyncEngine
 from inflight.engine.errors import InvalidRequestError
 from inflight.engine.request import SamplingParams
 from inflight.engine.routing import encode_routed_experts
-from inflight.server.chat_prompt import chat_prompt
+from inflight.server.backend import Backend, CallScope
 from inflight.server.choices import ChatChoices, Choices, TextChoices, whole_delta
 from inflight.server.detokenize import ChoiceTracker, Delta
 from inflight.server.errors import APIError, api_error_from, error_body
@@ -47,21 +46,41 @@ DEFAULT_MAX_PROMPTS_PER_REQUEST = 1024  # engine requests (prompts x n) one call
 class ServeContext:
     """What the routes share: the engine, the tokenizer and the name the model is served under.
 
-    `trust_request_chat_template`: whether a request may bring its own Jinja `chat_template` (off by
-    default, as vLLM's `--trust-request-chat-template`: a template is code, and a few hundred bytes of
-    nested loops render for seconds). `max_prompts_per_request`: the most engine requests (prompts
-    x n) one call may add."""
+    `engine`: what generates (`backend.Backend`: an AsyncEngine, or any InferenceClient);
+    `max_model_len` and `vocab_size` default to an AsyncEngine's own. `trust_request_chat_template`:
+    whether a request may bring its own Jinja `chat_template` (off by default, as vLLM's
+    `--trust-request-chat-template`: a template is code, and a few hundred bytes of nested loops
+    render for seconds). `max_prompts_per_request`: the most engine requests (prompts x n) one call
+    may add. `any_model_name`: requests may name any model (the agent endpoint, whose agents bring
+    their own model strings); by default another name is a 404. `scope_of`: each request's
+    `CallScope` (None: the engine, the chat template, no record)."""
 
-    engine: AsyncEngine
+    engine: Backend
     tokenizer: Any
     served_model_name: str
     created: int
     trust_request_chat_template: bool = False
     max_prompts_per_request: int = DEFAULT_MAX_PROMPTS_PER_REQUEST
+    max_model_len: int = 0
+    vocab_size: int = 0
+    any_model_name: bool = False
+    scope_of: Callable[[Request], CallScope] | None = None
+    _default_scope: CallScope | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        inner = getattr(self.engine, "engine", None)  # an AsyncEngine's LLMEngine
+        self.max_model_len = self.max_model_len or inner.max_model_len
+        self.vocab_size = self.vocab_size or inner.vocab_size
+        self._default_scope = CallScope(self.engine)
+
+    def scope(self, request: Request) -> CallScope:
+        """What `request` runs on."""
+        return self.scope_of(request) if self.scope_of is not None else self._default_scope
 
     @property
-    def max_model_len(self) -> int:
-        return self.engine.engine.max_model_len
+    def model_check(self) -> str | None:
+        """The model name requests must use (None: any)."""
+        return None if self.any_model_name else self.served_model_name
 
     def model_card(self) -> dict[str, Any]:
         """The served model as `/v1/models` lists it."""
@@ -100,23 +119,35 @@ def engine_calls(ctx: ServeContext, checked: Checked, prompts: list[list[int]], 
     return calls
 
 
-async def start_engine_calls(ctx: ServeContext, calls: list[EngineCall], stream: bool, request: Request,
-                 param: str) -> AsyncIterator[Delta]:
-    """Add the engine requests; raises an APIError (and adds nothing) if the engine rejects one.
-    A whole response polls the connection while it waits (a stream notices when it writes)."""
+async def start_engine_calls(scope: CallScope, calls: list[EngineCall], stream: bool, request: Request,
+                             param: str) -> AsyncIterator[Delta]:
+    """Add the engine requests to the scope's backend; raises an APIError (and adds nothing) if the
+    engine rejects one. A whole response polls the connection while it waits (a stream notices when it
+    writes). Once the deltas are all handed out, the scope hears that the calls finished."""
     try:
-        return await start_calls(ctx.engine, calls, stream, None if stream else request.is_disconnected)
+        deltas = await start_calls(scope.backend, calls, stream, None if stream else request.is_disconnected)
     except InvalidRequestError as err:
         raise api_error_from(err, param="request_id" if "request id" in str(err) else param) from err
+    return _then(deltas, lambda: scope.finished(calls))
+
+
+async def _then(deltas: AsyncIterator[Delta], done: Callable[[], None]) -> AsyncIterator[Delta]:
+    """`deltas`, then `done()` once they ran out (not when they failed or were closed early)."""
+    try:
+        async for delta in deltas:
+            yield delta
+    finally:
+        await deltas.aclose()
+    done()
 
 
 # ---- the one response path ----------------------------------------------------------------------
-async def _respond(ctx: ServeContext, checked: Checked, prompts: list[list[int]], kind: Choices,
+async def _respond(ctx: ServeContext, scope: CallScope, checked: Checked, prompts: list[list[int]], kind: Choices,
                    request: Request, param: str, prompt_texts: list[str] | None = None) -> Response:
     """Run the request's engine calls and answer with `kind`'s choices: whole, or streamed."""
     req = checked.req
     calls = engine_calls(ctx, checked, prompts, param, prompt_texts)
-    deltas = await start_engine_calls(ctx, calls, req.stream, request, param)
+    deltas = await start_engine_calls(scope, calls, req.stream, request, param)
     head = {"id": f"{kind.id_prefix}-{uuid.uuid4().hex}", "object": kind.object, "created": int(time.time()),
             "model": ctx.served_model_name}
     usage = lambda: _usage(calls, req.n)  # noqa: E731
@@ -166,7 +197,8 @@ async def _chunks(deltas: AsyncIterator[Delta], kind: Choices, calls: list[Engin
 
 
 # ---- routes -------------------------------------------------------------------------------------
-def build_router(ctx: ServeContext, api_auth) -> APIRouter:
+def build_router(ctx: ServeContext, api_auth, token_route: bool = True) -> APIRouter:
+    """The OpenAI routes, and with `token_route` the token-in/token-out `/inflight/v1/generate`."""
     router = APIRouter(dependencies=[Depends(api_auth)])
 
     @router.get("/v1/models")
@@ -175,36 +207,44 @@ def build_router(ctx: ServeContext, api_auth) -> APIRouter:
 
     @router.get("/v1/models/{model_id:path}")
     async def model(model_id: str) -> dict[str, Any]:
-        check_model(model_id, ctx.served_model_name)
+        check_model(model_id, ctx.model_check)
         return ctx.model_card()
 
     @router.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request) -> Response:
-        checked = check_completion(req, ctx.served_model_name)
+        checked = check_completion(req, ctx.model_check)
+        scope = ctx.scope(request)
         # tokenizing (and decoding a token prompt to echo it) never runs on the event loop
-        prompts, texts = await asyncio.to_thread(_completion_prompts, ctx, req.prompt, req.echo)
+        prompts, texts = await asyncio.to_thread(_completion_prompts, ctx, scope, req.prompt, req.echo)
         kind = TextChoices(TokenNamer(ctx.tokenizer, req.return_tokens_as_token_ids), checked.top_logprobs,
                            req.return_token_ids, req.echo)
-        return await _respond(ctx, checked, prompts, kind, request, "prompt", texts)
+        return await _respond(ctx, scope, checked, prompts, kind, request, "prompt", texts)
 
     @router.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
-        checked = check_chat(req, ctx.served_model_name)
+        checked = check_chat(req, ctx.model_check)
         check_chat_template(req.chat_template, ctx.trust_request_chat_template)
-        prompt = await asyncio.to_thread(chat_prompt, ctx.tokenizer, req)  # templating can be slow: off the loop
+        scope = ctx.scope(request)
+        prompt = await asyncio.to_thread(scope.chat_prompt, ctx.tokenizer, req)  # templating can be slow: off the loop
         kind = ChatChoices(TokenNamer(ctx.tokenizer, req.return_tokens_as_token_ids), checked.top_logprobs,
                            req.return_token_ids, checked.parse_tool_calls)
-        return await _respond(ctx, checked, [prompt], kind, request, "messages")
+        return await _respond(ctx, scope, checked, [prompt], kind, request, "messages")
 
+    if token_route:
+        _token_route(router, ctx)
+    return router
+
+
+def _token_route(router: APIRouter, ctx: ServeContext) -> None:
     @router.post("/inflight/v1/generate")
     async def generate(req: GenerateRequest, request: Request) -> dict[str, Any]:
-        check_model(req.model, ctx.served_model_name)
+        check_model(req.model, ctx.model_check)
         _check_length(ctx, req.prompt_token_ids, "prompt_token_ids")
         params = SamplingParams(**req.sampling_params.model_dump())  # checked by the engine as it admits it
         request_id = req.request_id or uuid.uuid4().hex
         tracker = ChoiceTracker(0, ctx.tokenizer, req.prompt_token_ids, incremental=False, decode=False)
         call = EngineCall(request_id, list(req.prompt_token_ids), params, req.cache_salt, tracker)
-        await finish_calls(await start_engine_calls(ctx, [call], False, request, "prompt_token_ids"))
+        await finish_calls(await start_engine_calls(ctx.scope(request), [call], False, request, "prompt_token_ids"))
         return {
             "request_id": request_id,
             "output_token_ids": tracker.output_token_ids,
@@ -223,10 +263,9 @@ def build_router(ctx: ServeContext, api_auth) -> APIRouter:
             "prompt_logprob_ranks": tracker.prompt_logprob_ranks,
         }
 
-    return router
 
-
-def _completion_prompts(ctx: ServeContext, prompt: Any, echo: bool) -> tuple[list[list[int]], list[str] | None]:
+def _completion_prompts(ctx: ServeContext, scope: CallScope, prompt: Any,
+                        echo: bool) -> tuple[list[list[int]], list[str] | None]:
     """The prompts' token ids, and with `echo` their texts (as sent, or a token prompt decoded)."""
     if isinstance(prompt, str):
         prompt = [prompt]
@@ -236,7 +275,7 @@ def _completion_prompts(ctx: ServeContext, prompt: Any, echo: bool) -> tuple[lis
         prompt = [list(prompt)]
     out, texts = [], []
     for p in prompt:
-        ids = ctx.tokenizer(p)["input_ids"] if isinstance(p, str) else list(p)
+        ids = scope.text_prompt(ctx.tokenizer, p) if isinstance(p, str) else list(p)
         if not ids:
             raise APIError(400, "a prompt is empty (no tokens)", param="prompt", code="invalid_value")
         out.append(list(ids))

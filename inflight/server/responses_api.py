@@ -15,7 +15,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from inflight.server.chat_prompt import chat_prompt
+from inflight.server.backend import CallScope
 from inflight.server.choices import whole_delta
 from inflight.server.errors import APIError
 from inflight.server.generation import finish_calls
@@ -34,14 +34,14 @@ def _renamed(err: APIError) -> APIError:
 
 def _checked(ctx: ServeContext, req: ResponsesRequest) -> tuple[ChatCompletionRequest, Checked]:
     chat = to_chat_request(req)
-    checked = check_chat(chat, ctx.served_model_name)
+    checked = check_chat(chat, ctx.model_check)
     check_chat_template(chat.chat_template, ctx.trust_request_chat_template)
     return chat, checked
 
 
-def _prompt(ctx: ServeContext, chat: ChatCompletionRequest) -> list[int]:
+def _prompt(ctx: ServeContext, scope: CallScope, chat: ChatCompletionRequest) -> list[int]:
     try:
-        return chat_prompt(ctx.tokenizer, chat)
+        return scope.chat_prompt(ctx.tokenizer, chat)
     except APIError as err:
         raise _renamed(err) from err
 
@@ -55,10 +55,11 @@ def build_responses_router(ctx: ServeContext, api_auth) -> APIRouter:
             chat, checked = _checked(ctx, req)
         except APIError as err:
             raise _renamed(err) from err
-        prompt = await asyncio.to_thread(_prompt, ctx, chat)  # templating and tokenizing: off the loop
+        scope = ctx.scope(request)
+        prompt = await asyncio.to_thread(_prompt, ctx, scope, chat)  # templating and tokenizing: off the loop
         calls = engine_calls(ctx, checked, [prompt], "input")
         try:
-            deltas = await start_engine_calls(ctx, calls, req.stream, request, "input")
+            deltas = await start_engine_calls(scope, calls, req.stream, request, "input")
         except APIError as err:  # the engine's checks name the chat field (max_tokens)
             raise _renamed(err) from err
         renderer = ResponseRenderer(req, ctx.served_model_name, TokenNamer(ctx.tokenizer, chat.return_tokens_as_token_ids),

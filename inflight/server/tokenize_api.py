@@ -64,7 +64,7 @@ def _tokens(ctx: Any, req: TokenizeRequest) -> list[int]:
 
 
 def _check_tokenize(ctx: Any, req: TokenizeRequest) -> None:
-    check_model(req.model, ctx.served_model_name)
+    check_model(req.model, ctx.model_check)
     if (where := invalid_unicode(req.model_dump(exclude_none=True))) is not None:
         raise APIError(400, f"{where} is not valid Unicode; send UTF-8 text", param=where.split(".")[0],
                        code="invalid_value")
@@ -83,7 +83,7 @@ def _check_tokenize(ctx: Any, req: TokenizeRequest) -> None:
 
 
 def _detokenize(ctx: Any, req: DetokenizeRequest) -> str:
-    vocab = ctx.engine.engine.vocab_size
+    vocab = ctx.vocab_size
     bad = [t for t in req.tokens if not 0 <= t < vocab]
     if bad:
         raise APIError(400, f"tokens {bad[:5]} are outside the vocabulary [0, {vocab})", param="tokens",
@@ -121,7 +121,7 @@ def build_tokenize_router(ctx: Any, api_auth) -> APIRouter:
 
     @router.post("/detokenize")
     async def detokenize(req: DetokenizeRequest) -> dict[str, Any]:
-        check_model(req.model, ctx.served_model_name)
+        check_model(req.model, ctx.model_check)
         return {"prompt": await asyncio.to_thread(_detokenize, ctx, req)}
 
     return router

@@ -62,9 +62,10 @@ class Checked:
         )
 
 
-def check_model(model: str | None, served_model_name: str) -> None:
-    """A request naming another model is a 404 (no name: the served one)."""
-    if model is not None and model != served_model_name:
+def check_model(model: str | None, served_model_name: str | None) -> None:
+    """A request naming another model is a 404 (no name: the served one; `served_model_name` None:
+    any name is taken)."""
+    if model is not None and served_model_name is not None and model != served_model_name:
         raise APIError(404, f"the model `{model}` does not exist; this server serves `{served_model_name}`",
                        param="model", code="model_not_found")
 
@@ -94,7 +95,7 @@ def invalid_unicode(value: Any, path: str = "") -> str | None:
     return None
 
 
-def _check_common(req: OpenAIRequestBase, served_model_name: str, implemented: frozenset[str]) -> list[str]:
+def _check_common(req: OpenAIRequestBase, served_model_name: str | None, implemented: frozenset[str]) -> list[str]:
     """The checks both routes share; returns the stop strings."""
     if (where := invalid_unicode(req.model_dump(exclude_none=True))) is not None:
         raise APIError(400, f"{where} is not valid Unicode (it holds a lone UTF-16 surrogate such as "
@@ -120,7 +121,7 @@ def _check_range(param: str, value: int | None) -> None:
                        code="invalid_value")
 
 
-def check_completion(req: CompletionRequest, served_model_name: str) -> Checked:
+def check_completion(req: CompletionRequest, served_model_name: str | None) -> Checked:
     """Validate a `/v1/completions` body; raises APIError naming the first bad field."""
     stops = _check_common(req, served_model_name, frozenset({"echo"}))
     if req.best_of is not None and req.best_of != req.n:
@@ -138,7 +139,7 @@ def check_completion(req: CompletionRequest, served_model_name: str) -> Checked:
                    echo_only=echo_only)
 
 
-def check_chat(req: ChatCompletionRequest, served_model_name: str) -> Checked:
+def check_chat(req: ChatCompletionRequest, served_model_name: str | None) -> Checked:
     """Validate a `/v1/chat/completions` body; raises APIError naming the first bad field."""
     stops = _check_common(req, served_model_name, frozenset())
     parse_calls = parses_tool_calls(req)

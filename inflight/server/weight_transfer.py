@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from inflight.client import wire
 from inflight.client.wire import DEFAULT_WEIGHT_GROUP
 from inflight.server.errors import APIError
-from inflight.weight_sync.chunking import TensorMeta, dtype_from_name
+from inflight.weight_sync.chunking import TensorMeta, check_entries
 from inflight.weight_sync.receiver import Receiver
 
 
@@ -54,15 +54,7 @@ class BroadcastChunkRequest(BaseModel):
     def metas(self) -> list[TensorMeta]:
         """The entries, checked to fit the chunk's `nbytes` (raises ValueError naming the entry)."""
         metas = [TensorMeta(n, d, tuple(s), o, st, nu) for n, d, s, o, st, nu in self.tensors]
-        for m in metas:
-            try:
-                itemsize = dtype_from_name(m.dtype).itemsize
-            except ValueError as err:
-                raise ValueError(f"tensor {m.name!r}: {err}") from None
-            fits = min(m.shape, default=1) >= 0 and m.start >= 0 and m.numel >= 0
-            fits = fits and m.offset >= 0 and m.offset % itemsize == 0  # a view needs aligned data
-            if not fits or m.start + m.numel > m.total_numel or m.offset + m.nbytes > self.nbytes:
-                raise ValueError(f"tensor {m.name!r}: entry {m.to_json()} does not fit a chunk of {self.nbytes} bytes")
+        check_entries(metas, self.nbytes)
         return metas
 
 

@@ -86,8 +86,9 @@ class Environment(ABC):
     `include_stop_str_in_output` says (skyrl-gym's environments parse it: SkyRL always keeps it)."""
 
     @abstractmethod
-    def reset(self) -> str | list[dict[str, Any]]:
-        """The opening prompt of the episode: text, or chat messages that the chat template renders."""
+    def reset(self) -> str | list[dict[str, Any]] | Awaitable[str | list[dict[str, Any]]]:
+        """The opening prompt of the episode: text, or chat messages that the chat template renders;
+        may be `async def` (e.g. to start a sandbox)."""
 
     @abstractmethod
     def step(self, response: str) -> StepResult | Awaitable[StepResult]:

@@ -24,9 +24,12 @@ from inflight.chat.turns import PLAIN, ChatFormat
 from inflight.rewards import RewardError, environment_class, get_reward
 from inflight.tasks.base import Environment, Problem, SingleTurnEnv, Task
 from inflight.tasks.dataset import DatasetError, encode_chat_prompt, load_problems
+from inflight.tasks.openenv_env import OpenEnvSettings, openenv_environment
 from inflight.tasks.skyrl_gym_env import GymEnvironmentMaker, GymSettings, gym_environment
 
 AUTO_GSM8K, AUTO_OTHER = "gsm8k", "exact"
+OPENENV = "openenv"
+"""`env_class` of an OpenEnv environment server (`inflight.tasks.openenv_env`, `environment.openenv`)."""
 """What rows without an `env_class` are scored by when `environment.env_class` is unset: GSM8K's rule
 for answers that held `####`, exact match otherwise (what JSONL data always had)."""
 
@@ -122,6 +125,7 @@ class DataTask(Task):
         chat_template: bool = True,
         chat_format: ChatFormat = PLAIN,
         skyrl_gym: GymSettings | None = None,
+        openenv: OpenEnvSettings | None = None,
     ) -> None:
         super().__init__(tokenizer)
         if not train_data:
@@ -130,6 +134,7 @@ class DataTask(Task):
         self.max_new_tokens = max_new_tokens
         self.chat_format = chat_format
         self.skyrl_gym = skyrl_gym if skyrl_gym is not None else GymSettings()
+        self.openenv = openenv if openenv is not None else OpenEnvSettings()
         self.chat_template = chat_template and chat_format.has_template(tokenizer)
         if chat_format.kwargs and not self.chat_template:
             raise DatasetError("generator.chat_template_kwargs is set, but no chat template renders the prompts "
@@ -174,6 +179,8 @@ class DataTask(Task):
 
     def _resolve(self, name: str) -> Any:
         """A skyrl-gym environment's maker, an environment class, or a reward function."""
+        if name == OPENENV:  # an OpenEnv server (environment.openenv)
+            return openenv_environment(self.openenv)
         maker = gym_environment(name, self.skyrl_gym)
         if maker is not None:
             return maker
@@ -235,7 +242,9 @@ class DataTask(Task):
         fn = self.reward_fn(problem)
         if _makes_env(fn):  # an environment: its single-turn score
             env = fn(problem)
-            env.reset()
+            opened = env.reset()
+            if inspect.isawaitable(opened):
+                return _env_score(env, opened, response)
             result = env.step(response)
             if inspect.isawaitable(result):
                 return _step_reward(env, result)
@@ -305,6 +314,12 @@ async def _as_float(value: Awaitable[Any]) -> float:
 def _makes_env(fn: Any) -> bool:
     """Whether a resolved name builds environments (a class, a skyrl-gym maker), not a reward."""
     return inspect.isclass(fn) or isinstance(fn, GymEnvironmentMaker)
+
+
+async def _env_score(env: Any, opened: Awaitable[Any], response: str) -> float:
+    """One step's reward of an environment whose `reset` is async."""
+    await opened
+    return await _step_reward(env, env.step(response))
 
 
 async def _step_reward(env: Any, result: Any, closed: Any = None) -> float:

@@ -117,10 +117,10 @@ class SkyRLGymEnvironment(Environment):
     def __init__(self, env: Any, problem: Problem, calls: EnvCalls) -> None:
         self.env, self.problem, self.calls = env, problem, calls
 
-    def reset(self) -> list[dict[str, Any]]:
+    async def reset(self) -> list[dict[str, Any]]:
         prompt = self.problem.prompt
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else copy.deepcopy(prompt)
-        opening, _ = self.env.init(messages)
+        opening, _ = await self.calls.run(self.env.init, messages)
         return opening
 
     async def step(self, response: str) -> StepResult:

@@ -40,11 +40,3 @@ LOCAL_CPU_TRAINER: tuple[str, ...] = tuple(o for o in LOCAL_CPU if not o.startsw
 """`LOCAL_CPU` without the engine keys: for runs on servers started elsewhere, whose own flags
 decide those (a run refuses them away from their defaults)."""
 
-
-def with_local_cpu(data: dict) -> dict:
-    """A config mapping over the `LOCAL_CPU` baseline: `data`'s own values win (nested or dotted)."""
-    from inflight.config.loader import flatten, parse_override
-
-    merged = {key: value for key, value in (parse_override(text, []) for text in LOCAL_CPU)}
-    merged.update(flatten(data))
-    return merged

@@ -21,6 +21,9 @@ class TrainBatch:
     - `advantages` [B] or [B, T]: per-sequence or per-token advantages (policy-gradient losses).
     - `old_logprobs` [B, T]: log-probabilities under the policy that sampled the tokens (the
       engine's `logprobs`), for the PPO ratio; absent means on-policy (ratio 1).
+    - `routed_experts` [B, T, MoE layers, top_k] int16: the rollout's routing of each position
+      (-1: none), which a mixture-of-experts worker with routing replay uses instead of its
+      routers' choice (`inflight.train.routing_rows`, `inflight.train.moe_replay`).
     """
 
     input_ids: torch.Tensor
@@ -28,6 +31,7 @@ class TrainBatch:
     attention_mask: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     old_logprobs: torch.Tensor | None = None
+    routed_experts: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.input_ids.dim() != 2:

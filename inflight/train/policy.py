@@ -25,6 +25,7 @@ from inflight.train.algorithms import uses_reference
 from inflight.train.checkpoint import CheckpointState, export_model, load_optimizer, save_checkpoint
 from inflight.train.job_config import JobConfig
 from inflight.train.lora import load_adapter, lora_enabled
+from inflight.train.moe_support import check_worker_supports
 from inflight.train.server_fleet import free_port
 from inflight.train.step import TrainingStep
 from inflight.train.workers.base import PolicyWorker, SyncReport
@@ -52,6 +53,7 @@ def make_worker(cfg: Config, job: JobConfig, model_dir: str | Path, training_ste
     kind = job.worker
     if kind == "auto":
         kind = "megatron" if cfg.trainer.strategy == "megatron" else ("fsdp" if dist.is_initialized() else "local")
+    check_worker_supports(cfg, model_dir, kind, role)  # MoE models and routing replay, before any start
     if kind != "local":
         ensure_process_group(job.trainer_device)
     if role == "critic":
@@ -127,6 +129,7 @@ class LocalPolicy:
         self.plan = plan_weight_sync(cfg)
         self.weight_version = version
         self.step_fn, self.reference, self.critic = step_fn, reference, critic
+        self.training_step = step_fn  # what checkpoints read, also while a caller wraps `step_fn`
         self.base_model_dir = None if base_model_dir is None else str(base_model_dir)
         self.timings: dict[str, float] = {}
         self.history: list[dict[str, float]] = []
@@ -214,10 +217,10 @@ class LocalPolicy:
     async def save(self, root: str | Path, step: int, data: dict[str, Any], extra: dict[str, Any], keep: int) -> str:
         """A checkpoint of the worker at `step` (with the data loader's state `data`, the critic, the
         reference once `update_ref_every_epoch` changed it, and the step's algorithm state); its path."""
-        step_fn = self.step_fn
-        reference = self.reference if step_fn is not None and step_fn.ref_epoch > 0 else None
+        training = self.training_step
+        reference = self.reference if training is not None and training.ref_epoch > 0 else None
         extras = {"critic": self.critic, "reference": reference,
-                  "algorithm": step_fn.state() if step_fn is not None else {}}
+                  "algorithm": training.state() if training is not None else {}}
         path = await asyncio.to_thread(save_checkpoint, root, step, self.worker, self.base_model_dir,
                                        self.weight_version, data, extra, keep, **extras)
         return str(path)

@@ -52,6 +52,8 @@ from inflight.train.data_parallel import (
     passes,
     shard_step,
 )
+from inflight.train.moe_metrics import logprob_gaps, routing_metrics
+from inflight.train.routing_rows import routing_rows
 from inflight.train.workers.base import PolicyWorker
 
 
@@ -82,7 +84,8 @@ class StepOptions:
 def build_batch(groups: Sequence[TrajectoryGroup], advantages: torch.Tensor | None, pad_id: int) -> RLBatch:
     """Right-padded [B, T] tensors of every trajectory in `groups` (row order: group by group).
     `advantages` [B] or [B, T] (or None). Rollout log-probabilities and versions sit at the position
-    of the token they score (`logprobs[b, t]` scores token t), prompt positions have version -1."""
+    of the token they score (`logprobs[b, t]` scores token t), prompt positions have version -1.
+    A mixture-of-experts rollout's routing records become `routed_experts` (`routing_rows`)."""
     trajs = [t for g in groups for t in g.trajectories]
     width = max(len(t.prompt_ids) + len(t.response_ids) for t in trajs)
     shape = (len(trajs), width)
@@ -100,7 +103,7 @@ def build_batch(groups: Sequence[TrajectoryGroup], advantages: torch.Tensor | No
         versions[row, p : p + r] = torch.tensor(t.versions)
     adv = None if advantages is None else advantages.float()
     return RLBatch(input_ids=ids, loss_mask=mask, attention_mask=attention, advantages=adv,
-                   rollout_logprobs=rollout, versions=versions)
+                   rollout_logprobs=rollout, versions=versions, routed_experts=routing_rows(trajs, width))
 
 
 class TrainingStep:
@@ -140,49 +143,50 @@ class TrainingStep:
         padded, real = self.counts["padded_tokens"], self.counts["real_tokens"]
         metrics: dict[str, Any] = rollout_metrics(groups, policy_version, self.options.correct_threshold)
         metrics.update(self._update_reference(groups))
-        trajs = [t for g in groups for t in g.trajectories]
-        group_size = len(groups[0].trajectories)
-        if any(len(g.trajectories) != group_size for g in groups):
-            raise ValueError("every group of a step must have the same number of trajectories "
-                             f"(got {sorted({len(g.trajectories) for g in groups})})")
-        uids = [i for i, g in enumerate(groups) for _ in g.trajectories]
+        trajs, uids = rows_of_groups(groups)
         batch = build_batch(groups, None, self.pad_id)
         penalties = self._penalties(trajs)
-        rewards = [shaped_reward(t, p) for t, p in zip(trajs, penalties, strict=True)]
-        live = self._zero_variance_filter(batch, rewards, uids, metrics)
-        if not any(live):  # nothing to learn from: no forward, no ratios, no optimizer step
-            metrics.update(train_s=time.perf_counter() - started, train_cpu_s=time.thread_time() - cpu_started,
-                           optimizer_steps=0.0, is_ratio_mean=None, is_ratio_max=None, is_ratio_min=None)
-            return metrics
-        widths = batch.widths().tolist()
-        shard = shard_step(len(groups), group_size, self.groups_per_mini(len(groups)), self.plan(), self.dp,
-                           widths, live)
+        live = self._zero_variance_filter(batch, [shaped_reward(t, p) for t, p in zip(trajs, penalties, strict=True)],
+                                          uids, metrics)
+        if any(live):
+            metrics["off_policy"] = float(bool(((batch.versions < policy_version) & (batch.loss_mask > 0)).any()))
+            metrics.update(self._train(groups, batch, live, ResponseLayout.of(trajs), penalties, uids, metrics))
+            metrics.update(trained_tokens=float(batch.loss_mask.sum()),
+                           train_padded_tokens=float(self.counts["padded_tokens"] - padded),
+                           train_real_tokens=float(self.counts["real_tokens"] - real))
+        else:  # nothing to learn from: no forward, no ratios, no optimizer step
+            metrics.update(optimizer_steps=0.0, is_ratio_mean=None, is_ratio_max=None, is_ratio_min=None)
+        metrics.update(train_s=time.perf_counter() - started, train_cpu_s=time.thread_time() - cpu_started)
+        return metrics
+
+    def _train(self, groups: Sequence[TrajectoryGroup], batch: RLBatch, live: list[bool], layout: ResponseLayout,
+               penalties: list[float | None], uids: list[int], metrics: dict[str, Any]) -> dict[str, float]:
+        """The forwards, the advantages, the critic's and the policy's optimizer steps of a batch with
+        something to learn from; their metrics."""
+        size, widths = len(groups[0].trajectories), batch.widths().tolist()
+        shard = shard_step(len(groups), size, self.groups_per_mini(len(groups)), self.plan(), self.dp, widths, live)
         batch.row_weight, batch.token_weight = mini_batch_weights(batch.loss_mask, shard)
         local = local_batch(batch, shard).to(self.worker.device)
-        metrics["off_policy"] = float(bool(((batch.versions < policy_version) & (batch.loss_mask > 0)).any()))
-        layout = ResponseLayout.of(trajs)
         old = self._old_logprobs(batch, local, shard, live, len(groups), metrics)
         ref = self._reference_logprobs(batch, local, shard, live)
-        critic_shard = self._critic_shard(len(groups), group_size, widths, live)
+        critic_shard = self._critic_shard(len(groups), size, widths, live)
         values = self._values(batch, critic_shard, layout)
+        take = lambda full: None if full is None else layout.take(full)  # noqa: E731
         adv = compute_advantages(
-            self.objective, token_rewards(trajs, layout, penalties), layout, layout.take(batch.loss_mask), uids,
-            [(m.rows.start, m.rows.stop) for m in shard.mini_batches], self.cfg.trainer.micro_train_batch_size_per_gpu,
-            values=None if values is None else layout.take(values),
-            old_logprobs=None if old is None else layout.take(old),
-            ref_logprobs=None if ref is None else layout.take(ref))
-        metrics.update(adv.metrics)
-        batch.advantages = layout.put(adv.scaled, batch.input_ids.shape[1])
+            self.objective, token_rewards([t for g in groups for t in g.trajectories], layout, penalties), layout,
+            layout.take(batch.loss_mask), uids, [(m.rows.start, m.rows.stop) for m in shard.mini_batches],
+            self.cfg.trainer.micro_train_batch_size_per_gpu, values=take(values), old_logprobs=take(old),
+            ref_logprobs=take(ref))
+        out = dict(adv.metrics)
+        width = batch.input_ids.shape[1]
+        batch.advantages = layout.put(adv.scaled, width)
         local.advantages = rows_of(batch.advantages, shard, local).to(self.worker.device)
+        out.update(logprob_gaps(self, batch, local, shard, live))  # on the weights the step starts from
         if self.critic is not None:
-            metrics.update(self._train_critic(batch, values, layout.put(adv.returns, batch.input_ids.shape[1]),
-                                              critic_shard))
-        metrics.update(self._optimize(batch, local, shard))
-        metrics.update(train_s=time.perf_counter() - started, train_cpu_s=time.thread_time() - cpu_started,
-                       trained_tokens=float(batch.loss_mask.sum()),
-                       train_padded_tokens=float(self.counts["padded_tokens"] - padded),
-                       train_real_tokens=float(self.counts["real_tokens"] - real))
-        return metrics
+            out.update(self._train_critic(batch, values, layout.put(adv.returns, width), critic_shard))
+        out.update(self._optimize(batch, local, shard))
+        out.update(routing_metrics(self))  # what the training forwards' router hooks counted
+        return out
 
     # ---- settings ---------------------------------------------------------------------------------
     def groups_per_mini(self, num_groups: int, mini_batch_size: int | None = None) -> int:
@@ -360,6 +364,15 @@ class TrainingStep:
         self.counts["real_tokens"] += int(part.widths().sum())
         stats.add({**out, **self.loss_fn.sums}, 1.0)
         stats.add(self.loss_fn.stats, float(part.loss_mask.sum()) / tokens)
+
+
+def rows_of_groups(groups: Sequence[TrajectoryGroup]) -> tuple[list[Any], list[int]]:
+    """The step's trajectories, group by group, and each one's group (SkyRL's `index`). Groups must
+    be of one size (the mini-batches are cut in whole groups)."""
+    sizes = {len(g.trajectories) for g in groups}
+    if len(sizes) != 1:
+        raise ValueError(f"every group of a step must have the same number of trajectories (got {sorted(sizes)})")
+    return [t for g in groups for t in g.trajectories], [i for i, g in enumerate(groups) for _ in g.trajectories]
 
 
 def mini_batch_weights(loss_mask: torch.Tensor, shard: Shard) -> tuple[torch.Tensor, torch.Tensor]:

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from inflight.agents.run import AgentRun, uses_agent
 from inflight.client.base import InferenceClient
 from inflight.config import Config, SamplingConfig
 from inflight.engine.heap import frozen_heap
@@ -36,7 +37,7 @@ from inflight.eval.run import evaluate as run_eval
 from inflight.rollout.generator import TaskGenerator, TrajectoryGroup, episode_options, request_seed
 from inflight.tasks.base import Problem, Task
 from inflight.train.checkpoint import resume_checkpoint
-from inflight.train.data_setup import check_generated
+from inflight.train.data_setup import check_generated, model_context
 from inflight.train.dynamic_sampling import DynamicSampler
 from inflight.train.engine_restarts import EngineRestarts
 from inflight.train.job_config import JobConfig
@@ -83,6 +84,7 @@ class RLTrainer:
         # a periodic evaluation running beside the next training step: (step, its time, the task)
         self._evaluation: tuple[int, float, asyncio.Task[dict[str, Any]]] | None = None
         self.logged_evaluation: int | None = None  # the step of the last evaluation the loop logged
+        self.agents: AgentRun | None = None  # generator.agent.path: the agent endpoint and agent
 
     # ---- set-up -------------------------------------------------------------------------------
     async def setup(self) -> RLTrainer:
@@ -110,6 +112,8 @@ class RLTrainer:
             self.loader.load_state(ckpt.data)
             self.global_step = ckpt.step
             self.resumed_from = ckpt.path
+        if uses_agent(cfg):
+            self.agents = await AgentRun(cfg, self.client, self.task.tokenizer, model_context(cfg)).start()
         self.generator = self._task_generator(cfg.generator.sampling_params, cfg.generator.n_samples_per_prompt,
                                               cfg.trainer.seed)
         self.logger = open_run_logs(self.cfg, job, ckpt.step if ckpt is not None else None,  # makes output_dir
@@ -129,6 +133,8 @@ class RLTrainer:
 
     async def close(self) -> None:
         """Stop the runtime (engines, policy) and release files (idempotent)."""
+        if self.agents is not None:
+            await self.agents.close()
         if self.runtime is not None:
             await self.runtime.close()
         if self.logger is not None:
@@ -146,6 +152,8 @@ class RLTrainer:
                                     request_seed(self.cfg.trainer.seed, "eval"))
 
     def _task_generator(self, sampling: SamplingConfig, n: int, seed: int) -> TaskGenerator:
+        if self.agents is not None:  # the agent plays the episodes, through the agent endpoint
+            return self.agents.generator(sampling, n, seed)
         return TaskGenerator(self.client, self.task, n=n, temperature=sampling.temperature,
                              top_p=sampling.top_p, top_k=sampling.top_k,
                              max_tokens=min(sampling.max_generate_length, self.task.max_new_tokens),
@@ -255,6 +263,8 @@ class RLTrainer:
         self._record_consumed(self.global_step, [g.prompt_id for g in originals])
         step_s = time.perf_counter() - step_started
         metrics.update(await self._kv_counters())
+        if self.agents is not None:
+            metrics.update(self.generator.metrics(groups))
         metrics.update({
             "time": time.perf_counter() - self._started,
             "epoch": float(max(g.epoch for g in groups)),

@@ -148,3 +148,14 @@ def test_stop_strings_and_failing_rewards_reach_the_scoring(model_dir, tmp_path,
     assert len(failed) == 2 and all("no luck" in s["reward_error"] and s["reward"] == 0.0 for s in failed)
     assert any("e" in s["response"] for s in samples)  # the model did write the stop string
     assert json.loads((out / "eval_config.json").read_text())["stop"] == ["e"]
+
+
+def test_skyrl_gym_settings_reach_the_environments_and_a_bad_one_is_named():
+    from inflight.config import ConfigError
+    from inflight.eval.job import gym_config
+
+    gym = gym_config(["text2sql.db_path=/data/sql", "search.topk=5", "max_env_workers=4"])
+    assert (gym.text2sql.db_path, gym.search.topk, gym.max_env_workers) == ("/data/sql", 5, 4)
+    with pytest.raises(ConfigError) as err:
+        gym_config(["text2sql.db_pth=/x"])
+    assert err.value.keys == ["environment.skyrl_gym.text2sql.db_pth"] and "db_path" in str(err.value)

@@ -145,3 +145,25 @@ def test_zero_reward_and_overlong_filtering_follow_skyrl(tok, task, last_finish)
     assert mine.loss_mask == want_mask
     assert (mine.reward == 0 and not any(mine.loss_mask)) == (last_finish == "length")
     assert mine.num_sampled == sum(v != ENV_VERSION for v in mine.versions) > 0
+
+
+def test_the_config_keys_reach_the_generator(task):
+    from inflight.config import load_config
+    from inflight.rollout.generator import episode_options
+    from inflight.testing import LOCAL_CPU
+
+    defaults = episode_options(load_config(None, [*LOCAL_CPU, "trainer.max_prompt_length=300"]))
+    assert defaults["max_input_length"] == 300  # null: trainer.max_prompt_length, as SkyRL resolves it
+    assert defaults["use_conversation_multi_turn"] and defaults["append_eos_token_after_stop_str_in_multi_turn"]
+    assert not defaults["zero_reward_on_non_stop"] and not defaults["apply_overlong_filtering"]
+    cfg = load_config(None, [*LOCAL_CPU, "generator.max_input_length=4096",
+                             "generator.use_conversation_multi_turn=false",
+                             "generator.append_eos_token_after_stop_str_in_multi_turn=false",
+                             "generator.zero_reward_on_non_stop=true", "generator.apply_overlong_filtering=true"])
+    options = episode_options(cfg)
+    assert options["max_input_length"] == 4096 and not options["use_conversation_multi_turn"]
+    assert not options["append_eos_token_after_stop_str_in_multi_turn"]
+    assert options["zero_reward_on_non_stop"] and options["apply_overlong_filtering"]
+    gen = TaskGenerator(None, task, **options)
+    assert (gen.max_input_length, gen.conversation, gen.append_eos) == (4096, False, False)
+

@@ -163,5 +163,5 @@ def test_example_yaml_is_the_default_job_with_the_task_overrides():
 
     root = Path(__file__).resolve().parents[2]
     cfg, job = resolve_config(str(root / "examples" / "count_up.yaml"), [])
-    want_cfg, want_job = resolve_config(None, task_overrides("count_up"))
+    want_cfg, want_job = resolve_config(str(root / "examples" / "default.yaml"), task_overrides("count_up"))
     assert dump_config(cfg) == dump_config(want_cfg) and vars(job) == vars(want_job)

@@ -6,6 +6,7 @@ the `max_env_workers` bound, and our `gsm8k` against skyrl-gym's GSM8kEnv on a s
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 import sys
 import textwrap
@@ -192,3 +193,15 @@ def test_our_gsm8k_against_skyrl_gyms_gsm8k_env():
         assert ours(response, truth) == gsm8k_env_reward(response, truth), response
     for response, truth in DIFFERENT:  # the documented differences: ours scores these 1, SkyRL's 0
         assert (ours(response, truth), gsm8k_env_reward(response, truth)) == (1.0, 0.0), response
+
+
+def test_lcb_runs_the_code_it_scores_in_local_processes(tok, tmp_path):
+    tests = json.dumps([{"input": "3\n", "output": "6\n", "testtype": "stdin"},
+                        {"input": "5\n", "output": "10\n", "testtype": "stdin"}])
+    rows = [{"prompt": "Print twice the number read.", "env_class": "lcb",
+             "reward_spec": {"method": "rule", "ground_truth": tests}, "extra_info": {"index": 0}}] * 2
+    data = write_rows(tmp_path / "lcb.parquet", rows)
+    task = DataTask(tok, [data], [data])
+    problem = task.train_problems()[0]
+    assert asyncio.run(task.score(problem, "```python\nn = int(input())\nprint(2 * n)\n```")) == 1.0
+    assert asyncio.run(task.score(problem, "```python\nprint(input())\n```")) == 0.0

@@ -9,7 +9,8 @@ import pytest
 import skyrl_gym
 from gym_support import closed_port_url, make_spider_db, write_rows
 
-from inflight.config import ConfigError, load_config
+from inflight.config import load_config
+from inflight.config.validate import env_class_problem
 from inflight.rewards import RewardError
 from inflight.rewards.registry import known_env_class, skyrl_gym_id
 from inflight.tasks import DataTask
@@ -86,10 +87,12 @@ def test_a_judge_server_must_answer_at_its_base_url(tmp_path):
                                                        r"the judge's OpenAI-compatible server does not answer"):
             load(tmp_path, [{"prompt": "q", "answer": "1"}] * 2, env_class="skyrl_gym:llm_as_a_judge",
                  settings=gym(f"environment.skyrl_gym.llm_as_a_judge.base_url={url}"))
-        task = load(tmp_path, [{"prompt": "q", "answer": "1"}] * 2, env_class="skyrl_gym:llm_as_a_judge")
+        assert known_env_class("llm_as_a_judge")  # registered: its bare name too, as in SkyRL's example
+        task = load(tmp_path, [{"prompt": "q", "answer": "1"}] * 2, env_class="llm_as_a_judge")
         assert task.make_env(task.train_problems()[0]).env.base_url is None  # null: OpenAI's, not probed
     finally:
         skyrl_gym.registry.pop("llm_as_a_judge")
+    assert not known_env_class("llm_as_a_judge")
 
 
 def test_rows_without_what_their_environment_reads_are_named(tmp_path):
@@ -109,10 +112,9 @@ def test_unknown_ids_and_names(tmp_path):
                  "gsm8k", "tool"):
         assert known_env_class(name)
         assert load_config(None, [*LOCAL_CPU, f"environment.env_class={name}"]).environment.env_class == name
-    with pytest.raises(ConfigError, match=r"environment.env_class='skyrl_gym:': is not of the form"):
-        load_config(None, [*LOCAL_CPU, "environment.env_class='skyrl_gym:'"])
-    with pytest.raises(ConfigError, match=r"did you mean 'text2sql'"):
-        load_config(None, [*LOCAL_CPU, "environment.env_class=text2sq"])
+    assert "did you mean 'text2sql'" in env_class_problem("text2sq").fix
+    with pytest.raises(RewardError, match=r"environment.env_class='skyrl_gym:': write 'package.module:name'"):
+        load(tmp_path, [{"prompt": "q", "answer": "1"}] * 2, env_class="skyrl_gym:")
 
 
 def test_make_data_task_passes_the_run_config(tmp_path, tiny_model_factory):

@@ -33,7 +33,7 @@ def _consumed(path) -> list[dict]:
 
 @pytest.mark.parametrize("interrupt_after", [2, 3])
 def test_interrupted_mid_step_and_resumed_uses_every_prompt_once(model_dir, tmp_path, interrupt_after):
-    task = small_task(num_train=30)  # 4 prompts a step: 8 steps, the last one partial
+    task = small_task(num_train=32)  # 4 prompts a step: 8 steps (SkyRL's run length: whole batches)
     overrides = [f"trainer.ckpt_path={tmp_path / 'ckpt'}", "trainer.ckpt_interval=1", "job.max_steps=null",
                  "trainer.resume_mode=latest"]
     cfg, job = rl_config(model_dir, tmp_path / "out", overrides)
@@ -99,7 +99,7 @@ def test_killed_process_resumes(model_dir, tmp_path):
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
     cmd = [sys.executable, "-m", "inflight.train.main", *LOCAL_CPU,
            f"trainer.policy.model.path={model_dir}", f"trainer.ckpt_path={ckpt}", "trainer.ckpt_interval=1",
-           "trainer.resume_mode=latest",
+           "trainer.resume_mode=latest", "generator.inference_engine.weight_sync_backend=shm",
            "trainer.train_batch_size=4", "trainer.policy_mini_batch_size=4",
            "trainer.micro_train_batch_size_per_gpu=64", "generator.n_samples_per_prompt=4",
            "trainer.fully_async.num_parallel_generation_workers=8",

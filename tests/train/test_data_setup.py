@@ -96,7 +96,7 @@ def test_zero_generated_tokens_fail_loudly(tmp_path):
     demo = tmp_path / "demo.yaml"
     demo.write_text("base: demo\n")
     cfg, _ = resolve_config(str(demo), [])
-    empty = SimpleNamespace(prompt_ids=[1] * 64, num_generated=0, finish_reason="length")
+    empty = SimpleNamespace(prompt_ids=[1] * 64, num_generated=0, num_sampled=0, finish_reason="length")
     groups = [SimpleNamespace(trajectories=[empty, empty])]
     with pytest.raises(
         NothingGeneratedError,
@@ -105,7 +105,7 @@ def test_zero_generated_tokens_fail_loudly(tmp_path):
     ):
         check_generated(groups, cfg)
     check_generated(
-        [SimpleNamespace(trajectories=[SimpleNamespace(**{**vars(empty), "num_generated": 1})])], cfg
+        [SimpleNamespace(trajectories=[SimpleNamespace(**{**vars(empty), "num_generated": 1, "num_sampled": 1})])], cfg
     )
 
 

@@ -1,7 +1,6 @@
-"""SkyRL's algorithms through the trainers, with a real engine: a fully-async run with a non-default
-estimator and loss learns, the KL in the reward with the adaptive controller in both trainers (SkyRL's
-fully-async trainer never builds the controller), and dynamic sampling (filter, replace) in the
-synchronous trainer."""
+"""SkyRL's algorithms through the trainers, with a real engine: the KL in the reward with the adaptive
+controller in both trainers (SkyRL's fully-async trainer never builds the controller), and dynamic
+sampling (filter, replace) in the synchronous trainer. (test_learning.py: a run that learns.)"""
 
 from __future__ import annotations
 
@@ -17,14 +16,6 @@ from inflight.train.trainer import make_trainer
 SIZES = ("trainer.train_batch_size=4", "trainer.policy_mini_batch_size=4", "generator.n_samples_per_prompt=4",
          "trainer.fully_async.num_parallel_generation_workers=8", "trainer.eval_interval=0",
          "generator.eval_sampling_params.temperature=0", "generator.eval_sampling_params.max_generate_length=8")
-
-
-class TrainedAndHeldOut(AdditionTask):
-    """One-digit addition evaluated on its 80 training pairs and its 20 held-out ones."""
-
-    def eval_sets(self) -> dict[str, list]:
-        trained = {p.prompt: p for p in self.train_problems()}
-        return {"trained": list(trained.values()), "held_out": list(self.eval_problems())}
 
 
 @pytest.fixture(scope="module")
@@ -47,23 +38,6 @@ def _run(cfg, job, task, evaluate: bool = False):
     return asyncio.run(main())
 
 
-def test_a_fully_async_run_with_maxrl_and_cispo_learns(model_dir, tmp_path):
-    """150 steps of 16 prompts x 8: the greedy accuracy on the problems it trains on rises well above
-    where the warmed-up model starts (the held-out pairs are reported, not required: a 2-layer,
-    64-wide model generalises little in 150 steps)."""
-    cfg, job = rl_config(model_dir, tmp_path, [
-        *SIZES, "trainer.train_batch_size=16", "trainer.policy_mini_batch_size=16", "generator.n_samples_per_prompt=8",
-        "trainer.fully_async.num_parallel_generation_workers=32", "trainer.epochs=30", "job.max_steps=150",
-        "trainer.algorithm.advantage_estimator=maxrl", "trainer.algorithm.policy_loss_type=cispo"])  # fmt: skip
-    task = TrainedAndHeldOut(max_digits=1, num_eval=20, num_train=400)
-    trainer, history, before, after = _run(cfg, job, task, evaluate=True)
-    assert trainer.mode == "fully_async" and len(history) == 150
-    assert max(r["staleness_max"] for r in history) >= 1  # generation ran ahead of training
-    trained = "eval/trained/pass@1"
-    assert after["metrics"][trained] >= before["metrics"][trained] + 0.1, (before["metrics"], after["metrics"])
-    assert after["accuracy"] > before["accuracy"]
-
-
 @pytest.mark.parametrize("mode", ["sync", "fully_async"])
 def test_kl_in_the_reward_with_the_adaptive_controller(model_dir, tmp_path, mode):
     """Every step's coefficient is the last one moved by Ziegler et al.'s law: value *= 1 + clip(avg_kl
@@ -78,7 +52,7 @@ def test_kl_in_the_reward_with_the_adaptive_controller(model_dir, tmp_path, mode
     assert trainer.mode == mode and len(history) == 3 and trainer.policy.reference is not None
     coefs = [r["kl_loss_coef"] for r in history]
     assert coefs[0] == pytest.approx(0.1)
-    for prev, record, coef in zip(history, history[1:], coefs[1:], strict=False):
+    for prev, coef in zip(history, coefs[1:], strict=False):
         error = min(max(prev["avg_kl"] / 0.001 - 1, -0.2), 0.2)
         assert coef == pytest.approx(prev["kl_loss_coef"] * (1 + error * prev["samples"] / 40), rel=1e-6)
     assert coefs[1] != coefs[0] and history[-1]["avg_kl"] > 0

@@ -94,6 +94,22 @@ class SkyRLGymConfig:
 
 
 @dataclass
+class OpenEnvConfig:
+    """`environment.env_class=openenv`: an OpenEnv environment server plays the episodes (not a SkyRL key:
+    SkyRL's OpenEnv example hard-codes its environments; `inflight.tasks.openenv_env`)."""
+
+    url: str | None = ours(None)
+    """A running OpenEnv server (`http://host:port`); each episode opens its own session. null (default):
+    `image`, else each row's `env_name` column as the image `<env_name>:latest` (SkyRL's rows)."""
+    image: str | None = ours(None)
+    """A Docker image of an OpenEnv server: each episode starts its own container (openenv-core's
+    LocalDockerProvider). null (default): `url`."""
+    action_field: str | None = ours(None)
+    """The action field that takes the model's text (the last `<action>...</action>` of a response, else
+    the whole response). null (default): the one required text field of the server's action schema."""
+
+
+@dataclass
 class EnvironmentConfig:
     """How responses to your data are scored (SkyRL: `environment`)."""
 
@@ -105,6 +121,7 @@ class EnvironmentConfig:
     (your reward function or environment class). Built-in tasks (job.task) score themselves and
     refuse this key."""
     skyrl_gym: SkyRLGymConfig = field(default_factory=SkyRLGymConfig)
+    openenv: OpenEnvConfig = field(default_factory=OpenEnvConfig)
     reward_timeout_s: float | None = ours(60.0)
     """Most seconds one reward / environment step may take; a step that takes longer, or raises,
     scores its sample 0 and is counted (`reward/failures`), and training goes on. None: no limit.

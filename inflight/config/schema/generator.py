@@ -65,9 +65,10 @@ class InferenceEngineConfig:
     weight_sync_backend: str = skyrl("nccl")
     """Weight transport: `nccl` / `gloo` (default nccl: a torch.distributed broadcast group from
     the trainer to every engine, `broadcast`), `shm` (one host; SkyRL's `cuda_ipc` means it) or
-    `inprocess`. Into HTTP servers (backend=vllm, external_server_urls) `shm` hands them chunk
-    files in /dev/shm (servers on this host) and `inprocess` sends chunks in request bodies.
-    `delta` (files in a bucket) is refused."""
+    `inprocess`. Into HTTP servers (backend=vllm, external_server_urls) the broadcast group forms
+    with the servers as its members (gloo on CPU, nccl on CUDA), `shm` hands them chunk files in
+    /dev/shm (servers on this host) and `inprocess` sends chunks in request bodies. `delta` (files
+    in a bucket) is refused."""
     weight_transfer_threshold_cuda_ipc_GB: float = skyrl(1.0)
     """Most GiB of weights one chunk of an `shm` (`cuda_ipc`) sync holds, > 0. Default 1.0."""
     delta_weight_sync: DeltaWeightSyncConfig = field(default_factory=DeltaWeightSyncConfig)
@@ -88,9 +89,11 @@ class InferenceEngineConfig:
     """Reuse KV of shared prompt prefixes (keys include the weight version). Default true."""
     enable_chunked_prefill: bool = skyrl(True)
     """Split long prefills across steps. Default true."""
-    enable_return_routed_experts: bool = skyrl(False, status=refused(
-        "recording the routed experts is not implemented yet", runs=lambda v: v is False))
-    """Record the experts a MoE model chose for every token."""
+    enable_return_routed_experts: bool = skyrl(False)
+    """Every rollout asks the engines for the experts a mixture-of-experts model chose at each
+    position, prompt included, and keeps them with its trajectory (what routing replay,
+    `trainer.policy.megatron_config.moe_enable_routing_replay`, replays; as in SkyRL, each needs the
+    other). Native engine only. Default false."""
     max_num_batched_tokens: int = skyrl(8192)
     """Tokens per engine step, >= 1. Default 8192."""
     enforce_eager: bool = skyrl(False)
@@ -255,6 +258,26 @@ class RateLimitConfig:
 
 
 @dataclass
+class AgentConfig:
+    """Your own agent, trained through the agent endpoint (not a SkyRL key: SkyRL wires each agent
+    framework in an example of its own). Every episode gets an OpenAI-compatible `base_url` and
+    `api_key` (its session) served from the run's engines; every call is recorded token for token."""
+
+    path: str | None = ours(None)
+    """`package.module:name` of your agent: `async def agent(base_url, api_key, problem)` returning the
+    episode's reward or `(reward, info)`, or a class whose instances are called so (a plain function
+    runs in a thread). null (default): no agent; the environment (environment.env_class) plays the
+    episodes."""
+    timeout_s: float | None = ours(600.0)
+    """Most seconds one episode (one agent call) may take, > 0; a slower one scores 0 and is counted
+    (`rollout/failed`). null: no limit. Default 600."""
+    host: str = ours("127.0.0.1")
+    """Address the agent endpoint listens on (the agents' base_url). Default 127.0.0.1."""
+    port: int = ours(0)
+    """Its port, in [0, 65535]; 0 (default) picks a free one."""
+
+
+@dataclass
 class GeneratorConfig:
     """Rollout generation."""
 
@@ -313,6 +336,7 @@ class GeneratorConfig:
     `failed` in consumed.jsonl (never trained, never lost). false: the failure ends the run (SkyRL's
     behaviour). Rewards that fail always score 0 (`environment.reward_timeout_s`). Default true."""
     rate_limit: RateLimitConfig = field(default_factory=RateLimitConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
     miniswe_config_path: str | None = example(None, status=_MINISWE)
     """The mini-swe-agent config of SkyRL's mini-swe-agent example. Default null."""
     miniswe_traj_dir: str | None = example(None, status=_MINISWE)
@@ -323,5 +347,5 @@ class GeneratorConfig:
     """SkyRL's recursive-LM example: train on the child agents' trajectories too. Default false."""
 
 
-__all__ = ["DTYPE_ALIASES", "WEIGHT_SYNC_BACKEND_ALIASES", "ChatTemplateConfig", "DeltaWeightSyncConfig", "GeneratorConfig",
+__all__ = ["DTYPE_ALIASES", "WEIGHT_SYNC_BACKEND_ALIASES", "AgentConfig", "ChatTemplateConfig", "DeltaWeightSyncConfig", "GeneratorConfig",
            "InferenceEngineConfig", "RateLimitConfig", "SamplingConfig", "canonical_weight_sync_backend"]

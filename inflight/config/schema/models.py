@@ -202,9 +202,12 @@ class MegatronConfig:
         "the router's score function is the model's own (its Hugging Face config)", runs=lambda v: v is None))
     moe_router_enable_expert_bias: bool | None = skyrl(None, status=refused(
         "the router's expert bias is the model's own (its Hugging Face config)", runs=lambda v: v is None))
-    moe_enable_routing_replay: bool = skyrl(False, status=refused(
-        "routing replay is not implemented yet", runs=lambda v: v is False))
-    """Replay the experts the rollout chose in the training forward (every policy worker)."""
+    moe_enable_routing_replay: bool = skyrl(False)
+    """Routing replay ("R3") for a mixture-of-experts model, on every worker kind (local, FSDP; the
+    Megatron worker takes dense models only): the training forward (and, for `trainer.ref`, the
+    reference's) uses the experts the rollout's engine chose for each token instead of its own
+    router's choice, gated by the current router over those experts; needs
+    `generator.inference_engine.enable_return_routed_experts=true`. Default false."""
     moe_per_layer_logging: bool = skyrl(False, status=refused(
         "per-layer MoE metrics are not implemented yet", runs=lambda v: v is False))
     moe_router_dtype: str = skyrl("fp32", status=refused(
@@ -225,9 +228,9 @@ class MegatronConfig:
     dist_ckpt_optim_fully_reshardable: bool = skyrl(False, status=refused(
         "checkpoints are one Hugging Face model plus the optimizer state (no Megatron distributed checkpoint)",
         runs=lambda v: v is False))
-    freeze_moe_router: bool = skyrl(False, status=refused(
-        "freezing the MoE router is not implemented yet", runs=lambda v: v is False))
-    """Keep the MoE routers' parameters frozen (no-op on dense models)."""
+    freeze_moe_router: bool = skyrl(False)
+    """Keep the policy's MoE routers' parameters frozen (no gradient, not in the optimizer; no-op on
+    dense models). Default false."""
     mtp_num_layers: int | None = skyrl(None, status=refused(
         "multi-token-prediction heads are not implemented", runs=lambda v: v in (None, 0)))
     mtp_loss_weight: float = skyrl(0.1, status=_MTP_PART)

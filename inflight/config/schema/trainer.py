@@ -227,7 +227,8 @@ class TrainerConfig:
     1024. The local worker (one policy rank); FSDP runs the full logits, megatron its
     vocab-parallel cross-entropy: neither chunks yet."""
     vocab_entropy_chunk_size: int = skyrl(0, status=refused(
-        "the entropy is not chunked yet", runs=lambda v: v == 0))
+        "the entropy is not chunked over the vocabulary (the local worker takes it with the log-probabilities, "
+        "trainer.logprobs_chunk_size tokens at a time, so the full logits never exist)", runs=lambda v: v == 0))
     vocab_entropy_chunk_memory_mb: int = skyrl(512, status=accepted(
         "read only with vocab_entropy_chunk_size > 0, which is refused"))
     fused_lm_head_logprob: bool = skyrl(False, status=refused(
@@ -242,6 +243,11 @@ class TrainerConfig:
     correct_threshold: float = ours(1.0)
     """A trajectory counts as correct (the `accuracy` metric) when its reward is at least this.
     Default 1.0."""
+    moe_logprob_gap_interval: int = ours(10)
+    """Mixture-of-experts rollouts with a routing record: every this many training steps (the first
+    included), two forwards without gradients, with and without routing replay, measure the mean
+    |trainer - rollout| log-probability of the trained tokens (`moe/logprob_gap_replay`,
+    `moe/logprob_gap_no_replay`), >= 0; 0: never. Default 10."""
 
     def __post_init__(self) -> None:
         self.strategy = canonical_strategy(self.strategy)

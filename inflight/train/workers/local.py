@@ -10,6 +10,8 @@ policy's frozen base is held in bfloat16 (no master copy needed), its adapters i
 Log-probabilities are taken in float32, `trainer.logprobs_chunk_size` tokens at a time
 (`inflight.train.chunked_logprobs`). `gradient_checkpointing`: each decoder layer's activations
 are recomputed in the backward instead of kept (transformers' non-reentrant checkpointing).
+A mixture-of-experts model's routers are hooked (`inflight.train.moe_replay`): routing replay
+(`megatron_config.moe_enable_routing_replay`), the routing counts, `freeze_moe_router`.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from inflight.train.batch import TrainBatch
 from inflight.train.chunked_logprobs import chunked_token_logprobs
 from inflight.train.lora import adapter_tensors, apply_lora, lora_enabled, merged_tensors
 from inflight.train.losses import LossFn, token_entropy, token_logprobs
+from inflight.train.moe_replay import RoutingReplay, attach_routing
 from inflight.train.workers.base import PolicyWorker
 
 
@@ -62,6 +65,7 @@ class LocalPolicyWorker(PolicyWorker):
         self.bf16 = use_bf16(cfg, self.device) if bf16 is None else bf16
         default = cfg.trainer.gradient_checkpointing
         self.gradient_checkpointing = default if gradient_checkpointing is None else gradient_checkpointing
+        self.routing: RoutingReplay | None = None  # a mixture of experts' router hooks (load_hf_model)
 
     def load_hf_model(self) -> torch.nn.Module:
         """The transformers model of `model_path`, its config overridden by `model_config_kwargs`,
@@ -76,6 +80,7 @@ class LocalPolicyWorker(PolicyWorker):
             model.config.use_cache = False
             reentrant = self.cfg.trainer.gradient_checkpointing_use_reentrant
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": reentrant})
+        self.routing = attach_routing(model, self.cfg, self.role)
         return model.to(self.device)
 
     def compute_dtype(self) -> torch.dtype:
@@ -103,6 +108,8 @@ class LocalPolicyWorker(PolicyWorker):
         """The log-probabilities (with `entropy`, and the token entropy) `trainer.logprobs_chunk_size`
         tokens at a time (the full logits never exist), or from the model's full logits (null, or a
         model whose forward changes its logits after the LM head)."""
+        if self.routing is not None:
+            self.routing.prepare(batch)  # the rollout's experts, with routing replay
         chunk = self.logprobs_chunk_size()
         lm = self.causal_lm()
         if chunk is None or _post_processes_logits(lm):
