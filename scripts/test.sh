@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Sets up .venv (scripts/bootstrap.sh), vLLM's venv (scripts/vllm_venv.sh, for the vllm-marked
-# tests) and TRL's (scripts/trl_venv.sh, for `inflight bench peers`), then runs the whole test suite.
+# tests), TRL's (scripts/trl_venv.sh, for `inflight bench peers`) and verifiers' (scripts/verifiers_venv.sh,
+# for verifiers environments), then runs the whole test suite.
 # Extra arguments go to pytest.
 #   INFLIGHT_SKIP_VLLM=1   do not create vLLM's venv; the vllm-marked tests then skip (or pass
 #                          -m "not vllm" to leave them out)
 #   INFLIGHT_SKIP_TRL=1    do not create TRL's venv (scripts/trl_venv.sh: ~1 min, ~1.5 GB); the TRL
 #                          side of `inflight bench peers`'s smoke test then skips. Without it the test
 #                          requires the venv (INFLIGHT_REQUIRE_TRL=1)
+#   INFLIGHT_SKIP_VERIFIERS=1  do not create verifiers' venv (scripts/verifiers_venv.sh: ~20 s, ~0.5 GB);
+#                          the tests that run a verifiers environment then skip (without it they
+#                          require the venv)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
@@ -16,6 +20,9 @@ fi
 if [ "${INFLIGHT_SKIP_TRL:-0}" != "1" ]; then
   scripts/trl_venv.sh
   export INFLIGHT_REQUIRE_TRL=1
+fi
+if [ "${INFLIGHT_SKIP_VERIFIERS:-0}" != "1" ]; then
+  scripts/verifiers_venv.sh
 fi
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 exec .venv/bin/python -m pytest -q "$@"

@@ -25,6 +25,11 @@ class AgentError(ValueError):
     """The agent cannot be loaded, or answered something that is not a reward."""
 
 
+class AgentStopped(AgentError):
+    """The agent can play no more episodes (e.g. the process that plays them died): the run stops with
+    this error instead of scoring every later episode 0."""
+
+
 def load_agent(path: str) -> Callable[..., Any]:
     """The agent `path` (`package.module:name`) names: its function, or an instance of its class."""
     module_name, _, attr = path.partition(":")
@@ -94,4 +99,4 @@ def parse_result(result: Any) -> tuple[float, dict[str, Any]]:
     return reward, dict(info)
 
 
-__all__ = ["AgentError", "load_agent", "parse_result", "run_agent"]
+__all__ = ["AgentError", "AgentStopped", "load_agent", "parse_result", "run_agent"]

@@ -9,7 +9,8 @@ agent's reward at its last sampled token. Earlier samples (before the agent rewr
 are not trained on: counted as `agent/untrained_samples`, their calls as `agent/rewritten_histories`.
 
 An agent that raises, times out or returns no number scores its episode 0 with what its calls
-generated (`rollout/failed`, `info["rollout_error"]`), as an environment failure does; one that made
+generated (`rollout/failed`, `info["rollout_error"]`), as an environment failure does (but
+`AgentStopped`, an agent that can play no more episodes, stops the run); one that made
 no call before failing leaves nothing to train on and its group is dropped (`skip_failed_rollouts`;
 false lets the error end the run). An episode whose agent made no model call at all is an error
 too: nothing was generated. `zero_reward_on_non_stop` and `apply_overlong_filtering` act on the
@@ -25,7 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from inflight.agents.agent import parse_result, run_agent
+from inflight.agents.agent import AgentStopped, parse_result, run_agent
 from inflight.agents.endpoint import AgentEndpoint
 from inflight.agents.merge import merge_calls
 from inflight.agents.session import SessionSampling
@@ -71,6 +72,8 @@ class AgentGenerator:
                 reward, info = parse_result(result)
             except TimeoutError:
                 error = TimeoutError(f"the agent took longer than generator.agent.timeout_s={self.timeout_s:g} s")
+            except AgentStopped:
+                raise  # not this episode's failure: the run's
             except Exception as err:  # the agent's own failure: the episode's, not the run's
                 error = err
             finally:

@@ -1,9 +1,10 @@
 """A run's agent: the endpoint over the run's client, and the generators that play its episodes.
 
-`agent_run(cfg, client, tokenizer, max_model_len)` is what a trainer holds when `generator.agent.path`
-names an agent (`uses_agent(cfg)`): `await start()` serves the endpoint on the trainer's loop,
-`generator(sampling, n, seed)` makes an `AgentGenerator` (training and evaluation each get one, over
-the same endpoint), `await close()` stops serving.
+`AgentRun(cfg, client, tokenizer, max_model_len)` is what a trainer holds when `generator.agent.path`
+names an agent, or `environment.env_class` a verifiers environment (`verifiers:<env id>`, played by
+a `VerifiersAgent`) (`uses_agent(cfg)`): `await start()` serves the endpoint on the trainer's loop
+(and starts the verifiers worker), `generator(sampling, n, seed)` makes an `AgentGenerator`
+(training and evaluation each get one, over the same endpoint), `await close()` stops both.
 """
 
 from __future__ import annotations
@@ -15,14 +16,15 @@ from inflight.agents.agent import load_agent
 from inflight.agents.endpoint import AgentEndpoint
 from inflight.agents.generator import AgentGenerator
 from inflight.agents.session import SessionSampling
+from inflight.agents.verifiers_env import VerifiersAgent, env_id_of
 from inflight.chat.templates import resolve_chat_template
 from inflight.chat.turns import ChatFormat
 from inflight.rollout.rate_limit import shared_limiter
 
 
 def uses_agent(cfg: Any) -> bool:
-    """Whether the run trains an agent (`generator.agent.path` is set)."""
-    return cfg.generator.agent.path is not None
+    """Whether the run trains an agent: `generator.agent.path` is set, or a verifiers environment plays."""
+    return cfg.generator.agent.path is not None or env_id_of(cfg.environment.env_class) is not None
 
 
 class AgentRun:
@@ -34,14 +36,24 @@ class AgentRun:
         template = generator.chat_template
         fmt = ChatFormat(resolve_chat_template(template.source, template.name_or_path),
                          dict(generator.chat_template_kwargs))
-        model = cfg.trainer.policy.model.path
+        model = Path(str(cfg.trainer.policy.model.path)).name
+        served = generator.inference_engine.served_model_name
+        env_id = env_id_of(cfg.environment.env_class)
+        self.verifiers = None
+        if agent is None and settings.path is None and env_id is not None:
+            agent = self.verifiers = VerifiersAgent(env_id, dict(cfg.environment.verifiers), model=served or model)
         self.agent = agent if agent is not None else load_agent(settings.path)
-        self.endpoint = AgentEndpoint(client, tokenizer, model_name=Path(str(model)).name, max_model_len=max_model_len,
-                                      served_model_name=generator.inference_engine.served_model_name, fmt=fmt,
-                                      host=settings.host, port=settings.port)
+        self.endpoint = AgentEndpoint(client, tokenizer, model_name=model, max_model_len=max_model_len,
+                                      served_model_name=served, fmt=fmt, host=settings.host, port=settings.port)
 
     async def start(self) -> AgentRun:
-        await self.endpoint.start()
+        if self.verifiers is not None:
+            await self.verifiers.start()
+        try:
+            await self.endpoint.start()
+        except BaseException:
+            await self.close()
+            raise
         return self
 
     def generator(self, sampling: Any, n: int, seed: int | None) -> AgentGenerator:
@@ -56,6 +68,8 @@ class AgentRun:
 
     async def close(self) -> None:
         await self.endpoint.close()
+        if self.verifiers is not None:
+            await self.verifiers.close()
 
 
 __all__ = ["AgentRun", "uses_agent"]

@@ -1,6 +1,7 @@
 """Offline throughput: the inflight engine against `transformers` generate() and vLLM, same workload.
 
-Workload: a random Qwen2-shaped model (~50M parameters by default), N requests with prompt and
+Workload: a random Qwen2-shaped model (~50M parameters by default; `--moe`: a Qwen3-MoE of the same
+trunk whose every MLP is 8 experts of 384, 2 per token), N requests with prompt and
 output lengths drawn uniformly (seeded), random prompt token ids, greedy, EOS ignored, so every side
 must produce exactly the requested output tokens. `transformers` gets its best static batching:
 requests sorted by output length, left-padded batches of a few sizes (the best one is reported); with
@@ -11,8 +12,8 @@ prompts from its own virtual environment (`vllm_side`). Each side runs in its ow
 same thread count; they alternate pass by pass so that all see the same background load, and a
 result is refused when other processes (or the benchmark's idle sides) used more than a few percent
 of the CPUs during a timed pass. Timings are medians over `--repeats` passes after a warm-up.
-Achieved FLOP/s counts the useful work (2·params per prompt or output token through the trunk, the LM
-head per output token, and attention) against the best matmul peak measured in the sides' processes
+Achieved FLOP/s counts the useful work (2·params per prompt or output token through the trunk, of an
+MoE its router and the experts each token chose, the LM head per output token, and attention) against the best matmul peak measured in the sides' processes
 (before and after the passes).
 """
 
@@ -301,6 +302,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="inflight bench engine", description=__doc__.split("\n")[0])
     add = parser.add_argument
     add("--small", action="store_true", help="hidden 128, 4 layers, vocab 512")
+    add("--moe", action="store_true",
+        help="a Qwen3-MoE of the same trunk: every MLP 8 experts, 2 per token (FLOPs: the active experts')")
     add("--requests", type=int, default=64)
     add("--min-len", type=int, default=16, help="shortest prompt and output")
     add("--max-len", type=int, default=256, help="longest prompt and output")
@@ -379,6 +382,7 @@ def _parse(argv: list[str]) -> tuple[BenchConfig, argparse.Namespace]:
         parser.error("--requests and --repeats must be >= 1")
     cfg = BenchConfig(
         small=args.small,
+        moe=args.moe,
         requests=args.requests,
         min_len=args.min_len,
         max_len=args.max_len,

@@ -121,10 +121,14 @@ def _block_sizes(result: dict[str, Any]) -> str:
 def _header(result: dict[str, Any]) -> list[str]:
     wl, machine, engine = result["workload"], result["machine"], result["engine"]
     shape = result["config"]["shape"]
+    experts = ""
+    if shape.get("num_experts"):
+        experts = (f", MoE: {shape['num_experts']} experts of {shape['moe_intermediate_size']}, "
+                   f"{shape['num_experts_per_tok']} per token (FLOPs: the active ones)")
     return [
         f"model: hidden {shape['hidden_size']}, {shape['num_hidden_layers']} layers, vocab "
-        f"{shape['vocab_size']}, {engine['params'] / 1e6:.1f}M params, {result['config']['dtype']}; KV block "
-        f"size {_block_sizes(result)}",
+        f"{shape['vocab_size']}{experts}, {engine['params'] / 1e6:.1f}M params, {result['config']['dtype']}; "
+        f"KV block size {_block_sizes(result)}",
         f"workload: {wl['requests']} requests, {wl['prompt_tokens']} prompt + {wl['output_tokens']} output "
         f"tokens, {wl['flops_per_run']['total'] / 1e12:.2f} TFLOP per run",
         f"matmul peak: {machine['matmul_peak_flops'] / 1e9:.1f} GFLOP/s with {machine['torch_threads']} threads; "

@@ -28,13 +28,11 @@ def setup_process(threads: int) -> None:
 
 def build_model(cfg: BenchConfig, model_dir: Path) -> None:
     """The benchmark's random model in `model_dir`, unless one is there already."""
-    from dataclasses import asdict
-
     from inflight.testing import make_tiny_model
 
     setup_process(cfg.threads)
     if not (model_dir / "config.json").is_file():
-        make_tiny_model(model_dir, "qwen2", seed=cfg.seed, **asdict(cfg.shape))
+        make_tiny_model(model_dir, cfg.shape.arch, seed=cfg.seed, **cfg.shape.config_overrides())
 
 
 def per_step_s(one_token_s: float, steps_s: float, steps: int) -> float:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import random
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from inflight.bench.common import MODEL_SHAPES
@@ -17,7 +17,9 @@ DEFAULT_HF_BATCH_SIZES = (32, 64)
 
 @dataclass(frozen=True)
 class ModelShape:
-    """The benchmark model's transformers config overrides (a Qwen2 shape)."""
+    """The benchmark model's transformers config overrides: a Qwen2 shape, or with `num_experts` a
+    Qwen3-MoE one whose every MLP is `num_experts` experts of `moe_intermediate_size`,
+    `num_experts_per_tok` per token."""
 
     hidden_size: int
     num_hidden_layers: int
@@ -26,19 +28,45 @@ class ModelShape:
     num_key_value_heads: int
     vocab_size: int
     max_position_embeddings: int = 1024
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
 
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
 
+    @property
+    def arch(self) -> str:
+        """`make_tiny_model`'s architecture for this shape."""
+        return "qwen3_moe" if self.num_experts else "qwen2"
+
+    def config_overrides(self) -> dict[str, int]:
+        """The transformers config fields of this shape (the expert fields only for an MoE)."""
+        fields = asdict(self)
+        if not self.num_experts:
+            for key in ("num_experts", "num_experts_per_tok", "moe_intermediate_size"):
+                del fields[key]
+        return fields
+
     def trunk_matmul_params(self) -> int:
-        """Weights of the per-layer matmuls (q, k, v, o, gate, up, down) over all layers."""
+        """Weights of the per-layer matmuls a token runs through, over all layers: q, k, v, o, and
+        gate, up, down (an MoE: its router and its `num_experts_per_tok` experts' gate, up and down,
+        the useful work; the other experts' weights are not)."""
         h, kv = self.hidden_size, self.num_key_value_heads * self.head_dim
-        return self.num_hidden_layers * (2 * h * h + 2 * h * kv + 3 * h * self.intermediate_size)
+        mlp = 3 * h * self.intermediate_size
+        if self.num_experts:
+            mlp = h * self.num_experts + self.num_experts_per_tok * 3 * h * self.moe_intermediate_size
+        return self.num_hidden_layers * (2 * h * h + 2 * h * kv + mlp)
 
 
 FULL_MODEL = ModelShape(**MODEL_SHAPES["50m"])  # hidden 512, 13 layers, MLP 1536, 8/4 heads, vocab 8192
 SMALL_MODEL = ModelShape(128, 4, 512, 4, 2, 512)
+_EXPERTS = dict(num_experts=8, num_experts_per_tok=2)
+FULL_MOE = replace(FULL_MODEL, **_EXPERTS, moe_intermediate_size=384)
+"""`--moe`: the full shape with 8 experts of 384 per layer, 2 per token (a tiny-active mixture: half
+the dense MLP's work per token from 2x its weights)."""
+SMALL_MOE = replace(SMALL_MODEL, **_EXPERTS, moe_intermediate_size=128)
 
 
 @dataclass
@@ -46,6 +74,7 @@ class BenchConfig:
     """Everything `run_benchmark` needs; the CLI flags map onto these fields."""
 
     small: bool = False
+    moe: bool = False  # a Qwen3-MoE of the same trunk (FULL_MOE / SMALL_MOE)
     requests: int = 64
     min_len: int = 16
     max_len: int = 256
@@ -73,6 +102,8 @@ class BenchConfig:
 
     @property
     def shape(self) -> ModelShape:
+        if self.moe:
+            return SMALL_MOE if self.small else FULL_MOE
         return SMALL_MODEL if self.small else FULL_MODEL
 
     @property

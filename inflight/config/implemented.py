@@ -119,12 +119,6 @@ def _known(kind: str) -> str:
     return ", ".join((ADVANTAGE_ESTIMATORS if kind == "estimator" else POLICY_LOSSES).names())
 
 NOT_IMPLEMENTED_WHEN: list[tuple[str, Callable[[Config], bool], Callable[[Any], bool], str, str]] = [
-    ("environment.env_class", lambda c: True, lambda v: not (isinstance(v, str) and v.startswith("verifiers:")),
-     "verifiers environments are not implemented yet: verifiers 0.4.0 requires openai<3, which cannot share a "
-     "virtual environment with the agent clients (openai-agents 0.24 requires openai>=3), and it plays each "
-     "episode through a harness program it installs with uv",
-     "run the environment inside your own agent (generator.agent.path) from a process of its own, or serve it "
-     "as an OpenEnv server (environment.env_class=openenv)"),
     *((f"trainer.{role}.model.lora.rank", lambda c: True, lambda v: v == 0,
        f"LoRA on the {role} model is not implemented yet (only the policy takes adapters)",
        f"set trainer.{role}.model.lora.rank=0") for role in ("ref", "critic")),

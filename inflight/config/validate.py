@@ -603,6 +603,25 @@ def _env_class_known(cfg: Config) -> Iterator[Violation]:
                         "write e.g. environment.env_class=my_rewards:score")
 
 
+@_rule("environment.env_class", "environment.verifiers", "generator.agent.path")
+def _verifiers_environment(cfg: Config) -> Iterator[Violation]:
+    """`verifiers:<env id>` names an id and plays the episodes itself; its loader's arguments need it."""
+    from inflight.rewards.registry import verifiers_id  # stdlib only
+
+    name, env_id = cfg.environment.env_class, verifiers_id(cfg.environment.env_class)
+    if env_id is not None and not env_id.strip():
+        yield Violation("environment.env_class", name, "names no verifiers environment",
+                        "write environment.env_class=verifiers:<env id>, e.g. verifiers:wordle")
+    if env_id is not None and cfg.generator.agent.path is not None:
+        yield Violation("generator.agent.path", cfg.generator.agent.path, f"is set, but environment.env_class={name} "
+                        "plays the episodes (through the agent endpoint) itself",
+                        "drop generator.agent.path, or set environment.env_class to another environment")
+    if cfg.environment.verifiers and env_id is None:
+        yield Violation("environment.verifiers", cfg.environment.verifiers, "is read only with "
+                        "environment.env_class=verifiers:<env id> (the environment's loader's arguments)",
+                        "drop environment.verifiers, or set environment.env_class=verifiers:<env id>")
+
+
 def env_class_problem(name: str | None) -> Violation | None:
     """Why a run cannot score with `environment.env_class` = `name` (not registered), or None."""
     from inflight.rewards.registry import SKYRL_GYM_ENVIRONMENTS, known_env_class, reward_names  # stdlib only

@@ -41,6 +41,14 @@ SKYRL_GYM_PREFIX = "skyrl_gym:"
 SKYRL_GYM_ENVIRONMENTS = ("aime", "gsm8k", "gsm8k_multi_turn", "lcb", "search", "searchcode", "text2sql")
 """The environments skyrl-gym 0.4.0 registers. A bare name that is also one of ours (`gsm8k`) is ours;
 `skyrl_gym:<id>` always names skyrl-gym's (any id its registry holds when the run starts)."""
+VERIFIERS_PREFIX = "verifiers:"
+"""`verifiers:<env id>`: a verifiers environment, played through the agent endpoint by its own worker
+(`inflight.agents.verifiers_env`); it is not a reward."""
+
+
+def verifiers_id(name: str | None) -> str | None:
+    """The verifiers environment id of `name` (`verifiers:<id>`; the id may be empty), else None."""
+    return name[len(VERIFIERS_PREFIX):] if name is not None and name.startswith(VERIFIERS_PREFIX) else None
 
 
 def skyrl_gym_id(name: str) -> str | None:
@@ -92,6 +100,9 @@ def resolve(name: str) -> Any:
     if skyrl_gym_id(name) is not None:
         raise RewardError(f"{CONFIG_KEY}={name!r} is a skyrl-gym environment: build it with "
                           "inflight.tasks.skyrl_gym_env (DataTask does), not as a reward")
+    if verifiers_id(name) is not None:
+        raise RewardError(f"{CONFIG_KEY}={name!r} is a verifiers environment: it plays its episodes through the "
+                          "agent endpoint of `inflight train` (its rubric is the reward), not as a reward here")
     if ":" not in name:
         names = [*reward_names(), *(n for n in SKYRL_GYM_ENVIRONMENTS if n not in reward_names())]
         close = difflib.get_close_matches(name, names, n=1)

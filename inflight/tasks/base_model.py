@@ -2,7 +2,9 @@
 
 `build_base_model` writes a random Qwen2-shaped model (hidden 128, 4 layers, 4 heads, 2 KV heads,
 MLP 512, tied embeddings: about 0.8M parameters) with the character tokenizer as a Hugging Face
-directory. `warm_up` trains it on a task's problems (`a+b=` -> sum + EOS for addition) with teacher
+directory; `arch="qwen3_moe"` / `"qwen2_moe"` gives a mixture of experts of the same shape whose
+every MLP is 8 experts of 128, 2 per token (`MOE_SHAPE`; Qwen2-MoE adds its gated shared expert
+of 256), as many active MLP parameters per token as half the dense MLP. `warm_up` trains it on a task's problems (`a+b=` -> sum + EOS for addition) with teacher
 forcing (loss on the answer tokens, long-tailed batches in length buckets) for a few hundred steps,
 stopping early at a time budget or a target accuracy so that RL still has room to improve it, and
 saves it back where the engine can load it. Measured on 2 CPU
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, Qwen2Config
+from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2MoeConfig, Qwen3MoeConfig
 
 from inflight.tasks.addition import AdditionTask
 from inflight.tasks.base import Problem, Task
@@ -36,21 +38,34 @@ BASE_MODEL_SHAPE = dict(
 )
 
 
-def build_base_model(path: str | Path, seed: int = 0, tokenizer=None, **overrides) -> Path:
-    """Write a random-init Qwen2 model and `tokenizer` (default: the addition character tokenizer;
-    give the task's for other tasks) to `path`; returns it. `overrides` go into the Qwen2 config
-    (e.g. hidden_size=64 for tests)."""
+MOE_SHAPE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=128)
+"""The mixtures of experts' MLPs (`arch` qwen3_moe / qwen2_moe), on top of `BASE_MODEL_SHAPE`."""
+ARCHS = {"qwen2": (Qwen2Config, {}), "qwen3_moe": (Qwen3MoeConfig, dict(MOE_SHAPE, norm_topk_prob=True)),
+         "qwen2_moe": (Qwen2MoeConfig, dict(MOE_SHAPE, norm_topk_prob=False, shared_expert_intermediate_size=256))}
+"""`build_base_model`'s architectures (`job.arch`): config class and what they add to the shape."""
+
+
+def build_base_model(path: str | Path, seed: int = 0, tokenizer=None, arch: str = "qwen2", **overrides) -> Path:
+    """Write a random-init model of `arch` (`ARCHS`: qwen2, qwen3_moe, qwen2_moe) and `tokenizer`
+    (default: the addition character tokenizer; give the task's for other tasks) to `path`; returns
+    it. `overrides` go into the config (e.g. hidden_size=64 for tests)."""
+    if arch not in ARCHS:
+        raise ValueError(f"unknown base model arch {arch!r}; one of {', '.join(ARCHS)}")
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tokenizer = tokenizer if tokenizer is not None else make_char_tokenizer()
-    config = Qwen2Config(
+    config_class, extra = ARCHS[arch]
+    shape = BASE_MODEL_SHAPE | extra | overrides
+    if arch == "qwen3_moe":
+        shape.setdefault("head_dim", shape["hidden_size"] // shape["num_attention_heads"])
+    config = config_class(
         vocab_size=len(tokenizer),
         rms_norm_eps=1e-6,
         initializer_range=0.02,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=None,
-        **(BASE_MODEL_SHAPE | overrides),
+        **shape,
     )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)

@@ -22,6 +22,7 @@ from typing import Any
 
 from inflight.chat.turns import PLAIN, ChatFormat
 from inflight.rewards import RewardError, environment_class, get_reward
+from inflight.rewards.registry import verifiers_id
 from inflight.tasks.base import Environment, Problem, SingleTurnEnv, Task
 from inflight.tasks.dataset import DatasetError, encode_chat_prompt, load_problems
 from inflight.tasks.openenv_env import OpenEnvSettings, openenv_environment
@@ -164,6 +165,9 @@ class DataTask(Task):
             name = reward_name(p, self.env_class)
             self.report.rewards[name] = self.report.rewards.get(name, 0) + 1
             rows.setdefault(name, []).append(p)
+            if verifiers_id(self.env_class) is not None or verifiers_id(name) is not None:
+                self._check_verifiers_row(p, name)
+                continue  # the verifiers environment scores it, through the agent endpoint
             if name in resolved:
                 continue
             try:
@@ -176,6 +180,14 @@ class DataTask(Task):
             if isinstance(fn, GymEnvironmentMaker):
                 fn.check(rows[name])
         return resolved
+
+    def _check_verifiers_row(self, problem: Problem, name: str) -> None:
+        """A verifiers environment plays every row of its run: a row may name only that one."""
+        if name != self.env_class:
+            raise DatasetError(
+                f"{problem.meta['source']}: column 'env_class' names {name!r}, but a run plays every row with one "
+                f"environment, environment.env_class={self.env_class!r}: a verifiers environment "
+                "(verifiers:<env id>) must be environment.env_class, and then rows may name no other")
 
     def _resolve(self, name: str) -> Any:
         """A skyrl-gym environment's maker, an environment class, or a reward function."""

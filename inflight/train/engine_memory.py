@@ -54,12 +54,29 @@ def _numel(shape: list[int]) -> int:
     return n
 
 
+def usable_kv_bytes(ie: InferenceEngineConfig, model_dir: str | Path) -> int:
+    """The most KV memory an engine can ever use: `max_num_seqs` requests of `max_model_len` tokens
+    (the model's context when null), from the model's layers, KV heads and head size."""
+    from transformers import AutoConfig
+
+    hf = AutoConfig.from_pretrained(str(model_dir))
+    hf = getattr(hf, "text_config", hf)
+    heads = hf.num_attention_heads
+    head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // heads
+    kv_heads = getattr(hf, "num_key_value_heads", None) or heads
+    tokens = ie.max_model_len or hf.max_position_embeddings
+    per_token = 2 * hf.num_hidden_layers * kv_heads * head_dim * _ELEMENT_SIZE.get(ie.model_dtype, 4)
+    return ie.max_num_seqs * tokens * per_token
+
+
 def kv_cache_gib(ie: InferenceEngineConfig, model_dir: str | Path, engines_on_host: int) -> float:
     """The KV memory (GiB) of one engine of `ie` on `model_dir`: `kv_cache_memory_gib` when set, else
     `gpu_memory_utilization`'s share of the device (CPU: of the available memory over
-    `engines_on_host` engines) less the weights, at least `MIN_KV_GIB`."""
+    `engines_on_host` engines) less the weights, at most what the engine can use (`usable_kv_bytes`:
+    on CPU, where a KV pool is allocated whole, a run does not take 80% of the host for a small model),
+    at least `MIN_KV_GIB`."""
     if ie.kv_cache_memory_gib is not None:
         return float(ie.kv_cache_memory_gib)
     sharing = 1 if ie.device.startswith("cuda") else max(1, engines_on_host)
     budget = ie.gpu_memory_utilization * available_bytes(ie.device) / sharing - weight_bytes(model_dir, ie.model_dtype)
-    return max(MIN_KV_GIB, budget / 2**30)
+    return max(MIN_KV_GIB, min(budget, usable_kv_bytes(ie, model_dir)) / 2**30)

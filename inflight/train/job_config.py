@@ -48,6 +48,10 @@ class JobConfig:
     """metrics.jsonl, TensorBoard events, the plot, and the built base model go here."""
     base_model_dir: str | None = None
     """Where the built-in base model is built and warmed up (default: <output_dir>/base_model)."""
+    arch: str = "qwen2"
+    """Architecture of the built-in base model (when no model path is given): `qwen2` (default,
+    dense), `qwen3_moe` or `qwen2_moe` (a mixture of experts of the same shape: 8 experts, 2 per
+    token; `inflight.tasks.base_model.ARCHS`), e.g. to train with routing replay."""
     warmup_steps: int = 400
     """Supervised warm-up steps of the built-in base model (only when no model path is given)."""
     warmup_batch_size: int = 128
@@ -95,6 +99,7 @@ class JobConfig:
     def validate(self) -> list[Violation]:
         problems = []
         choices = {"task": (None, "addition", "chain_addition", "count_up", "jsonl"),
+                   "arch": ("qwen2", "qwen3_moe", "qwen2_moe"),
                    "worker": ("auto", "local", "fsdp", "megatron"), "tis": ("none", "token", "sequence")}
         for key, allowed in choices.items():
             if getattr(self, key) not in (*allowed, *([None] if key == "tis" else [])):

@@ -7,17 +7,26 @@ only the adapters. `adapter_tensors` is the sync's payload in the engine's namin
 (`inflight.engine.adapters`): per adapted layer `<m>.lora_A.weight` and `<m>.lora_B.weight` times
 the layer's scaling. `merged_tensors` is the full model with every adapter merged (the HF export). `save_adapter` and
 `load_adapter` write and read a checkpoint's adapter in peft's own format.
+
+Mixtures of experts: peft adapts transformers' 3-D expert weights (`mlp.experts.gate_up_proj`,
+`down_proj`) and the router's weight (`mlp.gate`) through `ParamWrapper` layers (what `all-linear`
+targets there, and `gate_proj`+`up_proj` / `down_proj` / `gate` by name); each is named after the
+weight it adapts (`<experts>.gate_up_proj.lora_A.weight`, in peft's [E * rank, in] / [out, E * rank]
+layout, which the engine cuts per expert; `<m>.lora_A.weight` for a 2-D weight), whatever wrappers
+peft nests (`base_layer`). Targets peft cannot adapt are refused naming
+`trainer.policy.model.lora.target_modules`.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
-from inflight.config import Config
+from inflight.config import Config, ConfigError, Violation
 
 _PREFIX = "base_model.model."
 
@@ -35,11 +44,69 @@ def apply_lora(model: torch.nn.Module, cfg: Config) -> torch.nn.Module:
                            "(or: pip install torch==2.13.0 -e '.[lora]')") from err
     lora = cfg.trainer.policy.model.lora
     targets = lora.target_modules
+    modules, parameters = moe_targets(model, list(targets))
     config = peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                             target_modules="all-linear" if targets == ["all-linear"] else list(targets),
+                             target_modules="all-linear" if modules == ["all-linear"] else modules,
                              exclude_modules=list(lora.exclude_modules) if lora.exclude_modules else None,
-                             init_lora_weights=init_lora_weights(lora.init_method))
-    return peft.get_peft_model(model, config)
+                             init_lora_weights=init_lora_weights(lora.init_method),
+                             target_parameters=parameters or None)
+    try:
+        adapted = peft.get_peft_model(model, config)
+    except ValueError as err:  # peft's own refusals (NoMatchingPeftModuleError is one): name the key
+        raise ConfigError([Violation("trainer.policy.model.lora.target_modules", list(targets),
+                                     f"peft cannot adapt them on {type(model).__name__}: {err}",
+                                     "name modules the model has (e.g. q_proj,v_proj), or all-linear")]) from err
+    _refuse_skipped(adapted, list(targets), list(lora.exclude_modules or []))
+    return adapted
+
+
+def _refuse_skipped(model: torch.nn.Module, targets: list[str], excluded: list[str]) -> None:
+    """ConfigError when peft left a linear module the targets name without an adapter: peft 0.21's
+    Qwen3-MoE name conversion moves gate_proj / up_proj / down_proj onto the experts, and the dense
+    MLPs of `mlp_only_layers` then get none."""
+    from peft.tuners.lora import LoraLayer
+
+    def named(name: str, names: list[str]) -> bool:
+        return any(name == n or name.endswith("." + n) for n in names)
+
+    wrapped = {hf_name(n) for n, m in model.named_modules() if isinstance(m, LoraLayer)}
+    skipped = [hf for n, m in model.named_modules() if type(m) is torch.nn.Linear and ".lora_" not in n
+               and (hf := hf_name(n)) not in wrapped and not hf.endswith("lm_head")
+               and (targets == ["all-linear"] or named(hf, targets)) and not named(hf, excluded)]
+    if skipped:
+        raise ConfigError([Violation("trainer.policy.model.lora.target_modules", targets, f"peft leaves {len(skipped)} "
+                                     f"of the linear modules they name without an adapter (e.g. {skipped[0]}): its "
+                                     "mixture-of-experts name conversion moves gate_proj / up_proj / down_proj onto "
+                                     "the experts", "add those modules to trainer.policy.model.lora.exclude_modules, "
+                                     "or name the modules to adapt without them")])
+
+
+_EXPERTS = {"gate_up_proj": "mlp.experts.gate_up_proj", "down_proj": "mlp.experts.down_proj", "gate": "mlp.gate.weight"}
+"""A transformers mixture of experts' weights that are no linear module (its 3-D expert weights, its
+router's weight), as peft's `target_parameters`, by the target name that adapts them."""
+
+
+def moe_targets(model: torch.nn.Module, targets: list[str]) -> tuple[list[str], list[str]]:
+    """(target_modules, target_parameters) for peft: on a mixture of experts, `all-linear` also adapts
+    the expert weights and the routers (as peft does for Qwen3-MoE, not for Qwen2-MoE), and the
+    names `gate_proj`+`up_proj` (or `gate_up_proj`), `down_proj` and `gate` adapt the experts'
+    fused gate|up, their down and the routers besides any linear modules so named. ConfigError for
+    one of gate_proj / up_proj alone: the experts hold them fused."""
+    from inflight.train.moe_replay import moe_routers
+
+    if not moe_routers(model):
+        return targets, []
+    if targets == ["all-linear"]:
+        return targets, list(_EXPERTS.values())
+    names = set(targets)
+    if len(names & {"gate_proj", "up_proj"}) == 1:
+        raise ConfigError([Violation("trainer.policy.model.lora.target_modules", targets, "names one of gate_proj "
+                                     "and up_proj, which a mixture of experts holds fused (experts.gate_up_proj)",
+                                     "name both, or neither")])
+    if {"gate_proj", "up_proj"} <= names:
+        names.add("gate_up_proj")
+    parameters = [param for name, param in _EXPERTS.items() if name in names]
+    return [t for t in targets if t != "gate_up_proj"], parameters
 
 
 INIT_METHODS = {"kaiming": True, "gaussian": "gaussian"}
@@ -51,19 +118,31 @@ def init_lora_weights(method: str) -> bool | str:
     return INIT_METHODS.get(method, method)
 
 
+_BASE_LAYER = re.compile(r"\.base_layer(?=\.|$)")
+
+
+def hf_name(peft_name: str) -> str:
+    """A parameter's or module's name in the base model: peft's prefix and `base_layer` wrappers out."""
+    return _BASE_LAYER.sub("", peft_name.removeprefix(_PREFIX))
+
+
 def _lora_layers(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module]]:
+    """(HF name of the weight each adapter adapts, its LoRA layer): `<m>.weight` for a linear layer,
+    `<m>.<parameter>` for peft's ParamWrapper (an MoE's 3-D expert weights, its router's weight)."""
     from peft.tuners.lora import LoraLayer
 
     for name, module in model.named_modules():
         if isinstance(module, LoraLayer) and "default" in module.lora_A:
-            yield name.removeprefix(_PREFIX), module
+            yield f"{hf_name(name)}.{getattr(module, 'parameter_name', None) or 'weight'}", module
 
 
 @torch.no_grad()
 def adapter_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """The adapter as the engines take it: `<m>.lora_A.weight`, and `<m>.lora_B.weight` scaled by
-    alpha / rank, under the base model's HF module names."""
-    for name, layer in _lora_layers(model):
+    """The adapter as the engines take it: `<w>.lora_A.weight`, and `<w>.lora_B.weight` scaled by
+    alpha / rank, for each adapted weight `<w>` under the base model's HF names (`<m>.weight` is
+    written `<m>`)."""
+    for weight, layer in _lora_layers(model):
+        name = weight.removesuffix(".weight")
         yield f"{name}.lora_A.weight", layer.lora_A["default"].weight.detach()
         yield f"{name}.lora_B.weight", layer.lora_B["default"].weight.detach() * layer.scaling["default"]
 
@@ -72,11 +151,11 @@ def adapter_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]
 def merged_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """Every base weight under its HF name, with the adapters merged in (what `merge_and_unload`
     gives, without touching the training model)."""
-    layers = {f"{name}.weight": layer for name, layer in _lora_layers(model)}
+    layers = dict(_lora_layers(model))
     for name, param in model.named_parameters():
         if ".lora_" in name:
             continue
-        hf = name.removeprefix(_PREFIX).replace(".base_layer.", ".")
+        hf = hf_name(name)
         layer = layers.get(hf)  # each delta made when its weight is: one at a time in memory
         yield hf, param.detach() if layer is None else param.detach() + layer.get_delta_weight("default").to(param.dtype)
 

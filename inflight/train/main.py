@@ -164,8 +164,9 @@ def prepare_base_model(cfg: Config, job: JobConfig, task, say) -> dict[str, Any]
     from inflight.tasks import build_base_model, warm_up
 
     path = Path(job.base_model_dir or Path(job.output_dir) / "base_model")
-    say(f"building the tiny base model in {path} and warming it up (supervised, <= {job.warmup_max_seconds} s)")
-    build_base_model(path, seed=cfg.trainer.seed, tokenizer=task.tokenizer)
+    say(f"building the tiny base model ({job.arch}) in {path} and warming it up (supervised, "
+        f"<= {job.warmup_max_seconds} s)")
+    build_base_model(path, seed=cfg.trainer.seed, tokenizer=task.tokenizer, arch=job.arch)
     report = warm_up(path, task, steps=job.warmup_steps, batch_size=job.warmup_batch_size, lr=job.warmup_lr,
                      max_seconds=job.warmup_max_seconds, target_accuracy=job.warmup_target_accuracy,
                      seed=cfg.trainer.seed, log=say, threads=job.warmup_threads)
@@ -247,12 +248,15 @@ def main(argv: list[str] | None = None, start_ray: Starter | None = None) -> int
         return _error(missing)
     if job.ray and start_ray is None:
         return _error("job.ray=true needs the `inflight` command (`inflight train --ray`)")
+    from inflight.agents.agent import AgentError
+    from inflight.agents.verifiers_env import check_verifiers_venv
     from inflight.train.servers import check_vllm_python
 
-    try:  # before any warm-up or engine start: refused keys and a missing vLLM venv fail at once
+    try:  # before any warm-up or engine start: refused keys and a missing vLLM / verifiers venv fail at once
         require_implemented(cfg)
         check_vllm_python(cfg.generator.inference_engine.vllm_python)
-    except ConfigError as err:
+        check_verifiers_venv(cfg)
+    except (ConfigError, AgentError) as err:
         return _error(err)
     from rich.console import Console
 
@@ -276,7 +280,7 @@ def main(argv: list[str] | None = None, start_ray: Starter | None = None) -> int
 
     try:
         summary = asyncio.run(run_job(cfg, job, task, say, start_ray if job.ray else None))
-    except (NothingGeneratedError, EngineDiedError, EngineProcessError) as err:
+    except (NothingGeneratedError, EngineDiedError, EngineProcessError, AgentError) as err:
         return _error(err, 1)  # the message names what failed and what to do
     summary["total_seconds"] = time.perf_counter() - started
     if warm is not None:

@@ -98,7 +98,9 @@ def check_sampling(p: SamplingFields) -> None:
                         "logprobs=false, or top_k=0 and top_p=1, or use the native backend")
     if p.return_routed_experts:
         problems.append("return_routed_experts=True: the vLLM backend does not return the routing of "
-                        "mixture-of-experts models yet; use the native backend for routing records")
+                        "mixture-of-experts models (vLLM 0.32 records it only in its Model Runner V2, "
+                        "VLLM_USE_V2_MODEL_RUNNER=1, which needs Triton: not on CPU; and this server does not "
+                        "pass it on yet); use the native backend for routing records")
     if problems:
         first = problems[0].split("=", 1)[0]
         raise APIError(400, "invalid sampling parameters: " + "; ".join(problems), code="invalid_value",

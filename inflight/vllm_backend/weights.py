@@ -2,13 +2,17 @@
 complete set goes into vLLM in one reload.
 
 The model's parameters (HF names, shapes, dtypes) are read from its checkpoint's safetensors
-headers. Each chunk is refused (400, naming the parameter) for an unknown name, a wrong shape, an
+headers; a mixture of experts' fused expert tensors (transformers 5's names, what a trainer sends) are
+staged as the checkpoint's per-expert ones (`experts.py`). Each chunk is refused (400, naming the
+parameter) for an unknown name, a wrong shape, an
 integer tensor for a floating weight, NaN/inf, or magnitudes beyond the model dtype's range; a
 refused chunk stages nothing. At finish the staged tensors are written as one safetensors file
 (in /dev/shm when there is one) and vLLM's worker reloads from it (`collective_rpc("reload_weights",
 weights_path=..., is_checkpoint_format=True)`: vLLM's layerwise reload, which runs each layer's
 post-load processing again, so the oneDNN-packed copies on CPU are re-made from the new weights;
-a plain `load_weights` would write into weights the packed copies no longer read).
+a plain `load_weights` would write into weights the packed copies no longer read), then the copies
+that reload misses are made again (`repack_vocabulary`: a tied LM head; `repack_experts`: a mixture
+of experts' weights, which vLLM 0.32's reload leaves unpacked).
 Chunks arrive as safetensors bytes (the chunk route) or through the trainer's broadcast group
 (`broadcast.py`: copied out of the group's buffer, a tensor split over several chunks put back
 together from its pieces); both are checked and staged alike.
@@ -31,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import weight_error
+from .experts import FusedExperts
 from .shared import chunking
 
 log = logging.getLogger("inflight.vllm_backend")
@@ -64,6 +69,7 @@ class WeightStage:
 
     def __init__(self, model_dir: Path) -> None:
         self.params = checkpoint_parameters(model_dir)
+        self.experts = FusedExperts(self.params)  # fused expert names, against per-expert checkpoints
         self.staged: dict[str, Any] = {}
         self.pieces = chunking.Reassembler()  # split tensors of broadcast chunks, until their last piece
         self.complete_dir: Path = Path(model_dir)  # where the last complete weights load from
@@ -80,7 +86,8 @@ class WeightStage:
         for name, tensor in tensors:
             self._check(name, tensor)
         for name, tensor in tensors:
-            self.staged[name] = tensor
+            for part, value in self.experts.split(name, tensor):
+                self.staged[part] = value
         return len(tensors)
 
     def stage_chunk(self, metas: list[Any], flat: Any) -> int:
@@ -101,6 +108,9 @@ class WeightStage:
 
     def _check_name_and_shape(self, name: str, shape: Any) -> dict[str, Any]:
         spec = self.params.get(name)
+        fused = self.experts.shape(name) if spec is None else None
+        if fused is not None:
+            spec = {**self.experts.specs[name], "shape": fused}
         if spec is None:
             sample = ", ".join(sorted(self.params)[:3])
             raise weight_error(f"unknown parameter {name!r}: the model has {len(self.params)} parameters "
@@ -170,8 +180,32 @@ def repack_vocabulary(worker: Any) -> list[str]:
     return done
 
 
+def repack_experts(worker: Any) -> list[str]:
+    """Run in vLLM's worker: pack again, for its CPU grouped-gemm kernel, every mixture of experts'
+    expert weights. vLLM 0.32's layerwise reload leaves them in the checkpoint's layout (it runs the
+    expert kernel's packing only at the first load), so an MoE served after an update, even of the
+    same weights, computes garbage; packing the reloaded layout again restores it. Experts whose
+    intermediate size vLLM pads are refused (their reloaded layout is not the one this packs)."""
+    done = []
+    for name, module in worker.model_runner.model.named_modules():
+        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+        experts = getattr(kernel, "fused_experts", None)
+        if experts is None or not any(c.__name__ == "CPUUnquantizedExperts" for c in type(experts).__mro__):
+            continue
+        if experts._use_zentorch:
+            continue  # zentorch reads the unpacked layout
+        config = experts.moe_config
+        if experts._padded_intermediate_size(config) != config.intermediate_size_per_partition:
+            raise RuntimeError(f"{name}: vLLM pads this model's expert width ({config.intermediate_size_per_partition}) "
+                               "for its CPU kernel, and its in-place reload cannot be repaired for it; serve it with "
+                               "the native backend")
+        experts.process_weights_after_loading(module)
+        done.append(name)
+    return done
+
+
 def _send_by_value() -> None:
-    """`repack_vocabulary` travels to vLLM's worker pickled by value: this private package is not
+    """`repack_vocabulary` and `repack_experts` travel to vLLM's worker pickled by value: this private package is not
     importable there (vLLM pickles callables with cloudpickle, allowed by
     VLLM_ALLOW_INSECURE_SERIALIZATION=1, which the launcher sets for its own processes' IPC)."""
     import cloudpickle
@@ -181,8 +215,9 @@ def _send_by_value() -> None:
 
 async def reload(engine: Any, directory: Path) -> None:
     """vLLM's worker(s) reload every weight from `directory` (layerwise, re-packing on CPU), then
-    the vocabulary's packed copies (`repack_vocabulary`)."""
+    the vocabulary's packed copies (`repack_vocabulary`) and a mixture of experts' (`repack_experts`)."""
     await engine.collective_rpc("reload_weights", kwargs={"weights_path": os.fspath(directory),
                                                           "is_checkpoint_format": True})
     _send_by_value()
     await engine.collective_rpc(repack_vocabulary)
+    await engine.collective_rpc(repack_experts)

@@ -1,4 +1,4 @@
-"""The agent keys, loading an agent by name, what an agent may return, what is refused, and the
+"""The agent keys, loading an agent by name, what an agent may return, and the
 README's example (examples/agent) on a tiny model."""
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import pytest
 
 from inflight.agents.agent import AgentError, load_agent, parse_result, run_agent
 from inflight.config import ConfigError, load_config
-from inflight.config.implemented import require_implemented
 from inflight.testing import LOCAL_CPU
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "agent" / "train_agent.py"
@@ -25,13 +24,6 @@ def test_the_agent_keys_are_checked():
         load_config(None, [*LOCAL_CPU, "generator.agent.port=70000", "generator.agent.timeout_s=0",
                            "generator.agent.host= "])
     assert sorted(err.value.keys) == ["generator.agent.host", "generator.agent.port", "generator.agent.timeout_s"]
-
-
-def test_verifiers_environments_are_refused_naming_why():
-    cfg = load_config(None, [*LOCAL_CPU, "environment.env_class=verifiers:will/wordle"])
-    with pytest.raises(ConfigError, match="openai<3") as err:
-        require_implemented(cfg)
-    assert err.value.keys == ["environment.env_class"]
 
 
 def async_agent(base_url, api_key, problem):

@@ -95,3 +95,26 @@ def test_allocator_choice_preloads_tcmalloc_into_the_side_processes(monkeypatch)
 def _read_maps() -> str:
     with open("/proc/self/maps") as f:
         return f.read()
+
+
+def test_engine_bench_moe_small_counts_only_the_active_experts(tmp_path, capsys):
+    """`--moe`: a Qwen3-MoE of the same trunk, its FLOPs those of the router and the experts each token
+    ran (from the model's own parameters: attention + router + top_k / num_experts of the experts)."""
+    from transformers import AutoModelForCausalLM
+
+    from inflight.bench.engine_workload import BenchConfig
+
+    out = tmp_path / "bench.json"
+    argv = "--moe --small --requests 4 --min-len 4 --max-len 10 --repeats 1 --max-rounds 1 --hf-batch-sizes 4".split()
+    argv += ["--threads", "1", "--out", str(out), "--allow-noisy", "--model-dir", str(tmp_path / "model")]
+    assert main(argv) == 0
+    assert "MoE: 8 experts of 128, 2 per token" in capsys.readouterr().out
+    result = json.loads(out.read_text())
+    assert result["engine"]["output_tokens"] == result["transformers"]["output_tokens"]
+    assert result["engine"]["fraction_of_peak"] > 0 and result["transformers"]["fraction_of_peak"] > 0
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "model")
+    assert model.config.model_type == "qwen3_moe" and model.config.num_experts == 8
+    params = dict(model.named_parameters())
+    active = sum(p.numel() for n, p in params.items() if n.endswith("proj.weight") or n.endswith("mlp.gate.weight"))
+    active += sum(p.numel() for n, p in params.items() if ".experts." in n) * 2 // 8
+    assert BenchConfig(small=True, moe=True).shape.trunk_matmul_params() == active

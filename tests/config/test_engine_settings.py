@@ -47,13 +47,22 @@ def test_each_key_reaches_its_engine_field(tmp_path):
 
 def test_gpu_memory_utilization_sizes_the_kv_cache_from_the_memory_left(tmp_path):
     from inflight.testing import make_tiny_model
-    from inflight.train.engine_memory import available_bytes, kv_cache_gib, weight_bytes
+    from inflight.train.engine_memory import MIN_KV_GIB, available_bytes, kv_cache_gib, weight_bytes
+
+    from transformers import AutoConfig
 
     model = make_tiny_model(tmp_path / "m", arch="qwen2")
     ie = load_config(None, [f"{IE}gpu_memory_utilization=0.5", f"{IE}num_engines=2",
                             "trainer.placement.colocate_all=false"]).generator.inference_engine
-    expected = (0.5 * available_bytes("cpu") / 2 - weight_bytes(model, "bfloat16")) / 2**30
-    assert kv_cache_gib(ie, model, engines_on_host=2) == pytest.approx(expected, rel=0.05)
+    budget = 0.5 * available_bytes("cpu") / 2 - weight_bytes(model, "bfloat16")
+    hf = AutoConfig.from_pretrained(model)
+    head_dim = hf.hidden_size // hf.num_attention_heads  # Qwen2 has no head_dim of its own
+    per_token = 2 * hf.num_hidden_layers * hf.num_key_value_heads * head_dim * 2  # bf16 keys and values
+    usable = ie.max_num_seqs * hf.max_position_embeddings * per_token  # SkyRL's 1024 requests, the model's context
+    assert kv_cache_gib(ie, model, engines_on_host=2) == pytest.approx(min(budget, usable) / 2**30, rel=0.05)
+    small = load_config(None, [f"{IE}max_num_seqs=64", f"{IE}max_model_len=512",
+                               "trainer.placement.colocate_all=false"]).generator.inference_engine
+    assert kv_cache_gib(small, model, engines_on_host=1) == pytest.approx(max(MIN_KV_GIB, 64 * 512 * per_token / 2**30))
     assert weight_bytes(model, "float32") == 2 * weight_bytes(model, "bfloat16") > 0
 
 

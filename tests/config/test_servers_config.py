@@ -123,7 +123,8 @@ def test_the_vllm_command_lines_size_the_kv_cache(tiny_model_factory, monkeypatc
     util = [f"{IE}kv_cache_memory_gib=null", f"{IE}gpu_memory_utilization=0.5", f"{IE}num_engines=2"]
     cfg = load_config(None, [*LOCAL_CPU, *VLLM, *util])
     commands = [c(9000 + i) for i, c in enumerate(vllm_commands(cfg, JobConfig(), model, 3))]
-    expected = 0.5 * 8 / 2 - engine_memory.weight_bytes(model, "float32") / 2**30
+    budget = 0.5 * 8 / 2 - engine_memory.weight_bytes(model, "float32") / 2**30
+    expected = min(budget, engine_memory.usable_kv_bytes(cfg.generator.inference_engine, model) / 2**30)
     for i, cmd in enumerate(commands):
         flags = cmd[cmd.index("serve") + 1:]
         assert float(flags[flags.index("--kv-cache-memory-gib") + 1]) == pytest.approx(expected)

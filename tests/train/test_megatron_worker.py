@@ -380,3 +380,17 @@ def test_engine_after_sync_matches_trained_model(model_dirs, ranks_output, case)
                 step = logits[row, position]
                 assert int(step.argmax()) == token, (case, row, k, version)
                 assert logprob == pytest.approx(float(torch.log_softmax(step, -1)[token]), abs=1e-4)
+
+
+def test_skyrls_default_recompute_is_refused_on_cpu_naming_the_key(tmp_path):
+    from inflight.config import ConfigError
+    from inflight.testing import make_tiny_model
+    from inflight.train.workers.megatron import MegatronPolicyWorker
+
+    model = make_tiny_model(tmp_path / "m", arch="qwen2")
+    cfg = load_config(None, [*LOCAL_CPU, f"trainer.policy.model.path={model}", "trainer.strategy=megatron",
+                             "trainer.policy.megatron_config.transformer_config_kwargs.recompute_granularity=full"])
+    with pytest.raises(ConfigError) as err:
+        MegatronPolicyWorker(cfg, device="cpu")
+    key = "trainer.policy.megatron_config.transformer_config_kwargs"
+    assert err.value.keys == [key] and "CUDA only" in str(err.value) and f"{key}={{}}" in str(err.value)

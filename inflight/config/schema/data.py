@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 from inflight.config.status import accepted, ours, skyrl
 
@@ -117,11 +118,16 @@ class EnvironmentConfig:
     """The reward / environment of rows without their own `env_class` column (a row's own wins):
     `gsm8k` (default), `gsm8k_flexible`, `math`, `exact`, `contains`, `regex`, a skyrl-gym
     environment (`aime`, `gsm8k_multi_turn`, `lcb`, `search`, `text2sql`, ...; also
-    `skyrl_gym:<id>`), a name given to `inflight.rewards.register`, or `package.module:name`
+    `skyrl_gym:<id>`), `openenv` (an OpenEnv server, environment.openenv), `verifiers:<env id>` (an
+    installed verifiers environment, played through the agent endpoint in verifiers' own venv; its
+    rubric is the reward), a name given to `inflight.rewards.register`, or `package.module:name`
     (your reward function or environment class). Built-in tasks (job.task) score themselves and
     refuse this key."""
     skyrl_gym: SkyRLGymConfig = field(default_factory=SkyRLGymConfig)
     openenv: OpenEnvConfig = field(default_factory=OpenEnvConfig)
+    verifiers: dict[str, Any] = ours(factory=dict)
+    """env_class=verifiers:<env id> only: the keyword arguments of the environment's
+    `load_environment` (e.g. `environment.verifiers.num_train_examples=100`). Default {}."""
     reward_timeout_s: float | None = ours(60.0)
     """Most seconds one reward / environment step may take; a step that takes longer, or raises,
     scores its sample 0 and is counted (`reward/failures`), and training goes on. None: no limit.

@@ -107,7 +107,7 @@ class InferenceEngineConfig:
     """Share of the device's memory an engine may use for its weights and KV cache, in (0, 1]
     (vLLM's meaning); on CPU, of the memory available when the engine starts, split between the
     engines of this host. The KV cache takes what the weights leave, at most what max_num_seqs
-    requests of max_model_len tokens can use. kv_cache_memory_gib or num_kv_blocks, when set,
+    requests of max_model_len tokens can use (also on vLLM, whose CPU KV space is given that size). kv_cache_memory_gib or num_kv_blocks, when set,
     decide instead. Default 0.8."""
     offload_kv_for_weight_sync: bool = skyrl(False)
     """Non-colocated only: sleep the engine during a sync, freeing its memory; the KV of

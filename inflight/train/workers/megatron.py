@@ -79,6 +79,13 @@ class MegatronPolicyWorker(PolicyWorker):
         if dist.is_initialized():
             self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.megatron = self.section.megatron_config
+        recompute = self.megatron.transformer_config_kwargs.get("recompute_granularity")
+        if recompute is not None and self.device.type != "cuda":
+            key = f"trainer.{role}.megatron_config.transformer_config_kwargs"
+            raise ConfigError([Violation(
+                key, self.megatron.transformer_config_kwargs, f"asks for megatron's activation recompute "
+                f"(recompute_granularity={recompute!r}, SkyRL's default), which megatron-core runs on CUDA only",
+                f"on CPU set {key}={{}} (or leave out its recompute_* entries)")])
         self.tp = tensor_parallel_size or self.megatron.tensor_model_parallel_size
         self.hf_config = AutoConfig.from_pretrained(self.model_path, **self.megatron.model_config_kwargs)
         self.layout = MegatronLayout.from_hf_config(self.hf_config, self.tp)
