@@ -26,6 +26,7 @@ import os
 import pickle
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -74,6 +75,18 @@ def start_receiver(engine: AsyncEngine, receiver: ReceiverSpec | None) -> None:
     threading.Thread(target=serve, daemon=True, name="weight-receiver").start()
 
 
+def no_delay(conn: Connection) -> Connection:
+    """Turn off Nagle's algorithm on the pipe's TCP socket: `Connection.send` writes a message over
+    16 KiB as two writes (length, then payload), and the second waited for the first's delayed
+    ACK, 40 ms on Linux, whenever a batch of answers was that large."""
+    sock = socket.socket(fileno=os.dup(conn.fileno()))  # the same socket; closing the copy leaves it open
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    finally:
+        sock.close()
+    return conn
+
+
 def _portable(err: BaseException) -> BaseException:
     try:
         pickle.loads(pickle.dumps(err))
@@ -85,8 +98,23 @@ def _portable(err: BaseException) -> BaseException:
 def _main() -> None:
     """The child (`python -m inflight.client.process`): connect back, start the engine, serve its pipe."""
     host, port = os.environ["INFLIGHT_ENGINE_ADDRESS"].rsplit(":", 1)
-    conn = Client((host, int(port)), authkey=bytes.fromhex(os.environ["INFLIGHT_ENGINE_KEY"]))
+    conn = no_delay(Client((host, int(port)), authkey=bytes.fromhex(os.environ["INFLIGHT_ENGINE_KEY"])))
     config, threads, receiver = conn.recv()
+    if os.environ.get("H32_SWITCH_S"):
+        sys.setswitchinterval(float(os.environ["H32_SWITCH_S"]))
+    if os.environ.get("H32_TRACE"):
+        import atexit, time as _t
+        trace = []
+        orig_step, orig_flush, orig_recv = AsyncEngine._step_once, _Outbox.flush, Connection.recv
+        def step_once(self):
+            a = _t.perf_counter(); r = orig_step(self); trace.append(("step", a, _t.perf_counter(), r[0], len(r[1]))); return r
+        def flush(self):
+            a = _t.perf_counter(); n = len(self.queued); orig_flush(self); trace.append(("send", a, _t.perf_counter(), n))
+        def recv(self):
+            r = orig_recv(self); trace.append(("recv", _t.perf_counter(), len(r) if isinstance(r, list) else 0)); return r
+        AsyncEngine._step_once, _Outbox.flush, Connection.recv = step_once, flush, recv
+        import json as _j
+        atexit.register(lambda: open(os.environ["H32_TRACE"], "w").write(_j.dumps(trace)))
     torch.set_num_threads(threads)
     try:
         engine = AsyncEngine(LLMEngine(config))
@@ -217,7 +245,7 @@ class EngineProcess:
             process.kill()
             raise EngineProcessError(f"the {self.name} process did not connect within {timeout:.0f} s "
                                      f"(exit code {process.poll()})")
-        conn = accepted[0]
+        conn = no_delay(accepted[0])
         conn.send((self.config, self.threads, self.receiver))
         if paused:
             self._expect(process, conn, timeout)

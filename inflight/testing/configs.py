@@ -30,6 +30,7 @@ LOCAL_CPU: tuple[str, ...] = (
     "trainer.algorithm.off_policy_correction.tis_ratio_type=token",
     "trainer.algorithm.off_policy_correction.sequence_tis_ratio_clip_high=2.0",
     "trainer.logger=[console,tensorboard]",
+    "trainer.print_example_interval=0",
     "trainer.ckpt_interval=-1",
     "trainer.resume_mode=null",
     "data.train_data=[]",

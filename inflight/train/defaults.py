@@ -29,6 +29,7 @@ trainer:
   bf16: false                         # float32 on CPU
   gradient_checkpointing: false       # the recompute costs more than the memory it saves on this model
   logger: [console, tensorboard]
+  print_example_interval: 100         # an example rollout printed every 100 steps (SkyRL: every step)
   ckpt_interval: -1                   # no checkpoints (set trainer.ckpt_path and an interval to save)
   resume_mode: null
   policy:

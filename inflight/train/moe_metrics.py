@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from inflight.train.data_parallel import Shard, StepStats, forward_parts
+from inflight.train.data_parallel import Shard, StepStats, forward_parts, passes
 
 
 def routing_metrics(step: Any) -> dict[str, float]:
@@ -38,20 +38,21 @@ def routing_metrics(step: Any) -> dict[str, float]:
 def logprob_gaps(step: Any, batch: Any, local: Any, shard: Shard, live: Sequence[bool]) -> dict[str, float]:
     """Every `trainer.moe_logprob_gap_interval` steps: the trained tokens' mean |log-probability -
     rollout's| with and without routing replay (empty otherwise, or without records)."""
-    from inflight.train.step import forward_rows
-
     worker, interval = step.worker, step.cfg.trainer.moe_logprob_gap_interval
     routing = getattr(worker, "routing", None)
     if routing is None or local.routed_experts is None or interval <= 0 or worker.global_step % interval:
         return {}
     parts, count = forward_parts(shard, step.forward_plan(), batch.widths().tolist(), live)
-    mask = local.loss_mask
-    sums = {"moe/gap_tokens": float(mask.sum())}
+    sums = dict.fromkeys(("moe/gap_tokens", "moe/gap_replay", "moe/gap_no_replay"), 0.0)
     for name, on in (("replay", True), ("no_replay", False)):
         with routing.replaying(on):
-            logprobs = forward_rows(worker.logprobs, local, parts, count)
-        gap = (logprobs - local.rollout_logprobs.to(logprobs)).abs() * mask.to(logprobs)
-        sums[f"moe/gap_{name}"] = float(gap.sum())
+            for part, rows in passes(local, parts, count):  # every rank runs `count`: FSDP's are collectives
+                logprobs = worker.logprobs(part)
+                if rows is None:
+                    continue
+                mask = part.loss_mask.to(logprobs)
+                sums[f"moe/gap_{name}"] += float(((logprobs - part.rollout_logprobs.to(logprobs)).abs() * mask).sum())
+                sums["moe/gap_tokens"] += float(mask.sum()) if on else 0.0
     reduced = StepStats(sums).reduced(step.dp).sums
     tokens = max(reduced["moe/gap_tokens"], 1.0)
     return {f"moe/logprob_gap_{name}": reduced[f"moe/gap_{name}"] / tokens for name in ("replay", "no_replay")}

@@ -69,7 +69,7 @@ class ExpertsSeen:
     """The expert indices each sparse block's `experts` ran with, per forward: [B * S, MoE layers, k]."""
 
     def __init__(self, model: torch.nn.Module) -> None:
-        blocks = [layer.mlp for layer in model.model.layers if hasattr(layer.mlp, "experts")]
+        blocks = [m for n, m in model.named_modules() if n.endswith(".mlp") and hasattr(m, "experts")]
         self.calls: list[list[torch.Tensor]] = []
         self.hooks = [b.experts.register_forward_pre_hook(self._seen(j)) for j, b in enumerate(blocks)]
 
@@ -113,17 +113,18 @@ def test_same_weights_in_fp32_give_the_engines_logprobs_and_experts(rollouts, ar
     assert worker.routing.replay is replay
 
 
-@pytest.mark.parametrize("arch", list(ARCHS))
-def test_after_a_router_only_change_replay_runs_exactly_the_recorded_experts(rollouts, arch):
+@pytest.mark.parametrize("arch, lora", [("qwen3_moe", False), ("qwen2_moe", False), ("qwen2_moe", True)])
+def test_after_a_router_only_change_replay_runs_exactly_the_recorded_experts(rollouts, arch, lora):
     """(b): new router weights choose other experts; with replay the experts run are exactly the
     recorded ones (in their slots) where a record is, the router's own elsewhere; without replay
-    they differ from the record."""
+    they differ from the record. Also under peft (LoRA on the routers and the experts)."""
     path, groups = rollouts(arch)
     batch = build_batch(groups, None, pad_id=0)
     recorded, has = _recorded(batch)
     used = {}
+    adapters = ["trainer.policy.model.lora.rank=2"] if lora else []
     for replay in (True, False):
-        worker = _worker(path, *(REPLAY if replay else []))
+        worker = _worker(path, *adapters, *(REPLAY if replay else []))
         _move_routers(worker)
         seen = ExpertsSeen(worker.model)
         worker.logprobs(batch)
