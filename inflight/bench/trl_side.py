@@ -40,7 +40,8 @@ NOT_ALIGNED = (
     "truncated importance sampling (trainer.algorithm.off_policy_correction); TRL and the synchronous "
     "trainer are on-policy",
     "threads: TRL runs one process with `--trl-threads` torch threads (2: its natural setting); inflight "
-    "a trainer and an engine process with job.threads and job.engine_threads (1 each)",
+    "a trainer and an engine process with job.threads and job.engine_threads (1 each; "
+    "job.lend_threads=true lets the side that computes alone borrow the other's)",
     "advantage epsilon: GRPO's (r - mean) / (std + eps) with eps 1e-6 in inflight, 1e-4 in TRL",
 )
 """Every setting of the two sides that the bench does not make equal, and why."""

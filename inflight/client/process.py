@@ -100,24 +100,9 @@ def _main() -> None:
     host, port = os.environ["INFLIGHT_ENGINE_ADDRESS"].rsplit(":", 1)
     conn = no_delay(Client((host, int(port)), authkey=bytes.fromhex(os.environ["INFLIGHT_ENGINE_KEY"])))
     config, threads, receiver = conn.recv()
-    if os.environ.get("H32_SWITCH_S"):
-        sys.setswitchinterval(float(os.environ["H32_SWITCH_S"]))
-    if os.environ.get("H32_TRACE"):
-        import atexit, time as _t
-        trace = []
-        orig_step, orig_flush, orig_recv = AsyncEngine._step_once, _Outbox.flush, Connection.recv
-        def step_once(self):
-            a = _t.perf_counter(); r = orig_step(self); trace.append(("step", a, _t.perf_counter(), r[0], len(r[1]))); return r
-        def flush(self):
-            a = _t.perf_counter(); n = len(self.queued); orig_flush(self); trace.append(("send", a, _t.perf_counter(), n))
-        def recv(self):
-            r = orig_recv(self); trace.append(("recv", _t.perf_counter(), len(r) if isinstance(r, list) else 0)); return r
-        AsyncEngine._step_once, _Outbox.flush, Connection.recv = step_once, flush, recv
-        import json as _j
-        atexit.register(lambda: open(os.environ["H32_TRACE"], "w").write(_j.dumps(trace)))
     torch.set_num_threads(threads)
     try:
-        engine = AsyncEngine(LLMEngine(config))
+        engine = AsyncEngine(LLMEngine(config), threads=threads)
     except Exception as err:  # report start-up failures to the parent instead of dying silently
         conn.send([("ready", False, _portable(err))])
         return

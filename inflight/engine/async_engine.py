@@ -52,6 +52,7 @@ class LoopHealth:
     seconds_since_step: float  # since the loop last looked for work
     stalled: bool  # runnable work has gone unstepped for stall_s, or callers wait on a stopped loop
     missed_wakeups: int
+    threads: int | None  # torch threads the last step computed with (None: no step yet)
 
 
 @dataclass(frozen=True)
@@ -78,9 +79,13 @@ class _Abort:
 class AsyncEngine:
     """Asynchronous front of one LLMEngine (same lifecycle, as coroutines)."""
 
-    def __init__(self, engine: LLMEngine, stall_s: float = STALL_S) -> None:
+    def __init__(self, engine: LLMEngine, stall_s: float = STALL_S, threads: int | None = None) -> None:
+        if threads is not None and threads < 1:
+            raise ValueError(f"threads={threads}: an engine computes with at least 1 torch thread")
         self.engine = engine
         self.stall_s = stall_s
+        self.threads = threads  # torch threads of the threads that step it (None: as they are)
+        self._step_threads: int | None = None
         self._futures: dict[str, asyncio.Future[RequestOutput]] = {}
         self._streams: dict[str, asyncio.Queue[RequestOutput | Exception]] = {}
         self._wakeup: asyncio.Event | None = None
@@ -95,9 +100,15 @@ class AsyncEngine:
         self._drain_waiters: list[asyncio.Future[None]] = []  # pause("wait") calls waiting for the drain's end
 
     @classmethod
-    def from_config(cls, config: EngineConfig, stall_s: float = STALL_S) -> AsyncEngine:
+    def from_config(cls, config: EngineConfig, stall_s: float = STALL_S, threads: int | None = None) -> AsyncEngine:
         """An AsyncEngine around a new LLMEngine built from `config`."""
-        return cls(LLMEngine(config), stall_s)
+        return cls(LLMEngine(config), stall_s, threads)
+
+    def _use_threads(self) -> None:
+        """Worker thread: compute with `threads` torch threads. torch's count is per thread (each
+        thread's OpenMP setting), so every thread that steps the engine or runs a call sets its own."""
+        if self.threads is not None and torch.get_num_threads() != self.threads:
+            torch.set_num_threads(self.threads)
 
     # ---- loop ---------------------------------------------------------------------------------
     def _ensure_started(self) -> None:
@@ -188,6 +199,8 @@ class AsyncEngine:
         self._last_progress = time.monotonic()
         if not work:
             return False, [], {}, changes
+        self._use_threads()
+        self._step_threads = torch.get_num_threads()
         outputs = self.engine.step()
         self._last_progress = time.monotonic()
         snapshots = {}
@@ -345,6 +358,7 @@ class AsyncEngine:
         here, not by the awaiting coroutine: the call takes effect even when that coroutine is
         cancelled (a caller's timeout, a client gone) or the call raises after changing state."""
         try:
+            self._use_threads()
             self._apply_inbox()
             with self.engine.lock:  # the count moves with the change: a step that sees one sees both
                 try:
@@ -405,7 +419,7 @@ class AsyncEngine:
         since = time.monotonic() - self._last_progress
         stalled = (waiters > 0 and not started) or (runnable and since > self.stall_s)
         return LoopHealth("running" if started else "stopped", waiters, round(since, 3), stalled,
-                          self.missed_wakeups)
+                          self.missed_wakeups, self._step_threads)
 
     def health(self) -> dict[str, Any]:
         """The step loop's state, read without the engine's lock: `stalled` is True when there is

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -28,6 +29,7 @@ from inflight.train.lora import load_adapter, lora_enabled
 from inflight.train.moe_support import check_worker_supports
 from inflight.train.server_fleet import free_port
 from inflight.train.step import TrainingStep
+from inflight.train.thread_lending import ThreadLending
 from inflight.train.workers.base import PolicyWorker, SyncReport
 from inflight.weight_sync.inprocess import InProcessTransport
 from inflight.weight_sync.plan import KVFate, plan_weight_sync
@@ -121,7 +123,7 @@ class LocalPolicy:
     def __init__(self, cfg: Config, worker: PolicyWorker, client: InferenceClient | None,
                  transport: WeightTransport | None = None, *, version: int = 0, step_fn: TrainingStep | None = None,
                  reference: PolicyWorker | None = None, base_model_dir: str | Path | None = None,
-                 critic: PolicyWorker | None = None) -> None:
+                 critic: PolicyWorker | None = None, lending: ThreadLending | None = None) -> None:
         if worker.rank == 0 and client is None:
             raise ValueError("the process holding rank 0 needs an inference client")
         self.cfg, self.worker, self.client = cfg, worker, client
@@ -134,19 +136,23 @@ class LocalPolicy:
         self.timings: dict[str, float] = {}
         self.history: list[dict[str, float]] = []
         self.failed_syncs = 0
-        # one named thread for every training step: the step's thread-local state stays put, and a
-        # placement (bench rl's) can find it and give it a core of its own
+        # one named thread for every training step: the step's thread-local state (its torch threads)
+        # stays put, and a placement (bench rl's) can find it and give it a core of its own
         self._train_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=TRAIN_THREAD_NAME)
+        # the step's torch threads, and the engines' lent to it (`inflight.train.thread_lending`)
+        self.lending = lending if lending is not None else ThreadLending(torch.get_num_threads())
+        self._follow_lending = False  # steps follow a lending that changes while they run
 
     @classmethod
     def load(cls, cfg: Config, job: JobConfig, pad_id: int, model_dir: str | Path, client: InferenceClient | None,
              transport: WeightTransport | None, version: int, ckpt: CheckpointState | None = None,
-             training_steps: int | None = None) -> LocalPolicy:
+             training_steps: int | None = None, lending: ThreadLending | None = None) -> LocalPolicy:
         """Load the worker from `model_dir` (the checkpoint's on resume, with its optimizer state;
         a LoRA policy's is the base model, and the checkpoint's adapter is loaded into it), the
         reference and the critic (the checkpoint's when it holds them) and the training step; the
         base model is `trainer.policy.model.path`. `training_steps`: the run's (`run_training_steps`),
-        over which a decaying learning-rate schedule runs."""
+        over which a decaying learning-rate schedule runs; `lending`: the step's threads (default
+        `job.threads`, none lent)."""
         torch.set_num_threads(job.threads)
         base_model_dir = cfg.trainer.policy.model.path
         worker = make_worker(cfg, job, model_dir, training_steps).setup()
@@ -173,19 +179,26 @@ class LocalPolicy:
                 load_optimizer(critic, ckpt, prefix="critic_")
             step_fn.load_state(ckpt.algorithm)
         return cls(cfg, worker, client, transport, version=version, step_fn=step_fn, reference=reference,
-                   base_model_dir=base_model_dir, critic=critic)
+                   base_model_dir=base_model_dir, critic=critic, lending=lending or ThreadLending(job.threads))
 
     @property
     def kv_fate(self) -> KVFate:
         """What the sync does to the KV of requests in flight (the plan's)."""
         return self.plan.kv_fate
 
+    def follow_lending(self, follow: bool = True) -> ThreadLending:
+        """Have every step follow `lending` while it runs (the fully-async trainer lends and takes
+        back the engines' threads during a step); returns it."""
+        self._follow_lending = follow
+        return self.lending
+
     async def train(self, groups: list[TrajectoryGroup], policy_version: int) -> dict[str, Any]:
         """One training step, on the policy's training thread (`TRAIN_THREAD_NAME`), so the caller's
-        event loop keeps running."""
+        event loop keeps running, with the torch threads `lending` gives it."""
         loop = asyncio.get_running_loop()
         run = contextvars.copy_context().run  # as asyncio.to_thread does
-        return await loop.run_in_executor(self._train_thread, run, self.step_fn, groups, policy_version)
+        step = functools.partial(self.lending.run, self.step_fn, groups, policy_version, follow=self._follow_lending)
+        return await loop.run_in_executor(self._train_thread, run, step)
 
     async def sync_weights(self) -> SyncReport:
         """Push the current weights to the engines as the next weight version, following the plan.

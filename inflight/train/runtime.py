@@ -31,6 +31,7 @@ from inflight.train.job_config import JobConfig
 from inflight.train.policy import LocalPolicy
 from inflight.train.sender import ServerGroupSender, make_sender, receiver_spec
 from inflight.train.servers import Servers, start_servers
+from inflight.train.thread_lending import thread_split
 from inflight.train.workers.base import SyncReport
 from inflight.weight_sync import transport_kind
 from inflight.weight_sync.transport import ChannelTransport, WeightTransport
@@ -111,11 +112,13 @@ async def start_local(cfg: Config, job: JobConfig, *, pad_id: int, model_dir: st
         raise ValueError(f"the policy has {ranks} ranks (trainer.placement.policy_num_nodes x "
                          "policy_num_gpus_per_node); the in-process trainer runs one: "
                          "use --ray (job.ray=true)")
+    split = thread_split(cfg, job, engines_here=not on_servers(cfg))
     runtime = LocalRuntime(make_sender(cfg, model_dir, job.trainer_device))
     try:
-        await _start_engines(runtime, cfg, job, model_dir, version)
+        await _start_engines(runtime, cfg, job, model_dir, version, split.engine)
         runtime.policy = await asyncio.to_thread(LocalPolicy.load, cfg, job, pad_id, model_dir,
-                                                 runtime.client, runtime.transport, version, ckpt, training_steps)
+                                                 runtime.client, runtime.transport, version, ckpt, training_steps,
+                                                 lending=split.lending())
         if external(cfg):  # servers started elsewhere hold what their owner loaded: the run's weights first
             await runtime.policy.sync_weights()
     except BaseException:
@@ -125,9 +128,9 @@ async def start_local(cfg: Config, job: JobConfig, *, pad_id: int, model_dir: st
 
 
 async def _start_engines(runtime: LocalRuntime, cfg: Config, job: JobConfig, model_dir: str | Path,
-                         version: int) -> None:
+                         version: int, threads: int) -> None:
     """The engines and their client: HTTP servers (vLLM, external), else in this process for
-    `inprocess`, in child processes otherwise."""
+    `inprocess`, in child processes otherwise; those two compute with `threads` torch threads each."""
     if on_servers(cfg):
         runtime.servers = await start_servers(cfg, job, model_dir, version)
         runtime.client = runtime.servers.client
@@ -141,11 +144,11 @@ async def _start_engines(runtime: LocalRuntime, cfg: Config, job: JobConfig, mod
         from inflight.client import LocalClient
         from inflight.engine import AsyncEngine, LLMEngine
 
-        runtime.local_engines = [AsyncEngine(LLMEngine(c)) for c in configs]
+        runtime.local_engines = [AsyncEngine(LLMEngine(c), threads=threads) for c in configs]
         runtime.client = one_client([LocalClient(e) for e in runtime.local_engines])
         return
     specs = [receiver_spec(runtime.transport, kind, c.device, i, len(configs)) for i, c in enumerate(configs)]
-    runtime.engine_procs = await _start_processes(configs, specs, job.engine_threads)
+    runtime.engine_procs = await _start_processes(configs, specs, threads)
     runtime.client = one_client([p.client for p in runtime.engine_procs])
     if isinstance(runtime.transport, ChannelTransport):  # shm and broadcast: a dead engine fails fast
         procs = list(runtime.engine_procs)

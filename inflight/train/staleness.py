@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -42,6 +42,7 @@ class StalenessManager:
         self.running = 0
         self.rejected = 0
         self._changed = asyncio.Event()  # bound to the event loop of its first wait
+        self.on_change: Callable[[], None] | None = None  # called after every change (the trainer's lending)
 
     @property
     def limit(self) -> int:
@@ -55,11 +56,18 @@ class StalenessManager:
             free = min(free, self.max_concurrency - self.running)
         return max(0, free)
 
+    @property
+    def generation_ahead(self) -> bool:
+        """Bounded staleness reached and nothing generating: no group may start until the trainer
+        takes a step, so the engines are idle (the fully-async trainer lends it their cores)."""
+        return self.running == 0 and self.capacity() == 0
+
     def try_start(self) -> bool:
         """Claim a slot if there is one (running += 1)."""
         if self.capacity() <= 0:
             return False
         self.running += 1
+        self._changes()
         return True
 
     async def start(self) -> None:
@@ -72,20 +80,24 @@ class StalenessManager:
         """A running group finished and entered the buffer."""
         self._finish()
         self.accepted += 1
+        self._changes()
 
     def reject(self) -> None:
         """A running group finished and was filtered out (or never started: no prompt was left)."""
         self._finish()
         self.rejected += 1
+        self._changes()
 
     def cancel(self) -> None:
         """A claimed slot was given back without generating (no prompt left, shutdown)."""
         self._finish()
+        self._changes()
 
     def step_done(self) -> None:
         """The trainer finished step `global_step`; the window moves by one mini-batch."""
         self.global_step += 1
         self._changed.set()
+        self._changes()
 
     def _finish(self) -> None:
         """One running group less; the waiting starters look again (the loop runs them later, after
@@ -94,6 +106,10 @@ class StalenessManager:
             raise RuntimeError("no running group to finish")
         self.running -= 1
         self._changed.set()
+
+    def _changes(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
 
     def state(self) -> dict[str, int]:
         return {"global_step": self.global_step, "accepted": self.accepted, "running": self.running,

@@ -399,6 +399,7 @@ class FullyAsyncTrainer(RLTrainer):
         workers_n = trainer.fully_async.num_parallel_generation_workers
         self.staleness = StalenessManager(trainer.fully_async.max_staleness_steps, mini, workers_n,
                                           global_step=self.global_step + 1, accepted=self.global_step * mini)
+        self._lend_engine_threads()
         self.buffer: OutputBuffer[TrajectoryGroup] = OutputBuffer()
         workers = [asyncio.create_task(self._worker(), name=f"generation-worker-{i}") for i in range(workers_n)]
         finished = False
@@ -424,6 +425,16 @@ class FullyAsyncTrainer(RLTrainer):
                     await self.client.pause("abort")
                 finally:
                     await self.client.resume()
+
+    def _lend_engine_threads(self) -> None:
+        """Lend the training step the engines' threads whenever generation is ahead (bounded
+        staleness reached, nothing generating) and no evaluation runs on the engines; take them
+        back as soon as that ends, within the step (`inflight.train.thread_lending`)."""
+        follow = getattr(self.policy, "follow_lending", None)  # a Ray policy's threads stay its own
+        if follow is None:
+            return
+        lending, staleness = follow(), self.staleness
+        staleness.on_change = lambda: lending.lend(staleness.generation_ahead and self._evaluation is None)
 
     async def _worker(self) -> None:
         manager, buffer = self.staleness, self.buffer

@@ -53,6 +53,7 @@ def _train(cfg, job, task=None, evaluate=False):
             trainer.frozen_after = gc.get_freeze_count()
             version = await trainer.client.weight_version()
             after = await trainer.evaluate() if evaluate else None
+            trainer.engine_step_threads = [e.health()["threads"] for e in trainer.runtime.local_engines]
             return trainer, history, version, before, after
         finally:
             await trainer.close()
@@ -62,7 +63,7 @@ def _train(cfg, job, task=None, evaluate=False):
 
 @pytest.mark.parametrize("fate", list(FATES))
 def test_fully_async_each_kv_fate(model_dir, tmp_path, fate):
-    cfg, job = rl_config(model_dir, tmp_path, FATES[fate] + ["job.max_steps=4"])
+    cfg, job = rl_config(model_dir, tmp_path, FATES[fate] + ["job.max_steps=4", "job.lend_threads=true"])
     trainer, history, version, _, _ = _train(cfg, job)
     assert isinstance(trainer, FullyAsyncTrainer) and trainer.policy.plan.kv_fate == fate
     assert len(history) == 4 and version == 4 == trainer.global_step
@@ -77,13 +78,16 @@ def test_fully_async_each_kv_fate(model_dir, tmp_path, fate):
         assert 0 <= r["staleness_mean"] <= r["staleness_max"] <= cfg.trainer.fully_async.max_staleness_steps
         assert r["samples"] == 16 and r["weight_version"] == r["step"]
     assert max(r["staleness_max"] for r in records) >= 1  # generation ran ahead of training
+    # the steps take the engine's thread only while generation is ahead; the engine keeps its own
+    assert set(trainer.policy.lending.seen) <= {1, 2} and trainer.engine_step_threads in ([1], [])
     consumed = [json.loads(line) for line in (tmp_path / "consumed.jsonl").read_text().splitlines()]
     ids = [i for c in consumed for i in c["trained"]]
     assert len(ids) == 16 == len(set(ids))
 
 
 def test_sync_trainer_is_on_policy(model_dir, tmp_path):
-    cfg, job = rl_config(model_dir, tmp_path, ["trainer.fully_async.enabled=false", "job.max_steps=3"])
+    cfg, job = rl_config(model_dir, tmp_path, ["trainer.fully_async.enabled=false", "job.max_steps=3",
+                                               "job.lend_threads=true"])
     trainer, history, version, before, after = _train(cfg, job, evaluate=True)
     assert isinstance(trainer, SyncTrainer) and trainer.policy.plan.kv_fate == "none"
     assert min(trainer.frozen_at_steps) > 10_000 and trainer.frozen_after == 0
@@ -91,6 +95,8 @@ def test_sync_trainer_is_on_policy(model_dir, tmp_path):
     assert all(r["off_policy"] == 0.0 for r in history if "off_policy" in r)
     assert all(abs(r["is_ratio_mean"] - 1.0) < 1e-3 for r in history if r.get("optimizer_steps"))
     assert 0.0 <= before["accuracy"] <= 1.0 and 0.0 <= after["accuracy"] <= 1.0
+    # every core to the phase that runs: the engine generates and the step trains with both threads
+    assert trainer.policy.lending.seen == [2] and trainer.engine_step_threads == [2]
 
 
 def test_dynamic_sampling_and_data_end(model_dir, tmp_path):

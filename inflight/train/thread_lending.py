@@ -1,0 +1,125 @@
+"""The torch threads of the policy's training step, and the engines' threads lent to it.
+
+A CPU run splits the machine between the trainer (`job.threads`) and its engines
+(`job.engine_threads` each). When only one side computes, the other's cores would sit idle, so
+(`job.lend_threads=true`) the side that runs takes them: the synchronous trainer generates
+and trains in turns, so its engines start with the trainer's threads added to theirs and its steps
+run with the engines' added to the trainer's (`lent` for good); the fully-async trainer's steps
+take the engines' threads only while generation is ahead (bounded staleness reached and nothing
+generating: `StalenessManager.generation_ahead`) and give them back as soon as a group may start
+again, within the step.
+
+torch's thread count is per thread (each thread's OpenMP setting), so it is changed in the thread
+that computes: `ThreadLending.run` sets it before the step and, when the step follows the lending,
+again at each module's forward and at each gradient the backward computes for a module's input
+(a global module forward pre-hook, registered for the step's length, that does nothing on other
+threads). A lending that ends mid-step shrinks the step's next parallel region to the trainer's
+own threads; the OpenMP worker it stops using spins for a moment and sleeps (the engine child's
+`GOMP_SPINCOUNT`, `inflight.client.process`, keeps that moment short on the engine's side).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.nn.modules.module import register_module_forward_pre_hook
+
+
+class ThreadLending:
+    """The training step's torch threads: `base` while the engines compute beside it, `base +
+    lendable` while `lent`. `lend()` may be called from any thread; the training thread applies it
+    (`run`). `seen` holds every thread count a step computed with, in order of first use (what a
+    test or a bench reads)."""
+
+    def __init__(self, base: int, lendable: int = 0) -> None:
+        if base < 1 or lendable < 0:
+            raise ValueError(f"threads {base} (>= 1) and lendable {lendable} (>= 0) are not a thread split")
+        self.base, self.lendable = base, lendable
+        self.lent = False
+        self.seen: list[int] = []
+
+    @property
+    def wanted(self) -> int:
+        """The threads the step should compute with now."""
+        return self.base + (self.lendable if self.lent else 0)
+
+    def lend(self, lent: bool) -> None:
+        """Give the step the engines' threads (`lent`) or take them back, from its next module or
+        gradient on."""
+        self.lent = lent
+
+    def apply(self) -> int:
+        """On the computing thread: set its torch threads to `wanted` if they differ; returns them."""
+        wanted = self.wanted
+        if torch.get_num_threads() != wanted:
+            torch.set_num_threads(wanted)
+        if wanted not in self.seen:
+            self.seen.append(wanted)
+        return wanted
+
+    def run(self, fn: Callable[..., Any], *args: Any, follow: bool = False) -> Any:
+        """Call `fn(*args)` on this thread with the threads lent now; with `follow` (and threads to
+        lend), lendings that start or end during the call take effect within it."""
+        self.apply()
+        if not (follow and self.lendable):
+            return fn(*args)
+        with self._following():
+            return fn(*args)
+
+    @contextmanager
+    def _following(self) -> Iterator[None]:
+        thread = threading.get_ident()
+        apply = self.apply
+
+        def on_gradient(_grad: torch.Tensor) -> None:
+            apply()
+
+        def before_forward(_module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+            if threading.get_ident() != thread:
+                return
+            apply()
+            first = args[0] if args else None
+            if isinstance(first, torch.Tensor) and first.requires_grad:
+                first.register_hook(on_gradient)  # the backward reaches this module's input
+
+        handle = register_module_forward_pre_hook(before_forward)
+        try:
+            yield
+        finally:
+            handle.remove()
+
+
+@dataclass(frozen=True)
+class ThreadSplit:
+    """How a run's threads are split: the trainer's own (`trainer`), each engine's at start-up
+    (`engine`), the engines' threads the training step may borrow (`lendable`), and whether the
+    steps follow a lending that changes while they run (`follow`) or hold it for good."""
+
+    trainer: int
+    engine: int
+    lendable: int = 0
+    follow: bool = False
+
+    def lending(self) -> ThreadLending:
+        """The training step's threads under this split (lent for good unless the steps follow)."""
+        lending = ThreadLending(self.trainer, self.lendable)
+        lending.lend(self.lendable > 0 and not self.follow)
+        return lending
+
+
+def thread_split(cfg: Any, job: Any, engines_here: bool) -> ThreadSplit:
+    """The split of `job.threads` and `job.engine_threads` for a run of `cfg` (see the module
+    docstring); `engines_here`: the engines run in this run's own processes (local engine processes
+    or in this one), whose threads are the run's to lend."""
+    if not job.lend_threads or not engines_here:
+        return ThreadSplit(job.threads, job.engine_threads)
+    engines = cfg.generator.inference_engine.num_engines
+    lendable = engines * job.engine_threads
+    if cfg.trainer.fully_async.enabled:
+        return ThreadSplit(job.threads, job.engine_threads, lendable, follow=True)
+    return ThreadSplit(job.threads, job.engine_threads + job.threads // engines, lendable)
