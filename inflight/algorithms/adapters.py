@@ -10,7 +10,7 @@ advantages already scaled by `reductions.scale_advantages`. `loss_mask=None` mea
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import torch
@@ -167,85 +167,62 @@ def _finish(
     return reduce_loss(loss, loss_mask), metrics
 
 
-@register_policy_loss("regular")
-def regular(
-    log_probs: torch.Tensor,
-    old_log_probs: torch.Tensor,
-    advantages: torch.Tensor,
-    config: Any,
-    loss_mask: torch.Tensor | None = None,
-    rollout_logprobs: torch.Tensor | None = None,
-) -> LossOut:
+Compute = Callable[
+    [torch.Tensor, "torch.Tensor | None", "torch.Tensor | None", torch.Tensor, "torch.Tensor | None", Any],
+    tuple[torch.Tensor, dict[str, Any]],
+]
+
+
+def _policy_loss(name: str) -> Callable[[Compute], Callable[..., LossOut]]:
+    """Register `compute(log_probs, old_log_probs, advantages, mask, rollout_logprobs, config)` as the
+    policy loss `name` with SkyRL's call (the mask defaulted, the off-policy correction applied)."""
+
+    def register(compute: Compute) -> Callable[..., LossOut]:
+        def loss(
+            log_probs: torch.Tensor,
+            old_log_probs: torch.Tensor | None,
+            advantages: torch.Tensor | None,
+            config: Any,
+            loss_mask: torch.Tensor | None = None,
+            rollout_logprobs: torch.Tensor | None = None,
+        ) -> LossOut:
+            mask = _mask(loss_mask, log_probs)
+            out = compute(log_probs, old_log_probs, advantages, mask, rollout_logprobs, config)
+            return _finish(name, out, old_log_probs, rollout_logprobs, mask, config)
+
+        loss.__name__ = loss.__qualname__ = name
+        loss.__doc__ = compute.__doc__
+        return register_policy_loss(name)(loss)
+
+    return register
+
+
+@_policy_loss("regular")
+def regular(log_probs, old_log_probs, advantages, mask, _rollout, config):
     """PPO-clip (`policy_losses.ppo_clip_loss`): eps_clip_low, eps_clip_high."""
-    mask = _mask(loss_mask, log_probs)
-    out = policy_losses.ppo_clip_loss(
-        log_probs,
-        old_log_probs,
-        advantages,
-        mask,
-        eps_clip_low=config.eps_clip_low,
-        eps_clip_high=config.eps_clip_high,
-    )
-    return _finish("regular", out, old_log_probs, rollout_logprobs, mask, config)
+    return policy_losses.ppo_clip_loss(log_probs, old_log_probs, advantages, mask,
+                                       eps_clip_low=config.eps_clip_low, eps_clip_high=config.eps_clip_high)
 
 
-@register_policy_loss("dual_clip")
-def dual_clip(
-    log_probs: torch.Tensor,
-    old_log_probs: torch.Tensor,
-    advantages: torch.Tensor,
-    config: Any,
-    loss_mask: torch.Tensor | None = None,
-    rollout_logprobs: torch.Tensor | None = None,
-) -> LossOut:
+@_policy_loss("dual_clip")
+def dual_clip(log_probs, old_log_probs, advantages, mask, _rollout, config):
     """Dual-clip PPO (`policy_losses.ppo_clip_loss`): eps_clip_low, eps_clip_high, clip_ratio_c."""
-    mask = _mask(loss_mask, log_probs)
-    out = policy_losses.ppo_clip_loss(
-        log_probs,
-        old_log_probs,
-        advantages,
-        mask,
-        eps_clip_low=config.eps_clip_low,
-        eps_clip_high=config.eps_clip_high,
-        clip_ratio_c=config.clip_ratio_c,
-    )
-    return _finish("dual_clip", out, old_log_probs, rollout_logprobs, mask, config)
+    return policy_losses.ppo_clip_loss(log_probs, old_log_probs, advantages, mask,
+                                       eps_clip_low=config.eps_clip_low, eps_clip_high=config.eps_clip_high,
+                                       clip_ratio_c=config.clip_ratio_c)
 
 
-@register_policy_loss("gspo")
-def gspo(
-    log_probs: torch.Tensor,
-    old_log_probs: torch.Tensor,
-    advantages: torch.Tensor,
-    config: Any,
-    loss_mask: torch.Tensor | None = None,
-    rollout_logprobs: torch.Tensor | None = None,
-) -> LossOut:
+@_policy_loss("gspo")
+def gspo(log_probs, old_log_probs, advantages, mask, _rollout, config):
     """GSPO-token (`policy_losses.gspo_loss`): eps_clip_low, eps_clip_high."""
-    mask = _mask(loss_mask, log_probs)
-    out = policy_losses.gspo_loss(
-        log_probs,
-        old_log_probs,
-        advantages,
-        mask,
-        eps_clip_low=config.eps_clip_low,
-        eps_clip_high=config.eps_clip_high,
-    )
-    return _finish("gspo", out, old_log_probs, rollout_logprobs, mask, config)
+    return policy_losses.gspo_loss(log_probs, old_log_probs, advantages, mask,
+                                   eps_clip_low=config.eps_clip_low, eps_clip_high=config.eps_clip_high)
 
 
-@register_policy_loss("cispo")
-def cispo(
-    log_probs: torch.Tensor,
-    old_log_probs: torch.Tensor,
-    advantages: torch.Tensor,
-    config: Any,
-    loss_mask: torch.Tensor | None = None,
-    rollout_logprobs: torch.Tensor | None = None,
-) -> LossOut:
+@_policy_loss("cispo")
+def cispo(log_probs, old_log_probs, advantages, mask, rollout_logprobs, config):
     """CISPO (`policy_losses.cispo_loss`): cispo.cispo_eps_clip_low/high, cispo.cispo_anchor ('old' or
     'rollout'; 'rollout' needs rollout log-probs and refuses TIS, which would count the correction twice)."""
-    mask = _mask(loss_mask, log_probs)
     anchor = getattr(config.cispo, "cispo_anchor", "old")
     if anchor == "rollout":
         if rollout_logprobs is None:
@@ -261,162 +238,60 @@ def cispo(
         behavior = old_log_probs
     else:
         raise ValueError(f"trainer.algorithm.cispo.cispo_anchor={anchor!r}: use 'old' or 'rollout'")
-    out = policy_losses.cispo_loss(
-        log_probs,
-        behavior,
-        advantages,
-        mask,
-        eps_clip_low=config.cispo.cispo_eps_clip_low,
-        eps_clip_high=config.cispo.cispo_eps_clip_high,
-    )
-    return _finish("cispo", out, old_log_probs, rollout_logprobs, mask, config)
+    return policy_losses.cispo_loss(log_probs, behavior, advantages, mask,
+                                    eps_clip_low=config.cispo.cispo_eps_clip_low,
+                                    eps_clip_high=config.cispo.cispo_eps_clip_high)
 
 
-@register_policy_loss("rollout_is")
-def rollout_is(
-    log_probs: torch.Tensor,
-    old_log_probs: torch.Tensor | None,
-    advantages: torch.Tensor,
-    config: Any,
-    loss_mask: torch.Tensor | None = None,
-    rollout_logprobs: torch.Tensor | None = None,
-) -> LossOut:
+@_policy_loss("rollout_is")
+def rollout_is(log_probs, _old, advantages, mask, rollout_logprobs, config):
     """Rollout-IS (`policy_losses.rollout_is_loss`): eps_clip_low, eps_clip_high; needs rollout log-probs."""
     if rollout_logprobs is None:
         raise ValueError("policy_loss_type=rollout_is needs the rollout log-probs of the batch")
-    mask = _mask(loss_mask, log_probs)
-    out = policy_losses.rollout_is_loss(
-        log_probs,
-        rollout_logprobs,
-        advantages,
-        mask,
-        eps_clip_low=config.eps_clip_low,
-        eps_clip_high=config.eps_clip_high,
-    )
-    return _finish("rollout_is", out, old_log_probs, rollout_logprobs, mask, config)
+    return policy_losses.rollout_is_loss(log_probs, rollout_logprobs, advantages, mask,
+                                         eps_clip_low=config.eps_clip_low, eps_clip_high=config.eps_clip_high)
 
 
-@register_policy_loss("dppo")
-def dppo(
-    log_probs: torch.Tensor,
-    old_log_probs: torch.Tensor | None,
-    advantages: torch.Tensor,
-    config: Any,
-    loss_mask: torch.Tensor | None = None,
-    rollout_logprobs: torch.Tensor | None = None,
-) -> LossOut:
+@_policy_loss("dppo")
+def dppo(log_probs, old_log_probs, advantages, mask, rollout_logprobs, config):
     """DPPO (`policy_losses.dppo_loss`): dppo.dppo_type, dppo.delta_low, dppo.delta_high; against the
     rollout log-probs when given, else the old ones."""
-    mask = _mask(loss_mask, log_probs)
     behavior = rollout_logprobs if rollout_logprobs is not None else old_log_probs
-    out = policy_losses.dppo_loss(
-        log_probs,
-        behavior,
-        advantages,
-        mask,
-        dppo_type=config.dppo.dppo_type,
-        delta_low=config.dppo.delta_low,
-        delta_high=config.dppo.delta_high,
-    )
-    return _finish("dppo", out, old_log_probs, rollout_logprobs, mask, config)
+    return policy_losses.dppo_loss(log_probs, behavior, advantages, mask, dppo_type=config.dppo.dppo_type,
+                                   delta_low=config.dppo.delta_low, delta_high=config.dppo.delta_high)
 
 
-@register_policy_loss("sapo")
-def sapo(
-    log_probs: torch.Tensor,
-    old_log_probs: torch.Tensor,
-    advantages: torch.Tensor,
-    config: Any,
-    loss_mask: torch.Tensor | None = None,
-    rollout_logprobs: torch.Tensor | None = None,
-) -> LossOut:
+@_policy_loss("sapo")
+def sapo(log_probs, old_log_probs, advantages, mask, _rollout, config):
     """SAPO (`policy_losses.sapo_loss`): sapo.tau_pos, sapo.tau_neg."""
-    mask = _mask(loss_mask, log_probs)
-    out = policy_losses.sapo_loss(
-        log_probs, old_log_probs, advantages, mask, tau_pos=config.sapo.tau_pos, tau_neg=config.sapo.tau_neg
-    )
-    return _finish("sapo", out, old_log_probs, rollout_logprobs, mask, config)
+    return policy_losses.sapo_loss(log_probs, old_log_probs, advantages, mask,
+                                   tau_pos=config.sapo.tau_pos, tau_neg=config.sapo.tau_neg)
 
 
-@register_policy_loss("clip_cov")
-def clip_cov(
-    log_probs: torch.Tensor,
-    old_log_probs: torch.Tensor,
-    advantages: torch.Tensor,
-    config: Any,
-    loss_mask: torch.Tensor | None = None,
-    rollout_logprobs: torch.Tensor | None = None,
-) -> LossOut:
+@_policy_loss("clip_cov")
+def clip_cov(log_probs, old_log_probs, advantages, mask, _rollout, config):
     """Clip-Cov (`cov_losses.clip_cov_loss`): eps_clip_low/high, clip_cov.clip_ratio, clip_cov.clip_cov_lb,
     clip_cov.clip_cov_ub."""
-    mask = _mask(loss_mask, log_probs)
-    out = cov_losses.clip_cov_loss(
-        log_probs,
-        old_log_probs,
-        advantages,
-        mask,
-        eps_clip_low=config.eps_clip_low,
-        eps_clip_high=config.eps_clip_high,
-        clip_ratio=config.clip_cov.clip_ratio,
-        clip_cov_lb=config.clip_cov.clip_cov_lb,
-        clip_cov_ub=config.clip_cov.clip_cov_ub,
-    )
-    return _finish("clip_cov", out, old_log_probs, rollout_logprobs, mask, config)
+    return cov_losses.clip_cov_loss(log_probs, old_log_probs, advantages, mask,
+                                    eps_clip_low=config.eps_clip_low, eps_clip_high=config.eps_clip_high,
+                                    clip_ratio=config.clip_cov.clip_ratio, clip_cov_lb=config.clip_cov.clip_cov_lb,
+                                    clip_cov_ub=config.clip_cov.clip_cov_ub)
 
 
-@register_policy_loss("kl_cov")
-def kl_cov(
-    log_probs: torch.Tensor,
-    old_log_probs: torch.Tensor,
-    advantages: torch.Tensor,
-    config: Any,
-    loss_mask: torch.Tensor | None = None,
-    rollout_logprobs: torch.Tensor | None = None,
-) -> LossOut:
+@_policy_loss("kl_cov")
+def kl_cov(log_probs, old_log_probs, advantages, mask, _rollout, config):
     """KL-Cov (`cov_losses.kl_cov_loss`): kl_cov.kl_cov_frac, kl_cov.ppo_kl_coef."""
-    mask = _mask(loss_mask, log_probs)
-    out = cov_losses.kl_cov_loss(
-        log_probs,
-        old_log_probs,
-        advantages,
-        mask,
-        kl_cov_frac=config.kl_cov.kl_cov_frac,
-        ppo_kl_coef=config.kl_cov.ppo_kl_coef,
-    )
-    return _finish("kl_cov", out, old_log_probs, rollout_logprobs, mask, config)
+    return cov_losses.kl_cov_loss(log_probs, old_log_probs, advantages, mask,
+                                  kl_cov_frac=config.kl_cov.kl_cov_frac, ppo_kl_coef=config.kl_cov.ppo_kl_coef)
 
 
-@register_policy_loss("cross_entropy")
-def cross_entropy(
-    log_probs: torch.Tensor,
-    old_log_probs: torch.Tensor | None,
-    advantages: torch.Tensor | None,
-    config: Any,
-    loss_mask: torch.Tensor | None = None,
-    rollout_logprobs: torch.Tensor | None = None,
-) -> LossOut:
+@_policy_loss("cross_entropy")
+def cross_entropy(log_probs, _old, _advantages, mask, _rollout, _config):
     """Supervised NLL (`policy_losses.cross_entropy_loss`), summed: reads no advantage."""
-    mask = _mask(loss_mask, log_probs)
-    return _finish(
-        "cross_entropy",
-        policy_losses.cross_entropy_loss(log_probs, mask),
-        old_log_probs,
-        rollout_logprobs,
-        mask,
-        config,
-    )
+    return policy_losses.cross_entropy_loss(log_probs, mask)
 
 
-@register_policy_loss("importance_sampling")
-def importance_sampling(
-    log_probs: torch.Tensor,
-    old_log_probs: torch.Tensor,
-    advantages: torch.Tensor,
-    config: Any,
-    loss_mask: torch.Tensor | None = None,
-    rollout_logprobs: torch.Tensor | None = None,
-) -> LossOut:
+@_policy_loss("importance_sampling")
+def importance_sampling(log_probs, old_log_probs, advantages, mask, _rollout, _config):
     """Importance-weighted policy gradient (`policy_losses.importance_sampling_loss`)."""
-    mask = _mask(loss_mask, log_probs)
-    out = policy_losses.importance_sampling_loss(log_probs, old_log_probs, advantages, mask)
-    return _finish("importance_sampling", out, old_log_probs, rollout_logprobs, mask, config)
+    return policy_losses.importance_sampling_loss(log_probs, old_log_probs, advantages, mask)

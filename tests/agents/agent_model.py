@@ -11,11 +11,7 @@ from __future__ import annotations
 
 import json
 
-import torch
-from safetensors.torch import load_file, save_file
-from transformers import AutoTokenizer
-
-from inflight.testing import make_tiny_model
+from inflight.testing import make_chain_model
 
 CONTENT = "Let me check."
 CALL = {"name": "get_weather", "arguments": {"city": "Paris"}}
@@ -26,22 +22,5 @@ TOOL = {"type": "function", "function": {"name": "get_weather", "description": "
 
 
 def make_agent_model(path) -> None:
-    """A Qwen2 checkpoint whose greedy output is CHAIN then EOS for any prompt (see module doc)."""
-    make_tiny_model(path, "qwen2", seed=0, vocab_size=400)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    tokenizer.add_tokens(CHAIN)
-    tokenizer.save_pretrained(path)
-    chain = tokenizer.convert_tokens_to_ids(CHAIN) + [tokenizer.eos_token_id]
-    weights = load_file(path / "model.safetensors")
-    for name, tensor in weights.items():
-        if name.endswith(("o_proj.weight", "down_proj.weight")):
-            tensor.zero_()  # the residual stream stays the token's embedding
-    embed, head = weights["model.embed_tokens.weight"], weights["lm_head.weight"]
-    embed.zero_()
-    embed[:, 0] = 1.0  # every token not in the chain: direction 0
-    head.zero_()
-    head[chain[0], 0] = 10.0  # ... is followed by the chain's first token
-    for slot, (token, successor) in enumerate(zip(chain[:-1], chain[1:], strict=True), start=1):
-        embed[token] = torch.nn.functional.one_hot(torch.tensor(slot), embed.shape[1]).float()
-        head[successor, slot] = 10.0
-    save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
+    """A Qwen2 checkpoint whose greedy output is CHAIN then EOS for any prompt (`make_chain_model`)."""
+    make_chain_model(path, CHAIN)

@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 import torch
-from agent_model import CONTENT, TOOL, make_agent_model
+from agent_model import CONTENT, TOOL
 from safetensors.torch import load_file
 from support import EngineRecords, assert_sample_is_the_engines, run
 from transformers import AutoTokenizer
@@ -21,13 +21,6 @@ from inflight.engine import AsyncEngine, EngineConfig, LLMEngine
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm reads its model list from the package
 GREEDY = SessionSampling(temperature=0.0, max_tokens=32)
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("agent_model")
-    make_agent_model(path)
-    return path
 
 
 @pytest.fixture(scope="module")

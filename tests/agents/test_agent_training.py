@@ -9,7 +9,6 @@ import json
 
 import pytest
 import train_agents
-from agent_model import make_agent_model
 from support import EngineRecords, assert_sample_is_the_engines
 
 from inflight.config import load_config
@@ -21,13 +20,6 @@ from inflight.train.staleness import AsyncDataLoader
 from inflight.train.trainer import make_trainer
 
 PROBLEMS = 8
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("agent_model")
-    make_agent_model(path)
-    return path
 
 
 @pytest.fixture(scope="module")

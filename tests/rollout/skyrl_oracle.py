@@ -10,37 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import importlib
-import logging
-import sys
-import typing
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-import pytest
+from oracle_import import import_oracle
 
-ORACLE_DIR = Path(sys.prefix) / "oracles"
-
-
-def import_skyrl(name: str) -> ModuleType:
-    """A SkyRL module from .venv/oracles (fails the test, naming the fix, when it cannot import)."""
-    if str(ORACLE_DIR) not in sys.path:
-        sys.path.append(str(ORACLE_DIR))
-    import typing_extensions
-
-    root = logging.getLogger()
-    handlers, level, typed_dict = list(root.handlers), root.level, typing.TypedDict
-    typing.TypedDict = typing_extensions.TypedDict
-    try:
-        return importlib.import_module(name)
-    except Exception as err:
-        pytest.fail(f"cannot import the test oracle {name} from {ORACLE_DIR} ({type(err).__name__}: {err}): "
-                    "run scripts/bootstrap.sh, which installs SkyRL there", pytrace=False)
-    finally:
-        typing.TypedDict = typed_dict
-        root.handlers[:] = handlers
-        root.setLevel(level)
+import_skyrl = import_oracle  # a SkyRL module from .venv/oracles
 
 
 class ScriptedEngine:

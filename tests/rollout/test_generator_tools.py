@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 import pytest
 from rl_support import mask_runs
+from scripted_client import ScriptedClient
 
-from inflight.engine.request import RequestOutput
 from inflight.rollout.generator import ENV_VERSION, TaskGenerator
 from inflight.tasks.base import Problem, Task
 from inflight.tasks.tool_env import ToolEnv, make_tool
@@ -53,19 +53,6 @@ class ToolTask(Task):
 
     def make_env(self, problem: Problem) -> ToolEnv:
         return ToolEnv(problem, tools=[add], reward="exact", max_turns=4)
-
-
-class ScriptedClient:
-    """Returns the given turns' token ids in order (logprob -0.5, weight version 7) and records
-    every prompt it was sent: what the model saw."""
-
-    def __init__(self, turns: list[tuple[list[int], str]]) -> None:
-        self.turns, self.prompts = list(turns), []
-
-    async def generate(self, prompt_token_ids, params=None, **_):
-        self.prompts.append(list(prompt_token_ids))
-        ids, finish = self.turns.pop(0)
-        return RequestOutput("r", list(prompt_token_ids), ids, [-0.5] * len(ids), [7] * len(ids), finish)
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,9 @@ free 127.0.0.1 port (one server per test module), and the same engine in process
 
 from __future__ import annotations
 
+import httpx
 import pytest
+from openai import OpenAI
 from transformers import AutoTokenizer
 
 from inflight.engine import EngineConfig, LLMEngine
@@ -40,3 +42,16 @@ def server(model_dir):
     srv.model_name, srv.control_token = MODEL_NAME, CONTROL_TOKEN
     yield srv
     srv.stop()
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    """An httpx client on the module's server."""
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def client(server) -> OpenAI:
+    """The official openai client on the module's server (no retries: a failure shows as it is)."""
+    return OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=60)

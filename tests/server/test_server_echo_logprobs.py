@@ -9,7 +9,6 @@ import json
 import httpx
 import pytest
 import torch
-from openai import OpenAI
 from stop_strings import STOP_CASE, greedy_text_and_a_stop_string
 
 from inflight.engine import RequestOutput, SamplingParams
@@ -18,17 +17,6 @@ from inflight.server.logprobs import TokenNamer, chat_logprobs
 
 MODEL = "tiny"
 ATOL = 1e-5
-
-
-@pytest.fixture(scope="module")
-def http(server):
-    with httpx.Client(base_url=server.url, timeout=60) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def client(server) -> OpenAI:
-    return OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=60)
 
 
 @pytest.fixture(scope="module")

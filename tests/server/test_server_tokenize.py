@@ -3,25 +3,12 @@ official openai client's `models.retrieve`), checked against the tokenizer and c
 
 from __future__ import annotations
 
-import httpx
 import openai
 import pytest
-from openai import OpenAI
 
 MODEL = "tiny"
 TOOLS = [{"type": "function", "function": {"name": "add", "description": "add two numbers",
                                             "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}}]
-
-
-@pytest.fixture(scope="module")
-def http(server):
-    with httpx.Client(base_url=server.url, timeout=60) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def client(server) -> OpenAI:
-    return OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=60)
 
 
 def test_models_retrieve(client, server):

@@ -7,7 +7,6 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
-from openai import OpenAI
 from stop_strings import STOP_CASE, greedy_text_and_a_stop_string
 
 from inflight.server.unsupported import REFUSED
@@ -31,17 +30,6 @@ REFUSED_VALUES = [
 DEFAULTS = {"presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {}, "repetition_penalty": 1.0,
             "min_p": 0.0, "response_format": {"type": "text"}, "parallel_tool_calls": True, "use_beam_search": False,
             "user": "alice", "metadata": {"run": "7"}, "store": False, "service_tier": "auto", "seed": 1}
-
-
-@pytest.fixture(scope="module")
-def http(server):
-    with httpx.Client(base_url=server.url, timeout=60) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def client(server) -> OpenAI:
-    return OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=60)
 
 
 def assert_refused(r: httpx.Response, param: str, code: str = "unsupported_parameter") -> None:

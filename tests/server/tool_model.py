@@ -10,11 +10,7 @@ from __future__ import annotations
 
 import json
 
-import torch
-from safetensors.torch import load_file, save_file
-from transformers import AutoTokenizer
-
-from inflight.testing import make_tiny_model
+from inflight.testing import make_chain_model
 
 # Qwen2.5-Instruct's chat template (tools in the system prompt, <tool_call>/<tool_response> blocks)
 QWEN25_TEMPLATE = (
@@ -65,23 +61,5 @@ TOOLS = [
 
 
 def make_tool_model(path) -> None:
-    """A Qwen2 checkpoint whose greedy output is CHAIN then EOS for any prompt (see module doc)."""
-    make_tiny_model(path, "qwen2", seed=0, vocab_size=400)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    tokenizer.add_tokens(CHAIN)
-    tokenizer.chat_template = QWEN25_TEMPLATE
-    tokenizer.save_pretrained(path)
-    chain = tokenizer.convert_tokens_to_ids(CHAIN) + [tokenizer.eos_token_id]
-    weights = load_file(path / "model.safetensors")
-    for name, tensor in weights.items():
-        if name.endswith(("o_proj.weight", "down_proj.weight")):
-            tensor.zero_()  # the residual stream stays the token's embedding
-    embed, head = weights["model.embed_tokens.weight"], weights["lm_head.weight"]
-    embed.zero_()
-    embed[:, 0] = 1.0  # every token not in the chain: direction 0
-    head.zero_()
-    head[chain[0], 0] = 10.0  # ... is followed by the chain's first token
-    for slot, (token, successor) in enumerate(zip(chain[:-1], chain[1:], strict=True), start=1):
-        embed[token] = torch.nn.functional.one_hot(torch.tensor(slot), embed.shape[1]).float()
-        head[successor, slot] = 10.0
-    save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
+    """A Qwen2 checkpoint whose greedy output is CHAIN then EOS for any prompt (`make_chain_model`)."""
+    make_chain_model(path, CHAIN, QWEN25_TEMPLATE)
