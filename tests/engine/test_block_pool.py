@@ -53,9 +53,12 @@ def test_random_workload_keeps_pool_consistent(data):
             arrivals += 1
             sched.add(request)
         elif op == "step":
+            waiting = {id(r) for r in sched.waiting}  # admitted by this schedule: their prefix-cache hits
             scheduled = sched.schedule(version).scheduled
-            hits_ok = all(pool.blocks[b].weight_version == version for r, _ in scheduled
-                          for b in r.block_ids[: r.num_cached_tokens // BLOCK] if r.num_output_tokens == 0)
+            # are taken now and must be of this version; a request admitted before an update keeps its KV
+            # (the `keep` fate: every token carries its version), also while its prefill goes on in chunks
+            hits_ok = all(pool.blocks[b].weight_version == version for r, _ in scheduled if id(r) in waiting
+                          for b in r.block_ids[: r.num_cached_tokens // BLOCK])
             assert hits_ok, "a new request reused KV of another weight version"
             sched.after_step(scheduled)
             for request, _ in scheduled:
