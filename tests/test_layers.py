@@ -15,6 +15,7 @@ ROOT = Path(inflight.__file__).parent
 
 # Lower layers first; a package may import those of a strictly lower rank (same rank: neither).
 LAYERS: dict[str, int] = {
+    "import_path": -1,  # `package.module:name` settings: the standard library only
     "algorithms": 0,  # pure tensor functions: torch and the standard library only
     "chat": 0,
     "testing": 0,

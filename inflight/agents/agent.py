@@ -12,11 +12,12 @@ beside the sample.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import math
 from collections.abc import Callable
 from typing import Any
+
+from inflight.import_path import import_object
 
 CONFIG_KEY = "generator.agent.path"
 
@@ -32,19 +33,7 @@ class AgentStopped(AgentError):
 
 def load_agent(path: str) -> Callable[..., Any]:
     """The agent `path` (`package.module:name`) names: its function, or an instance of its class."""
-    module_name, _, attr = path.partition(":")
-    if not module_name or not attr:
-        raise AgentError(f"{CONFIG_KEY}={path!r}: write 'package.module:name'")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as err:  # ImportError, or the module's own error at import time
-        raise AgentError(f"{CONFIG_KEY}={path!r}: cannot import module {module_name!r} "
-                         f"({type(err).__name__}: {err}); is it on PYTHONPATH?") from err
-    obj: Any = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise AgentError(f"{CONFIG_KEY}={path!r}: module {module_name!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
+    obj = import_object(path, CONFIG_KEY, AgentError)
     if inspect.isclass(obj):
         try:
             obj = obj()

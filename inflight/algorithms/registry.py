@@ -17,9 +17,10 @@ Values are plain callables with SkyRL 0.3.0's calling conventions, so a function
 from __future__ import annotations
 
 import difflib
-import importlib
 from collections.abc import Callable
 from typing import Any, TypeVar
+
+from inflight.import_path import import_object
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -79,22 +80,8 @@ class Registry:
         )
 
     def _import(self, name: str) -> Callable[..., Any]:
-        module_name, _, attr = name.partition(":")
-        if not module_name or not attr:
-            raise ValueError(f"{self.config_key}={name!r}: write 'package.module:name'")
-        try:
-            obj: Any = importlib.import_module(module_name)
-        except Exception as err:  # ImportError, or the module's own error while importing
-            raise ValueError(
-                f"{self.config_key}={name!r}: cannot import module {module_name!r} "
-                f"({type(err).__name__}: {err}); is it on PYTHONPATH?"
-            ) from err
-        for part in attr.split("."):
-            if not hasattr(obj, part):
-                raise ValueError(
-                    f"{self.config_key}={name!r}: module {module_name!r} has no attribute {attr!r}"
-                )
-            obj = getattr(obj, part)
+        obj = import_object(name, self.config_key)
+        attr = name.partition(":")[2]
         if not callable(obj):
             raise ValueError(
                 f"{self.config_key}={name!r}: {attr!r} is a {type(obj).__name__}, not a function"

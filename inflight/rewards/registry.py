@@ -5,12 +5,12 @@ environments (`skyrl_gym_id`; built by `inflight.tasks.skyrl_gym_env`, which imp
 from __future__ import annotations
 
 import difflib
-import importlib
 import inspect
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from inflight.import_path import import_object
 from inflight.rewards.errors import RewardError
 from inflight.rewards.gsm8k import gsm8k_flexible_reward, gsm8k_reward
 from inflight.rewards.math_answer import math_reward
@@ -118,21 +118,8 @@ def resolve(name: str) -> Any:
 
 
 def _import(name: str) -> Any:
-    module_name, _, attr = name.partition(":")
-    if not module_name or not attr:
-        raise RewardError(f"{CONFIG_KEY}={name!r}: write 'package.module:name'")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as err:  # ImportError, or the module's own error at import time
-        raise RewardError(
-            f"{CONFIG_KEY}={name!r}: cannot import module {module_name!r} "
-            f"({type(err).__name__}: {err}); is it on PYTHONPATH?"
-        ) from err
-    obj: Any = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise RewardError(f"{CONFIG_KEY}={name!r}: module {module_name!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
+    obj = import_object(name, CONFIG_KEY, RewardError)
+    attr = name.partition(":")[2]
     if not callable(obj):
         raise RewardError(
             f"{CONFIG_KEY}={name!r}: {attr!r} is a {type(obj).__name__}, not a reward "
