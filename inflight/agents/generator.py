@@ -110,9 +110,7 @@ class AgentGenerator:
         if not self.skip_failed_rollouts:
             raise RuntimeError(f"problem {problem.id!r}: the agent failed ({message}); "
                                "generator.skip_failed_rollouts=true scores such episodes 0 instead") from err
-        traj.reward, traj.rollout_failed, traj.finish_reason = 0.0, True, "rollout_error"
-        traj.turn_rewards = [(i, 0.0) for i, _ in traj.turn_rewards]
-        traj.info["rollout_error"] = f"agent: {message}"
+        traj.mark_rollout_failed(f"agent: {message}")
         log.warning("problem %r: the agent failed (%s); the episode scores 0%s (rollout/failed)", problem.id,
                     message, "" if traj.usable else " and its group is dropped")
         return traj

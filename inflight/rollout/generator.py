@@ -366,9 +366,7 @@ class TaskGenerator:
         if not self.skip_failed_rollouts:
             raise RuntimeError(f"problem {problem.id!r}: the environment failed {doing} ({message}); "
                                "generator.skip_failed_rollouts=true scores such samples 0 instead") from err
-        traj.reward, traj.rollout_failed, traj.finish_reason = 0.0, True, "rollout_error"
-        traj.turn_rewards = [(i, 0.0) for i, _ in traj.turn_rewards]
-        traj.info["rollout_error"] = f"{doing}: {message}"
+        traj.mark_rollout_failed(f"{doing}: {message}")
         _warn_once((doing, type(err).__name__), "problem %r: the environment failed %s (%s); the sample "
                    "scores 0%s (rollout/failed)", problem.id, doing, message,
                    "" if traj.usable else " and its group is dropped")

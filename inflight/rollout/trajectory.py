@@ -45,6 +45,13 @@ class Trajectory:
     whole trajectory so far; row i is position `routed_experts_start + i` of prompt + response."""
     routed_experts_start: int = 0
 
+    def mark_rollout_failed(self, why: str) -> None:
+        """The episode failed outside its reward: it scores 0 on every turn, ends with finish reason
+        `rollout_error`, and `info["rollout_error"]` holds `why`."""
+        self.reward, self.rollout_failed, self.finish_reason = 0.0, True, "rollout_error"
+        self.turn_rewards = [(i, 0.0) for i, _ in self.turn_rewards]
+        self.info["rollout_error"] = why
+
     @property
     def usable(self) -> bool:
         """Whether there is a sequence to train on (an episode that failed before its first turn has
