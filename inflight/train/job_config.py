@@ -75,7 +75,7 @@ class JobConfig:
     and its steps train with job.threads + the engines' job.engine_threads; the fully-async trainer's
     steps take the engines' threads while generation is ahead (bounded staleness reached, nothing
     generating) and give them back when a group may start. Engines in this run's processes only (not
-    HTTP servers or Ray actors, whose CPUs are fixed at launch). Off by default: on the demo's 0.8M
+    HTTP servers or Ray actors, whose CPUs are fixed at launch: refused there). Off by default: on the demo's 0.8M
     model a second OpenMP thread slows both phases; on a 41M one it gives the synchronous trainer
     1.6x and the fully-async one 1.26x the samples/s (docs/benchmarks.md)."""
     trainer_device: str = "cpu"
@@ -123,6 +123,9 @@ class JobConfig:
         for key in ("num_train", "num_eval", "warmup_batch_size", "threads", "engine_threads", "log_interval"):
             if getattr(self, key) < 1:
                 problems.append(Violation(f"{SECTION}.{key}", getattr(self, key), "must be >= 1", "raise it"))
+        if self.lend_threads and (self.ray or self.ray_address):
+            problems.append(Violation(f"{SECTION}.lend_threads", True, "cannot lend the threads of Ray actors, "
+                                      "whose CPUs are fixed at launch", "set job.lend_threads=false with --ray"))
         if self.tis_cap is not None and self.tis_cap <= 0:
             problems.append(Violation(f"{SECTION}.tis_cap", self.tis_cap, "must be > 0", "e.g. 2.0"))
         return problems

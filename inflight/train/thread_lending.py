@@ -29,6 +29,8 @@ from typing import Any
 import torch
 from torch.nn.modules.module import register_module_forward_pre_hook
 
+from inflight.config import ConfigError, Violation
+
 
 class ThreadLending:
     """The training step's torch threads: `base` while the engines compute beside it, `base +
@@ -116,7 +118,11 @@ def thread_split(cfg: Any, job: Any, engines_here: bool) -> ThreadSplit:
     """The split of `job.threads` and `job.engine_threads` for a run of `cfg` (see the module
     docstring); `engines_here`: the engines run in this run's own processes (local engine processes
     or in this one), whose threads are the run's to lend."""
-    if not job.lend_threads or not engines_here:
+    if job.lend_threads and not engines_here:
+        raise ConfigError([Violation("job.lend_threads", True, "cannot lend the threads of engines on HTTP "
+                                     "servers (vLLM, external_server_urls), whose CPUs are fixed at launch",
+                                     "set job.lend_threads=false")])
+    if not job.lend_threads:
         return ThreadSplit(job.threads, job.engine_threads)
     engines = cfg.generator.inference_engine.num_engines
     lendable = engines * job.engine_threads

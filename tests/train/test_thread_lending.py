@@ -12,6 +12,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from inflight.config import ConfigError
+from inflight.train.job_config import JobConfig
 from inflight.train.staleness import StalenessManager
 from inflight.train.thread_lending import ThreadLending, ThreadSplit, thread_split
 
@@ -132,10 +134,20 @@ def test_the_fully_async_trainer_follows_the_lending():
     assert not split.lending().lent
 
 
-@pytest.mark.parametrize("kwargs", [{"lend": False}, {"engines_here": False}])
-def test_no_lending_when_off_or_when_the_engines_are_not_the_runs(kwargs):
+@pytest.mark.parametrize("kwargs", [{"lend": False}, {"lend": False, "engines_here": False}])
+def test_no_lending_when_off(kwargs):
     for fully_async in (False, True):
         assert _split(fully_async, **kwargs) == ThreadSplit(1, 1)
+
+
+def test_lending_the_threads_of_http_servers_is_refused_naming_the_key():
+    with pytest.raises(ConfigError, match="job.lend_threads"):
+        _split(fully_async=True, engines_here=False)
+
+
+def test_lending_with_ray_is_a_violation_of_the_job():
+    assert [v.key for v in JobConfig(lend_threads=True, ray=True).validate()] == ["job.lend_threads"]
+    assert JobConfig(lend_threads=True).validate() == []
 
 
 def test_generation_is_ahead_only_when_the_window_is_full_and_nothing_runs():
