@@ -98,20 +98,50 @@ def plan_micro_batches(lengths: Sequence[int], max_rows: int, max_tokens: int | 
     return parts[::-1]
 
 
-def _best_cuts(width: torch.Tensor, max_rows: int, max_tokens: int | None, pass_cost: float) -> list[int]:
-    """cuts[j]: where the last micro-batch of the best plan of the first j rows (`width` sorted
-    longest first) starts. Dynamic programming over the last cut, one vector op per row."""
+def plan_shared_micro_batches(lengths: Sequence[int], groups: Sequence[int], contexts: Sequence[int], max_rows: int,
+                              max_tokens: int | None = None, pass_cost: float = 0.0) -> list[list[int]]:
+    """`plan_micro_batches` for the shared-prefix forward (`inflight.train.shared_prefix`): micro-
+    batches of whole groups (rows with equal `groups`; a group of more than `max_rows` rows in runs
+    of `max_rows`), each group costing one packed row of its context (`contexts`) and every row's
+    tokens after it; at most `max_rows` rows and `max_tokens` padded packed tokens each, cut where
+    the padded packed tokens plus `pass_cost` per micro-batch are fewest."""
+    members: dict[int, list[int]] = {}
+    for i, group in enumerate(groups):
+        members.setdefault(group, []).append(i)
+    units = [rows[at : at + max_rows] for rows in members.values() for at in range(0, len(rows), max_rows)]
+    if not units:
+        return []
+    packed = [contexts[u[0]] + sum(lengths[i] - contexts[u[0]] for i in u) for u in units]
+    order = sorted(range(len(units)), key=lambda u: (-packed[u], units[u][0]))
+    width = torch.tensor([packed[u] for u in order], dtype=torch.float64)
+    counts = torch.tensor([len(units[u]) for u in order], dtype=torch.float64)
+    cuts = _best_cuts(width, max_rows, max_tokens, pass_cost, counts)
+    parts, stop = [], len(order)
+    while stop > 0:
+        parts.append([i for u in order[cuts[stop] : stop] for i in units[u]])
+        stop = cuts[stop]
+    return parts[::-1]
+
+
+def _best_cuts(width: torch.Tensor, max_rows: int, max_tokens: int | None, pass_cost: float,
+               counts: torch.Tensor | None = None) -> list[int]:
+    """cuts[j]: where the last micro-batch of the best plan of the first j units (`width` sorted
+    longest first; each holding `counts` rows, default one) starts. Dynamic programming over the
+    last cut, one vector op per unit."""
     n = len(width)
     # an infinite pass cost means: fewest passes first, then fewest padded tokens
     per_pass = float(n * width.max() + 1) if math.isinf(pass_cost) else pass_cost + 1e-6
+    held = torch.zeros(n + 1, dtype=torch.float64)
+    held[1:] = torch.ones(n, dtype=torch.float64).cumsum(0) if counts is None else counts.cumsum(0)
     best = torch.zeros(n + 1, dtype=torch.float64)
     cuts = [0] * (n + 1)
     for stop in range(1, n + 1):
-        start = max(0, stop - max_rows)
-        rows = stop - torch.arange(start, stop, dtype=torch.float64)
-        cost = best[start:stop] + per_pass + rows * width[start:stop]
+        # the earliest start whose units hold at most max_rows rows (one unit always fits)
+        start = min(int(torch.searchsorted(held, held[stop] - max_rows)), stop - 1)
+        units = stop - torch.arange(start, stop, dtype=torch.float64)
+        cost = best[start:stop] + per_pass + units * width[start:stop]
         if max_tokens is not None:
-            cost[(rows * width[start:stop] > max_tokens) & (rows > 1)] = math.inf
+            cost[(units * width[start:stop] > max_tokens) & (units > 1)] = math.inf
         # the latest of equal starts: the fuller micro-batches come first
         last = len(cost) - 1 - int(torch.argmin(cost.flip(0)))
         best[stop], cuts[stop] = cost[last], start + last

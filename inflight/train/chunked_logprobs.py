@@ -36,27 +36,37 @@ def _chunk_logprobs_entropy(lm_head: torch.nn.Module, hidden: torch.Tensor, targ
 
 
 def chunked_token_logprobs(hidden: torch.Tensor, lm_head: torch.nn.Module, input_ids: torch.Tensor,
-                           temperature: float = 1.0, chunk_size: int = 1024,
+                           temperature: float = 1.0, chunk_size: int | None = 1024,
                            entropy: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """[B, T] log-probabilities of each token given its prefix (position 0 is 0), from the final
     hidden states [B, T, H] and the LM head, `chunk_size` tokens at a time: what
     `token_logprobs(lm_head(hidden), input_ids, temperature)` gives, without the full logits. With
     `entropy`, also the [B, T] token entropy (`losses.token_entropy`), with its gradient."""
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     batch, length = input_ids.shape
     states = hidden[:, :-1].reshape(-1, hidden.shape[-1])
     targets = input_ids[:, 1:].reshape(-1).to(states.device)
+    out = state_logprobs(states, targets, lm_head, temperature, chunk_size, entropy)
+    if not entropy:
+        return F.pad(out.reshape(batch, length - 1), (1, 0))
+    picked, ent = (F.pad(x.reshape(batch, length - 1), (1, 0)) for x in out)
+    return picked, ent
+
+
+def state_logprobs(states: torch.Tensor, targets: torch.Tensor, lm_head: torch.nn.Module, temperature: float = 1.0,
+                   chunk_size: int | None = 1024, entropy: bool = False) -> torch.Tensor:
+    """[N] log-probabilities of `targets` [N] under the distributions the LM head gives the hidden
+    states [N, H], `chunk_size` states at a time under activation checkpointing (None: all at once,
+    no recompute); with `entropy`, [2, N]: those and the distributions' entropy."""
+    if chunk_size is not None and chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     temp = scaling_temperature(temperature)
     fn = _chunk_logprobs_entropy if entropy else _chunk_logprobs
-    recompute = torch.is_grad_enabled()
+    step = max(len(states), 1) if chunk_size is None else chunk_size
+    recompute = torch.is_grad_enabled() and chunk_size is not None
     parts = []
-    for start in range(0, states.shape[0], chunk_size):
-        h, t = states[start : start + chunk_size], targets[start : start + chunk_size]
+    for start in range(0, states.shape[0], step):
+        h, t = states[start : start + step], targets[start : start + step]
         parts.append(checkpoint(fn, lm_head, h, t, temp, use_reentrant=False) if recompute else fn(lm_head, h, t, temp))
-    if not entropy:
-        picked = torch.cat(parts).reshape(batch, length - 1) if parts else states.new_zeros(batch, length - 1)
-        return F.pad(picked, (1, 0))
-    both = torch.cat(parts, dim=1) if parts else states.new_zeros(2, 0)
-    picked, ent = (F.pad(x.reshape(batch, length - 1), (1, 0)) for x in both)
-    return picked, ent
+    if not parts:
+        return states.new_zeros(2, 0) if entropy else states.new_zeros(0)
+    return torch.cat(parts, dim=1 if entropy else 0)

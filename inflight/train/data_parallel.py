@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from inflight.train.batch import TrainBatch, plan_micro_batches
+from inflight.train.batch import TrainBatch, plan_micro_batches, plan_shared_micro_batches
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,14 @@ class Shard:
 
 
 @dataclass(frozen=True)
+class RowGroups:
+    """Each step row's group of rows with one context (`groups`) and that context's length."""
+
+    groups: tuple[int, ...]
+    contexts: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class MicroPlan:
     """How a rank's rows of a mini-batch are cut into micro-batches (see `plan_micro_batches`):
     at most `max_rows` rows and `max_tokens` padded tokens each, `pass_cost` padded tokens
@@ -86,9 +94,18 @@ class MicroPlan:
     max_rows: int
     max_tokens: int | None = None
     pass_cost: float = 0.0
+    shared: RowGroups | None = None
+    """The step's rows by shared context (`trainer.shared_prefix_forward`): micro-batches of whole
+    groups (`plan_shared_micro_batches`)."""
 
-    def cut(self, lengths: Sequence[int]) -> list[list[int]]:
-        return plan_micro_batches(lengths, self.max_rows, self.max_tokens, self.pass_cost)
+    def cut(self, lengths: Sequence[int], rows: Sequence[int] | None = None) -> list[list[int]]:
+        """Micro-batches of the rows of `lengths` (indices into it); `rows`: their step rows, which
+        `shared` is indexed by."""
+        if self.shared is None or rows is None:
+            return plan_micro_batches(lengths, self.max_rows, self.max_tokens, self.pass_cost)
+        return plan_shared_micro_batches(lengths, [self.shared.groups[r] for r in rows],
+                                         [self.shared.contexts[r] for r in rows], self.max_rows, self.max_tokens,
+                                         self.pass_cost)
 
 
 def shard_step(num_groups: int, group_size: int, groups_per_mini: int, micro: int | MicroPlan,
@@ -123,7 +140,8 @@ def shard_step(num_groups: int, group_size: int, groups_per_mini: int, micro: in
 def _cut(plan: MicroPlan, share: list[int], lengths: Sequence[int], live: Sequence[bool]) -> list[list[int]]:
     """`plan`'s micro-batches of a share's live rows, as positions in the share."""
     positions = [i for i, row in enumerate(share) if live[row]]
-    return [[positions[j] for j in part] for part in plan.cut([lengths[share[i]] for i in positions])]
+    rows = [share[i] for i in positions]
+    return [[positions[j] for j in part] for part in plan.cut([lengths[r] for r in rows], rows)]
 
 
 def forward_parts(shard: Shard, plan: MicroPlan, lengths: Sequence[int],
@@ -133,9 +151,10 @@ def forward_parts(shard: Shard, plan: MicroPlan, lengths: Sequence[int],
     passes every rank runs (the most any rank needs: the passes of FSDP and Megatron are collectives)."""
     keep = [True] * len(lengths) if include is None else include
     where = {row: i for i, row in enumerate(shard.rows)}
-    cuts = [plan.cut([lengths[row] for row in rows if keep[row]]) for rows in shard.rank_rows]
+    kept = [[row for row in rows if keep[row]] for rows in shard.rank_rows]
+    cuts = [plan.cut([lengths[row] for row in rows], rows) for rows in kept]
     mine_rows = [row for row in shard.rows if keep[row]]
-    mine = [tuple(where[mine_rows[j]] for j in part) for part in plan.cut([lengths[r] for r in mine_rows])]
+    mine = [tuple(where[mine_rows[j]] for j in part) for part in plan.cut([lengths[r] for r in mine_rows], mine_rows)]
     return mine, max(1, *(len(c) for c in cuts)) if cuts else 1
 
 

@@ -28,6 +28,7 @@ trainer:
   eval_interval: 100                  # held-out evaluation every 100 steps (in the plot), before and after
   bf16: false                         # float32 on CPU
   gradient_checkpointing: false       # the recompute costs more than the memory it saves on this model
+  shared_prefix_forward: true         # each group's prompt runs once in the training forward, not 8 times
   logger: [console, tensorboard]
   print_example_interval: 100         # an example rollout printed every 100 steps (SkyRL: every step)
   ckpt_interval: -1                   # no checkpoints (set trainer.ckpt_path and an interval to save)

@@ -42,6 +42,7 @@ from inflight.train.batch import TrainBatch
 from inflight.train.critic import CriticBatch
 from inflight.train.data_parallel import (
     MicroPlan,
+    RowGroups,
     Shard,
     StepStats,
     data_parallel,
@@ -54,6 +55,7 @@ from inflight.train.data_parallel import (
 )
 from inflight.train.moe_metrics import logprob_gaps, routing_metrics
 from inflight.train.routing_rows import routing_rows
+from inflight.train.shared_prefix import context_lengths
 from inflight.train.workers.base import PolicyWorker
 
 
@@ -69,6 +71,8 @@ class StepOptions:
     """trainer.max_tokens_per_microbatch (None: no cap, the key's -1)."""
     micro_batch_pass_tokens: float = 64.0
     """trainer.micro_batch_pass_tokens (`math.inf`: the fewest passes the caps allow)."""
+    shared_prefix_forward: bool = False
+    """trainer.shared_prefix_forward: micro-batches of whole groups, each packed by the worker."""
 
     @classmethod
     def from_config(cls, cfg: Config) -> StepOptions:
@@ -78,7 +82,8 @@ class StepOptions:
         max_tokens = trainer.max_tokens_per_microbatch
         return cls(correct_threshold=trainer.correct_threshold,
                    max_tokens_per_micro_batch=max_tokens if max_tokens > 0 else None,
-                   micro_batch_pass_tokens=trainer.micro_batch_pass_tokens)
+                   micro_batch_pass_tokens=trainer.micro_batch_pass_tokens,
+                   shared_prefix_forward=trainer.shared_prefix_forward)
 
 
 def build_batch(groups: Sequence[TrajectoryGroup], advantages: torch.Tensor | None, pad_id: int) -> RLBatch:
@@ -164,11 +169,13 @@ class TrainingStep:
         """The forwards, the advantages, the critic's and the policy's optimizer steps of a batch with
         something to learn from; their metrics."""
         size, widths = len(groups[0].trajectories), batch.widths().tolist()
-        shard = shard_step(len(groups), size, self.groups_per_mini(len(groups)), self.plan(), self.dp, widths, live)
+        shared = self.shared_rows(batch, uids)
+        shard = shard_step(len(groups), size, self.groups_per_mini(len(groups)), self.plan(shared), self.dp, widths,
+                           live)
         batch.row_weight, batch.token_weight = mini_batch_weights(batch.loss_mask, shard)
         local = local_batch(batch, shard).to(self.worker.device)
-        old = self._old_logprobs(batch, local, shard, live, len(groups), metrics)
-        ref = self._reference_logprobs(batch, local, shard, live)
+        old = self._old_logprobs(batch, local, shard, live, len(groups), metrics, shared)
+        ref = self._reference_logprobs(batch, local, shard, live, shared)
         critic_shard = self._critic_shard(len(groups), size, widths, live)
         values = self._values(batch, critic_shard, layout)
         take = lambda full: None if full is None else layout.take(full)  # noqa: E731
@@ -201,15 +208,23 @@ class TrainingStep:
         forward of the step runs on the weights the step starts from, the old policy."""
         return self.cfg.trainer.update_epochs_per_batch == 1 and self.groups_per_mini(num_groups) >= num_groups
 
-    def plan(self) -> MicroPlan:
-        """The training passes' micro-batches (`micro_train_batch_size_per_gpu`, token cap, pass cost)."""
+    def plan(self, shared: RowGroups | None = None) -> MicroPlan:
+        """The training passes' micro-batches (`micro_train_batch_size_per_gpu`, token cap, pass cost;
+        `shared`: by group, `shared_rows`)."""
         return MicroPlan(self.cfg.trainer.micro_train_batch_size_per_gpu, self.options.max_tokens_per_micro_batch,
-                         self.options.micro_batch_pass_tokens)
+                         self.options.micro_batch_pass_tokens, shared)
 
-    def forward_plan(self) -> MicroPlan:
+    def forward_plan(self, shared: RowGroups | None = None) -> MicroPlan:
         """Forward-only passes' micro-batches (`micro_forward_batch_size_per_gpu`)."""
         return MicroPlan(self.cfg.trainer.micro_forward_batch_size_per_gpu, self.options.max_tokens_per_micro_batch,
-                         self.options.micro_batch_pass_tokens)
+                         self.options.micro_batch_pass_tokens, shared)
+
+    def shared_rows(self, batch: RLBatch, uids: list[int]) -> RowGroups | None:
+        """With `shared_prefix_forward`, the step's rows by group (`uids`, one prompt each) and the
+        length of each row's context (`shared_prefix.context_lengths`); else None."""
+        if not self.options.shared_prefix_forward:
+            return None
+        return RowGroups(tuple(uids), tuple(context_lengths(batch.loss_mask, batch.widths())))
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps of the step (the KL controller, the reference's epoch)."""
@@ -257,7 +272,7 @@ class TrainingStep:
 
     # ---- forwards without gradients ----------------------------------------------------------------
     def _old_logprobs(self, batch: RLBatch, local: RLBatch, shard: Shard, live: list[bool], num_groups: int,
-                      metrics: dict[str, Any]) -> torch.Tensor | None:
+                      metrics: dict[str, Any], shared: RowGroups | None = None) -> torch.Tensor | None:
         """The old log-probabilities: none when nothing reads them or the training forward is them
         (one optimizer step: `local.old_logprobs` stays None), else a forward, in the training
         micro-batches (`recompute_old_logprobs_per_minibatch`) or in forward micro-batches. Returns
@@ -270,19 +285,20 @@ class TrainingStep:
         if self.cfg.trainer.recompute_old_logprobs_per_minibatch:
             local.old_logprobs = shard_logprobs(self.worker, local, shard)
         else:
-            parts, count = forward_parts(shard, self.forward_plan(), batch.widths().tolist(), live)
+            parts, count = forward_parts(shard, self.forward_plan(shared), batch.widths().tolist(), live)
             local.old_logprobs = forward_rows(self.worker.logprobs, local, parts, count)
         metrics["prox_forward_s"] = time.perf_counter() - t0
         if not objective.old_logprobs_before_training:
             return None
         return gather_rows(local.old_logprobs.cpu(), shard, len(batch), self.dp)
 
-    def _reference_logprobs(self, batch: RLBatch, local: RLBatch, shard: Shard, live: list[bool]) -> torch.Tensor | None:
+    def _reference_logprobs(self, batch: RLBatch, local: RLBatch, shard: Shard, live: list[bool],
+                            shared: RowGroups | None = None) -> torch.Tensor | None:
         """The reference's log-probabilities of this rank's rows (`local.ref_logprobs`), in forward
         micro-batches; every rank's rows ([B, T]) when the rewards need them, else None."""
         if self.reference is None:
             return None
-        parts, count = forward_parts(shard, self.forward_plan(), batch.widths().tolist(), live)
+        parts, count = forward_parts(shard, self.forward_plan(shared), batch.widths().tolist(), live)
         local.ref_logprobs = forward_rows(self.reference.logprobs, local, parts, count).to(self.worker.device)
         if not self.objective.old_logprobs_before_training:
             return None
@@ -357,7 +373,8 @@ class TrainingStep:
         as it is."""
         out = self.worker.forward_backward(part, float(self.dp.size) if real else 0.0)
         self.counts["passes"] += 1
-        self.counts["padded_tokens"] += part.input_ids.numel()
+        ran = self.worker.forward_tokens
+        self.counts["padded_tokens"] += part.input_ids.numel() if ran is None else ran
         if not real:
             return
         self.counts["trained_rows"] += int((part.loss_mask.sum(1) > 0).sum())

@@ -12,7 +12,7 @@ import torch
 
 from inflight.tasks.count_up import CountUpTask
 from inflight.train.algorithms import RLBatch
-from inflight.train.batch import plan_micro_batches
+from inflight.train.batch import plan_micro_batches, plan_shared_micro_batches
 from inflight.train.data_parallel import DataParallel, MicroPlan, micro_batches, shard_step
 
 
@@ -93,3 +93,25 @@ def test_micro_batches_are_trimmed_and_padded_up_to_the_common_count():
     assert [tuple(p.input_ids.shape) for p, _ in parts] == [(2, 8), (2, 3), (1, 2)]
     assert [r.tolist() for _, r in parts[:2]] == [[1, 3], [0, 2]] and parts[2][1] is None
     assert parts[2][0].loss_mask.sum() == 0 and parts[2][0].advantages.abs().sum() == 0
+
+
+@pytest.mark.parametrize("max_rows,max_tokens,pass_cost", [(8, None, 0.0), (16, None, 64.0), (16, 60, 16.0),
+                                                           (3, None, math.inf)])
+def test_shared_plans_hold_whole_groups_within_the_caps(max_rows, max_tokens, pass_cost):
+    """`trainer.shared_prefix_forward`'s plan: every row once, a group's rows together (in runs of
+    `max_rows` when it has more), at most `max_rows` rows and `max_tokens` packed tokens each."""
+    rng = random.Random(0)
+    groups = [g for g in range(10) for _ in range(4)]
+    contexts = [5 + g for g in groups]
+    lengths = [c + rng.randint(1, 12) for c in contexts]
+    parts = plan_shared_micro_batches(lengths, groups, contexts, max_rows, max_tokens, pass_cost)
+    assert sorted(i for p in parts for i in p) == list(range(40))
+    for p in parts:
+        assert len(p) <= max_rows
+        units = {}
+        for i in p:
+            units.setdefault(groups[i], []).append(i)
+        packed = [contexts[r[0]] + sum(lengths[i] - contexts[i] for i in r) for r in units.values()]
+        assert max_tokens is None or len(units) == 1 or len(units) * max(packed) <= max_tokens
+    for g in range(10):  # a group in as few micro-batches as its runs of max_rows rows
+        assert sum(any(groups[i] == g for i in p) for p in parts) <= math.ceil(4 / max_rows)

@@ -67,7 +67,7 @@ def fully_padded(batch, mini):
     return [(batch.select(rows), rows)] + [(padding(batch), None)] * (mini.micro_batches - 1)
 
 
-def run_step(model_dir, tmp_path, overrides, version, micro, options, monkeypatch=None) -> dict:
+def run_step(model_dir, tmp_path, overrides, version, micro, options, monkeypatch=None, groups=None) -> dict:
     """One step with plain SGD (so parameters compare to 1e-5); the updated state, the metrics and
     the [rows, width] of every forward/backward."""
     cfg, _ = rl_config(model_dir, tmp_path, [*SIZES, f"trainer.micro_train_batch_size_per_gpu={micro}", *overrides])
@@ -87,7 +87,7 @@ def run_step(model_dir, tmp_path, overrides, version, micro, options, monkeypatc
 
     worker.forward_backward = spy
     step = TrainingStep(worker, cfg, 0, options, reference)
-    metrics = step(long_tail_groups(0), version)
+    metrics = step(groups or long_tail_groups(0), version)
     if monkeypatch is not None:
         monkeypatch.undo()
     return {"state": worker.full_hf_state_dict(), "metrics": metrics, "shapes": shapes, "counts": step.counts}
@@ -138,3 +138,39 @@ def test_logprobs_come_back_to_their_rows(model_dir, tmp_path):
     attention = batch.attention_mask.bool()
     torch.testing.assert_close(got[attention], want[attention], atol=1e-5, rtol=0)
     assert (got[~attention] == 0).all()
+
+
+def distinct_prompt_groups() -> list[TrajectoryGroup]:
+    """`long_tail_groups` with a prompt of its own per group (two share their first tokens)."""
+    groups = long_tail_groups(0)
+    for g, group in enumerate(groups):
+        for traj in group.trajectories:
+            traj.prompt_ids = [5, 12, 7, 13, 2 + min(g, 2)] + [3] * g
+    return groups
+
+
+@pytest.mark.parametrize("reduction", ["token_mean", "seq_mean_token_sum_norm"])
+@pytest.mark.parametrize("regime", list(REGIMES))
+def test_the_shared_prefix_update_equals_the_fully_padded_one(model_dir, tmp_path, monkeypatch, regime, reduction):
+    """`trainer.shared_prefix_forward`: micro-batches of whole groups, each group one packed row;
+    the update, the metrics and the proximal and reference forwards as fully padded."""
+    version, overrides = REGIMES[regime]
+    overrides = [*overrides, f"trainer.algorithm.loss_reduction={reduction}"]
+    want = run_step(model_dir, tmp_path, overrides, version, 64, StepOptions(), monkeypatch,
+                    groups=distinct_prompt_groups())
+    shared = [*overrides, "trainer.shared_prefix_forward=true"]
+    got = run_step(model_dir, tmp_path, shared, version, 8, StepOptions(micro_batch_pass_tokens=0.0,
+                                                                          shared_prefix_forward=True),
+                   groups=distinct_prompt_groups())
+    for key, tensor in want["state"].items():
+        torch.testing.assert_close(got["state"][key], tensor, atol=1e-5, rtol=0, msg=key)
+    rel = summation_order_tolerance(int(want["metrics"]["trained_tokens"]))
+    atol = 1e-4 if "trainer.update_epochs_per_batch=2" in overrides else 1e-5
+    for key in COMPARED:
+        assert (key in got["metrics"]) == (key in want["metrics"]), key
+        if key in want["metrics"]:
+            assert got["metrics"][key] == pytest.approx(want["metrics"][key], rel=rel, abs=atol), key
+    # whole groups per micro-batch (at most 8 rows: two groups), each run as packed rows
+    for widths, _, real in got["shapes"]:
+        assert not real or len(widths) in (4, 8)
+    assert got["metrics"]["train_padded_tokens"] < 0.7 * want["metrics"]["train_padded_tokens"]

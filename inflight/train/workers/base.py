@@ -131,6 +131,9 @@ class PolicyWorker(ABC):
         self.lr_scheduler: LRScheduler | None = None
         self.num_training_steps: int | None = None  # the run's optimizer steps, for decaying schedules
         self.global_step = 0
+        self.forward_tokens: int | None = None
+        """Tokens the last `compute_logprobs` ran, padding included (None: the backend does not say;
+        it ran the batch as it is)."""
 
     # ---- backend hooks --------------------------------------------------------------------------
     @abstractmethod

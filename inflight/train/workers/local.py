@@ -24,7 +24,8 @@ import torch
 from inflight.config import Config
 from inflight.train.allocator import map_large_blocks
 from inflight.train.batch import TrainBatch
-from inflight.train.chunked_logprobs import chunked_token_logprobs
+from inflight.train import shared_prefix
+from inflight.train.chunked_logprobs import chunked_token_logprobs, state_logprobs
 from inflight.train.lora import adapter_tensors, apply_lora, lora_enabled, merged_tensors
 from inflight.train.losses import LossFn, token_entropy, token_logprobs
 from inflight.train.moe_replay import RoutingReplay, attach_routing
@@ -112,6 +113,10 @@ class LocalPolicyWorker(PolicyWorker):
             self.routing.prepare(batch)  # the rollout's experts, with routing replay
         chunk = self.logprobs_chunk_size()
         lm = self.causal_lm()
+        packed = self.packed(batch, lm)
+        self.forward_tokens = (packed or batch).input_ids.numel()
+        if packed is not None:
+            return self._packed_logprobs(packed, lm, chunk, entropy)
         if chunk is None or _post_processes_logits(lm):
             with self.autocast():
                 logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
@@ -121,6 +126,33 @@ class LocalPolicyWorker(PolicyWorker):
             hidden = lm.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
             return chunked_token_logprobs(hidden.last_hidden_state, lm.get_output_embeddings(), batch.input_ids,
                                           self.temperature, chunk, entropy=entropy)
+
+    def packed(self, batch: TrainBatch, lm: torch.nn.Module) -> shared_prefix.PackedRows | None:
+        """`batch` packed by shared context (`trainer.shared_prefix_forward`), or None: not asked
+        for, a model it does not apply to (routing hooks, logits changed after the LM head, no SDPA
+        or not every layer full attention), or packing would not pay."""
+        if not self.cfg.trainer.shared_prefix_forward or self.routing is not None or _post_processes_logits(lm):
+            return None
+        if not shared_prefix.supports(lm):
+            return None
+        return shared_prefix.pack(batch.input_ids, batch.loss_mask, batch.attention_mask,
+                                  shared_prefix.pair_cost_of(lm.config))
+
+    def _packed_logprobs(self, packed: shared_prefix.PackedRows, lm: torch.nn.Module, chunk: int | None,
+                         entropy: bool) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        inputs = dict(input_ids=packed.input_ids, attention_mask=packed.attention_mask,
+                      position_ids=packed.position_ids)
+        with self.autocast():
+            if chunk is None:  # the whole model's forward (under FSDP its root unit holds the LM head)
+                logits = self.model(**inputs).logits
+                states, head = logits.reshape(-1, logits.shape[-1])[packed.states], torch.nn.Identity()
+            else:
+                hidden = lm.get_decoder()(**inputs).last_hidden_state
+                states, head = hidden.reshape(-1, hidden.shape[-1])[packed.states], lm.get_output_embeddings()
+            out = state_logprobs(states, packed.targets, head, self.temperature, chunk, entropy=entropy)
+        if entropy:
+            return packed.unpack(out[0]), packed.unpack(out[1])
+        return packed.unpack(out)
 
     def logprobs_chunk_size(self) -> int | None:
         """Tokens per log-probability chunk (`trainer.logprobs_chunk_size`), None: the full logits."""

@@ -1,0 +1,130 @@
+"""`trainer.shared_prefix_forward`: a micro-batch's groups of rows with one context run as one packed
+sequence each, and the log-probabilities, the entropy and the gradients equal plain `transformers`
+row-by-row logits through torch's log-softmax (the oracle); where packing cannot apply or would not
+pay, rows run as they are."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from inflight.config import load_config
+from inflight.testing import LOCAL_CPU
+from inflight.train import LocalPolicyWorker, TrainBatch
+from inflight.train.shared_prefix import pack, pair_cost_of
+
+TEMPERATURE = 0.7
+
+
+@pytest.fixture(scope="module")
+def model_dir(tiny_model_factory):
+    return tiny_model_factory("qwen2", seed=7)
+
+
+def _groups(vocab: int, contexts=(9, 5), responses=((3, 1, 4, 2), (6, 2, 5)), seed=0) -> TrainBatch:
+    """Rows of groups: each group one context, each row its own response (right-padded), the
+    context untrained, every response token trained. Rows of different groups interleave."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = []
+    for ctx, lengths in zip(contexts, responses, strict=True):
+        prompt = torch.randint(0, vocab, (ctx,), generator=gen)
+        rows += [(prompt, torch.randint(0, vocab, (n,), generator=gen)) for n in lengths]
+    order = [r for pair in zip(rows[::2], rows[1::2]) for r in pair] + (rows[-1:] if len(rows) % 2 else [])
+    width = max(len(p) + len(r) for p, r in order)
+    ids = torch.zeros(len(order), width, dtype=torch.long)
+    attention = torch.zeros_like(ids)
+    loss = torch.zeros(len(order), width)
+    for i, (p, r) in enumerate(order):
+        ids[i, : len(p) + len(r)] = torch.cat([p, r])
+        attention[i, : len(p) + len(r)] = 1
+        loss[i, len(p) : len(p) + len(r)] = 1
+    return TrainBatch(input_ids=ids, loss_mask=loss, attention_mask=attention)
+
+
+def _worker(model_dir, chunk: str = "1024", shared: bool = True) -> LocalPolicyWorker:
+    cfg = load_config(None, [*LOCAL_CPU, f"trainer.logprobs_chunk_size={chunk}",
+                             f"trainer.shared_prefix_forward={str(shared).lower()}",
+                             f"generator.sampling_params.temperature={TEMPERATURE}"])
+    worker = LocalPolicyWorker(cfg, model_path=str(model_dir)).setup()
+    worker.model.train()
+    return worker
+
+
+def _oracle(model_dir, batch: TrainBatch, weights: torch.Tensor):
+    """transformers' logits of each row alone (no padding anywhere), torch's log-softmax, autograd."""
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).train()
+    logprobs = torch.zeros(batch.input_ids.shape)
+    entropy = torch.zeros(batch.input_ids.shape)
+    total = 0.0
+    for row, width in enumerate(batch.widths().tolist()):
+        logits = model(input_ids=batch.input_ids[row : row + 1, :width]).logits[0, :-1] / TEMPERATURE
+        log_p = torch.log_softmax(logits, dim=-1)
+        picked = log_p.gather(-1, batch.input_ids[row, 1:width, None])[:, 0]
+        ent = -(log_p.exp() * log_p).sum(-1)
+        total = total + ((picked + 0.1 * ent) * weights[row, 1:width]).sum()
+        logprobs[row, 1:width], entropy[row, 1:width] = picked.detach(), ent.detach()
+    total.backward()
+    return logprobs, entropy, {n: p.grad for n, p in model.named_parameters()}
+
+
+def _close(got: torch.Tensor, expected: torch.Tensor, name: str) -> None:
+    """Equal within float32 rounding of sums taken in another order (2e-6 of the largest magnitude)."""
+    scale = max(float(expected.abs().max()), 1.0)
+    torch.testing.assert_close(got, expected, atol=2e-6 * scale, rtol=0, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("chunk", ["1024", "3", "null"])
+def test_packed_groups_equal_transformers_row_by_row(model_dir, chunk):
+    worker = _worker(model_dir, chunk)
+    batch = _groups(worker.model.config.vocab_size)
+    assert worker.packed(batch, worker.causal_lm()) is not None  # the packed path is the one under test
+    weights = torch.rand(batch.input_ids.shape, generator=torch.Generator().manual_seed(3))
+    weights *= batch.attention_mask
+    expected, expected_entropy, grads = _oracle(model_dir, batch, weights)
+    logprobs, entropy = worker.compute_logprobs(batch, entropy=True)
+    real = batch.attention_mask.bool()
+    _close(logprobs * real, expected, "logprobs")
+    _close(entropy * real, expected_entropy, "entropy")
+    ((logprobs + 0.1 * entropy) * weights).sum().backward()
+    for name, param in worker.model.named_parameters():
+        _close(param.grad, grads[name], name)
+
+
+def test_the_packed_rows_hold_each_context_once(model_dir):
+    worker = _worker(model_dir)
+    batch = _groups(worker.model.config.vocab_size)
+    packed = pack(batch.input_ids, batch.loss_mask, batch.attention_mask, pair_cost_of(worker.model.config))
+    assert packed.input_ids.shape == (2, max(9 + 3 + 1 + 4 + 2, 5 + 6 + 2 + 5))
+    # a prediction per distinct (state, token): each context's own once, each response token once
+    assert len(packed.targets) == (9 - 1 + 10) + (5 - 1 + 13)
+    assert int(batch.loss_mask.sum()) == 10 + 13
+
+
+def test_rows_with_no_shared_context_are_not_packed(model_dir):
+    """Every row its own context: packing would only lengthen the rows, so the plain forward runs."""
+    worker = _worker(model_dir)
+    batch = _groups(worker.model.config.vocab_size, contexts=(4, 4, 4), responses=((3,), (2,), (5,)))
+    assert worker.packed(batch, worker.causal_lm()) is None
+    assert torch.isfinite(worker.compute_logprobs(batch)).all()
+
+
+def test_long_responses_are_not_packed():
+    """A short context before long responses: the packed row's attention costs more than its
+    context saves (pair costs of a wide model), so `pack` declines."""
+    ids = torch.arange(2 * 600).reshape(2, 600) % 50
+    ids[1, :4] = ids[0, :4]
+    loss = torch.zeros(2, 600)
+    loss[:, 4:] = 1
+    assert pack(ids, loss, None, pair_cost=0.01) is None
+    assert pack(ids, loss, None, pair_cost=0.0) is not None
+
+
+def test_off_by_default_and_the_plain_path_is_unchanged(model_dir):
+    plain = _worker(model_dir, shared=False)
+    batch = _groups(plain.model.config.vocab_size)
+    assert plain.packed(batch, plain.causal_lm()) is None
+    shared = _worker(model_dir)
+    with torch.no_grad():
+        _close(shared.compute_logprobs(batch) * batch.attention_mask, plain.compute_logprobs(batch) * batch.attention_mask,
+               "logprobs")
