@@ -61,6 +61,12 @@ SCENARIOS: dict[str, dict] = {
         "trainer.algorithm.kl_loss_coef=0.2", "trainer.algorithm.kl_ctrl.type=adaptive",
         "trainer.algorithm.kl_ctrl.horizon=10", "trainer.recompute_old_logprobs_per_minibatch=false",
         "trainer.micro_forward_batch_size_per_gpu=2", "trainer.algorithm.advantage_estimator=reinforce++"]),
+    # the shared-prefix forward: each rank packs its groups' rows (the prompt once per group) through
+    # FSDP's full-logits forward, the reference's too; two epochs: an old-log-probability forward
+    "shared-prefix": dict(rewards=[[1, 0, 1], [0, 1, 1], [1, 0, 0], [0, 1, 0]], version=1,
+                          options=dict(shared_prefix_forward=True), overrides=[
+        "trainer.shared_prefix_forward=true", "trainer.micro_train_batch_size_per_gpu=3",
+        "trainer.update_epochs_per_batch=2", "trainer.algorithm.use_kl_loss=true", "trainer.algorithm.kl_loss_coef=0.5"]),
 }  # fmt: skip
 COMPARED_METRICS = ("loss", "clip_ratio", "kl", "is_ratio_mean", "is_ratio_max", "policy_entropy", "avg_kl",
                     "kl_loss_coef", "critic/critic_loss", "trained_tokens", "optimizer_steps")  # fmt: skip

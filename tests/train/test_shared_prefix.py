@@ -30,7 +30,7 @@ def _groups(vocab: int, contexts=(9, 5), responses=((3, 1, 4, 2), (6, 2, 5)), se
     for ctx, lengths in zip(contexts, responses, strict=True):
         prompt = torch.randint(0, vocab, (ctx,), generator=gen)
         rows += [(prompt, torch.randint(0, vocab, (n,), generator=gen)) for n in lengths]
-    order = [r for pair in zip(rows[::2], rows[1::2]) for r in pair] + (rows[-1:] if len(rows) % 2 else [])
+    order = rows[::2] + rows[1::2]  # the groups' rows mixed
     width = max(len(p) + len(r) for p, r in order)
     ids = torch.zeros(len(order), width, dtype=torch.long)
     attention = torch.zeros_like(ids)
@@ -70,7 +70,7 @@ def _oracle(model_dir, batch: TrainBatch, weights: torch.Tensor):
 
 def _close(got: torch.Tensor, expected: torch.Tensor, name: str) -> None:
     """Equal within float32 rounding of sums taken in another order (2e-6 of the largest magnitude)."""
-    scale = max(float(expected.abs().max()), 1.0)
+    scale = max(float(expected.detach().abs().max()), 1.0)
     torch.testing.assert_close(got, expected, atol=2e-6 * scale, rtol=0, msg=lambda m: f"{name}: {m}")
 
 
@@ -128,3 +128,34 @@ def test_off_by_default_and_the_plain_path_is_unchanged(model_dir):
     with torch.no_grad():
         _close(shared.compute_logprobs(batch) * batch.attention_mask, plain.compute_logprobs(batch) * batch.attention_mask,
                "logprobs")
+
+
+def test_a_lora_policy_packs_to_peft_s_plain_forward(model_dir):
+    """A `peft` LoRA policy (adapters on every linear layer, randomised so they act): the packed
+    forward's log-probabilities and adapter gradients equal the same adapters' unpacked forward."""
+    lora = ["trainer.policy.model.lora.rank=4", "trainer.policy.model.lora.alpha=8"]
+
+    def worker(shared: bool) -> LocalPolicyWorker:
+        cfg = load_config(None, [*LOCAL_CPU, *lora, f"trainer.shared_prefix_forward={str(shared).lower()}"])
+        w = LocalPolicyWorker(cfg, model_path=str(model_dir)).setup()
+        gen = torch.Generator().manual_seed(11)
+        with torch.no_grad():
+            for name, param in w.model.named_parameters():
+                if "lora_" in name:
+                    param.copy_(0.1 * torch.randn(param.shape, generator=gen))
+        w.model.train()
+        return w
+
+    packed, plain = worker(True), worker(False)
+    batch = _groups(packed.model.config.vocab_size)
+    assert packed.packed(batch, packed.causal_lm()) is not None
+    real = batch.attention_mask
+    got, want = packed.compute_logprobs(batch) * real, plain.compute_logprobs(batch) * real
+    _close(got, want, "logprobs")
+    got.sum().backward()
+    want.sum().backward()
+    grads = dict(plain.model.named_parameters())
+    trained = [(n, p) for n, p in packed.model.named_parameters() if p.requires_grad]
+    assert trained and all("lora_" in n for n, _ in trained)
+    for name, param in trained:
+        _close(param.grad, grads[name].grad, name)

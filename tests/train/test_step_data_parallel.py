@@ -105,6 +105,8 @@ def test_two_ranks_step_like_one_rank_on_the_whole_batch(ranks, model_dir, tmp_p
     rows = first["trained_rows"], second["trained_rows"]
     assert sum(rows) == alone["trained_rows"] and first["passes"] == second["passes"]
     assert rows[1] == 0 if name == "idle" else 0 < rows[1] < alone["trained_rows"]
+    if name == "shared-prefix":  # both ranks ran packed rows: fewer tokens than their rows hold
+        assert all(r[name]["padded_tokens"] < r[name]["real_tokens"] for r in ranks)
 
 
 def test_tensor_parallel_ranks_train_on_the_same_rows(model_dir, tmp_path):

@@ -22,9 +22,9 @@ from contextlib import AbstractContextManager, nullcontext
 import torch
 
 from inflight.config import Config
+from inflight.train import shared_prefix
 from inflight.train.allocator import map_large_blocks
 from inflight.train.batch import TrainBatch
-from inflight.train import shared_prefix
 from inflight.train.chunked_logprobs import chunked_token_logprobs, state_logprobs
 from inflight.train.lora import adapter_tensors, apply_lora, lora_enabled, merged_tensors
 from inflight.train.losses import LossFn, token_entropy, token_logprobs
