@@ -34,8 +34,11 @@ NOT_ALIGNED = (
     "advantage, but their tokens count in the token mean)",
     "data order: both draw the same training problems without replacement, each shuffled by its own "
     "sampler from the round's seed",
-    "micro-batches: TRL runs the step's prompts x group as one right-padded forward/backward, inflight "
-    "cuts them by length (trainer.micro_batch_pass_tokens)",
+    "micro-batches: TRL runs the step's prompts x group as one right-padded forward/backward, prompt "
+    "repeated in every row; inflight runs each group as one packed row, its prompt once "
+    "(trainer.shared_prefix_forward, the demo's setting: the same gradients for fewer tokens), cutting "
+    "micro-batches of whole groups where padded tokens plus trainer.micro_batch_pass_tokens per pass are "
+    "fewest",
     "staleness: the fully-async trainer trains on rollouts up to max_staleness_steps old, corrected by "
     "truncated importance sampling (trainer.algorithm.off_policy_correction); TRL and the synchronous "
     "trainer are on-policy",

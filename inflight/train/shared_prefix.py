@@ -62,15 +62,9 @@ def cost(rows: int, width: int, pair_cost: float) -> float:
     return rows * width * (1.0 + pair_cost * width)
 
 
-def pack(input_ids: torch.Tensor, loss_mask: torch.Tensor, attention_mask: torch.Tensor | None,
-         pair_cost: float) -> PackedRows | None:
-    """The micro-batch packed by shared context, or None where packing would not pay (`cost`)."""
-    rows, width = input_ids.shape
-    if attention_mask is None:
-        widths = torch.full((rows,), width, dtype=torch.long)
-    else:
-        columns = torch.arange(1, width + 1, device=attention_mask.device)
-        widths = (attention_mask.ne(0) * columns).amax(dim=1).cpu()
+def pack(input_ids: torch.Tensor, loss_mask: torch.Tensor, widths: torch.Tensor, pair_cost: float) -> PackedRows | None:
+    """The micro-batch packed by shared context, or None where packing would not pay (`cost`).
+    `widths` [B]: each row's length (`TrainBatch.widths`)."""
     lengths = widths.tolist()
     contexts = context_lengths(loss_mask.cpu(), widths)
     ids = input_ids.cpu()
@@ -80,17 +74,19 @@ def pack(input_ids: torch.Tensor, loss_mask: torch.Tensor, attention_mask: torch
             groups.setdefault(tuple(ids[row, :ctx].tolist()), []).append(row)
     packed = [len(key) + sum(lengths[r] - len(key) for r in members) for key, members in groups.items()]
     longest = max(packed, default=0)
-    if not groups or cost(len(groups), longest, pair_cost) >= cost(rows, max(lengths), pair_cost):
+    if not groups or cost(len(groups), longest, pair_cost) >= cost(len(lengths), max(lengths), pair_cost):
         return None
     return _build(ids, lengths, list(groups.items()), longest, input_ids.device)
 
 
 def _build(ids: torch.Tensor, lengths: list[int], groups: list[tuple[tuple[int, ...], list[int]]], width: int,
            device: torch.device) -> PackedRows:
+    """Each group's packed row (its context, then each member row's own tokens), the positions,
+    segments and the distinct predictions with where every row's log-probabilities come from."""
     num = len(groups)
     packed_ids = torch.zeros(num, width, dtype=torch.long)
     positions = torch.zeros(num, width, dtype=torch.long)
-    segment = torch.full((num, width), -1, dtype=torch.long)  # 0: context, i + 1: the group's row i, -1: padding
+    segment = torch.full((num, width), -1, dtype=torch.long)  # `tree_mask`'s segments
     pick = torch.full(ids.shape, -1, dtype=torch.long)
     states: list[torch.Tensor] = []
     targets: list[torch.Tensor] = []
@@ -118,14 +114,22 @@ def _build(ids: torch.Tensor, lengths: list[int], groups: list[tuple[tuple[int, 
                 pick[row, 1:ctx] = pick[members[0], 1:ctx]
             count += len(new)
             start += own
+    return PackedRows(input_ids=packed_ids.to(device), position_ids=positions.to(device),
+                      attention_mask=tree_mask(segment).to(device), states=torch.cat(states).to(device),
+                      targets=torch.cat(targets).to(device), pick=pick.to(device))
+
+
+def tree_mask(segment: torch.Tensor) -> torch.Tensor:
+    """[G, 1, L, L] bool from each packed position's segment [G, L] (0: the context, i + 1: the
+    group's row i, -1: padding): a position sees the positions up to itself in the context and in
+    its own segment; padding sees itself only (no empty softmax row)."""
+    width = segment.shape[1]
     query, key = segment[:, :, None], segment[:, None, :]
     order = torch.arange(width)
     causal = order[None, :, None] >= order[None, None, :]
     sees = causal & (query >= 0) & ((key == 0) | (key == query))
-    sees |= (query < 0) & torch.eye(width, dtype=torch.bool)[None]  # padding sees itself: no empty softmax
-    return PackedRows(input_ids=packed_ids.to(device), position_ids=positions.to(device),
-                      attention_mask=sees[:, None].to(device), states=torch.cat(states).to(device),
-                      targets=torch.cat(targets).to(device), pick=pick.to(device))
+    sees |= (query < 0) & torch.eye(width, dtype=torch.bool)[None]
+    return sees[:, None]
 
 
 def pair_cost_of(config: object) -> float:

@@ -137,8 +137,9 @@ class TrainingStep:
         self.ref_epoch = 0
         """The epoch whose start the reference holds the policy of (`update_ref_every_epoch`)."""
         self.counts = {"trained_rows": 0, "passes": 0, "padded_tokens": 0, "real_tokens": 0}
-        """This rank's rows with tokens trained on, forward/backward passes and the tokens they ran
-        (with and without padding), over every step."""
+        """This rank's rows with tokens trained on, forward/backward passes, the tokens they ran
+        (padding included; packed rows under `shared_prefix_forward`, fewer than the rows' own) and the
+        rows' own tokens, over every step."""
 
     # ---- the step -------------------------------------------------------------------------------
     def __call__(self, groups: Sequence[TrajectoryGroup], policy_version: int) -> dict[str, float | None]:

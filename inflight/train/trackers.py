@@ -121,9 +121,14 @@ class WandbTracker:
         self.run.log(dict(metrics), step=step)
 
     def close(self) -> None:
+        """Finish the run, then wait for wandb's service process to write (offline) or upload all of
+        it: `finish` alone returned once before the offline run file held more than its header."""
         if self.run is not None:
+            import wandb
+
             self.run.finish()
             self.run = None
+            wandb.teardown()
 
 
 _MLFLOW_BAD = re.compile(r"[^\w\-./: ]")

@@ -94,7 +94,7 @@ def test_packed_groups_equal_transformers_row_by_row(model_dir, chunk):
 def test_the_packed_rows_hold_each_context_once(model_dir):
     worker = _worker(model_dir)
     batch = _groups(worker.model.config.vocab_size)
-    packed = pack(batch.input_ids, batch.loss_mask, batch.attention_mask, pair_cost_of(worker.model.config))
+    packed = pack(batch.input_ids, batch.loss_mask, batch.widths(), pair_cost_of(worker.model.config))
     assert packed.input_ids.shape == (2, max(9 + 3 + 1 + 4 + 2, 5 + 6 + 2 + 5))
     # a prediction per distinct (state, token): each context's own once, each response token once
     assert len(packed.targets) == (9 - 1 + 10) + (5 - 1 + 13)
@@ -116,8 +116,9 @@ def test_long_responses_are_not_packed():
     ids[1, :4] = ids[0, :4]
     loss = torch.zeros(2, 600)
     loss[:, 4:] = 1
-    assert pack(ids, loss, None, pair_cost=0.01) is None
-    assert pack(ids, loss, None, pair_cost=0.0) is not None
+    widths = torch.full((2,), 600)
+    assert pack(ids, loss, widths, pair_cost=0.01) is None
+    assert pack(ids, loss, widths, pair_cost=0.0) is not None
 
 
 def test_off_by_default_and_the_plain_path_is_unchanged(model_dir):

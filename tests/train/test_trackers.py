@@ -3,6 +3,8 @@ MLflow's client over a `file:` store, TensorBoard's event reader, W&B's offline 
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from inflight.testing import LOCAL_CPU
@@ -71,7 +73,9 @@ def test_wandb_offline_run_records_metrics_and_config(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_SILENT", "true")
     (tracker,) = _run(tmp_path, ["wandb"])
     (run_file,) = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
-    data = run_file.read_bytes()
+    deadline = time.monotonic() + 30  # wandb's service process writes the file; lost data still fails
+    while b"reward" not in (data := run_file.read_bytes()) and time.monotonic() < deadline:
+        time.sleep(0.2)
     for key in ("reward", "kv/preemptions", "eval/gsm8k/pass@1", "optimizer_config"):
         assert key.encode() in data, key
     assert b"note" not in data and b'"nan"' not in data  # only numbers, never NaN

@@ -135,8 +135,7 @@ class LocalPolicyWorker(PolicyWorker):
             return None
         if not shared_prefix.supports(lm):
             return None
-        return shared_prefix.pack(batch.input_ids, batch.loss_mask, batch.attention_mask,
-                                  shared_prefix.pair_cost_of(lm.config))
+        return shared_prefix.pack(batch.input_ids, batch.loss_mask, batch.widths(), shared_prefix.pair_cost_of(lm.config))
 
     def _packed_logprobs(self, packed: shared_prefix.PackedRows, lm: torch.nn.Module, chunk: int | None,
                          entropy: bool) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
