@@ -9,6 +9,8 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
+from inflight.train.shared_prefix import packed_length
+
 
 @dataclass
 class TrainBatch:
@@ -111,7 +113,7 @@ def plan_shared_micro_batches(lengths: Sequence[int], groups: Sequence[int], con
     units = [rows[at : at + max_rows] for rows in members.values() for at in range(0, len(rows), max_rows)]
     if not units:
         return []
-    packed = [contexts[u[0]] + sum(lengths[i] - contexts[u[0]] for i in u) for u in units]
+    packed = [packed_length(contexts[u[0]], (lengths[i] for i in u)) for u in units]
     order = sorted(range(len(units)), key=lambda u: (-packed[u], units[u][0]))
     width = torch.tensor([packed[u] for u in order], dtype=torch.float64)
     counts = torch.tensor([len(units[u]) for u in order], dtype=torch.float64)

@@ -19,6 +19,7 @@ only where `cost` says that the tokens saved outweigh it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -56,6 +57,11 @@ def context_lengths(loss_mask: torch.Tensor, widths: torch.Tensor) -> list[int]:
     return torch.where(trained.any(dim=1), first, widths.to(first.device)).tolist()
 
 
+def packed_length(context: int, lengths: Iterable[int]) -> int:
+    """The packed row of a group: its context once, then each row's tokens after the context."""
+    return context + sum(n - context for n in lengths)
+
+
 def cost(rows: int, width: int, pair_cost: float) -> float:
     """A forward over `rows` x `width` tokens, in tokens: each token plus `pair_cost` per attended
     (query, key) pair (every pair: a custom mask gets no causal shortcut)."""
@@ -72,7 +78,7 @@ def pack(input_ids: torch.Tensor, loss_mask: torch.Tensor, widths: torch.Tensor,
     for row, (ctx, n) in enumerate(zip(contexts, lengths, strict=True)):
         if n > 0:
             groups.setdefault(tuple(ids[row, :ctx].tolist()), []).append(row)
-    packed = [len(key) + sum(lengths[r] - len(key) for r in members) for key, members in groups.items()]
+    packed = [packed_length(len(key), (lengths[r] for r in members)) for key, members in groups.items()]
     longest = max(packed, default=0)
     if not groups or cost(len(groups), longest, pair_cost) >= cost(len(lengths), max(lengths), pair_cost):
         return None

@@ -114,7 +114,7 @@ class LocalPolicyWorker(PolicyWorker):
         chunk = self.logprobs_chunk_size()
         lm = self.causal_lm()
         packed = self.packed(batch, lm)
-        self.forward_tokens = (packed or batch).input_ids.numel()
+        self.forward_tokens = (batch if packed is None else packed).input_ids.numel()
         if packed is not None:
             return self._packed_logprobs(packed, lm, chunk, entropy)
         if chunk is None or _post_processes_logits(lm):
