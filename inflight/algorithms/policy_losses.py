@@ -105,16 +105,16 @@ def cispo_loss(
     advantages: torch.Tensor,
     loss_mask: torch.Tensor,
     *,
-    eps_clip_low: float = 1.0,
-    eps_clip_high: float = 4.0,
+    eps_clip_low: float = 0.0,
+    eps_clip_high: float = 5.0,
 ) -> tuple[torch.Tensor, Metrics]:
     """CISPO (MiniMax-M1, arXiv:2506.13585): clip the importance weight, not the update,
 
         l = -sg[clip(r, 1 - eps_clip_low, 1 + eps_clip_high)] A log pi
 
     r = pi / pi_behavior: the old policy (`cispo_anchor=old`) or the rollout's (`rollout`). Every token
-    keeps a gradient. Defaults are SkyRL's current ones (low 1.0, high 4.0: r in [0, 5], ScaleRL);
-    SkyRL 0.3.0's were 0.0 and 5.0. Metrics: `clip_ratio` (tokens outside the bounds) and SkyRL's
+    keeps a gradient. Defaults are SkyRL 0.3.0's (low 0.0, high 5.0: r in [1, 6]; SkyRL later moved to
+    1.0 and 4.0, r in [0, 5]). Metrics: `clip_ratio` (tokens outside the bounds) and SkyRL's
     `cispo/ratio_mean`, `cispo/ratio_clamped_mean` (masked means), `cispo/ratio_max`, `cispo/ratio_min`
     (over masked tokens; over all tokens when none is masked)."""
     ratio = safe_exp(log_probs - behavior_log_probs)

@@ -4,6 +4,8 @@ correction inside; and against verl 0.9.1's twin where the formula is the same."
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from algorithm_batches import TOL, assert_metrics_close, make_batch
@@ -16,6 +18,7 @@ from inflight.algorithms import (
     policy_losses,
     scale_advantages,
 )
+from inflight.config import Config
 
 LOSSES = (
     "regular",
@@ -144,6 +147,49 @@ def test_cov_losses_match_skyrl_on_unscaled_advantages(skyrl, name, seed):
     assert_same(ours, run(skyrl.ppo.PolicyLossRegistry.get(name), b, cfg, b.advantages))
     if name == "clip_cov":
         assert float(ours[2]["clip_ratio"]) > 0
+
+
+def _flat(section, prefix: str = "") -> dict:
+    """A config section's leaf keys and values, `cispo.cispo_eps_clip_low` style."""
+    out = {}
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        out |= _flat(value, f"{prefix}{f.name}.") if dataclasses.is_dataclass(value) else {prefix + f.name: value}
+    return out
+
+
+OUR_ALGORITHM_KEYS = {"cispo.cispo_anchor", "on_policy_distillation", "overlong_buffer_len",
+                      "overlong_buffer_penalty_factor"}
+"""`trainer.algorithm` keys SkyRL 0.3.0's AlgorithmConfig lacks (a later SkyRL's, an example's, ours)."""
+
+
+def test_algorithm_defaults_are_skyrl_0_3_0s_key_by_key(skyrl):
+    """Every key of SkyRL 0.3.0's own `AlgorithmConfig()` has its default in our `trainer.algorithm`."""
+    ours, theirs = _flat(Config().trainer.algorithm), _flat(skyrl.config.AlgorithmConfig())
+    assert set(ours) - set(theirs) == OUR_ALGORITHM_KEYS and set(theirs) <= set(ours)
+    assert {key: ours[key] for key in theirs} == theirs
+
+
+@pytest.mark.parametrize("name", LOSSES)
+def test_our_default_config_gives_skyrls_default_loss(skyrl, name):
+    """Each loss under our default `trainer.algorithm` equals SkyRL's function under SkyRL's own default
+    config (not our parameters passed to it), so a wrong default fails here."""
+    b = make_batch(7, SIZES, drift=0.6)
+    advantages = scale_advantages(b.advantages, b.mask, "token_mean")
+    ours_cfg = dataclasses.replace(Config().trainer.algorithm, policy_loss_type=name)
+    ours = run(get_policy_loss(name), b, ours_cfg, advantages)
+    sky = run(skyrl.ppo.PolicyLossRegistry.get(name), b, skyrl.config.AlgorithmConfig(policy_loss_type=name),
+              advantages)
+    assert_same(ours, sky, _extra(name))
+
+
+def test_cispo_defaults_clip_the_weight_to_skyrls_band(skyrl):
+    """SkyRL 0.3.0's CISPO band is [1, 6]: ratios below 1 are weighted 1, so the clamped mean exceeds the
+    raw one on a batch whose ratios straddle 1 (the band [0, 5] would leave them)."""
+    b = make_batch(7, SIZES, drift=0.6)
+    _, _, metrics = run(get_policy_loss("cispo"), b, Config().trainer.algorithm, b.advantages)
+    assert float(metrics["cispo/ratio_min"]) < 1 and float(metrics["clip_ratio"]) > 0
+    assert float(metrics["cispo/ratio_clamped_mean"]) > float(metrics["cispo/ratio_mean"])
 
 
 def test_correction_without_rollout_logprobs_is_skipped_as_in_skyrl(skyrl):

@@ -73,10 +73,11 @@ class KLCovConfig:
 class CISPOConfig:
     """CISPO (`policy_loss_type=cispo`, MiniMax-M1): clipped importance weights, no token dropped."""
 
-    cispo_eps_clip_low: float = skyrl(1.0)
-    """The importance ratio is clipped below at 1 - this. Default 1.0."""
-    cispo_eps_clip_high: float = skyrl(4.0)
-    """The importance ratio is clipped above at 1 + this. Default 4.0."""
+    cispo_eps_clip_low: float = skyrl(0.0)
+    """The importance ratio is clipped below at 1 - this. Default 0.0 (SkyRL 0.3.0's: the weight is
+    at least 1; SkyRL's later default is 1.0)."""
+    cispo_eps_clip_high: float = skyrl(5.0)
+    """The importance ratio is clipped above at 1 + this. Default 5.0 (SkyRL 0.3.0's; later 4.0)."""
     cispo_anchor: str = skyrl("old")
     """The behaviour policy of the ratio: `old` (default: the old/proximal log-probabilities) or
     `rollout` (the engine's)."""
