@@ -44,11 +44,12 @@ KEEPALIVE_EXPIRY_S = 2.0
 log = logging.getLogger(__name__)
 
 
-def _top_logprobs(value: list[list[list[Any]]] | None) -> list[list[tuple[int, float]]] | None:
-    """The token route's `top_logprobs` (JSON arrays) as RequestOutput holds them: (id, logprob) pairs."""
+def _top_logprobs(value: list[list[list[Any]] | None] | None) -> list[list[tuple[int, float]] | None] | None:
+    """The token route's `top_logprobs` or `prompt_top_logprobs` (JSON arrays; a prompt's first
+    position has None) as RequestOutput holds them: (id, logprob) pairs."""
     if value is None:
         return None
-    return [[(int(t), float(lp)) for t, lp in alternatives] for alternatives in value]
+    return [None if alts is None else [(int(t), float(lp)) for t, lp in alts] for alts in value]
 
 
 class HttpClient(InferenceClient):
@@ -149,6 +150,8 @@ class HttpClient(InferenceClient):
             finish_reason=data["finish_reason"], num_recomputed_tokens=data.get("num_recomputed_tokens", 0),
             num_cached_tokens=data.get("num_cached_tokens", 0), top_logprobs=_top_logprobs(data.get("top_logprobs")),
             routed_experts=routed_experts, routed_experts_start=routed_start,
+            prompt_logprobs=data.get("prompt_logprobs"), prompt_logprob_ranks=data.get("prompt_logprob_ranks"),
+            prompt_top_logprobs=_top_logprobs(data.get("prompt_top_logprobs")),
         )  # fmt: skip
 
     async def _answers_health(self, timeout_s: float = 5.0) -> bool:

@@ -5,11 +5,13 @@ dead or hung servers surface as ServerUnavailableError, not a hang."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import socket
 import time
 
 import httpx
 import pytest
+import torch
 from safetensors.torch import load_file
 
 from inflight.client import (
@@ -88,6 +90,37 @@ def test_local_and_remote_clients_agree(serve, model_dir):
     assert lo["second"].token_weight_versions == re["second"].token_weight_versions == [3] * 6
     assert lo["version"] == re["version"] == lo["weight_version"] == re["weight_version"] == 3
     assert lo["reset"] is re["reset"] is True
+
+
+def test_remote_generate_carries_the_prompt_logprobs(serve, model_dir, hf_model_factory):
+    """prompt_logprobs=2 through `inflight serve`: RemoteClient hands over the server's prompt scores
+    (each prompt token's logprob and rank, the 2 most likely) as they came, and they are
+    transformers' log_softmax of the prompt's logits."""
+    server = serve()
+    prompt = [5, 17, 33, 40, 41, 200, 7]
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, prompt_logprobs=2)
+
+    async def go():
+        async with RemoteClient(server.url, health_check_interval_s=None) as rc:
+            out = await rc.generate(prompt, params)
+        body = {"prompt_token_ids": prompt, "sampling_params": dataclasses.asdict(params)}
+        sent = httpx.post(server.url + "/inflight/v1/generate", json=body, timeout=60).json()
+        return out, sent
+
+    out, sent = asyncio.run(go())
+    assert out.prompt_logprobs == sent["prompt_logprobs"] and out.prompt_logprob_ranks == sent["prompt_logprob_ranks"]
+    assert out.prompt_top_logprobs == [None if e is None else [tuple(p) for p in e] for e in sent["prompt_top_logprobs"]]
+    with torch.no_grad():
+        ref = torch.log_softmax(hf_model_factory(model_dir)(torch.tensor([prompt])).logits[0, :-1].float(), -1)
+    expected = ref.gather(1, torch.tensor(prompt[1:])[:, None])[:, 0]
+    assert out.prompt_logprobs[0] is None and out.prompt_top_logprobs[0] is None
+    # float32 sums in another order than transformers': a few ulps of the logits' magnitude
+    tol = 1e-5 * float(ref.abs().max())
+    torch.testing.assert_close(torch.tensor(out.prompt_logprobs[1:]), expected, atol=tol, rtol=0)
+    assert out.prompt_logprob_ranks == [None, *((ref > expected[:, None]).sum(-1) + 1).tolist()]
+    for entry, row in zip(out.prompt_top_logprobs[1:], ref, strict=True):
+        assert [t for t, _ in entry] == row.topk(2).indices.tolist()
+        torch.testing.assert_close(torch.tensor([lp for _, lp in entry]), row.topk(2).values, atol=tol, rtol=0)
 
 
 def test_session_affinity_and_least_outstanding_over_two_servers(serve):
