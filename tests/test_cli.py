@@ -1,6 +1,12 @@
-"""The `inflight` command line dispatches each benchmark's --help to that benchmark's own parser."""
+"""The `inflight` command line: each benchmark's --help is its own parser's; `inflight train` refuses at
+once, and `--print-config` validates without torch and exits non-zero for what a run would refuse."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -49,3 +55,51 @@ def test_train_lists_job_and_schema_errors_together_and_checks_devices_first(tmp
         err = capsys.readouterr().err
         assert "generator.inference_engine.device=cuda" in err and "use cpu" in err
     assert not any(tmp_path.iterdir())
+
+
+ROOT = Path(__file__).resolve().parents[1]
+NO_TORCH = "import sys\nfrom inflight.cli import main\nrc = main(sys.argv[1:])\nprint('torch imported:', 'torch' in sys.modules)\nsys.exit(rc)"
+
+
+def _data_config(tmp_path: Path) -> list[str]:
+    """A run on your data whose model directory and data files exist (the model's config is all
+    `--print-config` reads of it)."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    (tmp_path / "rows.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    return [f"trainer.policy.model.path={tmp_path / 'model'}", f"data.train_data=[{tmp_path / 'rows.jsonl'}]",
+            f"data.val_data=[{tmp_path / 'rows.jsonl'}]"]
+
+
+@pytest.mark.parametrize("config", ["demo", "data"])
+def test_print_config_of_a_valid_config_exits_0_without_importing_torch(config, tmp_path):
+    """Issue 40: validating a config imported torch and the engine (8-12 s)."""
+    args = ["--config", str(ROOT / "examples" / "default.yaml")] if config == "demo" else _data_config(tmp_path)
+    env = {**os.environ, "INFLIGHT_VLLM_PYTHON": sys.executable}  # SkyRL's default backend is vLLM
+    done = subprocess.run([sys.executable, "-c", NO_TORCH, "train", "--print-config", *args], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "trainer:" in done.stdout and "torch imported: False" in done.stdout
+
+
+def test_print_config_exits_non_zero_listing_every_reason_a_run_would_refuse(capsys):
+    """Issue 40: it exited 0 for a policy loss a run refuses, and said nothing of the missing model."""
+    from inflight.train.main import main as train_main
+
+    assert train_main(["--print-config", "trainer.algorithm.policy_loss_type=nonsense"]) == 2
+    out, err = capsys.readouterr()
+    assert "policy_loss_type: nonsense" in out  # the resolved config is still printed
+    assert "a run would refuse this config" in err and "Traceback" not in err
+    for key in ("trainer.algorithm.policy_loss_type='nonsense'", "trainer.policy.model.path=None",
+                "data.train_data=", "data.val_data="):
+        assert key in err
+
+
+def test_print_config_names_a_missing_model_directory(tmp_path, capsys):
+    from inflight.train.main import main as train_main
+
+    args = _data_config(tmp_path)
+    args[0] = f"trainer.policy.model.path={tmp_path / 'nowhere'}"
+    assert train_main(["--print-config", "generator.inference_engine.backend=native", *args]) == 2
+    err = capsys.readouterr().err
+    assert "(1 reason)" in err and f"trainer.policy.model.path='{tmp_path / 'nowhere'}': has no config.json" in err

@@ -11,6 +11,8 @@ key's declared status (`inflight.config.status`, next to its field: the values a
 
 from __future__ import annotations
 
+import difflib
+import sys
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
@@ -102,21 +104,40 @@ def several_policy_ranks(cfg: Config) -> bool:
 _LORA = "trainer.policy.model.lora.rank"
 
 
-def _registered(kind: str) -> Callable[[Any], bool]:
-    """Whether a name is one of `inflight.algorithms`' registered advantage estimators / policy losses (as
-    the registry holds them now: a user's `register_*` before the run counts), or `package.module:name`."""
-    def check(name: Any) -> bool:
-        from inflight.algorithms import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
+BUILT_IN_NAMES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "trainer.algorithm.advantage_estimator": (
+        "advantage estimator", ("grpo", "rloo", "maxrl", "reinforce++", "gae", "no_op")),
+    "trainer.algorithm.policy_loss_type": (
+        "policy loss", ("regular", "dual_clip", "gspo", "cispo", "rollout_is", "dppo", "sapo", "clip_cov", "kl_cov",
+                        "cross_entropy", "importance_sampling")),
+}
+"""{key: (what, names)}: the names `inflight.algorithms.adapters` registers, known here without
+importing torch (so `inflight train --print-config` runs without it); a test keeps them equal."""
 
-        return ":" in str(name) or name in (ADVANTAGE_ESTIMATORS if kind == "estimator" else POLICY_LOSSES)
 
-    return check
-
-
-def _known(kind: str) -> str:
+def registered_names(key: str) -> list[str]:
+    """The names a run takes for `key` (besides `package.module:name`): the registry's when
+    `inflight.algorithms` is imported (a user's `register_*` before the run needs that import),
+    else the built-in ones."""
+    if "inflight.algorithms" not in sys.modules:
+        return list(BUILT_IN_NAMES[key][1])
     from inflight.algorithms import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
 
-    return ", ".join((ADVANTAGE_ESTIMATORS if kind == "estimator" else POLICY_LOSSES).names())
+    return (ADVANTAGE_ESTIMATORS if key.endswith("advantage_estimator") else POLICY_LOSSES).names()
+
+
+def _unregistered(cfg: Config) -> list[Violation]:
+    out = []
+    for key, (what, _) in BUILT_IN_NAMES.items():
+        name, known = get_key(cfg, key), registered_names(key)
+        if ":" not in str(name) and name not in known:
+            close = difflib.get_close_matches(str(name), known, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            out.append(Violation(key, name, f"is not a registered {what} (built in: {', '.join(known)}; also names "
+                                 f"given to inflight.algorithms.register_{what.replace(' ', '_')} before the run "
+                                 "starts)", f"{hint}use one of those, or package.module:name for your own function"))
+    return out
+
 
 NOT_IMPLEMENTED_WHEN: list[tuple[str, Callable[[Config], bool], Callable[[Any], bool], str, str]] = [
     *((f"trainer.{role}.model.lora.rank", lambda c: True, lambda v: v == 0,
@@ -140,12 +161,6 @@ NOT_IMPLEMENTED_WHEN: list[tuple[str, Callable[[Config], bool], Callable[[Any], 
      "is not implemented for your agent's episodes (generator.agent.path): their calls do not keep the "
      "routing record", f"set {_IE}enable_return_routed_experts=false and "
      "trainer.policy.megatron_config.moe_enable_routing_replay=false"),
-    *((key, lambda c: True, _registered(kind),
-       f"is not a registered {what} (built in: {_known(kind)}; also names given to "
-       f"inflight.algorithms.register_{what.replace(' ', '_')} before the run starts)",
-       "use one of those, or package.module:name for your own function")
-      for key, kind, what in (("trainer.algorithm.advantage_estimator", "estimator", "advantage estimator"),
-                              ("trainer.algorithm.policy_loss_type", "loss", "policy loss"))),
     (
         _IE + "weight_sync_host", lambda c: (external(c) and not servers_on_this_host(c)
                                              and c.generator.inference_engine.weight_sync_backend == "broadcast"),
@@ -192,6 +207,7 @@ def unimplemented(cfg: Config) -> list[Violation]:
 
     out = [v for v in (_refusal(key, get_key(cfg, key)) for key in refused_keys()) if v is not None]
     out += [v for v in (env_class_problem(cfg.environment.env_class),) if v is not None]
+    out += _unregistered(cfg)
     for key, applies, ok, rule, fix in NOT_IMPLEMENTED_WHEN:
         value = get_key(cfg, key)
         if applies(cfg) and not ok(value):

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from inflight.config import Config, ConfigError, Violation, config_from_dict, dump_config
-from inflight.config.implemented import require_implemented, unimplemented
+from inflight.config.implemented import starts_vllm, unimplemented
 from inflight.config.loader import read_yaml
 from inflight.train.data_setup import check_data_job, make_data_task, uses_data
 from inflight.train.defaults import default_job
@@ -42,7 +42,8 @@ def build_parser(prog: str = "inflight train") -> argparse.ArgumentParser:
     parser.add_argument("--config", default=None,
                         help="YAML config (default: none, SkyRL's defaults; the demo: examples/default.yaml)")
     parser.add_argument("--print-config", action="store_true",
-                        help="print the resolved config, and what a run would refuse, and exit")
+                        help="print the resolved config and exit: 0, or 2 listing every reason a run would "
+                             "refuse it")
     parser.add_argument("--reference", action="store_true",
                         help="print the configuration reference (every key: default, status, meaning) and exit")
     parser.add_argument("--ray", action="store_true", help="run the engines and the policy ranks as Ray actors")
@@ -90,6 +91,64 @@ def missing_devices(cfg: Config, job: JobConfig) -> str | None:
     build = "a CPU-only build" if torch.version.cuda is None else "built with CUDA but sees no GPU"
     keys = ", ".join(f"{k}={v}" for k, v in wanted.items())
     return f"{keys}: this torch ({torch.__version__}) is {build}; use cpu, or a CUDA torch on a GPU machine"
+
+
+def run_refusals(cfg: Config, job: JobConfig, start_ray: Starter | None = None) -> list[object]:
+    """Every reason a run of `cfg` and `job` would refuse to start, found before anything is built
+    (what `--print-config` lists, and what a run stops on at once): keys set to what is not
+    implemented here, the data job's contradictions, CUDA devices this machine lacks, a missing
+    vLLM or verifiers venv, and `job.ray` without its runtime."""
+    from inflight.rewards.registry import verifiers_id
+
+    problems: list[object] = list(unimplemented(cfg))
+    try:
+        check_data_job(cfg, job)
+    except ConfigError as err:
+        problems += err.violations
+    problems += missing_files(cfg, job)
+    if cfg.generator.inference_engine.vllm_python is not None and starts_vllm(cfg):
+        from inflight.train.servers import check_vllm_python
+
+        try:
+            check_vllm_python(cfg.generator.inference_engine.vllm_python)
+        except ConfigError as err:
+            problems += err.violations
+    if verifiers_id(cfg.environment.env_class) is not None:
+        from inflight.agents.agent import AgentError
+        from inflight.agents.verifiers_env import check_verifiers_venv
+
+        try:
+            check_verifiers_venv(cfg)
+        except AgentError as err:
+            problems.append(err)
+    problems += filter(None, [missing_devices(cfg, job)])
+    if job.ray and start_ray is None:
+        problems.append("job.ray=true needs the `inflight` command (`inflight train --ray`)")
+    return problems
+
+
+def missing_files(cfg: Config, job: JobConfig) -> list[Violation]:
+    """The model directory and data files a run reads first thing that are not there, one violation each."""
+    model = cfg.trainer.policy.model.path
+    out = []
+    if model is not None and not (Path(model) / "config.json").is_file():
+        out.append(Violation("trainer.policy.model.path", model, "has no config.json (it must be a local Hugging "
+                             "Face model directory)", "give the directory of a Qwen2, Qwen3 or Llama checkpoint"))
+    if not uses_data(cfg, job):
+        return out
+    old_spelling = job.task == "jsonl" and bool(job.train_data)
+    keys = (("job.train_data", [job.train_data]), ("job.eval_data", [job.eval_data] if job.eval_data else [])) \
+        if old_spelling else (("data.train_data", cfg.data.train_data), ("data.val_data", cfg.data.val_data))
+    return out + [Violation(key, path, "does not exist", f"give {key} your data files (.parquet, .jsonl / .json, "
+                            "or a datasets.save_to_disk directory)")
+                  for key, paths in keys for path in paths if path.strip() and not Path(path).exists()]
+
+
+def describe_refusals(problems: list[object]) -> str:
+    """`problems` (`run_refusals`) as one message, one line each."""
+    n = len(problems)
+    return f"a run would refuse this config ({n} reason{'s' if n != 1 else ''}):\n" + "\n".join(
+        f"  - {p}" for p in problems)
 
 
 def _schema_violations(data: dict[str, Any], overrides: list[str]) -> list[Violation]:
@@ -237,27 +296,13 @@ def main(argv: list[str] | None = None, start_ray: Starter | None = None) -> int
     except OSError as err:  # --config names a file that is missing or unreadable
         reason = "does not exist" if isinstance(err, FileNotFoundError) else f"cannot be read ({err.strerror})"
         return _error(f"--config {args.config}: the config file {reason}")
+    refusals = run_refusals(cfg, job, start_ray)
     if args.print_config:
         print(dump_config(cfg) + "job:\n" + "".join(f"  {k}: {json.dumps(v)}\n" for k, v in vars(job).items()))
-        refusals = unimplemented(cfg)
-        if refusals:
-            print(f"note: the config is valid, but a run would refuse {len(refusals)} setting(s) not "
-                  "implemented here:\n" + "\n".join(f"  - {v}" for v in refusals), file=sys.stderr)
+    if refusals:
+        return _error(describe_refusals(refusals))
+    if args.print_config:
         return 0
-    if (missing := missing_devices(cfg, job)):
-        return _error(missing)
-    if job.ray and start_ray is None:
-        return _error("job.ray=true needs the `inflight` command (`inflight train --ray`)")
-    from inflight.agents.agent import AgentError
-    from inflight.agents.verifiers_env import check_verifiers_venv
-    from inflight.train.servers import check_vllm_python
-
-    try:  # before any warm-up or engine start: refused keys and a missing vLLM / verifiers venv fail at once
-        require_implemented(cfg)
-        check_vllm_python(cfg.generator.inference_engine.vllm_python)
-        check_verifiers_venv(cfg)
-    except (ConfigError, AgentError) as err:
-        return _error(err)
     from rich.console import Console
 
     say = functools.partial(Console().print, highlight=False)
@@ -274,6 +319,7 @@ def main(argv: list[str] | None = None, start_ray: Starter | None = None) -> int
     warm = None
     if cfg.trainer.policy.model.path is None:
         warm = prepare_base_model(cfg, job, task, say)
+    from inflight.agents.agent import AgentError
     from inflight.client.process import EngineProcessError
     from inflight.train.data_setup import NothingGeneratedError
     from inflight.train.engine_restarts import EngineDiedError

@@ -80,10 +80,10 @@ def test_the_recipes_are_skyrls_examples_and_use_most_of_its_keys():
 
 def test_print_config_prints_and_names_what_a_run_would_refuse(tmp_path, capsys):
     script = "examples/train/megatron/run_megatron_dapo_qwen3.6_35b_a3b_lora_int4_qat.sh"
-    assert main(["--print-config", *localize(RECIPES[script], tmp_path)]) == 0
+    assert main(["--print-config", *localize(RECIPES[script], tmp_path)]) == 2  # as a run would
     out, err = capsys.readouterr()
     assert "trainer:" in out and "strategy: megatron" in out
-    assert "a run would refuse" in err
+    assert "a run would refuse this config" in err and "trainer.bf16=True" in err
 
 
 def test_localize_touches_only_devices_and_paths(tmp_path):
