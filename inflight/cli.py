@@ -1,9 +1,8 @@
-"""The `inflight` command line: train | eval | generate | serve | bench | env."""
+"""The `inflight` command line: train | eval | generate | serve | bench | models | env."""
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -13,10 +12,10 @@ DEFAULT_PROMPTS = ["the water is", "12+34=", "what is the way to make a good day
 
 def default_model_dir() -> Path:
     """A small Qwen2-shaped random model built locally once (no downloads)."""
+    from inflight.models_hub import cache_root
     from inflight.testing import make_tiny_model
 
-    root = Path(os.environ.get("INFLIGHT_CACHE", Path.home() / ".cache" / "inflight"))
-    path = root / "models" / "demo-qwen2-h256-l4"
+    path = cache_root() / "models" / "demo-qwen2-h256-l4"
     if not (path / "model.safetensors").is_file():
         print(f"building a random demo model in {path} ...", flush=True)
         make_tiny_model(path, "qwen2", seed=0, hidden_size=256, intermediate_size=768,
@@ -124,6 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     # no help of its own: `inflight bench X --help` must reach benchmark X's parser
     bench = sub.add_parser("bench", add_help=False, help=f"run a benchmark ({BENCHMARKS}); options after it go to the benchmark")
     bench.add_argument("what", nargs="?", help=BENCHMARKS)
+    sub.add_parser("models", add_help=False,
+                   help="get a real model as a checked HF directory (see inflight models --help)")
     env = sub.add_parser("env", help="what a bug report needs: CPU, kernel ISA, backends, versions")
     env.add_argument("--json", action="store_true", help="one JSON object instead of text")
     return parser
@@ -146,6 +147,10 @@ def main(argv: list[str] | None = None) -> int:
         from inflight.server.main import main as serve_main
 
         return serve_main(rest, prog="inflight serve")
+    if args.command == "models":
+        from inflight.models_hub.cli import main as models_main
+
+        return models_main(rest, prog="inflight models")
     if args.command == "env":
         from inflight.env_report import main as env_main
 

@@ -19,6 +19,7 @@ LAYERS: dict[str, int] = {
     "algorithms": 0,  # pure tensor functions: torch and the standard library only
     "chat": 0,
     "testing": 0,
+    "models_hub": 0,  # `inflight models get`: transformers and pip only
     "rewards": 1,
     "tasks": 2,
     "config": 3,
