@@ -103,3 +103,18 @@ def test_print_config_names_a_missing_model_directory(tmp_path, capsys):
     assert train_main(["--print-config", "generator.inference_engine.backend=native", *args]) == 2
     err = capsys.readouterr().err
     assert "(1 reason)" in err and f"trainer.policy.model.path='{tmp_path / 'nowhere'}': has no config.json" in err
+
+
+@pytest.mark.parametrize("print_config", [True, False])
+def test_a_vllm_run_without_vllms_venv_is_refused_at_once_naming_the_key_and_the_fix(
+        print_config, tmp_path, monkeypatch, capsys):
+    """Issue 40: backend=vllm without vLLM's venv passed validation and failed 40 s later in a
+    40-line traceback."""
+    monkeypatch.setenv("INFLIGHT_VLLM_PYTHON", str(tmp_path / "no-venv" / "bin" / "python"))
+    args = [*_data_config(tmp_path), "generator.inference_engine.backend=vllm", f"job.output_dir={tmp_path / 'out'}"]
+    assert main(["train", *(["--print-config"] if print_config else []), *args]) == 2
+    err = capsys.readouterr().err
+    assert "(1 reason)" in err and "Traceback" not in err
+    assert "generator.inference_engine.backend='vllm': needs vLLM's python" in err
+    assert f"VLLM_VENV={tmp_path / 'no-venv'} scripts/vllm_venv.sh" in err
+    assert not (tmp_path / "out").exists()  # refused before anything was built

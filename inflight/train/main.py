@@ -97,7 +97,7 @@ def run_refusals(cfg: Config, job: JobConfig, start_ray: Starter | None = None) 
     """Every reason a run of `cfg` and `job` would refuse to start, found before anything is built
     (what `--print-config` lists, and what a run stops on at once): keys set to what is not
     implemented here, the data job's contradictions, CUDA devices this machine lacks, a missing
-    vLLM or verifiers venv, and `job.ray` without its runtime."""
+    vLLM or verifiers venv, and `job.ray` without its runtime. Imports no torch for a CPU config."""
     from inflight.rewards.registry import verifiers_id
 
     problems: list[object] = list(unimplemented(cfg))
@@ -106,13 +106,10 @@ def run_refusals(cfg: Config, job: JobConfig, start_ray: Starter | None = None) 
     except ConfigError as err:
         problems += err.violations
     problems += missing_files(cfg, job)
-    if cfg.generator.inference_engine.vllm_python is not None and starts_vllm(cfg):
-        from inflight.train.servers import check_vllm_python
+    if starts_vllm(cfg):  # vLLM's python: vllm_python, else $INFLIGHT_VLLM_PYTHON or .venv-vllm
+        from inflight.vllm_backend.venv import python_problem
 
-        try:
-            check_vllm_python(cfg.generator.inference_engine.vllm_python)
-        except ConfigError as err:
-            problems += err.violations
+        problems += filter(None, [python_problem(cfg.generator.inference_engine.vllm_python)])
     if verifiers_id(cfg.environment.env_class) is not None:
         from inflight.agents.agent import AgentError
         from inflight.agents.verifiers_env import check_verifiers_venv

@@ -37,7 +37,7 @@ from functools import partial
 from pathlib import Path
 
 from inflight.client.remote import RemoteClient
-from inflight.config import Config, ConfigError, InferenceEngineConfig, Violation
+from inflight.config import Config, ConfigError, InferenceEngineConfig
 from inflight.config.implemented import require_implemented
 from inflight.engine.config import EngineConfig
 from inflight.train.engine_settings import engine_config
@@ -206,14 +206,13 @@ def new_control_token() -> str:
 
 
 def check_vllm_python(python: str | None) -> None:
-    """A `vllm_python` that was given must be an executable file (ConfigError naming the key)."""
-    if python is None or (Path(python).is_file() and os.access(python, os.X_OK)):
-        return
-    raise ConfigError([Violation(
-        "generator.inference_engine.vllm_python", python, "is not an executable file (vLLM lives in its own "
-        "virtual environment, outside the project's dependencies)",
-        "create it with scripts/vllm_venv.sh (it creates or reuses .venv-vllm), then give its bin/python; or set "
-        "generator.inference_engine.vllm_python=null for $INFLIGHT_VLLM_PYTHON / .venv-vllm")])  # fmt: skip
+    """vLLM's python (`python`, else $INFLIGHT_VLLM_PYTHON or .venv-vllm) must be an executable file
+    (ConfigError naming the key and the command that creates it: `vllm_backend.venv.python_problem`)."""
+    from inflight.vllm_backend.venv import python_problem
+
+    problem = python_problem(python)
+    if problem is not None:
+        raise ConfigError([problem])
 
 
 async def check_external(client: RemoteClient) -> None:

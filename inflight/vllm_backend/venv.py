@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 import inflight
+from inflight.config.errors import Violation
 
 DEFAULT_VENV = Path(inflight.__file__).resolve().parents[1] / ".venv-vllm"
 ENV_VAR = "INFLIGHT_VLLM_PYTHON"
@@ -66,6 +67,29 @@ def check_python(python: str) -> None:
             f"vLLM lives in its own virtual environment, outside the project's dependencies; create it with:\n"
             f"{setup_commands(python)}"
         )
+
+
+def python_problem(python: str | None) -> Violation | None:
+    """Why a run cannot start vLLM servers with `generator.inference_engine.vllm_python` = `python`
+    (None: `default_python()`), naming the key and the command that creates the venv; None when
+    `python` is an executable file. Checked before anything starts (`inflight train`, `--print-config`)."""
+    where = python or default_python()
+    if Path(where).is_file() and os.access(where, os.X_OK):
+        return None
+    key = "generator.inference_engine.vllm_python"
+    path = Path(where)
+    venv = path.parent.parent if path.parent.name == "bin" else DEFAULT_VENV
+    create = "scripts/vllm_venv.sh" if venv == DEFAULT_VENV else f"VLLM_VENV={venv} scripts/vllm_venv.sh"
+    if python is None:
+        key, python = "generator.inference_engine.backend", "vllm"
+        source = f"${ENV_VAR}" if os.environ.get(ENV_VAR) else "the default, .venv-vllm"
+        rule = f"needs vLLM's python, which is not at {where} ({source})"
+    else:
+        rule = "is not an executable file"
+    return Violation(key, python, f"{rule}: vLLM lives in its own virtual environment, outside the project's "
+                     "dependencies", f"create it with `{create}`, or give its bin/python in "
+                     f"generator.inference_engine.vllm_python (or ${ENV_VAR}), or use "
+                     "generator.inference_engine.backend=native")
 
 
 def preload_libs(python: str) -> list[str]:

@@ -144,13 +144,19 @@ def test_the_vllm_command_lines_size_the_kv_cache(tiny_model_factory, monkeypatc
         "--kv-cache-memory-bytes", "4096", "--no-enable-sleep-mode"]  # vLLM's own arguments decide
 
 
-def test_a_missing_vllm_python_names_the_key_and_the_setup_script(tmp_path):
+def test_a_missing_vllm_python_names_the_key_and_the_setup_script(tmp_path, monkeypatch):
+    monkeypatch.setenv("INFLIGHT_VLLM_PYTHON", sys.executable)
     check_vllm_python(None)  # the shim finds it ($INFLIGHT_VLLM_PYTHON, else .venv-vllm)
     check_vllm_python(sys.executable)
     with pytest.raises(ConfigError) as err:
         check_vllm_python(str(tmp_path / "venv" / "bin" / "python"))
     (v,) = err.value.violations
-    assert v.key == f"{IE}vllm_python" and "scripts/vllm_venv.sh" in v.fix
+    assert v.key == f"{IE}vllm_python" and f"VLLM_VENV={tmp_path / 'venv'} scripts/vllm_venv.sh" in v.fix
+    monkeypatch.setenv("INFLIGHT_VLLM_PYTHON", str(tmp_path / "elsewhere" / "bin" / "python"))
+    with pytest.raises(ConfigError) as err:  # issue 40: the default venv was not checked (a traceback 40 s in)
+        check_vllm_python(None)
+    (v,) = err.value.violations
+    assert v.key == f"{IE}backend" and "$INFLIGHT_VLLM_PYTHON" in v.rule and "scripts/vllm_venv.sh" in v.fix
 
 
 def test_the_server_command_lines():
