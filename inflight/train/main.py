@@ -234,10 +234,14 @@ def prepare_base_model(cfg: Config, job: JobConfig, task, say) -> dict[str, Any]
 async def run_job(cfg: Config, job: JobConfig, task, say, start: Starter | None = None) -> dict[str, Any]:
     """Evaluate, train and evaluate on the runtime `start` starts (default: `start_local`); the
     run's summary."""
+    import torch
+
     from inflight.train.metrics import plot_metrics
     from inflight.train.runtime import start_local
     from inflight.train.trainer import make_trainer
+    from inflight.train.workers.local import describe_precision
 
+    say(describe_precision(cfg, torch.device(job.trainer_device)))
     trainer = make_trainer(cfg, job, task, start=start or start_local)
     summary: dict[str, Any] = {"mode": trainer.mode}
     try:

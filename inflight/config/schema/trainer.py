@@ -137,10 +137,12 @@ class TrainerConfig:
     adapter) every this many steps and after the last one; -1 (default) or 0: never."""
     export_path: str = skyrl(factory=lambda: os.path.expanduser("~/exports/"))
     """Where the exports go (`<export_path>/global_step_<k>/`). Default ~/exports/."""
-    bf16: bool = skyrl(True)
+    bf16: bool | None = skyrl(True)
     """Train in bfloat16 over float32 master weights and optimizer state (autocast for the local
     worker, FSDP2's MixedPrecisionPolicy, Megatron's bf16). Default true. On a CPU without native
-    bfloat16 (no AVX-512) its matmuls are very slow: set false there."""
+    bfloat16 matmuls (neither AMX nor AVX-512-BF16) they are emulated and slower than float32: set
+    false there, or null (ours): bfloat16 where the device computes it natively (CUDA, a CPU with
+    AMX or AVX-512-BF16), float32 elsewhere; a run prints which it chose and why."""
     epochs: int = skyrl(1)
     """Passes over the training data, >= 1. The run ends after them (or after max_training_steps).
     Default 1."""

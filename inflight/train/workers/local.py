@@ -22,6 +22,7 @@ from contextlib import AbstractContextManager, nullcontext
 import torch
 
 from inflight.config import Config
+from inflight.engine.cpu import cpu_flags
 from inflight.train import shared_prefix
 from inflight.train.allocator import map_large_blocks
 from inflight.train.batch import TrainBatch
@@ -31,10 +32,39 @@ from inflight.train.losses import LossFn, token_entropy, token_logprobs
 from inflight.train.moe_replay import RoutingReplay, attach_routing
 from inflight.train.workers.base import PolicyWorker
 
+NATIVE_BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
+"""CPU flags (as /proc/cpuinfo spells them) under which oneDNN multiplies bfloat16 natively; without
+them it converts to float32 around each matmul, slower than float32 alone."""
+
+
+def native_bf16(device: torch.device) -> tuple[bool, str]:
+    """Whether `device` computes bfloat16 matmuls natively, and what says so."""
+    if device.type == "cuda":
+        return True, "the device is CUDA"
+    if device.type != "cpu":
+        return False, f"bfloat16 is not chosen automatically on {device.type}"
+    have = [flag for flag in NATIVE_BF16_CPU_FLAGS if flag in cpu_flags()]
+    if have:
+        return True, f"the CPU has {', '.join(have)}"
+    return False, "the CPU has neither AMX nor AVX-512-BF16, so bfloat16 matmuls would run slower than float32"
+
 
 def use_bf16(cfg: Config, device: torch.device) -> bool:
-    """`trainer.bf16`, with null meaning: on CUDA."""
-    return device.type == "cuda" if cfg.trainer.bf16 is None else cfg.trainer.bf16
+    """`trainer.bf16`, with null meaning: where the device computes bfloat16 natively (`native_bf16`)."""
+    return native_bf16(device)[0] if cfg.trainer.bf16 is None else cfg.trainer.bf16
+
+
+def describe_precision(cfg: Config, device: torch.device) -> str:
+    """One line for the run's start: the training precision `trainer.bf16` gives on `device`, and why
+    (null: the automatic choice; true on a CPU without native bfloat16: a warning with the fix)."""
+    bf16, reason = use_bf16(cfg, device), native_bf16(device)[1]
+    what = "bfloat16 autocast over float32 master weights" if bf16 else "float32"
+    if cfg.trainer.bf16 is None:
+        return f"training precision: {what} (trainer.bf16=null: {reason})"
+    if bf16 and not native_bf16(device)[0] and device.type == "cpu":
+        return (f"training precision: {what} (trainer.bf16=true), but {reason}: "
+                "set trainer.bf16=false or null (chosen per device)")
+    return f"training precision: {what} (trainer.bf16={str(bf16).lower()})"
 
 
 PRECISIONS = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -58,7 +88,7 @@ class LocalPolicyWorker(PolicyWorker):
     def __init__(self, cfg: Config, model_path: str | None = None, rank: int = 0, world_size: int = 1,
                  loss_fn: LossFn | None = None, device: str | torch.device = "cpu", bf16: bool | None = None,
                  gradient_checkpointing: bool | None = None, role: str = "policy") -> None:
-        """`bf16` and `gradient_checkpointing` default to `trainer.bf16` (null: true on CUDA) and
+        """`bf16` and `gradient_checkpointing` default to `trainer.bf16` (null: `native_bf16`) and
         `trainer.gradient_checkpointing`; `role` (`policy`, `ref`, `critic`) picks the model's
         section (`trainer.<role>`: model_config_kwargs, fsdp_config, LoRA)."""
         super().__init__(cfg, rank, world_size, loss_fn, device, model_path, role)
