@@ -69,15 +69,17 @@ class JobConfig:
     """torch threads of the trainer during RL (the engine has its own; see engine_threads)."""
     engine_threads: int = 1
     """torch threads of the engine process."""
-    lend_threads: bool = False
+    lend_threads: bool | None = None
     """The side that computes alone takes the other's threads (`inflight.train.thread_lending`): the
     synchronous trainer's engines generate with job.engine_threads + job.threads (shared among them)
     and its steps train with job.threads + the engines' job.engine_threads; the fully-async trainer's
     steps take the engines' threads while generation is ahead (bounded staleness reached, nothing
     generating) and give them back when a group may start. Engines in this run's processes only (not
-    HTTP servers or Ray actors, whose CPUs are fixed at launch: refused there). Off by default: on the demo's 0.8M
-    model a second OpenMP thread slows both phases; on a 41M one it gives the synchronous trainer
-    1.6x and the fully-async one 1.26x the samples/s (docs/benchmarks.md)."""
+    HTTP servers or Ray actors, whose CPUs are fixed at launch: refused there). null (default): on
+    for a policy of at least 10M parameters (`thread_lending.LEND_MIN_PARAMETERS`) whose engines run
+    in this run's processes, off otherwise: on the demo's 0.8M model a second OpenMP thread slows
+    both phases; on a 41M one it gives the synchronous trainer 1.6x and the fully-async one 1.26x the
+    samples/s (docs/benchmarks.md)."""
     trainer_device: str = "cpu"
     """Torch device of the policy worker (`cpu`, `cuda`, `cuda:N`)."""
     worker: str = "auto"

@@ -2,7 +2,7 @@
 
 A CPU run splits the machine between the trainer (`job.threads`) and its engines
 (`job.engine_threads` each). When only one side computes, the other's cores would sit idle, so
-(`job.lend_threads=true`) the side that runs takes them: the synchronous trainer generates
+(`job.lend_threads=true`; null: from `LEND_MIN_PARAMETERS` on) the side that runs takes them: the synchronous trainer generates
 and trains in turns, so its engines start with the trainer's threads added to theirs and its steps
 run with the engines' added to the trainer's (`lent` for good); the fully-async trainer's steps
 take the engines' threads only while generation is ahead (bounded staleness reached and nothing
@@ -20,10 +20,12 @@ own threads; the OpenMP worker it stops using spins for a moment and sleeps (the
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -114,6 +116,37 @@ class ThreadSplit:
         return lending
 
 
+LEND_MIN_PARAMETERS = 10_000_000
+"""`job.lend_threads=null` lends from this many policy parameters on: measured, a second OpenMP
+thread slows both phases of the 0.8M demo model and pays on 41M (docs/benchmarks.md)."""
+
+
+def parameter_count(model_dir: str | Path | None) -> int | None:
+    """The parameters in a Hugging Face directory's safetensors files (their headers only), or None
+    where there are none to read."""
+    if model_dir is None or not (files := sorted(Path(model_dir).glob("*.safetensors"))):
+        return None
+    from safetensors import safe_open
+
+    total = 0
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                total += math.prod(f.get_slice(name).get_shape())
+    return total
+
+
+def lends(cfg: Any, job: Any, engines_here: bool) -> bool:
+    """`job.lend_threads`, null resolved: lend where the engines' threads are the run's to lend and the
+    policy has at least `LEND_MIN_PARAMETERS` parameters."""
+    if job.lend_threads is not None:
+        return job.lend_threads
+    if not engines_here or job.ray or job.ray_address:
+        return False
+    count = parameter_count(cfg.trainer.policy.model.path)
+    return count is not None and count >= LEND_MIN_PARAMETERS
+
+
 def thread_split(cfg: Any, job: Any, engines_here: bool) -> ThreadSplit:
     """The split of `job.threads` and `job.engine_threads` for a run of `cfg` (see the module
     docstring); `engines_here`: the engines run in this run's own processes (local engine processes
@@ -122,7 +155,7 @@ def thread_split(cfg: Any, job: Any, engines_here: bool) -> ThreadSplit:
         raise ConfigError([Violation("job.lend_threads", True, "cannot lend the threads of engines on HTTP "
                                      "servers (vLLM, external_server_urls), whose CPUs are fixed at launch",
                                      "set job.lend_threads=false")])
-    if not job.lend_threads:
+    if not lends(cfg, job, engines_here):
         return ThreadSplit(job.threads, job.engine_threads)
     engines = cfg.generator.inference_engine.num_engines
     lendable = engines * job.engine_threads

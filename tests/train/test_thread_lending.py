@@ -15,7 +15,13 @@ import torch
 from inflight.config import ConfigError
 from inflight.train.job_config import JobConfig
 from inflight.train.staleness import StalenessManager
-from inflight.train.thread_lending import ThreadLending, ThreadSplit, thread_split
+from inflight.train.thread_lending import (
+    LEND_MIN_PARAMETERS,
+    ThreadLending,
+    ThreadSplit,
+    parameter_count,
+    thread_split,
+)
 
 
 class _Probe(torch.autograd.Function):
@@ -159,3 +165,32 @@ def test_generation_is_ahead_only_when_the_window_is_full_and_nothing_runs():
     manager.accept()  # the window's two groups are in: nothing may start until the step
     manager.step_done()
     assert ahead == [False, False, False, True, False]
+
+
+def _auto(model_dir, engines_here: bool = True, ray: bool = False, fully_async: bool = True) -> ThreadSplit:
+    cfg = SimpleNamespace(generator=SimpleNamespace(inference_engine=SimpleNamespace(num_engines=1)),
+                          trainer=SimpleNamespace(fully_async=SimpleNamespace(enabled=fully_async),
+                                                  policy=SimpleNamespace(model=SimpleNamespace(path=model_dir))))
+    job = SimpleNamespace(threads=1, engine_threads=1, lend_threads=None, ray=ray, ray_address=None)
+    return thread_split(cfg, job, engines_here)
+
+
+def test_the_parameter_count_is_transformers_own(tiny_model_factory, hf_model_factory):
+    model_dir = tiny_model_factory("llama")
+    assert parameter_count(model_dir) == hf_model_factory(model_dir).num_parameters()
+    assert parameter_count(None) is None
+
+
+def test_null_lends_from_the_size_that_pays_on(tiny_model_factory, hf_model_factory):
+    small = tiny_model_factory("qwen2")
+    assert hf_model_factory(small).num_parameters() < LEND_MIN_PARAMETERS
+    assert _auto(small) == ThreadSplit(1, 1)
+    # a vocabulary of 40k x hidden 256 (tied) is over the bound: the fully-async steps follow the lending
+    large = tiny_model_factory("qwen2", vocab_size=40_000, hidden_size=256)
+    assert hf_model_factory(large).num_parameters() >= LEND_MIN_PARAMETERS
+    assert _auto(large) == ThreadSplit(1, 1, 1, follow=True)
+    assert _auto(large, fully_async=False) == ThreadSplit(1, 2, 1)
+    # never where the threads are not the run's to lend (and no refusal: nobody asked for it)
+    assert _auto(large, engines_here=False) == ThreadSplit(1, 1)
+    assert _auto(large, ray=True) == ThreadSplit(1, 1)
+    assert _auto(None) == ThreadSplit(1, 1)
