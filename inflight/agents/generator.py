@@ -8,13 +8,18 @@ one); the episode trains on its last sample, which holds the reply the reward ju
 agent's reward at its last sampled token. Earlier samples (before the agent rewrote its history)
 are not trained on: counted as `agent/untrained_samples`, their calls as `agent/rewritten_histories`.
 
-An agent that raises, times out or returns no number scores its episode 0 with what its calls
-generated (`rollout/failed`, `info["rollout_error"]`), as an environment failure does (but
-`AgentStopped`, an agent that can play no more episodes, stops the run); one that made
-no call before failing leaves nothing to train on and its group is dropped (`skip_failed_rollouts`;
-false lets the error end the run). An episode whose agent made no model call at all is an error
-too: nothing was generated. `zero_reward_on_non_stop` and `apply_overlong_filtering` act on the
-finish reason of the sample's last call.
+An agent that raises, times out or returns no number is a fault of the harness, not an answer of
+the model, and costs that episode only, as an environment failure does
+(`Trajectory.mark_rollout_failed`; `skip_failed_rollouts`, false lets the error end the run; but
+`AgentStopped`, an agent that can play no more episodes, stops the run): what its calls generated is
+kept with loss mask 0, it is left out of its group's advantages, and its finished siblings are
+trained on as if it had not been played. One that failed before its first call has no tokens: its
+row in the group is the prompt of a finished sibling and nothing after it (`TrajectoryGroup`); a
+group none of whose episodes finished is dropped. An episode whose agent made no model call at all
+is an error too: nothing was generated. Counted per step (`metrics`): `agent/episodes_failed`,
+`agent/episodes_failed_before_first_call`, and (`rollout_metrics`) `rollout/failed_tokens_masked`.
+`zero_reward_on_non_stop` and `apply_overlong_filtering` act on the finish reason of the sample's
+last call.
 """
 
 from __future__ import annotations
@@ -109,23 +114,27 @@ class AgentGenerator:
         message = f"{type(err).__name__}: {err}"
         if not self.skip_failed_rollouts:
             raise RuntimeError(f"problem {problem.id!r}: the agent failed ({message}); "
-                               "generator.skip_failed_rollouts=true scores such episodes 0 instead") from err
+                               "generator.skip_failed_rollouts=true skips such episodes instead (not trained on)") from err
         traj.mark_rollout_failed(f"agent: {message}")
-        log.warning("problem %r: the agent failed (%s); the episode scores 0%s (rollout/failed)", problem.id,
-                    message, "" if traj.usable else " and its group is dropped")
+        log.warning("problem %r: the agent failed (%s); the episode is not trained on, its siblings are "
+                    "(agent/episodes_failed)", problem.id, message)
         return traj
 
     @staticmethod
     def metrics(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
         """A step's agent figures: model calls per episode, histories the agents rewrote (calls that
-        started a new sample) and the samples not trained on (all but each episode's last)."""
+        started a new sample), the samples not trained on (all but each episode's last), and the
+        episodes whose agent failed (not trained on), those of them before any model call included."""
         trajs = [t for g in groups for t in g.trajectories]
         if not trajs:
             return {}
         calls = [t.info.get("agent_calls", 0) for t in trajs]
+        failed = [c for t, c in zip(trajs, calls, strict=True) if t.rollout_failed]
         return {"agent/calls_per_episode": sum(calls) / len(trajs),
                 "agent/rewritten_histories": float(sum(t.info.get("agent_rewritten_histories", 0) for t in trajs)),
-                "agent/untrained_samples": float(sum(max(0, t.info.get("agent_samples", 0) - 1) for t in trajs))}
+                "agent/untrained_samples": float(sum(max(0, t.info.get("agent_samples", 0) - 1) for t in trajs)),
+                "agent/episodes_failed": float(len(failed)),
+                "agent/episodes_failed_before_first_call": float(sum(c == 0 for c in failed))}
 
 
 __all__ = ["AgentGenerator"]

@@ -52,10 +52,12 @@ is the whole trajectory so far, so it covers every earlier turn's positions too 
 that turn attended to was), which the trainer's routing replay uses.
 
 Environment failures (`skip_failed_rollouts`, default true): building the environment, `reset()` or
-turning an observation into tokens that raises ends that episode only: it scores 0 with what it
-generated so far (`Trajectory.rollout_failed`, `info["rollout_error"]`); one that failed before its
-first turn has no prompt to train on (`Trajectory.usable` is false), and the trainers drop its group.
-False lets the error end the run, naming the problem. Client and engine errors always propagate.
+turning an observation into tokens that raises ends that episode only
+(`Trajectory.mark_rollout_failed`, `info["rollout_error"]`): what it generated so far is kept with
+loss mask 0 and left out of its group's advantages; one that failed before its first turn has no
+prompt of its own (its group gives it a finished sibling's, `TrajectoryGroup`), and a group none of
+whose episodes finished is dropped by the trainers. False lets the error end the run, naming the
+problem. Client and engine errors always propagate.
 An environment's `close()` runs when its episode ends (a failure there is logged).
 
 Reward failures: a `step()` (the reward) that raises, returns no finite number, or takes longer
@@ -364,12 +366,11 @@ class TaskGenerator:
         """End the episode on an environment failure: scored 0, or the error ends the run."""
         message = f"{type(err).__name__}: {err}"
         if not self.skip_failed_rollouts:
-            raise RuntimeError(f"problem {problem.id!r}: the environment failed {doing} ({message}); "
-                               "generator.skip_failed_rollouts=true scores such samples 0 instead") from err
+            raise RuntimeError(f"problem {problem.id!r}: the environment failed {doing} ({message}); generator."
+                               "skip_failed_rollouts=true skips such episodes instead (not trained on)") from err
         traj.mark_rollout_failed(f"{doing}: {message}")
-        _warn_once((doing, type(err).__name__), "problem %r: the environment failed %s (%s); the sample "
-                   "scores 0%s (rollout/failed)", problem.id, doing, message,
-                   "" if traj.usable else " and its group is dropped")
+        _warn_once((doing, type(err).__name__), "problem %r: the environment failed %s (%s); the episode is "
+                   "not trained on, its siblings are (rollout/failed)", problem.id, doing, message)
         return traj
 
     def _failed(self, env: Environment, traj: Trajectory, err: Exception) -> None:

@@ -31,8 +31,10 @@ class Trajectory:
     """The reward / environment step raised or timed out: the sample scores 0 (`info["reward_error"]`
     says why)."""
     rollout_failed: bool = False
-    """The environment failed outside its reward (built, reset, observation): the episode ended there
-    and scores 0 (`info["rollout_error"]` says why)."""
+    """The harness failed, not the model (the environment outside its reward: built, reset,
+    observation; or the agent raised, timed out, returned no reward): the episode ended there, its
+    tokens are kept with loss mask 0 and it is left out of its group's advantages
+    (`info["rollout_error"]` says why; see `mark_rollout_failed`)."""
     turn_rewards: list[tuple[int, float]] = field(default_factory=list)
     """Each scored turn's reward where it belongs: `(position, reward)` per environment step, in turn
     order, `position` the index in `response_ids` of the last token the model sampled in that turn
@@ -46,17 +48,26 @@ class Trajectory:
     routed_experts_start: int = 0
 
     def mark_rollout_failed(self, why: str) -> None:
-        """The episode failed outside its reward: it scores 0 on every turn, ends with finish reason
+        """The episode failed outside its reward (a harness fault): it costs this episode only. Its
+        tokens stay, with loss mask 0 on every one (nothing of it is trained on), its reward is 0 on
+        every turn but is no outcome (the trainer leaves the row out of its group's advantages, so
+        the finished siblings' are what the estimator gives them alone), it ends with finish reason
         `rollout_error`, and `info["rollout_error"]` holds `why`."""
         self.reward, self.rollout_failed, self.finish_reason = 0.0, True, "rollout_error"
         self.turn_rewards = [(i, 0.0) for i, _ in self.turn_rewards]
+        self.loss_mask = [0] * len(self.loss_mask)
         self.info["rollout_error"] = why
 
     @property
     def usable(self) -> bool:
         """Whether there is a sequence to train on (an episode that failed before its first turn has
-        no prompt)."""
+        no prompt until its group gives it one: `TrajectoryGroup`)."""
         return bool(self.prompt_ids)
+
+    @property
+    def finished(self) -> bool:
+        """Whether the episode is an outcome of the model (its harness did not fail)."""
+        return not self.rollout_failed
 
     @property
     def num_generated(self) -> int:
@@ -78,6 +89,12 @@ class TrajectoryGroup:
     """The `n` trajectories of one prompt (a GRPO group), plus where the prompt came from.
 
     `epoch` / `index`: the prompt's place in the data order (checkpoints record consumed prompts).
+
+    A failed episode (`Trajectory.rollout_failed`) costs itself only: the group is trained on when
+    any of its episodes finished (`usable`), and one that failed before its first turn (no tokens)
+    is given, on construction, the prompt of the first finished sibling and nothing after it, so
+    the group keeps its `n` rows (the trainers cut mini-batches in whole groups) with nothing
+    trained on in that row. Rewards are compared among the finished episodes only (`spread`).
     """
 
     problem: Problem
@@ -87,6 +104,14 @@ class TrajectoryGroup:
     generate_s: float = 0.0
     ref: Any = None
     """The data loader's handle of the prompt (set by the trainers)."""
+
+    def __post_init__(self) -> None:
+        donor = next((t for t in self.trajectories if t.finished and t.usable), None)
+        if donor is None:
+            return
+        for t in self.trajectories:
+            if not t.usable:  # failed before its first turn: a row of the group's, empty and masked
+                t.prompt_ids = list(donor.prompt_ids)
 
     @property
     def prompt_id(self) -> str:
@@ -98,8 +123,9 @@ class TrajectoryGroup:
 
     @property
     def usable(self) -> bool:
-        """Every trajectory has a sequence to train on (see `Trajectory.usable`)."""
-        return all(t.usable for t in self.trajectories)
+        """Some episode finished, and every trajectory has a sequence (see `Trajectory.usable`):
+        otherwise the group has no outcome to learn from, and the trainers drop it as `failed`."""
+        return any(t.finished for t in self.trajectories) and all(t.usable for t in self.trajectories)
 
     @property
     def informative(self) -> bool:
@@ -108,6 +134,6 @@ class TrajectoryGroup:
 
     @property
     def spread(self) -> float:
-        """The largest minus the smallest reward of the group (0 for an empty group)."""
-        r = self.rewards
+        """The largest minus the smallest reward of the group's finished episodes (0 without any)."""
+        r = [t.reward for t in self.trajectories if t.finished]
         return max(r) - min(r) if r else 0.0

@@ -116,11 +116,39 @@ def compute_advantages(objective: Objective, rewards: torch.Tensor, layout: Resp
                        loss_mask: torch.Tensor, uids: Sequence[int], mini_batches: Sequence[tuple[int, int]],
                        micro_batch_size: int, values: torch.Tensor | None = None,
                        old_logprobs: torch.Tensor | None = None,
-                       ref_logprobs: torch.Tensor | None = None) -> Advantages:
+                       ref_logprobs: torch.Tensor | None = None,
+                       left_out: Sequence[bool] | None = None) -> Advantages:
     """SkyRL's steps 4-7 on one batch in the response layout (`loss_mask`, `values`, `old_logprobs`,
     `ref_logprobs` [B, R]): on-policy distillation's teacher term in place of the rewards, or the KL
     in the reward (its controller updated), the estimator, `advantage_batch_normalize`, then each
-    (start, end) mini-batch's scaling for `loss_reduction`."""
+    (start, end) mini-batch's scaling for `loss_reduction`.
+
+    `left_out` (per row): rows that are no outcome (episodes whose harness failed,
+    `Trajectory.rollout_failed`): steps 4-6 run on the other rows alone, as if the left-out rows
+    were not in the batch (a group's mean and std are its finished episodes'), and the left-out rows
+    get advantage and return 0 (their loss mask is 0 too)."""
+    kept = [not x for x in left_out] if left_out is not None else [True] * len(uids)
+    rows = torch.tensor(kept, dtype=torch.bool).nonzero().squeeze(1)
+    width = int(layout.lengths[rows].max()) if len(rows) else 0  # the kept rows' layout
+    pick = lambda x: None if x is None else x[rows, :width]  # noqa: E731
+    response_mask = pick(layout.mask())
+    raw, returns, metrics = _estimate(objective, pick(rewards), response_mask, pick(loss_mask),
+                                      [uids[i] for i in rows.tolist()], pick(values), pick(old_logprobs),
+                                      pick(ref_logprobs))
+    alg = objective.config
+    normalised = batch_normalize_advantages(raw, response_mask) if alg.advantage_batch_normalize else raw
+    raw_full, adv, returns_full = (torch.zeros_like(rewards) for _ in range(3))
+    raw_full[rows, :width], adv[rows, :width], returns_full[rows, :width] = raw, normalised, returns
+    scaled = scale_minibatch_advantages(adv, loss_mask, alg.loss_reduction, list(mini_batches),
+                                        micro_batch_size=micro_batch_size, max_seq_len=alg.max_seq_len,
+                                        prompt_boundaries=prompt_boundaries(list(uids)))
+    return Advantages(raw_full, scaled, returns_full, metrics)
+
+
+def _estimate(objective: Objective, rewards: torch.Tensor, response_mask: torch.Tensor, loss_mask: torch.Tensor,
+              uids: list[int], values: torch.Tensor | None, old_logprobs: torch.Tensor | None,
+              ref_logprobs: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """Steps 4-5 on the rows given: (advantages, returns, metrics) before batch normalisation."""
     alg = objective.config
     metrics: dict[str, float] = {}
     if alg.on_policy_distillation:  # SkyRL's example: reward = -(log pi - log pi_teacher) per token
@@ -131,17 +159,10 @@ def compute_advantages(objective: Objective, rewards: torch.Tensor, layout: Resp
         rewards, kl = kl_penalized_rewards(rewards, old_logprobs, ref_logprobs, loss_mask, coef, alg.kl_estimator_type)
         objective.kl_controller.update(float(kl["avg_kl"]), rewards.shape[0])
         metrics.update({"avg_kl": float(kl["avg_kl"]), "avg_kl_max": float(kl["avg_kl_max"]), "kl_loss_coef": coef})
-    response_mask = layout.mask()
-    adv, returns = objective.estimator(token_level_rewards=rewards, response_mask=response_mask, index=list(uids),
+    adv, returns = objective.estimator(token_level_rewards=rewards, response_mask=response_mask, index=uids,
                                        values=values, gamma=alg.gamma, lambd=alg.lambd,
                                        grpo_norm_by_std=alg.grpo_norm_by_std, config=alg)
-    raw = adv
-    if alg.advantage_batch_normalize:
-        adv = batch_normalize_advantages(adv, response_mask)
-    scaled = scale_minibatch_advantages(adv, loss_mask, alg.loss_reduction, list(mini_batches),
-                                        micro_batch_size=micro_batch_size, max_seq_len=alg.max_seq_len,
-                                        prompt_boundaries=prompt_boundaries(list(uids)))
     live = response_mask.bool()
     metrics.update(avg_final_rewards=float(rewards.sum(-1).mean()),
-                   avg_raw_advantages=float(raw[live].mean()) if live.any() else 0.0)
-    return Advantages(raw, scaled, returns, metrics)
+                   avg_raw_advantages=float(adv[live].mean()) if live.any() else 0.0)
+    return adv, returns, metrics

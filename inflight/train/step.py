@@ -184,7 +184,7 @@ class TrainingStep:
             self.objective, token_rewards([t for g in groups for t in g.trajectories], layout, penalties), layout,
             layout.take(batch.loss_mask), uids, [(m.rows.start, m.rows.stop) for m in shard.mini_batches],
             self.cfg.trainer.micro_train_batch_size_per_gpu, values=take(values), old_logprobs=take(old),
-            ref_logprobs=take(ref))
+            ref_logprobs=take(ref), left_out=[t.rollout_failed for g in groups for t in g.trajectories])
         out = dict(adv.metrics)
         width = batch.input_ids.shape[1]
         batch.advantages = layout.put(adv.scaled, width)
@@ -461,6 +461,7 @@ def rollout_metrics(groups: Sequence[TrajectoryGroup], policy_version: int, thre
         "truncated_fraction": float(sum(t.finish_reason == "length" for t in trajs) / len(trajs)),
         "reward/failures": float(sum(t.reward_failed for t in trajs)),
         "rollout/failed": float(sum(t.rollout_failed for t in trajs)),
+        "rollout/failed_tokens_masked": float(sum(t.num_sampled for t in trajs if t.rollout_failed)),
     }
 
 

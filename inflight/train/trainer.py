@@ -196,8 +196,8 @@ class RLTrainer:
         self._consumed_file.flush()
 
     def reject(self, group: TrajectoryGroup, kind: str = "rejected") -> None:
-        """A group filtered out at generation (`rejected`: no reward signal; `failed`: an episode's
-        environment failed before its first turn): consumed, never trained, recorded as `kind`."""
+        """A group filtered out at generation (`rejected`: no reward signal; `failed`: none of its
+        episodes finished, `TrajectoryGroup.usable`): consumed, never trained, recorded as `kind`."""
         self.loader.mark_consumed(group.ref)
         self._record_consumed(self.global_step + 1, [group.prompt_id], kind)
         if kind == "failed":

@@ -1,7 +1,8 @@
 """An environment that fails outside its reward (built, reset, observation) costs that sample or its
 group, never the run (issue 18 finding 3; SkyRL#1613's `skip_failed_rollouts`), on a real engine and
-through both trainers: failed samples score 0 and are counted, groups that could not start are
-dropped and recorded as `failed` (never trained, never lost), the staleness accounting stays exact."""
+through both trainers: failed episodes keep their tokens with loss mask 0 and are counted, groups
+none of whose episodes finished are dropped and recorded as `failed` (never trained, never lost), the
+staleness accounting stays exact."""
 
 from __future__ import annotations
 
@@ -24,8 +25,11 @@ class BrokenEnv(Environment):
     def __init__(self, problem: Problem) -> None:
         self.problem = problem
 
+    resets: dict[str, int] = {}
+
     def reset(self):
-        if self.problem.id.startswith("reset"):
+        count = self.resets[self.problem.id] = self.resets.get(self.problem.id, 0) + 1
+        if self.problem.id.startswith("reset") or (self.problem.id.startswith("flaky") and count == 1):
             raise ConnectionError("sandbox unreachable")
         return self.problem.prompt
 
@@ -67,10 +71,24 @@ def test_failed_episodes_score_zero_and_say_why(model_dir):
     reset, observe, ok = groups["reset-1"], groups["observe-1"], groups["ok-1"]
     assert not reset.usable and all(t.rollout_failed and t.prompt_ids == [] for t in reset.trajectories)
     assert "setting up the environment: ConnectionError: sandbox unreachable" in reset.trajectories[0].info["rollout_error"]
-    assert observe.usable and all(t.rollout_failed and t.reward == 0.0 and t.response_ids for t in observe.trajectories)
+    assert all(t.rollout_failed and t.reward == 0.0 and t.response_ids for t in observe.trajectories)
+    assert all(t.num_sampled > 0 and not any(t.loss_mask) for t in observe.trajectories)  # kept, masked
+    assert not observe.usable  # none of its episodes finished: nothing to learn from
     assert "turning the observation into tokens" in observe.trajectories[0].info["rollout_error"]
     assert ok.usable and not any(t.rollout_failed for t in ok.trajectories)
-    assert rollout_metrics([observe, ok], 0)["rollout/failed"] == 2.0
+    metrics = rollout_metrics([observe, ok], 0)
+    assert metrics["rollout/failed"] == 2.0
+    assert metrics["rollout/failed_tokens_masked"] == sum(t.num_sampled for t in observe.trajectories)
+
+
+def test_an_episode_that_could_not_start_costs_itself_not_its_group(model_dir):
+    BrokenEnv.resets.clear()
+    [flaky] = _play(model_dir, BrokenTask(["flaky-1"]), True)
+    failed = [t for t in flaky.trajectories if t.rollout_failed]
+    finished = [t for t in flaky.trajectories if not t.rollout_failed]
+    assert len(failed) == 1 and finished and flaky.usable  # the group is trained on
+    assert failed[0].prompt_ids == finished[0].prompt_ids and failed[0].response_ids == []  # a row, empty
+    assert flaky.spread == max(t.reward for t in finished) - min(t.reward for t in finished)
 
 
 def test_skip_failed_rollouts_false_ends_the_run_naming_the_problem(model_dir):

@@ -269,8 +269,9 @@ class AgentConfig:
     runs in a thread). null (default): no agent; the environment (environment.env_class) plays the
     episodes."""
     timeout_s: float | None = ours(600.0)
-    """Most seconds one episode (one agent call) may take, > 0; a slower one scores 0 and is counted
-    (`rollout/failed`). null: no limit. Default 600."""
+    """Most seconds one episode (one agent call) may take, > 0; a slower one is a failed episode
+    (generator.skip_failed_rollouts: not trained on, counted in `agent/episodes_failed`). null: no
+    limit. Default 600."""
     host: str = ours("127.0.0.1")
     """Address the agent endpoint listens on (the agents' base_url). Default 127.0.0.1."""
     port: int = ours(0)
@@ -330,11 +331,14 @@ class GeneratorConfig:
     merge_stepwise_output: bool = skyrl(False, status=accepted(
         "read only with step_wise_trajectories=true, which is refused"))
     skip_failed_rollouts: bool = ours(True)
-    """An episode whose environment fails (building it, `reset()`, turning its observation into
-    tokens) costs that sample, not the run: it scores 0 with what it generated so far (counted in
-    `rollout/failed`), or, when it failed before its first turn, its group is dropped and recorded as
-    `failed` in consumed.jsonl (never trained, never lost). false: the failure ends the run (SkyRL's
-    behaviour). Rewards that fail always score 0 (`environment.reward_timeout_s`). Default true."""
+    """An episode whose harness fails (its environment: building it, `reset()`, turning its
+    observation into tokens; your agent: raising, timing out, returning no reward) costs that episode
+    only, not its group or the run: its tokens stay in the batch with loss mask 0 and it is left out
+    of its group's advantages, so the finished episodes' are what they would be without it (counted
+    in `rollout/failed` and `rollout/failed_tokens_masked`). A group none of whose episodes finished
+    is dropped and recorded as `failed` in consumed.jsonl (never trained, never lost). false: the
+    failure ends the run (SkyRL's behaviour). Rewards that fail always score 0
+    (`environment.reward_timeout_s`). Default true."""
     rate_limit: RateLimitConfig = field(default_factory=RateLimitConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
     miniswe_config_path: str | None = example(None, status=_MINISWE)
