@@ -147,8 +147,6 @@ NOT_IMPLEMENTED_WHEN: list[tuple[str, Callable[[Config], bool], Callable[[Any], 
      f"use trainer.strategy=fsdp, or {_LORA}=0"),
     (_LORA, several_policy_ranks, lambda v: v == 0, "LoRA on more than one policy rank is not implemented yet",
      f"set trainer.placement.policy_num_nodes=1 and trainer.placement.policy_num_gpus_per_node=1, or {_LORA}=0"),
-    ("trainer.bf16", on_megatron, lambda v: v is False, "is not implemented yet for trainer.strategy=megatron",
-     "use trainer.strategy=fsdp, or set trainer.bf16=false"),
     ("trainer.critic.model.path", on_megatron, lambda v: not v, "a critic (advantage_estimator=gae) with "
      "trainer.strategy=megatron is not implemented yet: the megatron worker builds a GPTModel without a value head",
      "use trainer.strategy=fsdp for gae, or an estimator without a critic (grpo, rloo, reinforce++, maxrl)"),

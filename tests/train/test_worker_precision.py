@@ -79,13 +79,12 @@ def test_bf16_computes_in_bfloat16_over_float32_master_weights(model_dir):
     assert len(moved) == len(before)  # every master weight took the (float32) update
 
 
-def test_megatron_refuses_what_it_does_not_implement_yet():
+def test_megatron_runs_bf16():  # tests/train/test_megatron_bf16.py checks what it does
     from inflight.config.implemented import unimplemented
 
     cfg = load_config(None, [*LOCAL_CPU, "trainer.strategy=megatron", "trainer.bf16=true",
-                             "trainer.gradient_checkpointing=true"])  # valid SkyRL: a run refuses bf16
-    assert [v.key for v in unimplemented(cfg)] == ["trainer.bf16"]
-    assert "not implemented yet for trainer.strategy=megatron" in unimplemented(cfg)[0].rule
+                             "trainer.gradient_checkpointing=true"])
+    assert unimplemented(cfg) == []
 
 
 def test_the_config_keys_reach_the_worker(model_dir):

@@ -156,11 +156,15 @@ class PolicyWorker(ABC):
         """AdamW over the trainable parameters and its learning-rate schedule, from
         `trainer.policy.optimizer_config` (decaying schedules over `num_training_steps`)."""
         opt = self.section.optimizer_config
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=opt.lr, betas=tuple(opt.adam_betas),
+        self.optimizer = torch.optim.AdamW(self.optimizer_parameters(), lr=opt.lr, betas=tuple(opt.adam_betas),
                                            weight_decay=opt.weight_decay)
         self.lr_scheduler = make_lr_scheduler(self.optimizer, opt.scheduler, opt.num_warmup_steps,
                                               self.num_training_steps)
+
+    def optimizer_parameters(self) -> list[torch.nn.Parameter]:
+        """What the optimizer steps and the gradient norm is taken over: the model's parameters
+        that require gradients (a backend with float32 master copies of them returns those)."""
+        return [p for p in self.model.parameters() if p.requires_grad]
 
     def forward_backward(self, batch: TrainBatch, scale: float) -> dict[str, float]:
         """Accumulate the gradient of `scale * loss_fn(logprobs, batch)` (and `entropy=` when the
@@ -195,8 +199,7 @@ class PolicyWorker(ABC):
 
     def clip_gradients(self, max_norm: float) -> float:
         """Scale the gradients to a norm of at most `max_norm`; returns the norm before clipping."""
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        norm = torch.nn.utils.clip_grad_norm_(self.optimizer_parameters(), max_norm)
         if hasattr(norm, "full_tensor"):  # a DTensor from sharded parameters
             norm = norm.full_tensor()
         return float(norm)

@@ -9,6 +9,12 @@ the loss and the sync are the base class's; this file adds the TP-aware parts: l
 through megatron's vocab-parallel cross-entropy, and the gradient reduction and clipping norm over
 sharded and replicated parameters.
 
+With `trainer.bf16`, precision is megatron's own (SkyRL's megatron worker): the GPTModel's parameters
+and compute are bfloat16 (`TransformerConfig(bf16=True)`: softmax in float32), while each trained
+parameter has a float32 main copy that its gradients accumulate into (`grad_reduce_in_fp32`), that
+AdamW steps and that checkpoints and weight syncs read; after each step the bfloat16 parameters are
+the main copies rounded.
+
 Without CUDA, megatron-core runs behind `megatron_cpu_shim` (applied here, nowhere else). The
 batch must be right-padded: megatron's rotary embedding numbers positions from 0 in every row.
 """
@@ -72,10 +78,9 @@ class MegatronPolicyWorker(PolicyWorker):
                  loss_fn: LossFn | None = None, device: str | torch.device = "cpu",
                  tensor_parallel_size: int | None = None, role: str = "policy") -> None:
         super().__init__(cfg, rank, world_size, loss_fn, device, model_path, role)
-        if use_bf16(cfg, self.device):
-            raise ConfigError([Violation(
-                "trainer.bf16", cfg.trainer.bf16, "megatron with trainer.bf16 is not implemented yet",
-                "use trainer.strategy=fsdp, or set trainer.bf16=false")])
+        self.bf16 = use_bf16(cfg, self.device)
+        self.main_params: dict[str, torch.nn.Parameter] = {}
+        """bf16: the float32 main copy of each trained parameter, by megatron name (else empty)."""
         if dist.is_initialized():
             self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.megatron = self.section.megatron_config
@@ -113,14 +118,27 @@ class MegatronPolicyWorker(PolicyWorker):
         self.tp_group = parallel_state.get_tensor_model_parallel_group()
         self.dp_group = parallel_state.get_data_parallel_group()
         self.model = self._build_gpt_model().to(self.device)
+        if self.bf16:  # every parameter, the norms' too, as megatron's Float16Module does
+            self.model.bfloat16()
         self._names = megatron_param_names(self.layout)
         built = {name for name, _ in self.model.named_parameters()}
         if built != set(self._names):
             names = set(self._names)
             raise ConversionError("the GPTModel's parameters differ from the conversion table: "
                                   f"extra {sorted(built - names)}, missing {sorted(names - built)}")
+        if self.bf16:
+            self._add_main_params()
         with _safetensors_reader(self.model_path) as get_hf:
             self._load_shards(get_hf)
+
+    def _add_main_params(self) -> None:
+        """A float32 main copy of every trained parameter, each bfloat16 gradient added into its
+        main copy's gradient as soon as it is accumulated (megatron's fp32 `main_grad`)."""
+        for name, param in self.model.named_parameters():
+            if param.requires_grad:
+                main = torch.nn.Parameter(torch.empty(param.shape, dtype=torch.float32, device=param.device))
+                self.main_params[name] = main
+                param.register_post_accumulate_grad_hook(lambda p, main=main: _into_main_grad(p, main))
 
     def _build_gpt_model(self) -> torch.nn.Module:
         from megatron.core.models.gpt import GPTModel
@@ -133,7 +151,8 @@ class MegatronPolicyWorker(PolicyWorker):
             num_query_groups=lay.num_kv_heads, kv_channels=lay.head_dim, ffn_hidden_size=lay.ffn_hidden_size,
             normalization="RMSNorm", layernorm_epsilon=lay.rms_norm_eps, gated_linear_unit=True,
             activation_func=F.silu, add_bias_linear=False, add_qkv_bias=lay.qkv_bias, qk_layernorm=lay.qk_norm,
-            hidden_dropout=0.0, attention_dropout=0.0, tensor_model_parallel_size=self.tp, params_dtype=torch.float32,
+            hidden_dropout=0.0, attention_dropout=0.0, tensor_model_parallel_size=self.tp,
+            bf16=self.bf16, params_dtype=torch.bfloat16 if self.bf16 else torch.float32,
             use_cpu_initialization=self.device.type == "cpu",
             perform_initialization=False,  # every parameter is overwritten from the checkpoint
             # no fused kernels or CUDA-extension paths: the same numerics on every device
@@ -154,6 +173,8 @@ class MegatronPolicyWorker(PolicyWorker):
                 if tuple(shard.shape) != tuple(params[name].shape):
                     raise ConversionError(f"{name}: the converted shard has shape {tuple(shard.shape)}, "
                                           f"the model {tuple(params[name].shape)}")
+                if name in self.main_params:
+                    self.main_params[name].copy_(shard)
                 params[name].copy_(shard)
 
     def load_hf_tensors(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -225,6 +246,25 @@ class MegatronPolicyWorker(PolicyWorker):
         return full[..., : self.layout.vocab_size].float()
 
     # ---- optimizer step -------------------------------------------------------------------------
+    def optimizer_parameters(self) -> list[torch.nn.Parameter]:
+        """The float32 main copies under bf16, else the trained parameters themselves."""
+        return list(self.main_params.values()) or super().optimizer_parameters()
+
+    def _grad_params(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
+        """(megatron name, parameter holding the gradient the optimizer steps with)."""
+        return iter(self.main_params.items()) if self.main_params else self.model.named_parameters()
+
+    def optimizer_step(self) -> dict[str, float]:
+        """The base class's step on the optimizer's parameters; under bf16 the model's parameters
+        then take the main copies' new values (rounded to bfloat16)."""
+        metrics = super().optimizer_step()
+        if self.main_params:
+            params = dict(self.model.named_parameters())
+            with torch.no_grad():
+                for name, main in self.main_params.items():
+                    params[name].copy_(main)
+        return metrics
+
     def _reduce_grads(self) -> None:
         """Complete the TP-replicated parameters' gradients, then average data-parallel replicas.
 
@@ -234,7 +274,7 @@ class MegatronPolicyWorker(PolicyWorker):
         get the full gradient on every rank; averaging keeps them bit-identical across ranks.
         """
         dp = dist.get_world_size(self.dp_group)
-        for name, param in self.model.named_parameters():
+        for name, param in self._grad_params():
             if param.grad is None:
                 continue
             if self.tp > 1 and not is_tensor_parallel(name):
@@ -251,7 +291,7 @@ class MegatronPolicyWorker(PolicyWorker):
         gradients summed over the TP group, replicated ones once)."""
         self._reduce_grads()
         squares = torch.zeros((), dtype=torch.float32, device=self.device)
-        for name, param in self.model.named_parameters():
+        for name, param in self._grad_params():
             if param.grad is not None and (is_tensor_parallel(name) or self.tp_rank == 0):
                 squares += param.grad.float().pow(2).sum()
         if self.tp > 1:
@@ -259,7 +299,7 @@ class MegatronPolicyWorker(PolicyWorker):
         norm = squares.sqrt().item()
         if max_norm and norm > max_norm:
             scale = max_norm / (norm + 1e-6)  # as torch.nn.utils.clip_grad_norm_
-            for param in self.model.parameters():
+            for _, param in self._grad_params():
                 if param.grad is not None:
                     param.grad.mul_(scale)
         return norm
@@ -270,9 +310,10 @@ class MegatronPolicyWorker(PolicyWorker):
         """Every full HF-named tensor, gathered from the TP shards (a collective; every rank gets all).
 
         Names and layouts are exactly the HF checkpoint's (q/k/v and gate/up unfused, vocabulary
-        padding dropped, no `lm_head.weight` when tied), as the FSDP worker produces them.
+        padding dropped, no `lm_head.weight` when tied), as the FSDP worker produces them; under
+        bf16 the float32 main copies (as FSDP's float32 shards).
         """
-        params = dict(self.model.named_parameters())
+        params = {**dict(self.model.named_parameters()), **self.main_params}
         for name in self._names:
             local = params[name].detach().contiguous()
             if self.tp > 1 and is_tensor_parallel(name):
@@ -287,4 +328,12 @@ class MegatronPolicyWorker(PolicyWorker):
         from megatron.core import parallel_state
 
         self.model = self.optimizer = None
+        self.main_params = {}
         parallel_state.destroy_model_parallel()
+
+
+def _into_main_grad(param: torch.nn.Parameter, main: torch.nn.Parameter) -> None:
+    """Add `param`'s freshly accumulated (bfloat16) gradient into `main`'s float32 one and free it."""
+    grad = param.grad.float()
+    main.grad = grad if main.grad is None else main.grad.add_(grad)
+    param.grad = None
