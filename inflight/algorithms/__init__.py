@@ -13,7 +13,7 @@ Tensors are [B, T] over response positions, with explicit masks (1 = the token c
   cross entropy; `cov_losses`: Clip-Cov, KL-Cov. Per-token losses with their metrics.
 - `off_policy`: `OffPolicyCorrection` (TIS token/sequence, outlier/token/sequence masks).
 - `kl`: k1/abs/k2/k3 estimators, the KL loss, KL in the reward, fixed/adaptive KL controllers.
-- `entropy`: token entropy from logits (whole or chunked), the entropy bonus.
+- `entropy`: token entropy from logits (whole or chunked), the entropy bonus and SkyRL's weights of it.
 - `value`: the clipped critic loss.
 - `registry`: advantage estimators and policy losses by SkyRL name or `package.module:name`;
   `adapters` registers the built-ins with SkyRL's calling conventions.
@@ -34,7 +34,12 @@ from inflight.algorithms.advantages import (
     rloo_advantages,
 )
 from inflight.algorithms.cov_losses import clip_cov_loss, kl_cov_loss
-from inflight.algorithms.entropy import chunked_entropy_from_logits, entropy_from_logits, entropy_loss_term
+from inflight.algorithms.entropy import (
+    chunked_entropy_from_logits,
+    entropy_from_logits,
+    entropy_loss_term,
+    entropy_token_weights,
+)
 from inflight.algorithms.groups import group_rows, prompt_boundaries, zero_variance_filter
 from inflight.algorithms.kl import (
     KL_ESTIMATORS,
@@ -96,6 +101,7 @@ __all__ = [
     "dppo_loss",
     "entropy_from_logits",
     "entropy_loss_term",
+    "entropy_token_weights",
     "gae_advantages",
     "get_advantage_estimator",
     "get_policy_loss",

@@ -3,13 +3,19 @@
 H[t] = -sum_v p_v log p_v over the vocabulary, from logits already divided by the sampling
 temperature (SkyRL scales the logits by `trainer.algorithm.temperature` before log-probs and entropy).
 
-The SkyRL 0.3.0 worker always measures `policy_entropy = masked_mean(H, loss_mask)` over a micro-batch
-(a token mean); with `use_entropy_loss` it subtracts `entropy_loss_coef` times that mean, weighted by the
-micro-batch's share of rows, from the loss (`entropy_loss_term`; gradients flow through H only then).
+The SkyRL 0.3.0 worker takes the entropy of each micro-batch (`micro_train_batch_size_per_gpu`
+consecutive rows of a mini-batch) as a token mean, masked_mean(H, loss_mask) (`entropy_loss_term`);
+with `use_entropy_loss` it subtracts `entropy_loss_coef` times that mean, weighted by the micro-batch's
+share of the mini-batch's rows, from the loss (gradients flow through H only then), and it logs
+`policy_entropy` as the mean over the micro-batches of those means. At its default micro-batch of one
+row, that is the mean of per-row token means, not a token mean over the mini-batch.
+`entropy_token_weights` gives each row's tokens the weight that reproduces it whatever micro-batches
+a step actually runs.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import nullcontext
 
 import torch
@@ -60,3 +66,25 @@ def entropy_loss_term(
     subtracts from a micro-batch's loss under `use_entropy_loss`, and the `policy_entropy` metric."""
     mean = masked_mean(entropy, loss_mask)
     return mean * entropy_loss_coef, mean
+
+
+def entropy_token_weights(
+    loss_mask: torch.Tensor, mini_batches: Sequence[tuple[int, int]], micro_batch_size: int
+) -> torch.Tensor:
+    """[B] the weight of each row's masked tokens in SkyRL's entropy of its mini-batch, so that
+    sum(H * loss_mask * weights[:, None]) over a mini-batch's rows is SkyRL's entropy term and logged
+    `policy_entropy` (module docstring) however its rows are cut.
+
+    Each (start, end) mini-batch is cut into micro-batches of `micro_batch_size` consecutive rows (the
+    last may be shorter; SkyRL refuses that); a row of micro-batch m weighs (rows of m / rows of the
+    mini-batch) / max(masked tokens of m, 1). Rows without tokens still count as rows (SkyRL keeps
+    zero-variance-filtered rows in its micro-batches); rows outside every mini-batch weigh 0."""
+    if micro_batch_size <= 0:
+        raise ValueError(f"micro_batch_size must be a positive number of rows, got {micro_batch_size}")
+    tokens = loss_mask.sum(dim=-1).to(torch.float64)
+    weights = torch.zeros(loss_mask.shape[0], dtype=torch.float64)
+    for start, end in mini_batches:
+        for at in range(start, end, micro_batch_size):
+            stop = min(at + micro_batch_size, end)
+            weights[at:stop] = (stop - at) / (end - start) / tokens[at:stop].sum().clamp(min=1.0)
+    return weights.to(loss_mask.dtype if loss_mask.is_floating_point() else torch.float32)

@@ -8,10 +8,11 @@ the tokens before it; see `inflight.train.losses.token_logprobs`), masked by `lo
 The micro-batch loss is SkyRL 0.3.0's: the policy loss is a SUM over the micro-batch's masked tokens
 of the per-token loss with advantages already divided for `loss_reduction` over the whole
 mini-batch (`inflight.algorithms.reductions`), so the micro-batches' sums add up to the mini-batch's
-mean whatever the cut; the KL loss (a per-row token mean) and the entropy bonus (a token mean) are
-weighted by each row's share of its mini-batch (`RLBatch.row_weight`, `token_weight`), so they too
-add up to the mini-batch's mean over any cut and any data-parallel dealing (SkyRL takes the
-entropy mean per micro-batch: it depends on the cut). The step multiplies the loss by the
+mean whatever the cut; the KL loss (a per-row token mean) is weighted by each row's share of its
+mini-batch's rows (`RLBatch.row_weight`) and the entropy bonus by SkyRL's weight of the row's tokens
+(`RLBatch.token_weight`, `inflight.algorithms.entropy_token_weights`: SkyRL's mean over micro-batches
+of `micro_train_batch_size_per_gpu` consecutive rows of their token means), so they too add up to
+SkyRL's terms over any cut and any data-parallel dealing. The step multiplies the loss by the
 data-parallel size, which the ranks' gradient average divides out again.
 
 Old log-probabilities (PPO's pi_old, the off-policy correction's numerator) are the trainer's policy
@@ -53,7 +54,7 @@ class RLBatch(TrainBatch):
     - `ref_logprobs` [B, T]: log-probabilities under the reference policy (KL loss).
     - `versions` [B, T]: weight version that sampled each token (-1 on prompt / environment tokens).
     - `row_weight` [B]: 1 / rows of the row's mini-batch (the KL loss is a mean over rows).
-    - `token_weight` [B]: 1 / loss-mask tokens of the row's mini-batch (the entropy is a token mean).
+    - `token_weight` [B]: the weight of the row's tokens in the entropy (`entropy_token_weights`).
     """
 
     rollout_logprobs: torch.Tensor | None = None
@@ -149,8 +150,8 @@ def rl_loss(objective: Objective) -> Callable[..., torch.Tensor]:
     """A `loss_fn(logprobs, batch, entropy=None)` for the policy workers (module docstring); it records
     the last call's statistics: `.stats`, token means over the micro-batch (the loss's own metrics,
     `is_ratio_*` of the old over the rollout log-probabilities), and `.sums`, the micro-batch's part of
-    the mini-batch's `kl` (row mean) and `policy_entropy` (token mean). `.wants_entropy`: whether the
-    worker must pass the per-token entropy (`use_entropy_loss`)."""
+    the mini-batch's `kl` (row mean) and `policy_entropy` (SkyRL's mean over its micro-batches).
+    `.wants_entropy`: whether the worker must pass the per-token entropy (`use_entropy_loss`)."""
     alg = objective.config
     supervised = objective.loss_name == "cross_entropy"  # SkyRL adds no KL or entropy term to it
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from inflight.algorithms import entropy_token_weights
 from inflight.config import Config
 from inflight.config.implemented import require_implemented
 from inflight.rollout.generator import TrajectoryGroup
@@ -173,7 +174,8 @@ class TrainingStep:
         shared = self.shared_rows(batch, uids)
         shard = shard_step(len(groups), size, self.groups_per_mini(len(groups)), self.plan(shared), self.dp, widths,
                            live)
-        batch.row_weight, batch.token_weight = mini_batch_weights(batch.loss_mask, shard)
+        batch.row_weight, batch.token_weight = mini_batch_weights(batch.loss_mask, shard,
+                                                                  self.cfg.trainer.micro_train_batch_size_per_gpu)
         local = local_batch(batch, shard).to(self.worker.device)
         old = self._old_logprobs(batch, local, shard, live, len(groups), metrics, shared)
         ref = self._reference_logprobs(batch, local, shard, live, shared)
@@ -393,15 +395,16 @@ def rows_of_groups(groups: Sequence[TrajectoryGroup]) -> tuple[list[Any], list[i
     return [t for g in groups for t in g.trajectories], [i for i, g in enumerate(groups) for _ in g.trajectories]
 
 
-def mini_batch_weights(loss_mask: torch.Tensor, shard: Shard) -> tuple[torch.Tensor, torch.Tensor]:
-    """[B] 1 / rows and [B] 1 / loss-mask tokens of each row's mini-batch (the KL loss's and the
-    entropy bonus's weights: their means over the mini-batch, however it is cut)."""
+def mini_batch_weights(loss_mask: torch.Tensor, shard: Shard,
+                       micro_batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B] 1 / rows of each row's mini-batch (the KL loss's weight: a mean over its rows) and [B] each
+    row's entropy weight (`entropy_token_weights`: SkyRL's mean over the mini-batch's micro-batches of
+    `micro_batch_size` consecutive rows of their token means), whatever micro-batches the step runs."""
     rows = torch.zeros(loss_mask.shape[0])
-    tokens = torch.zeros(loss_mask.shape[0])
     for mini in shard.mini_batches:
         rows[mini.rows] = 1.0 / (mini.rows.stop - mini.rows.start)
-        tokens[mini.rows] = 1.0 / max(float(loss_mask[mini.rows].sum()), 1.0)
-    return rows, tokens
+    bounds = [(mini.rows.start, mini.rows.stop) for mini in shard.mini_batches]
+    return rows, entropy_token_weights(loss_mask.float(), bounds, micro_batch_size)
 
 
 def rows_of(full: torch.Tensor, shard: Shard, local: TrainBatch) -> torch.Tensor:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 from algorithm_batches import TOL, random_mask
+from skyrl_worker import TokenTable, skyrl_forward_backward
 
-from inflight.algorithms import entropy
+from inflight.algorithms import entropy, masked_mean
 
 
 def _logits(seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -64,6 +65,40 @@ def test_entropy_loss_term_is_the_workers(skyrl):
     sky_mean = skyrl.torch_utils.masked_mean(ent, mask)
     torch.testing.assert_close(mean, sky_mean, **TOL)
     torch.testing.assert_close(term, sky_mean * 0.01, **TOL)
+
+
+@pytest.mark.parametrize("micro_batch_size", (1, 2, 4, 8))
+def test_entropy_weights_are_skyrl_workers(skyrl, monkeypatch, micro_batch_size):
+    """SkyRL 0.3.0's worker over two mini-batches cut into micro-batches of `micro_batch_size` rows:
+    the gradient its entropy bonus puts on each token's entropy and the `policy_entropy` it logs are
+    ours with `entropy_token_weights` (rows without tokens count as rows, as in SkyRL)."""
+    gen = torch.Generator().manual_seed(micro_batch_size)
+    rows, width, coef = 16, 11, 0.05
+    mask = random_mask(gen, rows, width)
+    mask[9] = 0.0  # an empty row in the second mini-batch too
+    ent, log_probs = 3 * torch.rand(rows, width, generator=gen), -torch.rand(rows, width, generator=gen)
+    bounds = [(0, 8), (8, 16)]
+    weights = entropy.entropy_token_weights(mask, bounds, micro_batch_size)
+    alg = skyrl.config.AlgorithmConfig(use_entropy_loss=True, entropy_loss_coef=coef, use_kl_loss=False)
+    for start, end in bounds:
+        table = TokenTable(log_probs[start:end], ent[start:end])
+        metrics = skyrl_forward_backward(monkeypatch, table, alg, micro_batch_size,
+                                         advantages=torch.randn(end - start, width, generator=gen),
+                                         loss_mask=mask[start:end], action_log_probs=log_probs[start:end])
+        ours = -coef * weights[start:end, None] * mask[start:end]
+        torch.testing.assert_close(table.entropy.grad, ours, rtol=1e-5, atol=0)
+        logged = (ent[start:end] * mask[start:end] * weights[start:end, None]).sum()
+        torch.testing.assert_close(logged.double(), torch.tensor(metrics["policy_entropy"], dtype=torch.float64),
+                                   rtol=1e-5, atol=0)
+    if micro_batch_size == 1:  # SkyRL's default: the mean of the rows' means, not the token mean
+        first = (ent[:8] * mask[:8] * weights[:8, None]).sum()
+        torch.testing.assert_close(first, masked_mean(ent[:8], mask[:8], dim=-1).mean(), **TOL)
+        assert abs(float(first - masked_mean(ent[:8], mask[:8]))) > 1e-3
+
+
+def test_entropy_weights_refuse_a_micro_batch_of_no_rows():
+    with pytest.raises(ValueError, match="micro_batch_size"):
+        entropy.entropy_token_weights(torch.ones(2, 3), [(0, 2)], 0)
 
 
 def test_bad_shapes_are_refused():

@@ -85,11 +85,14 @@ def step_grads(model_dir: Path, out: Path, overrides, groups, version: int, ref_
 
 
 def direct_grads(model_dir: Path, out: Path, overrides, groups, rows: slice | None = None,
-                 ref_dir: Path | None = None, values: torch.Tensor | None = None) -> list[torch.Tensor]:
+                 ref_dir: Path | None = None, values: torch.Tensor | None = None,
+                 record: dict | None = None) -> list[torch.Tensor]:
     """The same gradient computed at once on the mini-batch `rows` (default all) from transformers'
     logits: SkyRL's token rewards, the zero-variance filter, the estimator, the scaling of the
-    reduction, the registered policy loss, the KL loss and the entropy bonus (token mean). `values`
-    [B, T]: the critic's, for `gae`."""
+    reduction, the registered policy loss, the KL loss and the entropy bonus (SkyRL's worker's: the
+    row-weighted mean over micro-batches of `micro_train_batch_size_per_gpu` consecutive rows of their
+    token means; its value goes into `record["policy_entropy"]`). `values` [B, T]: the critic's, for
+    `gae`."""
     from inflight.train.step import build_batch
 
     cfg, _ = rl_config(model_dir, out, [*BASE, *overrides])
@@ -143,8 +146,13 @@ def direct_grads(model_dir: Path, out: Path, overrides, groups, rows: slice | No
         ref = LocalPolicyWorker(cfg, model_path=str(ref_dir), role="ref")
         ref.build_model()
         loss = loss + alg.kl_loss_coef * kl_loss(logprobs, ref.logprobs(part), m, alg.kl_estimator_type)
-    if alg.use_entropy_loss:
+    if alg.use_entropy_loss:  # SkyRL's worker: per micro-batch of consecutive rows, a token mean weighted by rows
         entropy = torch.nn.functional.pad(-(log_p.exp() * log_p).sum(-1), (1, 0))
-        loss = loss - alg.entropy_loss_coef * masked_mean(entropy, m)
+        size, n = cfg.trainer.micro_train_batch_size_per_gpu, len(m)
+        mean = sum(len(m[i : i + size]) / n * masked_mean(entropy[i : i + size], m[i : i + size])
+                   for i in range(0, n, size))
+        loss = loss - alg.entropy_loss_coef * mean
+        if record is not None:
+            record["policy_entropy"] = float(mean.detach())
     loss.backward()
     return [p.grad.clone() for p in worker.model.parameters()]

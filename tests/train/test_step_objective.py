@@ -84,15 +84,23 @@ def test_token_mean_legacy_averages_skyrl_s_micro_batches(models, groups, tmp_pa
 @pytest.mark.parametrize("estimator", ["k1", "k2", "k3", "abs"])
 def test_kl_loss_and_entropy_bonus(models, groups, tmp_path, estimator):
     """The KL loss to a reference (another model) with each estimator, and the entropy bonus, whose
-    gradient is autograd's of the entropy of transformers' logits (a token mean over the mini-batch)."""
+    gradient and logged value are autograd's and the value of SkyRL's entropy of transformers' logits:
+    per micro-batch of `micro_train_batch_size_per_gpu` consecutive rows, a token mean, weighted by
+    rows (one micro-batch: the mini-batch's token mean; one row each, SkyRL's default: the mean of the
+    rows' means), whatever micro-batches the step runs."""
     overrides = [ALG + "use_kl_loss=true", ALG + "kl_loss_coef=0.3", ALG + f"kl_estimator_type={estimator}",
                  ALG + "use_entropy_loss=true", ALG + "entropy_loss_coef=0.05", "trainer.logprobs_chunk_size=5"]
-    want = direct_grads(models[0], tmp_path, overrides, groups[0], ref_dir=models[1])
+    entropies = []
     for micro in (64, 1):
-        got, metrics = step_grads(models[0], tmp_path, [*overrides, f"trainer.micro_train_batch_size_per_gpu={micro}"],
-                                  groups[0], 0, ref_dir=models[1])
+        cut = [*overrides, f"trainer.micro_train_batch_size_per_gpu={micro}"]
+        record = {}
+        want = direct_grads(models[0], tmp_path, cut, groups[0], ref_dir=models[1], record=record)
+        got, metrics = step_grads(models[0], tmp_path, cut, groups[0], 0, ref_dir=models[1])
         _close(got, want)
-    assert metrics["kl"] > 0 and metrics["policy_entropy"] > 0
+        torch.testing.assert_close(metrics["policy_entropy"], record["policy_entropy"], atol=0, rtol=1e-5)
+        entropies.append(record["policy_entropy"])
+        assert metrics["kl"] > 0
+    assert abs(entropies[0] - entropies[1]) > 1e-3 * entropies[0]  # SkyRL's cut matters: the test sees it
 
 
 def test_a_mini_batch_of_several_gets_its_own_old_forward(models, groups, tmp_path):
