@@ -89,6 +89,7 @@ class TrajectoryGroup:
     """The `n` trajectories of one prompt (a GRPO group), plus where the prompt came from.
 
     `epoch` / `index`: the prompt's place in the data order (checkpoints record consumed prompts).
+    Trajectory i is the prompt's episode i of that epoch (`episode_id`).
 
     A failed episode (`Trajectory.rollout_failed`) costs itself only: the group is trained on when
     any of its episodes finished (`usable`), and one that failed before its first turn (no tokens)
@@ -112,6 +113,12 @@ class TrajectoryGroup:
         for t in self.trajectories:
             if not t.usable:  # failed before its first turn: a row of the group's, empty and masked
                 t.prompt_ids = list(donor.prompt_ids)
+
+    def episode_id(self, sample: int) -> str:
+        """`<prompt id>:<epoch>:<sample>`, episode `sample` of this prompt in this epoch: what the
+        generators seed its requests with (with the run's seed: `request_seed`, an agent session's
+        seed). A copy of the group (dynamic sampling's `replace`) carries the same ids."""
+        return f"{self.prompt_id}:{self.epoch}:{sample}"
 
     @property
     def prompt_id(self) -> str:

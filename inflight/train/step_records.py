@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from inflight.config import TrainerConfig
+from inflight.engine.routing import encode_routed_experts
 from inflight.rollout.generator import TrajectoryGroup
 
 
@@ -28,17 +29,24 @@ def format_example(groups: Sequence[TrajectoryGroup], decode: Callable[[Sequence
 
 
 def dump_batch(groups: Sequence[TrajectoryGroup], out_dir: str | Path, step: int) -> Path:
-    """`<out_dir>/dumped_data/step_<step>.jsonl`: one line per trajectory with its prompt's id, token
-    ids, loss mask, rollout log-probabilities, weight versions, reward and finish reason."""
+    """`<out_dir>/dumped_data/step_<step>.jsonl`: one line per trajectory, in the step's row order,
+    with its episode's id (`TrajectoryGroup.episode_id`: prompt id, epoch, sample), its prompt's id,
+    token ids, loss mask, rollout log-probabilities, weight versions, reward, finish reason, why the
+    harness failed (`rollout_error`, null when it did not) and a mixture-of-experts rollout's routing
+    record (`routed_experts`: `inflight.engine.routing.encode_routed_experts`' object, which
+    `decode_routed_experts` reads back; null without one). The file reads back with
+    `datasets.load_dataset("json", ...)`."""
     path = Path(out_dir) / "dumped_data" / f"step_{step}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as f:
         for group in groups:
-            for t in group.trajectories:
+            for sample, t in enumerate(group.trajectories):
                 f.write(json.dumps({
-                    "prompt_id": group.prompt_id, "prompt_ids": t.prompt_ids, "response_ids": t.response_ids,
-                    "loss_mask": t.loss_mask, "logprobs": t.logprobs, "versions": t.versions,
-                    "reward": t.reward, "finish_reason": t.finish_reason,
+                    "episode_id": group.episode_id(sample), "prompt_id": group.prompt_id,
+                    "prompt_ids": t.prompt_ids, "response_ids": t.response_ids, "loss_mask": t.loss_mask,
+                    "logprobs": t.logprobs, "versions": t.versions, "reward": t.reward,
+                    "finish_reason": t.finish_reason, "rollout_error": t.info.get("rollout_error"),
+                    "routed_experts": encode_routed_experts(t.routed_experts, t.routed_experts_start),
                 }) + "\n")
     return path
 

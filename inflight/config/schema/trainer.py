@@ -206,8 +206,11 @@ class TrainerConfig:
     tags: list[str] | None = skyrl(None)
     """Tags of the tracker's run (W&B tags, MLflow tags). Default none."""
     dump_data_batch: bool = skyrl(False)
-    """Write every training batch (per trajectory: token ids, loss mask, rollout log-probabilities,
-    weight versions, reward) to `<job.output_dir>/dumped_data/step_<k>.jsonl`. Default false."""
+    """Write every training batch to `<job.output_dir>/dumped_data/step_<k>.jsonl`, one line per
+    trajectory: its episode id (`<prompt id>:<epoch>:<sample>`), token ids, loss mask, rollout
+    log-probabilities, weight versions, reward, finish reason, why its harness failed, and, with
+    `generator.inference_engine.enable_return_routed_experts`, its mixture-of-experts routing
+    record (`inflight.train.step_records.dump_batch` says how to read it back). Default false."""
     dump_eval_results: bool = skyrl(True)
     """Write each evaluation's samples.jsonl and metrics.json to <job.output_dir>/eval/step_<k>/.
     Default true."""
