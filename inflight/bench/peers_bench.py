@@ -24,7 +24,12 @@ Workloads (`--workload`): `default` (the demo job, `examples/default.yaml`: addi
 base model), `count_up` (long-tailed answer lengths: generation dominates), `49m` (addition on a
 model of `inflight bench engine`'s 49M shape, with the task's tokenizer: hidden 512, 13 layers, where
 the engine's speed matters; its warm-up steps take seconds each on 2 cores, so reaching the
-warm-up's 30% takes many minutes: `--model <output-dir>/base/base_model` reuses it).
+warm-up's 30% takes many minutes: `--model <output-dir>/base/base_model` reuses it), `smollm2` (a
+real chat model, `--model DIR`, e.g. SmolLM2-135M-Instruct from `inflight models get
+smollm2-135m-instruct`, trained as shipped, no warm-up: the runs start from the recipe
+`examples/smollm2/config.yaml` instead of the demo job, its data files written by
+`examples/smollm2/make_data.py`; prompts are chat messages through the model's chat template on both
+sides, scored by `inflight.rewards`' gsm8k_flexible, LoRA rank 32 / alpha 64 on every linear layer).
 
 Reported per side and run: held-out accuracy against wall-clock time (the curve and `--gains`'
 times: the first evaluation at least that many points above the run's start), samples/s, accuracy
@@ -50,13 +55,16 @@ SIDES = ("trl", "sync", "fully_async")
 
 @dataclass(frozen=True)
 class PeersWorkload:
-    """A workload of the bench: the task, the base model's shape, overrides of the default job."""
+    """A workload of the bench: the built-in task (None: the recipe's data files), the base model's
+    shape, overrides of the default job; or a recipe, a config file of the repository the runs start
+    from instead of the default job, whose real model `--model` gives (no warm-up)."""
 
-    task: str
+    task: str | None
     describe: str
     eval_interval: int
     shape: dict[str, Any] = field(default_factory=dict)
     overrides: tuple[str, ...] = ()
+    recipe: str | None = None
 
 
 _49M = {k: v for k, v in MODEL_SHAPES["50m"].items() if k != "vocab_size"}  # the task's tokenizer: 16 tokens
@@ -69,13 +77,20 @@ WORKLOADS: dict[str, PeersWorkload] = {
         "vocab: the task's 16 tokens, so 41M parameters)", 5, _49M,
         # a larger model: more KV, a gentler warm-up, and the time to reach the warm-up's target
         ("generator.inference_engine.kv_cache_memory_gib=0.5", "job.warmup_lr=3e-4", "job.warmup_max_seconds=1800")),
+    "smollm2": PeersWorkload(
+        None, "examples/smollm2's recipe: a real chat model as shipped (--model), LoRA rank 32 / alpha 64 "
+        "all-linear, chat prompts asking for a sum, the last number in the response scored (gsm8k_flexible)",
+        5, recipe="examples/smollm2/config.yaml"),
 }
+REPOSITORY = Path(__file__).resolve().parents[2]
+"""Where a workload's recipe path is relative to."""
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="inflight bench peers", description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", default="default", choices=sorted(WORKLOADS),
-                        help="default (addition), count_up (long-tailed answers) or 49m (a larger model)")
+                        help="default (addition), count_up (long-tailed answers), 49m (a larger model) or "
+                             "smollm2 (a real chat model given by --model, examples/smollm2's recipe)")
     parser.add_argument("--seconds", type=float, default=180.0, help="training time per run (default 180)")
     parser.add_argument("--repeats", type=int, default=3, help="rounds of the sides, alternated (default 3)")
     parser.add_argument("--gains", default="10,25",
@@ -84,7 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="steps between held-out evaluations (default per workload)")
     parser.add_argument("--sides", default=",".join(SIDES), help=f"which sides to run (default {','.join(SIDES)})")
     parser.add_argument("--model", default=None,
-                        help="a warmed-up model dir for the workload's task and shape (default: build + warm up)")
+                        help="a warmed-up model dir for the workload's task and shape (default: build + warm up); "
+                             "smollm2: the real model's HF dir, required, trained as shipped")
     parser.add_argument("--trl-python", default=None,
                         help="TRL's interpreter (default: $INFLIGHT_TRL_PYTHON, else .venv-trl/bin/python)")
     parser.add_argument("--trl-threads", type=int, default=2, help="TRL's torch threads (default 2)")
@@ -141,12 +157,13 @@ def _eval_seconds(records: list[dict[str, Any]]) -> float | None:
     return statistics.fmean(seconds) if seconds else None
 
 
-def run_inflight(side: str, common: list[str], model: str, run_dir: Path, pin: bool) -> dict[str, Any]:
-    """One `inflight train` run (`rl_bench.run_mode`), fully async when `side` is; its row."""
+def run_inflight(side: str, common: list[str], model: str, run_dir: Path, pin: bool,
+                 base: str = "default") -> dict[str, Any]:
+    """One `inflight train` run (`rl_bench.run_mode`) of config `base`, fully async when `side` is; its row."""
     from inflight.bench.rl_bench import run_mode
     from inflight.train.metrics import read_metrics
 
-    row = run_mode(common, model, side == "fully_async", run_dir, 1.0, pin)
+    row = run_mode(common, model, side == "fully_async", run_dir, 1.0, pin, base=base)
     records = read_metrics(run_dir / "metrics.jsonl")
     return {**row, "curve": eval_curve(records), "eval_seconds": _eval_seconds(records),
             "final_evaluation_empty": final_evaluation_empty(records),
@@ -155,13 +172,13 @@ def run_inflight(side: str, common: list[str], model: str, run_dir: Path, pin: b
 
 
 def run_trl_side(common: list[str], model: str, run_dir: Path, seconds: float, python: str,
-                 threads: int) -> dict[str, Any]:
-    """One TRL run with the settings of the inflight run `common` would make; its row."""
+                 threads: int, base: str = "default") -> dict[str, Any]:
+    """One TRL run with the settings of the inflight run `common` would make from config `base`; its row."""
     from inflight.bench.common import busy_cpu_seconds
     from inflight.bench.rl_bench import bench_config, make_bench_task
     from inflight.bench.trl_side import run_trl, trl_settings
 
-    cfg, job = bench_config([*common, f"trainer.policy.model.path={model}", f"job.output_dir={run_dir}"])
+    cfg, job = bench_config([*common, f"trainer.policy.model.path={model}", f"job.output_dir={run_dir}"], base)
     task = make_bench_task(cfg, job)
     settings = trl_settings(cfg, task, model, run_dir, seconds, threads)
     busy = busy_cpu_seconds()
@@ -174,6 +191,30 @@ def run_trl_side(common: list[str], model: str, run_dir: Path, seconds: float, p
             "train_cores_busy": summary["train_cpu_s"] / max(summary["train_seconds"], 1e-9),
             "other_cpu_share": other / max(summary["wall_s"] * (os.cpu_count() or 1), 1e-9),
             "eval_problems": len(task.eval_problems()), "settings": settings}
+
+
+def recipe_base(workload: PeersWorkload, model: str | None) -> str:
+    """The config the workload's runs start from (`rl_bench.bench_config`'s `base`): the default job,
+    or the recipe's file; SystemExit for a recipe without `--model` (a real model is not built here)."""
+    if workload.recipe is None:
+        return "default"
+    if not model:
+        raise SystemExit(f"error: this workload ({workload.recipe}) trains a real model as shipped, with no warm-up: "
+                         "give --model DIR, a Hugging Face model directory (`inflight models get "
+                         "smollm2-135m-instruct` writes SmolLM2-135M-Instruct's)")
+    return str(REPOSITORY / workload.recipe)
+
+
+def check_recipe_run(cfg: Any, job: Any, name: str) -> None:
+    """SystemExit naming every reason a run of workload `name`'s recipe would refuse to start (a model
+    directory or data file missing, ...), before any run."""
+    from inflight.train.main import describe_refusals, run_refusals
+
+    problems = run_refusals(cfg, job)
+    if problems:
+        raise SystemExit(f"error: --workload {name}: {describe_refusals(problems)}\n(the recipe's data paths are "
+                         f"relative to the working directory: run from the repository root once the data is "
+                         f"written, as {WORKLOADS[name].recipe} says, or give data.train_data / data.val_data)")
 
 
 def _say_row(say, side: str, rnd: int, row: dict[str, Any]) -> None:
@@ -212,7 +253,11 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.output_dir or Path("runs/bench_peers") / args.workload)
     eval_interval = args.eval_interval or workload.eval_interval
     common = run_overrides(workload.task, args.seconds, eval_interval, [*workload.overrides, *args.overrides])
-    cfg, job = bench_config([*common, f"job.output_dir={out / 'base'}"])
+    base = recipe_base(workload, args.model)
+    real = [f"trainer.policy.model.path={args.model}"] if workload.recipe else []  # its tokenizer makes the task
+    cfg, job = bench_config([*common, f"job.output_dir={out / 'base'}", *real], base)
+    if workload.recipe:
+        check_recipe_run(cfg, job, args.workload)
     python = args.trl_python or default_python()
     trl = hello(python) if "trl" in sides else None  # before the warm-up: a missing venv fails at once
     if trl is not None:
@@ -224,11 +269,12 @@ def main(argv: list[str] | None = None) -> int:
     for rnd, seed in enumerate(seeds):
         for side in round_order(sides, rnd):
             run_common, run_dir = [*common, f"trainer.seed={seed}"], out / f"{side}-{rnd}"
-            row = (run_trl_side(run_common, model, run_dir, args.seconds, python, args.trl_threads)
-                   if side == "trl" else run_inflight(side, run_common, model, run_dir, args.pin))
+            row = (run_trl_side(run_common, model, run_dir, args.seconds, python, args.trl_threads, base)
+                   if side == "trl" else run_inflight(side, run_common, model, run_dir, args.pin, base))
             results[side].append(row)
             _say_row(say, side, rnd, row)
-    result = {"args": vars(args), "workload": args.workload, "describe": workload.describe, "task": task.name,
+    describe = workload.describe + (f"; model {model}" if workload.recipe else "")
+    result = {"args": vars(args), "workload": args.workload, "describe": describe, "task": task.name,
               "model": model, "cpu": _cpu_name(), "seconds": args.seconds, "repeats": args.repeats, "seeds": seeds,
               "gains": gains, "eval_interval": eval_interval, "eval_problems": len(task.eval_problems()),
               "trl": trl, "not_aligned": list(NOT_ALIGNED), "results": results,

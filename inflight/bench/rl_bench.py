@@ -282,15 +282,16 @@ def prepare_model(cfg, job, task, say, shape: dict[str, Any] | None = None) -> s
 
 
 def run_mode(common: list[str], model: str, enabled: bool, run_dir: Path, target: float,
-             pinning: bool, placement: str = "training-thread") -> dict[str, Any]:
-    """One RL run (fully async when `enabled`) from `model`; its row of the result."""
+             pinning: bool, placement: str = "training-thread", base: str = "default") -> dict[str, Any]:
+    """One RL run (fully async when `enabled`) from `model`, of the config `base` (`bench_config`);
+    its row of the result."""
     from inflight.tasks.lengths import percentiles
     from inflight.train.main import run_job
     from inflight.train.metrics import read_metrics
 
     cfg, job = bench_config([*common, f"trainer.policy.model.path={model}",
                                      f"trainer.fully_async.enabled={str(enabled).lower()}",
-                                     f"job.output_dir={run_dir}"])
+                                     f"job.output_dir={run_dir}"], base)
     task = make_bench_task(cfg, job)
     lengths = record_response_lengths(task)
     load = os.getloadavg()[0]
@@ -401,28 +402,28 @@ def _say_accuracy(say, gap: dict[str, float]) -> None:
         f"{se * 100:.1f} points: {verdict}")
 
 
-def bench_config(overrides: list[str]):
+def bench_config(overrides: list[str], base: str = "default"):
     """(cfg, job) of a bench run: the built-in demo job (`inflight.train.defaults`, what
-    `examples/default.yaml` holds) with `overrides`."""
+    `examples/default.yaml` holds), or the config file at the absolute path `base`, with `overrides`."""
     import tempfile
 
     from inflight.train.main import resolve_config
 
     with tempfile.NamedTemporaryFile("w", suffix=".yaml") as config:  # `base:` is read from a config file
-        config.write("base: default\n")
+        config.write(f"base: {json.dumps(base)}\n")
         config.flush()
         return resolve_config(config.name, overrides)
 
 
-def run_overrides(task: str, seconds: float, eval_interval: int, overrides: list[str]) -> list[str]:
-    """The overrides of every run of a bench on `task` (`overrides`: the user's, after the task's):
-    `seconds` of RL each, evaluated every `eval_interval` steps, quiet (no progress bar, plot or
-    log lines), not capped in steps."""
+def run_overrides(task: str | None, seconds: float, eval_interval: int, overrides: list[str]) -> list[str]:
+    """The overrides of every run of a bench on the built-in `task` (None: the data files its
+    config names; `overrides`: the user's, after the task's): `seconds` of RL each, evaluated every
+    `eval_interval` steps, quiet (no progress bar, plot or log lines), not capped in steps."""
     from inflight.train.defaults import task_overrides
 
     # the warm-up stops at its target accuracy, not at a time cap, so a busy machine still gives
     # every run a comparable starting model
-    return [*task_overrides(task), "job.warmup_max_seconds=900", *overrides, "job.progress=false",
+    return [*(task_overrides(task) if task else []), "job.warmup_max_seconds=900", *overrides, "job.progress=false",
             "job.max_steps=null", "job.plot=false", "job.log_interval=1000000",
             f"job.max_train_seconds={seconds}", f"job.eval_interval={eval_interval}"]
 

@@ -5,9 +5,9 @@ TRL is not a dependency of the package: it lives in `.venv-trl` (`scripts/trl_ve
 of `inflight bench peers` is `trl_worker.py` run by that venv's python, one process per run. This
 module turns an inflight run's resolved config and task into that run's settings (`trl_settings`:
 the same start weights, prompts, reward, group size, optimizer, clip, completion length, temperature,
-held-out problems and evaluation interval), writes the problems with the token ids inflight's
-engine gets (the worker refuses to run if TRL's tokenization differs), runs it and reads back its
-records.
+LoRA adapters, held-out problems and evaluation interval), writes the problems with the token ids
+inflight's engine gets (the worker refuses to run if TRL's tokenization differs: chat prompts go
+through the chat template on both sides), runs it and reads back its records.
 """
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ NOT_ALIGNED = (
     "a trainer and an engine process with job.threads and job.engine_threads (1 each; "
     "job.lend_threads=true lets the side that computes alone borrow the other's)",
     "advantage epsilon: GRPO's (r - mean) / (std + eps) with eps 1e-6 in inflight, 1e-4 in TRL",
+    "LoRA start (LoRA workloads): both sides build the same peft LoraConfig, B at zero (the same start "
+    "model), A drawn from each side's own random stream",
 )
 """Every setting of the two sides that the bench does not make equal, and why."""
 
@@ -83,14 +85,34 @@ def write_problems(path: Path, task: Any, problems: Any) -> Path:
     return path
 
 
+def trl_reward(task: Any) -> str:
+    """The worker's name of the reward that scores `task`: a built-in task's copy
+    (`TASK_REWARDS`), or for data files the one reward every row names, when it is among the
+    `inflight.rewards` files the worker loads (`trl_worker.SHARED_REWARDS`). A ValueError otherwise."""
+    from inflight.bench.trl_worker import SHARED_REWARDS
+    from inflight.tasks.data_task import DataTask, reward_name
+
+    if task.name in TASK_REWARDS:
+        return TASK_REWARDS[task.name]
+    if not isinstance(task, DataTask):
+        raise ValueError(f"bench peers runs the built-in tasks {', '.join(TASK_REWARDS)} or data files, not "
+                         f"{task.name!r}: TRL's side scores with its own copy of each task's reward")
+    names = sorted({reward_name(p, task.env_class) for p in [*task.train_problems(), *task.eval_problems()]})
+    if len(names) != 1 or names[0] not in SHARED_REWARDS:
+        raise ValueError(f"bench peers on data files needs every row scored by one of {', '.join(SHARED_REWARDS)} "
+                         f"(inflight.rewards' files that TRL's worker loads); the rows name {', '.join(names)} "
+                         "(their env_class column, else environment.env_class)")
+    return names[0]
+
+
 def trl_settings(cfg: Any, task: Any, model: str, out: Path, seconds: float, threads: int,
                  max_steps: int | None = None) -> dict[str, Any]:
     """The settings file of TRL's run equal to the inflight run of config `cfg` on `task` from
     `model`; writes its training and held-out problems into `out`. A ValueError names what TRL's
     side has no equal for."""
-    if task.name not in TASK_REWARDS:
-        raise ValueError(f"bench peers runs the built-in tasks {', '.join(TASK_REWARDS)}, not {task.name!r}: "
-                         "TRL's side scores with its own copy of each task's reward")
+    from inflight.train.lora import lora_enabled, lora_kwargs
+
+    reward = trl_reward(task)
     trainer, generator = cfg.trainer, cfg.generator
     opt, alg = trainer.policy.optimizer_config, trainer.algorithm
     if opt.scheduler not in ("constant", "constant_with_warmup") or opt.num_warmup_steps:
@@ -102,7 +124,8 @@ def trl_settings(cfg: Any, task: Any, model: str, out: Path, seconds: float, thr
     _require_aligned(cfg)
     sampling = generator.sampling_params
     return {
-        "model_dir": str(model), "output_dir": str(out / "trl"), "reward": TASK_REWARDS[task.name],
+        "model_dir": str(model), "output_dir": str(out / "trl"), "reward": reward,
+        "lora": lora_kwargs(cfg) if lora_enabled(cfg) else None,
         "train_file": str(write_problems(out / "train.jsonl", task, task.train_problems())),
         "eval_file": str(write_problems(out / "eval.jsonl", task, task.eval_problems())),
         "threshold": trainer.correct_threshold, "seed": trainer.seed, "threads": threads,
@@ -129,6 +152,10 @@ ALIGNABLE = {
     "trainer.algorithm.use_entropy_loss": False,
     "trainer.algorithm.use_kl_in_reward": False,
     "trainer.algorithm.advantage_batch_normalize": False,
+    "trainer.bf16": False,  # TRL's side trains in float32
+    "generator.inference_engine.model_dtype": "float32",  # and generates in it
+    "generator.eval_sampling_params.temperature": 0.0,  # TRL's evaluation is greedy, one answer each
+    "generator.eval_n_samples_per_prompt": 1,
 }
 """The settings TRL's side has an equal for only at these values (a key the schema lacks is skipped)."""
 

@@ -1,8 +1,10 @@
 """TRL's side of `inflight bench peers`, run as a script by the interpreter of TRL's own venv.
 
 It imports nothing from `inflight` (that venv does not have it): the standard library at import,
-and torch, transformers, datasets and TRL once a run starts, so the reward functions below can be
-imported (and checked against the tasks' own rewards) from any interpreter.
+and torch, transformers, datasets and TRL (peft for a LoRA run) once a run starts, so the reward
+functions below can be imported (and checked against the tasks' own rewards) from any interpreter.
+The rewards of data-file workloads are `inflight.rewards`' own files, loaded by path
+(`SHARED_REWARDS`), not copies.
 
 `python trl_worker.py --hello` prints the versions as one JSON line. `python trl_worker.py
 SETTINGS.json` runs one GRPO run with TRL's `GRPOTrainer` (transformers generation, one process,
@@ -57,6 +59,38 @@ def prefix_credit_reward(response: str, answer: str) -> float:
 
 REWARDS: dict[str, Callable[[str, str], float]] = {"exact": exact_reward, "prefix_credit": prefix_credit_reward}
 
+REWARDS_DIR = Path(__file__).resolve().parent.parent / "rewards"
+SHARED_REWARDS: dict[str, tuple[str, str]] = {"gsm8k": ("gsm8k", "gsm8k_reward"),
+                                              "gsm8k_flexible": ("gsm8k", "gsm8k_flexible_reward")}
+"""`inflight.rewards`' rewards (registry name: module in inflight/rewards, function) that a data-file
+workload's rows may name: loaded by path (`reward_for`) from files that import only the standard
+library and each other relatively (neither extra_info nor anything else of the row is passed: these
+rewards read none)."""
+_SHARED_PACKAGE = "_inflight_rewards"
+
+
+def reward_for(name: str) -> Callable[[str, str], float]:
+    """The reward `name`: a built-in task's (`REWARDS`) or one of `SHARED_REWARDS`."""
+    if name in REWARDS:
+        return REWARDS[name]
+    if name not in SHARED_REWARDS:
+        raise KeyError(f"reward {name!r}: TRL's worker scores with {', '.join([*REWARDS, *SHARED_REWARDS])}")
+    module, function = SHARED_REWARDS[name]
+    return getattr(_shared_module(module), function)
+
+
+def _shared_module(name: str) -> Any:
+    """inflight/rewards/<name>.py as a module of a private package over that folder (its
+    `__init__.py`, which imports the rest of inflight, not run)."""
+    import importlib
+    import types
+
+    if _SHARED_PACKAGE not in sys.modules:
+        package = types.ModuleType(_SHARED_PACKAGE, "inflight/rewards' files, loaded by path")
+        package.__path__ = [str(REWARDS_DIR)]
+        sys.modules[_SHARED_PACKAGE] = package
+    return importlib.import_module(f"{_SHARED_PACKAGE}.{name}")
+
 
 # ---- the run ------------------------------------------------------------------------------------
 def versions() -> dict[str, Any]:
@@ -73,18 +107,31 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def check_prompt_ids(tokenizer: Any, rows: Sequence[dict[str, Any]]) -> None:
-    """TRL tokenizes a text prompt with the tokenizer as is: the ids must be those inflight's
-    engine is given, or the two sides would not see the same prompts."""
-    ids = tokenizer(text=[r["prompt"] for r in rows])["input_ids"]
+def trl_prompt_ids(trainer: Any, rows: Sequence[dict[str, Any]]) -> list[list[int]]:
+    """The token ids TRL's GRPOTrainer generates from for the rows' prompts: its own
+    `_tokenize_prompts` (a text prompt through the tokenizer as is, a list of chat messages through
+    the chat template with the generation prompt)."""
+    return [list(ids) for ids in trainer._tokenize_prompts([r["prompt"] for r in rows])[0]]
+
+
+def check_prompt_ids(ids: Sequence[Sequence[int]], rows: Sequence[dict[str, Any]]) -> None:
+    """TRL's token ids of the rows' prompts (`trl_prompt_ids`) must be those inflight's engine is
+    given, or the two sides would not see the same prompts."""
     for row, got in zip(rows, ids, strict=True):
         if list(got) != row["prompt_ids"]:
             raise ValueError(f"prompt {row['prompt']!r}: TRL's tokenization {list(got)} differs from inflight's "
                              f"{row['prompt_ids']}; the two sides would not train on the same prompts")
 
 
+def completion_text(completion: str | list[dict[str, Any]]) -> str:
+    """A completion's text: TRL passes a text prompt's as a string, a chat prompt's as messages
+    (the assistant's, decoded without special tokens as inflight's are)."""
+    return completion if isinstance(completion, str) else completion[-1]["content"]
+
+
 class Evaluator:
-    """Greedy held-out accuracy of a model, as module docstring says."""
+    """Greedy held-out accuracy of a model, as module docstring says, from the problems' token ids
+    (those `check_prompt_ids` found equal to TRL's)."""
 
     def __init__(self, tokenizer: Any, problems: Sequence[dict[str, Any]], reward: Callable[[str, str], float],
                  settings: dict[str, Any]) -> None:
@@ -104,8 +151,8 @@ class Evaluator:
         with torch.no_grad():
             for i in range(0, len(self.problems), self.batch):
                 chunk = self.problems[i:i + self.batch]
-                enc = self.tokenizer([p["prompt"] for p in chunk], padding=True, padding_side="left",
-                                     return_tensors="pt")
+                enc = self.tokenizer.pad({"input_ids": [p["prompt_ids"] for p in chunk]}, padding_side="left",
+                                         return_tensors="pt")
                 out = model.generate(**enc, generation_config=self.config)
                 texts = self.tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
                 correct += sum(self.reward(t, p["answer"]) >= self.threshold - 1e-9
@@ -117,8 +164,8 @@ class Evaluator:
 def reward_function(reward: Callable[[str, str], float], stats: dict[str, float]) -> Callable[..., list[float]]:
     """TRL's reward callable over a generation batch (the dataset's `answer` column comes as a
     keyword); notes the batch's mean reward and generated tokens in `stats`."""
-    def score(completions: list[str], answer: list[str], completion_ids: list[list[int]], **_: Any) -> list[float]:
-        rewards = [reward(c, a) for c, a in zip(completions, answer, strict=True)]
+    def score(completions: list[Any], answer: list[str], completion_ids: list[list[int]], **_: Any) -> list[float]:
+        rewards = [reward(completion_text(c), a) for c, a in zip(completions, answer, strict=True)]
         stats["reward"] = sum(rewards) / len(rewards)
         stats["generated_tokens"] = float(sum(len(ids) for ids in completion_ids))
         return rewards
@@ -163,9 +210,7 @@ def run(settings: dict[str, Any]) -> dict[str, Any]:
     tokenizer = AutoTokenizer.from_pretrained(settings["model_dir"])
     model = AutoModelForCausalLM.from_pretrained(settings["model_dir"], dtype=torch.float32)
     train_rows, eval_rows = read_jsonl(settings["train_file"]), read_jsonl(settings["eval_file"])
-    check_prompt_ids(tokenizer, train_rows)
-    check_prompt_ids(tokenizer, eval_rows)
-    reward = REWARDS[settings["reward"]]
+    reward = reward_for(settings["reward"])
     evaluate = Evaluator(tokenizer, eval_rows, reward, settings)
     stats: dict[str, float] = {}
     records = (out / "records.jsonl").open("w")
@@ -174,8 +219,6 @@ def run(settings: dict[str, Any]) -> dict[str, Any]:
         records.write(json.dumps(record) + "\n")
         records.flush()
 
-    before, seconds = evaluate(model)
-    log({"step": 0, "time": 0.0, "eval/accuracy": before, "eval/seconds": seconds})
     samples_per_step = settings["prompts_per_step"] * settings["group_size"]
     clock: dict[str, float] = {}
 
@@ -199,7 +242,12 @@ def run(settings: dict[str, Any]) -> dict[str, Any]:
 
     dataset = Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in train_rows])
     trainer = GRPOTrainer(model=model, reward_funcs=reward_function(reward, stats), args=grpo_config(settings),
-                          train_dataset=dataset, processing_class=tokenizer, callbacks=[Clock()])
+                          train_dataset=dataset, processing_class=tokenizer, callbacks=[Clock()],
+                          peft_config=lora_config(settings))
+    check_prompt_ids(trl_prompt_ids(trainer, train_rows), train_rows)
+    check_prompt_ids(trl_prompt_ids(trainer, eval_rows), eval_rows)
+    before, seconds = evaluate(trainer.model)  # a LoRA model's adapters start at zero: the model as given
+    log({"step": 0, "time": 0.0, "eval/accuracy": before, "eval/seconds": seconds})
     trainer.train()
     steps = trainer.state.global_step
     after, seconds = evaluate(trainer.model)
@@ -211,6 +259,16 @@ def run(settings: dict[str, Any]) -> dict[str, Any]:
                "train_cpu_s": clock["train_cpu_s"], "threads": torch.get_num_threads(), "versions": versions()}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def lora_config(settings: dict[str, Any]) -> Any:
+    """peft's LoraConfig from the settings' `lora` (inflight's own keyword arguments,
+    `inflight.train.lora.lora_kwargs`), or None: the whole model trains."""
+    if not settings.get("lora"):
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(**settings["lora"])
 
 
 def _cpu_s() -> float:

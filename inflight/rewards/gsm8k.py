@@ -11,7 +11,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from inflight.rewards.numbers import NUMBER, same_number
+# relative, and nothing but the standard library and numbers.py: `inflight bench peers`' TRL worker loads
+# this file by path into TRL's interpreter, which lacks this package (trl_worker.SHARED_REWARDS)
+from .numbers import NUMBER, same_number
 
 _STRICT = re.compile(r"####\s*(" + NUMBER.pattern + ")")
 

@@ -23,6 +23,7 @@ import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -45,11 +46,8 @@ def apply_lora(model: torch.nn.Module, cfg: Config) -> torch.nn.Module:
     lora = cfg.trainer.policy.model.lora
     targets = lora.target_modules
     modules, parameters = moe_targets(model, list(targets))
-    config = peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                             target_modules="all-linear" if modules == ["all-linear"] else modules,
-                             exclude_modules=list(lora.exclude_modules) if lora.exclude_modules else None,
-                             init_lora_weights=init_lora_weights(lora.init_method),
-                             target_parameters=parameters or None)
+    config = peft.LoraConfig(**{**lora_kwargs(cfg), "target_modules": _peft_targets(modules),
+                                "target_parameters": parameters or None})
     try:
         adapted = peft.get_peft_model(model, config)
     except ValueError as err:  # peft's own refusals (NoMatchingPeftModuleError is one): name the key
@@ -58,6 +56,21 @@ def apply_lora(model: torch.nn.Module, cfg: Config) -> torch.nn.Module:
                                      "name modules the model has (e.g. q_proj,v_proj), or all-linear")]) from err
     _refuse_skipped(adapted, list(targets), list(lora.exclude_modules or []))
     return adapted
+
+
+def lora_kwargs(cfg: Config) -> dict[str, Any]:
+    """peft `LoraConfig`'s keyword arguments for `trainer.policy.model.lora` on a dense model (a
+    mixture of experts also gets `moe_targets`' parameters), as plain JSON values: what `apply_lora`
+    builds, and what `inflight bench peers` hands TRL's side."""
+    lora = cfg.trainer.policy.model.lora
+    return {"r": lora.rank, "lora_alpha": lora.alpha, "lora_dropout": lora.dropout,
+            "target_modules": _peft_targets(list(lora.target_modules)),
+            "exclude_modules": list(lora.exclude_modules) if lora.exclude_modules else None,
+            "init_lora_weights": init_lora_weights(lora.init_method)}
+
+
+def _peft_targets(modules: list[str]) -> str | list[str]:
+    return "all-linear" if modules == ["all-linear"] else modules
 
 
 def _refuse_skipped(model: torch.nn.Module, targets: list[str], excluded: list[str]) -> None:

@@ -60,10 +60,11 @@ def test_trl_workers_reward_is_the_tasks_own(task):
 def test_prompt_ids_check_refuses_a_tokenization_that_differs():
     task = AdditionTask(num_train=1, num_eval=4)
     rows = [{"prompt": p.prompt, "prompt_ids": task.encode_prompt(p.prompt)} for p in task.eval_problems()]
-    trl_worker.check_prompt_ids(task.tokenizer, rows)  # the same tokenizer: the same ids
+    ids = task.tokenizer(text=[r["prompt"] for r in rows])["input_ids"]  # what TRL does with text prompts
+    trl_worker.check_prompt_ids(ids, rows)  # the same tokenizer: the same ids
     rows[1]["prompt_ids"] = rows[1]["prompt_ids"][1:]
     with pytest.raises(ValueError, match="would not train on the same prompts"):
-        trl_worker.check_prompt_ids(task.tokenizer, rows)
+        trl_worker.check_prompt_ids(ids, rows)
 
 
 def test_time_to_gain_spread_and_ratios_against_trl():
