@@ -13,9 +13,11 @@ this process, the engine in its child), unpinned as `inflight train` is unless `
 Aligned (`trl_side.trl_settings` reads them from the inflight run's resolved config): the start
 weights and tokenizer, the training problems (written with inflight's prompt token ids, which TRL's
 tokenization must equal) and the held-out problems, the reward (`trl_worker.REWARDS`, equal to the
-task's own), prompts per step and group size, AdamW's learning rate (constant), betas, epsilon and
-weight decay, gradient clipping, the PPO clip, GRPO's group-std advantages, the token-mean loss (TRL's
-`dapo`), no KL term, float32, the completion length, temperature / top-p / top-k, and the greedy
+task's own; for data files `inflight.rewards`' own file, `trl_worker.SHARED_REWARDS`), prompts per
+step and group size, AdamW's learning rate (constant), betas, epsilon and weight decay, gradient
+clipping, the PPO clip, GRPO's group-std advantages, the token-mean loss (TRL's `dapo`), no KL term,
+float32, LoRA (peft's LoraConfig from the same arguments), the completion length, temperature /
+top-p / top-k, and the greedy
 held-out evaluation every `--eval-interval` steps, inside every side's clock (each evaluation is
 recorded at the time its step ended; the evaluations before and after training are outside it).
 What could not be aligned is listed in every report (`trl_side.NOT_ALIGNED`).
