@@ -91,9 +91,13 @@ class InferenceEngineConfig:
     """Split long prefills across steps. Default true."""
     enable_return_routed_experts: bool = skyrl(False)
     """Every rollout asks the engines for the experts a mixture-of-experts model chose at each
-    position, prompt included, and keeps them with its trajectory (what routing replay,
-    `trainer.policy.megatron_config.moe_enable_routing_replay`, replays; as in SkyRL, each needs the
-    other). Native engine only. Default false."""
+    position, prompt included, and keeps them with its trajectory: what routing replay
+    (`trainer.policy.megatron_config.moe_enable_routing_replay`, on every worker kind) replays, and
+    needs. Without replay (SkyRL refuses the record alone; allowed here) it still adds each step's
+    `moe/routing_mismatch` and `moe/router_disagreement` (the training forward's routing against
+    the rollout's), every `trainer.moe_logprob_gap_interval` steps the log-probability gap with and
+    without replay, and the record in `trainer.dump_data_batch`'s lines. Native engine only; not
+    with `generator.agent.path`. Default false."""
     max_num_batched_tokens: int = skyrl(8192)
     """Tokens per engine step, >= 1. Default 8192."""
     enforce_eager: bool = skyrl(False)

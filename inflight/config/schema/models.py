@@ -203,11 +203,14 @@ class MegatronConfig:
     moe_router_enable_expert_bias: bool | None = skyrl(None, status=refused(
         "the router's expert bias is the model's own (its Hugging Face config)", runs=lambda v: v is None))
     moe_enable_routing_replay: bool = skyrl(False)
-    """Routing replay ("R3") for a mixture-of-experts model, on every worker kind (local, FSDP; the
-    Megatron worker takes dense models only): the training forward (and, for `trainer.ref`, the
-    reference's) uses the experts the rollout's engine chose for each token instead of its own
-    router's choice, gated by the current router over those experts; needs
-    `generator.inference_engine.enable_return_routed_experts=true`. Default false."""
+    """Routing replay ("R3") for a mixture-of-experts model: the training forward (and, for
+    `trainer.ref`, the reference's; the critic never replays) uses the experts the rollout's engine
+    chose for each token instead of its own router's choice, gated by the current router over those
+    experts. The key sits in `megatron_config` because that is where SkyRL has it, but it acts on
+    every worker kind, whatever `trainer.strategy` (local and FSDP; the Megatron worker takes dense
+    models only). Needs `generator.inference_engine.enable_return_routed_experts=true` (the rollouts'
+    routing record, which alone already gives the `moe/*` metrics and the dumped record). Default
+    false."""
     moe_per_layer_logging: bool = skyrl(False, status=refused(
         "per-layer MoE metrics are not implemented yet", runs=lambda v: v is False))
     moe_router_dtype: str = skyrl("fp32", status=refused(
