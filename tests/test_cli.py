@@ -3,6 +3,7 @@ once, and `--print-config` validates without torch and exits non-zero for what a
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -118,3 +119,67 @@ def test_a_vllm_run_without_vllms_venv_is_refused_at_once_naming_the_key_and_the
     assert "generator.inference_engine.backend='vllm': needs vLLM's python" in err
     assert f"VLLM_VENV={tmp_path / 'no-venv'} scripts/vllm_venv.sh" in err
     assert not (tmp_path / "out").exists()  # refused before anything was built
+
+
+@pytest.fixture(scope="module")
+def chat_model(tmp_path_factory):
+    """A tiny Qwen2 with a BPE tokenizer and a chat template, 128 positions."""
+    from inflight.testing import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("chat-model"), "qwen2", seed=0, max_position_embeddings=128)
+
+
+def _rows(path: Path, answers: list[str]) -> Path:
+    path.write_text("".join(json.dumps({"prompt": f"What is {i} + 1?", "answer": a}) + "\n"
+                            for i, a in enumerate(answers)))
+    return path
+
+
+def _run(model: Path, tmp_path: Path, *extra: str) -> list[str]:
+    from inflight.testing import LOCAL_CPU
+
+    rows = _rows(tmp_path / "rows.jsonl", [str(i + 1) for i in range(4)])
+    return [*LOCAL_CPU, f"trainer.policy.model.path={model}", f"data.train_data=[{rows}]",
+            f"data.val_data=[{rows}]", "trainer.train_batch_size=2", "trainer.policy_mini_batch_size=2",
+            "trainer.fully_async.num_parallel_generation_workers=2", "generator.n_samples_per_prompt=2",
+            "generator.sampling_params.max_generate_length=6", "generator.inference_engine.weight_sync_backend=inprocess",
+            "trainer.max_prompt_length=40", "job.max_steps=1", "job.plot=false", "job.progress=false", *extra]
+
+
+def test_a_run_says_what_it_did_in_whole_lines(chat_model, tmp_path, capsys):
+    """Issue 40: eval_interval=-1 was reported as 0, the TensorBoard folder was named with TensorBoard
+    off, and lines were cut at 80 columns in a file."""
+    from inflight.train.main import main as train_main
+
+    out = tmp_path / ("an-output-directory-whose-name-alone-is-longer-than-eighty-columns-of-a-terminal-" * 2)
+    assert train_main(_run(chat_model, tmp_path, "trainer.eval_interval=-1", "trainer.logger=[console]",
+                           f"job.output_dir={out}")) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("no evaluation (trainer.eval_interval=-1); 1 ") for line in lines)
+    assert lines[-1] == f"metrics: {out / 'metrics.jsonl'}"  # whole, and no tensorboard: it is off
+    assert not (out / "tensorboard").exists()
+
+
+@pytest.mark.parametrize("overrides, tensorboard", [
+    ([], True), (["job.tensorboard=false"], False), (["trainer.logger=[console,wandb]"], False)])
+def test_the_tensorboard_folder_is_named_only_when_tensorboard_is_on(overrides, tensorboard, tmp_path):
+    from inflight.train.main import resolve_config
+    from inflight.train.run_logs import tracker_names, where_logged
+
+    cfg, job = resolve_config(None, ["trainer.logger=[console,tensorboard]", f"job.output_dir={tmp_path}", *overrides])
+    assert ("tensorboard" in tracker_names(cfg, job)) is tensorboard
+    assert (f"tensorboard: {tmp_path / 'tensorboard'}" in where_logged(cfg, job)) is tensorboard
+
+
+def test_an_agent_run_names_the_agent_as_what_scores_its_episodes(chat_model, tmp_path):
+    """Issue 40: an agent run printed `rewards: gsm8k` (the agent's reward scores its episodes)."""
+    from inflight.tasks.dataset import DatasetError
+    from inflight.train.main import make_task, resolve_config
+
+    rows = _rows(tmp_path / "capitals.jsonl", ["Paris", "Rome"])
+    base = [f"trainer.policy.model.path={chat_model}", f"data.train_data=[{rows}]", f"data.val_data=[{rows}]"]
+    task = make_task(*resolve_config(None, [*base, "generator.agent.path=my_agents:weather"]))
+    assert "rewards: your agent (my_agents:weather) x4" in task.report.summary()
+    with pytest.raises(DatasetError, match=r"2 of 2 rows are scored by gsm8k .* Set environment.env_class"):
+        make_task(*resolve_config(None, base))  # without the agent, gsm8k would score them: never 1
+    assert "rewards: exact x4" in make_task(*resolve_config(None, [*base, "environment.env_class=exact"])).report.summary()

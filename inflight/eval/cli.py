@@ -1,11 +1,12 @@
-"""`inflight eval --model DIR --data FILE [--data FILE ...] --output OUT [options]`: N samples per
+"""`inflight eval --model DIR --data FILE [--data FILE ...] [--output OUT] [options]`: N samples per
 problem of each data set, scored by the data's rewards, summarised as pass@k.
 
 Writes OUT/metrics.json (per data set, named by its file stem: num_problems, num_samples,
 mean_reward, pass@1, pass@2, ..., pass@N, response_length, truncated_fraction; a sample is correct
 when its reward is >= 1), OUT/samples.jsonl (one line per sample: data, problem_id, sample, prompt,
 response, reward, ...) and OUT/eval_config.json (the resolved arguments). With the same --seed a
-second run writes identical files.
+second run writes identical files. OUT is a directory of its own: a training run's outputs are
+refused, and so are an earlier evaluation's files unless --overwrite.
 """
 
 from __future__ import annotations
@@ -15,7 +16,12 @@ import asyncio
 import sys
 from pathlib import Path
 
-from inflight.eval.job import EvalError, EvalSpec, run_job
+from inflight.eval.job import DEFAULT_ENV_CLASS, EvalError, EvalSpec, run_job
+
+DEFAULT_OUTPUT = "runs/inflight-eval"
+"""Where results go without --output: not under a training run's output_dir (`runs/inflight` by default)."""
+OUTPUT_FILES = ("metrics.json", "samples.jsonl", "eval_config.json")
+"""What `inflight eval` writes in its --output directory."""
 
 
 def build_parser(prog: str = "inflight eval") -> argparse.ArgumentParser:
@@ -25,7 +31,10 @@ def build_parser(prog: str = "inflight eval") -> argparse.ArgumentParser:
                    help="local Hugging Face model dir (with --server: the served model's, for its tokenizer)")
     p.add_argument("--data", action="append", required=True, metavar="FILE",
                    help="a .parquet, .jsonl / .json file or a datasets.save_to_disk dir (repeatable)")
-    p.add_argument("--output", required=True, metavar="OUT", help="directory for the results")
+    p.add_argument("--output", default=DEFAULT_OUTPUT, metavar="OUT",
+                   help=f"directory for the results, new or an earlier inflight eval's (default {DEFAULT_OUTPUT}; "
+                        "never a training run's output_dir or its eval/ folder)")
+    p.add_argument("--overwrite", action="store_true", help="replace the results of an earlier inflight eval in OUT")
     p.add_argument("--n", type=int, default=1, help="samples per problem (default 1)")
     p.add_argument("--temperature", type=float, default=None,
                    help="sampling temperature (default: 0, greedy, for --n 1; 1.0 otherwise)")
@@ -43,10 +52,10 @@ def build_parser(prog: str = "inflight eval") -> argparse.ArgumentParser:
                    help="model turns per episode for multi-turn environments that leave it to the run")
     p.add_argument("--reward-timeout-s", type=float, default=60.0,
                    help="a reward slower than this scores 0 (default 60; 0: no limit)")
-    p.add_argument("--env-class", default=None, metavar="NAME",
-                   help="reward / environment for rows without their own env_class: gsm8k, gsm8k_flexible, "
-                        "math, exact, contains, regex, a registered name or package.module:name "
-                        "(default: gsm8k for '####' answers, else exact)")
+    p.add_argument("--env-class", default=DEFAULT_ENV_CLASS, metavar="NAME",
+                   help="reward / environment for rows without their own env_class, as environment.env_class "
+                        "in training: gsm8k, gsm8k_flexible, math, exact, contains, regex, a registered name or "
+                        f"package.module:name (default: {DEFAULT_ENV_CLASS}, training's)")
     p.add_argument("--prompt-key", default=None,
                    help="column holding the prompt (default: prompt, or question)")
     p.add_argument("--answer-key", default=None,
@@ -93,8 +102,24 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         problems.append(f"--data: no such file or directory: {', '.join(missing)}")
     if not (Path(args.model) / "config.json").is_file():
         problems.append(f"--model {args.model}: no config.json there (give a local Hugging Face model dir)")
+    if (problem := output_problem(Path(args.output), args.overwrite)):
+        problems.append(problem)
     if problems:
         p.error("; ".join(problems))
+
+
+def output_problem(out: Path, overwrite: bool) -> str | None:
+    """Why `inflight eval` must not write its files to `out`: a training run's outputs are there (its
+    metrics.jsonl, or the step_<k>/ folders of its evaluations), or an earlier evaluation's files and
+    not `overwrite`; None when it may."""
+    if (out / "metrics.jsonl").exists() or any(out.glob("step_*")):
+        return (f"--output {out} holds a training run's outputs (metrics.jsonl, or its evaluations' step_<k>/ "
+                f"folders): give a directory of its own, e.g. --output {out.parent / (out.name + '-eval')}")
+    found = [name for name in OUTPUT_FILES if (out / name).exists()]
+    if found and not overwrite:
+        return (f"--output {out} already holds an evaluation ({', '.join(found)}): give another directory, or "
+                "--overwrite to replace it")
+    return None
 
 
 def spec_from_args(args: argparse.Namespace) -> EvalSpec:
@@ -128,7 +153,7 @@ def main(argv: list[str] | None = None, prog: str = "inflight eval") -> int:
     from inflight.rewards import RewardError
     from inflight.tasks.dataset import DatasetError
 
-    console = Console()
+    console = Console(soft_wrap=True)  # a line is a line, in a file too
     try:
         result = asyncio.run(run_job(spec_from_args(args), progress=not args.no_progress))
     except (ConfigError, DatasetError, RewardError, EvalError, EngineError, ClientError, OSError) as err:

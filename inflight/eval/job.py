@@ -16,10 +16,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from inflight.config.schema import SkyRLGymConfig
+from inflight.config.schema import EnvironmentConfig, SkyRLGymConfig
 from inflight.eval.run import EvalResult, dataset_names, evaluate, source_file
 from inflight.tasks.base import Problem
 from inflight.tasks.skyrl_gym_env import GymSettings
+
+DEFAULT_ENV_CLASS = EnvironmentConfig().env_class
+"""Training's default reward (`environment.env_class`, SkyRL's `gsm8k`): the same rows score the same."""
 
 
 class EvalError(ValueError):
@@ -47,7 +50,8 @@ class EvalSpec:
     """Model turns per episode, for environments that leave it to the run (`generator.max_turns`)."""
     reward_timeout_s: float | None = 60.0
     """A reward slower than this scores 0 (`environment.reward_timeout_s`); none: no limit."""
-    env_class: str | None = None
+    env_class: str = DEFAULT_ENV_CLASS
+    """The reward of rows without their own `env_class` (`environment.env_class`, same default)."""
     prompt_key: str | None = None
     answer_key: str | None = None
     max_problems: int | None = None

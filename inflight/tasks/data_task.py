@@ -22,6 +22,8 @@ from typing import Any
 
 from inflight.chat.turns import PLAIN, ChatFormat
 from inflight.rewards import RewardError, environment_class, get_reward
+from inflight.rewards.gsm8k import gsm8k_flexible_reward, gsm8k_ground_truth, gsm8k_reward
+from inflight.rewards.numbers import to_number
 from inflight.rewards.registry import verifiers_id
 from inflight.tasks.base import Environment, Problem, SingleTurnEnv, Task
 from inflight.tasks.dataset import DatasetError, encode_chat_prompt, load_problems
@@ -29,15 +31,17 @@ from inflight.tasks.openenv_env import OpenEnvSettings, openenv_environment
 from inflight.tasks.skyrl_gym_env import GymEnvironmentMaker, GymSettings, gym_environment
 
 AUTO_GSM8K, AUTO_OTHER = "gsm8k", "exact"
+"""What rows without an `env_class` are scored by when no `env_class` is given (the Python API's
+default; `inflight train` and `inflight eval` give `environment.env_class`, SkyRL's `gsm8k`): GSM8K's
+rule for answers that held `####`, exact match otherwise."""
 OPENENV = "openenv"
 """`env_class` of an OpenEnv environment server (`inflight.tasks.openenv_env`, `environment.openenv`)."""
-"""What rows without an `env_class` are scored by when `environment.env_class` is unset: GSM8K's rule
-for answers that held `####`, exact match otherwise (what JSONL data always had)."""
 
 
 def reward_name(problem: Problem, env_class: str | None = None) -> str:
-    """The reward / environment name that scores `problem`: the row's own `env_class`, else
-    `env_class` (`environment.env_class`), else `gsm8k` for GSM8K-style answers and `exact` otherwise."""
+    """The reward / environment name that scores `problem`, in training and in `inflight eval`: the
+    row's own `env_class`, else `env_class` (`environment.env_class`), else `gsm8k` for GSM8K-style
+    answers and `exact` otherwise."""
     own = problem.meta.get("env_class")
     if own:
         return str(own)
@@ -103,6 +107,8 @@ class DataTask(Task):
     ceil(val_fraction * rows))` rows (at least 1, seeded by `seed`) are held out. `chat_format`:
     the chat template and its arguments (`generator.chat_template`, `chat_template_kwargs`);
     `skyrl_gym`: what skyrl-gym's environments get (`environment.skyrl_gym`, `generator.max_turns`).
+    `agent`: the agent that plays and scores the rows' episodes (`generator.agent.path`): then no
+    reward is resolved and the report names the agent.
     """
 
     name = "data"
@@ -127,11 +133,13 @@ class DataTask(Task):
         chat_format: ChatFormat = PLAIN,
         skyrl_gym: GymSettings | None = None,
         openenv: OpenEnvSettings | None = None,
+        agent: str | None = None,
     ) -> None:
         super().__init__(tokenizer)
         if not train_data:
             raise DatasetError("no training data: set data.train_data to a list of files")
         self.env_class = env_class
+        self.agent = agent
         self.max_new_tokens = max_new_tokens
         self.chat_format = chat_format
         self.skyrl_gym = skyrl_gym if skyrl_gym is not None else GymSettings()
@@ -159,6 +167,9 @@ class DataTask(Task):
 
     # ---- start-up -----------------------------------------------------------------------------
     def _resolve_rewards(self, problems: list[Problem]) -> dict[str, Any]:
+        if self.agent is not None:  # the agent plays and scores every episode: no reward of ours runs
+            self.report.rewards = {f"your agent ({self.agent})": len(problems)}
+            return {}
         resolved: dict[str, Any] = {}
         rows: dict[str, list[Problem]] = {}
         for p in problems:
@@ -179,7 +190,23 @@ class DataTask(Task):
         for name, fn in resolved.items():
             if isinstance(fn, GymEnvironmentMaker):
                 fn.check(rows[name])
+            elif fn in (gsm8k_reward, gsm8k_flexible_reward):
+                self._check_numbers(name, rows[name])
         return resolved
+
+    def _check_numbers(self, name: str, problems: list[Problem]) -> None:
+        """`gsm8k` compares the response's number with the ground truth: a row whose answer is no
+        number could never score 1, so it is refused, not trained on at reward 0."""
+        rows = {p.meta.get("source", p.id): p for p in problems}  # a file that is both train and val: once
+        bad = [p for p in rows.values() if to_number(gsm8k_ground_truth(p.answer)) is None]
+        if bad:
+            raise DatasetError(
+                f"{len(bad)} of {len(rows)} rows are scored by {name} (the row's env_class column, else "
+                f"environment.env_class={self.env_class!r}; in inflight eval, --env-class), which compares the "
+                f"number in the response with the answer, but their answers are not numbers (e.g. "
+                f"{bad[0].meta.get('source')}: {bad[0].answer!r}): they could never score 1. Set "
+                "environment.env_class to a reward that fits them, e.g. exact, contains or regex (inflight "
+                "eval: --env-class exact), or give those rows an env_class column")
 
     def _check_verifiers_row(self, problem: Problem, name: str) -> None:
         """A verifiers environment plays every row of its run: a row may name only that one."""

@@ -80,7 +80,7 @@ def make_data_task(cfg: Config, job: JobConfig):
     return DataTask(
         tokenizer, train, val, prompt_key=data.prompt_key, answer_key=data.answer_key,
         chat_format=chat_format(cfg), skyrl_gym=GymSettings(cfg.environment.skyrl_gym, cfg.generator.max_turns),
-        openenv=OpenEnvSettings.from_config(cfg.environment.openenv),
+        openenv=OpenEnvSettings.from_config(cfg.environment.openenv), agent=cfg.generator.agent.path,
         env_class=cfg.environment.env_class, max_prompt_length=cfg.trainer.max_prompt_length,
         drop_long_prompts=data.drop_long_prompts, max_new_tokens=cfg.generator.sampling_params.max_generate_length,
         max_context=model_context(cfg), num_eval=job.num_eval, val_fraction=data.val_fraction, seed=cfg.trainer.seed,

@@ -31,6 +31,7 @@ from inflight.config.loader import read_yaml
 from inflight.train.data_setup import check_data_job, make_data_task, uses_data
 from inflight.train.defaults import default_job
 from inflight.train.job_config import JobConfig, split_job_config
+from inflight.train.run_logs import where_logged
 
 if TYPE_CHECKING:
     from inflight.train.runtime import Starter
@@ -306,7 +307,7 @@ def main(argv: list[str] | None = None, start_ray: Starter | None = None) -> int
         return 0
     from rich.console import Console
 
-    say = functools.partial(Console().print, highlight=False)
+    say = functools.partial(Console(soft_wrap=True).print, highlight=False)  # a line is a line, in a file too
     from inflight.rewards import RewardError
     from inflight.tasks.dataset import DatasetError
 
@@ -337,14 +338,13 @@ def main(argv: list[str] | None = None, start_ray: Starter | None = None) -> int
     Path(job.output_dir).mkdir(parents=True, exist_ok=True)
     (Path(job.output_dir) / "summary.json").write_text(json.dumps(summary, indent=2))
     if summary["after"] is None:
-        result = "no evaluation (trainer.eval_interval=0)"
+        result = f"no evaluation (trainer.eval_interval={cfg.trainer.eval_interval})"
     else:
         before = "not evaluated" if summary["before"] is None else f"{summary['before']:.1%}"
         result = f"{summary['eval_label']} after RL: {summary['after']:.1%} (before: {before})"
     say(f"{result}; {summary['steps']} {summary['mode']} steps in {summary['train_seconds']:.0f} s "
         f"({summary['samples_per_s']:.0f} samples/s); total {summary['total_seconds']:.0f} s")
-    say(f"metrics: {Path(job.output_dir) / 'metrics.jsonl'}  tensorboard: {Path(job.output_dir) / 'tensorboard'}"
-        + (f"  plot: {summary['plot']}" if "plot" in summary else ""))
+    say(where_logged(cfg, job, summary.get("plot")))
     return 0
 
 

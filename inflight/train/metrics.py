@@ -48,7 +48,7 @@ class MetricsLogger:
         if append and resume_step is not None:
             drop_after(self.path, resume_step)
         self._file = self.path.open("a" if append else "w")
-        self.console = console or Console()
+        self.console = console or Console(soft_wrap=True)  # lines are not cut at 80 columns in a file
         self.log_interval = log_interval
         self.trackers: list[Tracker] = list(trackers)
         self.progress: Progress | None = None

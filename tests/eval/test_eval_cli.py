@@ -159,3 +159,79 @@ def test_skyrl_gym_settings_reach_the_environments_and_a_bad_one_is_named():
     with pytest.raises(ConfigError) as err:
         gym_config(["text2sql.db_pth=/x"])
     assert err.value.keys == ["environment.skyrl_gym.text2sql.db_pth"] and "db_path" in str(err.value)
+
+
+def _rows(path: Path, answers: list[str], env_class: str | None = None) -> Path:
+    rows = [{"prompt": f"q{i}", "answer": a, **({"env_class": env_class} if env_class else {})}
+            for i, a in enumerate(answers)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_training_and_eval_choose_the_reward_of_a_row_alike(model_dir, tmp_path):
+    """Issue 40: a plain prompt/answer row was scored by gsm8k in training and by exact in eval."""
+    from transformers import AutoTokenizer
+
+    from inflight.eval.cli import build_parser, spec_from_args
+    from inflight.eval.job import build_task
+    from inflight.testing import LOCAL_CPU
+    from inflight.train.main import make_task, resolve_config
+
+    data = _rows(tmp_path / "mixed.jsonl", ["7", "reasoning #### 8", "9"])
+    with data.open("a") as f:
+        f.write(json.dumps({"prompt": "q3", "answer": "e", "env_class": "contains"}) + "\n")
+    args = build_parser().parse_args(["--model", str(model_dir), "--data", str(data)])  # eval's defaults
+    evaluated, _ = build_task(spec_from_args(args), AutoTokenizer.from_pretrained(model_dir), 64)
+    cfg, job = resolve_config(None, [*LOCAL_CPU, f"trainer.policy.model.path={model_dir}",  # training's defaults
+                                     f"data.train_data=[{data}]", f"data.val_data=[{data}]"])
+    trained = make_task(cfg, job)
+    assert evaluated.report.rewards == trained.report.rewards == {"gsm8k": 6, "contains": 2}
+    for a, b in zip(evaluated.eval_problems(), trained.eval_problems(), strict=True):
+        assert evaluated.reward(a, "so #### 7.0") == trained.reward(b, "so #### 7.0")
+
+
+def test_a_reward_that_can_never_score_a_row_is_refused_in_eval_as_in_training(model_dir, tmp_path, capsys):
+    """Issue 40: rows answered 'Paris' under gsm8k could never score 1, and nothing said so."""
+    data = _rows(tmp_path / "capitals.jsonl", ["Paris", "Rome", "12"])
+    out = tmp_path / "out"
+    code = inflight_main(["eval", "--model", str(model_dir), "--data", str(data), "--output", str(out),
+                          "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert "2 of 3 rows are scored by gsm8k" in err and "capitals.jsonl:1: 'Paris'" in err
+    assert "environment.env_class" in err and "--env-class exact" in err and not out.exists()
+    assert inflight_main(["eval", "--model", str(model_dir), "--data", str(data), "--output", str(out),
+                          "--env-class", "exact", "--no-progress"]) == 0
+
+
+def test_the_output_is_a_directory_of_its_own(model_dir, tmp_path, monkeypatch, capsys):
+    """Issue 40: --output runs/gsm8k/eval mixed its files into the training run's evaluations."""
+    data = _rows(tmp_path / "d.jsonl", ["a", "b"])
+    base = ["eval", "--model", str(model_dir), "--data", str(data), "--env-class", "contains", "--no-progress",
+            "--max-tokens", "4"]
+    training = tmp_path / "run" / "eval"
+    (training / "step_10").mkdir(parents=True)
+    with pytest.raises(SystemExit):
+        inflight_main([*base, "--output", str(training)])
+    assert "holds a training run's outputs" in capsys.readouterr().err
+    (tmp_path / "run" / "metrics.jsonl").write_text("")
+    with pytest.raises(SystemExit):
+        inflight_main([*base, "--output", str(tmp_path / "run")])
+    assert "holds a training run's outputs" in capsys.readouterr().err
+    monkeypatch.chdir(tmp_path)
+    assert inflight_main(base) == 0  # the default: runs/inflight-eval, beside a training run's runs/inflight
+    assert (tmp_path / "runs" / "inflight-eval" / "metrics.json").is_file()
+    with pytest.raises(SystemExit):
+        inflight_main(base)
+    assert "already holds an evaluation (metrics.json, samples.jsonl, eval_config.json)" in capsys.readouterr().err
+    assert inflight_main([*base, "--overwrite"]) == 0
+
+
+def test_console_lines_are_not_cut_at_80_columns_in_a_file(model_dir, tmp_path, capsys):
+    """Issue 40: output redirected to a file was hard-wrapped at 80 columns."""
+    data = _rows(tmp_path / "d.jsonl", ["a", "b"])
+    out = tmp_path / ("a-directory-whose-name-alone-takes-more-than-eighty-columns-of-a-terminal-line-" * 2)
+    assert inflight_main(["eval", "--model", str(model_dir), "--data", str(data), "--env-class", "contains",
+                          "--no-progress", "--max-tokens", "4", "--output", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("2 samples in ") and f"results in {out}/ (metrics.json" in line for line in lines)

@@ -60,8 +60,9 @@ def test_eval_keys_reach_the_run(model_dir, tmp_path):
         assert len(samples) == NUM_EVAL * EVAL_N and {s["data"] for s in samples} == {"addition"}
         assert max(s["response_tokens"] for s in samples) <= task.max_new_tokens
         assert json.loads((dump / "metrics.json").read_text())["addition"]["num_samples"] == NUM_EVAL * EVAL_N
-    assert lines[0].startswith("pass@1 (n=2, temperature 1) before RL: ")
-    assert f"({NUM_EVAL} held-out problems)" in lines[0]
+    before = next(line for line in lines if "before RL" in line)  # after the run's precision line
+    assert before.startswith("pass@1 (n=2, temperature 1) before RL: ")
+    assert f"({NUM_EVAL} held-out problems)" in before
     assert summary["eval"]["after"]["addition"]["num_problems"] == NUM_EVAL and summary["steps"] == 3
     assert (tmp_path / "reward_staleness.png").read_bytes()[:4] == b"\x89PNG"
 
