@@ -183,3 +183,28 @@ def test_an_agent_run_names_the_agent_as_what_scores_its_episodes(chat_model, tm
     with pytest.raises(DatasetError, match=r"2 of 2 rows are scored by gsm8k .* Set environment.env_class"):
         make_task(*resolve_config(None, base))  # without the agent, gsm8k would score them: never 1
     assert "rewards: exact x4" in make_task(*resolve_config(None, [*base, "environment.env_class=exact"])).report.summary()
+
+
+def test_a_checkpoint_of_another_runs_data_is_refused_in_one_line_naming_both_fixes(chat_model, tmp_path, capsys):
+    """Issue 40: with SkyRL's defaults (one ckpt_path, resume_mode=latest) a second run on other data
+    found the first run's checkpoint and died in a traceback."""
+    ckpts = tmp_path / "ckpts"
+    keys = [f"trainer.ckpt_path={ckpts}", "trainer.resume_mode=latest", "trainer.ckpt_interval=1",
+            "trainer.eval_interval=-1", "trainer.logger=[console]"]
+    first = tmp_path / "first"
+    first.mkdir()
+    assert main(["train", *_run(chat_model, first, *keys, f"job.output_dir={first / 'out'}")]) == 0
+    assert (ckpts / "latest").read_text() == "global_step_1"
+    capsys.readouterr()
+    other = tmp_path / "other"
+    other.mkdir()
+    _rows(other / "more.jsonl", [str(i) for i in range(6)])
+    args = _run(chat_model, other, *keys, f"data.train_data=[{other / 'more.jsonl'}]",
+                f"job.output_dir={other / 'out'}")
+    assert main(["train", *args]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert err.startswith(f"error: trainer.ckpt_path='{ckpts}': holds global_step_1 (step 1), a run on other data")
+    assert "give this run a trainer.ckpt_path of its own, or set trainer.resume_mode=none" in err
+    assert not (other / "out" / "metrics.jsonl").exists()  # refused before anything trained
+    assert main(["train", *args, "trainer.resume_mode=none", "trainer.ckpt_interval=-1"]) == 0  # the fix

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -162,6 +163,32 @@ def resume_checkpoint(trainer: TrainerConfig) -> CheckpointState | None:
                                      "(a global_step_<k> directory with state.json)", "give the directory of a "
                                      "checkpoint, e.g. <trainer.ckpt_path>/global_step_10, or resume_mode=latest")])
     return load_checkpoint(path)
+
+
+def resume_problem(trainer: TrainerConfig, problems: Sequence[Any]) -> Violation | None:
+    """Why the run cannot resume the checkpoint `trainer.resume_mode` picks for training on
+    `problems`: its record of consumed prompts is for another dataset or seed (with SkyRL's defaults,
+    `ckpt_path: ~/ckpts/` and `resume_mode: latest`, a second run on other data finds the first's);
+    None when it can, or when nothing is resumed. Checked before anything starts; the refusal names
+    the directory and both fixes. Raises ConfigError for a `resume_path` that is no checkpoint."""
+    from inflight.train.staleness import AsyncDataLoader
+
+    ckpt = resume_checkpoint(trainer)
+    if ckpt is None:
+        return None
+    try:  # the one rule of what a data record fits: the loader's
+        AsyncDataLoader(problems, trainer.epochs, trainer.seed).load_state(ckpt.data)
+    except ValueError:
+        pass
+    else:
+        return None
+    latest = trainer.resume_mode == "latest"
+    key, value = ("trainer.ckpt_path", trainer.ckpt_path) if latest else ("trainer.resume_path", trainer.resume_path)
+    record = f"{ckpt.data.get('num_items')} prompts, seed {ckpt.data.get('seed')}"
+    return Violation(key, value, f"holds {ckpt.path.name} (step {ckpt.step}), a run on other data ({record}; this run "
+                     f"has {len(problems)} prompts, seed {trainer.seed}), which trainer.resume_mode="
+                     f"{trainer.resume_mode} would resume", f"give this run a {key} of its own, or set "
+                     "trainer.resume_mode=none to start from the model")
 
 
 def load_checkpoint(path: str | Path) -> CheckpointState:

@@ -318,6 +318,13 @@ def main(argv: list[str] | None = None, start_ray: Starter | None = None) -> int
         return _error(err)
     if getattr(task, "report", None) is not None:
         say(task.report.summary())
+    from inflight.train.checkpoint import resume_problem
+
+    try:  # a checkpoint of another run's data: refused before any model is built
+        if (problem := resume_problem(cfg.trainer, task.train_problems())) is not None:
+            return _error(problem)
+    except ConfigError as err:
+        return _error(err)
     warm = None
     if cfg.trainer.policy.model.path is None:
         warm = prepare_base_model(cfg, job, task, say)
