@@ -137,6 +137,9 @@ class Live:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top: list[list[list[float]]] = field(default_factory=list)
+    # vLLM's prompt logprobs, per prompt position: a DELTA stream hands each position over once (all of
+    # them with the first output after prefill), later outputs carry an empty list
+    prompt_scores: list[Any] = field(default_factory=list)
 
     nonce: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
 
@@ -187,7 +190,7 @@ async def run_request(life: Lifecycle, body: GenerateBody, max_model_len: int) -
                 raise APIError(400, f"vLLM refused the request: {err}", code="invalid_value") from err
             if live.restart:  # an update restarted it (aborted in vLLM): again, under the new salt
                 live.restart, live.attempt = False, live.attempt + 1
-                live.tokens, live.logprobs, live.top, live.num_outputs = [], [], [], 0
+                live.tokens, live.logprobs, live.top, live.prompt_scores, live.num_outputs = [], [], [], [], 0
                 continue
             if final is None or not final.finished:
                 raise RuntimeError(f"vLLM ended request {live.vllm_id} without a final output")
@@ -201,6 +204,7 @@ def _take(live: Live, out: Any, p: SamplingFields) -> None:
     new = list(completion.token_ids)
     live.tokens.extend(new)
     live.num_outputs += len(new)
+    live.prompt_scores.extend(out.prompt_logprobs or ())
     if p.logprobs and completion.logprobs:
         for token, position in zip(new, completion.logprobs, strict=True):
             live.logprobs.append(float(position[token].logprob))
@@ -221,7 +225,7 @@ def _answer(live: Live, final: Any, p: SamplingFields) -> dict[str, Any]:
         "num_cached_tokens": int(final.num_cached_tokens or 0),
         "num_recomputed_tokens": 0,
         "top_logprobs": live.top if p.top_logprobs else None,
-        **prompt_scores(final.prompt_token_ids, final.prompt_logprobs, p.prompt_logprobs),
+        **prompt_scores(final.prompt_token_ids, live.prompt_scores, p.prompt_logprobs),
     }
 
 
@@ -230,6 +234,8 @@ def prompt_scores(prompt: list[int] | None, scores: Any, k: int | None) -> dict[
     gives them: each prompt token's logprob and rank, and the k most likely (token_id, logprob)."""
     if k is None or scores is None or prompt is None:
         return {"prompt_logprobs": None, "prompt_top_logprobs": None, "prompt_logprob_ranks": None}
+    if len(scores) != len(prompt):  # a server fault (500), never the caller's
+        raise RuntimeError(f"vLLM returned prompt logprobs for {len(scores)} of {len(prompt)} prompt positions")
     logprobs, ranks, tops = [], [], []
     for token, position in zip(prompt, scores, strict=True):
         if position is None:

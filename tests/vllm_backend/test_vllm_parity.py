@@ -7,6 +7,7 @@ function tools) through the official client."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import httpx
@@ -16,7 +17,8 @@ import torch
 from conftest import TINY, launch, vllm_python_or_skip
 from openai import OpenAI
 
-from inflight.engine import EngineConfig
+from inflight.client import RemoteClient
+from inflight.engine import EngineConfig, SamplingParams
 from inflight.server.launch import serve_model
 
 pytestmark = pytest.mark.vllm
@@ -75,17 +77,34 @@ def test_context_comes_from_the_models_config(vllm_url):
     assert [(m["id"], m["max_model_len"]) for m in models] == [(NAME, CONTEXT)]
 
 
-def test_prompt_logprobs_equal_transformers(vllm_url, hf):
+@pytest.mark.parametrize("max_tokens", [1, 40])
+def test_prompt_logprobs_equal_transformers(vllm_url, hf, max_tokens):
+    """Also past the first output: vLLM streams the prompt's scores with its first output only (40
+    tokens reach the shim in two outputs, STREAM_INTERVAL 32), through RemoteClient too."""
     ids = [5, 17, 101, 33, 250, 7, 64, 300, 12]
-    out = post(vllm_url, "/inflight/v1/generate", {"prompt_token_ids": ids, "sampling_params": {
-        "max_tokens": 1, "temperature": 0.7, "prompt_logprobs": 2}})
+    params = {"max_tokens": max_tokens, "temperature": 0.7, "prompt_logprobs": 2, "ignore_eos": True}
+    out = post(vllm_url, "/inflight/v1/generate", {"prompt_token_ids": ids, "sampling_params": params})
     rows = hf_logprobs(hf, ids)
     expected = rows.gather(1, torch.tensor(ids[1:])[:, None]).squeeze(1)
+    assert len(out["output_token_ids"]) == max_tokens
     assert out["prompt_logprobs"][0] is None
     assert out["prompt_logprobs"][1:] == pytest.approx(expected.tolist(), abs=ATOL)  # no temperature
     assert out["prompt_logprob_ranks"][1:] == ((rows > expected[:, None]).sum(-1) + 1).tolist()
-    assert [[t for t, _ in top] for top in out["prompt_top_logprobs"][1:]] == torch.topk(rows, 2).indices.tolist()
-    echo = post(vllm_url, "/v1/completions", {"prompt": ids, "echo": True, "logprobs": 1, "max_tokens": 1,
+    top = torch.topk(rows, 2)
+    assert [[t for t, _ in row] for row in out["prompt_top_logprobs"][1:]] == top.indices.tolist()
+    got_top = [lp for row in out["prompt_top_logprobs"][1:] for _, lp in row]
+    assert got_top == pytest.approx(top.values.flatten().tolist(), abs=ATOL)
+
+    async def remote():
+        async with RemoteClient(vllm_url, health_check_interval_s=None) as rc:
+            return await rc.generate(ids, SamplingParams(**params, seed=1))
+
+    got = asyncio.run(remote())
+    assert got.prompt_logprobs[1:] == pytest.approx(expected.tolist(), abs=ATOL)
+    assert got.prompt_logprob_ranks == out["prompt_logprob_ranks"]
+    assert got.prompt_top_logprobs == [None if row is None else [tuple(p) for p in row]
+                                       for row in out["prompt_top_logprobs"]]
+    echo = post(vllm_url, "/v1/completions", {"prompt": ids, "echo": True, "logprobs": 1, "max_tokens": max_tokens,
                                               "temperature": 0})["choices"][0]["logprobs"]
     assert echo["token_logprobs"][0] is None
     assert echo["token_logprobs"][1 : len(ids)] == pytest.approx(expected.tolist(), abs=ATOL)
