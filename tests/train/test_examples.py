@@ -128,3 +128,33 @@ def test_a_base_path_is_relative_to_the_config_and_merges_key_by_key(tmp_path):
     cfg, _ = resolve_config(str(tmp_path / "child.yaml"), [])
     assert (cfg.trainer.seed, cfg.trainer.epochs) == (7, 3)
     assert cfg.trainer.policy.optimizer_config.lr == 1e-4  # from the default job, two bases up
+
+
+def test_the_smollm2_recipe_writes_disjoint_sums_and_resolves(tmp_path):
+    import importlib.util
+
+    import datasets
+
+    from inflight.rewards import get_reward
+
+    spec = importlib.util.spec_from_file_location("smollm2_make_data", EXAMPLES / "smollm2" / "make_data.py")
+    make_data = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_data)
+    paths = make_data.write(tmp_path, num_train=300, num_test=50, seed=3)
+    train, test = (datasets.Dataset.from_parquet(str(paths[s])) for s in ("train", "test"))
+    pairs = {split: {(r["extra_info"]["a"], r["extra_info"]["b"]) for r in rows} for split, rows in
+             (("train", train), ("test", test))}
+    assert len(train) == 300 and len(test) == 50 == len(pairs["test"]) and not pairs["train"] & pairs["test"]
+    row = test[0]
+    a, b = row["extra_info"]["a"], row["extra_info"]["b"]
+    assert row["prompt"] == [{"role": "user", "content": f"What is {a} + {b}?"}]
+    reward = get_reward(row["env_class"])
+    truth = row["reward_spec"]["ground_truth"]
+    # the rule the recipe teaches: the sum must be the last number written
+    assert reward(f"{a} + {b} = {a + b}.", truth) == 1.0
+    assert reward(f"{a} + {b} = {a + b}. This adds {a} and {b}.", truth) == 0.0
+    cfg, job = resolve_config(str(EXAMPLES / "smollm2" / "config.yaml"),
+                              [f"data.train_data=['{paths['train']}']", f"data.val_data=['{paths['test']}']"])
+    assert cfg.trainer.fully_async.enabled and cfg.trainer.policy.model.lora.rank > 0
+    assert cfg.trainer.shared_prefix_forward and cfg.environment.env_class == "gsm8k_flexible"
+    assert plan_weight_sync(cfg).kv_fate == "keep"
