@@ -1,16 +1,19 @@
 """Prompt logprobs (`SamplingParams.prompt_logprobs`) equal transformers' log_softmax of the prompt's
-logits in float32: across prefill chunks, beside a cached prefix, through preemption, with top-k."""
+logits in float32 (within a small multiple of what transformers itself moves by on the prompt: in
+float64, on another thread count; `tests/tolerance.py`): across prefill chunks, beside a cached prefix,
+through preemption, with top-k."""
 
 from __future__ import annotations
 
+import copy
 import random
+from functools import cache
 
 import pytest
 import torch
+from tolerance import assert_close_to_reference, other_thread_count
 
 from inflight.engine import EngineConfig, LLMEngine, SamplingParams
-
-ATOL = 1e-5
 
 
 def _prompt(seed: int, n: int) -> list[int]:
@@ -19,28 +22,39 @@ def _prompt(seed: int, n: int) -> list[int]:
 
 
 def _hf_logprobs(hf, prompt: list[int]) -> torch.Tensor:
-    """transformers: log_softmax of the logits at each prompt position but the last, float32."""
+    """transformers: log_softmax of the logits at each prompt position but the last, float32 (float64
+    for a float64 model)."""
     with torch.no_grad():
-        return torch.log_softmax(hf(torch.tensor([prompt])).logits[0, :-1].float(), -1)
+        logits = hf(torch.tensor([prompt])).logits[0, :-1]
+        return torch.log_softmax(logits if logits.dtype == torch.float64 else logits.float(), -1)
+
+
+@cache
+def _hf_float64(hf) -> torch.nn.Module:
+    return copy.deepcopy(hf).double()
 
 
 def _check(out, hf, prompt: list[int], k: int = 0) -> None:
     assert out.prompt_token_ids == prompt
     assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(prompt)
     logprobs = _hf_logprobs(hf, prompt)
-    expected = logprobs.gather(1, torch.tensor(prompt[1:])[:, None]).squeeze(1)
+    with other_thread_count():
+        variants = [_hf_logprobs(_hf_float64(hf), prompt), _hf_logprobs(hf, prompt)]
+    targets = torch.tensor(prompt[1:])[:, None]
+    expected = logprobs.gather(1, targets).squeeze(1)
     got = torch.tensor(out.prompt_logprobs[1:])
-    assert torch.allclose(got, expected, atol=ATOL, rtol=0), (got - expected).abs().max()
+    assert_close_to_reference(got, expected, [v.gather(1, targets).squeeze(1) for v in variants], "prompt logprobs")
     ranks = (logprobs > expected[:, None]).sum(-1) + 1
     assert out.prompt_logprob_ranks == [None, *ranks.tolist()]
     if not k:
         assert out.prompt_top_logprobs is None
         return
     assert out.prompt_top_logprobs[0] is None and len(out.prompt_top_logprobs) == len(prompt)
-    for entry, row in zip(out.prompt_top_logprobs[1:], logprobs, strict=True):
-        hf_ids = torch.topk(row, k).indices
-        assert [t for t, _ in entry] == hf_ids.tolist()
-        assert torch.allclose(torch.tensor([v for _, v in entry]), row[hf_ids], atol=ATOL, rtol=0)
+    hf_ids = torch.topk(logprobs, k).indices
+    assert [[t for t, _ in entry] for entry in out.prompt_top_logprobs[1:]] == hf_ids.tolist()
+    values = torch.tensor([[v for _, v in entry] for entry in out.prompt_top_logprobs[1:]])
+    assert_close_to_reference(values, logprobs.gather(1, hf_ids), [v.gather(1, hf_ids) for v in variants],
+                              "top logprobs")
 
 
 @pytest.fixture(scope="module")

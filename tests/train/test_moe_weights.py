@@ -11,6 +11,7 @@ import copy
 import numpy as np
 import pytest
 import torch
+from tolerance import assert_close_to_reference, other_thread_count
 from transformers import AutoModelForCausalLM
 
 from inflight.client import LocalClient
@@ -67,15 +68,24 @@ def _sync_then_generate(worker: LocalPolicyWorker, model_dir) -> list:
 
 
 def _assert_engine_is_the_trainer(outputs: list, worker: LocalPolicyWorker) -> None:
-    """The engine's greedy tokens and their log-probabilities are the trainer model's (fp32)."""
+    """The engine's greedy tokens and their log-probabilities are the trainer model's (fp32), within
+    what the trainer's own log-probabilities move by in float64 and on another thread count."""
+    wide = copy.deepcopy(worker.model).double()
+    (wide.get_base_model() if hasattr(wide, "get_base_model") else wide).set_experts_implementation("eager")
+    refs, threads, doubled = [], [], []
     for prompt, out in zip(PROMPTS, outputs, strict=True):
         full = prompt + out.output_token_ids
         batch = TrainBatch(input_ids=torch.tensor([full]), loss_mask=torch.ones(1, len(full)))
-        logprobs = worker.logprobs(batch)[0, len(prompt):]
-        np.testing.assert_allclose(out.logprobs, logprobs.numpy(), atol=1e-5, rtol=0)
+        refs.append(worker.logprobs(batch)[0, len(prompt):])
+        with other_thread_count():
+            threads.append(worker.logprobs(batch)[0, len(prompt):])
         with torch.no_grad():
             logits = worker.model(input_ids=torch.tensor([full])).logits[0, len(prompt) - 1 : -1]
+            wide_logprobs = wide(input_ids=torch.tensor([full])).logits[0, len(prompt) - 1 : -1].log_softmax(-1)
+        doubled.append(wide_logprobs.gather(1, torch.tensor(out.output_token_ids)[:, None])[:, 0])
         assert out.output_token_ids == logits.argmax(-1).tolist()
+    assert_close_to_reference(np.concatenate([out.logprobs for out in outputs]), torch.cat(refs),
+                              [torch.cat(threads), torch.cat(doubled)], "engine logprobs")
 
 
 def test_a_full_sync_sends_the_fused_experts_the_engine_takes(model_dir):

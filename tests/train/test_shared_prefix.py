@@ -1,12 +1,16 @@
 """`trainer.shared_prefix_forward`: a micro-batch's groups of rows with one context run as one packed
 sequence each, and the log-probabilities, the entropy and the gradients equal plain `transformers`
 row-by-row logits through torch's log-softmax (the oracle); where packing cannot apply or would not
-pay, rows run as they are."""
+pay, rows run as they are. Compared within a small multiple of what the oracle itself moves by
+(`tests/tolerance.py`: in float64, and row by row on another thread count)."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
+from tolerance import assert_close_to_reference, other_thread_count
 from transformers import AutoModelForCausalLM
 
 from inflight.config import load_config
@@ -51,27 +55,38 @@ def _worker(model_dir, chunk: str = "1024", shared: bool = True) -> LocalPolicyW
     return worker
 
 
-def _oracle(model_dir, batch: TrainBatch, weights: torch.Tensor):
-    """transformers' logits of each row alone (no padding anywhere), torch's log-softmax, autograd."""
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).train()
-    logprobs = torch.zeros(batch.input_ids.shape)
-    entropy = torch.zeros(batch.input_ids.shape)
+def _oracle(model: torch.nn.Module, batch: TrainBatch, weights: torch.Tensor | None,
+            temperature: float = TEMPERATURE, entropy_coef: float = 0.1):
+    """`model`'s logits of each row alone (no padding anywhere), torch's log-softmax, autograd of
+    sum((logprob + entropy_coef * entropy) * weights) (none without `weights`): (logprobs, entropy,
+    {name: gradient}), in the model's dtype."""
+    dtype = next(model.parameters()).dtype
+    logprobs = torch.zeros(batch.input_ids.shape, dtype=dtype)
+    entropy = torch.zeros(batch.input_ids.shape, dtype=dtype)
     total = 0.0
-    for row, width in enumerate(batch.widths().tolist()):
-        logits = model(input_ids=batch.input_ids[row : row + 1, :width]).logits[0, :-1] / TEMPERATURE
-        log_p = torch.log_softmax(logits, dim=-1)
-        picked = log_p.gather(-1, batch.input_ids[row, 1:width, None])[:, 0]
-        ent = -(log_p.exp() * log_p).sum(-1)
-        total = total + ((picked + 0.1 * ent) * weights[row, 1:width]).sum()
-        logprobs[row, 1:width], entropy[row, 1:width] = picked.detach(), ent.detach()
-    total.backward()
-    return logprobs, entropy, {n: p.grad for n, p in model.named_parameters()}
+    with torch.set_grad_enabled(weights is not None):
+        for row, width in enumerate(batch.widths().tolist()):
+            logits = model(input_ids=batch.input_ids[row : row + 1, :width]).logits[0, :-1] / temperature
+            log_p = torch.log_softmax(logits, dim=-1)
+            picked = log_p.gather(-1, batch.input_ids[row, 1:width, None])[:, 0]
+            ent = -(log_p.exp() * log_p).sum(-1)
+            if weights is not None:
+                total = total + ((picked + entropy_coef * ent) * weights[row, 1:width]).sum()
+            logprobs[row, 1:width], entropy[row, 1:width] = picked.detach(), ent.detach()
+    if weights is not None:
+        total.backward()
+    return logprobs, entropy, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
 
 
-def _close(got: torch.Tensor, expected: torch.Tensor, name: str) -> None:
-    """Equal within float32 rounding of sums taken in another order (2e-6 of the largest magnitude)."""
-    scale = max(float(expected.detach().abs().max()), 1.0)
-    torch.testing.assert_close(got, expected, atol=2e-6 * scale, rtol=0, msg=lambda m: f"{name}: {m}")
+def _variants(model: torch.nn.Module, batch: TrainBatch, weights: torch.Tensor | None, **kw) -> list[tuple]:
+    """The oracle's own variation: the same rows in float64, and in float32 on another thread count."""
+    wide = _oracle(copy.deepcopy(model).double(), batch, None if weights is None else weights.double(), **kw)
+    with other_thread_count():
+        return [wide, _oracle(copy.deepcopy(model), batch, weights, **kw)]
+
+
+def _transformers(model_dir) -> torch.nn.Module:
+    return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).train()
 
 
 @pytest.mark.parametrize("chunk", ["1024", "3", "null"])
@@ -81,14 +96,16 @@ def test_packed_groups_equal_transformers_row_by_row(model_dir, chunk):
     assert worker.packed(batch, worker.causal_lm()) is not None  # the packed path is the one under test
     weights = torch.rand(batch.input_ids.shape, generator=torch.Generator().manual_seed(3))
     weights *= batch.attention_mask
-    expected, expected_entropy, grads = _oracle(model_dir, batch, weights)
+    hf = _transformers(model_dir)
+    variants = _variants(hf, batch, weights)
+    expected, expected_entropy, grads = _oracle(hf, batch, weights)
     logprobs, entropy = worker.compute_logprobs(batch, entropy=True)
     real = batch.attention_mask.bool()
-    _close(logprobs * real, expected, "logprobs")
-    _close(entropy * real, expected_entropy, "entropy")
+    assert_close_to_reference(logprobs * real, expected, [v[0] for v in variants], "logprobs")
+    assert_close_to_reference(entropy * real, expected_entropy, [v[1] for v in variants], "entropy")
     ((logprobs + 0.1 * entropy) * weights).sum().backward()
     for name, param in worker.model.named_parameters():
-        _close(param.grad, grads[name], name)
+        assert_close_to_reference(param.grad, grads[name], [v[2][name] for v in variants], name)
 
 
 def test_the_packed_rows_hold_each_context_once(model_dir):
@@ -127,8 +144,8 @@ def test_off_by_default_and_the_plain_path_is_unchanged(model_dir):
     assert plain.packed(batch, plain.causal_lm()) is None
     shared = _worker(model_dir)
     with torch.no_grad():
-        _close(shared.compute_logprobs(batch) * batch.attention_mask, plain.compute_logprobs(batch) * batch.attention_mask,
-               "logprobs")
+        got, want = (w.compute_logprobs(batch) * batch.attention_mask for w in (shared, plain))
+    assert_close_to_reference(got, want, [v[0] for v in _variants(_transformers(model_dir), batch, None)], "logprobs")
 
 
 def test_a_lora_policy_packs_to_peft_s_plain_forward(model_dir):
@@ -151,12 +168,14 @@ def test_a_lora_policy_packs_to_peft_s_plain_forward(model_dir):
     batch = _groups(packed.model.config.vocab_size)
     assert packed.packed(batch, packed.causal_lm()) is not None
     real = batch.attention_mask
+    # peft's own forward row by row, in float64 and on another thread count: what the reference varies by
+    variants = _variants(plain.model, batch, real.float(), temperature=plain.temperature, entropy_coef=0.0)
     got, want = packed.compute_logprobs(batch) * real, plain.compute_logprobs(batch) * real
-    _close(got, want, "logprobs")
+    assert_close_to_reference(got, want, [v[0] for v in variants], "logprobs")
     got.sum().backward()
     want.sum().backward()
     grads = dict(plain.model.named_parameters())
     trained = [(n, p) for n, p in packed.model.named_parameters() if p.requires_grad]
     assert trained and all("lora_" in n for n, _ in trained)
     for name, param in trained:
-        _close(param.grad, grads[name].grad, name)
+        assert_close_to_reference(param.grad, grads[name].grad, [v[2][name] for v in variants], name)
