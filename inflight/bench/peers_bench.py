@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from inflight.bench.peers_report import plot, summarize, table
     from inflight.bench.rl_bench import bench_config, make_bench_task, prepare_model, run_overrides
-    from inflight.bench.trl_side import NOT_ALIGNED, default_python, hello
+    from inflight.bench.trl_side import NOT_ALIGNED, default_python, hello, trainable_problem
 
     args = build_parser().parse_args(argv)
     sides, gains, workload = _sides(args.sides), _gains(args.gains), WORKLOADS[args.workload]
@@ -264,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     trl = hello(python) if "trl" in sides else None  # before the warm-up: a missing venv fails at once
     if trl is not None:
         say(f"TRL {trl['trl']} (transformers {trl['transformers']}, torch {trl['torch']}) from {python}")
+        if args.model and (problem := trainable_problem(args.model)):
+            raise SystemExit(f"error: --model {args.model}: {problem}")
     task = make_bench_task(cfg, job)
     model = args.model or prepare_model(cfg, job, task, say, shape=workload.shape)
     seeds = [cfg.trainer.seed + rnd for rnd in range(args.repeats)]

@@ -74,6 +74,19 @@ def hello(python: str) -> dict[str, Any]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def trainable_problem(model: str | Path) -> str | None:
+    """Why TRL's Trainer would refuse to train the model directory, or None: transformers' Trainer
+    trains no quantized model, and a directory saved from a GGUF load keeps its quantization_config."""
+    config = Path(model) / "config.json"
+    method = (json.loads(config.read_text()).get("quantization_config") or {}).get("quant_method") \
+        if config.is_file() else None
+    if method is None:
+        return None
+    return (f"{config} has a quantization_config (quant_method {method}): TRL's Trainer (transformers') refuses to "
+            "train a quantized model; give a plain floating-point model directory (`inflight models get "
+            "smollm2-135m-instruct` writes one), or leave TRL out (--sides sync,fully_async)")
+
+
 def write_problems(path: Path, task: Any, problems: Any) -> Path:
     """`problems` as JSON lines: the prompt's text, the token ids inflight's engine gets for it
     (`task.encode_prompt`) and the answer."""

@@ -138,3 +138,25 @@ def test_the_recipe_needs_a_model_and_its_data_before_any_run(recipe, tmp_path):
               f"data.train_data=['{tmp_path / 'missing.parquet'}']"])
     assert RECIPE in str(err.value)
     assert not list(tmp_path.iterdir())  # nothing ran
+
+
+def test_a_quantized_model_dir_is_refused_before_any_run(recipe, tmp_path):
+    """A directory saved from a GGUF load keeps a quantization_config, which transformers' Trainer
+    (TRL's side) refuses to train minutes in: the bench names the file and the fix at once."""
+    import shutil
+
+    from inflight.bench.trl_side import default_python, trainable_problem
+
+    model, data = recipe
+    assert trainable_problem(model) is None
+    quantized = shutil.copytree(model, tmp_path / "quantized")
+    config = json.loads((quantized / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "gguf", "gguf_file": "m.gguf", "dequantize": False}
+    (quantized / "config.json").write_text(json.dumps(config))
+    assert "config.json has a quantization_config (quant_method gguf)" in trainable_problem(quantized)
+    if not Path(default_python()).exists():
+        pytest.skip("the bench checks it once TRL's venv answers (scripts/trl_venv.sh creates it)")
+    out = tmp_path / "bench"
+    with pytest.raises(SystemExit, match="inflight models get"):
+        main(["--workload", "smollm2", "--model", str(quantized), "--output-dir", str(out), *data])
+    assert not out.exists()
