@@ -55,6 +55,9 @@ class RLBatch(TrainBatch):
     - `versions` [B, T]: weight version that sampled each token (-1 on prompt / environment tokens).
     - `row_weight` [B]: 1 / rows of the row's mini-batch (the KL loss is a mean over rows).
     - `token_weight` [B]: the weight of the row's tokens in the entropy (`entropy_token_weights`).
+    - `row_index` [B]: each row's place in the step's batch, SkyRL's row order (default: a new batch's
+      rows are in it); micro-batches hold rows sorted by length, and the policy loss sees them back in
+      this order (kl_cov's top-k and clip_cov's draw break ties by position).
     """
 
     rollout_logprobs: torch.Tensor | None = None
@@ -62,6 +65,12 @@ class RLBatch(TrainBatch):
     versions: torch.Tensor | None = None
     row_weight: torch.Tensor | None = None
     token_weight: torch.Tensor | None = None
+    row_index: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.row_index is None:
+            self.row_index = torch.arange(self.input_ids.shape[0], device=self.input_ids.device)
+        super().__post_init__()
 
 
 def off_policy_correction(cfg: Config) -> OffPolicyCorrection:
@@ -159,8 +168,10 @@ def rl_loss(objective: Objective) -> Callable[..., torch.Tensor]:
         mask = batch.loss_mask
         old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()
         rollout = batch.rollout_logprobs
-        total, metrics = objective.policy_loss(logprobs, old if objective.needs_old_logprobs else None,
-                                               batch.advantages, alg, loss_mask=mask, rollout_logprobs=rollout)
+        o = in_batch_order(batch.row_index)
+        total, metrics = objective.policy_loss(o(logprobs), o(old) if objective.needs_old_logprobs else None,
+                                               o(batch.advantages), alg, loss_mask=o(mask),
+                                               rollout_logprobs=o(rollout))
         stats = {key: float(value) for key, value in metrics.items()}
         if rollout is not None:
             stats.update(ratio_stats(old, rollout, mask))
@@ -180,6 +191,15 @@ def rl_loss(objective: Objective) -> Callable[..., torch.Tensor]:
     loss_fn.stats, loss_fn.sums = {}, {}
     loss_fn.wants_entropy = bool(alg.use_entropy_loss) and not supervised
     return loss_fn
+
+
+def in_batch_order(row_index: torch.Tensor | None) -> Callable[[torch.Tensor | None], torch.Tensor | None]:
+    """A function putting a micro-batch's [B, ...] tensors' rows in the order of `row_index` (the
+    step's batch order); the identity when they are in it already."""
+    if row_index is None or len(row_index) < 2 or bool((row_index[1:] > row_index[:-1]).all()):
+        return lambda tensor: tensor
+    order = torch.argsort(row_index, stable=True)
+    return lambda tensor: None if tensor is None else tensor[order.to(tensor.device)]
 
 
 def ratio_stats(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:

@@ -4,8 +4,11 @@ training temperature, token rewards (per turn, the overlong penalty), the respon
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
+from oracle_import import import_oracle
 
 from inflight.algorithms import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, register_advantage_estimator
 from inflight.config import ConfigError, load_config
@@ -13,7 +16,8 @@ from inflight.config.implemented import require_implemented, unimplemented
 from inflight.rollout.trajectory import Trajectory
 from inflight.testing import LOCAL_CPU
 from inflight.train.advantages import ResponseLayout, overlong_penalty, shaped_reward, token_rewards
-from inflight.train.algorithms import Objective, off_policy_correction, training_temperature
+from inflight.train.algorithms import Objective, RLBatch, off_policy_correction, rl_loss, training_temperature
+from inflight.train.batch import plan_micro_batches
 
 ALG = "trainer.algorithm."
 
@@ -100,3 +104,39 @@ def test_the_response_layout_round_trips():
     assert taken.tolist() == [[2, 3, 0, 0], [10, 11, 12, 13]]
     assert layout.put(taken, 7).tolist() == [[0, 0, 2, 3, 0, 0, 0], [0, 0, 0, 10, 11, 12, 13]]
     assert layout.mask().tolist() == [[1, 1, 0, 0], [1, 1, 1, 1]]
+
+
+@pytest.mark.parametrize("name", ["kl_cov", "clip_cov"])
+def test_the_loss_sees_the_batch_s_row_order_whatever_the_micro_batch_s(name):
+    """kl_cov's top-k on a zero-variance batch (every advantage 0: every covariance ties) and clip_cov's
+    random draw among its candidates pick tokens by position. The step's micro-batch holds its rows
+    sorted by length; the loss sees them back in the batch's order, so it equals SkyRL's function (under
+    SkyRL's default config) on the batch as SkyRL holds it."""
+    ppo = import_oracle("skyrl.backends.skyrl_train.utils.ppo_utils")
+    skyrl_config = import_oracle("skyrl.train.config")
+    gen = torch.Generator().manual_seed(3)
+    lengths = [3, 9, 5, 12, 7, 12, 2, 10]
+    mask = (torch.arange(12)[None, :] < torch.tensor(lengths)[:, None]).float()
+    old = -3 * torch.rand(8, 12, generator=gen)
+    log_probs = old + 0.5 * torch.randn(8, 12, generator=gen)
+    advantages = torch.zeros(8, 12) if name == "kl_cov" else 3 * torch.randn(8, 12, generator=gen)
+    batch = RLBatch(input_ids=torch.zeros(8, 12, dtype=torch.long), loss_mask=mask, attention_mask=mask.long(),
+                    advantages=advantages, old_logprobs=old)
+    (part,) = plan_micro_batches(lengths, max_rows=8, pass_cost=math.inf)  # one micro-batch, longest first
+    assert part != sorted(part)
+    micro = batch.select(torch.tensor(part))
+    objective = Objective.from_config(_cfg(ALG + f"policy_loss_type={name}", ALG + "use_kl_loss=false",
+                                           ALG + "off_policy_correction.tis_ratio_type=null"))
+    ours_lp, sky_lp = log_probs.clone().requires_grad_(True), log_probs.clone().requires_grad_(True)
+    torch.manual_seed(11)
+    ours = rl_loss(objective)(ours_lp[part], micro)
+    torch.manual_seed(11)
+    sky, _ = ppo.PolicyLossRegistry.get(name)(sky_lp, old, batch.advantages,
+                                              skyrl_config.AlgorithmConfig(policy_loss_type=name), loss_mask=mask)
+    (ours + sky).backward()  # the two graphs are disjoint: each input gets its own loss's gradient
+    torch.testing.assert_close(ours.detach(), sky.detach(), rtol=1e-6, atol=0)
+    torch.testing.assert_close(ours_lp.grad, sky_lp.grad, rtol=1e-6, atol=0)
+    torch.manual_seed(11)  # in the micro-batch's own order, other tokens would be picked
+    unordered, _ = objective.policy_loss(log_probs[part], old[part], micro.advantages, objective.config,
+                                         loss_mask=micro.loss_mask)
+    assert abs(float(unordered - sky.detach())) > 1e-3 * abs(float(sky.detach()))
