@@ -1,7 +1,8 @@
 """Offline throughput: the inflight engine against `transformers` generate() and vLLM, same workload.
 
 Workload: a random Qwen2-shaped model (~50M parameters by default; `--moe`: a Qwen3-MoE of the same
-trunk whose every MLP is 8 experts of 384, 2 per token), N requests with prompt and
+trunk whose every MLP is 8 experts of 384, 2 per token), or the model in `--model-dir` (its own shape
+and vocabulary, e.g. one from `inflight models get`), N requests with prompt and
 output lengths drawn uniformly (seeded), random prompt token ids, greedy, EOS ignored, so every side
 must produce exactly the requested output tokens. `transformers` gets its best static batching:
 requests sorted by output length, left-padded batches of a few sizes (the best one is reported); with
@@ -248,13 +249,16 @@ def run_benchmark(cfg: BenchConfig) -> dict[str, Any]:
     work = make_workload(cfg)
     with tempfile.TemporaryDirectory(prefix="inflight-bench-") as tmp:
         model_dir = Path(cfg.model_dir or Path(tmp) / "model")
+        built = cfg.model_shape is None
         with CpuMonitor() as monitor:
             build_model(cfg, model_dir)  # here: it is set-up, not measured
             sides = _measure(cfg, work, model_dir)
+        model_type = json.loads((model_dir / "config.json").read_text()).get("model_type", "?")
     peak = max(f for side in sides.values() for f in side["peak_flops"])
     result: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "config": {**asdict(cfg), "shape": asdict(cfg.shape)},
+        "model": {"path": cfg.model_dir and str(model_dir), "model_type": model_type, "built_here": built},
         "workload": {
             "requests": cfg.requests,
             "prompt_tokens": work.prompt_tokens,
@@ -331,7 +335,8 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="KV block size for the engine and vLLM alike (default: each one's own, 16 and 128)",
     )
-    add("--model-dir", help="reuse (or create) the model here instead of a temp dir")
+    add("--model-dir", help="benchmark the model in this HF directory (its own shape and vocabulary); "
+        "an empty or new one gets the random model built there instead of in a temp dir")
     add("--profile", action="store_true", help="print a torch.profiler op table")
     add("--out", help="write the JSON results here")
     add(
@@ -380,6 +385,9 @@ def _parse(argv: list[str]) -> tuple[BenchConfig, argparse.Namespace]:
         parser.error("need 1 <= --min-len <= --max-len")
     if args.requests < 1 or args.repeats < 1:
         parser.error("--requests and --repeats must be >= 1")
+    if args.model_dir and (Path(args.model_dir) / "config.json").is_file() and (args.small or args.moe):
+        parser.error(f"--small and --moe pick the shape of a random model built here; --model-dir "
+                     f"{args.model_dir} holds a model already, whose own shape is benchmarked: drop them")
     cfg = BenchConfig(
         small=args.small,
         moe=args.moe,

@@ -118,6 +118,15 @@ def _block_sizes(result: dict[str, Any]) -> str:
     return f"engine {result['engine'].get('block_size', '?')}, vLLM its default (128 on CPU)"
 
 
+def _model_name(result: dict[str, Any]) -> str:
+    """Where the benchmarked model came from: its directory, or a random one of the built-in shape."""
+    model = result.get("model", {})
+    path = model.get("path")
+    if not model.get("built_here", True):
+        return f"{model['model_type']} from {path}"
+    return f"random {model.get('model_type', 'qwen2')}, built {'in ' + path if path else 'here'}"
+
+
 def _header(result: dict[str, Any]) -> list[str]:
     wl, machine, engine = result["workload"], result["machine"], result["engine"]
     shape = result["config"]["shape"]
@@ -126,7 +135,7 @@ def _header(result: dict[str, Any]) -> list[str]:
         experts = (f", MoE: {shape['num_experts']} experts of {shape['moe_intermediate_size']}, "
                    f"{shape['num_experts_per_tok']} per token (FLOPs: the active ones)")
     return [
-        f"model: hidden {shape['hidden_size']}, {shape['num_hidden_layers']} layers, vocab "
+        f"model: {_model_name(result)}, hidden {shape['hidden_size']}, {shape['num_hidden_layers']} layers, vocab "
         f"{shape['vocab_size']}{experts}, {engine['params'] / 1e6:.1f}M params, {result['config']['dtype']}; "
         f"KV block size {_block_sizes(result)}",
         f"workload: {wl['requests']} requests, {wl['prompt_tokens']} prompt + {wl['output_tokens']} output "

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import random
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from inflight.bench.common import MODEL_SHAPES
@@ -19,7 +20,7 @@ DEFAULT_HF_BATCH_SIZES = (32, 64)
 class ModelShape:
     """The benchmark model's transformers config overrides: a Qwen2 shape, or with `num_experts` a
     Qwen3-MoE one whose every MLP is `num_experts` experts of `moe_intermediate_size`,
-    `num_experts_per_tok` per token."""
+    `num_experts_per_tok` per token. `from_model_dir` reads the shape of a model that exists."""
 
     hidden_size: int
     num_hidden_layers: int
@@ -31,10 +32,30 @@ class ModelShape:
     num_experts: int = 0
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
+    attention_head_dim: int = 0  # the config's head_dim where it sets one; 0: hidden / heads
+
+    @classmethod
+    def from_model_dir(cls, path: str | Path) -> ModelShape:
+        """The shape in `path`'s config (a Hugging Face causal LM directory), read by transformers."""
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(path)
+
+        def get(key: str, default: int = 0) -> int:
+            return getattr(config, key, None) or default
+
+        return cls(
+            hidden_size=config.hidden_size, num_hidden_layers=config.num_hidden_layers,
+            intermediate_size=get("intermediate_size"), num_attention_heads=config.num_attention_heads,
+            num_key_value_heads=get("num_key_value_heads", config.num_attention_heads),
+            vocab_size=config.vocab_size, max_position_embeddings=get("max_position_embeddings"),
+            num_experts=get("num_experts"), num_experts_per_tok=get("num_experts_per_tok"),
+            moe_intermediate_size=get("moe_intermediate_size"), attention_head_dim=get("head_dim"),
+        )  # fmt: skip
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+        return self.attention_head_dim or self.hidden_size // self.num_attention_heads
 
     @property
     def arch(self) -> str:
@@ -44,6 +65,9 @@ class ModelShape:
     def config_overrides(self) -> dict[str, int]:
         """The transformers config fields of this shape (the expert fields only for an MoE)."""
         fields = asdict(self)
+        head_dim = fields.pop("attention_head_dim")
+        if head_dim:
+            fields["head_dim"] = head_dim
         if not self.num_experts:
             for key in ("num_experts", "num_experts_per_tok", "moe_intermediate_size"):
                 del fields[key]
@@ -54,10 +78,11 @@ class ModelShape:
         gate, up, down (an MoE: its router and its `num_experts_per_tok` experts' gate, up and down,
         the useful work; the other experts' weights are not)."""
         h, kv = self.hidden_size, self.num_key_value_heads * self.head_dim
+        q = self.num_attention_heads * self.head_dim
         mlp = 3 * h * self.intermediate_size
         if self.num_experts:
             mlp = h * self.num_experts + self.num_experts_per_tok * 3 * h * self.moe_intermediate_size
-        return self.num_hidden_layers * (2 * h * h + 2 * h * kv + mlp)
+        return self.num_hidden_layers * (2 * h * q + 2 * h * kv + mlp)
 
 
 FULL_MODEL = ModelShape(**MODEL_SHAPES["50m"])  # hidden 512, 13 layers, MLP 1536, 8/4 heads, vocab 8192
@@ -100,8 +125,19 @@ class BenchConfig:
     vllm_env: dict[str, str] = field(default_factory=dict)  # on top of vllm_side.vllm_env's settings
     vllm_kwargs: dict[str, Any] = field(default_factory=dict)  # extra vllm.LLM(...) arguments
 
+    # the shape of the model that `model_dir` held when this config was made (None: a random model of
+    # the built-in shape is benchmarked, built in `model_dir` or a temp dir)
+    model_shape: ModelShape | None = None
+
+    def __post_init__(self) -> None:
+        if self.model_shape is None and self.model_dir and (Path(self.model_dir) / "config.json").is_file():
+            self.model_shape = ModelShape.from_model_dir(self.model_dir)
+
     @property
     def shape(self) -> ModelShape:
+        """The shape of the model in `model_dir`, or of the random one built for the benchmark."""
+        if self.model_shape is not None:
+            return self.model_shape
         if self.moe:
             return SMALL_MOE if self.small else FULL_MOE
         return SMALL_MODEL if self.small else FULL_MODEL

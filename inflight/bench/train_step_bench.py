@@ -2,8 +2,10 @@
 plain `transformers` + `torch.optim.AdamW` loop doing the same step.
 
 The model is random-init with a named shape (default Qwen2.5-0.5B's: hidden 896, 24 layers, 14 heads
-/ 2 KV heads, MLP 4864, vocabulary 151936, tied embeddings); the batch is `--seqs` random sequences of
-`--len` tokens, every token in the loss. Each mode runs in its own fresh process, so its peak RSS is
+/ 2 KV heads, MLP 4864, vocabulary 151936, tied embeddings), or the model in `--model-dir` (its own
+shape, vocabulary and parameters: e.g. `inflight models get smollm2-135m-instruct`'s float32
+directory); the batch is `--seqs` random sequences of `--len` tokens of its vocabulary, every token in
+the loss. Each mode runs in its own fresh process, so its peak RSS is
 its own: `fp32` (the policy worker as the trainer builds it), `bf16` (bfloat16 compute over float32
 master weights), `bf16_gc` (plus activation checkpointing), `lora16` (a rank-16 `peft` adapter on
 every linear layer, float32: only the adapter trains), `lora16_bf16` (the same adapter, float32,
@@ -24,13 +26,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import resource
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+
+from inflight.bench.engine_workload import ModelShape
 
 SHAPES: dict[str, dict[str, Any]] = {
     "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
@@ -38,11 +44,13 @@ SHAPES: dict[str, dict[str, Any]] = {
     "small": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, vocab_size=1024, tie_word_embeddings=True),
 }
+DEFAULT_SHAPE = "qwen2.5-0.5b"
 MODES = ("plain", "fp32", "bf16", "bf16_gc", "lora16", "lora16_bf16", "lora16_bf16_gc")
 
 
 def build_model(shape: str, out: Path) -> Path:
-    """A random-init Qwen2 model of `shape` saved as a Hugging Face directory (once per run)."""
+    """A random-init Qwen2 model of `shape` saved as a Hugging Face directory, unless `out` holds a
+    model already."""
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
@@ -99,14 +107,27 @@ def _worker_step(model_dir: Path, batch, mode: str, chunk: int | None = None) ->
     return lambda: worker.train_step(batch)
 
 
-def _useful_flops(shape: dict[str, Any], seqs: int, length: int) -> float:
-    h, layers, inter = shape["hidden_size"], shape["num_hidden_layers"], shape["intermediate_size"]
-    head_dim = h // shape["num_attention_heads"]
-    kv = shape["num_key_value_heads"] * head_dim
-    trunk = layers * (h * h * 2 + 2 * h * kv + 3 * h * inter)  # q, o, k, v, gate/up/down
+def _useful_flops(shape: ModelShape, seqs: int, length: int) -> float:
     tokens = seqs * length
-    attention = 4 * layers * h * seqs * length * (length + 1) // 2  # QK^T and AV, causal
-    return 3.0 * (2.0 * trunk * tokens + 2.0 * h * shape["vocab_size"] * tokens + attention)
+    width = shape.num_attention_heads * shape.head_dim
+    attention = 4 * shape.num_hidden_layers * width * seqs * length * (length + 1) // 2  # QK^T and AV, causal
+    head = 2.0 * shape.hidden_size * shape.vocab_size * tokens
+    return 3.0 * (2.0 * shape.trunk_matmul_params() * tokens + head + attention)
+
+
+def describe_model(model_dir: Path) -> dict[str, Any]:
+    """What the table and the JSON say of the model: its directory, type, shape and parameter count
+    (from the safetensors headers: a tied LM head counts once)."""
+    from safetensors import safe_open
+
+    params = 0
+    for path in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(path), "pt") as handle:
+            for name in handle.keys():
+                params += math.prod(handle.get_slice(name).get_shape())
+    model_type = json.loads((model_dir / "config.json").read_text()).get("model_type", "?")
+    return {"path": str(model_dir), "model_type": model_type, "params": params,
+            "shape": asdict(ModelShape.from_model_dir(model_dir))}
 
 
 def _cpu_seconds() -> float:
@@ -115,7 +136,7 @@ def _cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def run_mode(mode: str, shape: str, model_dir: Path, seqs: int, length: int, warmup: int, threads: int,
+def run_mode(mode: str, model_dir: Path, seqs: int, length: int, warmup: int, threads: int,
              chunk: int | None = None) -> dict:
     """One mode's measurements, in this process (the parent runs each mode in a fresh one)."""
     import torch
@@ -124,7 +145,8 @@ def run_mode(mode: str, shape: str, model_dir: Path, seqs: int, length: int, war
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    batch = _batch(SHAPES[shape]["vocab_size"], seqs, length)
+    model_shape = ModelShape.from_model_dir(model_dir)
+    batch = _batch(model_shape.vocab_size, seqs, length)
     step = _plain_step(model_dir, batch) if mode == "plain" else _worker_step(model_dir, batch, mode, chunk)
     for _ in range(warmup):
         step()
@@ -132,7 +154,7 @@ def run_mode(mode: str, shape: str, model_dir: Path, seqs: int, length: int, war
     step()
     seconds, cpu_seconds = time.perf_counter() - started, _cpu_seconds() - cpu_started
     peak = matmul_peak_flops(torch.bfloat16 if "bf16" in mode else torch.float32)
-    flops = _useful_flops(SHAPES[shape], seqs, length)
+    flops = _useful_flops(model_shape, seqs, length)
     return {"mode": mode, "seconds_per_step": seconds, "cpu_seconds_per_step": cpu_seconds,
             "tokens_per_s": seqs * length / seconds,
             "peak_rss_mib": peak_rss_mib(), "flops_per_s": flops / seconds, "matmul_peak_flops": peak,
@@ -140,7 +162,7 @@ def run_mode(mode: str, shape: str, model_dir: Path, seqs: int, length: int, war
 
 
 def _child(args: argparse.Namespace) -> int:
-    result = run_mode(args.child, args.shape, Path(args.model_dir), args.seqs, args.len, args.warmup, args.threads,
+    result = run_mode(args.child, Path(args.model_dir), args.seqs, args.len, args.warmup, args.threads,
                       args.logprobs_chunk_size)
     print("RESULT " + json.dumps(result))
     return 0
@@ -148,7 +170,7 @@ def _child(args: argparse.Namespace) -> int:
 
 def _run_child(mode: str, args: argparse.Namespace, model_dir: Path) -> dict:
     cmd = [sys.executable, "-m", "inflight.bench.train_step_bench", "--child", mode, "--model-dir", str(model_dir),
-           "--shape", args.shape, "--seqs", str(args.seqs), "--len", str(args.len), "--warmup", str(args.warmup),
+           "--seqs", str(args.seqs), "--len", str(args.len), "--warmup", str(args.warmup),
            "--threads", str(args.threads),
            *([] if args.logprobs_chunk_size is None else ["--logprobs-chunk-size", str(args.logprobs_chunk_size)])]
     done = subprocess.run(cmd, capture_output=True, text=True)
@@ -158,9 +180,13 @@ def _run_child(mode: str, args: argparse.Namespace, model_dir: Path) -> dict:
     return json.loads(lines[-1].removeprefix("RESULT "))
 
 
-def format_table(results: list[dict], cpu: str) -> str:
+def format_table(results: list[dict], cpu: str, model: dict[str, Any]) -> str:
     plain = next((r for r in results if r["mode"] == "plain"), None)
-    lines = [f"train step on {cpu}", "| mode | s/step | CPU s/step | tokens/s | peak RSS (MiB) | vs plain time | "
+    shape = model["shape"]
+    lines = [f"train step on {cpu}",
+             f"model: {model['model_type']} ({model['path']}), hidden {shape['hidden_size']}, "
+             f"{shape['num_hidden_layers']} layers, vocab {shape['vocab_size']}, {model['params'] / 1e6:.1f}M params",
+             "| mode | s/step | CPU s/step | tokens/s | peak RSS (MiB) | vs plain time | "
              "vs plain CPU time | vs fp32 memory | FLOP/s | of matmul peak |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     fp32 = next((r for r in results if r["mode"] == "fp32"), None)
@@ -176,7 +202,8 @@ def format_table(results: list[dict], cpu: str) -> str:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="inflight bench train-step", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-0.5b")
+    parser.add_argument("--shape", choices=sorted(SHAPES),
+                        help="shape of the random model built here (default qwen2.5-0.5b)")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
     parser.add_argument("--seqs", type=int, default=8)
     parser.add_argument("--len", type=int, default=512)
@@ -184,7 +211,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--logprobs-chunk-size", type=int, help="trainer.logprobs_chunk_size for the worker modes "
                         "(default: the key's default, 1024)")
-    parser.add_argument("--model-dir", help="reuse this model directory (built here if empty)")
+    parser.add_argument("--model-dir", help="train the model in this HF directory (its own shape and vocabulary); "
+                        "an empty or new one gets the --shape model built there")
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     return parser
@@ -199,15 +227,24 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"error: unknown mode(s) {unknown}; use any of {list(MODES)}", file=sys.stderr)
         return 2
+    if args.model_dir and (Path(args.model_dir) / "config.json").is_file() and args.shape:
+        print(f"error: --shape picks the random model built here; --model-dir {args.model_dir} holds a model "
+              "already, whose own shape is measured: drop --shape", file=sys.stderr)
+        return 2
     from inflight.engine.cpu import best_isa_level, cpu_family_model, cpu_model
 
     cpu = f"{cpu_model()} ({cpu_family_model()}, kernels {best_isa_level()}), {args.threads} threads"
     with tempfile.TemporaryDirectory(prefix="inflight-train-step-") as tmp:
-        model_dir = build_model(args.shape, Path(args.model_dir or tmp))
+        model_dir = Path(args.model_dir or tmp)
+        built = not (model_dir / "config.json").is_file()
+        model = describe_model(build_model(args.shape or DEFAULT_SHAPE, model_dir))
         results = [_run_child(mode, args, model_dir) for mode in modes]
-    print(format_table(results, cpu))
+    if built:
+        model["path"] = f"random {args.shape or DEFAULT_SHAPE}, built {'in ' + args.model_dir if args.model_dir else 'here'}"
+    print(format_table(results, cpu, model))
     if args.json:
-        Path(args.json).write_text(json.dumps({"cpu": cpu, "args": vars(args), "results": results}, indent=2))
+        Path(args.json).write_text(json.dumps({"cpu": cpu, "args": vars(args), "model": model, "results": results},
+                                              indent=2))
     return 0
 
 

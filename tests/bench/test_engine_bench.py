@@ -118,3 +118,41 @@ def test_engine_bench_moe_small_counts_only_the_active_experts(tmp_path, capsys)
     active = sum(p.numel() for n, p in params.items() if n.endswith("proj.weight") or n.endswith("mlp.gate.weight"))
     active += sum(p.numel() for n, p in params.items() if ".experts." in n) * 2 // 8
     assert BenchConfig(small=True, moe=True).shape.trunk_matmul_params() == active
+
+
+def test_a_model_dir_is_benchmarked_with_its_own_shape_and_flops(tmp_path, capsys):
+    """`--model-dir` of an existing model (e.g. `inflight models get`'s): a vocabulary larger than the
+    built-in shape's 8,192, prompts drawn from all of it, and the header and FLOPs the model's own
+    (counted here from transformers' model of the directory), not the built-in shape's."""
+    from transformers import AutoModelForCausalLM
+
+    from inflight.testing import make_tiny_model
+
+    model_dir = make_tiny_model(tmp_path / "model", "llama", vocab_size=12_000, hidden_size=64,
+                                intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+                                num_key_value_heads=2, tie_word_embeddings=True)
+    out = tmp_path / "bench.json"
+    argv = "--requests 6 --min-len 4 --max-len 10 --repeats 1 --max-rounds 1 --hf-batch-sizes 6 --threads 1".split()
+    assert main([*argv, "--model-dir", str(model_dir), "--out", str(out), "--allow-noisy"]) == 0
+    printed = capsys.readouterr().out
+    result = json.loads(out.read_text())
+    hf = AutoModelForCausalLM.from_pretrained(model_dir)
+    params = dict(hf.named_parameters())
+    assert f"model: llama from {model_dir}, hidden 64, 3 layers, vocab 12000" in printed
+    assert f"{hf.num_parameters() / 1e6:.1f}M params" in printed and result["engine"]["params"] == hf.num_parameters()
+    assert result["config"]["shape"]["vocab_size"] == 12_000 and result["model"]["built_here"] is False
+    work = result["workload"]
+    trunk = sum(p.numel() for n, p in params.items() if n.endswith("proj.weight"))
+    head = params["model.embed_tokens.weight"].numel()
+    all_tokens = work["prompt_tokens"] + work["output_tokens"]
+    assert work["flops_per_run"]["matmul"] == 2 * trunk * all_tokens + 2 * head * work["output_tokens"]
+    assert result["engine"]["output_tokens"] == result["transformers"]["output_tokens"] == work["output_tokens"]
+
+
+def test_small_or_moe_beside_an_existing_model_dir_is_refused(tmp_path, capsys):
+    from inflight.testing import make_tiny_model
+
+    model_dir = make_tiny_model(tmp_path / "model", "qwen2")
+    with pytest.raises(SystemExit):
+        main(["--small", "--model-dir", str(model_dir)])
+    assert f"--model-dir {model_dir} holds a model already" in capsys.readouterr().err
