@@ -1,8 +1,8 @@
 """`inflight train [--config YAML] [key=value ...]`: evaluate, RL, evaluate.
 
 `inflight train key=value ...` means what SkyRL's entry point means: every key not given takes
-SkyRL's default (`inflight.config.schema`), the run lasts `trainer.epochs` over the data (or
-`trainer.max_training_steps`), and it resumes as `trainer.resume_mode` says. `--config YAML` starts
+SkyRL's default (`inflight.config.schema`), the run lasts `trainer.epochs` over the data (at most
+`trainer.max_training_steps` steps), and it resumes as `trainer.resume_mode` says. `--config YAML` starts
 from a file instead (`base: demo` in it: from the built-in demo). The demo
 (`--config examples/default.yaml`, what `scripts/run.sh` runs) builds a tiny base model and a
 character tokenizer, warms the model up with a short supervised phase, prints its greedy accuracy on

@@ -77,12 +77,12 @@ def make_worker(cfg: Config, job: JobConfig, model_dir: str | Path, training_ste
 
 
 def run_training_steps(cfg: Config, num_prompts: int) -> int:
-    """The run's training steps, as SkyRL counts them: `trainer.max_training_steps` when set, else
-    `trainer.epochs` passes of `num_prompts // train_batch_size` steps (at least one)."""
+    """The run's training steps, as SkyRL 0.3.0 counts them (its trainers' `total_training_steps`):
+    `trainer.epochs` passes of `num_prompts // train_batch_size` steps (at least one), capped at
+    `trainer.max_training_steps` when set (a cap: it never adds steps past the epochs)."""
     trainer = cfg.trainer
-    if trainer.max_training_steps is not None:
-        return trainer.max_training_steps
-    return trainer.epochs * max(1, num_prompts // trainer.train_batch_size)
+    steps = trainer.epochs * max(1, num_prompts // trainer.train_batch_size)
+    return steps if trainer.max_training_steps is None else min(steps, trainer.max_training_steps)
 
 
 def optimizer_steps(cfg: Config, training_steps: int | None, mini_batch_size: int | None = None) -> int | None:

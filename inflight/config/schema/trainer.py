@@ -144,10 +144,11 @@ class TrainerConfig:
     false there, or null (ours): bfloat16 where the device computes it natively (CUDA, a CPU with
     AMX or AVX-512-BF16), float32 elsewhere; a run prints which it chose and why."""
     epochs: int = skyrl(1)
-    """Passes over the training data, >= 1. The run ends after them (or after max_training_steps).
+    """Passes over the training data, >= 1. The run ends after them, or sooner at max_training_steps.
     Default 1."""
     max_training_steps: int | None = skyrl(None)
-    """Stop after this many training steps whatever the epochs; null (default): run the epochs out."""
+    """At most this many training steps: the run ends at the end of its epochs or at this step, whichever
+    comes first (SkyRL's cap; to train longer, raise trainer.epochs). null (default): the epochs."""
     update_epochs_per_batch: int = skyrl(1)
     """Passes over each training batch, >= 1. Default 1."""
     train_batch_size: int = skyrl(1024)
