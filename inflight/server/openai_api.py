@@ -212,7 +212,7 @@ def build_router(ctx: ServeContext, api_auth, token_route: bool = True) -> APIRo
 
     @router.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request) -> Response:
-        checked = check_completion(req, ctx.model_check)
+        checked = check_completion(req, ctx.model_check, ctx.max_model_len)
         scope = ctx.scope(request)
         # tokenizing (and decoding a token prompt to echo it) never runs on the event loop
         prompts, texts = await asyncio.to_thread(_completion_prompts, ctx, scope, req.prompt, req.echo)
@@ -222,7 +222,7 @@ def build_router(ctx: ServeContext, api_auth, token_route: bool = True) -> APIRo
 
     @router.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
-        checked = check_chat(req, ctx.model_check)
+        checked = check_chat(req, ctx.model_check, ctx.max_model_len)
         check_chat_template(req.chat_template, ctx.trust_request_chat_template)
         scope = ctx.scope(request)
         prompt = await asyncio.to_thread(scope.chat_prompt, ctx.tokenizer, req)  # templating can be slow: off the loop

@@ -28,13 +28,16 @@ from inflight.server.validation import Checked, check_chat, check_chat_template
 
 
 def _renamed(err: APIError) -> APIError:
-    err.param = responses_param(err.param)
+    """A chat error as the Responses body names its field (also where the message opens with `field=`)."""
+    chat_name, err.param = err.param, responses_param(err.param)
+    if chat_name and err.param != chat_name and err.message.startswith(f"{chat_name}="):
+        err.message = err.message.replace(chat_name, err.param)
     return err
 
 
 def _checked(ctx: ServeContext, req: ResponsesRequest) -> tuple[ChatCompletionRequest, Checked]:
     chat = to_chat_request(req)
-    checked = check_chat(chat, ctx.model_check)
+    checked = check_chat(chat, ctx.model_check, ctx.max_model_len)
     check_chat_template(chat.chat_template, ctx.trust_request_chat_template)
     return chat, checked
 

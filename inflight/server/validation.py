@@ -1,7 +1,8 @@
 """The one validation pass of an OpenAI request, after pydantic has checked the body's types.
 
 In one place and order: the model name (404), `n`, the fields the engine lacks (`unsupported.py`),
-stop strings, `best_of`, tools, the logprobs ranges and `echo`/`prompt_logprobs` (vLLM's rules:
+stop strings, `best_of`, tools, the logprobs ranges, `max_tokens` against the context (vLLM's
+rule: larger than the whole context is a 400) and `echo`/`prompt_logprobs` (vLLM's rules:
 echo with `logprobs=k` scores the prompt with k alternatives unless `prompt_logprobs` says otherwise;
 `max_tokens=0` only with echo, which then answers the prompt alone; no `prompt_logprobs` in a stream),
 each a 400 naming the field. The sampling
@@ -121,9 +122,19 @@ def _check_range(param: str, value: int | None) -> None:
                        code="invalid_value")
 
 
-def check_completion(req: CompletionRequest, served_model_name: str | None) -> Checked:
+def check_max_tokens(value: int | None, param: str, max_model_len: int) -> None:
+    """vLLM 0.32's rule and message: an output budget larger than the whole context is a 400; one that
+    only overruns it with the prompt is served up to the end of the context (finish `length`)."""
+    if value is not None and value > max_model_len:
+        raise APIError(400, f"{param}={value} cannot be greater than max_model_len={max_model_len}. Please "
+                       f"request fewer output tokens. (parameter={param}, value={value})", param=param,
+                       code="invalid_value")
+
+
+def check_completion(req: CompletionRequest, served_model_name: str | None, max_model_len: int) -> Checked:
     """Validate a `/v1/completions` body; raises APIError naming the first bad field."""
     stops = _check_common(req, served_model_name, frozenset({"echo"}))
+    check_max_tokens(req.max_tokens, "max_tokens", max_model_len)
     if req.best_of is not None and req.best_of != req.n:
         raise APIError(400, "best_of is not supported by this server (leave it unset or equal to n)",
                        param="best_of", code="unsupported_parameter")
@@ -139,17 +150,19 @@ def check_completion(req: CompletionRequest, served_model_name: str | None) -> C
                    echo_only=echo_only)
 
 
-def check_chat(req: ChatCompletionRequest, served_model_name: str | None) -> Checked:
+def check_chat(req: ChatCompletionRequest, served_model_name: str | None, max_model_len: int) -> Checked:
     """Validate a `/v1/chat/completions` body; raises APIError naming the first bad field."""
     stops = _check_common(req, served_model_name, frozenset())
     parse_calls = parses_tool_calls(req)
     _check_range("top_logprobs", req.top_logprobs)
     if req.top_logprobs and not req.logprobs:
         raise APIError(400, "top_logprobs requires logprobs=true", param="top_logprobs", code="invalid_value")
-    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    newer = req.max_completion_tokens is not None  # it wins over max_tokens, as in vLLM
+    max_tokens = req.max_completion_tokens if newer else req.max_tokens
+    check_max_tokens(max_tokens, "max_completion_tokens" if newer else "max_tokens", max_model_len)
     return Checked(req, max_tokens, (req.top_logprobs or 0) if req.logprobs else None, stops, parse_calls,
                    prompt_logprobs=req.prompt_logprobs)
 
 
 __all__ = ["MAX_LOGPROBS", "MAX_N", "Checked", "check_chat", "check_chat_template", "check_completion",
-           "check_model", "invalid_unicode"]
+           "check_max_tokens", "check_model", "invalid_unicode"]

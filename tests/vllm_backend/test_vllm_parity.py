@@ -165,3 +165,33 @@ def test_models_retrieve_and_responses_through_the_client(vllm_url):
     with_tools = client.responses.create(model=NAME, input="weather in Paris?", tools=[FUNCTION],
                                          max_output_tokens=5, temperature=0)
     assert with_tools.usage.output_tokens == 5  # parsed by vLLM's Hermes parser, as ours: no call in 5 tokens
+
+
+def test_max_tokens_against_the_context_as_vllm_answers(vllm_url, native_url):
+    """vLLM 0.32's own answers are the reference: an output budget over the whole context is a 400 (the same
+    message, naming the field the request used), one that overruns it only with the prompt is served to the end
+    of the context, and a chat without max_tokens runs to the end of the context."""
+    clients = [OpenAI(base_url=f"{u}/v1", api_key="unused", max_retries=0, timeout=120) for u in (native_url, vllm_url)]
+    prompt = [5 + i % 300 for i in range(500)]
+    long_chat = [{"role": "user", "content": "the water " * 118}]  # ~490 tokens
+    too_long = {
+        "completion": lambda c: c.completions.create(model=NAME, prompt=prompt, max_tokens=CONTEXT + 1),
+        "chat": lambda c: c.chat.completions.create(model=NAME, messages=long_chat, max_tokens=CONTEXT + 1),
+        "chat, new name": lambda c: c.chat.completions.create(model=NAME, messages=long_chat, max_completion_tokens=600),
+        "responses": lambda c: c.responses.create(model=NAME, input="hi", max_output_tokens=CONTEXT + 1),
+    }
+    for what, call in too_long.items():
+        errors = []
+        for client in clients:
+            with pytest.raises(openai.BadRequestError) as err:
+                call(client)
+            errors.append((err.value.body["message"], err.value.body["param"]))
+        assert errors[0] == errors[1], what
+    served = [c.completions.create(model=NAME, prompt=prompt, max_tokens=CONTEXT, temperature=0,
+                                   extra_body={"ignore_eos": True}) for c in clients]
+    assert [(s.choices[0].finish_reason, s.usage.completion_tokens) for s in served] == [("length", CONTEXT - 500)] * 2
+    chats = [c.chat.completions.create(model=NAME, messages=long_chat, temperature=0, extra_body={"ignore_eos": True})
+             for c in clients]
+    counts = [(c.usage.prompt_tokens, c.usage.completion_tokens) for c in chats]
+    assert counts[0] == counts[1]
+    assert chats[0].usage.total_tokens == CONTEXT and chats[0].choices[0].finish_reason == "length"
