@@ -31,7 +31,6 @@ from inflight.config.loader import read_yaml
 from inflight.train.data_setup import check_data_job, make_data_task, uses_data
 from inflight.train.defaults import default_job
 from inflight.train.job_config import JobConfig, split_job_config
-from inflight.train.run_logs import where_logged
 
 if TYPE_CHECKING:
     from inflight.train.runtime import Starter
@@ -264,7 +263,11 @@ async def run_job(cfg: Config, job: JobConfig, task, say, start: Starter | None 
         summary.update(before=before and before["accuracy"], after=after and after["accuracy"],
                        eval={"before": before and before["datasets"], "after": after and after["datasets"]},
                        eval_label=eval_label(cfg), steps=trainer.global_step, train_seconds=train_s,
-                       samples=samples, samples_per_s=samples / max(train_s, 1e-9))
+                       samples=samples, samples_per_s=samples / max(train_s, 1e-9), time_capped=trainer.time_capped)
+        if trainer.time_capped:
+            say(f"RL stopped by its time cap, job.max_train_seconds={job.max_train_seconds:g}, after step "
+                f"{trainer.global_step} of {trainer.training_steps}: the result depends on this machine's speed "
+                "and load; raise the cap (or set it to null) to run every step")
     finally:
         await trainer.close()
     out = Path(job.output_dir)
@@ -351,6 +354,8 @@ def main(argv: list[str] | None = None, start_ray: Starter | None = None) -> int
         result = f"{summary['eval_label']} after RL: {summary['after']:.1%} (before: {before})"
     say(f"{result}; {summary['steps']} {summary['mode']} steps in {summary['train_seconds']:.0f} s "
         f"({summary['samples_per_s']:.0f} samples/s); total {summary['total_seconds']:.0f} s")
+    from inflight.train.run_logs import where_logged
+
     say(where_logged(cfg, job, summary.get("plot")))
     return 0
 
