@@ -3,7 +3,9 @@ from the same start weights, data, reward and hyperparameters, on the same machi
 
 Each round runs the three sides one after the other (the order rotates every round, so background
 load and warm caches hit each side alike), with the round's seed (`trainer.seed` + round: the
-training problems drawn and their order, sampling); every run gets `--seconds` of training. One
+training problems drawn and their order, sampling); every run gets `--seconds` of training, or
+`--steps` training steps (a budget in work, the same on a busy machine; `--seconds` then only caps a
+run, and a line says when it did). One
 warmed-up base model (built once, `inflight.tasks.build_base_model` + `warm_up`, or `--model`) is
 every run's start. TRL runs in its own venv (`scripts/trl_venv.sh`; TRL is not a dependency of the
 package) as `trl_worker.py`, one process with `--trl-threads` torch threads (2: TRL's natural
@@ -51,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from inflight.bench.common import MODEL_SHAPES
+from inflight.bench.rl_bench import positive_int, say_time_capped
 
 SIDES = ("trl", "sync", "fully_async")
 
@@ -82,7 +85,8 @@ WORKLOADS: dict[str, PeersWorkload] = {
     "smollm2": PeersWorkload(
         None, "examples/smollm2's recipe: a real chat model as shipped (--model), LoRA rank 32 / alpha 64 "
         "all-linear, chat prompts asking for a sum, the last number in the response scored (gsm8k_flexible)",
-        5, recipe="examples/smollm2/config.yaml"),
+        # float32 on both sides (TRL's trains in it): the recipe's bf16 null picks bfloat16 on AMX / AVX-512-BF16
+        5, overrides=("trainer.bf16=false",), recipe="examples/smollm2/config.yaml"),
 }
 REPOSITORY = Path(__file__).resolve().parents[2]
 """Where a workload's recipe path is relative to."""
@@ -93,7 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--workload", default="default", choices=sorted(WORKLOADS),
                         help="default (addition), count_up (long-tailed answers), 49m (a larger model) or "
                              "smollm2 (a real chat model given by --model, examples/smollm2's recipe)")
-    parser.add_argument("--seconds", type=float, default=180.0, help="training time per run (default 180)")
+    parser.add_argument("--seconds", type=float, default=180.0,
+                        help="training time per run (default 180); with --steps only a cap, reported when it ends a run")
+    parser.add_argument("--steps", type=positive_int, default=None,
+                        help="training steps per run: a budget in work, the same on a busy machine (default: none, "
+                             "each run trains for --seconds)")
     parser.add_argument("--repeats", type=int, default=3, help="rounds of the sides, alternated (default 3)")
     parser.add_argument("--gains", default="10,25",
                         help="accuracy gains to time, in points over the start (default 10,25)")
@@ -174,15 +182,16 @@ def run_inflight(side: str, common: list[str], model: str, run_dir: Path, pin: b
 
 
 def run_trl_side(common: list[str], model: str, run_dir: Path, seconds: float, python: str,
-                 threads: int, base: str = "default") -> dict[str, Any]:
-    """One TRL run with the settings of the inflight run `common` would make from config `base`; its row."""
+                 threads: int, base: str = "default", steps: int | None = None) -> dict[str, Any]:
+    """One TRL run with the settings of the inflight run `common` would make from config `base`
+    (`steps` training steps, `seconds` a cap; no `steps`: `seconds` of training); its row."""
     from inflight.bench.common import busy_cpu_seconds
     from inflight.bench.rl_bench import bench_config, make_bench_task
     from inflight.bench.trl_side import run_trl, trl_settings
 
     cfg, job = bench_config([*common, f"trainer.policy.model.path={model}", f"job.output_dir={run_dir}"], base)
     task = make_bench_task(cfg, job)
-    settings = trl_settings(cfg, task, model, run_dir, seconds, threads)
+    settings = trl_settings(cfg, task, model, run_dir, seconds, threads, max_steps=steps)
     busy = busy_cpu_seconds()
     summary = run_trl(python, settings, run_dir / "trl.log")
     other = max(0.0, busy_cpu_seconds() - busy - summary["cpu_s"])
@@ -254,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
 
     out = Path(args.output_dir or Path("runs/bench_peers") / args.workload)
     eval_interval = args.eval_interval or workload.eval_interval
-    common = run_overrides(workload.task, args.seconds, eval_interval, [*workload.overrides, *args.overrides])
+    common = run_overrides(workload.task, args.seconds, eval_interval, [*workload.overrides, *args.overrides],
+                           args.steps)
     base = recipe_base(workload, args.model)
     real = [f"trainer.policy.model.path={args.model}"] if workload.recipe else []  # its tokenizer makes the task
     cfg, job = bench_config([*common, f"job.output_dir={out / 'base'}", *real], base)
@@ -273,13 +283,14 @@ def main(argv: list[str] | None = None) -> int:
     for rnd, seed in enumerate(seeds):
         for side in round_order(sides, rnd):
             run_common, run_dir = [*common, f"trainer.seed={seed}"], out / f"{side}-{rnd}"
-            row = (run_trl_side(run_common, model, run_dir, args.seconds, python, args.trl_threads, base)
+            row = (run_trl_side(run_common, model, run_dir, args.seconds, python, args.trl_threads, base, args.steps)
                    if side == "trl" else run_inflight(side, run_common, model, run_dir, args.pin, base))
             results[side].append(row)
             _say_row(say, side, rnd, row)
+            say_time_capped(say, side, rnd, row, args.steps, args.seconds)
     describe = workload.describe + (f"; model {model}" if workload.recipe else "")
     result = {"args": vars(args), "workload": args.workload, "describe": describe, "task": task.name,
-              "model": model, "cpu": _cpu_name(), "seconds": args.seconds, "repeats": args.repeats, "seeds": seeds,
+              "model": model, "cpu": _cpu_name(), "seconds": args.seconds, "steps": args.steps, "repeats": args.repeats, "seeds": seeds,
               "gains": gains, "eval_interval": eval_interval, "eval_problems": len(task.eval_problems()),
               "trl": trl, "not_aligned": list(NOT_ALIGNED), "results": results,
               "summary": summarize(results, gains)}

@@ -1,9 +1,11 @@
 """`inflight bench rl`: fully-async against synchronous GRPO on the same task, model and machine.
 
 Both modes start from the same warmed-up base model and run for the same RL time budget, in
-alternation (`--repeats` rounds), so background load hits both alike. The default task, `count_up`,
-has long-tailed answer lengths (most a few tokens, a few ~60), the stragglers a synchronous step
-waits for; `--task addition` runs the short-answer task. The trainer (this process) and the engine
+alternation (`--repeats` rounds), so background load hits both alike; or, with `--steps`, for the
+same number of RL steps (a budget in work, the same on a busy machine), `--seconds` then only a cap
+that a line reports when it ends a run early. The default task, `count_up`, has long-tailed answer
+lengths (most a few tokens, a few ~60), the stragglers a synchronous step waits for; `--task
+addition` runs the short-answer task. The trainer (this process) and the engine
 (its child process) are pinned to different cores (`--no-pin` leaves placement to the OS).
 Reported per mode: steps/s, samples/s, held-out greedy accuracy after, the time to first reach
 `--target` held-out accuracy (evaluated every `--eval-interval` steps), the generated length
@@ -48,7 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="built-in task (default count_up: long-tailed answer lengths)")
     parser.add_argument("--model", default=None,
                         help="a warmed-up model dir for the task (default: build + warm up)")
-    parser.add_argument("--seconds", type=float, default=60.0, help="RL time per run (default 60)")
+    parser.add_argument("--seconds", type=float, default=60.0,
+                        help="RL time per run (default 60); with --steps only a cap, reported when it ends a run")
+    parser.add_argument("--steps", type=positive_int, default=None,
+                        help="RL steps per run: a budget in work, the same on a busy machine (default: none, "
+                             "each run trains for --seconds)")
     parser.add_argument("--repeats", type=int, default=1, help="rounds of (async, sync) runs (default 1)")
     parser.add_argument("--target", type=float, default=None,
                         help="held-out accuracy to time (default per task)")
@@ -62,6 +68,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("overrides", nargs="*",
                         help="config overrides for both modes (job.*, trainer.*, ...)")
     return parser
+
+
+def positive_int(text: str) -> int:
+    """argparse type of a step budget: an int >= 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text}: give a number of steps >= 1")
+    return value
 
 
 def _time_to(records: list[dict[str, Any]], target: float) -> float | None:
@@ -306,7 +320,15 @@ def run_mode(common: list[str], model: str, enabled: bool, run_dir: Path, target
             "samples_per_s": summary["samples_per_s"], "before": summary["before"], "after": summary["after"],
             "time_to_target_s": _time_to(everything, target),
             "response_length_tokens": percentiles(lengths), "eval_problems": len(task.eval_problems()),
-            "load_before": load, "cores": cores.describe(), "core_independence": independence, **meter.result}
+            "load_before": load, "cores": cores.describe(), "core_independence": independence,
+            "steps": summary["steps"], "time_capped": summary["time_capped"], **meter.result}
+
+
+def say_time_capped(say, side: str, rnd: int, row: dict[str, Any], steps: int | None, seconds: float) -> None:
+    """With a budget of `steps`, a line for a run that `seconds` (the cap) ended before them."""
+    if steps is not None and row["steps"] < steps and row.get("time_capped", True):
+        say(f"{side:>11} round {rnd}: stopped by the --seconds cap ({seconds:g} s) after {row['steps']} of "
+            f"{steps} steps (a slow or busy machine): raise --seconds for the whole budget")
 
 
 def phase_seconds(records: list[dict[str, Any]]) -> dict[str, float]:
@@ -415,16 +437,18 @@ def bench_config(overrides: list[str], base: str = "default"):
         return resolve_config(config.name, overrides)
 
 
-def run_overrides(task: str | None, seconds: float, eval_interval: int, overrides: list[str]) -> list[str]:
+def run_overrides(task: str | None, seconds: float, eval_interval: int, overrides: list[str],
+                  steps: int | None = None) -> list[str]:
     """The overrides of every run of a bench on the built-in `task` (None: the data files its
     config names; `overrides`: the user's, after the task's): `seconds` of RL each, evaluated every
-    `eval_interval` steps, quiet (no progress bar, plot or log lines), not capped in steps."""
+    `eval_interval` steps, quiet (no progress bar, plot or log lines); `steps` RL steps each
+    (None: not capped in steps), `seconds` then only a cap."""
     from inflight.train.defaults import task_overrides
 
     # the warm-up stops at its target accuracy, not at a time cap, so a busy machine still gives
     # every run a comparable starting model
     return [*(task_overrides(task) if task else []), "job.warmup_max_seconds=900", *overrides, "job.progress=false",
-            "job.max_steps=null", "job.plot=false", "job.log_interval=1000000",
+            f"trainer.max_training_steps={steps or 'null'}", "job.plot=false", "job.log_interval=1000000",
             f"job.max_train_seconds={seconds}", f"job.eval_interval={eval_interval}"]
 
 
@@ -441,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
 
     out = Path(args.output_dir)
     target = args.target if args.target is not None else DEFAULT_TARGETS[args.task]
-    common = run_overrides(args.task, args.seconds, args.eval_interval, args.overrides)
+    common = run_overrides(args.task, args.seconds, args.eval_interval, args.overrides, args.steps)
     cfg, job = bench_config([*common, f"job.output_dir={out / 'base'}"])
     task = make_bench_task(cfg, job)
     lengths = answer_length_stats(task)
@@ -453,13 +477,15 @@ def main(argv: list[str] | None = None) -> int:
             row = run_mode(common, model, enabled, out / f"{mode}-{rnd}", target, args.pin, args.placement)
             results[mode].append(row)
             _say_row(say, mode, rnd, row, target)
+            say_time_capped(say, mode, rnd, row, args.steps, args.seconds)
     mean, ratio = summarize(results)
     bound = overlap_bound(results["sync"])
     in_run_order = [r for pair in zip(results["fully_async"], results["sync"], strict=True) for r in pair]
     _say_independence(say, in_run_order)
     gap = accuracy_gap(results)
+    budget = f"{args.steps} steps" if args.steps else f"{args.seconds:.0f} s"
     say(f"fully-async / sync throughput: {ratio:.2f}x (samples/s "
-        f"{mean['fully_async']['samples_per_s']:.0f} vs {mean['sync']['samples_per_s']:.0f}); accuracy after {args.seconds:.0f} s: "
+        f"{mean['fully_async']['samples_per_s']:.0f} vs {mean['sync']['samples_per_s']:.0f}); accuracy after {budget}: "
         f"{mean['fully_async']['after']:.1%} vs {mean['sync']['after']:.1%}")
     say(f"overlap bound measured in this run (synchronous steps: generate {mean['sync']['generate_s'] * 1e3:.0f} ms, "
         f"train + sync {mean['sync']['train_s'] * 1e3:.0f} ms): {bound:.2f}x; fully async reached "

@@ -83,10 +83,17 @@ def recipe(tmp_path_factory):
                    "job.tensorboard=false"]
 
 
+def recipe_config(model: Path, data: list[str], *extra: str):
+    """(cfg, job) of a bench run of the recipe on `model`, as `bench peers --workload smollm2` makes it."""
+    workload = WORKLOADS["smollm2"]
+    common = run_overrides(None, 5, 2, [*workload.overrides, *data, *extra])
+    return bench_config([*common, f"trainer.policy.model.path={model}"], recipe_base(workload, model))
+
+
 def test_trl_settings_of_the_recipe(recipe, tmp_path):
     model, data = recipe
-    common = run_overrides(None, 5, 2, data)
-    cfg, job = bench_config([*common, f"trainer.policy.model.path={model}"], recipe_base(WORKLOADS["smollm2"], model))
+    cfg, job = recipe_config(model, data)
+    assert cfg.trainer.bf16 is False and cfg.trainer.max_training_steps is None  # float32; the bench's budget
     task = make_bench_task(cfg, job)
     settings = trl_settings(cfg, task, model, tmp_path, 5.0, 2)
     assert settings["reward"] == "gsm8k_flexible" and settings["lora"] == lora_kwargs(cfg)
@@ -104,24 +111,32 @@ def test_trl_settings_of_the_recipe(recipe, tmp_path):
         assert tokenizer.decode(ids).endswith("<|im_start|>assistant\n")
 
 
+def test_the_runs_are_not_capped_by_their_configs_step_count():
+    """The demo job's max_training_steps (2000) and the recipe's (60) would end a timed run early:
+    the bench lifts them (job.max_steps=null, the alias, was read as not given)."""
+    cfg, _ = bench_config(run_overrides("addition", 5, 2, []))
+    assert cfg.trainer.max_training_steps is None
+    cfg, _ = bench_config(run_overrides(None, 5, 2, []), str(REPOSITORY / RECIPE))
+    assert cfg.trainer.max_training_steps is None
+
+
 @pytest.mark.parametrize("override, key", [
     ("trainer.bf16=true", "trainer.bf16"),
+    ("trainer.bf16=null", "trainer.bf16"),  # the recipe's own: bfloat16 on AMX / AVX-512-BF16 CPUs
     ("generator.eval_sampling_params.temperature=0.7", "generator.eval_sampling_params.temperature"),
     ("generator.eval_n_samples_per_prompt=4", "generator.eval_n_samples_per_prompt"),
     ("generator.inference_engine.model_dtype=bfloat16", "generator.inference_engine.model_dtype"),
 ])
 def test_settings_trl_cannot_match_are_refused(recipe, tmp_path, override, key):
     model, data = recipe
-    cfg, job = bench_config([*run_overrides(None, 5, 2, [*data, override]), f"trainer.policy.model.path={model}"],
-                            recipe_base(WORKLOADS["smollm2"], model))
+    cfg, job = recipe_config(model, data, override)
     with pytest.raises(ValueError, match=key):
         trl_settings(cfg, make_bench_task(cfg, job), model, tmp_path, 5.0, 2)
 
 
 def test_rows_scored_by_a_reward_the_worker_lacks_are_refused(recipe, tmp_path):
     model, data = recipe
-    cfg, job = bench_config([*run_overrides(None, 5, 2, [*data, "environment.env_class=exact"]),
-                             f"trainer.policy.model.path={model}"], recipe_base(WORKLOADS["smollm2"], model))
+    cfg, job = recipe_config(model, data, "environment.env_class=exact")
     task = make_bench_task(cfg, job)
     for p in [*task.train_problems(), *task.eval_problems()]:
         p.meta.pop("env_class")  # the rows name none: environment.env_class scores them
