@@ -88,11 +88,12 @@ def on_path(site: Path) -> Iterator[None]:
     the way in and out so that its answer is the one for the path in force."""
     from transformers.utils import import_utils
 
+    forget = getattr(import_utils.is_gguf_available, "cache_clear", lambda: None)
     sys.path.insert(0, str(site))
     importlib.invalidate_caches()
-    import_utils.is_gguf_available.cache_clear()
+    forget()
     try:
         yield
     finally:
         sys.path.remove(str(site))
-        import_utils.is_gguf_available.cache_clear()
+        forget()

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from inflight.cli import main as cli_main
-from inflight.models_hub import ModelError
+from inflight.models_hub import ModelError, get_model
 from inflight.models_hub.cache import packages_dir
 from inflight.models_hub.check import RTOL, check_float32, check_rounded
 from inflight.models_hub.packages import STAMP
@@ -126,3 +126,11 @@ def test_a_bfloat16_tensor_one_step_off_is_caught(smollm2, smollm2_reference, tm
     _copy_with(smollm2["bfloat16"], bad, nudge)
     with pytest.raises(ModelError, match=f"{name} is not the float32 weight rounded to bfloat16; delete {bad}"):
         check_rounded(MODEL, bad, smollm2_reference, "bfloat16")
+
+
+def test_an_unknown_model_or_dtype_names_the_choices(tmp_path):
+    with pytest.raises(ModelError, match="unknown model 'smollm2'; known: smollm2-135m-instruct"):
+        get_model("smollm2", cache=tmp_path)
+    with pytest.raises(ModelError, match="unknown dtype 'float16'; choose from float32, bfloat16"):
+        get_model(NAME, dtype="float16", cache=tmp_path)
+    assert not any(tmp_path.iterdir())  # refused before anything was installed
