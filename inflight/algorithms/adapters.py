@@ -1,5 +1,5 @@
-"""The built-in estimators and losses under SkyRL's names, with SkyRL 0.3.0's calling conventions
-(`registry.py`), registered on import.
+"""The built-in estimators and losses under SkyRL's names, with SkyRL 0.3.0's calling conventions;
+`registry.py` registers them (by path, with what each loss needs).
 
 A policy loss here reads `config` (`trainer.algorithm`: `eps_clip_low/high`, `clip_ratio_c`, `cispo.*`,
 `sapo.*`, `dppo.*`, `clip_cov.*`, `kl_cov.*`, `off_policy_correction.*`), computes the per-token loss,
@@ -19,26 +19,13 @@ from inflight.algorithms import advantages as adv
 from inflight.algorithms import cov_losses, policy_losses
 from inflight.algorithms.masked import reduce_loss
 from inflight.algorithms.off_policy import OffPolicyCorrection, apply_off_policy_correction
-from inflight.algorithms.registry import (
-    get_advantage_estimator,
-    register_advantage_estimator,
-    register_policy_loss,
-)
+from inflight.algorithms.registry import get_advantage_estimator, policy_loss_traits
 
 LossOut = tuple[torch.Tensor, dict[str, Any]]
-
-# Losses that read no old log-probs (the trainer may skip that forward when nothing else needs them:
-# rollout log-probs present, no KL in the reward, no off-policy correction), as in SkyRL.
-LOSSES_WITHOUT_OLD_LOGPROBS = frozenset({"rollout_is", "dppo"})
-# Losses SkyRL computes without the off-policy correction; configuring one with it is refused here.
-LOSSES_WITHOUT_OFF_POLICY_CORRECTION = frozenset(
-    {"clip_cov", "kl_cov", "cross_entropy", "importance_sampling"}
-)
 
 
 # ---- advantage estimators: fn(*, token_level_rewards, response_mask, index, values, gamma, lambd,
 # grpo_norm_by_std, config, **kwargs) ---------------------------------------------------------------
-@register_advantage_estimator("grpo")
 def grpo(
     *,
     token_level_rewards: torch.Tensor,
@@ -54,7 +41,6 @@ def grpo(
     )
 
 
-@register_advantage_estimator("rloo")
 def rloo(
     *, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Sequence[Hashable], **_: Any
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,7 +48,6 @@ def rloo(
     return adv.rloo_advantages(token_level_rewards, response_mask, index)
 
 
-@register_advantage_estimator("maxrl")
 def maxrl(
     *,
     token_level_rewards: torch.Tensor,
@@ -75,7 +60,6 @@ def maxrl(
     return adv.maxrl_advantages(token_level_rewards, response_mask, index, epsilon=epsilon)
 
 
-@register_advantage_estimator("reinforce++")
 def reinforce_plus_plus(
     *, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float = 1.0, **_: Any
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -83,7 +67,6 @@ def reinforce_plus_plus(
     return adv.reinforce_plus_plus_advantages(token_level_rewards, response_mask, gamma=gamma)
 
 
-@register_advantage_estimator("gae")
 def gae(
     *,
     token_level_rewards: torch.Tensor,
@@ -97,7 +80,6 @@ def gae(
     return adv.gae_advantages(token_level_rewards, values, response_mask, gamma=gamma, lambd=lambd)
 
 
-@register_advantage_estimator("no_op")
 def no_op(*, token_level_rewards: torch.Tensor, **_: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """The token rewards as advantages and returns (what SkyRL's on-policy distillation example
     registers as `no_op`: its rewards are already per-token advantages)."""
@@ -148,7 +130,7 @@ def _finish(
 ) -> LossOut:
     loss, metrics = out
     correction = OffPolicyCorrection.from_config(config.off_policy_correction)
-    if name in LOSSES_WITHOUT_OFF_POLICY_CORRECTION:
+    if not policy_loss_traits(name).applies_off_policy_correction:
         if correction.enabled:
             raise ValueError(
                 f"policy_loss_type={name} does not apply trainer.algorithm.off_policy_correction (SkyRL "
@@ -174,8 +156,9 @@ Compute = Callable[
 
 
 def _policy_loss(name: str) -> Callable[[Compute], Callable[..., LossOut]]:
-    """Register `compute(log_probs, old_log_probs, advantages, mask, rollout_logprobs, config)` as the
-    policy loss `name` with SkyRL's call (the mask defaulted, the off-policy correction applied)."""
+    """`compute(log_probs, old_log_probs, advantages, mask, rollout_logprobs, config)` as the policy
+    loss `name` with SkyRL's call (the mask defaulted, the off-policy correction applied unless the
+    loss's registered traits say it applies none)."""
 
     def register(compute: Compute) -> Callable[..., LossOut]:
         def loss(
@@ -192,7 +175,7 @@ def _policy_loss(name: str) -> Callable[[Compute], Callable[..., LossOut]]:
 
         loss.__name__ = loss.__qualname__ = name
         loss.__doc__ = compute.__doc__
-        return register_policy_loss(name)(loss)
+        return loss
 
     return register
 

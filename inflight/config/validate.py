@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
+from inflight.algorithms.registry import policy_loss_traits  # what each loss registered; no torch
 from inflight.config.errors import ConfigError, Violation
 from inflight.config.keys import get_key, is_instance, schema_keys, type_name
 from inflight.config.schema import (
@@ -329,7 +330,6 @@ for _key in (_ALG + "advantage_estimator", _ALG + "policy_loss_type"):
     _registry_name_rule(_key)  # a plain name may be registered by the user's code: a run checks it
 
 
-_NO_CORRECTION = ("clip_cov", "kl_cov", "cross_entropy", "importance_sampling")
 _OPC_KEYS = tuple(_OPC + k for k in ("tis_ratio_type", "sequence_mask_metric", "outlier_token_is_threshold_low",
                                      "outlier_token_is_threshold_high", "token_mask_is_threshold_low"))
 
@@ -339,7 +339,7 @@ def _loss_without_correction(cfg: Config) -> Iterator[Violation]:
     alg = cfg.trainer.algorithm
     opc = alg.off_policy_correction
     on = [k for k in _OPC_KEYS if get_key(cfg, k) is not None] + ([_ALG + "use_tis"] if alg.use_tis else [])
-    if alg.policy_loss_type in _NO_CORRECTION and on:
+    if on and not policy_loss_traits(alg.policy_loss_type).applies_off_policy_correction:
         yield Violation(_ALG + "policy_loss_type", alg.policy_loss_type, f"does not apply the off-policy correction "
                         f"(SkyRL computes it without), which {', '.join(on)} turns on",
                         f"set {_OPC}tis_ratio_type=null (and the other correction keys to null), or pick another loss")

@@ -31,13 +31,14 @@ from typing import Any
 import torch
 
 from inflight.algorithms import (
-    LOSSES_WITHOUT_OLD_LOGPROBS,
     OffPolicyCorrection,
+    PolicyLossTraits,
     approx_kl,
     get_advantage_estimator,
     get_policy_loss,
     make_kl_controller,
     masked_mean,
+    policy_loss_traits,
 )
 from inflight.algorithms.kl import kl_estimator_name
 from inflight.config import Config
@@ -103,15 +104,17 @@ def uses_reference(cfg: Config) -> bool:
 @dataclass
 class Objective:
     """`trainer.algorithm` resolved for one run: the callables its names select (looked up when the
-    step is built, so names a user registered before count) and the settings the step reads.
-    `config` is what the estimator and the loss receive: the `trainer.algorithm` section with the
-    effective off-policy correction and temperature (SkyRL's attribute names)."""
+    step is built, so names a user registered before count), what the loss declared when it was
+    registered (`traits`) and the settings the step reads. `config` is what the estimator and the
+    loss receive: the `trainer.algorithm` section with the effective off-policy correction and
+    temperature (SkyRL's attribute names)."""
 
     config: Any
     estimator: Callable[..., Any]
     policy_loss: Callable[..., Any]
     correction: OffPolicyCorrection
     kl_controller: Any = None
+    traits: PolicyLossTraits = dataclasses.field(default_factory=PolicyLossTraits)
 
     @classmethod
     def from_config(cls, cfg: Config) -> Objective:
@@ -125,7 +128,7 @@ class Objective:
             ctrl = alg.kl_ctrl
             controller = make_kl_controller(ctrl.type, alg.kl_loss_coef, ctrl.kl_target, ctrl.horizon)
         return cls(config, get_advantage_estimator(alg.advantage_estimator), get_policy_loss(alg.policy_loss_type),
-                   correction, controller)
+                   correction, controller, policy_loss_traits(alg.policy_loss_type))
 
     @property
     def loss_name(self) -> str:
@@ -133,11 +136,11 @@ class Objective:
 
     @property
     def needs_old_logprobs(self) -> bool:
-        """Whether anything reads the old log-probabilities: not for the losses that read the rollout's
-        instead (SkyRL's `LOSSES_WITHOUT_OLD_LOGPROBS`) when no KL in the reward, no distillation and
-        no off-policy correction needs them either."""
+        """Whether anything reads the old log-probabilities: not for the losses registered without
+        `needs_old_logprobs` (they read the rollout's, SkyRL's `LOSSES_WITHOUT_OLD_LOGPROBS`) when no
+        KL in the reward, no distillation and no off-policy correction needs them either."""
         alg = self.config
-        return not (self.loss_name in LOSSES_WITHOUT_OLD_LOGPROBS and not alg.use_kl_in_reward
+        return not (not self.traits.needs_old_logprobs and not alg.use_kl_in_reward
                     and not alg.on_policy_distillation and not self.correction.enabled)
 
     @property
@@ -162,7 +165,7 @@ def rl_loss(objective: Objective) -> Callable[..., torch.Tensor]:
     the mini-batch's `kl` (row mean) and `policy_entropy` (SkyRL's mean over its micro-batches).
     `.wants_entropy`: whether the worker must pass the per-token entropy (`use_entropy_loss`)."""
     alg = objective.config
-    supervised = objective.loss_name == "cross_entropy"  # SkyRL adds no KL or entropy term to it
+    supervised = objective.traits.supervised  # SkyRL adds no KL or entropy term to it
 
     def loss_fn(logprobs: torch.Tensor, batch: RLBatch, entropy: torch.Tensor | None = None) -> torch.Tensor:
         mask = batch.loss_mask

@@ -3,6 +3,9 @@ SkyRL's own functions working under our registry (same calling conventions), cle
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from algorithm_batches import TOL, make_batch
@@ -10,9 +13,11 @@ from algorithm_batches import TOL, make_batch
 from inflight.algorithms import (
     ADVANTAGE_ESTIMATORS,
     POLICY_LOSSES,
+    PolicyLossTraits,
     compute_advantages_and_returns,
     get_advantage_estimator,
     get_policy_loss,
+    policy_loss_traits,
     register_advantage_estimator,
     register_policy_loss,
 )
@@ -134,3 +139,61 @@ def test_bad_registrations():
         register_advantage_estimator("", half_reward)
     with pytest.raises(KeyError, match="no policy loss named 'nothing'"):
         POLICY_LOSSES.unregister("nothing")
+
+
+def _reacts_to_the_correction(skyrl, name: str) -> bool:
+    """Whether SkyRL's own `name` gives another loss when token TIS is configured (clip_cov's draw
+    seeded alike)."""
+    b = make_batch(4, drift=0.5)
+    fn, c = skyrl.ppo.PolicyLossRegistry.get(name), skyrl.config
+    losses = []
+    for correction in ({}, {"tis_ratio_type": "token", "token_tis_ratio_clip_high": 1.1}):
+        cfg = c.AlgorithmConfig(policy_loss_type=name, off_policy_correction=c.OffPolicyCorrectionConfig(**correction))
+        torch.manual_seed(0)
+        losses.append(fn(b.log_probs, b.old_log_probs, b.advantages, cfg, loss_mask=b.mask,
+                         rollout_logprobs=b.rollout_logprobs)[0])
+    return not torch.equal(losses[0], losses[1])
+
+
+def test_what_each_built_in_loss_declares_is_what_skyrl_does(skyrl):
+    """needs_old_logprobs: SkyRL's LOSSES_WITHOUT_OLD_LOGPROBS; applies_off_policy_correction: SkyRL's
+    function reacts to a configured correction; supervised: SkyRL's worker's SFT path (cross_entropy)."""
+    names = skyrl.ppo.PolicyLossRegistry.list_available()
+    without_old = {str(getattr(n, "value", n)) for n in skyrl.ppo.LOSSES_WITHOUT_OLD_LOGPROBS}
+    assert {n for n in names if not policy_loss_traits(n).needs_old_logprobs} == without_old
+    for name in names:
+        assert policy_loss_traits(name).applies_off_policy_correction == _reacts_to_the_correction(skyrl, name), name
+    assert [n for n in names if policy_loss_traits(n).supervised] == ["cross_entropy"]
+
+
+def test_a_loss_registers_its_traits_with_itself(cleanup):
+    cleanup.append((POLICY_LOSSES, "plain_pg"))
+    register_policy_loss("plain_pg", plain_pg, needs_old_logprobs=False, supervised=True)
+    assert policy_loss_traits("plain_pg") == PolicyLossTraits(needs_old_logprobs=False, supervised=True)
+    assert policy_loss_traits("test_algorithm_registry:plain_pg") == PolicyLossTraits()  # a path: defaults
+    with pytest.raises(TypeError, match="unknown trait.*needs_old_logprob.*declares"):
+        POLICY_LOSSES.register("plain_pg", plain_pg, override=True, needs_old_logprob=False)
+    with pytest.raises(TypeError, match="declares nothing"):
+        ADVANTAGE_ESTIMATORS.register("half", half_reward, supervised=True)
+    POLICY_LOSSES.unregister("plain_pg")
+    assert policy_loss_traits("plain_pg") == PolicyLossTraits()
+
+
+def test_a_loss_registered_by_path_is_imported_at_its_first_lookup(cleanup):
+    cleanup.append((POLICY_LOSSES, "by_path"))
+    register_policy_loss("by_path", "test_algorithm_registry:plain_pg", applies_off_policy_correction=False)
+    assert not policy_loss_traits("by_path").applies_off_policy_correction
+    assert get_policy_loss("by_path") is plain_pg
+    register_policy_loss("by_path", "test_algorithm_registry:plain_pg", applies_off_policy_correction=False)
+    with pytest.raises(TypeError, match="callable or 'package.module:name'"):
+        register_policy_loss("by_path", "not a path")
+
+
+def test_the_registry_and_its_traits_load_without_torch():
+    """Validating a config reads the registry: it must not import torch (seconds)."""
+    code = ("import sys\nfrom inflight.algorithms import POLICY_LOSSES, policy_loss_traits\n"
+            "assert not policy_loss_traits('kl_cov').applies_off_policy_correction\n"
+            "assert 'cispo' in POLICY_LOSSES.names()\nprint('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"

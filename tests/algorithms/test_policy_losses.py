@@ -11,10 +11,10 @@ import torch
 from algorithm_batches import TOL, assert_metrics_close, make_batch
 
 from inflight.algorithms import (
-    LOSSES_WITHOUT_OFF_POLICY_CORRECTION,
     cov_losses,
     get_policy_loss,
     groups,
+    policy_loss_traits,
     policy_losses,
     scale_advantages,
 )
@@ -33,7 +33,8 @@ LOSSES = (
     "cross_entropy",
     "importance_sampling",
 )
-WITH_CORRECTION = tuple(name for name in LOSSES if name not in LOSSES_WITHOUT_OFF_POLICY_CORRECTION)
+WITH_CORRECTION = tuple(name for name in LOSSES if policy_loss_traits(name).applies_off_policy_correction)
+WITHOUT_CORRECTION = tuple(name for name in LOSSES if name not in WITH_CORRECTION)
 SIZES = (1, 3, 4, 2, 6)
 CISPO_EXTRA = ("cispo/ratio_mean", "cispo/ratio_clamped_mean", "cispo/ratio_max", "cispo/ratio_min")
 CORRECTIONS = {
@@ -213,7 +214,7 @@ def test_losses_without_old_logprobs(skyrl, name):
         run(get_policy_loss(name), b, skyrl_config(skyrl, name, **CORRECTIONS["token_tis"]), b.advantages)
 
 
-@pytest.mark.parametrize("name", sorted(LOSSES_WITHOUT_OFF_POLICY_CORRECTION))
+@pytest.mark.parametrize("name", WITHOUT_CORRECTION)
 def test_losses_without_correction_refuse_one(skyrl, name):
     b = make_batch(0, SIZES)
     with pytest.raises(ValueError, match="does not apply trainer.algorithm.off_policy_correction"):

@@ -10,7 +10,12 @@ import pytest
 import torch
 from oracle_import import import_oracle
 
-from inflight.algorithms import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, register_advantage_estimator
+from inflight.algorithms import (
+    ADVANTAGE_ESTIMATORS,
+    POLICY_LOSSES,
+    register_advantage_estimator,
+    register_policy_loss,
+)
 from inflight.config import ConfigError, load_config
 from inflight.config.implemented import require_implemented, unimplemented
 from inflight.rollout.trajectory import Trajectory
@@ -140,3 +145,25 @@ def test_the_loss_sees_the_batch_s_row_order_whatever_the_micro_batch_s(name):
     unordered, _ = objective.policy_loss(log_probs[part], old[part], micro.advantages, objective.config,
                                          loss_mask=micro.loss_mask)
     assert abs(float(unordered - sky.detach())) > 1e-3 * abs(float(sky.detach()))
+
+
+def test_a_registered_loss_s_traits_drive_validation_and_the_step():
+    """What a loss declares when it is registered decides: a correction configured with a loss that
+    applies none is refused when the config is validated; a loss that reads no old log-probabilities
+    skips that forward; a supervised one gets no entropy (nor KL) term."""
+    def plain_pg(log_probs, old_log_probs, advantages, config, loss_mask=None, rollout_logprobs=None):
+        return (-(advantages * log_probs) * loss_mask).sum(), {}
+
+    loss, tis = ALG + "policy_loss_type=plain_pg", ALG + "off_policy_correction.tis_ratio_type="
+    register_policy_loss("plain_pg", plain_pg, applies_off_policy_correction=False, needs_old_logprobs=False,
+                         supervised=True)
+    try:
+        with pytest.raises(ConfigError, match="plain_pg.*does not apply the off-policy correction"):
+            _cfg(loss, tis + "token")
+        objective = Objective.from_config(_cfg(loss, tis + "null", ALG + "use_entropy_loss=true"))
+        assert not objective.needs_old_logprobs and not rl_loss(objective).wants_entropy
+        POLICY_LOSSES.register("plain_pg", plain_pg, override=True)  # the defaults: none of that
+        objective = Objective.from_config(_cfg(loss, tis + "token", ALG + "use_entropy_loss=true"))
+        assert objective.needs_old_logprobs and rl_loss(objective).wants_entropy
+    finally:
+        POLICY_LOSSES.unregister("plain_pg")
