@@ -94,7 +94,7 @@ def table(result: dict[str, Any]) -> str:
         *[(f"time to +{key} points (s)",
            lambda s, key=key: _runs(summary[s]["time_to_gain"][key]) + _faster(summary[s], key))
           for key in map(gain_key, result["gains"])],
-        (f"accuracy after {result['seconds']:g} s",
+        (f"accuracy after {budget(result)}",
          lambda s: _runs([r["after"] * 100 for r in result["results"][s]], "{:.1f}") + _gap(summary[s])),
         ("accuracy before", lambda s: _runs([b * 100 for b in summary[s]["before"]], "{:.1f}")),
         ("held-out evaluation (s each, inside the clock)",
@@ -105,7 +105,7 @@ def table(result: dict[str, Any]) -> str:
     lines = [f"| {result['workload']} | " + " | ".join(SIDE_NAMES[s] for s in sides) + " |",
              "| --- |" + " --- |" * len(sides)]
     lines += [f"| {name} | " + " | ".join(cell(s) for s in sides) + " |" for name, cell in rows]
-    head = (f"{result['cpu']}; workload {result['workload']} ({result['describe']}); {result['seconds']:g} s of "
+    head = (f"{result['cpu']}; workload {result['workload']} ({result['describe']}); {budget(result)} of "
             f"training per run, {result['repeats']} rounds alternated (seeds {', '.join(map(str, result['seeds']))}); "
             f"held-out evaluations every {result['eval_interval']} steps inside each side's clock "
             f"({result['eval_problems']} problems, greedy: one evaluation's standard error is about "
@@ -116,6 +116,13 @@ def table(result: dict[str, Any]) -> str:
                  "two OpenMP threads slow down most when a core is taken)")
     notes = "\n".join(f"- {n}" for n in result["not_aligned"])
     return f"{head}\n\n" + "\n".join(lines) + f"\n\nNot aligned:\n{notes}\n"
+
+
+def budget(result: dict[str, Any]) -> str:
+    """Each run's budget: `--steps` steps (`--seconds` the cap), else `--seconds`."""
+    if result.get("steps"):
+        return f"{result['steps']} steps (at most {result['seconds']:g} s)"
+    return f"{result['seconds']:g} s"
 
 
 def _ratio(side: dict[str, Any], key: str) -> str:

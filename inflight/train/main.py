@@ -263,7 +263,11 @@ async def run_job(cfg: Config, job: JobConfig, task, say, start: Starter | None 
         summary.update(before=before and before["accuracy"], after=after and after["accuracy"],
                        eval={"before": before and before["datasets"], "after": after and after["datasets"]},
                        eval_label=eval_label(cfg), steps=trainer.global_step, train_seconds=train_s,
-                       samples=samples, samples_per_s=samples / max(train_s, 1e-9))
+                       samples=samples, samples_per_s=samples / max(train_s, 1e-9), time_capped=trainer.time_capped)
+        if trainer.time_capped:
+            say(f"RL stopped by its time cap, job.max_train_seconds={job.max_train_seconds:g}, after step "
+                f"{trainer.global_step} of {trainer.training_steps}: the result depends on this machine's speed "
+                "and load; raise the cap (or set it to null) to run every step")
     finally:
         await trainer.close()
     out = Path(job.output_dir)

@@ -84,6 +84,7 @@ class RLTrainer:
         # a periodic evaluation running beside the next training step: (step, its time, the task)
         self._evaluation: tuple[int, float, asyncio.Task[dict[str, Any]]] | None = None
         self.logged_evaluation: int | None = None  # the step of the last evaluation the loop logged
+        self.time_capped = False  # training ended at job.max_train_seconds, before its steps were done
         self.agents: AgentRun | None = None  # generator.agent.path: the agent endpoint and agent
 
     # ---- set-up -------------------------------------------------------------------------------
@@ -189,7 +190,10 @@ class RLTrainer:
         job = self.job
         if self.global_step >= self.training_steps:
             return True
-        return job.max_train_seconds is not None and time.perf_counter() - self._started >= job.max_train_seconds
+        if job.max_train_seconds is not None and time.perf_counter() - self._started >= job.max_train_seconds:
+            self.time_capped = True
+            return True
+        return False
 
     def _record_consumed(self, step: int, prompt_ids: list[str], kind: str = "trained") -> None:
         self._consumed_file.write(json.dumps({"step": step, kind: prompt_ids}) + "\n")

@@ -18,11 +18,15 @@ from inflight.bench.rl_bench import (
     _say_accuracy,
     _time_to,
     accuracy_gap,
+    bench_config,
+    build_parser,
     children_of,
     main,
     overlap_bound,
     phase_seconds,
     record_response_lengths,
+    run_overrides,
+    say_time_capped,
     summarize,
     training_threads,
 )
@@ -161,6 +165,27 @@ def test_response_lengths_recorded_for_training_problems_only():
     assert lengths[-1] == task.max_new_tokens
 
 
+def test_a_run_the_time_cap_ended_is_reported_with_steps_only():
+    said = []
+    row = {"steps": 3, "time_capped": True}
+    say_time_capped(said.append, "sync", 0, row, 5, 30.0)
+    assert said == ["       sync round 0: stopped by the --seconds cap (30 s) after 3 of 5 steps (a slow or busy "
+                    "machine): raise --seconds for the whole budget"]
+    say_time_capped(said.append, "sync", 0, row, None, 30.0)  # --seconds is the budget: nothing to report
+    say_time_capped(said.append, "sync", 0, {"steps": 5, "time_capped": False}, 5, 30.0)
+    say_time_capped(said.append, "sync", 0, {"steps": 3, "time_capped": False}, 5, 30.0)  # the data ran out
+    assert len(said) == 1
+
+
+def test_step_budget_sets_the_training_steps_and_keeps_time_a_cap():
+    cfg, job = bench_config(run_overrides("addition", 45.0, 10, [], steps=7))
+    assert cfg.trainer.max_training_steps == 7 and job.max_train_seconds == 45.0
+    cfg, job = bench_config(run_overrides("addition", 45.0, 10, []))
+    assert cfg.trainer.max_training_steps is None and job.max_train_seconds == 45.0
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--steps", "0"])
+
+
 def test_bench_rl_smoke_on_count_up(tmp_path):
     task = CountUpTask(num_train=1)
     model = build_base_model(
@@ -178,8 +203,10 @@ def test_bench_rl_smoke_on_count_up(tmp_path):
             [
                 "--model",
                 str(model),
+                "--steps",
+                "2",
                 "--seconds",
-                "1",
+                "600",  # a cap only: the budget is the 2 steps, whatever the machine's load
                 "--eval-interval",
                 "1000",
                 "--output-dir",
@@ -197,6 +224,7 @@ def test_bench_rl_smoke_on_count_up(tmp_path):
     assert lengths["p50"] < lengths["p90"] <= lengths["p99"] <= lengths["max"] <= task.max_new_tokens
     for mode in ("fully_async", "sync"):
         (row,) = result["results"][mode]
+        assert row["steps"] == 2 and not row["time_capped"]
         assert row["samples_per_s"] > 0 and "other_cpu_share" in row
         generated = row["response_length_tokens"]
         assert 1 <= generated["p50"] <= generated["max"] <= task.max_new_tokens
