@@ -24,6 +24,7 @@ LOCAL_CPU: tuple[str, ...] = (
     "generator.n_samples_per_prompt=4",
     "trainer.bf16=false",
     "trainer.gradient_checkpointing=false",
+    "trainer.shared_prefix_forward=false",  # rows as they are: the tests of packing set it
     "trainer.policy.megatron_config.transformer_config_kwargs={}",  # SkyRL's recompute needs CUDA
     "trainer.algorithm.use_kl_loss=false",
     "trainer.algorithm.zero_variance_filter=true",

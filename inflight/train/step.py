@@ -72,7 +72,7 @@ class StepOptions:
     """trainer.max_tokens_per_microbatch (None: no cap, the key's -1)."""
     micro_batch_pass_tokens: float = 64.0
     """trainer.micro_batch_pass_tokens (`math.inf`: the fewest passes the caps allow)."""
-    shared_prefix_forward: bool = False
+    shared_prefix_forward: bool = True
     """trainer.shared_prefix_forward: micro-batches of whole groups, each packed by the worker."""
 
     @classmethod

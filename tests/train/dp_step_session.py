@@ -108,7 +108,7 @@ def run_scenario(name: str, model_dir: str, out: str, make_worker, make_critic=N
     if sc.get("critic"):
         critic = make_critic(cfg).setup()
         critic.optimizer = torch.optim.SGD([p for p in critic.model.parameters() if p.requires_grad], lr=0.5)
-    step = TrainingStep(worker, cfg, 0, StepOptions(**sc.get("options", {})), reference, critic)
+    step = TrainingStep(worker, cfg, 0, StepOptions(**{"shared_prefix_forward": False, **sc.get("options", {})}), reference, critic)
     before = worker.full_hf_state_dict()
     metrics = step(groups_of(sc["rewards"], 0, sc.get("lengths", ())), sc["version"])
     state = worker.full_hf_state_dict()

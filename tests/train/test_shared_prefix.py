@@ -138,7 +138,7 @@ def test_long_responses_are_not_packed():
     assert pack(ids, loss, widths, pair_cost=0.0) is not None
 
 
-def test_off_by_default_and_the_plain_path_is_unchanged(model_dir):
+def test_off_the_plain_path_is_unchanged(model_dir):
     plain = _worker(model_dir, shared=False)
     batch = _groups(plain.model.config.vocab_size)
     assert plain.packed(batch, plain.causal_lm()) is None

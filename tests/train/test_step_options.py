@@ -17,7 +17,9 @@ OPC = "trainer.algorithm.off_policy_correction."
 
 
 def test_the_default_config_gives_the_default_options():
-    assert StepOptions.from_config(load_config(None, list(LOCAL_CPU))) == StepOptions()
+    assert StepOptions.from_config(load_config(None)) == StepOptions()
+    assert StepOptions().shared_prefix_forward  # on by default: packs where it pays
+    assert StepOptions.from_config(load_config(None, list(LOCAL_CPU))) == StepOptions(shared_prefix_forward=False)
 
 
 @pytest.mark.parametrize(
@@ -30,7 +32,7 @@ def test_the_default_config_gives_the_default_options():
     ],
 )  # fmt: skip
 def test_each_key_sets_its_option(overrides, want):
-    assert StepOptions.from_config(load_config(None, [*LOCAL_CPU, *overrides])) == StepOptions(**want)
+    assert StepOptions.from_config(load_config(None, [*LOCAL_CPU, *overrides])) == StepOptions(shared_prefix_forward=False, **want)
 
 
 @pytest.mark.parametrize(

@@ -86,15 +86,16 @@ def run_step(model_dir, tmp_path, overrides, version, micro, options, monkeypatc
         return original(part, scale)
 
     worker.forward_backward = spy
+    initial = worker.full_hf_state_dict()
     step = TrainingStep(worker, cfg, 0, options, reference)
     metrics = step(groups or long_tail_groups(0), version)
     if monkeypatch is not None:
         monkeypatch.undo()
-    return {"state": worker.full_hf_state_dict(), "metrics": metrics, "shapes": shapes, "counts": step.counts}
+    return {"state": worker.full_hf_state_dict(), "initial": initial, "metrics": metrics, "shapes": shapes, "counts": step.counts}
 
 
 def test_each_micro_batch_is_padded_to_its_own_longest_row(model_dir, tmp_path):
-    out = run_step(model_dir, tmp_path, [], 0, 4, StepOptions())
+    out = run_step(model_dir, tmp_path, [], 0, 4, StepOptions(shared_prefix_forward=False))
     real_parts = [(widths, width) for widths, width, real in out["shapes"] if real]
     assert len(real_parts) >= 3
     for widths, width in real_parts:
@@ -111,9 +112,9 @@ def test_each_micro_batch_is_padded_to_its_own_longest_row(model_dir, tmp_path):
 def test_the_update_equals_the_fully_padded_one(model_dir, tmp_path, monkeypatch, regime, reduction):
     version, overrides = REGIMES[regime]
     overrides = [*overrides, f"trainer.algorithm.loss_reduction={reduction}"]
-    want = run_step(model_dir, tmp_path, overrides, version, 64, StepOptions(), monkeypatch)
+    want = run_step(model_dir, tmp_path, overrides, version, 64, StepOptions(shared_prefix_forward=False), monkeypatch)
     # every distinct length its own micro-batch, at most 3 rows, at most 30 padded tokens
-    options = StepOptions(max_tokens_per_micro_batch=30, micro_batch_pass_tokens=0.0)
+    options = StepOptions(max_tokens_per_micro_batch=30, micro_batch_pass_tokens=0.0, shared_prefix_forward=False)
     got = run_step(model_dir, tmp_path, overrides, version, 3, options)
     assert len(got["shapes"]) > 2 * len(want["shapes"])
     assert_same_update(got, want, overrides)
@@ -121,12 +122,22 @@ def test_the_update_equals_the_fully_padded_one(model_dir, tmp_path, monkeypatch
 
 def assert_same_update(got: dict, want: dict, overrides: list[str]) -> None:
     """`got`'s updated state and metrics equal `want`'s within float32 summation order, for fewer
-    tokens run."""
+    tokens run. Each parameter's update is compared relative to its own size: the two steps sum the
+    same terms in other orders (micro-batches, and each CPU's BLAS blocking), which moves an update by
+    a few 1e-4 of its size after four optimizer steps (measured on AVX2 and AVX-512); a row lost or
+    counted twice moves it by ~1/rows (several percent)."""
+    passes = "trainer.update_epochs_per_batch=2" in overrides
+    # later passes run on weights the first moved, so they inherit its differences
+    update_rtol = 5e-3 if passes else 1e-3
     for key, tensor in want["state"].items():
-        torch.testing.assert_close(got["state"][key], tensor, atol=1e-5, rtol=0, msg=key)
+        size = float((tensor - want["initial"][key]).abs().max())
+        off = float((got["state"][key] - tensor).abs().max())
+        assert off <= update_rtol * size + 1e-7, f"{key}: off by {off:.3g}, {off / max(size, 1e-30):.2g} of the update"
     rel = summation_order_tolerance(int(want["metrics"]["trained_tokens"]))
-    # after a first optimizer step the weights agree to the state's 1e-5, and later passes inherit it
-    atol = 1e-4 if "trainer.update_epochs_per_batch=2" in overrides else 1e-5
+    # after a first optimizer step the weights agree to a few 1e-4 of the update, and the later
+    # passes' metrics inherit it: 1.2e-4 relative on the loss, measured on AVX2
+    atol = 1e-4 if passes else 1e-5
+    rel = max(rel, 1e-3) if passes else rel
     for key in COMPARED:
         assert (key in got["metrics"]) == (key in want["metrics"]), key
         if key in want["metrics"]:
@@ -162,7 +173,7 @@ def test_the_shared_prefix_update_equals_the_fully_padded_one(model_dir, tmp_pat
     the update, the metrics and the proximal and reference forwards as fully padded."""
     version, overrides = REGIMES[regime]
     overrides = [*overrides, f"trainer.algorithm.loss_reduction={reduction}"]
-    want = run_step(model_dir, tmp_path, overrides, version, 64, StepOptions(), monkeypatch,
+    want = run_step(model_dir, tmp_path, overrides, version, 64, StepOptions(shared_prefix_forward=False), monkeypatch,
                     groups=distinct_prompt_groups())
     shared = [*overrides, "trainer.shared_prefix_forward=true"]
     got = run_step(model_dir, tmp_path, shared, version, 8, StepOptions(micro_batch_pass_tokens=0.0,

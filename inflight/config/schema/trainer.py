@@ -246,13 +246,14 @@ class TrainerConfig:
     """What one more forward/backward costs, in padded tokens, >= 0: a rank's rows of a mini-batch,
     sorted by length, are cut into micro-batches where padded tokens plus this per pass are fewest.
     64 (default) is about a pass's fixed cost on the small CPU models; .inf: the fewest passes."""
-    shared_prefix_forward: bool = ours(False)
+    shared_prefix_forward: bool = ours(True)
     """The rows of a micro-batch that begin with the same context (a group's prompt) run as one
     sequence, the context once, each row's tokens after it, under a tree attention mask
     (`inflight.train.shared_prefix`): the same log-probabilities and gradients for fewer tokens, and
     micro-batches cut by group. Packed only where the tokens saved outweigh the longer sequence's
     attention. The local and FSDP workers with PyTorch's SDPA, full attention in every layer, no
-    mixture of experts; elsewhere rows run as they are. Default false (the demo sets it)."""
+    mixture of experts; elsewhere rows run as they are. Default true (where it packs nothing, rows run
+    as they are; false: never pack, micro-batches cut by length alone)."""
     correct_threshold: float = ours(1.0)
     """A trajectory counts as correct (the `accuracy` metric) when its reward is at least this.
     Default 1.0."""
