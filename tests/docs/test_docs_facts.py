@@ -14,8 +14,10 @@ from pathlib import Path
 
 import datasets
 import pytest
+import yaml
 
 from inflight.cli import build_parser
+from inflight.config import load_config
 from inflight.engine.models import ARCHITECTURES
 from inflight.train.main import build_parser as train_parser
 from inflight.train.main import resolve_config
@@ -79,6 +81,28 @@ def test_no_config_means_skyrls_defaults_in_the_help_and_the_docs():
     assert run.returncode == 2 and "trainer.policy.model.path" in run.stderr and "data.train_data" in run.stderr
 
 
+def stated_defaults() -> list[tuple[str, str, str]]:
+    """(page, key, value) for every "`trainer.key` (..., default V" a page states."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    found = re.compile(r"`((?:trainer|generator|data|environment)\.[\w.]+)` \((?:[^)]*?, )?default ([^;,)]+)")
+    return [(str(p.relative_to(ROOT)), key, value.strip()) for p in pages for key, value in found.findall(p.read_text())]
+
+
+def test_the_defaults_the_docs_state_are_the_schemas():
+    """precision-and-memory.md said shared_prefix_forward defaults to false after the default became true."""
+    stated = stated_defaults()
+    assert any(key == "trainer.shared_prefix_forward" for _, key, _ in stated)
+    cfg = load_config(None, [])
+    for page, key, value in stated:
+        actual = cfg
+        for part in key.split("."):
+            actual = getattr(actual, part)
+        said = yaml.safe_load(value.strip("`"))
+        if isinstance(said, str):
+            said = str(Path(said).expanduser()) + ("/" if said.endswith("/") else "")
+        assert said == actual, f"{page} says {key} defaults to {value}; the schema's default is {actual!r}"
+
+
 def gsm8k_recipes() -> list[tuple[str, str]]:
     """(page, bash block) of every block that trains the GSM8K recipe and names one of its checkpoints,
     and the README's (whose prose names the last one)."""
@@ -128,10 +152,10 @@ def test_the_readme_recipe_commands_validate_as_written(tmp_path, line):
         subprocess.run([sys.executable, str(ROOT / recipe / "make_data.py"), "--output-dir",
                         str(tmp_path / recipe / "data")], check=True, capture_output=True, timeout=300)
     (tmp_path / "examples").mkdir(exist_ok=True)
-    for yaml in (ROOT / "examples").rglob("*.yaml"):
-        target = tmp_path / yaml.relative_to(ROOT)
+    for source in (ROOT / "examples").rglob("*.yaml"):
+        target = tmp_path / source.relative_to(ROOT)
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(yaml.read_text())
+        target.write_text(source.read_text())
     run = subprocess.run([sys.executable, "-m", "inflight.cli", "train", "--print-config", "--config", config,
                           *overrides], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert run.returncode == 0, f"{line}\n{run.stderr[-3000:]}"
