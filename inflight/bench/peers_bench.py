@@ -81,7 +81,8 @@ WORKLOADS: dict[str, PeersWorkload] = {
         "addition", "addition on the 49M engine-bench shape (hidden 512, 13 layers, MLP 1536, 8/4 heads; "
         "vocab: the task's 16 tokens, so 41M parameters)", 5, _49M,
         # a larger model: more KV, a gentler warm-up, and the time to reach the warm-up's target
-        ("generator.inference_engine.kv_cache_memory_gib=0.5", "job.warmup_lr=3e-4", "job.warmup_max_seconds=1800")),
+        ("generator.inference_engine.kv_cache_memory_gib=0.5", "job.warmup_lr=3e-4", "job.warmup_steps=400",
+         "job.warmup_target_accuracy=0.3", "job.warmup_max_seconds=1800")),
     "smollm2": PeersWorkload(
         None, "examples/smollm2's recipe: a real chat model as shipped (--model), LoRA rank 32 / alpha 64 "
         "all-linear, chat prompts asking for a sum, the last number in the response scored (gsm8k_flexible)",

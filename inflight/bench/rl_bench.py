@@ -282,16 +282,16 @@ def prepare_model(cfg, job, task, say, shape: dict[str, Any] | None = None) -> s
     """Build the tiny base model (`shape`: overrides of its Qwen2 config) with the task's tokenizer
     and warm it up; returns its directory."""
     from inflight.tasks import build_base_model, warm_up
+    from inflight.train.main import warmup_outcome, warmup_plan
 
     path = Path(job.base_model_dir or Path(job.output_dir) / "base_model")
     say(f"building the {'base model ' + str(shape) if shape else 'tiny base model'} for {task.name} in {path} "
-        f"and warming it up (supervised, <= {job.warmup_max_seconds} s)")
+        f"and warming it up ({warmup_plan(job)})")
     build_base_model(path, seed=cfg.trainer.seed, tokenizer=task.tokenizer, **(shape or {}))
     report = warm_up(path, task, steps=job.warmup_steps, batch_size=job.warmup_batch_size, lr=job.warmup_lr,
                      max_seconds=job.warmup_max_seconds, target_accuracy=job.warmup_target_accuracy,
                      seed=cfg.trainer.seed, log=say, threads=job.warmup_threads)
-    say(f"warm-up: {report.steps} steps in {report.seconds:.0f} s, accuracy {report.accuracy:.1%} "
-        f"(stopped by {report.stopped_by})")
+    say(warmup_outcome(report))
     return str(path)
 
 
@@ -445,9 +445,9 @@ def run_overrides(task: str | None, seconds: float, eval_interval: int, override
     (None: not capped in steps), `seconds` then only a cap."""
     from inflight.train.defaults import task_overrides
 
-    # the warm-up stops at its target accuracy, not at a time cap, so a busy machine still gives
-    # every run a comparable starting model
-    return [*(task_overrides(task) if task else []), "job.warmup_max_seconds=900", *overrides, "job.progress=false",
+    # the warm-up's budget is work (the demo job's steps, a task's target accuracy), its time cap
+    # generous, so a busy machine still gives every run the same starting model
+    return [*(task_overrides(task) if task else []), *overrides, "job.progress=false",
             f"trainer.max_training_steps={steps or 'null'}", "job.plot=false", "job.log_interval=1000000",
             f"job.max_train_seconds={seconds}", f"job.eval_interval={eval_interval}"]
 

@@ -5,11 +5,11 @@ MLP 512, tied embeddings: about 0.8M parameters) with the character tokenizer as
 directory; `arch="qwen3_moe"` / `"qwen2_moe"` gives a mixture of experts of the same shape whose
 every MLP is 8 experts of 128, 2 per token (`MOE_SHAPE`; Qwen2-MoE adds its gated shared expert
 of 256), as many active MLP parameters per token as half the dense MLP. `warm_up` trains it on a task's problems (`a+b=` -> sum + EOS for addition) with teacher
-forcing (loss on the answer tokens, long-tailed batches in length buckets) for a few hundred steps,
-stopping early at a time budget or a target accuracy so that RL still has room to improve it, and
-saves it back where the engine can load it. Measured on 2 CPU
-cores: ~300 steps in ~45 s give ~30% greedy accuracy; a 0.1M
-model plateaus near 55%, which is why the model is this size.
+forcing (loss on the answer tokens, long-tailed batches in length buckets) for a fixed number of
+steps, so that RL still has room to improve it and every machine starts RL from the same model (a
+time cap only ends a warm-up that runs too long, and the report says so), and saves it back where
+the engine can load it. Measured on 2 CPU cores: 300 steps (~45 s) give ~30-40% greedy accuracy; a
+0.1M model plateaus near 55%, which is why the model is this size.
 """
 
 from __future__ import annotations
@@ -143,26 +143,29 @@ class WarmupReport:
     accuracy: float
     loss: float
     stopped_by: str  # "steps" | "time" | "accuracy"
+    steps_asked: int = 0  # the warm-up's budget (`steps`): fewer done means a cap or the target ended it
 
 
 def warm_up(
     model_dir: str | Path,
     task: Task | None = None,
-    steps: int = 400,
+    steps: int = 300,
     batch_size: int = 128,
     lr: float = 1e-3,
     betas: tuple[float, float] = (0.9, 0.98),
-    max_seconds: float | None = 60.0,
-    target_accuracy: float | None = 0.3,
+    max_seconds: float | None = None,
+    target_accuracy: float | None = None,
     eval_every: int = 25,
     seed: int = 0,
     log: Callable[[str], None] | None = None,
     threads: int | None = None,
 ) -> WarmupReport:
     """Supervised warm-up of the model in `model_dir` on `task`'s problem distribution (never its
-    held-out set); saves the result back to `model_dir`. Stops after `steps`, at `max_seconds`, or
-    once the teacher-forced greedy accuracy on the held-out set reaches `target_accuracy` (checked
-    every `eval_every` steps).
+    held-out set); saves the result back to `model_dir`. Runs `steps` steps, the budget: the same
+    model on a busy machine as on a quiet one. `max_seconds` is a cap only, for a warm-up that would
+    run too long: when it ends the warm-up before its steps, `log` gets a line saying so and the
+    report's `stopped_by` is "time". With `target_accuracy`, it stops once the teacher-forced greedy
+    accuracy on the held-out set reaches it (checked every `eval_every` steps).
 
     `threads`: torch threads; None keeps the current setting, 0 picks by measuring: the first
     steps run with 2 threads, then with 1, and the faster setting stays. (On 2 vCPUs, 2 threads
@@ -195,12 +198,15 @@ def warm_up(
             if target_accuracy is not None and accuracy >= target_accuracy:
                 stopped_by = "accuracy"
                 break
-        if max_seconds is not None and elapsed >= max_seconds:
+        if max_seconds is not None and elapsed >= max_seconds and step < steps:
             stopped_by = "time"
             accuracy = teacher_forced_accuracy(model, task, evals)
+            if log is not None:
+                log(f"warm-up stopped by its time cap ({max_seconds:g} s) after step {step} of {steps} (a slow or "
+                    f"busy machine): the model is less trained than its {steps} steps make it")
             break
     save_model(model, task.tokenizer, model_dir)
-    return WarmupReport(step, time.perf_counter() - started, accuracy, loss_value, stopped_by)
+    return WarmupReport(step, time.perf_counter() - started, accuracy, loss_value, stopped_by, steps)
 
 
 class _ThreadProbe:

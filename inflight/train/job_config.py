@@ -41,7 +41,9 @@ class JobConfig:
     """Held-out problems the built-in tasks generate, and the most rows split off your training data
     when `data.val_data` is empty (every row of `data.val_data` is evaluated)."""
     max_train_seconds: float | None = None
-    """Stop training after this many seconds of RL (checked after each step)."""
+    """A cap on the seconds of RL (checked after each step), for a machine too slow for the run's
+    steps (`trainer.max_training_steps`, the epochs), which are its budget; the run says when the cap
+    ended RL before them."""
     eval_interval: int | None = None
     """Old spelling of `trainer.eval_interval` (SkyRL's key, which it sets); give one of the two."""
     output_dir: str = "runs/inflight"
@@ -52,16 +54,19 @@ class JobConfig:
     """Architecture of the built-in base model (when no model path is given): `qwen2` (default,
     dense), `qwen3_moe` or `qwen2_moe` (a mixture of experts of the same shape: 8 experts, 2 per
     token; `inflight.tasks.base_model.ARCHS`), e.g. to train with routing replay."""
-    warmup_steps: int = 400
-    """Supervised warm-up steps of the built-in base model (only when no model path is given)."""
+    warmup_steps: int = 300
+    """Supervised warm-up steps of the built-in base model (only when no model path is given): the
+    warm-up's budget, so that every machine starts RL from the same model."""
     warmup_batch_size: int = 128
     """Problems per supervised warm-up step of the built-in base model."""
     warmup_lr: float = 1e-3
     """Learning rate of the supervised warm-up of the built-in base model."""
-    warmup_max_seconds: float | None = 90.0
-    """Stop the warm-up after this long, to leave room for RL."""
-    warmup_target_accuracy: float | None = 0.3
-    """Stop the warm-up once the held-out greedy accuracy reaches this."""
+    warmup_max_seconds: float | None = 1200.0
+    """A cap on the warm-up's seconds, for a machine too slow for its steps; the run says when it
+    ended the warm-up before them (null: no cap)."""
+    warmup_target_accuracy: float | None = None
+    """Stop the warm-up early once the held-out teacher-forced accuracy reaches this (checked every
+    25 steps; null: run every step)."""
     warmup_threads: int = 0
     """torch threads during the warm-up; 0 (default) measures 2 against 1 on the first steps and
     keeps the faster (2 wins on an idle 2-core machine, 1 when something else is busy)."""

@@ -220,15 +220,34 @@ def prepare_base_model(cfg: Config, job: JobConfig, task, say) -> dict[str, Any]
     from inflight.tasks import build_base_model, warm_up
 
     path = Path(job.base_model_dir or Path(job.output_dir) / "base_model")
-    say(f"building the tiny base model ({job.arch}) in {path} and warming it up (supervised, "
-        f"<= {job.warmup_max_seconds} s)")
+    say(f"building the tiny base model ({job.arch}) in {path} and warming it up ({warmup_plan(job)})")
     build_base_model(path, seed=cfg.trainer.seed, tokenizer=task.tokenizer, arch=job.arch)
     report = warm_up(path, task, steps=job.warmup_steps, batch_size=job.warmup_batch_size, lr=job.warmup_lr,
                      max_seconds=job.warmup_max_seconds, target_accuracy=job.warmup_target_accuracy,
                      seed=cfg.trainer.seed, log=say, threads=job.warmup_threads)
     cfg.trainer.policy.model.path = str(path)
-    say(f"warm-up: {report.steps} steps in {report.seconds:.0f} s (stopped by {report.stopped_by})")
-    return {"steps": report.steps, "seconds": report.seconds, "accuracy": report.accuracy}
+    say(warmup_outcome(report))
+    return {"steps": report.steps, "seconds": report.seconds, "accuracy": report.accuracy,
+            "stopped_by": report.stopped_by}
+
+
+def warmup_plan(job: JobConfig) -> str:
+    """The warm-up's budget as a run announces it: its steps, its early stop, its time cap."""
+    text = f"supervised, {job.warmup_steps} steps"
+    if job.warmup_target_accuracy is not None:
+        text += f" or until {job.warmup_target_accuracy:.0%} accuracy"
+    return text + (f", capped at {job.warmup_max_seconds:g} s" if job.warmup_max_seconds is not None else "")
+
+
+def warmup_outcome(report) -> str:
+    """The line a run says after the warm-up (`inflight.tasks.WarmupReport`); when the time cap
+    ended it, what to change so that the next run does all of its steps."""
+    text = (f"warm-up: {report.steps} steps in {report.seconds:.0f} s, accuracy {report.accuracy:.1%} "
+            f"(stopped by {report.stopped_by})")
+    if report.stopped_by == "time":
+        text += (f"; job.warmup_max_seconds ended it before its job.warmup_steps={report.steps_asked}: RL starts "
+                 "from a less trained model than on a faster machine; raise the cap (or set it to null)")
+    return text
 
 
 async def run_job(cfg: Config, job: JobConfig, task, say, start: Starter | None = None) -> dict[str, Any]:

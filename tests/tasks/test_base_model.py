@@ -26,7 +26,7 @@ def test_default_shape_is_about_one_million_parameters(tmp_path):
 def test_warm_up_learns_and_teacher_forcing_matches_engine_greedy(tmp_path):
     task = AdditionTask(max_digits=1, num_eval=20, num_train=10)
     path = build_base_model(tmp_path / "m", **SMALL)
-    report = warm_up(path, task, steps=300, batch_size=64, max_seconds=60, target_accuracy=0.3, eval_every=20)
+    report = warm_up(path, task, steps=300, batch_size=64, target_accuracy=0.3, eval_every=20)  # no time cap
     assert report.accuracy >= 0.3 and report.stopped_by == "accuracy"
     model = AutoModelForCausalLM.from_pretrained(path)
     assert teacher_forced_accuracy(model, task, task.eval_problems()) == pytest.approx(report.accuracy)
