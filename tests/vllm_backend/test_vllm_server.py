@@ -423,9 +423,48 @@ def test_a_generation_whose_connection_broke_is_sent_again_and_the_orphan_aborte
     run(go())
 
 
+PAUSE_CAP_S = 120  # a cap, not a measurement: a pause that must return without its request finishing
+PROVED = ("draining", "running, request live", "frozen", "pause returned, request unfinished",
+          "pause(wait) answered running", "completed")
+
+
+async def _resume_mid_drain(client: RemoteClient, server) -> dict:
+    """One try: a request frozen mid-decode drains under pause(wait); once the server says it is
+    draining with the request live, a resume; then a keep pause freezes the request, so it cannot
+    finish, and the pause(wait) must still return, its answer saying the server was running (a
+    drain ended by the keep pause would answer paused). What the server said at each step."""
+    (long,) = await _start_mid_decode(client, server, [PROMPTS[0]])  # frozen mid-decode (keep)
+    async with httpx.AsyncClient(timeout=PAUSE_CAP_S) as http:  # the pause's own answer
+        pause = asyncio.create_task(http.post(server.url + wire.PAUSE, params={"mode": "wait"},
+                                              headers={"Authorization": f"Bearer {server.token}"}))
+        seen = await _status_until(server.url, lambda st: st["pause"] == "draining" or pause.done())
+        step = {"draining": seen["pause"] == "draining" and bool(seen["live_output_tokens"])}
+        if step["draining"]:
+            await client.resume()  # ends the drain: the request decodes on
+            after = (await client.status())[server.url]
+            step["running, request live"] = after["pause"] == "running" and bool(after["live_output_tokens"])
+            await client.pause("keep")  # from here the request cannot finish (unless it already did)
+            step["frozen"] = bool((await client.status())[server.url]["live_output_tokens"])
+        try:
+            answer = await asyncio.wait_for(pause, timeout=PAUSE_CAP_S)
+        except (TimeoutError, httpx.TimeoutException):
+            raise AssertionError(f"pause(wait) had not returned {PAUSE_CAP_S} s after the resume (a cap: it waited "
+                                 f"for its frozen request, i.e. the resume did not end the drain); {step}") from None
+    step["pause returned, request unfinished"] = bool((await client.status())[server.url]["live_output_tokens"])
+    step["pause(wait) answered running"] = answer.status_code == 200 and answer.json()["paused"] is False
+    await client.resume()
+    out = await long
+    step["completed"] = len(out.output_token_ids) == LONG and out.finish_reason == "length"
+    return step
+
+
 def test_a_wait_pause_drains_and_a_resume_ends_the_drain(vllm_server):
     """pause(wait) returns once the in-flight requests finished, paused; a resume during the drain
-    ends it at once (the request keeps decoding and completes), as on the native engine."""
+    ends it at once (the request keeps decoding and completes), as on the native engine. Each step
+    is read off the server's state, never timed: the drain is seen with its request live, the
+    resume leaves the request running, and the pause(wait) returns while that request is frozen
+    and so cannot have finished, answering that the server runs (tried again when the request
+    finished between two steps)."""
 
     async def go():
         client = await _client(vllm_server)
@@ -433,28 +472,24 @@ def test_a_wait_pause_drains_and_a_resume_ends_the_drain(vllm_server):
         # in flight before the pause (no guess at its speed)
         await _status_until(vllm_server.url, lambda st: "short" in st["live_output_tokens"] or short.done())
         await client.pause("wait")
-        drained = short.done() and len(short.result().output_token_ids) == 16
-        paused = (await client.status())[vllm_server.url]["pause"]
+        drained = (await client.status())[vllm_server.url]["pause"]
+        try:  # paused, nothing decodes: the request completes only if it had finished before the pause returned
+            out = await asyncio.wait_for(short, timeout=PAUSE_CAP_S)
+        except TimeoutError:
+            raise AssertionError("pause(wait) returned before the request in flight finished (it never "
+                                 f"completed while paused; {PAUSE_CAP_S} s cap)") from None
+        still = (await client.status())[vllm_server.url]
         await client.resume()
         attempts = []
-        for _ in range(5):  # the drain decodes at the engine's speed: tried again if it ended unseen
-            (long,) = await _start_mid_decode(client, vllm_server, [PROMPTS[0]])  # frozen mid-decode (keep)
-            pause = asyncio.create_task(client.pause("wait"))  # the frozen request drains from here
-            status = await _status_until(vllm_server.url, lambda st: st["pause"] == "draining")
-            live = status["live_output_tokens"]  # the request still decoding when the drain was seen
-            await client.resume()
-            await asyncio.wait_for(pause, timeout=10)
-            ended_early = not long.done()
-            out = await long
-            attempts.append(live)
-            if live and max(live.values()) < LONG // 2:
+        for _ in range(5):
+            attempts.append(await _resume_mid_drain(client, vllm_server))
+            if all(attempts[-1].get(k) for k in PROVED):
                 break
         await client.close()
-        return drained, paused, status["pause"], attempts, ended_early, out
+        return drained, still, out, attempts
 
-    drained, paused, seen, attempts, ended_early, out = run(go())
-    assert drained, "pause(wait) returned before the request in flight finished"
-    assert paused == "paused" and seen == "draining"
-    assert attempts[-1] and max(attempts[-1].values()) < LONG // 2, f"no drain seen mid-request: {attempts}"
-    assert ended_early, "the resume waited for the drain to finish"
-    assert len(out.output_token_ids) == LONG and out.finish_reason == "length"
+    drained, still, out, attempts = run(go())
+    assert drained == still["pause"] == "paused" and not still["live_output_tokens"], still
+    assert len(out.output_token_ids) == 16
+    assert all(step["completed"] for step in attempts), attempts
+    assert all(attempts[-1].get(k) for k in PROVED), f"the resume did not end the drain: {attempts}"
