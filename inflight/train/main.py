@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from inflight.config import Config, ConfigError, Violation, config_from_dict, dump_config
-from inflight.config.implemented import starts_vllm, unimplemented
+from inflight.config.implemented import on_vllm, unimplemented
 from inflight.config.loader import read_yaml
 from inflight.train.data_setup import check_data_job, make_data_task, uses_data
 from inflight.train.defaults import default_job
@@ -97,7 +97,8 @@ def run_refusals(cfg: Config, job: JobConfig, start_ray: Starter | None = None) 
     """Every reason a run of `cfg` and `job` would refuse to start, found before anything is built
     (what `--print-config` lists, and what a run stops on at once): keys set to what is not
     implemented here, the data job's contradictions, CUDA devices this machine lacks, a missing
-    vLLM or verifiers venv, and `job.ray` without its runtime. Imports no torch for a CPU config."""
+    vLLM or verifiers venv, what vLLM cannot serve (`vllm_backend.run_checks`), and `job.ray` without
+    its runtime. Imports no torch for a CPU config."""
     from inflight.rewards.registry import verifiers_id
 
     problems: list[object] = list(unimplemented(cfg))
@@ -106,10 +107,10 @@ def run_refusals(cfg: Config, job: JobConfig, start_ray: Starter | None = None) 
     except ConfigError as err:
         problems += err.violations
     problems += missing_files(cfg, job)
-    if starts_vllm(cfg):  # vLLM's python: vllm_python, else $INFLIGHT_VLLM_PYTHON or .venv-vllm
-        from inflight.vllm_backend.venv import python_problem
+    if on_vllm(cfg):  # vLLM's python, the model's shape on vLLM's CPU kernels, the logprobs mode
+        from inflight.vllm_backend.run_checks import run_problems
 
-        problems += filter(None, [python_problem(cfg.generator.inference_engine.vllm_python)])
+        problems += run_problems(cfg)
     if verifiers_id(cfg.environment.env_class) is not None:
         from inflight.agents.agent import AgentError
         from inflight.agents.verifiers_env import check_verifiers_venv

@@ -7,9 +7,10 @@ logprob semantics, see generate.py), `--enforce-eager` on CPU, its prefix cache 
 `--no-prefix-caching`, `--max-model-len` the model's own context unless given (vLLM's `auto`),
 `--enable-tokenizer-info-endpoint` (`/tokenizer_info`, as the native server), Hermes tool calls
 parsed on chat and responses (`--enable-auto-tool-choice --tool-call-parser hermes`, the format the
-native server parses); options after `--` go
-to vLLM unchanged (e.g. `-- --block-size 128`). `GET /v1/models/{id}`, which vLLM lacks, is ours
-(`models.py`); `/tokenize`, `/detokenize`, `/v1/responses` and `echo`/`prompt_logprobs` are vLLM's own.
+native server parses); options after `--` go to vLLM unchanged (e.g. `-- --block-size 128`). `GET
+/v1/models/{id}`, which vLLM lacks, is ours (`models.py`); `/tokenize`, `/detokenize`, `/v1/responses`
+and `echo`/`prompt_logprobs` are vLLM's own. On CPU a model whose head size vLLM's attention kernels
+lack is refused before vLLM starts (`shapes.py`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from .control import build_router, expire_updates
 from .errors import install_error_handlers
 from .models import build_models_router
 from .salt import VersionSaltMiddleware
+from .shapes import cpu_attention_problem
 from .state import Lifecycle
 from .weights import WeightStage
 
@@ -149,6 +151,9 @@ def main(argv: list[str], routes: Any) -> int:
     else:
         extra = []
     ours, unknown = build_parser().parse_known_args(argv)
+    if ours.device == "cpu" and (problem := cpu_attention_problem(ours.model)):  # before vLLM loads it
+        raise SystemExit(f"error: {problem}; serve it with the native backend (`inflight serve` without --backend "
+                         "vllm; in a run, generator.inference_engine.backend=native)")
     logging.basicConfig(level=ours.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
 
