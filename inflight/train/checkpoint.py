@@ -35,7 +35,7 @@ from safetensors.torch import save_file
 
 from inflight.config import ConfigError, Violation
 from inflight.config.schema import TrainerConfig
-from inflight.train.lora import lora_enabled, save_adapter
+from inflight.train.lora import lora_enabled
 from inflight.train.workers.base import PolicyWorker
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
@@ -104,8 +104,8 @@ def save_checkpoint(root: str | Path, step: int, worker: PolicyWorker, base_mode
     final, tmp = root / f"global_step_{step}", _fresh(root / f".global_step_{step}.tmp")
     save_model_dir(worker, base_model_dir, tmp / "model")
     tmp.mkdir(parents=True, exist_ok=True)
-    if lora_enabled(worker.cfg) and worker.rank == 0:
-        save_adapter(worker.model, tmp / "adapter")
+    if lora_enabled(worker.cfg):  # a collective (a sharded adapter is gathered); rank 0 writes
+        worker.save_adapter(tmp / "adapter")
     _save_optimizer(worker, tmp / f"optimizer_rank{worker.rank}.pt")
     if critic is not None:
         save_model_dir(critic, critic.model_path, tmp / "critic")
@@ -142,9 +142,9 @@ def export_model(worker: PolicyWorker, base_model_dir: str | Path, root: str | P
     root = Path(root)
     final, tmp = root / f"global_step_{step}", _fresh(root / f".global_step_{step}.export.tmp")
     save_model_dir(worker, base_model_dir, tmp, model_dtype(base_model_dir))
+    if lora_enabled(worker.cfg):
+        worker.save_adapter(tmp / "adapter")
     if worker.rank == 0:
-        if lora_enabled(worker.cfg):
-            save_adapter(worker.model, tmp / "adapter")
         _publish(tmp, final)
     return final
 

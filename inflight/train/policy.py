@@ -25,7 +25,7 @@ from inflight.rollout.generator import TrajectoryGroup
 from inflight.train.algorithms import uses_reference
 from inflight.train.checkpoint import CheckpointState, export_model, load_optimizer, save_checkpoint
 from inflight.train.job_config import JobConfig
-from inflight.train.lora import load_adapter, lora_enabled
+from inflight.train.lora import lora_enabled
 from inflight.train.moe_support import check_worker_supports
 from inflight.train.server_fleet import free_port
 from inflight.train.step import TrainingStep
@@ -172,7 +172,7 @@ class LocalPolicy:
         step_fn = TrainingStep(worker, cfg, pad_id, reference=reference, critic=critic)
         if ckpt is not None:
             if lora_enabled(cfg):  # the worker holds the base model: the checkpoint's adapter goes in
-                load_adapter(worker.model, ckpt.path / "adapter", cfg)
+                worker.load_adapter(ckpt.path / "adapter")
             load_optimizer(worker, ckpt)
             worker.global_step = ckpt.step
             if critic is not None and saved("critic") is not None:

@@ -179,10 +179,12 @@ def test_engines_and_steps_refuse_what_is_not_implemented(tmp_path):
 
 
 def test_lora_is_refused_only_where_it_is_not_implemented():
+    two_ranks = ["trainer.policy.model.lora.rank=8", "trainer.placement.policy_num_gpus_per_node=2",
+                 "generator.inference_engine.num_engines=2"]
+    require_implemented(load_config(None, [*two_ranks, "trainer.strategy=megatron"]))  # megatron's ranks take it
     with pytest.raises(ConfigError) as err:
-        require_implemented(load_config(None, ["trainer.policy.model.lora.rank=8", "trainer.strategy=megatron",
-                                               "trainer.placement.policy_num_gpus_per_node=2",
-                                               "generator.inference_engine.num_engines=2"]))
-    rules = [v.rule for v in err.value.violations if v.key == "trainer.policy.model.lora.rank"]
-    assert [r.split(" is ")[0] for r in rules] == ["LoRA with trainer.strategy=megatron",
-                                                   "LoRA on more than one policy rank"]
+        require_implemented(load_config(None, [*two_ranks, "trainer.strategy=fsdp",
+                                               "trainer.policy.megatron_config.lora_config.lora_type=canonical_lora"]))
+    rules = {v.key: v.rule for v in err.value.violations}
+    assert rules["trainer.policy.model.lora.rank"].startswith("LoRA on more than one FSDP policy rank")
+    assert "canonical_lora" in rules["trainer.policy.megatron_config.lora_config.lora_type"]

@@ -156,10 +156,17 @@ class HFExportConfig:
 
 @dataclass
 class MegatronLoraConfig:
-    """LoRA under Megatron (LoRA with trainer.strategy=megatron is refused)."""
+    """LoRA under Megatron (`trainer.policy.model.lora.rank` > 0 with trainer.strategy=megatron)."""
 
-    lora_type: str = skyrl("lora", status=refused("LoRA on Megatron is not implemented"))
-    merge_lora: bool = skyrl(True, status=refused("LoRA on Megatron is not implemented"))
+    lora_type: str = skyrl("lora", status=refused(
+        "canonical_lora (separate q/k/v and gate/up adapters) is not implemented; lora (one adapter per fused "
+        "megatron layer, SkyRL's default) is"))
+    """`lora`: one adapter per megatron layer (linear_qkv, linear_proj, linear_fc1, linear_fc2), so q/k/v
+    (and gate/up) share their A. Default lora."""
+    merge_lora: bool = skyrl(True)
+    """What a weight sync sends: the weights with the adapter merged (true, default), or the adapter
+    alone (false), which the native engines merge themselves (vLLM's servers take merged weights
+    either way)."""
 
 
 _MEGATRON_OPTIMIZER_KWARGS = {

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
 
 import torch
 
@@ -27,7 +28,14 @@ from inflight.train import shared_prefix
 from inflight.train.allocator import map_large_blocks
 from inflight.train.batch import TrainBatch
 from inflight.train.chunked_logprobs import chunked_token_logprobs, state_logprobs
-from inflight.train.lora import adapter_tensors, apply_lora, lora_enabled, merged_tensors
+from inflight.train.lora import (
+    adapter_tensors,
+    apply_lora,
+    load_adapter,
+    lora_enabled,
+    merged_tensors,
+    save_adapter,
+)
 from inflight.train.losses import LossFn, token_entropy, token_logprobs
 from inflight.train.moe_replay import RoutingReplay, attach_routing
 from inflight.train.workers.base import PolicyWorker
@@ -208,6 +216,15 @@ class LocalPolicyWorker(PolicyWorker):
 
     def iter_sync_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         return adapter_tensors(self.model) if self.lora else self.iter_full_hf_tensors()
+
+    def save_adapter(self, out: Path) -> None:
+        """A LoRA policy's adapter in peft's format (`inflight.train.lora.save_adapter`); rank 0 writes."""
+        if self.rank == 0:
+            save_adapter(self.model, out)
+
+    def load_adapter(self, adapter_dir: Path) -> None:
+        """Put the adapter `save_adapter` wrote (a checkpoint's `adapter/`) into the peft model."""
+        load_adapter(self.model, adapter_dir, self.cfg)
 
 
 def _post_processes_logits(model: torch.nn.Module) -> bool:

@@ -15,6 +15,12 @@ parameter has a float32 main copy that its gradients accumulate into (`grad_redu
 AdamW steps and that checkpoints and weight syncs read; after each step the bfloat16 parameters are
 the main copies rounded.
 
+With `trainer.policy.model.lora.rank` > 0 the base is frozen and each target layer gets an adapter
+(`megatron_lora`: SkyRL's `lora_type: lora`); syncs, checkpoints and exports read the merged weights
+(`megatron_config.lora_config.merge_lora`, SkyRL's default) or, with merge_lora=false, the adapter in
+Hugging Face form, which the native engines merge themselves; a checkpoint's `adapter/` is peft's
+format either way.
+
 Without CUDA, megatron-core runs behind `megatron_cpu_shim` (applied here, nowhere else). The
 batch must be right-padded: megatron's rotary embedding numbers positions from 0 in every row.
 """
@@ -33,6 +39,7 @@ from transformers import AutoConfig
 
 from inflight.config import Config, ConfigError, Violation
 from inflight.train.batch import TrainBatch
+from inflight.train.lora import lora_enabled
 from inflight.train.losses import LossFn
 from inflight.train.workers import megatron_cpu_shim
 from inflight.train.workers.base import PolicyWorker
@@ -46,6 +53,9 @@ from inflight.train.workers.megatron_convert import (
     megatron_param_names,
     megatron_shards_to_hf,
 )
+from inflight.train.workers.megatron_lora import LoraAdapter, add_adapters, hf_adapter, megatron_adapter
+
+_PEFT_PREFIX = "base_model.model."  # peft's prefix of a saved adapter's tensor names
 
 
 @contextmanager
@@ -81,6 +91,9 @@ class MegatronPolicyWorker(PolicyWorker):
         self.bf16 = use_bf16(cfg, self.device)
         self.main_params: dict[str, torch.nn.Parameter] = {}
         """bf16: the float32 main copy of each trained parameter, by megatron name (else empty)."""
+        self.lora = lora_enabled(cfg) and role == "policy"
+        self.adapters: dict[str, LoraAdapter] = {}
+        """LoRA: each adapted layer's adapter, by the layer's megatron name."""
         if dist.is_initialized():
             self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.megatron = self.section.megatron_config
@@ -120,8 +133,15 @@ class MegatronPolicyWorker(PolicyWorker):
         self.model = self._build_gpt_model().to(self.device)
         if self.bf16:  # every parameter, the norms' too, as megatron's Float16Module does
             self.model.bfloat16()
+        if self.lora:
+            self.adapters = add_adapters(self.model, self.cfg, self.tp, self.tp_rank)
+        self._sharded = {n: self.tp > 1 and is_tensor_parallel(n) for n, _ in self.model.named_parameters()}
+        """Whether each TP rank holds its own slice of a parameter (else all hold the same tensor)."""
+        for layer, adapter in self.adapters.items():
+            self._sharded[f"{layer}.lora.A"] = self.tp > 1 and not adapter.column
+            self._sharded[f"{layer}.lora.B"] = self.tp > 1 and adapter.column
         self._names = megatron_param_names(self.layout)
-        built = {name for name, _ in self.model.named_parameters()}
+        built = {name for name, _ in self.model.named_parameters() if ".lora." not in name}
         if built != set(self._names):
             names = set(self._names)
             raise ConversionError("the GPTModel's parameters differ from the conversion table: "
@@ -277,7 +297,7 @@ class MegatronPolicyWorker(PolicyWorker):
         for name, param in self._grad_params():
             if param.grad is None:
                 continue
-            if self.tp > 1 and not is_tensor_parallel(name):
+            if self.tp > 1 and not self._sharded[name]:
                 dist.all_reduce(param.grad, group=self.tp_group)
                 if not name.endswith(("self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight")):
                     param.grad.div_(self.tp)
@@ -292,7 +312,7 @@ class MegatronPolicyWorker(PolicyWorker):
         self._reduce_grads()
         squares = torch.zeros((), dtype=torch.float32, device=self.device)
         for name, param in self._grad_params():
-            if param.grad is not None and (is_tensor_parallel(name) or self.tp_rank == 0):
+            if param.grad is not None and (self._sharded[name] or self.tp_rank == 0):
                 squares += param.grad.float().pow(2).sum()
         if self.tp > 1:
             dist.all_reduce(squares, group=self.tp_group)
@@ -315,7 +335,11 @@ class MegatronPolicyWorker(PolicyWorker):
         """
         params = {**dict(self.model.named_parameters()), **self.main_params}
         for name in self._names:
-            local = params[name].detach().contiguous()
+            local = params[name].detach()
+            adapter = self.adapters.get(name.removesuffix(".weight"))
+            if adapter is not None:
+                local = local + adapter.delta_weight().to(local.dtype)
+            local = local.contiguous()
             if self.tp > 1 and is_tensor_parallel(name):
                 shards = [torch.empty_like(local) for _ in range(self.tp)]
                 dist.all_gather(shards, local, group=self.tp_group)
@@ -323,12 +347,75 @@ class MegatronPolicyWorker(PolicyWorker):
                 shards = [local]
             yield from megatron_shards_to_hf(name, shards, self.layout)
 
+    def iter_sync_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The merged weights, or (LoRA with `merge_lora=false`) the adapter as the engines take it:
+        `<hf module>.lora_A.weight` and `.lora_B.weight` times alpha / rank (a collective)."""
+        if not self.lora or self.megatron.lora_config.merge_lora:
+            return self.iter_full_hf_tensors()
+        scaling = self.cfg.trainer.policy.model.lora.alpha / self.cfg.trainer.policy.model.lora.rank
+        return ((n, t * scaling if n.endswith(".lora_B.weight") else t) for n, t in self.hf_adapter_tensors())
+
+    @torch.no_grad()
+    def hf_adapter_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The adapter under Hugging Face module names, gathered over TP (a collective): a fused
+        layer's modules (q/k/v, gate/up) each with the shared A and their rows of B."""
+        for layer, adapter in self.adapters.items():
+            a, b = [adapter.A.detach().contiguous()], [adapter.B.detach().contiguous()]
+            split = b if adapter.column else a
+            if self.tp > 1:
+                gathered = [torch.empty_like(split[0]) for _ in range(self.tp)]
+                dist.all_gather(gathered, split[0], group=self.tp_group)
+                split[:] = gathered
+            yield from hf_adapter(layer, a, b, self.layout)
+
+    def save_adapter(self, out: Path) -> None:
+        """The adapter in peft's format (`PeftModel.from_pretrained` on the transformers model loads
+        it). A collective; rank 0 writes."""
+        import peft
+        from safetensors.torch import save_file
+
+        tensors = {_PEFT_PREFIX + n: t.to("cpu", copy=True) for n, t in self.hf_adapter_tensors()}  # own memory each
+        if self.rank != 0:
+            return
+        lora = self.cfg.trainer.policy.model.lora
+        modules = sorted({n.split(".")[-3] for n in tensors})  # q_proj of ....q_proj.lora_A.weight
+        config = peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                                 target_modules=modules, base_model_name_or_path=str(self.model_path))
+        out.mkdir(parents=True, exist_ok=True)
+        config.save_pretrained(str(out))
+        save_file(tensors, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
+
+    @torch.no_grad()
+    def load_adapter(self, adapter_dir: Path) -> None:
+        """Put an adapter `save_adapter` wrote (a checkpoint's `adapter/`) into this rank's adapters;
+        ValueError when its rank, alpha or modules are not the run's."""
+        import json
+
+        from safetensors.torch import load_file
+
+        saved = json.loads((adapter_dir / "adapter_config.json").read_text())
+        lora = self.cfg.trainer.policy.model.lora
+        if (saved.get("r"), saved.get("lora_alpha")) != (lora.rank, lora.alpha):
+            raise ValueError(f"the checkpoint's adapter ({adapter_dir}) has r={saved.get('r')}, lora_alpha="
+                             f"{saved.get('lora_alpha')}, but the run asks for trainer.policy.model.lora.rank="
+                             f"{lora.rank}, alpha={lora.alpha}: resume with the run's LoRA settings")
+        saved_tensors = load_file(str(adapter_dir / "adapter_model.safetensors"))
+        hf = {n.removeprefix(_PEFT_PREFIX): t for n, t in saved_tensors.items()}
+        for layer, adapter in self.adapters.items():
+            try:
+                a, b = megatron_adapter(layer, hf, self.layout, self.tp_rank)
+            except (KeyError, ConversionError) as err:
+                raise ValueError(f"the checkpoint's adapter ({adapter_dir}) does not adapt {layer} as this policy "
+                                 f"does (trainer.policy.model.lora.target_modules): {err}") from err
+            adapter.A.copy_(a)
+            adapter.B.copy_(b)
+
     def shutdown(self) -> None:
         """Drop the model and megatron's parallel state (the default process group is the caller's)."""
         from megatron.core import parallel_state
 
         self.model = self.optimizer = None
-        self.main_params = {}
+        self.main_params, self.adapters = {}, {}
         parallel_state.destroy_model_parallel()
 
 
