@@ -37,6 +37,7 @@ from inflight.train.servers import (
     server_spec,
     vllm_args,
 )
+from inflight.vllm_backend.run_checks import logprobs_mode
 
 
 def init_ray(address: str | None = None, object_store_mib: int = 512, num_cpus: int | None = None) -> None:
@@ -145,7 +146,8 @@ async def _start_servers(runtime: RayRuntime, cfg: Config, job: JobConfig, model
     urls = await asyncio.gather(*(
         actor.start.remote(engine_config(cfg, model_dir, version, i), job.engine_threads, ie.vllm_python,
                            START_TIMEOUT_S["vllm"], ie.served_model_name,
-                           vllm_args(ie, sleep_mode=cfg.trainer.placement.colocate_all))
+                           vllm_args(ie, sleep_mode=cfg.trainer.placement.colocate_all,
+                                     logprobs_mode=logprobs_mode(cfg)))
         for i, actor in enumerate(runtime.server_actors)
     ))
     return server_spec(cfg, list(urls), token)

@@ -88,14 +88,18 @@ def vllm_command(engine: EngineConfig, port: int, threads: int = 1, python: str 
                          *serve_flags(engine, threads), *name], host) + tail
 
 
-def vllm_args(ie: InferenceEngineConfig, *, sleep_mode: bool = False) -> list[str]:
+def vllm_args(ie: InferenceEngineConfig, *, sleep_mode: bool = False, logprobs_mode: str | None = None) -> list[str]:
     """vLLM's command-line arguments for `engine_init_kwargs` (each `name: value` as `--name-with-dashes
     value`; true as the bare flag, false as `--no-name`, mappings and lists as JSON) and
     `enforce_eager`; on CUDA also the KV memory (`gpu_memory_utilization` as vLLM's, or
     `kv_cache_memory_gib` as `--kv-cache-memory-bytes`, unless `engine_init_kwargs` has
     `kv_cache_memory_bytes`) and, with `sleep_mode` (colocated engines), `--enable-sleep-mode`. On
-    CPU neither: the shim's `--kv-cache-memory-gib` sets vLLM's CPU KV space, and vLLM has no sleep mode."""
+    CPU neither: the shim's `--kv-cache-memory-gib` sets vLLM's CPU KV space, and vLLM has no sleep mode.
+    `logprobs_mode` (the run's: `vllm_backend.run_checks.logprobs_mode`) as `--logprobs-mode` unless
+    `engine_init_kwargs` sets it."""
     args: list[str] = ["--enforce-eager"] if ie.enforce_eager else []
+    if logprobs_mode is not None and "logprobs_mode" not in ie.engine_init_kwargs:
+        args += ["--logprobs-mode", logprobs_mode]
     if ie.device.startswith("cuda"):
         if "kv_cache_memory_bytes" not in ie.engine_init_kwargs:
             args += (["--kv-cache-memory-bytes", str(int(ie.kv_cache_memory_gib * 2**30))]
@@ -193,8 +197,10 @@ async def start_servers(cfg: Config, job: JobConfig, model_dir: str | Path, vers
 def vllm_commands(cfg: Config, job: JobConfig, model_dir: str | Path, version: int) -> list[Callable[[int], list[str]]]:
     """The command line of each vLLM server the run starts, given its port (`vllm_command` over each
     engine's `engine_config`: the KV size per engine from `engine_memory.kv_cache_gib`)."""
+    from inflight.vllm_backend.run_checks import logprobs_mode
+
     ie = cfg.generator.inference_engine
-    args = vllm_args(ie, sleep_mode=cfg.trainer.placement.colocate_all)
+    args = vllm_args(ie, sleep_mode=cfg.trainer.placement.colocate_all, logprobs_mode=logprobs_mode(cfg))
     return [partial(vllm_command, engine_config(cfg, model_dir, version, i), threads=job.engine_threads,
                     python=ie.vllm_python, served_model_name=ie.served_model_name, engine_args=args)
             for i in range(ie.num_engines)]

@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, Response
 from .broadcast import BroadcastMember, add_broadcast_routes
 from .errors import APIError, error_response, state_error, weight_error
 from .generate import GenerateBody, restart_unstarted, run_request
+from .logprob_modes import DEFAULT
 from .metrics import render_metrics
 from .state import INVALID, NONE, OPEN, PAUSED, RUNNING, Lifecycle
 from .weights import WeightStage, reload
@@ -44,9 +45,10 @@ def bearer(token: str | None, what: str, wrong_status: int):
 
 
 def build_router(life: Lifecycle, stage: WeightStage, routes: Any, *, api_key: str | None,
-                 control_token: str | None, max_model_len: int, member: BroadcastMember) -> APIRouter:
+                 control_token: str | None, max_model_len: int, member: BroadcastMember,
+                 logprobs_mode: str = DEFAULT) -> APIRouter:
     """Every route of ours (paths from `routes`, i.e. inflight/client/routes.py); `member` is this
-    server's place in a trainer's broadcast group (`broadcast.py`)."""
+    server's place in a trainer's broadcast group (`broadcast.py`); `logprobs_mode` vLLM's."""
     router = APIRouter()
     guarded = [Depends(bearer(control_token, "control token", 403))]
     add_broadcast_routes(router, guarded, life, stage, member, routes)
@@ -54,7 +56,7 @@ def build_router(life: Lifecycle, stage: WeightStage, routes: Any, *, api_key: s
     @router.post(routes.GENERATE, dependencies=[Depends(bearer(api_key, "API key", 401))])
     async def generate(body: GenerateBody, request: Request) -> Any:
         """Runs until done or until the client disconnects (then vLLM aborts the request)."""
-        work = asyncio.create_task(run_request(life, body, max_model_len))
+        work = asyncio.create_task(run_request(life, body, max_model_len, logprobs_mode))
         watch = asyncio.create_task(_disconnect(request))
         done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
         if work in done:

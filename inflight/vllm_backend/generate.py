@@ -13,11 +13,11 @@
   an update ever reuses KV of older weights.
 - `prompt_logprobs` are vLLM's (the model's own distribution, no temperature, as ours; vLLM too
   reads no prefix cache for such a request).
-- Logprobs are vLLM's `processed_logprobs` (the server runs with `--logprobs-mode
-  processed_logprobs`): the sampled token under the temperature-scaled distribution, the unscaled
-  one for greedy, as ours. vLLM computes them after its top-k/top-p filter (renormalized), ours
-  before it: a request that asks for logprobs with top_k > 0 or top_p < 1 is refused (400), never
-  answered with different numbers.
+- Logprobs are vLLM's, in the server's `--logprobs-mode` (`processed_logprobs` unless vLLM's own flag
+  says otherwise): a request with logprobs that this mode does not answer as ours (the sampled
+  token under the temperature-scaled distribution before top-k/top-p, the unscaled one for greedy)
+  is refused (400) naming the mode that would, never answered with different numbers
+  (`logprob_modes.py`: processed answers without a filter, raw at temperature 1 or 0).
 
 vLLM is imported lazily, so the request model can be read by the project's tests without vLLM.
 """
@@ -32,9 +32,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from .errors import APIError
+from .logprob_modes import DEFAULT, refusal, serves
 from .state import Lifecycle
 
-GREEDY_BELOW = 1e-5  # as inflight.engine.request: below it, greedy
 # vLLM hands the shim a request's new tokens every STREAM_INTERVAL tokens (and always its first):
 # an output per step keeps the event loop busy when the engine outpaces the frontend (seen with
 # the tiny test model: a pause request then waited until generation ended); the first token is
@@ -73,8 +73,9 @@ class GenerateBody(BaseModel):
     model: str | None = None
 
 
-def check_sampling(p: SamplingFields) -> None:
-    """400 naming every invalid field (the engine's rules, plus what vLLM cannot give as ours)."""
+def check_sampling(p: SamplingFields, logprobs_mode: str = DEFAULT) -> None:
+    """400 naming every invalid field (the engine's rules, plus what vLLM in `logprobs_mode` cannot
+    give as ours)."""
     problems = []
     if p.max_tokens < 1:
         problems.append(f"max_tokens={p.max_tokens} must be an integer >= 1")
@@ -92,10 +93,8 @@ def check_sampling(p: SamplingFields) -> None:
         problems.append(f"prompt_logprobs={p.prompt_logprobs} must be None (off) or an integer >= 0")
     if any(t < 0 for t in p.stop_token_ids):
         problems.append(f"stop_token_ids={p.stop_token_ids} must be non-negative integers")
-    if p.logprobs and (p.top_k > 0 or p.top_p < 1.0):
-        problems.append(f"logprobs=True with top_k={p.top_k}, top_p={p.top_p}: vLLM computes logprobs after "
-                        "its top-k/top-p filter (renormalized), not before it as this API promises; set "
-                        "logprobs=false, or top_k=0 and top_p=1, or use the native backend")
+    if p.logprobs and not problems and not serves(logprobs_mode, p.temperature, p.top_p, p.top_k):
+        problems.append(refusal(logprobs_mode, p.temperature, p.top_p, p.top_k))
     if p.return_routed_experts:
         problems.append("return_routed_experts=True: the vLLM backend does not return the routing of "
                         "mixture-of-experts models (vLLM 0.32 records it only in its Model Runner V2, "
@@ -160,12 +159,13 @@ def versions_from_spans(spans: Any, num_tokens: int) -> list[int]:
     return out
 
 
-async def run_request(life: Lifecycle, body: GenerateBody, max_model_len: int) -> dict[str, Any]:
+async def run_request(life: Lifecycle, body: GenerateBody, max_model_len: int,
+                      logprobs_mode: str = DEFAULT) -> dict[str, Any]:
     """Run one request to completion across pauses and updates; our token route's answer."""
     from vllm.inputs import TokensPrompt
 
     p = body.sampling_params
-    check_sampling(p)
+    check_sampling(p, logprobs_mode)
     if not body.prompt_token_ids:
         raise APIError(400, "prompt_token_ids is empty", param="prompt_token_ids", code="invalid_value")
     if len(body.prompt_token_ids) + p.max_tokens > max_model_len:

@@ -2,8 +2,9 @@
 front of vLLM's (`control.py`), our lifecycle (`state.py`) and the version salt on its OpenAI
 routes (`salt.py`). Run by vLLM's interpreter through `main.py`.
 
-vLLM runs with `--dtype` as given (float32 by default), `--logprobs-mode processed_logprobs` (our
-logprob semantics, see generate.py), `--enforce-eager` on CPU, its prefix cache on unless
+vLLM runs with `--dtype` as given (float32 by default), `--logprobs-mode processed_logprobs` unless
+vLLM's own flag is given after `--` (the token route refuses logprobs the mode does not give as ours:
+`logprob_modes.py`), `--enforce-eager` on CPU, its prefix cache on unless
 `--no-prefix-caching`, `--max-model-len` the model's own context unless given (vLLM's `auto`),
 `--enable-tokenizer-info-endpoint` (`/tokenizer_info`, as the native server), Hermes tool calls
 parsed on chat and responses (`--enable-auto-tool-choice --tool-call-parser hermes`, the format the
@@ -23,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from . import logprob_modes
 from .broadcast import BroadcastMember
 from .control import build_router, expire_updates
 from .errors import install_error_handlers
@@ -81,7 +83,7 @@ def vllm_args(ours: argparse.Namespace, extra: list[str]) -> argparse.Namespace:
     argv = ["--model", str(Path(ours.model).resolve()), "--dtype", ours.dtype,
             "--max-model-len", max_model_len, "--max-num-seqs", str(ours.max_num_seqs),
             "--seed", str(ours.seed), "--host", ours.host, "--port", str(ours.port),
-            "--logprobs-mode", "processed_logprobs", "--uvicorn-log-level", ours.log_level,
+            "--logprobs-mode", logprob_modes.DEFAULT, "--uvicorn-log-level", ours.log_level,
             "--disable-uvicorn-access-log", "--enable-tokenizer-info-endpoint",
             "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
             "--enable-prefix-caching" if not ours.no_prefix_caching else "--no-enable-prefix-caching"]
@@ -124,7 +126,8 @@ async def serve(ours: argparse.Namespace, args: argparse.Namespace, routes: Any)
             lease = asyncio.ensure_future(expire_updates(life, stage))
             max_model_len = engine.model_config.max_model_len  # as vLLM derived and fitted it
             router = build_router(life, stage, routes, api_key=ours.api_key, control_token=ours.control_token,
-                                  max_model_len=max_model_len, member=BroadcastMember(ours.device))
+                                  max_model_len=max_model_len, member=BroadcastMember(ours.device),
+                                  logprobs_mode=engine.model_config.logprobs_mode)
             models = build_models_router(app, api_key=ours.api_key)
             ours_first = [*router.routes, *models.routes]
             app.router.routes[:0] = ours_first  # first match wins: ours shadow vLLM's /health, /metrics, ...

@@ -2,7 +2,8 @@
 context (512) is shorter than the old fixed 2048 without `--max-model-len`; prompt logprobs (token
 route, `echo`) equal transformers; `/tokenize`, `/detokenize`, `/tokenizer_info` equal the native
 server's on the same model; `return_token_ids` / `stop_reason` / `prompt_logprobs` where vLLM puts
-them are where the native server puts them; `models.retrieve` and `/v1/responses` (text, streamed,
+them are where the native server puts them; in vLLM's raw_logprobs mode, sampled logprobs with top_p
+< 1 equal the native engine's; `models.retrieve` and `/v1/responses` (text, streamed,
 function tools) through the official client."""
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def model(tiny_model_factory):
 @pytest.fixture(scope="module")
 def vllm_url(model):
     vllm_python_or_skip()
-    with launch(model, ["--served-model-name", NAME]) as (url, _):
+    with launch(model, ["--served-model-name", NAME, "--", "--logprobs-mode", "raw_logprobs"]) as (url, _):
         yield url
 
 
@@ -82,7 +83,7 @@ def test_prompt_logprobs_equal_transformers(vllm_url, hf, max_tokens):
     """Also past the first output: vLLM streams the prompt's scores with its first output only (40
     tokens reach the shim in two outputs, STREAM_INTERVAL 32), through RemoteClient too."""
     ids = [5, 17, 101, 33, 250, 7, 64, 300, 12]
-    params = {"max_tokens": max_tokens, "temperature": 0.7, "prompt_logprobs": 2, "ignore_eos": True}
+    params = {"max_tokens": max_tokens, "temperature": 0.7, "prompt_logprobs": 2, "ignore_eos": True, "logprobs": False}
     out = post(vllm_url, "/inflight/v1/generate", {"prompt_token_ids": ids, "sampling_params": params})
     rows = hf_logprobs(hf, ids)
     expected = rows.gather(1, torch.tensor(ids[1:])[:, None]).squeeze(1)
@@ -108,6 +109,32 @@ def test_prompt_logprobs_equal_transformers(vllm_url, hf, max_tokens):
                                               "temperature": 0})["choices"][0]["logprobs"]
     assert echo["token_logprobs"][0] is None
     assert echo["token_logprobs"][1 : len(ids)] == pytest.approx(expected.tolist(), abs=ATOL)
+
+
+def test_raw_logprobs_with_top_p_equal_the_native_engines(vllm_url, native_url, hf):
+    """DAPO's sampling (temperature 1, top_p 0.7) on a server in vLLM's raw_logprobs mode (what a run
+    whose sampling filters starts: `vllm_backend.run_checks.logprobs_mode`): each sampled token's
+    logprob and top-3 are the unfiltered distribution's, as the native engine gives them (it scores
+    vLLM's continuation here) and transformers; a temperature the mode cannot give is refused."""
+    ids = [5, 17, 101, 33, 250, 7, 64, 300, 12]
+    params = {"max_tokens": 24, "temperature": 1.0, "top_p": 0.7, "seed": 5, "top_logprobs": 3, "ignore_eos": True}
+    out = post(vllm_url, "/inflight/v1/generate", {"prompt_token_ids": ids, "sampling_params": params})
+    tokens = out["output_token_ids"]
+    scored = post(native_url, "/inflight/v1/generate", {"prompt_token_ids": ids + tokens, "sampling_params": {
+        "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 3}})
+    native = scored["prompt_logprobs"][len(ids):]
+    assert out["logprobs"] == pytest.approx(native, abs=ATOL)
+    native_top = scored["prompt_top_logprobs"][len(ids):]
+    assert [[t for t, _ in row] for row in out["top_logprobs"]] == [[t for t, _ in row] for row in native_top]
+    assert [lp for row in out["top_logprobs"] for _, lp in row] == pytest.approx(
+        [lp for row in native_top for _, lp in row], abs=ATOL)
+    rows = hf_logprobs(hf, ids + tokens)[len(ids) - 1:]
+    assert out["logprobs"] == pytest.approx(rows.gather(1, torch.tensor(tokens)[:, None])[:, 0].tolist(), abs=ATOL)
+    probs = rows.exp()  # sampled within the nucleus: less than top_p of the mass lies above each token
+    assert all(probs[i][probs[i] > probs[i, t]].sum() < 0.7 + ATOL for i, t in enumerate(tokens))
+    refused = httpx.post(vllm_url + "/inflight/v1/generate", json={"prompt_token_ids": ids, "sampling_params": {
+        "max_tokens": 4, "temperature": 0.7}}, timeout=60)
+    assert refused.status_code == 400 and "`--logprobs-mode processed_logprobs`" in refused.json()["error"]["message"]
 
 
 def test_tokenizer_routes_equal_the_native_servers(vllm_url, native_url):
