@@ -246,3 +246,70 @@ def test_targets_are_megatron_layer_names(model_dir):
     assert target_layers(_cfg(model_dir, "trainer.policy.model.lora.exclude_modules=[linear_fc2]"))[-1] == "linear_fc1"
     with pytest.raises(ConfigError, match="linear_qkv"):
         target_layers(_cfg(model_dir, "trainer.policy.model.lora.target_modules=[q_proj,v_proj]"))
+
+
+@pytest.fixture
+def own_process_group():
+    """A one-process run builds its own gloo group and megatron's parallel state: both go afterwards,
+    so later tests in this process see none (make_worker picks FSDP when a group exists)."""
+    created = not dist.is_initialized()
+    yield
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
+    if created and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def test_a_megatron_lora_run_checkpoints_and_resumes_the_adapter(tmp_path, tmp_path_factory, own_process_group):
+    """`inflight train`'s trainer with strategy=megatron and LoRA: the checkpoint's adapter is peft's
+    and its model/ is peft's merge; a resumed run starts from that adapter and the engines from the
+    merged weights (SkyRL's merge_lora) before anything is generated."""
+    import asyncio
+
+    from rl_support import rl_config, run_training, small_task, warm_model_dir
+
+    from inflight.engine import SamplingParams
+    from inflight.train.trainer import make_trainer
+
+    model_dir = warm_model_dir(tmp_path_factory)  # rewards that differ within groups: gradients to follow
+    ckpt = tmp_path / "ckpt"
+    common = ["trainer.strategy=megatron", "trainer.policy.megatron_config.transformer_config_kwargs={}",
+              "trainer.eval_interval=0", f"trainer.policy.model.lora.rank={RANK}",
+              f"trainer.policy.model.lora.alpha={ALPHA}", f"trainer.ckpt_path={ckpt}", "trainer.ckpt_interval=1",
+              "trainer.resume_mode=latest", "trainer.policy.optimizer_config.lr=1e-2"]
+    task = small_task()
+    assert len(run_training(*rl_config(model_dir, tmp_path / "run", ["job.max_steps=1", *common]), task)) == 1
+    saved = ckpt / "global_step_1"
+    reference = _peft(model_dir, adapter=saved / "adapter").eval()
+    adapter = {_hf_key(n): p.detach().clone() for n, p in reference.named_parameters() if ".lora_" in n}
+    assert any(float(v.abs().max()) > 0 for n, v in adapter.items() if ".lora_B." in n)  # step 1 trained B
+    merged = reference.merge_and_unload().eval()
+    exported, state = load_file(str(saved / "model" / "model.safetensors")), merged.state_dict()
+    assert set(exported) == set(state) - ({"lm_head.weight"} if merged.config.tie_word_embeddings else set())
+    for name, tensor in exported.items():
+        torch.testing.assert_close(tensor, state[name], atol=1e-6, rtol=1e-6, msg=name)
+    prompt = task.encode(task.eval_problems()[0].prompt)
+
+    async def resumed():
+        trainer = make_trainer(*rl_config(model_dir, tmp_path / "run", ["job.max_steps=2", *common]), task)
+        try:
+            await trainer.setup()
+            loaded = {n: t.clone() for n, t in trainer.policy.worker.hf_adapter_tensors()}
+            out = await trainer.runtime.local_engines[0].generate(
+                prompt, SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
+            return loaded, out.output_token_ids, await trainer.train()
+        finally:
+            await trainer.close()
+
+    loaded, engine_tokens, history = asyncio.run(resumed())
+    assert loaded.keys() == adapter.keys()
+    for name, value in adapter.items():
+        torch.testing.assert_close(loaded[name], value, atol=0, rtol=0, msg=name)
+    ids, greedy = torch.tensor([prompt]), []
+    with torch.no_grad():
+        for _ in range(6):
+            greedy.append(int(merged(ids).logits[0, -1].argmax()))
+            ids = torch.cat([ids, torch.tensor([[greedy[-1]]])], dim=1)
+    assert engine_tokens == greedy  # the engines hold peft's merge of the resumed adapter
+    assert [r["step"] for r in history] == [2]
