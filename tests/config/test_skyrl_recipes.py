@@ -95,3 +95,17 @@ def test_localize_touches_only_devices_and_paths(tmp_path):
                    "generator.inference_engine.weight_sync_backend=gloo", "trainer.algorithm.eps_clip_high=0.28",
                    f"trainer.policy.model.path={tmp_path / 'model'}", f"trainer.ckpt_path={tmp_path / 'trainer_ckpt_path'}",
                    "trainer.epochs=20"]
+
+
+NOTHING_REFUSED = 73
+"""SkyRL's scripts (of `RECIPES`) a run refuses nothing of, after the device and path substitutions:
+a floor that only rises as more of SkyRL is implemented."""
+
+
+def test_the_scripts_a_run_refuses_nothing_of(tmp_path):
+    clean = {script for script, overrides in RECIPES.items()
+             if not unimplemented(resolve_config(None, localize(overrides, tmp_path))[0])}
+    assert len(clean) >= NOTHING_REFUSED
+    assert {"examples/train/megatron/run_megatron.sh",  # megatron in bf16 (SkyRL's default)
+            "examples/train/megatron/run_megatron_lora_qwen3-0.6b.sh",  # and with LoRA
+            "examples/train/fully_async/fully_async_run_gsm8k_megatron_lora.sh"} <= clean  # merge_lora=false
