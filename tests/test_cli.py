@@ -208,3 +208,14 @@ def test_a_checkpoint_of_another_runs_data_is_refused_in_one_line_naming_both_fi
     assert "give this run a trainer.ckpt_path of its own, or set trainer.resume_mode=none" in err
     assert not (other / "out" / "metrics.jsonl").exists()  # refused before anything trained
     assert main(["train", *args, "trainer.resume_mode=none", "trainer.ckpt_interval=-1"]) == 0  # the fix
+
+
+def test_options_may_sit_among_the_overrides(capsys):
+    """`inflight train --config X key=v --print-config key=v` (what scripts/run.sh passes on): argparse
+    refused the overrides after the option as unrecognized arguments."""
+    from inflight.train.main import main as train_main
+
+    args = ["--config", str(ROOT / "examples" / "default.yaml"), "trainer.seed=5", "--print-config", "job.threads=1"]
+    assert train_main(args) == 0
+    out = capsys.readouterr().out
+    assert "seed: 5" in out and "threads: 1" in out

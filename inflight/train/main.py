@@ -305,7 +305,7 @@ def _error(problem: object, status: int = 2) -> int:
 def main(argv: list[str] | None = None, start_ray: Starter | None = None) -> int:
     """Entry point of `inflight train`; returns the exit status. `start_ray`: the runtime for
     `--ray` (`job.ray`), which only the `inflight` command supplies."""
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_intermixed_args(argv)  # options may sit among the overrides
     if args.reference:
         sys.stdout.write(config_reference())
         return 0
