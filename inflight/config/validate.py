@@ -526,7 +526,8 @@ def _generation_workers(cfg: Config) -> Iterator[Violation]:
         yield Violation(
             key, fa.num_parallel_generation_workers,
             f"must be in [policy_mini_batch_size, policy_mini_batch_size * (max_staleness_steps + 1)] = [{low}, {high}]"
-            " (fewer starves the trainer; more is wasted by the staleness limit)",
+            " (fewer starves the trainer; more is wasted by the staleness limit; SkyRL's fully-async trainer"
+            " asserts the same)",
             f"set {key}={mini * (fa.max_staleness_steps // 2 + 1)}",
         )  # fmt: skip
 
