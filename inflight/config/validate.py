@@ -564,6 +564,22 @@ def _tensor_parallel_divides_policy_ranks(cfg: Config) -> Iterator[Violation]:
     )  # fmt: skip
 
 
+_FSDP_SIZES = tuple(f"trainer.{role}.fsdp_config.fsdp_size" for role in ("policy", "ref", "critic"))
+
+
+@_rule(*_FSDP_SIZES, POLICY_NODES, POLICY_GPUS)
+def _fsdp_size_divides_policy_ranks(cfg: Config) -> Iterator[Violation]:
+    placement = cfg.trainer.placement
+    ranks = placement.policy_num_nodes * placement.policy_num_gpus_per_node
+    for key, role in zip(_FSDP_SIZES, ("policy", "ref", "critic"), strict=True):
+        size = getattr(cfg.trainer, role).fsdp_config.fsdp_size
+        if ranks >= 1 and 0 <= size < ranks and (size == 0 or ranks % size):
+            divisors = [d for d in range(1, ranks) if ranks % d == 0]
+            yield Violation(key, size, f"must divide the policy's ranks ({POLICY_NODES} * {POLICY_GPUS} = {ranks}): "
+                            "each replica is sharded over fsdp_size ranks (hybrid sharding)",
+                            f"set {key} to one of {divisors}, or -1 (shard over every rank)")
+
+
 # ---- data and environment (your own data: data.*, trainer.max_prompt_length, environment.env_class) ----
 DATA_SUFFIXES = (".parquet", ".jsonl", ".json")
 _MODULE_NAME = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")

@@ -121,10 +121,10 @@ class FSDPConfig:
     reshard_after_forward: bool | int = skyrl(True)
     """Free each layer's gathered parameters after its forward (FSDP2's `reshard_after_forward`):
     true (default), false, or an int (reshard to that many ranks)."""
-    fsdp_size: int = skyrl(-1, status=refused(
-        "hybrid sharding (a sharding group smaller than the policy's ranks) is not implemented",
-        runs=lambda v: v == -1, fix="set fsdp_size=-1 (shard over every policy rank)"))
-    """Ranks one copy is sharded over; -1 (default): all of them."""
+    fsdp_size: int = skyrl(-1)
+    """Ranks one copy is sharded over: -1 (default, or the ranks' count or more) all of them; a divisor
+    S of the ranks shards each of ranks / S replicas over S ranks (hybrid sharding, FSDP2 on a 2-D
+    device mesh: gradients reduce-scattered in a replica, all-reduced across them)."""
     mixed_precision: MixedPrecisionConfig = field(default_factory=MixedPrecisionConfig)
     wrap_policy: dict[str, Any] = skyrl(factory=dict)
     """`{transformer_layer_cls_to_wrap: [class names]}`: the modules sharded as one unit each. Empty

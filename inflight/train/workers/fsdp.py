@@ -7,6 +7,11 @@ sync every parameter is gathered to a full tensor (`DTensor.full_tensor()`, one 
 parameter, in `named_parameters()` order on every rank, so memory never holds more than one full
 parameter beyond the shards); the names are the Hugging Face ones, which FSDP2 keeps unchanged.
 
+`fsdp_config.fsdp_size` (SkyRL's): -1 (or the world size or more) shards every parameter over all
+ranks; a smaller size S is hybrid sharding (HSDP), FSDP2 over a 2-D device mesh
+(world / S replicas, each sharded over S ranks): gradients are reduce-scattered within a replica and
+all-reduced across replicas, so the step is the same average over every rank's data.
+
 With `bf16`, FSDP2's `MixedPrecisionPolicy` does what autocast does for the local worker: the
 shards (the master weights) and AdamW stay float32, each unit's parameters are all-gathered in
 bfloat16 for the compute, and gradients are reduced in float32.
@@ -22,6 +27,7 @@ from contextlib import AbstractContextManager, nullcontext
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
@@ -54,10 +60,14 @@ class FSDPPolicyWorker(LocalPolicyWorker):
         self.model = model
 
     def shard_options(self) -> dict:
-        """`fully_shard`'s options from `fsdp_config`: the mixed precision (under `bf16`), where
-        parameters wait (`cpu_offload`, on CUDA) and `reshard_after_forward`."""
+        """`fully_shard`'s options from `fsdp_config`: the device mesh (`fsdp_size`), the mixed
+        precision (under `bf16`), where parameters wait (`cpu_offload`, on CUDA) and
+        `reshard_after_forward`."""
         fsdp = self.section.fsdp_config
         options: dict = {"reshard_after_forward": fsdp.reshard_after_forward}
+        mesh = self.hybrid_mesh()
+        if mesh is not None:
+            options["mesh"] = mesh
         if self.bf16:
             mp = fsdp.mixed_precision
             options["mp_policy"] = MixedPrecisionPolicy(param_dtype=PRECISIONS[mp.param_dtype],
@@ -65,6 +75,18 @@ class FSDPPolicyWorker(LocalPolicyWorker):
         if fsdp.cpu_offload and self.device.type == "cuda":
             options["offload_policy"] = CPUOffloadPolicy()
         return options
+
+    def hybrid_mesh(self) -> DeviceMesh | None:
+        """The (replicas, fsdp_size) mesh of hybrid sharding, or None: shard over every rank
+        (`fsdp_size` -1, or the world size or more, as SkyRL's `create_device_mesh`)."""
+        size = self.section.fsdp_config.fsdp_size
+        if size < 0 or size >= self.world_size:
+            return None
+        if size == 0 or self.world_size % size:
+            raise ConfigError([Violation(f"trainer.{self.role}.fsdp_config.fsdp_size", size, f"must divide the "
+                                         f"{self.world_size} ranks (each replica is sharded over fsdp_size of them)",
+                                         "set a divisor of the ranks, or -1 (shard over all of them)")])
+        return init_device_mesh(self.device.type, (self.world_size // size, size), mesh_dim_names=("ddp", "fsdp"))
 
     def wrapped_units(self, model: torch.nn.Module) -> list[torch.nn.Module]:
         """The modules sharded as one unit each: those whose class `fsdp_config.wrap_policy`'s
