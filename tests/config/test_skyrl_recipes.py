@@ -36,8 +36,6 @@ def localize(overrides: list[str], root: Path) -> list[str]:
         leaf = key.rsplit(".", 1)[-1]
         if DEVICE_KEYS.search(leaf):
             value = "1" if value not in ("null", "None") else value
-        elif key.endswith("fsdp_size"):
-            value = "-1"
         elif key.endswith("num_prefill"):
             value = "0"
         elif key.endswith("weight_sync_backend") and value == "nccl":
