@@ -38,6 +38,9 @@ _BUILTIN_ENVIRONMENTS = {"tool": "inflight.tasks.tool_env:ToolEnv"}
 CONFIGURED_ENVIRONMENTS = ("openenv",)
 """Environments `inflight.tasks.DataTask` builds from its own config section (`environment.openenv`)."""
 SKYRL_GYM_PREFIX = "skyrl_gym:"
+SKYRL_EXAMPLE_ENVIRONMENTS = {"multiply": "inflight.tasks.skyrl_examples:MultiplyEnv"}
+"""Environments SkyRL's example entry points register into skyrl-gym (by id: ours, with the same
+behaviour), registered under that id when a run first builds one (`inflight.tasks.skyrl_examples`)."""
 SKYRL_GYM_ENVIRONMENTS = ("aime", "gsm8k", "gsm8k_multi_turn", "lcb", "search", "searchcode", "text2sql")
 """The environments skyrl-gym 0.4.0 registers. A bare name that is also one of ours (`gsm8k`) is ours;
 `skyrl_gym:<id>` always names skyrl-gym's (any id its registry holds when the run starts)."""
@@ -60,7 +63,7 @@ def skyrl_gym_id(name: str) -> str | None:
     if name in _REGISTRY or name in _BUILTIN_ENVIRONMENTS:
         return None
     gym = sys.modules.get("skyrl_gym")  # registered ids exist only once skyrl-gym is imported
-    if name in SKYRL_GYM_ENVIRONMENTS or name in getattr(gym, "registry", {}):
+    if name in SKYRL_GYM_ENVIRONMENTS or name in SKYRL_EXAMPLE_ENVIRONMENTS or name in getattr(gym, "registry", {}):
         return name
     return None
 

@@ -2,7 +2,8 @@
 
 `environment.env_class` (or a row's `env_class`) names one by its skyrl-gym id (`aime`,
 `gsm8k_multi_turn`, `lcb`, `search`, `searchcode`, `text2sql`; a name that is also one of ours,
-`gsm8k`, stays ours), as `skyrl_gym:<id>` (any id skyrl-gym's registry holds when the run starts),
+`gsm8k`, stays ours; the ids SkyRL's example entry points register, `multiply`:
+`inflight.tasks.skyrl_examples`), as `skyrl_gym:<id>` (any id skyrl-gym's registry holds when the run starts),
 or as `package.module:Class` for a `skyrl_gym.Env` subclass of your own. Each episode builds the
 environment as SkyRL's generator does: `skyrl_gym.make(id, env_config=..., extras=...)`, where
 `env_config` is the run's `environment.skyrl_gym.<id>` section (text2sql's `db_path`, search's
@@ -39,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inflight.rewards import RewardError, resolve
-from inflight.rewards.registry import CONFIG_KEY, is_skyrl_gym_class, skyrl_gym_id
+from inflight.rewards.registry import CONFIG_KEY, SKYRL_EXAMPLE_ENVIRONMENTS, is_skyrl_gym_class, skyrl_gym_id
 from inflight.tasks.base import Environment, Problem, StepResult, in_thread
 
 UNBOUNDED_TURNS = math.inf
@@ -195,6 +196,8 @@ def _registered(name: str, env_id: str) -> str:
     except ImportError as err:
         raise RewardError(f"{CONFIG_KEY}={name!r} is a skyrl-gym environment, and skyrl-gym is not installed: "
                           "pip install 'inflight[environments]' (or skyrl-gym==0.4.0)") from err
+    if env_id not in skyrl_gym.registry and env_id in SKYRL_EXAMPLE_ENVIRONMENTS:  # as SkyRL's example does
+        skyrl_gym.register(id=env_id, entry_point=SKYRL_EXAMPLE_ENVIRONMENTS[env_id])
     if env_id not in skyrl_gym.registry:
         raise RewardError(f"{CONFIG_KEY}={name!r}: skyrl-gym has no environment {env_id!r} (it holds "
                           f"{', '.join(sorted(skyrl_gym.registry))}); register yours with skyrl_gym.register, "

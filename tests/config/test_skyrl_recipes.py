@@ -95,7 +95,7 @@ def test_localize_touches_only_devices_and_paths(tmp_path):
                    "trainer.epochs=20"]
 
 
-NOTHING_REFUSED = 73
+NOTHING_REFUSED = 74
 """SkyRL's scripts (of `RECIPES`) a run refuses nothing of, after the device and path substitutions:
 a floor that only rises as more of SkyRL is implemented."""
 
@@ -106,4 +106,5 @@ def test_the_scripts_a_run_refuses_nothing_of(tmp_path):
     assert len(clean) >= NOTHING_REFUSED
     assert {"examples/train/megatron/run_megatron.sh",  # megatron in bf16 (SkyRL's default)
             "examples/train/megatron/run_megatron_lora_qwen3-0.6b.sh",  # and with LoRA
-            "examples/train/fully_async/fully_async_run_gsm8k_megatron_lora.sh"} <= clean  # merge_lora=false
+            "examples/train/fully_async/fully_async_run_gsm8k_megatron_lora.sh",  # merge_lora=false
+            "examples/train/multiply/run_multiply.sh"} <= clean  # an example entry point's environment
