@@ -38,7 +38,8 @@ _BUILTIN_ENVIRONMENTS = {"tool": "inflight.tasks.tool_env:ToolEnv"}
 CONFIGURED_ENVIRONMENTS = ("openenv",)
 """Environments `inflight.tasks.DataTask` builds from its own config section (`environment.openenv`)."""
 SKYRL_GYM_PREFIX = "skyrl_gym:"
-SKYRL_EXAMPLE_ENVIRONMENTS = {"multiply": "inflight.tasks.skyrl_examples:MultiplyEnv"}
+SKYRL_EXAMPLE_ENVIRONMENTS = {"multiply": "inflight.tasks.skyrl_examples:MultiplyEnv",
+                              "llm_as_a_judge": "inflight.tasks.skyrl_examples:LLMJudgeEnv"}
 """Environments SkyRL's example entry points register into skyrl-gym (by id: ours, with the same
 behaviour), registered under that id when a run first builds one (`inflight.tasks.skyrl_examples`)."""
 SKYRL_GYM_ENVIRONMENTS = ("aime", "gsm8k", "gsm8k_multi_turn", "lcb", "search", "searchcode", "text2sql")

@@ -2,8 +2,8 @@
 
 `environment.env_class` (or a row's `env_class`) names one by its skyrl-gym id (`aime`,
 `gsm8k_multi_turn`, `lcb`, `search`, `searchcode`, `text2sql`; a name that is also one of ours,
-`gsm8k`, stays ours; the ids SkyRL's example entry points register, `multiply`:
-`inflight.tasks.skyrl_examples`), as `skyrl_gym:<id>` (any id skyrl-gym's registry holds when the run starts),
+`gsm8k`, stays ours; the ids SkyRL's example entry points register, `multiply` and
+`llm_as_a_judge`: `inflight.tasks.skyrl_examples`), as `skyrl_gym:<id>` (any id skyrl-gym's registry holds when the run starts),
 or as `package.module:Class` for a `skyrl_gym.Env` subclass of your own. Each episode builds the
 environment as SkyRL's generator does: `skyrl_gym.make(id, env_config=..., extras=...)`, where
 `env_config` is the run's `environment.skyrl_gym.<id>` section (text2sql's `db_path`, search's

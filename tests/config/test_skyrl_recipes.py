@@ -95,7 +95,7 @@ def test_localize_touches_only_devices_and_paths(tmp_path):
                    "trainer.epochs=20"]
 
 
-NOTHING_REFUSED = 74
+NOTHING_REFUSED = 75
 """SkyRL's scripts (of `RECIPES`) a run refuses nothing of, after the device and path substitutions:
 a floor that only rises as more of SkyRL is implemented."""
 
@@ -107,4 +107,5 @@ def test_the_scripts_a_run_refuses_nothing_of(tmp_path):
     assert {"examples/train/megatron/run_megatron.sh",  # megatron in bf16 (SkyRL's default)
             "examples/train/megatron/run_megatron_lora_qwen3-0.6b.sh",  # and with LoRA
             "examples/train/fully_async/fully_async_run_gsm8k_megatron_lora.sh",  # merge_lora=false
-            "examples/train/multiply/run_multiply.sh"} <= clean  # an example entry point's environment
+            "examples/train/multiply/run_multiply.sh",  # example entry points' environments
+            "examples/train/llm_as_a_judge/run_llm_judge.sh"} <= clean

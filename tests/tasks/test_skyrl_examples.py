@@ -4,6 +4,7 @@ ids in rows as SkyRL's example datasets write them, played through `DataTask` an
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import pytest
 from gym_support import ScriptedClient, encode, write_rows
@@ -71,3 +72,85 @@ def test_multiply_needs_the_ground_truth_and_defaults_to_five_turns():
 def test_skyrls_multiply_script_is_not_refused():
     cfg = load_config(None, [*LOCAL_CPU, "environment.env_class=multiply"])
     assert unimplemented(cfg) == []
+
+
+class Judge:
+    """An OpenAI-compatible judge on a free local port (`POST /v1/chat/completions`) whose reply is
+    `reply(predicted answer)`; records each request's body. Status 500 for `fail`."""
+
+    def __init__(self, reply, fail: bool = False) -> None:
+        import json
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.requests, owner = [], self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 (http.server's name)
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                owner.requests.append(body)
+                content = body["messages"][0]["content"]
+                answer = content.rsplit("ANSWER TO GRADE:\n", 1)[-1]
+                out = {"id": "j", "object": "chat.completion", "created": 0, "model": body["model"],
+                       "choices": [{"index": 0, "finish_reason": "stop",
+                                    "message": {"role": "assistant", "content": reply(answer)}}]}
+                self.send_response(500 if fail else 200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(json.dumps(out).encode())
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+def judge_rows() -> list[dict]:
+    """Rows as SkyRL's examples/train/llm_as_a_judge/gsm8k_dataset_judge.py writes them."""
+    return [{"data_source": "openai/gsm8k", "env_class": "llm_as_a_judge",
+             "prompt": [{"role": "user", "content": "3 + 4? End with #### <number>."}],
+             "reward_spec": {"method": "rule", "ground_truth": "3 + 4 = 7\n#### 7"}}] * 2
+
+
+@pytest.mark.parametrize(("reply", "reward"), [
+    ("They agree.\n### Final Score: 1", 1.0), ("### Final Score: 0.0", 0.0), ("1", 1.0), ("looks right", 0.0)])
+def test_llm_as_a_judge_scores_what_the_judge_says(tok, tmp_path, monkeypatch, reply, reward):
+    from inflight.config.schema.data import LLMJudgeConfig
+
+    monkeypatch.setenv("OPENAI_API_KEY", "local")
+    judge = Judge(lambda answer: reply)
+    try:
+        data = write_rows(tmp_path / "judge.parquet", judge_rows())
+        section = LLMJudgeConfig(model="tiny-judge", base_url=judge.url)
+        task = DataTask(tok, [data], [data], skyrl_gym=GymSettings(SimpleNamespace(llm_as_a_judge=section)))
+        traj, _ = play(task, tok, ["3 + 4 = 7\n#### 7"])
+    finally:
+        judge.close()
+    assert traj.num_turns == 1 and traj.reward == reward and not traj.reward_failed
+    (request,) = [r for r in judge.requests if r["messages"]]
+    assert request["model"] == "tiny-judge"
+    content = request["messages"][0]["content"]
+    assert "3 + 4 = 7\n#### 7" in content.split("ANSWER TO GRADE:")[0] and content.endswith("#### 7")
+
+
+def test_llm_as_a_judge_that_fails_is_a_reward_failure_and_the_key_is_required(tok, tmp_path, monkeypatch):
+    from inflight.tasks.skyrl_examples import LLMJudgeEnv
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with pytest.raises(ValueError, match="OPENAI_API_KEY"):
+        LLMJudgeEnv(None, {"reward_spec": {"ground_truth": "#### 7"}})
+    monkeypatch.setenv("OPENAI_API_KEY", "local")
+    judge = Judge(lambda answer: "### Final Score: 1", fail=True)
+    try:
+        data = write_rows(tmp_path / "judge.parquet", judge_rows())
+        section = SimpleNamespace(model="tiny-judge", base_url=judge.url)
+        task = DataTask(tok, [data], [data], skyrl_gym=GymSettings(SimpleNamespace(llm_as_a_judge=section)))
+        traj, _ = play(task, tok, ["#### 7"])
+    finally:
+        judge.close()
+    assert traj.reward == 0.0 and traj.reward_failed

@@ -119,14 +119,14 @@ JUDGE_MODULE = textwrap.dedent('''
             return BaseTextEnvStepOutput(observations=[], reward=float(self.truth in action), done=True,
                                          metadata={"judge": self.model, "judge_url": self.base_url})
 
-    if "llm_as_a_judge" not in skyrl_gym.registry:
-        skyrl_gym.register(id="llm_as_a_judge", entry_point="inflight_test_judge:JudgeEnv")
+    skyrl_gym.register(id="llm_as_a_judge", entry_point="inflight_test_judge:JudgeEnv")
 ''')
 
 
 def test_your_own_env_class_gets_the_section_of_the_id_it_registers(tok, tmp_path, monkeypatch):
     (tmp_path / "inflight_test_judge.py").write_text(JUDGE_MODULE)
     monkeypatch.syspath_prepend(str(tmp_path))
+    ours = skyrl_gym.registry.pop("llm_as_a_judge", None)  # the built-in one, once a run registered it
     data = write_rows(tmp_path / "d.parquet", [{"prompt": "say 7", "answer": "7"}] * 2)
     settings = gym("environment.skyrl_gym.llm_as_a_judge.model=tiny-judge")
     task = DataTask(tok, [data], [data], env_class="inflight_test_judge:JudgeEnv", skyrl_gym=settings)
@@ -134,6 +134,8 @@ def test_your_own_env_class_gets_the_section_of_the_id_it_registers(tok, tmp_pat
     assert traj.reward == 1.0 and traj.info["judge"] == "tiny-judge" and traj.info["judge_url"] is None
     skyrl_gym.registry.pop("llm_as_a_judge")
     sys.modules.pop("inflight_test_judge")
+    if ours is not None:
+        skyrl_gym.registry["llm_as_a_judge"] = ours
 
 
 class SlowEnv(skyrl_gym.Env):
