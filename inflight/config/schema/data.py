@@ -74,7 +74,8 @@ class SearchConfig:
 @dataclass
 class LLMJudgeConfig:
     """The `llm_as_a_judge` environment of SkyRL's examples (an OpenAI-compatible judge): the
-    `env_config` of an environment registered in skyrl-gym under that id (yours; skyrl-gym has none)."""
+    `env_config` of the environment registered in skyrl-gym under that id (ours,
+    `inflight.tasks.skyrl_examples`, unless your code registers another)."""
 
     model: str = skyrl("gpt-4o-mini")
     """The judge's model name. Default gpt-4o-mini."""
