@@ -33,7 +33,7 @@ real chat model, `--model DIR`, e.g. SmolLM2-135M-Instruct from `inflight models
 smollm2-135m-instruct`, trained as shipped, no warm-up: the runs start from the recipe
 `examples/smollm2/config.yaml` instead of the demo job, its data files written by
 `examples/smollm2/make_data.py`; prompts are chat messages through the model's chat template on both
-sides, scored by `inflight.rewards`' gsm8k_flexible, LoRA rank 32 / alpha 64 on every linear layer).
+sides, scored by `inflight.rewards`' gsm8k_flexible, with the recipe's LoRA).
 
 Reported per side and run: held-out accuracy against wall-clock time (the curve and `--gains`'
 times: the first evaluation at least that many points above the run's start), samples/s, accuracy
@@ -84,8 +84,8 @@ WORKLOADS: dict[str, PeersWorkload] = {
         ("generator.inference_engine.kv_cache_memory_gib=0.5", "job.warmup_lr=3e-4", "job.warmup_steps=400",
          "job.warmup_target_accuracy=0.3", "job.warmup_max_seconds=1800")),
     "smollm2": PeersWorkload(
-        None, "examples/smollm2's recipe: a real chat model as shipped (--model), LoRA rank 32 / alpha 64 "
-        "all-linear, chat prompts asking for a sum, the last number in the response scored (gsm8k_flexible)",
+        None, "examples/smollm2's recipe: a real chat model as shipped (--model), LoRA, chat prompts asking "
+        "for a sum, the last number in the response scored (gsm8k_flexible)",
         # float32 on both sides (TRL's trains in it): the recipe's bf16 null picks bfloat16 on AMX / AVX-512-BF16
         5, overrides=("trainer.bf16=false",), recipe="examples/smollm2/config.yaml"),
 }

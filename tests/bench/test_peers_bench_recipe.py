@@ -15,6 +15,7 @@ from pathlib import Path
 import peft
 import pytest
 import torch
+import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from inflight.bench import trl_worker
@@ -60,7 +61,8 @@ def test_lora_kwargs_are_the_adapters_apply_lora_builds(tmp_path):
 
     assert adapters(ours) == adapters(theirs) and len(adapters(ours)) == 2 * 7 * 2  # 7 linears x 2 layers
     mine, other = ours.peft_config["default"], theirs.peft_config["default"]
-    assert (other.r, other.lora_alpha, other.lora_dropout) == (32, 64, 0.0)  # the recipe's
+    lora = yaml.safe_load((REPOSITORY / RECIPE).read_text())["trainer"]["policy"]["model"]["lora"]
+    assert (other.r, other.lora_alpha, other.lora_dropout) == (lora["rank"], lora["alpha"], lora.get("dropout", 0.0))
     for key in ("r", "lora_alpha", "lora_dropout", "target_modules", "init_lora_weights", "use_rslora", "bias"):
         assert getattr(mine, key) == getattr(other, key), key
 
@@ -97,9 +99,20 @@ def test_trl_settings_of_the_recipe(recipe, tmp_path):
     task = make_bench_task(cfg, job)
     settings = trl_settings(cfg, task, model, tmp_path, 5.0, 2)
     assert settings["reward"] == "gsm8k_flexible" and settings["lora"] == lora_kwargs(cfg)
-    assert (settings["prompts_per_step"], settings["group_size"], settings["lr"]) == (8, 8, 2e-4)
-    assert (settings["max_tokens"], settings["eval_max_tokens"], settings["temperature"]) == (48, 48, 1.0)
-    assert (settings["clip_low"], settings["clip_high"], settings["eval_interval"]) == (0.2, 0.28, 2)
+    # what the recipe file says, read here with yaml (the bench resolves it through inflight's config)
+    file = yaml.safe_load((REPOSITORY / RECIPE).read_text())
+    trainer, generator = file["trainer"], file["generator"]
+    lora, algorithm = trainer["policy"]["model"]["lora"], trainer["algorithm"]
+    assert (settings["lora"]["r"], settings["lora"]["lora_alpha"]) == (lora["rank"], lora["alpha"])
+    assert settings["lora"]["target_modules"] == "all-linear" == lora["target_modules"]
+    assert (settings["prompts_per_step"], settings["group_size"]) == (trainer["train_batch_size"],
+                                                                      generator["n_samples_per_prompt"])
+    assert settings["lr"] == trainer["policy"]["optimizer_config"]["lr"]
+    assert (settings["max_tokens"], settings["temperature"]) == (generator["sampling_params"]["max_generate_length"],
+                                                                 generator["sampling_params"]["temperature"])
+    assert settings["eval_max_tokens"] == generator["eval_sampling_params"]["max_generate_length"]
+    assert (settings["clip_low"], settings["clip_high"]) == (algorithm["eps_clip_low"], algorithm["eps_clip_high"])
+    assert settings["eval_interval"] == 2  # the bench's
     rows = [json.loads(line) for line in (tmp_path / "train.jsonl").read_text().splitlines()]
     assert len(rows) == 64 and rows[0]["prompt"][0]["role"] == "user"
     # the engine's prompt ids are the tokenizer's chat template with the generation prompt, as TRL's are
@@ -175,3 +188,41 @@ def test_a_quantized_model_dir_is_refused_before_any_run(recipe, tmp_path):
     with pytest.raises(SystemExit, match="inflight models get"):
         main(["--workload", "smollm2", "--model", str(quantized), "--output-dir", str(out), *data])
     assert not out.exists()
+
+
+@pytest.mark.timeout(1800)  # three sides' runs and evaluations; TRL's alone took 5 minutes on a loaded 2-CPU box
+def test_bench_peers_smollm2_smoke(recipe, tmp_path):
+    """The whole bench on the recipe for 2 steps a run (a budget in work; the seconds only a cap),
+    answers cut to 16 tokens: both inflight trainers, and TRL's GRPOTrainer with the same LoRA when
+    its venv exists (one thread: no OpenMP spinning on a loaded machine), whose worker refuses to
+    run unless its chat-template token ids equal ours."""
+    from inflight.bench.peers_report import table
+    from inflight.bench.trl_side import default_python
+
+    model, data = recipe
+    has_trl = Path(default_python()).exists()
+    sides = "trl,sync,fully_async" if has_trl else "sync,fully_async"
+    out = tmp_path / "bench"
+    argv = ["--workload", "smollm2", "--model", str(model), "--steps", "2", "--seconds", "600", "--repeats", "1",
+            "--eval-interval", "2", "--sides", sides, "--trl-threads", "1", "--output-dir", str(out), *data,
+            "generator.sampling_params.max_generate_length=16", "generator.eval_sampling_params.max_generate_length=16"]
+    assert main(argv) == 0
+    result = json.loads((out / "bench_peers.json").read_text())
+    assert set(result["results"]) == set(sides.split(",")) and result["eval_problems"] == 16
+    for rows in result["results"].values():
+        (row,) = rows
+        curve = row["curve"]
+        assert row["steps"] == 2 and row["eval_problems"] == 16 and row["samples_per_s"] > 0
+        assert curve[0] == [0.0, row["before"]] and curve[-1][1] == row["after"] and len(curve) >= 2
+    text = (out / "bench_peers.md").read_text()
+    assert text == table(result) and str(model) in text and "LoRA start" in text and result["cpu"] in text
+    if not has_trl:
+        return
+    (trl,) = result["results"]["trl"]
+    settings = trl["settings"]
+    assert settings["reward"] == "gsm8k_flexible" and settings["lora"]["r"] == 32 and trl["samples"] == 2 * 64
+    assert (settings["max_tokens"], settings["eval_max_tokens"], trl["threads"]) == (16, 16, 1)
+    # the same start model, prompts and greedy evaluation: transformers' generate and our engine agree
+    (sync,) = result["results"]["sync"]
+    assert trl["before"] == pytest.approx(sync["before"], abs=1 / 16 + 1e-9)
+    assert result["summary"]["sync"]["vs_trl"]["samples_per_s"] > 0
