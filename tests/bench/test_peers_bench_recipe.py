@@ -32,17 +32,18 @@ RESPONSES = ["25", "17 + 8 = 25", "17 + 8 = 25. This adds 17 and 8.", "The sum i
              "25.0", "2 5", "twenty-five", "", "The answer: 24, no, 25", "1,000", "25/1", "#### 25", "25 apples"]
 
 
-def test_the_worker_scores_with_inflight_rewards_own_file_without_inflight():
+@pytest.mark.parametrize("name", sorted(trl_worker.SHARED_REWARDS))
+def test_the_worker_scores_with_inflight_rewards_own_file_without_inflight(name):
     """Loaded by path in an interpreter where `inflight` cannot be imported (TRL's venv lacks it),
-    the worker's gsm8k_flexible is the registry's: the same scores, from the same file."""
+    the worker's reward is the registry's: the same scores, from the same file."""
     code = ("import json, runpy, sys; sys.modules['inflight'] = None; "
-            f"g = runpy.run_path({trl_worker.__file__!r}); f = g['reward_for']('gsm8k_flexible'); "
+            f"g = runpy.run_path({trl_worker.__file__!r}); f = g['reward_for']({name!r}); "
             f"print(json.dumps([f(r, a) for r in {RESPONSES!r} for a in ('25', '1025', '1000')]))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    want = [get_reward("gsm8k_flexible")(r, a) for r in RESPONSES for a in ("25", "1025", "1000")]
+    want = [get_reward(name)(r, a) for r in RESPONSES for a in ("25", "1025", "1000")]
     assert json.loads(done.stdout) == want and set(want) == {0.0, 1.0}
-    here = trl_worker.reward_for("gsm8k_flexible")
+    here = trl_worker.reward_for(name)
     assert Path(here.__code__.co_filename).resolve() == Path(gsm8k_module.__file__).resolve()
 
 
