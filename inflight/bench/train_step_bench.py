@@ -14,7 +14,7 @@ activation checkpointing), and `plain` (the baseline: the
 same model, token-mean NLL over the full logits, gradient clipping and AdamW written straight against
 transformers and torch). The worker modes run as the trainer builds them: log-probabilities in
 chunks of `trainer.logprobs_chunk_size` tokens (default 1024; `--logprobs-chunk-size`), glibc's
-large blocks mapped (`inflight.train.allocator`).
+malloc as glibc sets it.
 A step is timed after `--warmup` untimed steps, on the wall clock and in CPU seconds (user +
 system, steadier than the wall clock on a shared machine). Achieved FLOP/s counts the useful work, forward and
 backward (3 x the forward's 2 FLOPs per parameter and token, plus the LM head and causal attention;

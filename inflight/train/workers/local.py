@@ -25,7 +25,6 @@ import torch
 from inflight.config import Config
 from inflight.engine.cpu import cpu_flags
 from inflight.train import shared_prefix
-from inflight.train.allocator import map_large_blocks
 from inflight.train.batch import TrainBatch
 from inflight.train.chunked_logprobs import chunked_token_logprobs, state_logprobs
 from inflight.train.lora import (
@@ -133,7 +132,6 @@ class LocalPolicyWorker(PolicyWorker):
         return self.compute_dtype() if self.bf16 and self.lora else torch.float32
 
     def build_model(self) -> None:
-        map_large_blocks()  # freed activations go back to the system (peak memory; train/allocator.py)
         model = self.load_hf_model()
         self.model = apply_lora(model, self.cfg) if self.lora else model
 
