@@ -14,7 +14,6 @@ Two gloo ranks (tensor parallel size 2) run one case; the oracles are `transform
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,7 @@ pytest.importorskip("megatron.core", reason="megatron-core is not installed; pip
 
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
+from megatron_support import free_port, small_batch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
@@ -47,19 +47,7 @@ def _cfg(model_dir: Path):
 
 
 def _batch(vocab: int) -> TrainBatch:
-    gen = torch.Generator().manual_seed(7)
-    input_ids = torch.randint(3, vocab, (3, 12), generator=gen)
-    attention_mask = torch.ones_like(input_ids)
-    attention_mask[1, 9:] = 0
-    loss_mask = attention_mask.clone()
-    loss_mask[:, :3] = 0
-    return TrainBatch(input_ids=input_ids, loss_mask=loss_mask, attention_mask=attention_mask)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return small_batch(vocab, 7, 12, 1, 9)
 
 
 def _main_grads_hf(worker) -> dict[str, torch.Tensor]:
@@ -119,7 +107,7 @@ def model_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def ranks(model_dir, tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("megatron_bf16_ranks") / "rank0.pt"
-    mp.spawn(_rank, args=(_free_port(), model_dir, out), nprocs=TP, join=True)
+    mp.spawn(_rank, args=(free_port(), model_dir, out), nprocs=TP, join=True)
     return torch.load(out, weights_only=False)
 
 

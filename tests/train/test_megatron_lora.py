@@ -18,7 +18,6 @@ A, which is exactly what megatron's fused adapters are. The test writes it with 
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import pytest
@@ -29,6 +28,7 @@ peft = pytest.importorskip("peft")
 
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
+from megatron_support import free_port, small_batch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
@@ -52,19 +52,7 @@ def _cfg(model_dir: Path, *extra: str):
 
 
 def _batch(vocab: int) -> TrainBatch:
-    gen = torch.Generator().manual_seed(5)
-    input_ids = torch.randint(3, vocab, (3, 11), generator=gen)
-    attention_mask = torch.ones_like(input_ids)
-    attention_mask[2, 8:] = 0
-    loss_mask = attention_mask.clone()
-    loss_mask[:, :3] = 0
-    return TrainBatch(input_ids=input_ids, loss_mask=loss_mask, attention_mask=attention_mask)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return small_batch(vocab, 5, 11, 2, 8)
 
 
 def _grads_hf(worker) -> dict[str, torch.Tensor]:
@@ -157,7 +145,7 @@ def adapter_dir(model_dir, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def ranks(model_dir, adapter_dir, tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("megatron_lora_ranks") / "rank0.pt"
-    mp.spawn(_rank, args=(_free_port(), model_dir, adapter_dir, out), nprocs=TP, join=True)
+    mp.spawn(_rank, args=(free_port(), model_dir, adapter_dir, out), nprocs=TP, join=True)
     return {**torch.load(out, weights_only=False), "saved_adapter": out.parent / "saved_adapter"}
 
 
