@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 import torch
+from moe_routing import hf_routing
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from inflight.client import LocalClient, RemoteClient
@@ -88,17 +89,6 @@ class PickledActor:
         return pickle.loads(pickle.dumps(await apply_op(self.engine, op, *pickle.loads(pickle.dumps(args)))))
 
 
-@torch.no_grad()
-def _hf_routing(model, tokens: list[int]) -> np.ndarray:
-    seen = []
-    gates = [layer.mlp.gate for layer in model.model.layers if hasattr(layer.mlp, "experts")]
-    hooks = [g.register_forward_hook(lambda m, i, out: seen.append(out[2])) for g in gates]
-    try:
-        model(torch.tensor([tokens]))
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return torch.stack(seen, dim=1).numpy()
 
 
 def test_every_client_carries_the_record_into_the_trajectory(model_dir):
@@ -132,7 +122,7 @@ def test_every_client_carries_the_record_into_the_trajectory(model_dir):
         full = t.prompt_ids + t.response_ids
         assert t.routed_experts_start == 0 and t.routed_experts.dtype == np.uint8
         assert len(t.routed_experts) == len(full) - 1  # the last turn's covers every earlier turn
-        np.testing.assert_array_equal(t.routed_experts, _hf_routing(hf, full[:-1]))
+        np.testing.assert_array_equal(t.routed_experts, hf_routing(hf, full[:-1]))
     for name, trajs in results.items():
         for got, t in zip(trajs, want, strict=True):
             assert got.response_ids == t.response_ids, name

@@ -9,6 +9,7 @@ import asyncio
 import datasets
 import numpy as np
 import torch
+from moe_routing import hf_routing
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from inflight.client import LocalClient
@@ -85,21 +86,9 @@ def test_the_dumped_routing_record_reads_back_as_transformers_routes(tmp_path):
         np.testing.assert_array_equal(record, t.routed_experts)
         tokens = row["prompt_ids"] + row["response_ids"]
         assert start == 0 and len(record) == len(tokens) - 1  # every position but the last sampled one
-        np.testing.assert_array_equal(record, _hf_routing(hf, tokens[:-1]))
+        np.testing.assert_array_equal(record, hf_routing(hf, tokens[:-1]))
 
 
-@torch.no_grad()
-def _hf_routing(model, tokens: list[int]) -> np.ndarray:
-    """[positions, MoE layers, top_k] experts transformers' routers choose for `tokens`."""
-    seen = []
-    gates = [layer.mlp.gate for layer in model.model.layers if hasattr(layer.mlp, "experts")]
-    hooks = [g.register_forward_hook(lambda m, i, out: seen.append(out[2])) for g in gates]
-    try:
-        model(torch.tensor([tokens]))
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return torch.stack(seen, dim=1).numpy()  # each router sees the [tokens, hidden] rows
 
 
 def test_the_example_names_the_prompt_reward_and_decoded_tokens():
