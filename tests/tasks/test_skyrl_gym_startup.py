@@ -80,6 +80,8 @@ class Judge(skyrl_gym.Env):
 
 
 def test_a_judge_server_must_answer_at_its_base_url(tmp_path):
+    # a run earlier in the session may have registered ours (tasks/skyrl_examples.py): set it aside
+    previous = skyrl_gym.registry.pop("llm_as_a_judge", None)
     skyrl_gym.register(id="llm_as_a_judge", entry_point=Judge)
     try:
         url = closed_port_url("/v1")
@@ -92,7 +94,9 @@ def test_a_judge_server_must_answer_at_its_base_url(tmp_path):
         assert task.make_env(task.train_problems()[0]).env.base_url is None  # null: OpenAI's, not probed
     finally:
         skyrl_gym.registry.pop("llm_as_a_judge")
-    assert not known_env_class("llm_as_a_judge")
+        if previous is not None:
+            skyrl_gym.registry["llm_as_a_judge"] = previous
+    assert known_env_class("llm_as_a_judge") == (previous is not None)
 
 
 def test_rows_without_what_their_environment_reads_are_named(tmp_path):
@@ -104,7 +108,7 @@ def test_rows_without_what_their_environment_reads_are_named(tmp_path):
 
 def test_unknown_ids_and_names(tmp_path):
     with pytest.raises(RewardError, match=r"'skyrl_gym:nope': skyrl-gym has no environment 'nope' \(it holds aime, "
-                                          r"gsm8k, gsm8k_multi_turn, .*lcb, search, searchcode, text2sql"):
+                                          r"gsm8k, gsm8k_multi_turn, .*lcb, .*search, searchcode, text2sql"):
         load(tmp_path, [{"prompt": "q", "answer": "1"}] * 2, env_class="skyrl_gym:nope")
     assert skyrl_gym_id("gsm8k") is None and skyrl_gym_id("skyrl_gym:gsm8k") == "gsm8k"  # ours wins the bare name
     assert skyrl_gym_id("text2sql") == "text2sql" and skyrl_gym_id("skyrl_gym:") is None
