@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import resource
 import subprocess
 import sys
@@ -118,13 +117,9 @@ def _useful_flops(shape: ModelShape, seqs: int, length: int) -> float:
 def describe_model(model_dir: Path) -> dict[str, Any]:
     """What the table and the JSON say of the model: its directory, type, shape and parameter count
     (from the safetensors headers: a tied LM head counts once)."""
-    from safetensors import safe_open
+    from inflight.train.engine_memory import parameter_count
 
-    params = 0
-    for path in sorted(model_dir.glob("*.safetensors")):
-        with safe_open(str(path), "pt") as handle:
-            for name in handle.keys():
-                params += math.prod(handle.get_slice(name).get_shape())
+    params = parameter_count(model_dir) or 0
     model_type = json.loads((model_dir / "config.json").read_text()).get("model_type", "?")
     return {"path": str(model_dir), "model_type": model_type, "params": params,
             "shape": asdict(ModelShape.from_model_dir(model_dir))}

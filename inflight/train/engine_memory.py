@@ -10,6 +10,7 @@ cache gets what the weights leave; the engine itself never allocates more blocks
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -37,21 +38,22 @@ def available_bytes(device: str) -> int:
 
 def weight_bytes(model_dir: str | Path, dtype: str) -> int:
     """Bytes of the model's weights in the engine's `dtype` (from its safetensors headers)."""
+    return (parameter_count(model_dir) or 0) * _ELEMENT_SIZE.get(dtype, 4)
+
+
+def parameter_count(model_dir: str | Path | None) -> int | None:
+    """The parameters in a Hugging Face directory's safetensors files (their headers only; a tied LM
+    head counts once), or None where there are none to read."""
+    if model_dir is None or not (files := sorted(Path(model_dir).glob("*.safetensors"))):
+        return None
     from safetensors import safe_open
 
     total = 0
-    for path in Path(model_dir).glob("*.safetensors"):
+    for path in files:
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 - safe_open has keys(), not iteration
-                total += _numel(f.get_slice(name).get_shape())
-    return total * _ELEMENT_SIZE.get(dtype, 4)
-
-
-def _numel(shape: list[int]) -> int:
-    n = 1
-    for dim in shape:
-        n *= int(dim)
-    return n
+                total += math.prod(f.get_slice(name).get_shape())
+    return total
 
 
 def usable_kv_bytes(ie: InferenceEngineConfig, model_dir: str | Path) -> int:

@@ -20,18 +20,17 @@ own threads; the OpenMP worker it stops using spins for a moment and sleeps (the
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch.nn.modules.module import register_module_forward_pre_hook
 
 from inflight.config import ConfigError, Violation
+from inflight.train.engine_memory import parameter_count
 
 
 class ThreadLending:
@@ -119,21 +118,6 @@ class ThreadSplit:
 LEND_MIN_PARAMETERS = 10_000_000
 """`job.lend_threads=null` lends from this many policy parameters on: measured, a second OpenMP
 thread slows both phases of the 0.8M demo model and pays on 41M (docs/benchmarks.md)."""
-
-
-def parameter_count(model_dir: str | Path | None) -> int | None:
-    """The parameters in a Hugging Face directory's safetensors files (their headers only), or None
-    where there are none to read."""
-    if model_dir is None or not (files := sorted(Path(model_dir).glob("*.safetensors"))):
-        return None
-    from safetensors import safe_open
-
-    total = 0
-    for file in files:
-        with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():
-                total += math.prod(f.get_slice(name).get_shape())
-    return total
 
 
 def lends(cfg: Any, job: Any, engines_here: bool) -> bool:

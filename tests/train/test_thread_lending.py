@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from inflight.config import ConfigError
+from inflight.train.engine_memory import parameter_count
 from inflight.train.job_config import JobConfig
 from inflight.train.staleness import StalenessManager
 from inflight.train.thread_lending import (
     LEND_MIN_PARAMETERS,
     ThreadLending,
     ThreadSplit,
-    parameter_count,
     thread_split,
 )
 
