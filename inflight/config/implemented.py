@@ -12,7 +12,6 @@ key's declared status (`inflight.config.status`, next to its field: the values a
 from __future__ import annotations
 
 import difflib
-import sys
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
@@ -104,31 +103,25 @@ def several_policy_ranks(cfg: Config) -> bool:
 _LORA = "trainer.policy.model.lora.rank"
 
 
-BUILT_IN_NAMES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "trainer.algorithm.advantage_estimator": (
-        "advantage estimator", ("grpo", "rloo", "maxrl", "reinforce++", "gae", "no_op")),
-    "trainer.algorithm.policy_loss_type": (
-        "policy loss", ("regular", "dual_clip", "gspo", "cispo", "rollout_is", "dppo", "sapo", "clip_cov", "kl_cov",
-                        "cross_entropy", "importance_sampling")),
+REGISTRY_KEYS: dict[str, str] = {
+    "trainer.algorithm.advantage_estimator": "advantage estimator",
+    "trainer.algorithm.policy_loss_type": "policy loss",
 }
-"""{key: (what, names)}: the names `inflight.algorithms.adapters` registers, known here without
-importing torch (so `inflight train --print-config` runs without it); a test keeps them equal."""
+"""{key: what}: the keys whose names `inflight.algorithms.registry` holds (it loads without torch, so
+`inflight train --print-config` reads it without torch)."""
 
 
 def registered_names(key: str) -> list[str]:
-    """The names a run takes for `key` (besides `package.module:name`): the registry's when
-    `inflight.algorithms` is imported (a user's `register_*` before the run needs that import),
-    else the built-in ones."""
-    if "inflight.algorithms" not in sys.modules:
-        return list(BUILT_IN_NAMES[key][1])
-    from inflight.algorithms import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
+    """The names a run takes for `key` (besides `package.module:name`): the registry's, the built-ins
+    and what a user's `register_*` added before the run."""
+    from inflight.algorithms.registry import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
 
     return (ADVANTAGE_ESTIMATORS if key.endswith("advantage_estimator") else POLICY_LOSSES).names()
 
 
 def _unregistered(cfg: Config) -> list[Violation]:
     out = []
-    for key, (what, _) in BUILT_IN_NAMES.items():
+    for key, what in REGISTRY_KEYS.items():
         name, known = get_key(cfg, key), registered_names(key)
         if ":" not in str(name) and name not in known:
             close = difflib.get_close_matches(str(name), known, n=1)
