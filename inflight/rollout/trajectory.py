@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +58,31 @@ class Trajectory:
         self.turn_rewards = [(i, 0.0) for i, _ in self.turn_rewards]
         self.loss_mask = [0] * len(self.loss_mask)
         self.info["rollout_error"] = why
+
+    def steps(self) -> list[Trajectory]:
+        """The episode as one sample per model turn (`generator.step_wise_trajectories`). Turn k's
+        prompt is the prompt and every response token before the turn (exactly what the engine was
+        given for it: turns are token-in/token-out); its response is what the model sampled in that
+        turn and what follows it up to the next turn (an appended EOS, the observation: loss mask 0);
+        its rewards are the turn rewards at positions inside it (without any, the whole reward is the
+        last step's). A turn starts at the response's first token and at every sampled token after
+        one the model did not sample (`ENV_VERSION`). A step ends with finish reason `stop`, the last
+        one with the episode's. The failure flags and `info` are the episode's."""
+        starts = [i for i in range(1, len(self.versions))
+                  if self.versions[i] != ENV_VERSION and self.versions[i - 1] == ENV_VERSION]
+        bounds = [0, *starts, len(self.response_ids)]  # an empty response: [0, 0], one step
+        pairs = list(itertools.pairwise(bounds))
+        placed = [(max(i, 0), r) for i, r in self.turn_rewards] or [(max(len(self.response_ids) - 1, 0), self.reward)]
+        out = []
+        for k, (a, b) in enumerate(pairs):
+            final = k == len(pairs) - 1
+            inside = [(i - a, r) for i, r in placed if a <= i < b or (final and i >= b)]
+            out.append(Trajectory(
+                self.prompt_ids + self.response_ids[:a], self.response_ids[a:b], self.logprobs[a:b],
+                self.versions[a:b], self.loss_mask[a:b], float(sum(r for _, r in inside)),
+                self.finish_reason if final else "stop", info=self.info, reward_failed=self.reward_failed,
+                rollout_failed=self.rollout_failed, turn_rewards=inside if self.turn_rewards else []))
+        return out
 
     @property
     def usable(self) -> bool:
