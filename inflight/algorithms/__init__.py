@@ -4,7 +4,7 @@ and verl's own functions (tests/algorithms). Imports only torch and the standard
 Tensors are [B, T] over response positions, with explicit masks (1 = the token counts) and group ids.
 
 - `advantages`: grpo, rloo, maxrl, reinforce++, gae estimators (and `no_op`, the token rewards as
-  they are, in `adapters`); `batch_normalize_advantages`
+  they are, in `skyrl_calls`); `batch_normalize_advantages`
   (`advantage_batch_normalize`).
 - `groups`: group ids -> rows, `prompt_boundaries`, `zero_variance_filter`.
 - `reductions`: `scale_advantages` / `scale_minibatch_advantages` for each `loss_reduction`
@@ -16,7 +16,7 @@ Tensors are [B, T] over response positions, with explicit masks (1 = the token c
 - `entropy`: token entropy from logits (whole or chunked), the entropy bonus and SkyRL's weights of it.
 - `value`: the clipped critic loss.
 - `registry`: advantage estimators and policy losses by SkyRL name or `package.module:name`, each loss
-  with what it needs (`PolicyLossTraits`); `adapters` holds the built-ins with SkyRL's calling
+  with what it needs (`PolicyLossTraits`); `skyrl_calls` holds the built-ins with SkyRL's calling
   conventions, which the registry registers by path.
 
 The names below are imported when first used (PEP 562), so `inflight.algorithms.registry` loads
@@ -29,7 +29,7 @@ import importlib
 from typing import Any
 
 _FROM: dict[str, tuple[str, ...]] = {
-    "adapters": ("compute_advantages_and_returns",),
+    "skyrl_calls": ("compute_advantages_and_returns",),
     "advantages": ("batch_normalize_advantages", "gae_advantages", "grpo_advantages", "maxrl_advantages",
                    "reinforce_plus_plus_advantages", "rloo_advantages"),
     "cov_losses": ("clip_cov_loss", "kl_cov_loss"),
@@ -49,12 +49,12 @@ _FROM: dict[str, tuple[str, ...]] = {
 }
 _MODULE_OF = {name: module for module, names in _FROM.items() for name in names}
 
-__all__ = sorted([*_MODULE_OF, "adapters"])
+__all__ = sorted([*_MODULE_OF, "skyrl_calls"])
 
 
 def __getattr__(name: str) -> Any:
-    if name == "adapters":
-        return importlib.import_module(f"{__name__}.adapters")
+    if name == "skyrl_calls":
+        return importlib.import_module(f"{__name__}.skyrl_calls")
     if name not in _MODULE_OF:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(f"{__name__}.{_MODULE_OF[name]}"), name)

@@ -8,7 +8,7 @@ correction (SkyRL 0.3.0 refuses the combination).
 
 SkyRL computes these on the advantages already divided for the `loss_reduction`, so the covariance
 bounds of clip-cov and the ranking of kl-cov under `sequence_mean` see the scaled values: pass what
-the trainer passes to reproduce it (`adapters.py` does).
+the trainer passes to reproduce it (`skyrl_calls.py` does).
 """
 
 from __future__ import annotations

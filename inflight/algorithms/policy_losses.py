@@ -7,7 +7,7 @@ its log clamped to +-20 where noted (`masked.safe_exp`). Metrics are detached 0-
 `float()` when logging); `clip_ratio` is a masked token fraction.
 
 SkyRL 0.3.0 reduces every one of these as sum(loss * loss_mask) after the off-policy correction, with
-advantages already divided for the `loss_reduction` (`reductions.scale_advantages`): `adapters.py`
+advantages already divided for the `loss_reduction` (`reductions.scale_advantages`): `skyrl_calls.py`
 does exactly that under SkyRL's names. The clip-cov and KL-cov losses are in `cov_losses.py`.
 """
 

@@ -16,7 +16,7 @@ Values are plain callables with SkyRL 0.3.0's calling conventions, so a function
 A policy loss registers what it needs with itself (`PolicyLossTraits`: whether it reads the old
 log-probabilities, applies the off-policy correction, is supervised); the trainer and the config's
 validation read them here. A function may also be registered as its `package.module:name`, imported at
-the first lookup: the built-ins are (`adapters`), so this module, and what the registries know, needs
+the first lookup: the built-ins are (`skyrl_calls`), so this module, and what the registries know, needs
 no torch (validating a config reads it).
 """
 
@@ -192,9 +192,9 @@ def policy_loss_traits(name: str) -> PolicyLossTraits:
     return POLICY_LOSSES.traits(name)
 
 
-# The built-ins, SkyRL's names, registered by path (their functions in `adapters`, which imports torch).
+# The built-ins, SkyRL's names, registered by path (their functions in `skyrl_calls`, which imports torch).
 for _name in ("grpo", "rloo", "maxrl", "reinforce++", "gae", "no_op"):
-    register_advantage_estimator(_name, f"inflight.algorithms.adapters:{_name.replace('++', '_plus_plus')}")
+    register_advantage_estimator(_name, f"inflight.algorithms.skyrl_calls:{_name.replace('++', '_plus_plus')}")
 for _name, _traits in {
     "regular": {}, "dual_clip": {}, "gspo": {}, "cispo": {},
     "rollout_is": {"needs_old_logprobs": False}, "dppo": {"needs_old_logprobs": False}, "sapo": {},
@@ -202,4 +202,4 @@ for _name, _traits in {
     "cross_entropy": {"applies_off_policy_correction": False, "supervised": True},
     "importance_sampling": {"applies_off_policy_correction": False},
 }.items():
-    register_policy_loss(_name, f"inflight.algorithms.adapters:{_name}", **_traits)
+    register_policy_loss(_name, f"inflight.algorithms.skyrl_calls:{_name}", **_traits)

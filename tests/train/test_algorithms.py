@@ -34,7 +34,7 @@ def _cfg(*overrides: str):
 def test_names_resolve_when_the_objective_is_built():
     objective = Objective.from_config(_cfg(ALG + "advantage_estimator=rloo", ALG + "policy_loss_type=cispo"))
     assert objective.estimator is ADVANTAGE_ESTIMATORS.get("rloo") and objective.policy_loss is POLICY_LOSSES.get("cispo")
-    imported = Objective.from_config(_cfg(ALG + "advantage_estimator=inflight.algorithms.adapters:maxrl"))
+    imported = Objective.from_config(_cfg(ALG + "advantage_estimator=inflight.algorithms.skyrl_calls:maxrl"))
     assert imported.estimator is ADVANTAGE_ESTIMATORS.get("maxrl")
 
 
