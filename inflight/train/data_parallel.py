@@ -19,6 +19,7 @@ Ranks of one tensor-parallel group (Megatron) are one data-parallel rank: they g
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -108,23 +109,26 @@ class MicroPlan:
                                          self.pass_cost)
 
 
-def shard_step(num_groups: int, group_size: int, groups_per_mini: int, micro: int | MicroPlan,
+def shard_step(num_groups: int, group_size: int | Sequence[int], groups_per_mini: int, micro: int | MicroPlan,
                dp: DataParallel, lengths: Sequence[int] | None = None,
                live: Sequence[bool] | None = None) -> Shard:
-    """Mini-batches of `groups_per_mini` consecutive groups (of `group_size` rows each); the groups
-    of each one dealt round-robin to the `dp.size` ranks; each rank's share cut into micro-batches
-    of at most `micro` rows (or as a `MicroPlan` says) by the rows' `lengths` (default: all equal).
-    Rows that are not `live` (nothing to train on: an all-zero loss mask) stay in the rank's rows
-    but in none of its micro-batches."""
+    """Mini-batches of `groups_per_mini` consecutive groups (of `group_size` rows each, or each its
+    own number of rows: step-wise trajectories); the groups of each one dealt round-robin to the
+    `dp.size` ranks; each rank's share cut into micro-batches of at most `micro` rows (or as a
+    `MicroPlan` says) by the rows' `lengths` (default: all equal). Rows that are not `live` (nothing
+    to train on: an all-zero loss mask) stay in the rank's rows but in none of its micro-batches."""
     plan = micro if isinstance(micro, MicroPlan) else MicroPlan(micro, pass_cost=math.inf)
-    lengths = list(lengths) if lengths is not None else [1] * (num_groups * group_size)
-    live = list(live) if live is not None else [True] * (num_groups * group_size)
+    sizes = [group_size] * num_groups if isinstance(group_size, int) else list(group_size)
+    first_rows = [0, *itertools.accumulate(sizes)]
+    lengths = list(lengths) if lengths is not None else [1] * first_rows[-1]
+    live = list(live) if live is not None else [True] * first_rows[-1]
     rows: list[int] = []
     every_rank: list[list[int]] = [[] for _ in range(dp.size)]
     minis: list[MiniBatch] = []
     for start in range(0, num_groups, groups_per_mini):
         stop = min(num_groups, start + groups_per_mini)
-        shares = [_share(range(start + r, stop, dp.size), group_size) for r in range(dp.size)]
+        shares = [[r for g in range(start + k, stop, dp.size) for r in range(first_rows[g], first_rows[g + 1])]
+                  for k in range(dp.size)]
         for r, share in enumerate(shares):
             every_rank[r].extend(share)
         cuts = [_cut(plan, share, lengths, live) for share in shares]
@@ -132,7 +136,7 @@ def shard_step(num_groups: int, group_size: int, groups_per_mini: int, micro: in
         rows.extend(shares[dp.rank])
         parts = tuple(tuple(first + i for i in part) for part in cuts[dp.rank])
         passes = max(1, *(len(c) for c in cuts))
-        every = slice(start * group_size, stop * group_size)
+        every = slice(first_rows[start], first_rows[stop])
         minis.append(MiniBatch(every, slice(first, len(rows)), passes, parts))
     return Shard(rows, minis, tuple(tuple(r) for r in every_rank))
 
@@ -156,10 +160,6 @@ def forward_parts(shard: Shard, plan: MicroPlan, lengths: Sequence[int],
     mine_rows = [row for row in shard.rows if keep[row]]
     mine = [tuple(where[mine_rows[j]] for j in part) for part in plan.cut([lengths[r] for r in mine_rows], mine_rows)]
     return mine, max(1, *(len(c) for c in cuts)) if cuts else 1
-
-
-def _share(groups: range, group_size: int) -> list[int]:
-    return [r for g in groups for r in range(g * group_size, (g + 1) * group_size)]
 
 
 def padding(batch: TrainBatch) -> TrainBatch:

@@ -82,6 +82,18 @@ def test_ranks_agree_on_the_passes_while_each_cuts_its_own_share():
     assert m0.micro_batches == m1.micro_batches == 4  # rank 0 pads with 3 zero-weight passes
 
 
+def test_groups_of_unequal_sizes_are_dealt_and_cut_whole():
+    """Step-wise trajectories: groups of 3, 1, 4 and 2 rows, two groups per mini-batch, two ranks."""
+    plan = MicroPlan(max_rows=8, pass_cost=math.inf)
+    r0 = shard_step(4, [3, 1, 4, 2], 2, plan, DataParallel(0, 2))
+    r1 = shard_step(4, [3, 1, 4, 2], 2, plan, DataParallel(1, 2))
+    assert r0.rows == [0, 1, 2, 4, 5, 6, 7] and r1.rows == [3, 8, 9]
+    assert [m.rows for m in r0.mini_batches] == [slice(0, 4), slice(4, 10)] == [m.rows for m in r1.mini_batches]
+    assert r0.rank_rows == r1.rank_rows == ((0, 1, 2, 4, 5, 6, 7), (3, 8, 9))
+    equal = shard_step(4, 2, 2, plan, DataParallel(1, 2))
+    assert equal == shard_step(4, [2, 2, 2, 2], 2, plan, DataParallel(1, 2))
+
+
 def test_micro_batches_are_trimmed_and_padded_up_to_the_common_count():
     widths = torch.tensor([3, 8, 2, 8])
     attention = (torch.arange(8)[None, :] < widths[:, None]).long()
