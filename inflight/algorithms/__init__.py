@@ -6,7 +6,7 @@ Tensors are [B, T] over response positions, with explicit masks (1 = the token c
 - `advantages`: grpo, rloo, maxrl, reinforce++, gae estimators (and `no_op`, the token rewards as
   they are, in `skyrl_calls`); `batch_normalize_advantages`
   (`advantage_batch_normalize`).
-- `groups`: group ids -> rows, `prompt_boundaries`, `zero_variance_filter`.
+- `groups`: group ids -> rows, `prompt_boundaries`, `zero_variance_filter`, `episode_rows` (step-wise).
 - `reductions`: `scale_advantages` / `scale_minibatch_advantages` for each `loss_reduction`
   (token_mean, token_mean_legacy, sequence_mean, seq_mean_token_sum_norm, prompt_mean).
 - `policy_losses`: PPO-clip and dual-clip, GSPO, SAPO, CISPO, rollout-IS, DPPO, importance sampling,
@@ -34,7 +34,7 @@ _FROM: dict[str, tuple[str, ...]] = {
                    "reinforce_plus_plus_advantages", "rloo_advantages"),
     "cov_losses": ("clip_cov_loss", "kl_cov_loss"),
     "entropy": ("chunked_entropy_from_logits", "entropy_from_logits", "entropy_loss_term", "entropy_token_weights"),
-    "groups": ("group_rows", "prompt_boundaries", "zero_variance_filter"),
+    "groups": ("episode_rows", "group_rows", "prompt_boundaries", "zero_variance_filter"),
     "kl": ("KL_ESTIMATORS", "AdaptiveKLController", "FixedKLController", "approx_kl", "kl_loss",
            "kl_penalized_rewards", "make_kl_controller"),
     "masked": ("masked_mean", "masked_var", "masked_whiten", "reduce_loss", "safe_exp"),

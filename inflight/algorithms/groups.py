@@ -54,6 +54,28 @@ def prompt_boundaries(index: GroupIds) -> list[tuple[int, int]]:
     return bounds
 
 
+def episode_rows(episodes: GroupIds) -> tuple[list[int], list[int]]:
+    """Step-wise trajectories (one row per turn, SkyRL's `is_last_step`): the last row of each
+    episode, episodes in order, and each row's episode as an index into that list. `episodes` gives
+    each row's episode id; an episode's rows must be consecutive (its last turn last).
+
+    ValueError when an episode's rows are not consecutive."""
+    ids = group_ids(episodes, len(episodes))
+    last: list[int] = []
+    owner: list[int] = []
+    seen: set[Hashable] = set()
+    for row, eid in enumerate(ids):
+        if row == 0 or eid != ids[row - 1]:
+            if eid in seen:
+                raise ValueError(f"episode {eid!r} appears again at row {row} after other episodes: the rows "
+                                 "of an episode (its turns) must be consecutive")
+            seen.add(eid)
+            last.append(row)
+        last[-1] = row
+        owner.append(len(last) - 1)
+    return last, owner
+
+
 def zero_variance_filter(
     rewards: Sequence[float] | torch.Tensor,
     index: GroupIds,
