@@ -18,12 +18,13 @@ import torch
 
 from inflight.algorithms import (
     batch_normalize_advantages,
+    episode_rows,
     kl_penalized_rewards,
     prompt_boundaries,
     scale_minibatch_advantages,
 )
 from inflight.rollout.trajectory import Trajectory
-from inflight.train.algorithms import Objective
+from inflight.train.objective import Objective
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,8 @@ def compute_advantages(objective: Objective, rewards: torch.Tensor, layout: Resp
                        micro_batch_size: int, values: torch.Tensor | None = None,
                        old_logprobs: torch.Tensor | None = None,
                        ref_logprobs: torch.Tensor | None = None,
-                       left_out: Sequence[bool] | None = None) -> Advantages:
+                       left_out: Sequence[bool] | None = None,
+                       episodes: Sequence[int] | None = None) -> Advantages:
     """SkyRL's steps 4-7 on one batch in the response layout (`loss_mask`, `values`, `old_logprobs`,
     `ref_logprobs` [B, R]): on-policy distillation's teacher term in place of the rewards, or the KL
     in the reward (its controller updated), the estimator, `advantage_batch_normalize`, then each
@@ -126,7 +128,13 @@ def compute_advantages(objective: Objective, rewards: torch.Tensor, layout: Resp
     `left_out` (per row): rows that are no outcome (episodes whose harness failed,
     `Trajectory.rollout_failed`): steps 4-6 run on the other rows alone, as if the left-out rows
     were not in the batch (a group's mean and std are its finished episodes'), and the left-out rows
-    get advantage and return 0 (their loss mask is 0 too)."""
+    get advantage and return 0 (their loss mask is 0 too).
+
+    `episodes` (per row; `generator.step_wise_trajectories`, one row per turn): each row's episode,
+    an episode's rows consecutive, its last turn last. SkyRL's step-wise estimate: the estimator runs
+    on each episode's last row alone, its rewards as they are (earlier turns' rewards do not count)
+    under an all-ones response mask, and that row's advantage and return (an outcome estimator's
+    one number) go to every response token of every row of its episode."""
     kept = [not x for x in left_out] if left_out is not None else [True] * len(uids)
     rows = torch.tensor(kept, dtype=torch.bool).nonzero().squeeze(1)
     width = int(layout.lengths[rows].max()) if len(rows) else 0  # the kept rows' layout
@@ -134,7 +142,7 @@ def compute_advantages(objective: Objective, rewards: torch.Tensor, layout: Resp
     response_mask = pick(layout.mask())
     raw, returns, metrics = _estimate(objective, pick(rewards), response_mask, pick(loss_mask),
                                       [uids[i] for i in rows.tolist()], pick(values), pick(old_logprobs),
-                                      pick(ref_logprobs))
+                                      pick(ref_logprobs), None if episodes is None else [episodes[i] for i in rows.tolist()])
     alg = objective.config
     normalised = batch_normalize_advantages(raw, response_mask) if alg.advantage_batch_normalize else raw
     raw_full, adv, returns_full = (torch.zeros_like(rewards) for _ in range(3))
@@ -147,8 +155,10 @@ def compute_advantages(objective: Objective, rewards: torch.Tensor, layout: Resp
 
 def _estimate(objective: Objective, rewards: torch.Tensor, response_mask: torch.Tensor, loss_mask: torch.Tensor,
               uids: list[int], values: torch.Tensor | None, old_logprobs: torch.Tensor | None,
-              ref_logprobs: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
-    """Steps 4-5 on the rows given: (advantages, returns, metrics) before batch normalisation."""
+              ref_logprobs: torch.Tensor | None, episodes: Sequence[int] | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """Steps 4-5 on the rows given: (advantages, returns, metrics) before batch normalisation
+    (`episodes`: step-wise, see `compute_advantages`)."""
     alg = objective.config
     metrics: dict[str, float] = {}
     if alg.on_policy_distillation:  # SkyRL's example: reward = -(log pi - log pi_teacher) per token
@@ -159,10 +169,14 @@ def _estimate(objective: Objective, rewards: torch.Tensor, response_mask: torch.
         rewards, kl = kl_penalized_rewards(rewards, old_logprobs, ref_logprobs, loss_mask, coef, alg.kl_estimator_type)
         objective.kl_controller.update(float(kl["avg_kl"]), rewards.shape[0])
         metrics.update({"avg_kl": float(kl["avg_kl"]), "avg_kl_max": float(kl["avg_kl_max"]), "kl_loss_coef": coef})
-    adv, returns = objective.estimator(token_level_rewards=rewards, response_mask=response_mask, index=uids,
-                                       values=values, gamma=alg.gamma, lambd=alg.lambd,
-                                       grpo_norm_by_std=alg.grpo_norm_by_std, config=alg)
+    last, owner = episode_rows(episodes) if episodes is not None else (list(range(len(uids))), None)
+    ones = torch.ones_like(response_mask[last]) if owner is not None else response_mask
+    adv, returns = objective.estimator(token_level_rewards=rewards[last], response_mask=ones,
+                                       index=[uids[i] for i in last], values=None if values is None else values[last],
+                                       gamma=alg.gamma, lambd=alg.lambd, grpo_norm_by_std=alg.grpo_norm_by_std, config=alg)
+    if owner is not None:  # each episode's last row's numbers on every row of the episode
+        adv, returns = adv[owner] * response_mask, returns[owner] * response_mask
     live = response_mask.bool()
-    metrics.update(avg_final_rewards=float(rewards.sum(-1).mean()),
+    metrics.update(avg_final_rewards=float(rewards[last].sum(-1).mean()),
                    avg_raw_advantages=float(adv[live].mean()) if live.any() else 0.0)
     return adv, returns, metrics
