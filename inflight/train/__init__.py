@@ -10,7 +10,7 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "rl_loss": "inflight.train.algorithms",
+    "rl_loss": "inflight.train.objective",
     "TrainBatch": "inflight.train.batch",
     "cross_entropy_loss": "inflight.train.losses",
     "token_logprobs": "inflight.train.losses",

@@ -36,5 +36,5 @@ def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tenso
 
 def cross_entropy_loss(logprobs: torch.Tensor, batch: TrainBatch) -> torch.Tensor:
     """Token-mean negative log-likelihood of the masked tokens (supervised fine-tuning). The RL
-    objective is `inflight.train.algorithms.rl_loss`."""
+    objective is `inflight.train.objective.rl_loss`."""
     return -masked_mean(logprobs, batch.loss_mask)

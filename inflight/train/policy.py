@@ -22,11 +22,11 @@ import torch.distributed as dist
 from inflight.client.base import InferenceClient
 from inflight.config import Config
 from inflight.rollout.generator import TrajectoryGroup
-from inflight.train.algorithms import uses_reference
 from inflight.train.checkpoint import CheckpointState, export_model, load_optimizer, save_checkpoint
 from inflight.train.job_config import JobConfig
 from inflight.train.lora import lora_enabled
 from inflight.train.moe_support import check_worker_supports
+from inflight.train.objective import uses_reference
 from inflight.train.server_fleet import free_port
 from inflight.train.step import TrainingStep
 from inflight.train.thread_lending import ThreadLending

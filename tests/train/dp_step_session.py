@@ -21,7 +21,7 @@ from rl_support import rl_config
 
 from inflight.rollout.generator import Trajectory, TrajectoryGroup
 from inflight.tasks import Problem
-from inflight.train.algorithms import uses_reference
+from inflight.train.objective import uses_reference
 from inflight.train.step import StepOptions, TrainingStep
 
 BASE = ("trainer.policy.optimizer_config.weight_decay=0.0", "trainer.train_batch_size=4", "trainer.policy_mini_batch_size=4",

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from inflight.tasks.count_up import CountUpTask
-from inflight.train.algorithms import RLBatch
 from inflight.train.batch import plan_micro_batches, plan_shared_micro_batches
 from inflight.train.data_parallel import DataParallel, MicroPlan, micro_batches, shard_step
+from inflight.train.objective import RLBatch
 
 
 def _padded(lengths: list[int], parts: list[list[int]]) -> int:

@@ -9,8 +9,8 @@ import pytest
 
 from inflight.config import Config, ConfigError, load_config
 from inflight.testing import LOCAL_CPU
-from inflight.train.algorithms import off_policy_correction
 from inflight.train.main import resolve_config
+from inflight.train.objective import off_policy_correction
 from inflight.train.step import StepOptions
 
 OPC = "trainer.algorithm.off_policy_correction."

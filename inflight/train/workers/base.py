@@ -29,10 +29,10 @@ from torch.optim.lr_scheduler import LRScheduler
 from inflight.client.base import InferenceClient
 from inflight.client.update import update_all_or_nothing
 from inflight.config import Config
-from inflight.train.algorithms import training_temperature
 from inflight.train.batch import TrainBatch
 from inflight.train.losses import LossFn, cross_entropy_loss
 from inflight.train.lr_schedule import make_lr_scheduler
+from inflight.train.objective import training_temperature
 from inflight.weight_sync.inprocess import InProcessTransport
 from inflight.weight_sync.plan import SyncPlan
 from inflight.weight_sync.transport import WeightTransport
@@ -109,7 +109,7 @@ class PolicyWorker(ABC):
     Backends implement `build_model` (set `self.model`), `compute_logprobs` and
     `iter_full_hf_tensors`; they may override `build_optimizer`, `forward_backward` and
     `clip_gradients`. `loss_fn(logprobs, batch) -> scalar` is pluggable (default: token-level
-    cross-entropy; the RL objective is `inflight.train.algorithms.rl_loss`, which may ask for the
+    cross-entropy; the RL objective is `inflight.train.objective.rl_loss`, which may ask for the
     per-token entropy too: `wants_entropy`).
     """
 

@@ -21,8 +21,8 @@ from inflight.config.implemented import require_implemented, unimplemented
 from inflight.rollout.trajectory import Trajectory
 from inflight.testing import LOCAL_CPU
 from inflight.train.advantages import ResponseLayout, overlong_penalty, shaped_reward, token_rewards
-from inflight.train.algorithms import Objective, RLBatch, off_policy_correction, rl_loss, training_temperature
 from inflight.train.batch import plan_micro_batches
+from inflight.train.objective import Objective, RLBatch, off_policy_correction, rl_loss, training_temperature
 
 ALG = "trainer.algorithm."
 
