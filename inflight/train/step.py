@@ -1,7 +1,7 @@
 """THE training step, shared by the synchronous and the fully-async trainer.
 
 Groups of trajectories in, the critic's and the policy's optimizer steps out, in SkyRL 0.3.0's order
-(`inflight.train.objective` for the objective, `inflight.train.advantages` for the batch-level
+(`inflight.train.objective` for the objective, `inflight.train.advantage_pipeline` for the batch-level
 part): each trajectory's reward (DAPO's overlong penalty applied) on its last response token; the
 zero-variance filter (rows of groups without signal keep their place but get an all-zero loss mask,
 and no training pass runs on them); the forwards without gradients (the critic's values, the
@@ -22,16 +22,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
-from inflight.algorithms import entropy_token_weights
+from inflight.algorithms import entropy_token_weights, episode_rows
 from inflight.config import Config
 from inflight.config.implemented import require_implemented
 from inflight.rollout.generator import TrajectoryGroup
-from inflight.train.advantages import (
+from inflight.train.advantage_pipeline import (
     ResponseLayout,
     compute_advantages,
     overlong_penalty,
@@ -150,14 +150,22 @@ class TrainingStep:
         padded, real = self.counts["padded_tokens"], self.counts["real_tokens"]
         metrics: dict[str, Any] = rollout_metrics(groups, policy_version, self.options.correct_threshold)
         metrics.update(self._update_reference(groups))
-        trajs, uids = rows_of_groups(groups)
+        episodes = None
+        if self.cfg.generator.step_wise_trajectories and not self.cfg.generator.merge_stepwise_output:
+            groups, episodes = step_rows(groups)
+        trajs, uids = rows_of_groups(groups, equal=episodes is None)
         batch = build_batch(groups, None, self.pad_id)
         penalties = self._penalties(trajs)
-        live = self._zero_variance_filter(batch, [shaped_reward(t, p) for t, p in zip(trajs, penalties, strict=True)],
-                                          uids, metrics)
+        shaped = [shaped_reward(t, p) for t, p in zip(trajs, penalties, strict=True)]
+        if episodes is not None:  # an episode's outcome is its last turn's reward (SkyRL's step-wise estimate)
+            last, owner = episode_rows(episodes)
+            shaped = [shaped[last[e]] for e in owner]
+            metrics["step_wise_rows"] = float(len(trajs))
+        live = self._zero_variance_filter(batch, shaped, uids, metrics)
         if any(live):
             metrics["off_policy"] = float(bool(((batch.versions < policy_version) & (batch.loss_mask > 0)).any()))
-            metrics.update(self._train(groups, batch, live, ResponseLayout.of(trajs), penalties, uids, metrics))
+            metrics.update(self._train(groups, batch, live, ResponseLayout.of(trajs), penalties, uids, metrics,
+                                       episodes))
             metrics.update(trained_tokens=float(batch.loss_mask.sum()),
                            train_padded_tokens=float(self.counts["padded_tokens"] - padded),
                            train_real_tokens=float(self.counts["real_tokens"] - real))
@@ -167,10 +175,11 @@ class TrainingStep:
         return metrics
 
     def _train(self, groups: Sequence[TrajectoryGroup], batch: RLBatch, live: list[bool], layout: ResponseLayout,
-               penalties: list[float | None], uids: list[int], metrics: dict[str, Any]) -> dict[str, float]:
+               penalties: list[float | None], uids: list[int], metrics: dict[str, Any],
+               episodes: list[int] | None = None) -> dict[str, float]:
         """The forwards, the advantages, the critic's and the policy's optimizer steps of a batch with
-        something to learn from; their metrics."""
-        size, widths = len(groups[0].trajectories), batch.widths().tolist()
+        something to learn from; their metrics. `episodes`: each row's episode (step-wise rows)."""
+        size, widths = [len(g.trajectories) for g in groups], batch.widths().tolist()
         shared = self.shared_rows(batch, uids)
         shard = shard_step(len(groups), size, self.groups_per_mini(len(groups)), self.plan(shared), self.dp, widths,
                            live)
@@ -186,7 +195,8 @@ class TrainingStep:
             self.objective, token_rewards([t for g in groups for t in g.trajectories], layout, penalties), layout,
             layout.take(batch.loss_mask), uids, [(m.rows.start, m.rows.stop) for m in shard.mini_batches],
             self.cfg.trainer.micro_train_batch_size_per_gpu, values=take(values), old_logprobs=take(old),
-            ref_logprobs=take(ref), left_out=[t.rollout_failed for g in groups for t in g.trajectories])
+            ref_logprobs=take(ref), left_out=[t.rollout_failed for g in groups for t in g.trajectories],
+            episodes=episodes)
         out = dict(adv.metrics)
         width = batch.input_ids.shape[1]
         batch.advantages = layout.put(adv.scaled, width)
@@ -223,11 +233,16 @@ class TrainingStep:
                          self.options.micro_batch_pass_tokens, shared)
 
     def shared_rows(self, batch: RLBatch, uids: list[int]) -> RowGroups | None:
-        """With `shared_prefix_forward`, the step's rows by group (`uids`, one prompt each) and the
-        length of each row's context (`shared_prefix.context_lengths`); else None."""
+        """With `shared_prefix_forward`, the step's rows by shared context (the rows of a group, `uids`,
+        whose contexts are equal: every row of a prompt, but step-wise rows only with the same
+        earlier turns) and the length of each row's context (`shared_prefix.context_lengths`); else None."""
         if not self.options.shared_prefix_forward:
             return None
-        return RowGroups(tuple(uids), tuple(context_lengths(batch.loss_mask, batch.widths())))
+        contexts = context_lengths(batch.loss_mask, batch.widths())
+        keys: dict[tuple[int, tuple[int, ...]], int] = {}
+        rows = [keys.setdefault((uid, tuple(batch.input_ids[row, :n].tolist())), len(keys))
+                for row, (uid, n) in enumerate(zip(uids, contexts, strict=True))]
+        return RowGroups(tuple(rows), tuple(contexts))
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps of the step (the KL controller, the reference's epoch)."""
@@ -307,7 +322,7 @@ class TrainingStep:
             return None
         return gather_rows(local.ref_logprobs.cpu(), shard, len(batch), self.dp)
 
-    def _critic_shard(self, num_groups: int, group_size: int, widths: list[int], live: list[bool]) -> Shard | None:
+    def _critic_shard(self, num_groups: int, group_size: list[int], widths: list[int], live: list[bool]) -> Shard | None:
         if self.critic is None:
             return None
         per_mini = self.groups_per_mini(num_groups, self.cfg.trainer.critic_mini_batch_size)
@@ -386,13 +401,28 @@ class TrainingStep:
         stats.add(self.loss_fn.stats, float(part.loss_mask.sum()) / tokens)
 
 
-def rows_of_groups(groups: Sequence[TrajectoryGroup]) -> tuple[list[Any], list[int]]:
-    """The step's trajectories, group by group, and each one's group (SkyRL's `index`). Groups must
-    be of one size (the mini-batches are cut in whole groups)."""
+def rows_of_groups(groups: Sequence[TrajectoryGroup], equal: bool = True) -> tuple[list[Any], list[int]]:
+    """The step's trajectories, group by group, and each one's group (SkyRL's `index`). With `equal`,
+    groups must be of one size (each prompt's `n` episodes; step-wise rows are not)."""
     sizes = {len(g.trajectories) for g in groups}
-    if len(sizes) != 1:
+    if equal and len(sizes) != 1:
         raise ValueError(f"every group of a step must have the same number of trajectories (got {sorted(sizes)})")
     return [t for g in groups for t in g.trajectories], [i for i, g in enumerate(groups) for _ in g.trajectories]
+
+
+def step_rows(groups: Sequence[TrajectoryGroup]) -> tuple[list[TrajectoryGroup], list[int]]:
+    """`generator.step_wise_trajectories`: each group with one row per turn of each of its episodes
+    (`Trajectory.steps`), an episode's turns in order, and each row's episode (numbered over the step)."""
+    out: list[TrajectoryGroup] = []
+    episodes: list[int] = []
+    for group in groups:
+        rows = []
+        for t in group.trajectories:
+            steps = t.steps()
+            episodes += [episodes[-1] + 1 if episodes else 0] * len(steps)
+            rows += steps
+        out.append(replace(group, trajectories=rows))
+    return out, episodes
 
 
 def mini_batch_weights(loss_mask: torch.Tensor, shard: Shard,
@@ -468,4 +498,4 @@ def rollout_metrics(groups: Sequence[TrajectoryGroup], policy_version: int, thre
     }
 
 
-__all__ = ["StepOptions", "TrainingStep", "build_batch", "forward_rows", "rollout_metrics", "shard_logprobs"]
+__all__ = ["StepOptions", "TrainingStep", "build_batch", "forward_rows", "rollout_metrics", "shard_logprobs", "step_rows"]
