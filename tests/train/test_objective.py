@@ -20,7 +20,7 @@ from inflight.config import ConfigError, load_config
 from inflight.config.implemented import require_implemented, unimplemented
 from inflight.rollout.trajectory import Trajectory
 from inflight.testing import LOCAL_CPU
-from inflight.train.advantages import ResponseLayout, overlong_penalty, shaped_reward, token_rewards
+from inflight.train.advantage_pipeline import ResponseLayout, overlong_penalty, shaped_reward, token_rewards
 from inflight.train.batch import plan_micro_batches
 from inflight.train.objective import Objective, RLBatch, off_policy_correction, rl_loss, training_temperature
 
