@@ -42,6 +42,7 @@ from inflight.engine.async_engine import AsyncEngine
 from inflight.engine.config import EngineConfig
 from inflight.engine.engine import LLMEngine
 from inflight.engine.heap import frozen_heap
+from inflight.engine.step_threads import EngineThreads, base_threads
 from inflight.weight_sync import make_receiver
 
 
@@ -100,7 +101,7 @@ def _main() -> None:
     host, port = os.environ["INFLIGHT_ENGINE_ADDRESS"].rsplit(":", 1)
     conn = no_delay(Client((host, int(port)), authkey=bytes.fromhex(os.environ["INFLIGHT_ENGINE_KEY"])))
     config, threads, receiver = conn.recv()
-    torch.set_num_threads(threads)
+    torch.set_num_threads(base_threads(threads))
     try:
         engine = AsyncEngine(LLMEngine(config), threads=threads)
     except Exception as err:  # report start-up failures to the parent instead of dying silently
@@ -203,9 +204,10 @@ class EngineProcess:
     """Start an engine (`EngineConfig`) in a child process (`python -m inflight.client.process`,
     so the parent's `__main__` is never re-imported) with `threads` torch threads; weights come
     through `receiver` (None: through the pipe). `name` labels it in errors. Use as a context
-    manager or call `close()`; `restart()` replaces a dead child behind the same `client`."""
+    manager or call `close()`; `restart()` replaces a dead child behind the same `client`.
+    `threads` as `EngineThreads`: the child adds those its trainer lends it, at each step."""
 
-    def __init__(self, config: EngineConfig, threads: int = 1, receiver: ReceiverSpec | None = None,
+    def __init__(self, config: EngineConfig, threads: int | EngineThreads = 1, receiver: ReceiverSpec | None = None,
                  start_timeout_s: float = 300.0, name: str = "engine") -> None:
         self.config, self.threads, self.receiver, self.name = config, threads, receiver, name
         self.start_timeout_s = start_timeout_s
@@ -219,7 +221,7 @@ class EngineProcess:
         listener = Listener(("127.0.0.1", 0), authkey=key)
         host, port = listener.address
         env = dict(os.environ, INFLIGHT_ENGINE_ADDRESS=f"{host}:{port}", INFLIGHT_ENGINE_KEY=key.hex(),
-                   OMP_NUM_THREADS=str(self.threads))
+                   OMP_NUM_THREADS=str(base_threads(self.threads)))
         process = subprocess.Popen([sys.executable, "-m", "inflight.client.process"], env=env)
         accepted: list = []
         waiter = threading.Thread(target=lambda: accepted.append(listener.accept()), daemon=True)

@@ -35,6 +35,7 @@ from inflight.engine.engine import LLMEngine
 from inflight.engine.errors import InvalidRequestError
 from inflight.engine.lifecycle import EngineStatus
 from inflight.engine.request import RequestOutput, SamplingParams
+from inflight.engine.step_threads import EngineThreads
 
 Sink = asyncio.Future | asyncio.Queue  # where a request's output goes: a waiter or a stream
 IDLE_RECHECK_S = 0.5  # an idle loop looks for work this often even when nothing woke it (the backstop)
@@ -79,12 +80,15 @@ class _Abort:
 class AsyncEngine:
     """Asynchronous front of one LLMEngine (same lifecycle, as coroutines)."""
 
-    def __init__(self, engine: LLMEngine, stall_s: float = STALL_S, threads: int | None = None) -> None:
-        if threads is not None and threads < 1:
+    def __init__(self, engine: LLMEngine, stall_s: float = STALL_S,
+                 threads: int | EngineThreads | None = None) -> None:
+        if isinstance(threads, int) and threads < 1:
             raise ValueError(f"threads={threads}: an engine computes with at least 1 torch thread")
         self.engine = engine
         self.stall_s = stall_s
-        self.threads = threads  # torch threads of the threads that step it (None: as they are)
+        # torch threads of the threads that step it (None: as they are; `EngineThreads`: its own
+        # plus those its trainer lends it now, read at every step)
+        self.threads = threads
         self._step_threads: int | None = None
         self._futures: dict[str, asyncio.Future[RequestOutput]] = {}
         self._streams: dict[str, asyncio.Queue[RequestOutput | Exception]] = {}
@@ -100,15 +104,17 @@ class AsyncEngine:
         self._drain_waiters: list[asyncio.Future[None]] = []  # pause("wait") calls waiting for the drain's end
 
     @classmethod
-    def from_config(cls, config: EngineConfig, stall_s: float = STALL_S, threads: int | None = None) -> AsyncEngine:
+    def from_config(cls, config: EngineConfig, stall_s: float = STALL_S,
+                    threads: int | EngineThreads | None = None) -> AsyncEngine:
         """An AsyncEngine around a new LLMEngine built from `config`."""
         return cls(LLMEngine(config), stall_s, threads)
 
     def _use_threads(self) -> None:
         """Worker thread: compute with `threads` torch threads. torch's count is per thread (each
         thread's OpenMP setting), so every thread that steps the engine or runs a call sets its own."""
-        if self.threads is not None and torch.get_num_threads() != self.threads:
-            torch.set_num_threads(self.threads)
+        wanted = self.threads.wanted() if isinstance(self.threads, EngineThreads) else self.threads
+        if wanted is not None and torch.get_num_threads() != wanted:
+            torch.set_num_threads(wanted)
 
     # ---- loop ---------------------------------------------------------------------------------
     def _ensure_started(self) -> None:
@@ -201,6 +207,8 @@ class AsyncEngine:
             return False, [], {}, changes
         self._use_threads()
         self._step_threads = torch.get_num_threads()
+        if isinstance(self.threads, EngineThreads):
+            self.threads.stepped(self._step_threads)
         outputs = self.engine.step()
         self._last_progress = time.monotonic()
         snapshots = {}

@@ -79,7 +79,9 @@ class JobConfig:
     synchronous trainer's engines generate with job.engine_threads + job.threads (shared among them)
     and its steps train with job.threads + the engines' job.engine_threads; the fully-async trainer's
     steps take the engines' threads while generation is ahead (bounded staleness reached, nothing
-    generating) and give them back when a group may start. Engines in this run's processes only (not
+    generating) and give them back when a group may start, and its engines take job.threads (shared
+    among them) while the trainer waits for groups, giving them back at their next step once a
+    training step starts (metrics `threads/engine_lent_fraction`). Engines in this run's processes only (not
     HTTP servers or Ray actors, whose CPUs are fixed at launch: refused there). null (default): on
     for a policy of at least 10M parameters (`thread_lending.LEND_MIN_PARAMETERS`) whose engines run
     in this run's processes, off otherwise: on the demo's 0.8M model a second OpenMP thread slows

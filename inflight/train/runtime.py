@@ -24,6 +24,7 @@ from inflight.client.process import EngineProcess, ReceiverSpec
 from inflight.config import Config
 from inflight.config.implemented import external, on_servers
 from inflight.engine.config import EngineConfig
+from inflight.engine.step_threads import EngineThreads
 from inflight.rollout.generator import TrajectoryGroup
 from inflight.train.checkpoint import CheckpointState
 from inflight.train.engine_settings import engine_config
@@ -31,7 +32,7 @@ from inflight.train.job_config import JobConfig
 from inflight.train.policy import LocalPolicy
 from inflight.train.sender import ServerGroupSender, make_sender, receiver_spec
 from inflight.train.servers import Servers, start_servers
-from inflight.train.thread_lending import thread_split
+from inflight.train.thread_lending import ThreadLending, thread_split
 from inflight.train.workers.base import SyncReport
 from inflight.weight_sync import transport_kind
 from inflight.weight_sync.transport import ChannelTransport, WeightTransport
@@ -86,9 +87,10 @@ class LocalRuntime:
     engine_procs: list[EngineProcess] = field(default_factory=list)
     local_engines: list[AsyncEngine] = field(default_factory=list)
     servers: Servers | None = None
+    lending: ThreadLending | None = None  # the split of the threads between the policy and the engines
 
     async def close(self) -> None:
-        """Stop the engines and release the transport (idempotent)."""
+        """Stop the engines and release the transport and the threads' split (idempotent)."""
         if self.transport is not None:
             await asyncio.to_thread(self.transport.close)
             self.transport = None
@@ -99,6 +101,8 @@ class LocalRuntime:
         await asyncio.gather(*(asyncio.to_thread(p.close) for p in procs))
         engines, self.local_engines = self.local_engines, []
         await asyncio.gather(*(e.close() for e in engines))
+        if self.lending is not None:
+            self.lending.close()
 
 
 async def start_local(cfg: Config, job: JobConfig, *, pad_id: int, model_dir: str | Path, version: int = 0,
@@ -114,11 +118,13 @@ async def start_local(cfg: Config, job: JobConfig, *, pad_id: int, model_dir: st
                          "use --ray (job.ray=true)")
     split = thread_split(cfg, job, engines_here=not on_servers(cfg))
     runtime = LocalRuntime(make_sender(cfg, model_dir, job.trainer_device))
+    runtime.lending = lending = split.lending()
     try:
-        await _start_engines(runtime, cfg, job, model_dir, version, split.engine)
+        await _start_engines(runtime, cfg, job, model_dir, version,
+                             lambda i: lending.engine_threads(i, split.engine))
         runtime.policy = await asyncio.to_thread(LocalPolicy.load, cfg, job, pad_id, model_dir,
                                                  runtime.client, runtime.transport, version, ckpt, training_steps,
-                                                 lending=split.lending())
+                                                 lending=lending)
         if external(cfg):  # servers started elsewhere hold what their owner loaded: the run's weights first
             await runtime.policy.sync_weights()
     except BaseException:
@@ -128,9 +134,10 @@ async def start_local(cfg: Config, job: JobConfig, *, pad_id: int, model_dir: st
 
 
 async def _start_engines(runtime: LocalRuntime, cfg: Config, job: JobConfig, model_dir: str | Path,
-                         version: int, threads: int) -> None:
+                         version: int, threads: Callable[[int], int | EngineThreads]) -> None:
     """The engines and their client: HTTP servers (vLLM, external), else in this process for
-    `inprocess`, in child processes otherwise; those two compute with `threads` torch threads each."""
+    `inprocess`, in child processes otherwise; engine i of those two computes with `threads(i)`
+    torch threads (its own, or its own and those the trainer lends it while it waits)."""
     if on_servers(cfg):
         runtime.servers = await start_servers(cfg, job, model_dir, version)
         runtime.client = runtime.servers.client
@@ -144,7 +151,7 @@ async def _start_engines(runtime: LocalRuntime, cfg: Config, job: JobConfig, mod
         from inflight.client import LocalClient
         from inflight.engine import AsyncEngine, LLMEngine
 
-        runtime.local_engines = [AsyncEngine(LLMEngine(c), threads=threads) for c in configs]
+        runtime.local_engines = [AsyncEngine(LLMEngine(c), threads=threads(i)) for i, c in enumerate(configs)]
         runtime.client = one_client([LocalClient(e) for e in runtime.local_engines])
         return
     specs = [receiver_spec(runtime.transport, kind, c.device, i, len(configs)) for i, c in enumerate(configs)]
@@ -158,9 +165,9 @@ async def _start_engines(runtime: LocalRuntime, cfg: Config, job: JobConfig, mod
 
 
 async def _start_processes(configs: Sequence[EngineConfig], specs: Sequence[ReceiverSpec],
-                           threads: int) -> list[EngineProcess]:
+                           threads: Callable[[int], int | EngineThreads]) -> list[EngineProcess]:
     """Start one engine process per config, concurrently; on any failure stop the started ones."""
-    started = await asyncio.gather(*(asyncio.to_thread(EngineProcess, c, threads, s, name=f"engine-{i}")
+    started = await asyncio.gather(*(asyncio.to_thread(EngineProcess, c, threads(i), s, name=f"engine-{i}")
                                      for i, (c, s) in enumerate(zip(configs, specs, strict=True))),
                                    return_exceptions=True)
     failures = [r for r in started if isinstance(r, BaseException)]

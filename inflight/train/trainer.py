@@ -284,6 +284,7 @@ class RLTrainer:
             "throughput/samples_per_s": metrics["samples"] / max(step_s, 1e-9),
             "rollout/failed_groups": float(self.failed_groups),
             **self.restarts.metrics(),
+            **self._lending_metrics(),
         })
         interval = self.cfg.trainer.eval_interval
         if interval > 0 and self.global_step % interval == 0:
@@ -296,6 +297,12 @@ class RLTrainer:
         self.history.append(self.logger.log(self.global_step, metrics))
         await self._save_on_interval(data_state)
         return metrics
+
+    def _lending_metrics(self) -> dict[str, float]:
+        """The engines' steps since the last step and the fraction run with the trainer's threads
+        (`ThreadLending.metrics`; none where the engines take none)."""
+        lending = getattr(self.policy, "lending", None)
+        return lending.metrics() if lending is not None else {}
 
     def _step_records(self, groups: list[TrajectoryGroup], metrics: dict[str, Any]) -> None:
         """The example printed, the batch dumped and the memory measured, as `trainer.*` asks."""
@@ -410,7 +417,8 @@ class FullyAsyncTrainer(RLTrainer):
         try:
             while not self._should_stop():
                 started = time.perf_counter()
-                groups = await self.buffer.get(mini)
+                with self._waiting():  # nothing to train: the engines take the trainer's threads
+                    groups = await self.buffer.get(mini)
                 if self._error is not None:
                     raise self._error
                 if not groups:
@@ -439,6 +447,12 @@ class FullyAsyncTrainer(RLTrainer):
             return
         lending, staleness = follow(), self.staleness
         staleness.on_change = lambda: lending.lend(staleness.generation_ahead and self._evaluation is None)
+
+    def _waiting(self) -> contextlib.AbstractContextManager[None]:
+        """While the trainer waits for groups, its engines compute with its threads added
+        (`ThreadLending.waiting`; a Ray policy's threads stay its own)."""
+        lending = getattr(self.policy, "lending", None)
+        return lending.waiting() if lending is not None else contextlib.nullcontext()
 
     async def _worker(self) -> None:
         manager, buffer = self.staleness, self.buffer

@@ -131,7 +131,7 @@ def test_the_synchronous_trainer_gives_every_core_to_the_phase_that_runs():
     lending = split.lending()
     assert lending.lent and lending.wanted == 2
     # two engines share the trainer's threads; every engine's own are lent to the step
-    assert _split(fully_async=False, engines=2, threads=2) == ThreadSplit(2, 2, 2, False)
+    assert _split(fully_async=False, engines=2, threads=2) == ThreadSplit(2, 2, 2, False, engines=2)
 
 
 def test_the_fully_async_trainer_follows_the_lending():
