@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from inflight.agents.agent import load_agent
+from inflight.agents.agent_generator import AgentGenerator
 from inflight.agents.endpoint import AgentEndpoint
-from inflight.agents.generator import AgentGenerator
 from inflight.agents.session import SessionSampling
 from inflight.agents.verifiers_env import VerifiersAgent, env_id_of
 from inflight.chat.templates import resolve_chat_template

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from rl_support import rl_config, small_task, warm_model_dir
 
-from inflight.agents.generator import AgentGenerator
+from inflight.agents.agent_generator import AgentGenerator
 from inflight.rollout.trajectory import Trajectory, TrajectoryGroup
 from inflight.tasks.base import Problem
 from inflight.train.trainer import make_trainer
