@@ -78,8 +78,12 @@ def test_fully_async_each_kv_fate(model_dir, tmp_path, fate):
         assert 0 <= r["staleness_mean"] <= r["staleness_max"] <= cfg.trainer.fully_async.max_staleness_steps
         assert r["samples"] == 16 and r["weight_version"] == r["step"]
     assert max(r["staleness_max"] for r in records) >= 1  # generation ran ahead of training
-    # the steps take the engine's thread only while generation is ahead; the engine keeps its own
-    assert set(trainer.policy.lending.seen) <= {1, 2} and trainer.engine_step_threads in ([1], [])
+    # the steps take the engine's thread only while generation is ahead, the engine the trainer's
+    # only while it waits for groups: before the first step it has none to train, so the engine's
+    # first steps ran with both threads (in this process, or in its own through shared memory)
+    assert set(trainer.policy.lending.seen) <= {1, 2} and trainer.engine_step_threads in ([1], [2], [])
+    assert all(0.0 <= r["threads/engine_lent_fraction"] <= 1.0 for r in records)
+    assert records[0]["threads/engine_lent_fraction"] > 0.0 and records[0]["threads/engine_steps"] > 0
     consumed = [json.loads(line) for line in (tmp_path / "consumed.jsonl").read_text().splitlines()]
     ids = [i for c in consumed for i in c["trained"]]
     assert len(ids) == 16 == len(set(ids))
