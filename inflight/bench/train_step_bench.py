@@ -77,7 +77,7 @@ def _plain_step(model_dir: Path, batch) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from inflight.train.losses import cross_entropy_loss, token_logprobs
+    from inflight.train.losses import token_logprobs, token_mean_nll_loss
 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     model.train()
@@ -85,7 +85,7 @@ def _plain_step(model_dir: Path, batch) -> Any:
 
     def step() -> None:
         logits = model(input_ids=batch.input_ids).logits
-        cross_entropy_loss(token_logprobs(logits, batch.input_ids), batch).backward()
+        token_mean_nll_loss(token_logprobs(logits, batch.input_ids), batch).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

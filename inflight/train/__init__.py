@@ -12,7 +12,7 @@ from typing import Any
 _EXPORTS = {
     "rl_loss": "inflight.train.objective",
     "TrainBatch": "inflight.train.batch",
-    "cross_entropy_loss": "inflight.train.losses",
+    "token_mean_nll_loss": "inflight.train.losses",
     "token_logprobs": "inflight.train.losses",
     "LocalPolicy": "inflight.train.policy",
     "LocalPolicyWorker": "inflight.train.workers",
@@ -23,7 +23,7 @@ _EXPORTS = {
 
 __all__ = [
     "LocalPolicy", "LocalPolicyWorker", "PolicyWorker", "SyncReport", "TrainBatch", "WeightSyncError",
-    "cross_entropy_loss", "rl_loss", "token_logprobs"
+    "token_mean_nll_loss", "rl_loss", "token_logprobs"
 ]
 
 

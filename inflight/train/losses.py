@@ -34,7 +34,7 @@ def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tenso
     return F.pad(entropy_from_logits(logits[:, :-1].float() / scaling_temperature(temperature)), (1, 0))
 
 
-def cross_entropy_loss(logprobs: torch.Tensor, batch: TrainBatch) -> torch.Tensor:
+def token_mean_nll_loss(logprobs: torch.Tensor, batch: TrainBatch) -> torch.Tensor:
     """Token-mean negative log-likelihood of the masked tokens (supervised fine-tuning). The RL
     objective is `inflight.train.objective.rl_loss`."""
     return -masked_mean(logprobs, batch.loss_mask)

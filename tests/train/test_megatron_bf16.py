@@ -30,7 +30,7 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 from inflight.config import load_config  # noqa: E402
 from inflight.testing import LOCAL_CPU, make_tiny_model  # noqa: E402
 from inflight.train import TrainBatch  # noqa: E402
-from inflight.train.losses import cross_entropy_loss, token_logprobs  # noqa: E402
+from inflight.train.losses import token_logprobs, token_mean_nll_loss  # noqa: E402
 from inflight.train.workers.megatron_convert import is_tensor_parallel, megatron_shards_to_hf  # noqa: E402
 
 TP = 2
@@ -116,7 +116,7 @@ def _transformers(model_dir: Path, dtype: torch.dtype) -> tuple[torch.Tensor, di
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
     batch = _batch(model.config.vocab_size)
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-    cross_entropy_loss(token_logprobs(logits, batch.input_ids), batch).backward()
+    token_mean_nll_loss(token_logprobs(logits, batch.input_ids), batch).backward()
     grads = {n: p.grad.float() for n, p in model.named_parameters()}
     return logits.detach().float(), grads
 

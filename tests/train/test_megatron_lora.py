@@ -35,7 +35,7 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 from inflight.config import ConfigError, load_config  # noqa: E402
 from inflight.testing import LOCAL_CPU, make_tiny_model  # noqa: E402
 from inflight.train import TrainBatch  # noqa: E402
-from inflight.train.losses import cross_entropy_loss, token_logprobs  # noqa: E402
+from inflight.train.losses import token_logprobs, token_mean_nll_loss  # noqa: E402
 
 TP, RANK, ALPHA, LR, MAX_NORM = 2, 4, 8, 1e-2, 0.05
 HF_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -168,7 +168,7 @@ def test_forward_and_gradients_equal_peft_with_shared_a(model_dir, adapter_dir, 
     batch = _batch(model.config.vocab_size)
     logits = _forward(model, batch)
     torch.testing.assert_close(ranks["logits"], logits.detach(), atol=1e-5, rtol=0)
-    cross_entropy_loss(token_logprobs(logits, batch.input_ids), batch).backward()
+    token_mean_nll_loss(token_logprobs(logits, batch.input_ids), batch).backward()
     grads = {_hf_key(n): p.grad for n, p in model.named_parameters() if ".lora_" in n}
     assert set(grads) == set(ranks["grads"])
     for name, grad in grads.items():

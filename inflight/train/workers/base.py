@@ -30,7 +30,7 @@ from inflight.client.base import InferenceClient
 from inflight.client.update import update_all_or_nothing
 from inflight.config import Config
 from inflight.train.batch import TrainBatch
-from inflight.train.losses import LossFn, cross_entropy_loss
+from inflight.train.losses import LossFn, token_mean_nll_loss
 from inflight.train.lr_schedule import make_lr_scheduler
 from inflight.train.objective import training_temperature
 from inflight.weight_sync.inprocess import InProcessTransport
@@ -123,7 +123,7 @@ class PolicyWorker(ABC):
         self.model_path = model_path or cfg.trainer.policy.model.path  # the HF directory it builds from
         if self.model_path is None:
             raise ValueError("no model: set trainer.policy.model.path or pass model_path")
-        self.loss_fn = loss_fn or cross_entropy_loss
+        self.loss_fn = loss_fn or token_mean_nll_loss
         self.device = torch.device(device)
         self.temperature = training_temperature(cfg)  # trainer.algorithm.temperature (null: the rollouts')
         self.model: torch.nn.Module | None = None
