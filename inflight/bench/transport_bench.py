@@ -34,15 +34,12 @@ from inflight.bench.weight_sync_bench import memcpy_seconds
 from inflight.engine import EngineConfig, LLMEngine
 from inflight.engine.models.loader import iter_safetensors
 from inflight.testing import make_tiny_model
-from inflight.weight_sync import (
-    BroadcastReceiver,
-    BroadcastTransport,
-    InProcessTransport,
-    ShmReceiver,
-    ShmTransport,
-)
+from inflight.weight_sync.kinds import BROADCAST, INPROCESS, SHM, SenderSite, TransportSpec
 
-TRANSPORTS = ("inprocess", "shm", "shm-pipelined", "broadcast")
+TRANSPORTS: dict[str, tuple[TransportSpec, bool]] = {
+    "inprocess": (INPROCESS, True), "shm": (SHM, True), "shm-pipelined": (SHM, False), "broadcast": (BROADCAST, True),
+}
+"""{variant: (its transport kind, whether its sender packs an update before the pause)}."""
 
 
 def _engine(model_dir: str, rollback: bool, dtype: str = "float32") -> LLMEngine:
@@ -51,12 +48,12 @@ def _engine(model_dir: str, rollback: bool, dtype: str = "float32") -> LLMEngine
     return LLMEngine(config)
 
 
-def _engine_process(kind: str, port: int, model_dir: str, threads: int, rollback: bool, dtype: str) -> None:
+def _engine_process(spec: TransportSpec, port: int, model_dir: str, threads: int, rollback: bool,
+                    dtype: str) -> None:
     """Spawned: an engine serving weight updates from this benchmark until it closes the transport."""
     torch.set_num_threads(threads)
     engine = _engine(model_dir, rollback, dtype)
-    receiver_cls = BroadcastReceiver if kind == "broadcast" else ShmReceiver
-    receiver_cls("127.0.0.1", port, timeout=1800).serve(engine)
+    spec.build_receiver("127.0.0.1", port, timeout=1800).serve(engine)
 
 
 async def timed_update(
@@ -81,19 +78,16 @@ def bench_transport(
     dtype: str = "float32",
 ) -> dict:
     client, child = None, None
-    if kind == "inprocess":
+    spec, staged = TRANSPORTS[kind]
+    transport = spec.build_sender(SenderSite("127.0.0.1", 0, 1, chunk_bytes, timeout=1800, staged=staged))
+    if spec.in_trainer_process:
         from inflight.client import LocalClient
         from inflight.engine import AsyncEngine
 
         client = LocalClient(AsyncEngine(_engine(model_dir, rollback, dtype)))
-        transport = InProcessTransport(max_chunk_bytes=chunk_bytes)
     else:
-        if kind == "broadcast":
-            transport = BroadcastTransport(port=0, max_chunk_bytes=chunk_bytes, timeout=1800)
-        else:
-            transport = ShmTransport(port=0, max_chunk_bytes=chunk_bytes, timeout=1800, staged=kind == "shm")
         child = mp.get_context("spawn").Process(
-            target=_engine_process, args=(kind, transport.port, model_dir, threads, rollback, dtype), daemon=True
+            target=_engine_process, args=(spec, transport.port, model_dir, threads, rollback, dtype), daemon=True
         )
         child.start()
     try:

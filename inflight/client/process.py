@@ -43,20 +43,26 @@ from inflight.engine.config import EngineConfig
 from inflight.engine.engine import LLMEngine
 from inflight.engine.heap import frozen_heap
 from inflight.engine.step_threads import EngineThreads, base_threads
-from inflight.weight_sync import make_receiver
+from inflight.weight_sync.kinds import TransportSpec
 
 
 @dataclass
 class ReceiverSpec:
-    """Where the child's weight receiver connects: `kind` is `shm` or `broadcast`; `rank` is this
-    engine's receiver rank (1..`num_receivers`) among the engines the sender updates."""
+    """Where the child's weight receiver connects: `transport` is the sender's kind (its registered
+    `TransportSpec`, which builds the receiver); `rank` is this engine's receiver rank
+    (1..`num_receivers`) among the engines the sender updates."""
 
-    kind: str
+    transport: TransportSpec
     host: str
     port: int
     device: str = "cpu"
     rank: int = 1
     num_receivers: int = 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.transport, TransportSpec):
+            raise TypeError(f"ReceiverSpec.transport must be a TransportSpec (weight_sync.transport_spec(name)), "
+                            f"got {type(self.transport).__name__} {self.transport!r}")
 
 
 class EngineProcessError(RuntimeError):
@@ -70,8 +76,9 @@ def start_receiver(engine: AsyncEngine, receiver: ReceiverSpec | None) -> None:
         return
 
     def serve() -> None:
-        make_receiver(receiver.kind, receiver.host, receiver.port, rank=receiver.rank,
-                      num_receivers=receiver.num_receivers, device=receiver.device).serve(engine.engine)
+        receiver.transport.build_receiver(receiver.host, receiver.port, rank=receiver.rank,
+                                          num_receivers=receiver.num_receivers,
+                                          device=receiver.device).serve(engine.engine)
 
     threading.Thread(target=serve, daemon=True, name="weight-receiver").start()
 

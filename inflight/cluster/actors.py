@@ -36,7 +36,7 @@ from inflight.train.sender import make_sender, receiver_spec
 from inflight.train.server_fleet import ServerFleet, free_port
 from inflight.train.servers import CONTROL_TOKEN_ENV, ServerSpec, vllm_command
 from inflight.train.workers.base import SyncReport
-from inflight.weight_sync import transport_kind
+from inflight.weight_sync import configured_transport
 from inflight.weight_sync.transport import ChannelTransport, WeightTransport
 
 
@@ -100,12 +100,13 @@ class PolicyActor:
             self.transport = make_sender(cfg, model_dir, job.trainer_device, host=_node_ip())
 
     def receiver_spec(self, engine_device: str, index: int = 0) -> ReceiverSpec | None:
-        """Where engine `index`'s receiver connects (None for `inprocess`); rank 0 only."""
-        kind = transport_kind(self.cfg)
-        if kind == "inprocess":
+        """Where engine `index`'s receiver connects (None for a transport without one: `inprocess`);
+        rank 0 only."""
+        transport = configured_transport(self.cfg)
+        if transport.in_trainer_process:
             return None
         engines = self.cfg.generator.inference_engine.num_engines
-        return receiver_spec(self.transport, kind, engine_device, index, engines)
+        return receiver_spec(self.transport, transport, engine_device, index, engines)
 
     def rendezvous(self) -> str:
         """The init method of the policy ranks' process group, on rank 0's node."""
@@ -126,7 +127,7 @@ class PolicyActor:
             client = one_client([RayEngineClient(e) for e in engines])
             if isinstance(self.transport, ChannelTransport):  # a dead engine actor fails a sync at once
                 self.transport.channel.dead_receivers = lambda: [i + 1 for i in dead_actors(engines)]
-            if transport_kind(self.cfg) == "broadcast":
+            if configured_transport(self.cfg).forms_group:
                 await asyncio.to_thread(self.transport.connect)
         self.policy = await asyncio.to_thread(LocalPolicy.load, self.cfg, self.job, self.pad_id, model_dir, client,
                                               self.transport, version, ckpt, training_steps)

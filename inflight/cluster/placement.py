@@ -21,6 +21,7 @@ from inflight.config import Config
 from inflight.config.implemented import external
 from inflight.train.job_config import JobConfig
 from inflight.train.runtime import policy_ranks
+from inflight.weight_sync import configured_transport
 
 
 @dataclass
@@ -74,11 +75,16 @@ def required_cpus(cfg: Config, job: JobConfig, num_policy: int | None = None) ->
     return int(sum(b["CPU"] for b in plan_bundles(cfg, job, num_policy)[0]))
 
 
+def placement_strategy(cfg: Config) -> str:
+    """Ray's strategy for the run's bundles: all on one node where the weight transport needs its
+    receivers on the sender's host (`same_node`: shm), else packed where they fit."""
+    return "STRICT_PACK" if configured_transport(cfg).same_node else "PACK"
+
+
 def make_placement(cfg: Config, job: JobConfig, num_policy: int | None = None, timeout_s: float = 120.0) -> Placement:
     """Reserve the resources of `num_policy` policy ranks and `num_engines` engines."""
     bundles, policy, engines = plan_bundles(cfg, job, num_policy)
-    same_node = cfg.generator.inference_engine.weight_sync_backend == "shm"
-    group = placement_group(bundles, strategy="STRICT_PACK" if same_node else "PACK")
+    group = placement_group(bundles, strategy=placement_strategy(cfg))
     try:
         ray.get(group.ready(), timeout=timeout_s)
     except ray.exceptions.GetTimeoutError as err:

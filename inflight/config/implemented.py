@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 from inflight.config.errors import ConfigError, Violation
 from inflight.config.keys import default_config, get_key, schema_fields
 from inflight.config.schema import Config
+from inflight.config.schema.generator import weight_transport
 from inflight.config.status import REFUSED, field_status
 
 
@@ -103,6 +104,12 @@ def several_policy_ranks(cfg: Config) -> bool:
 _LORA = "trainer.policy.model.lora.rank"
 
 
+def _transport_fact(value: str, fact: str) -> bool:
+    """A fact (a `TransportSpec` field) of the weight transport `value` names; False where it names none."""
+    spec = weight_transport(value)
+    return spec is not None and bool(getattr(spec, fact))
+
+
 REGISTRY_KEYS: dict[str, str] = {
     "trainer.algorithm.advantage_estimator": "advantage estimator",
     "trainer.algorithm.policy_loss_type": "policy loss",
@@ -153,14 +160,16 @@ NOT_IMPLEMENTED_WHEN: list[tuple[str, Callable[[Config], bool], Callable[[Any], 
      "routing record", f"set {_IE}enable_return_routed_experts=false and "
      "trainer.policy.megatron_config.moe_enable_routing_replay=false"),
     (
-        _IE + "weight_sync_host", lambda c: (external(c) and not servers_on_this_host(c)
-                                             and c.generator.inference_engine.weight_sync_backend == "broadcast"),
+        _IE + "weight_sync_host",
+        lambda c: (external(c) and not servers_on_this_host(c)
+                   and _transport_fact(c.generator.inference_engine.weight_sync_backend, "forms_group")),
         lambda v: v not in _LOOPBACK,
         "is a loopback address, which servers on other hosts cannot reach: they join the weight group the "
         "trainer hosts there", f"set {_IE}weight_sync_host to an address of this machine that the servers reach",
     ),
     (
-        _IE + "weight_sync_backend", lambda c: external(c) and not servers_on_this_host(c), lambda v: v != "shm",
+        _IE + "weight_sync_backend", lambda c: external(c) and not servers_on_this_host(c),
+        lambda v: not _transport_fact(v, "same_node"),
         "shm needs the servers on this host (it hands them chunk files in /dev/shm); some of "
         f"{_IE}external_server_urls are elsewhere",
         f"set {_IE}weight_sync_backend=inprocess (chunks in request bodies)",

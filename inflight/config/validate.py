@@ -20,9 +20,9 @@ from inflight.config.schema import (
     STRATEGY_ALIASES,
     WEIGHT_SYNC_BACKEND_ALIASES,
     Config,
-    canonical_weight_sync_backend,
 )
-from inflight.config.schema.generator import DTYPE_ALIASES
+from inflight.config.schema.generator import DTYPE_ALIASES, weight_transport
+from inflight.weight_sync.kinds import transport_names
 
 Rule = Callable[[Config], Iterator[Violation]]
 _RULES: list[tuple[frozenset[str], Rule]] = []
@@ -42,7 +42,7 @@ SYNC_KEYS = (COLOCATE, FULLY_ASYNC, CLEAR_KV, OFFLOAD_KV, PREFIX_CACHING, LORA_R
 CHOICES: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
     "trainer.strategy": (("fsdp", "megatron"), STRATEGY_ALIASES),
     "generator.inference_engine.weight_sync_backend": (
-        ("inprocess", "shm", "broadcast", "delta"),
+        (*transport_names(), "delta"),
         WEIGHT_SYNC_BACKEND_ALIASES,
     ),
     "trainer.algorithm.loss_reduction": (
@@ -544,8 +544,11 @@ def _engine_restarts(cfg: Config) -> Iterator[Violation]:
     if not cfg.trainer.fully_async.enabled:
         yield Violation(ENGINE_RESTARTS, restarts, "restarts engines of the fully-async trainer only",
                         f"set {FULLY_ASYNC}=true or {ENGINE_RESTARTS}=0")
-    elif canonical_weight_sync_backend(cfg.generator.inference_engine.weight_sync_backend) == "inprocess":
-        yield Violation(ENGINE_RESTARTS, restarts, "restarts engine processes; with weight_sync_backend=inprocess "
+        return
+    backend = cfg.generator.inference_engine.weight_sync_backend
+    transport = weight_transport(backend)
+    if transport is not None and transport.in_trainer_process:
+        yield Violation(ENGINE_RESTARTS, restarts, f"restarts engine processes; with weight_sync_backend={backend} "
                         "the engines run in the trainer's process", f"set {_BACKEND}=shm (or broadcast)")
 
 

@@ -34,7 +34,7 @@ from inflight.train.sender import ServerGroupSender, make_sender, receiver_spec
 from inflight.train.servers import Servers, start_servers
 from inflight.train.thread_lending import ThreadLending, thread_split
 from inflight.train.workers.base import SyncReport
-from inflight.weight_sync import transport_kind
+from inflight.weight_sync import configured_transport
 from inflight.weight_sync.transport import ChannelTransport, WeightTransport
 
 if TYPE_CHECKING:
@@ -146,21 +146,21 @@ async def _start_engines(runtime: LocalRuntime, cfg: Config, job: JobConfig, mod
         return
     ie = cfg.generator.inference_engine
     configs = [engine_config(cfg, model_dir, version, i) for i in range(ie.num_engines)]
-    kind = transport_kind(cfg)
-    if kind == "inprocess":
+    transport = configured_transport(cfg)
+    if transport.in_trainer_process:
         from inflight.client import LocalClient
         from inflight.engine import AsyncEngine, LLMEngine
 
         runtime.local_engines = [AsyncEngine(LLMEngine(c), threads=threads(i)) for i, c in enumerate(configs)]
         runtime.client = one_client([LocalClient(e) for e in runtime.local_engines])
         return
-    specs = [receiver_spec(runtime.transport, kind, c.device, i, len(configs)) for i, c in enumerate(configs)]
+    specs = [receiver_spec(runtime.transport, transport, c.device, i, len(configs)) for i, c in enumerate(configs)]
     runtime.engine_procs = await _start_processes(configs, specs, threads)
     runtime.client = one_client([p.client for p in runtime.engine_procs])
     if isinstance(runtime.transport, ChannelTransport):  # shm and broadcast: a dead engine fails fast
         procs = list(runtime.engine_procs)
         runtime.transport.channel.dead_receivers = lambda: [i + 1 for i, p in enumerate(procs) if not p.alive]
-    if kind == "broadcast":
+    if transport.forms_group:  # the receivers have started: form their group now, not at the first sync
         await asyncio.to_thread(runtime.transport.connect)
 
 

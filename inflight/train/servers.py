@@ -43,7 +43,7 @@ from inflight.engine.config import EngineConfig
 from inflight.train.engine_settings import engine_config
 from inflight.train.job_config import JobConfig
 from inflight.train.server_fleet import ServerFleet
-from inflight.weight_sync import transport_kind
+from inflight.weight_sync import configured_transport
 
 log = logging.getLogger(__name__)
 CONTROL_TOKEN_ENV = "INFLIGHT_CONTROL_TOKEN"
@@ -137,7 +137,7 @@ class ServerSpec:
 
     urls: list[str]
     control_token: str | None
-    shm_chunks: bool  # weight chunks as /dev/shm files (weight_sync_backend=shm), else request bodies
+    shm_chunks: bool  # weight chunks as /dev/shm files (the transport's chunk_files: shm), else request bodies
 
     def client(self) -> RemoteClient:
         return RemoteClient(self.urls, control_token=self.control_token, shm_chunks=self.shm_chunks)
@@ -145,7 +145,7 @@ class ServerSpec:
 
 def server_spec(cfg: Config, urls: list[str], control_token: str | None) -> ServerSpec:
     """The spec of servers at `urls` for `cfg`'s weight transport."""
-    return ServerSpec(list(urls), control_token, transport_kind(cfg) == "shm")
+    return ServerSpec(list(urls), control_token, configured_transport(cfg).chunk_files)
 
 
 def external_spec(cfg: Config) -> ServerSpec:

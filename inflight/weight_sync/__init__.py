@@ -1,34 +1,49 @@
-"""Weight sync: the one plan every backend follows (plan.py), chunking, the transports and the
-factory that builds the configured one (factory.py)."""
+"""Weight sync: the one plan every backend follows (plan.py), chunking, the transport kinds
+(kinds.py: one `TransportSpec` each), the transports and the factory that builds the configured
+one (factory.py).
 
-from inflight.weight_sync.broadcast import BroadcastReceiver, BroadcastTransport
-from inflight.weight_sync.chunking import TensorMeta, WeightChunk, iter_chunks
-from inflight.weight_sync.factory import make_receiver, make_transport, transport_kind
-from inflight.weight_sync.inprocess import InProcessTransport
-from inflight.weight_sync.plan import KVFate, PauseMode, SyncPlan, plan_weight_sync
-from inflight.weight_sync.receiver import ChannelReceiver, Receiver
-from inflight.weight_sync.shm import ShmReceiver, ShmTransport
-from inflight.weight_sync.transport import StagedUpdate, TransportError, WeightTransport
+The names below are imported on first use (PEP 562), so that the config layer can read the
+transport kinds (`inflight.weight_sync.kinds`, a leaf) without importing torch or the transports."""
 
-__all__ = [
-    "BroadcastReceiver",
-    "BroadcastTransport",
-    "ChannelReceiver",
-    "InProcessTransport",
-    "KVFate",
-    "PauseMode",
-    "Receiver",
-    "ShmReceiver",
-    "ShmTransport",
-    "StagedUpdate",
-    "SyncPlan",
-    "TensorMeta",
-    "TransportError",
-    "WeightChunk",
-    "WeightTransport",
-    "iter_chunks",
-    "make_receiver",
-    "make_transport",
-    "plan_weight_sync",
-    "transport_kind",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "BroadcastReceiver": "inflight.weight_sync.broadcast",
+    "BroadcastTransport": "inflight.weight_sync.broadcast",
+    "TensorMeta": "inflight.weight_sync.chunking",
+    "WeightChunk": "inflight.weight_sync.chunking",
+    "iter_chunks": "inflight.weight_sync.chunking",
+    "configured_transport": "inflight.weight_sync.factory",
+    "make_transport": "inflight.weight_sync.factory",
+    "InProcessTransport": "inflight.weight_sync.inprocess",
+    "SenderSite": "inflight.weight_sync.kinds",
+    "TransportSpec": "inflight.weight_sync.kinds",
+    "register_transport": "inflight.weight_sync.kinds",
+    "transport_names": "inflight.weight_sync.kinds",
+    "transport_spec": "inflight.weight_sync.kinds",
+    "KVFate": "inflight.weight_sync.plan",
+    "PauseMode": "inflight.weight_sync.plan",
+    "SyncPlan": "inflight.weight_sync.plan",
+    "plan_weight_sync": "inflight.weight_sync.plan",
+    "ChannelReceiver": "inflight.weight_sync.receiver",
+    "Receiver": "inflight.weight_sync.receiver",
+    "ShmReceiver": "inflight.weight_sync.shm",
+    "ShmTransport": "inflight.weight_sync.shm",
+    "StagedUpdate": "inflight.weight_sync.transport",
+    "TransportError": "inflight.weight_sync.transport",
+    "WeightTransport": "inflight.weight_sync.transport",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from inflight.weight_sync.chunking import DEFAULT_CHUNK_BYTES, WeightChunk
 from inflight.weight_sync.group import GroupHost, GroupMember
+from inflight.weight_sync.kinds import SenderSite
 from inflight.weight_sync.receiver import ChannelReceiver, Receiver
 from inflight.weight_sync.transport import (
     ALIVE_CHECK_S,
@@ -149,3 +150,15 @@ class BroadcastReceiver(ChannelReceiver):
                                            self.channel.store)
             return None
         return super()._apply(receiver, message)
+
+
+def build_sender(site: SenderSite) -> BroadcastTransport:
+    """The `broadcast` kind's sender (`TransportSpec.sender`)."""
+    return BroadcastTransport(site.host, site.port, site.num_receivers, site.max_chunk_bytes, device=site.device,
+                              timeout=site.timeout)
+
+
+def build_receiver(host: str, port: int, *, rank: int = 1, num_receivers: int = 1, device: str | torch.device = "cpu",
+                   timeout: float = 600.0) -> BroadcastReceiver:
+    """The `broadcast` kind's receiver (`TransportSpec.receiver`)."""
+    return BroadcastReceiver(host, port, rank=rank, num_receivers=num_receivers, device=device, timeout=timeout)

@@ -8,6 +8,7 @@ API" (the client serialises them), which is the slow path and fine for small mod
 from __future__ import annotations
 
 from inflight.weight_sync.chunking import WeightChunk
+from inflight.weight_sync.kinds import SenderSite
 from inflight.weight_sync.transport import UpdateClient, WeightTransport
 
 
@@ -18,3 +19,8 @@ class InProcessTransport(WeightTransport):
 
     async def send_chunk(self, client: UpdateClient, chunk: WeightChunk) -> None:
         await client.load_weights(chunk.named_tensors())
+
+
+def build_sender(site: SenderSite) -> InProcessTransport:
+    """The `inprocess` kind's sender (`TransportSpec.sender`): only the chunk size applies."""
+    return InProcessTransport(max_chunk_bytes=site.max_chunk_bytes)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import os
 import shutil
 import tempfile
 import uuid
@@ -42,6 +43,7 @@ from typing import Any
 import torch
 
 from inflight.weight_sync.chunking import ALIGN, DEFAULT_CHUNK_BYTES, WeightChunk, align, pack_chunk
+from inflight.weight_sync.kinds import SenderSite
 from inflight.weight_sync.receiver import ChannelReceiver
 from inflight.weight_sync.transport import (
     ChannelTransport,
@@ -59,6 +61,8 @@ RESERVE_BYTES = 1 << 30
 
 SHM_DIR = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
 """Where the weight buffers' shared files live (the temporary directory on a system without /dev/shm)."""
+SHM_PREFIX = "inflight-weights-train-"
+"""The start of a run's buffer files (`build_sender`), followed by the trainer's pid."""
 
 
 def slot_path(prefix: str, index: int) -> str:
@@ -240,3 +244,31 @@ class ShmReceiver(ChannelReceiver):
         if pack != message["pack"]:
             raise TransportError(f"shared buffer slot {index} holds the bytes of pack {pack}, not {message['pack']}")
         return self.slots[index].data
+
+
+def remove_stale_shm_buffers() -> None:
+    """Unlink the shared-memory weight buffers of trainers that died without cleaning up (killed):
+    their file names carry the trainer's pid."""
+    for path in SHM_DIR.glob(SHM_PREFIX + "*"):
+        try:
+            pid = int(path.name[len(SHM_PREFIX):].split("-", 1)[0])
+            os.kill(pid, 0)
+        except ProcessLookupError:  # that trainer is gone
+            path.unlink(missing_ok=True)
+        except (ValueError, PermissionError):  # no pid in the name; alive, someone else's
+            pass
+
+
+def build_sender(site: SenderSite) -> ShmTransport:
+    """The `shm` kind's sender (`TransportSpec.sender`): its buffer is named after this process, so
+    a later run removes it if this one gets killed (and this one removes those of killed trainers)."""
+    remove_stale_shm_buffers()
+    path = str(SHM_DIR / f"{SHM_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}")
+    return ShmTransport(site.host, site.port, site.num_receivers, site.max_chunk_bytes, timeout=site.timeout,
+                        path=path, staged=site.staged)
+
+
+def build_receiver(host: str, port: int, *, rank: int = 1, num_receivers: int = 1, device: Any = "cpu",
+                   timeout: float = 600.0) -> ShmReceiver:
+    """The `shm` kind's receiver (`TransportSpec.receiver`): the engine's device does not apply."""
+    return ShmReceiver(host, port, rank=rank, num_receivers=num_receivers, timeout=timeout)

@@ -31,6 +31,7 @@ from inflight.engine.models.loader import iter_safetensors  # noqa: E402
 from inflight.testing import LOCAL_CPU
 from inflight.train import LocalPolicy, LocalPolicyWorker  # noqa: E402
 from inflight.weight_sync import ShmTransport  # noqa: E402
+from inflight.weight_sync.kinds import SHM  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +43,7 @@ def test_process_client_generates_syncs_in_flight_and_closes(model_dir):
     task = small_task()
     transport = ShmTransport(max_chunk_bytes=16 << 20)
     proc = EngineProcess(EngineConfig(model=str(model_dir), num_kv_blocks=64), 1,
-                         ReceiverSpec("shm", "127.0.0.1", transport.port))
+                         ReceiverSpec(SHM, "127.0.0.1", transport.port))
     cfg = load_config(None, [*LOCAL_CPU, f"trainer.policy.model.path={model_dir}", "trainer.policy.optimizer_config.lr=1e-2"])
 
     async def main():

@@ -18,8 +18,8 @@ from safetensors.torch import load_file
 
 from inflight.testing import LOCAL_CPU
 from inflight.train.checkpoint import load_latest
-from inflight.train.sender import SHM_DIR, SHM_PREFIX
 from inflight.train.trainer import make_trainer
+from inflight.weight_sync.shm import SHM_DIR, SHM_PREFIX
 
 
 @pytest.fixture(scope="module")

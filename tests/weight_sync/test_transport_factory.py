@@ -1,6 +1,6 @@
 """The transport factory: the configured backend (and SkyRL's names for it), host, port and chunk
-size give the right sender, and the sender with `make_receiver`'s receiver moves a real update
-into a real engine (torch as the oracle: every parameter torch.equal to the sent tensor)."""
+size give the right sender, and the sender with its spec's receiver moves a real update into a
+real engine (torch as the oracle: every parameter torch.equal to the sent tensor)."""
 
 from __future__ import annotations
 
@@ -24,9 +24,9 @@ from inflight.weight_sync import (
     InProcessTransport,
     ShmReceiver,
     ShmTransport,
-    make_receiver,
+    configured_transport,
     make_transport,
-    transport_kind,
+    transport_spec,
 )
 from inflight.weight_sync.factory import MIB, chunk_bytes
 
@@ -52,28 +52,28 @@ def model_dirs(tiny_model_factory):
 
 @contextmanager
 def connected(cfg):
-    """The configured sender with `make_receiver`'s receiver connected to it (serving no engine:
-    it only has to take part until the sender closes)."""
+    """The configured sender with its spec's receiver connected to it (serving no engine: it only
+    has to take part until the sender closes)."""
     transport = make_transport(cfg, timeout=30)
-    kind, box = transport_kind(cfg), {}
+    spec, box = configured_transport(cfg), {}
 
     def serve() -> None:
-        box["receiver"] = make_receiver(kind, "127.0.0.1", transport.port, timeout=30)
+        box["receiver"] = spec.build_receiver("127.0.0.1", transport.port, timeout=30)
         box["receiver"].serve(None)
 
     thread = threading.Thread(target=serve, daemon=True)
-    if kind != "inprocess":
+    if not spec.in_trainer_process:
         thread.start()
-        if kind == "broadcast":
+        if spec.forms_group:
             transport.connect()
     try:
         yield transport
     finally:
         transport.close()
-    if kind != "inprocess":
+    if not spec.in_trainer_process:
         thread.join(30)
         assert not thread.is_alive()
-        assert type(box["receiver"]) is RECEIVERS[kind]
+        assert type(box["receiver"]) is RECEIVERS[spec.name]
 
 
 @pytest.mark.parametrize(
@@ -83,7 +83,8 @@ def connected(cfg):
 )  # fmt: skip
 def test_each_backend_name_gives_its_transport_and_receiver(backend, kind):
     cfg = _cfg(backend, f"{IE}weight_sync_chunk_size_mb=0.5")
-    assert transport_kind(cfg) == kind
+    assert configured_transport(cfg) is transport_spec(kind)
+    assert configured_transport(cfg).name == kind
     with connected(cfg) as transport:
         assert type(transport) is CLASSES[kind]
         assert transport.max_chunk_bytes == MIB // 2
@@ -123,11 +124,11 @@ def test_factory_pair_moves_an_update_into_an_engine(model_dirs, backend):
     weights_b = {n: t.clone() for n, t in iter_safetensors(dir_b)}
     cfg = _cfg(backend, f"{IE}weight_sync_chunk_size_mb={16 / 1024}")
     transport = make_transport(cfg, timeout=60)
-    kind = transport_kind(cfg)
-    client = LocalClient(AsyncEngine(engine)) if kind == "inprocess" else None
+    spec = configured_transport(cfg)
+    client = LocalClient(AsyncEngine(engine)) if spec.in_trainer_process else None
     thread = None
-    if kind != "inprocess":  # the receiver blocks until it reaches the sender: build it in its thread
-        serve = lambda: make_receiver(kind, "127.0.0.1", transport.port, timeout=60).serve(engine)  # noqa: E731
+    if not spec.in_trainer_process:  # the receiver blocks until it reaches the sender: build it in its thread
+        serve = lambda: spec.build_receiver("127.0.0.1", transport.port, timeout=60).serve(engine)  # noqa: E731
         thread = threading.Thread(target=serve, daemon=True)
         thread.start()
     try:
@@ -158,10 +159,12 @@ async def _update(transport, client, weights: dict[str, torch.Tensor]) -> int:
 
 
 def test_inprocess_has_no_receiver_and_unknown_kinds_are_refused():
-    assert make_receiver("inprocess", "127.0.0.1", 0) is None
-    with pytest.raises(ValueError, match=r"'tcp' is not one of \['inprocess', 'shm', 'broadcast'\]"):
-        make_receiver("tcp", "127.0.0.1", 0)
+    with pytest.raises(ValueError, match="the inprocess transport has no receiver"):
+        transport_spec("inprocess").build_receiver("127.0.0.1", 0)
+    known = r"known: inprocess, shm \(or cuda_ipc\), broadcast \(or nccl, gloo\)"
+    with pytest.raises(ValueError, match=r"weight transport 'tcp' is not registered; " + known):
+        transport_spec("tcp")
     cfg = _cfg("shm")
     cfg.generator.inference_engine.weight_sync_backend = "tcp"  # set in code, never validated
-    with pytest.raises(ValueError, match="weight_sync_backend='tcp'"):
+    with pytest.raises(ValueError, match="weight_sync_backend='tcp': weight transport 'tcp' is not registered"):
         make_transport(cfg)

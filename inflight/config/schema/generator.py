@@ -7,14 +7,25 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inflight.config.status import accepted, example, gpu_only, ours, refused, skyrl
+from inflight.weight_sync.kinds import TransportSpec, transport_aliases, transport_spec
 
-WEIGHT_SYNC_BACKEND_ALIASES = {"nccl": "broadcast", "gloo": "broadcast", "cuda_ipc": "shm"}
+WEIGHT_SYNC_BACKEND_ALIASES = transport_aliases()
+"""SkyRL's names of the registered weight transports (`nccl`/`gloo`: broadcast, `cuda_ipc`: shm)."""
 DTYPE_ALIASES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}
 
 
 def canonical_weight_sync_backend(name: str) -> str:
     """`nccl`/`gloo` -> `broadcast`, `cuda_ipc` -> `shm`; anything else unchanged."""
     return WEIGHT_SYNC_BACKEND_ALIASES.get(name, name) if isinstance(name, str) else name
+
+
+def weight_transport(name: str) -> TransportSpec | None:
+    """The registered weight transport `name` (or SkyRL's name for it) names, whose facts rules read;
+    None for a value that names none (SkyRL's `delta`, refused; a typo, which the choices rule reports)."""
+    try:
+        return transport_spec(name)
+    except ValueError:
+        return None
 
 
 _MINISWE = refused("SkyRL's mini-swe-agent generator (SWE tasks in Docker sandboxes) is not implemented",
@@ -356,4 +367,5 @@ class GeneratorConfig:
 
 
 __all__ = ["DTYPE_ALIASES", "WEIGHT_SYNC_BACKEND_ALIASES", "AgentConfig", "ChatTemplateConfig", "DeltaWeightSyncConfig", "GeneratorConfig",
-           "InferenceEngineConfig", "RateLimitConfig", "SamplingConfig", "canonical_weight_sync_backend"]
+           "InferenceEngineConfig", "RateLimitConfig", "SamplingConfig", "canonical_weight_sync_backend",
+           "weight_transport"]
