@@ -42,7 +42,16 @@ class KeyReference:
 
 @cache
 def field_docs(cls: type) -> dict[str, str]:
-    """{field name: its docstring} of a dataclass: the string literal right after the field."""
+    """{field name: its docstring} of a dataclass: the string literal right after the field (in the
+    class that declares it: a subclass's fields and those it inherits)."""
+    docs: dict[str, str] = {}
+    for base in reversed(cls.__mro__[1:]):
+        if dataclasses.is_dataclass(base):
+            docs.update(_own_field_docs(base))
+    return docs | _own_field_docs(cls)
+
+
+def _own_field_docs(cls: type) -> dict[str, str]:
     tree = ast.parse(inspect.getsource(cls))
     body = tree.body[0].body
     docs: dict[str, str] = {}

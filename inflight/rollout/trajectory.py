@@ -7,6 +7,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
+from inflight.engine.multimodal import MultimodalInput
 from inflight.tasks.base import Problem
 
 ENV_VERSION = -1
@@ -47,6 +48,11 @@ class Trajectory:
     generator asked for it: its last turn's (`RequestOutput.routed_experts`), whose prompt is the
     whole trajectory so far; row i is position `routed_experts_start + i` of prompt + response."""
     routed_experts_start: int = 0
+    images: MultimodalInput | None = None
+    """A vision-language episode's images (`inflight.engine.multimodal.MultimodalInput`): every image
+    whose placeholder tokens are in prompt + response, in the order of their placeholders (the
+    prompt's, then those of observations after it); the trainer's forward takes them with the
+    tokens (`inflight.train.batch.image_rows`). None: no image."""
 
     def mark_rollout_failed(self, why: str) -> None:
         """The episode failed outside its reward (a harness fault): it costs this episode only. Its
@@ -139,6 +145,9 @@ class TrajectoryGroup:
         for t in self.trajectories:
             if not t.usable:  # failed before its first turn: a row of the group's, empty and masked
                 t.prompt_ids = list(donor.prompt_ids)
+                # its prompt's placeholders need their images: all of the donor's when only its prompt
+                # held images (a donor with image observations has more, which the forward refuses)
+                t.images = donor.images
 
     def episode_id(self, sample: int) -> str:
         """`<prompt id>:<epoch>:<sample>`, episode `sample` of this prompt in this epoch: what the

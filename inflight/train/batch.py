@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
+from typing import Any, ClassVar
 
 import torch
 
@@ -26,6 +27,10 @@ class TrainBatch:
     - `routed_experts` [B, T, MoE layers, top_k] int16: the rollout's routing of each position
       (-1: none), which a mixture-of-experts worker with routing replay uses instead of its
       routers' choice (`inflight.train.routing_rows`, `inflight.train.moe_replay`).
+    - `pixel_values` [B, P, D] float and `image_grid_thw` [B, N, 3] int64: each row's images for a
+      vision-language policy, as the image processor gives them (`MultimodalInput`), padded: row b's
+      images are its first grids up to the first (0, 0, 0) one, their patches its first rows of
+      `pixel_values` (`image_rows`; `images` puts a micro-batch's back together).
     """
 
     input_ids: torch.Tensor
@@ -34,6 +39,11 @@ class TrainBatch:
     advantages: torch.Tensor | None = None
     old_logprobs: torch.Tensor | None = None
     routed_experts: torch.Tensor | None = None
+    pixel_values: torch.Tensor | None = None
+    image_grid_thw: torch.Tensor | None = None
+
+    IMAGE_FIELDS: ClassVar[tuple[str, ...]] = ("pixel_values", "image_grid_thw")
+    """Per-row fields whose second dimension counts patches and images, not token positions."""
 
     def __post_init__(self) -> None:
         if self.input_ids.dim() != 2:
@@ -78,8 +88,43 @@ class TrainBatch:
         if keep >= width:
             return self
         per_token = {f.name: v for f in fields(self) if (v := getattr(self, f.name)) is not None
-                     and v.dim() >= 2 and v.shape[1] == width}
+                     and f.name not in self.IMAGE_FIELDS and v.dim() >= 2 and v.shape[1] == width}
         return replace(self, **{name: v[:, :keep] for name, v in per_token.items()})
+
+    def images(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(pixel_values [patches, D], image_grid_thw [images, 3]) of every row's images, row after
+        row: what a Hugging Face vision-language model's forward takes for these rows (their
+        placeholder tokens are in the same order); None when no row has an image."""
+        if self.image_grid_thw is None:
+            return None
+        grids = self.image_grid_thw.long()
+        patches = grids.prod(dim=-1)  # a padding grid (0, 0, 0) has none
+        if not bool(patches.any()):
+            return None
+        counts = patches.sum(dim=1).tolist()
+        pixels = torch.cat([self.pixel_values[row, :count] for row, count in enumerate(counts)])
+        return pixels, grids[patches > 0]
+
+
+def image_rows(images: Sequence[Any]) -> dict[str, torch.Tensor]:
+    """`TrainBatch`'s `pixel_values` and `image_grid_thw` for rows whose images are `images` (one
+    per row: a `MultimodalInput` with `pixel_values` [patches, D] and `image_grid_thw` [n, 3], or
+    None for a row without images), zero-padded to the row with the most; {} when no row has one."""
+    present = [m for m in images if m is not None and len(m.image_grid_thw)]
+    if not present:
+        return {}
+    dims = {m.pixel_values.shape[1] for m in present}
+    if len(dims) > 1:
+        raise ValueError(f"images of different patch sizes in one batch ({sorted(dims)} values per patch): "
+                         "every trajectory must come from the same model's image processor")
+    rows, patches = len(images), max(m.pixel_values.shape[0] for m in present)
+    pixel_values = torch.zeros((rows, patches, dims.pop()), dtype=present[0].pixel_values.dtype)
+    grids = torch.zeros((rows, max(len(m.image_grid_thw) for m in present), 3), dtype=torch.long)
+    for row, m in enumerate(images):
+        if m is not None and len(m.image_grid_thw):
+            pixel_values[row, : m.pixel_values.shape[0]] = torch.as_tensor(m.pixel_values)
+            grids[row, : len(m.image_grid_thw)] = torch.as_tensor(m.image_grid_thw, dtype=torch.long)
+    return {"pixel_values": pixel_values, "image_grid_thw": grids}
 
 
 def plan_micro_batches(lengths: Sequence[int], max_rows: int, max_tokens: int | None = None,

@@ -43,18 +43,21 @@ def apply_lora(model: torch.nn.Module, cfg: Config) -> torch.nn.Module:
     except ImportError as err:
         raise RuntimeError("trainer.policy.model.lora.rank > 0 needs peft: pip install torch==2.13.0 peft "
                            "(or: pip install torch==2.13.0 -e '.[lora]')") from err
+    from inflight.train.vision import lora_exclusions
+
     lora = cfg.trainer.policy.model.lora
     targets = lora.target_modules
     modules, parameters = moe_targets(model, list(targets))
+    excluded = [*(lora.exclude_modules or []), *lora_exclusions(model)]  # a vision tower: never adapted
     config = peft.LoraConfig(**{**lora_kwargs(cfg), "target_modules": _peft_targets(modules),
-                                "target_parameters": parameters or None})
+                                "target_parameters": parameters or None, "exclude_modules": excluded or None})
     try:
         adapted = peft.get_peft_model(model, config)
     except ValueError as err:  # peft's own refusals (NoMatchingPeftModuleError is one): name the key
         raise ConfigError([Violation("trainer.policy.model.lora.target_modules", list(targets),
                                      f"peft cannot adapt them on {type(model).__name__}: {err}",
                                      "name modules the model has (e.g. q_proj,v_proj), or all-linear")]) from err
-    _refuse_skipped(adapted, list(targets), list(lora.exclude_modules or []))
+    _refuse_skipped(adapted, list(targets), excluded)
     return adapted
 
 

@@ -30,6 +30,7 @@ from inflight.train.objective import uses_reference
 from inflight.train.server_fleet import free_port
 from inflight.train.step import TrainingStep
 from inflight.train.thread_lending import ThreadLending
+from inflight.train.vision import raise_vision_settings
 from inflight.train.workers.base import PolicyWorker, SyncReport
 from inflight.weight_sync.inprocess import InProcessTransport
 from inflight.weight_sync.plan import KVFate, plan_weight_sync
@@ -56,6 +57,8 @@ def make_worker(cfg: Config, job: JobConfig, model_dir: str | Path, training_ste
     if kind == "auto":
         kind = "megatron" if cfg.trainer.strategy == "megatron" else ("fsdp" if dist.is_initialized() else "local")
     check_worker_supports(cfg, model_dir, kind, role)  # MoE models and routing replay, before any start
+    if role == "policy":
+        raise_vision_settings(cfg, model_dir, kind)  # a vision-language policy's LoRA and worker
     if kind != "local":
         ensure_process_group(job.trainer_device)
     if role == "critic":

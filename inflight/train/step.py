@@ -38,7 +38,7 @@ from inflight.train.advantage_pipeline import (
     shaped_reward,
     token_rewards,
 )
-from inflight.train.batch import TrainBatch
+from inflight.train.batch import TrainBatch, image_rows
 from inflight.train.critic import CriticBatch
 from inflight.train.data_parallel import (
     MicroPlan,
@@ -91,7 +91,8 @@ def build_batch(groups: Sequence[TrajectoryGroup], advantages: torch.Tensor | No
     """Right-padded [B, T] tensors of every trajectory in `groups` (row order: group by group).
     `advantages` [B] or [B, T] (or None). Rollout log-probabilities and versions sit at the position
     of the token they score (`logprobs[b, t]` scores token t), prompt positions have version -1.
-    A mixture-of-experts rollout's routing records become `routed_experts` (`routing_rows`)."""
+    A mixture-of-experts rollout's routing records become `routed_experts` (`routing_rows`), a
+    vision-language rollout's images `pixel_values` / `image_grid_thw` (`image_rows`)."""
     trajs = [t for g in groups for t in g.trajectories]
     width = max(len(t.prompt_ids) + len(t.response_ids) for t in trajs)
     shape = (len(trajs), width)
@@ -109,7 +110,8 @@ def build_batch(groups: Sequence[TrajectoryGroup], advantages: torch.Tensor | No
         versions[row, p : p + r] = torch.tensor(t.versions)
     adv = None if advantages is None else advantages.float()
     return RLBatch(input_ids=ids, loss_mask=mask, attention_mask=attention, advantages=adv,
-                   rollout_logprobs=rollout, versions=versions, routed_experts=routing_rows(trajs, width))
+                   rollout_logprobs=rollout, versions=versions, routed_experts=routing_rows(trajs, width),
+                   **image_rows([t.images for t in trajs]))
 
 
 class TrainingStep:

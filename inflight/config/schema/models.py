@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from inflight.config.status import accepted, gpu_only, refused, skyrl
+from inflight.config.status import accepted, gpu_only, ours, refused, skyrl
 
 _CPU_HOST = "on CPU the state already lives in host memory"
 
@@ -72,6 +72,19 @@ class ModelConfig:
     """Local Hugging Face checkpoint directory (or hub id, where the hub is reachable). Default none."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     fake_int4_qat: FakeInt4QatConfig = field(default_factory=FakeInt4QatConfig)
+
+
+@dataclass
+class PolicyModelConfig(ModelConfig):
+    """The trained policy's model: its checkpoint, LoRA adapters, and what of a vision-language
+    model trains."""
+
+    freeze_vision_tower: bool = ours(True)
+    """A vision-language policy's vision tower (its image encoder and the merger into the language
+    model, transformers' `visual`) gets no gradient and no optimizer state, and weight syncs leave it
+    out; LoRA adapts only the language model. false: full fine-tuning trains it too (and syncs send
+    it); LoRA refuses it. verl's name (`actor.freeze_vision_tower`); SkyRL has no such key. Unused by a
+    text-only model. Default true."""
 
 
 @dataclass
@@ -287,7 +300,7 @@ _NO_SEQ_PARALLEL = gpu_only("sequence parallelism")
 class PolicyConfig:
     """The trained policy."""
 
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: PolicyModelConfig = field(default_factory=PolicyModelConfig)
     optimizer_config: OptimizerConfig = field(default_factory=OptimizerConfig)
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     sequence_parallel_size: int = skyrl(1, status=_NO_SEQ_PARALLEL)
@@ -333,6 +346,7 @@ class CriticConfig:
 
 __all__ = [
     "CriticConfig", "DDPConfig", "FSDPConfig", "FakeInt4QatConfig", "HFExportConfig", "LoraConfig", "MegatronConfig",
-    "MegatronLoraConfig", "MixedPrecisionConfig", "ModelConfig", "OptimizerConfig", "PolicyConfig", "RefConfig",
+    "MegatronLoraConfig", "MixedPrecisionConfig", "ModelConfig", "OptimizerConfig", "PolicyConfig",
+    "PolicyModelConfig", "RefConfig",
     "TorchProfilerConfig",
 ]

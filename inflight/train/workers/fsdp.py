@@ -92,14 +92,15 @@ class FSDPPolicyWorker(LocalPolicyWorker):
         """The modules sharded as one unit each: those whose class `fsdp_config.wrap_policy`'s
         `transformer_layer_cls_to_wrap` names, else each decoder layer."""
         names = self.section.fsdp_config.wrap_policy.get("transformer_layer_cls_to_wrap")
+        layers = model.get_decoder().layers  # a vision-language model's: its language model's
         if not names:
-            return list(model.model.layers)
+            return list(layers)
         names = [names] if isinstance(names, str) else list(names)
         units = [m for m in model.modules() if type(m).__name__ in names and m is not model]
         if not units:
             raise ConfigError([Violation(f"trainer.{self.role}.fsdp_config.wrap_policy", names, "names no module "
                                          "class of the model", f"use one of its classes, e.g. "
-                                         f"{type(model.model.layers[0]).__name__}")])
+                                         f"{type(layers[0]).__name__}")])
         return units
 
     def logprobs_chunk_size(self) -> int | None:

@@ -24,7 +24,7 @@ import torch
 
 from inflight.config import Config
 from inflight.engine.cpu import cpu_flags
-from inflight.train import shared_prefix
+from inflight.train import shared_prefix, vision
 from inflight.train.batch import TrainBatch
 from inflight.train.chunked_logprobs import chunked_token_logprobs, state_logprobs
 from inflight.train.lora import (
@@ -109,11 +109,14 @@ class LocalPolicyWorker(PolicyWorker):
         """The transformers model of `model_path`, its config overridden by `model_config_kwargs`,
         with the attention `trainer.flash_attn` picks and the activation checkpointing
         `trainer.gradient_checkpointing(_use_reentrant)` asks for."""
-        from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
         config = AutoConfig.from_pretrained(str(self.model_path), **self.section.model_config_kwargs)
-        model = AutoModelForCausalLM.from_pretrained(str(self.model_path), config=config, dtype=self.load_dtype(),
-                                                     attn_implementation=attention_implementation(self.cfg, self.device))
+        auto = AutoModelForImageTextToText if vision.is_vision_language(config) else AutoModelForCausalLM
+        model = auto.from_pretrained(str(self.model_path), config=config, dtype=self.load_dtype(),
+                                     attn_implementation=attention_implementation(self.cfg, self.device))
+        if vision.freezes_tower(self.cfg, self.role):
+            vision.freeze_tower(model)
         if self.gradient_checkpointing:
             model.config.use_cache = False
             reentrant = self.cfg.trainer.gradient_checkpointing_use_reentrant
@@ -153,21 +156,28 @@ class LocalPolicyWorker(PolicyWorker):
         self.forward_tokens = (batch if packed is None else packed).input_ids.numel()
         if packed is not None:
             return self._packed_logprobs(packed, lm, chunk, entropy)
+        inputs = dict(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                      **vision.image_inputs(lm, batch.input_ids, batch.images()))
         if chunk is None or _post_processes_logits(lm):
             with self.autocast():
-                logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+                logits = self.model(**inputs).logits
             logprobs = token_logprobs(logits, batch.input_ids, self.temperature)
             return (logprobs, token_entropy(logits, self.temperature)) if entropy else logprobs
         with self.autocast():
-            hidden = lm.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+            hidden = vision.hidden_trunk(lm)(**inputs)
             return chunked_token_logprobs(hidden.last_hidden_state, lm.get_output_embeddings(), batch.input_ids,
                                           self.temperature, chunk, entropy=entropy)
 
     def packed(self, batch: TrainBatch, lm: torch.nn.Module) -> shared_prefix.PackedRows | None:
         """`batch` packed by shared context (`trainer.shared_prefix_forward`), or None: not asked
         for, a model it does not apply to (routing hooks, logits changed after the LM head, no SDPA
-        or not every layer full attention), or packing would not pay."""
+        or not every layer full attention), rows with images, or packing would not pay."""
         if not self.cfg.trainer.shared_prefix_forward or self.routing is not None or _post_processes_logits(lm):
+            return None
+        if vision.is_vision_language(lm.config):
+            vision.tell_once("shared-prefix forward off for this vision-language policy: its rows run as they are "
+                             "(the packed row would need each group's images encoded once and M-RoPE positions "
+                             "for the tree of rows, which it does not compute)")
             return None
         if not shared_prefix.supports(lm):
             return None
@@ -213,7 +223,14 @@ class LocalPolicyWorker(PolicyWorker):
         return {name: t.to("cpu", copy=t.data_ptr() in own) for name, t in merged_tensors(self.model)}
 
     def iter_sync_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        return adapter_tensors(self.model) if self.lora else self.iter_full_hf_tensors()
+        """The adapter (LoRA), or the full weights less a frozen vision tower's (the engines hold
+        those unchanged since the load; a tower that trains is sent)."""
+        if self.lora:
+            return adapter_tensors(self.model)
+        frozen = vision.tower_prefix(self.model) if vision.freezes_tower(self.cfg, self.role) else None
+        if frozen is None:
+            return self.iter_full_hf_tensors()
+        return ((name, t) for name, t in self.iter_full_hf_tensors() if not name.startswith(frozen))
 
     def save_adapter(self, out: Path) -> None:
         """A LoRA policy's adapter in peft's format (`inflight.train.lora.save_adapter`); rank 0 writes."""
