@@ -10,6 +10,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 
+from inflight.chat.vision import Vision
 from inflight.client import wire
 from inflight.engine.async_engine import AsyncEngine
 from inflight.server.control import build_control_router
@@ -78,9 +79,10 @@ def create_app(async_engine: AsyncEngine, tokenizer: Any, served_model_name: str
                control_token: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                max_weight_chunk_bytes: int = DEFAULT_MAX_WEIGHT_CHUNK_BYTES,
                trust_request_chat_template: bool = False,
-               max_prompts_per_request: int = DEFAULT_MAX_PROMPTS_PER_REQUEST) -> FastAPI:
+               max_prompts_per_request: int = DEFAULT_MAX_PROMPTS_PER_REQUEST, vision: Vision | None = None) -> FastAPI:
     """The inference server: OpenAI routes (API key), control routes (control token), /health and
-    /metrics (open). Bodies over `max_body_bytes` (weight chunks: `max_weight_chunk_bytes`) get 413."""
+    /metrics (open). Bodies over `max_body_bytes` (weight chunks: `max_weight_chunk_bytes`) get 413.
+    `vision`: a vision-language model's processor and image limits (None: text only)."""
     metrics = ServerMetrics(async_engine)
 
     @contextlib.asynccontextmanager
@@ -96,7 +98,7 @@ def create_app(async_engine: AsyncEngine, tokenizer: Any, served_model_name: str
 
     app = FastAPI(title="inflight", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     ctx = ServeContext(async_engine, tokenizer, served_model_name, int(time.time()),
-                       trust_request_chat_template, max_prompts_per_request)
+                       trust_request_chat_template, max_prompts_per_request, vision=vision)
     install_error_handlers(app)
     api_auth = bearer_auth(api_key, "API key", 401)
     routers = [

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from inflight.chat.vision import Vision
 from inflight.engine.request import RequestOutput, SamplingParams
 from inflight.server.chat_prompt import chat_prompt
 from inflight.server.protocol import ChatCompletionRequest
@@ -38,18 +39,21 @@ class Backend(Protocol):
 
 
 class CallScope:
-    """What one API request runs on (the plain server's: `backend`, the chat template, no record).
+    """What one API request runs on (the plain server's: `backend`, the chat template, no record;
+    `vision`: the model's processor and image limits, None for a text-only model).
 
     `chat_prompt` and `text_prompt` run in a worker thread (templating and tokenizing never run on
     the event loop); `finished` is called on the loop once every engine call of the request has
     finished and its last delta was handed out (not when the request failed or its client left)."""
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, vision: Vision | None = None) -> None:
         self.backend = backend
+        self.vision = vision
 
     def chat_prompt(self, tokenizer: Any, req: ChatCompletionRequest) -> list[int]:
-        """The prompt token ids of a chat request (`/v1/chat/completions`, `/v1/responses`)."""
-        return chat_prompt(tokenizer, req)
+        """The prompt token ids of a chat request (`/v1/chat/completions`, `/v1/responses`); with
+        images, a `chat_prompt.ImageIds` carrying them."""
+        return chat_prompt(tokenizer, req, self.vision)
 
     def text_prompt(self, tokenizer: Any, text: str) -> list[int]:
         """The prompt token ids of a text prompt (`/v1/completions`)."""

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from inflight.engine.request import RequestOutput, SamplingParams
 from inflight.server.backend import Backend
@@ -41,6 +41,7 @@ class EngineCall:
     params: SamplingParams
     cache_salt: str | None
     tracker: ChoiceTracker
+    multimodal: Any = None  # the prompt's images (`engine.multimodal.MultimodalInput`), passed only when set
 
 
 async def _settle(tasks: list[asyncio.Future]) -> None:
@@ -124,7 +125,8 @@ async def _merged(engine: Backend, calls: list[EngineCall], stream: bool) -> Asy
     """The calls' deltas in the order they come: from every step's snapshot when streaming (or
     watching for stop strings), else from each final output alone."""
     run = engine.generate_stream if stream else lambda *args, **kw: _once(engine.generate(*args, **kw))
-    streams = [run(c.prompt_token_ids, c.params, request_id=c.request_id, cache_salt=c.cache_salt) for c in calls]
+    streams = [run(c.prompt_token_ids, c.params, request_id=c.request_id, cache_salt=c.cache_salt,
+                   **({} if c.multimodal is None else {"multimodal": c.multimodal})) for c in calls]
     firsts = [asyncio.ensure_future(anext(s)) for s in streams]
     queue: asyncio.Queue[tuple[int, RequestOutput | None, BaseException | None]] = asyncio.Queue()
 

@@ -26,6 +26,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from inflight.chat.vision import Vision
 from inflight.engine.errors import InvalidRequestError
 from inflight.engine.request import SamplingParams
 from inflight.engine.routing import encode_routed_experts
@@ -53,7 +54,8 @@ class ServeContext:
     render for seconds). `max_prompts_per_request`: the most engine requests (prompts x n) one call
     may add. `any_model_name`: requests may name any model (the agent endpoint, whose agents bring
     their own model strings); by default another name is a 404. `scope_of`: each request's
-    `CallScope` (None: the engine, the chat template, no record)."""
+    `CallScope` (None: the engine, the chat template, no record). `vision`: a vision-language model's
+    processor and image limits (`inflight.chat.vision.Vision`); None: text only, images are a 400."""
 
     engine: Backend
     tokenizer: Any
@@ -65,13 +67,14 @@ class ServeContext:
     vocab_size: int = 0
     any_model_name: bool = False
     scope_of: Callable[[Request], CallScope] | None = None
+    vision: Vision | None = None
     _default_scope: CallScope | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         inner = getattr(self.engine, "engine", None)  # an AsyncEngine's LLMEngine
         self.max_model_len = self.max_model_len or inner.max_model_len
         self.vocab_size = self.vocab_size or inner.vocab_size
-        self._default_scope = CallScope(self.engine)
+        self._default_scope = CallScope(self.engine, self.vision)
 
     def scope(self, request: Request) -> CallScope:
         """What `request` runs on."""
@@ -115,7 +118,8 @@ def engine_calls(ctx: ServeContext, checked: Checked, prompts: list[list[int]], 
                                     keep_output=not checked.echo_only,
                                     prompt_text=prompt_texts[p_index] if prompt_texts else "")
             params = checked.params(len(prompt), ctx.max_model_len, c)
-            calls.append(EngineCall(f"{base}-{index}", prompt, params, req.cache_salt, tracker))
+            calls.append(EngineCall(f"{base}-{index}", prompt, params, req.cache_salt, tracker,
+                                    getattr(prompt, "multimodal", None)))  # chat_prompt.ImageIds
     return calls
 
 

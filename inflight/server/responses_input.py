@@ -3,7 +3,8 @@ rendering of the same generation, so its body becomes a `ChatCompletionRequest` 
 validates, templates and generates (`validation.check_chat`, `chat_prompt.py`, `tools.py`).
 
 - `input`: a string (one user message) or a list of items: messages (`user`, `system`, `developer`
-  as system, `assistant`; text content or `input_text`/`output_text` parts), `function_call` items
+  as system, `assistant`; text content or `input_text`/`output_text` parts, `input_image` parts for a
+  vision-language model, as chat's `image_url`), `function_call` items
   (the model's earlier calls, joined to the assistant turn they follow) and `function_call_output`
   items (a `tool` message with the call's `call_id`). `instructions` come first, as a system message.
 - `tools`: function tools (`{"type": "function", "name", "parameters", ...}`) become chat tools;
@@ -13,8 +14,8 @@ validates, templates and generates (`validation.check_chat`, `chat_prompt.py`, `
   `ignore_eos`, `stop`, `cache_salt`, `chat_template_kwargs`, ...) pass through to the chat checks.
 - Refused with a 400 naming the field: what needs stored responses (`previous_response_id`,
   `conversation`, `item_reference` items), `background`, stored `prompt` templates, built-in tools
-  (web search, file search, computer use, MCP, ...), items and content this text model cannot take
-  (images, files, audio, reasoning items), and any other non-default option (`RESPONSES_REFUSED`).
+  (web search, file search, computer use, MCP, ...), items and content the server cannot take
+  (files, audio, reasoning items), and any other non-default option (`RESPONSES_REFUSED`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ PASSTHROUGH = frozenset({"top_k", "seed", "ignore_eos", "stop", "stop_token_ids"
                          "cache_salt", "skip_special_tokens", "chat_template", "chat_template_kwargs",
                          "add_special_tokens", "return_tokens_as_token_ids"})
 TEXT_PARTS = ("input_text", "output_text", "text")
+IMAGE_PART = "input_image"  # `image_url`: a data: URL; decoded and checked on the chat path
 FUNCTION_KEYS = ("name", "description", "parameters", "strict")
 
 
@@ -94,20 +96,26 @@ def _bad(message: str, param: str, code: str = "invalid_value") -> APIError:
     return APIError(400, message, param=param, code=code)
 
 
-def _text(content: Any, param: str) -> str:
-    """A message's content as text: a string, or text parts joined."""
+def _text(content: Any, param: str) -> str | list[dict[str, Any]]:
+    """A message's content as text: a string, or text parts joined; with `input_image` parts, chat
+    content parts (text, and the image parts as sent: the chat path decodes them)."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise _bad(f"{param} must be a string or a list of content parts", param)
-    texts = []
+    parts: list[dict[str, Any]] = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in TEXT_PARTS or not isinstance(part.get("text"), str):
-            raise _bad(f"{param}[{j}] of type {kind!r} is not supported: this server takes text parts only "
-                       f"({', '.join(TEXT_PARTS)})", f"{param}[{j}].type", "unsupported_content")
-        texts.append(part["text"])
-    return "".join(texts)
+        if kind == IMAGE_PART:
+            parts.append(part)
+        elif kind not in TEXT_PARTS or not isinstance(part.get("text"), str):
+            raise _bad(f"{param}[{j}] of type {kind!r} is not supported: this server takes text parts "
+                       f"({', '.join(TEXT_PARTS)}) and {IMAGE_PART}", f"{param}[{j}].type", "unsupported_content")
+        else:
+            parts.append({"type": "text", "text": part["text"]})
+    if any(p["type"] == IMAGE_PART for p in parts):
+        return parts
+    return "".join(p["text"] for p in parts)
 
 
 def _call_entry(item: dict[str, Any], param: str) -> dict[str, Any]:

@@ -60,7 +60,7 @@ def _tokens(ctx: Any, req: TokenizeRequest) -> list[int]:
     chat = ChatCompletionRequest(messages=req.messages or [], add_special_tokens=bool(req.add_special_tokens),
                                  **{f: getattr(req, f) for f in CHAT_FIELDS})
     parses_tool_calls(chat)  # the tools' shape, checked as on /v1/chat/completions
-    return chat_prompt(ctx.tokenizer, chat)
+    return list(chat_prompt(ctx.tokenizer, chat, ctx.vision))
 
 
 def _check_tokenize(ctx: Any, req: TokenizeRequest) -> None:

@@ -124,7 +124,9 @@ BAD_REQUESTS = [
     (CHAT, {"messages": "hello"}, 400, "messages", None),
     (CHAT, {"messages": [{"content": "no role"}]}, 400, "messages.0.role", None),
     (CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, 400,
-     "messages[0].content", "unsupported_content"),
+     "messages[0].content[0]", "unsupported_content"),  # a text-only model
+    (CHAT, {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "audio"}]}]}, 400,
+     "messages[0].content[1]", "unsupported_content"),
     (CHAT, {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3}, 400, "top_logprobs", None),
     (CHAT, {"messages": [{"role": "user", "content": "x"}], "temperature": -0.1}, 400, "temperature", None),
     (CHAT, {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, 400,

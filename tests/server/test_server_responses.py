@@ -90,7 +90,9 @@ def test_logprobs_equal_the_chat_routes(client):
     ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
     ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type"),
-    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0].type"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+     "input[0].content[0]"),  # a text-only model (test_server_images: a vision-language one)
+    ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "x"}]}]}, "input[0].content[0].type"),
     ({"include": ["reasoning.encrypted_content"]}, "include"),
     ({"text": {"format": {"type": "json_object"}}}, "text"),
     ({"reasoning": {"effort": "high"}}, "reasoning"),

@@ -1,0 +1,80 @@
+"""A vision-language model's prompts: chat messages with images through the model's Hugging Face
+processor, for the server and the data path alike.
+
+The chat template renders each image part as the model's image placeholder (Qwen2-VL's
+`<|vision_start|><|image_pad|><|vision_end|>`); the processor then expands every placeholder to as
+many image tokens as the image has merged patches and turns the images into the vision tower's
+inputs (`pixel_values`, `image_grid_thw`). Nothing here counts tokens itself: the processor does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+
+from inflight.chat.images import ImageLimits, SplitMessages, split_images
+
+
+@dataclass(frozen=True)
+class ImagePrompt:
+    """A prompt's token ids with its image placeholders expanded, and the processor's image tensors
+    (`pixel_values`: patch rows of every image in order; `image_grid_thw`: [images, 3])."""
+
+    token_ids: list[int]
+    pixel_values: Any
+    image_grid_thw: Any
+    images: list[Image.Image] = field(repr=False, default_factory=list)
+
+
+@dataclass(frozen=True)
+class Vision:
+    """What turns images into a model's inputs: its `processor` (transformers') and the `limits`
+    every image is checked against."""
+
+    processor: Any
+    limits: ImageLimits = ImageLimits()
+
+    def split(self, messages: Sequence[Mapping[str, Any]], base_dir: Path | None = None,
+              param: str = "messages") -> SplitMessages:
+        """The messages' images decoded and checked (ImageError naming the part), and placeholders."""
+        return split_images(messages, self.limits, base_dir, param)
+
+    def expand(self, text: str, images: list[Image.Image], add_special_tokens: bool = False) -> ImagePrompt:
+        """The token ids of a rendered prompt `text` holding one image placeholder per image, with the
+        placeholders expanded, and the images' tensors."""
+        out = self.processor(text=[text], images=images, return_tensors="pt", add_special_tokens=add_special_tokens)
+        return ImagePrompt([int(t) for t in out["input_ids"][0]], out["pixel_values"], out["image_grid_thw"],
+                           list(images))
+
+
+def image_processor_of(processor: Any) -> Any | None:
+    """The image processor inside a transformers processor (None: a text-only model's tokenizer)."""
+    return getattr(processor, "image_processor", None)
+
+
+def load_vision(model_dir: str | Path, limits: ImageLimits | None = None) -> Vision | None:
+    """The `Vision` of a model directory whose config has a vision tower (`vision_config`), through
+    transformers' AutoProcessor; None for a text-only model. Raises ValueError naming why a vision
+    model's processor cannot be loaded."""
+    from transformers import AutoConfig, AutoProcessor
+
+    config = AutoConfig.from_pretrained(model_dir)
+    if getattr(config, "vision_config", None) is None:
+        return None
+    try:
+        processor = AutoProcessor.from_pretrained(model_dir)
+    except Exception as err:  # a missing optional package (torchvision), missing processor files
+        raise ValueError(f"{model_dir}: a vision-language model ({type(config).__name__}) whose processor "
+                         f"transformers cannot load: {type(err).__name__}: {err}") from err
+    if image_processor_of(processor) is None:
+        raise ValueError(f"{model_dir}: a vision-language model ({type(config).__name__}) for which transformers' "
+                         f"AutoProcessor loads no image processor (it gave a {type(processor).__name__}): "
+                         "preprocessor_config.json is missing, or the model's processor needs torchvision")
+    return Vision(processor, limits or ImageLimits())
+
+
+__all__ = ["ImagePrompt", "Vision", "image_processor_of", "load_vision"]
