@@ -463,6 +463,40 @@ def _routing_replay_needs_the_record(cfg: Config) -> Iterator[Violation]:
                             f"{_RETURN_ROUTED}=true", f"set {_RETURN_ROUTED}=true")
 
 
+_STEP_WISE = "generator.step_wise_trajectories"
+_STEP_WISE_FIX = f"set {_STEP_WISE}=false"
+
+
+@_rule(_STEP_WISE, _ALG + "advantage_estimator", _ALG + "loss_reduction", "generator.batched",
+       "generator.use_conversation_multi_turn", "generator.chat_template.name_or_path", _RETURN_ROUTED)
+def _step_wise_needs(cfg: Config) -> Iterator[Violation]:
+    """SkyRL's rules for step-wise trajectories (its trainer's and its skyrl-gym generator's)."""
+    if not cfg.generator.step_wise_trajectories:
+        return
+    g, alg = cfg.generator, cfg.trainer.algorithm
+    if alg.advantage_estimator in ("gae", "reinforce++", "no_op"):
+        yield Violation(_ALG + "advantage_estimator", alg.advantage_estimator, "gives per-token advantages, which "
+                        f"{_STEP_WISE}=true replaces by its episode's last turn's one number (SkyRL refuses gae and "
+                        "reinforce++; no_op is ours)", f"use grpo, rloo or maxrl, or {_STEP_WISE_FIX}")
+    if alg.loss_reduction == "token_mean_legacy":
+        yield Violation(_ALG + "loss_reduction", "token_mean_legacy", f"is not supported with {_STEP_WISE}=true "
+                        "(SkyRL's rule)", f"use {_ALG}loss_reduction=token_mean, or {_STEP_WISE_FIX}")
+    if g.batched:
+        yield Violation("generator.batched", True, f"is not supported with {_STEP_WISE}=true (SkyRL's rule: its "
+                        "batched generation is single-turn)", f"set generator.batched=false, or {_STEP_WISE_FIX}")
+    if not g.use_conversation_multi_turn:
+        yield Violation("generator.use_conversation_multi_turn", False, "makes the episode one assistant message, "
+                        f"which {_STEP_WISE}=true cannot cut into turns (SkyRL's rule)",
+                        f"set generator.use_conversation_multi_turn=true, or {_STEP_WISE_FIX}")
+    if g.chat_template.name_or_path is not None:
+        yield Violation("generator.chat_template.name_or_path", g.chat_template.name_or_path, "a custom chat "
+                        f"template is not supported with {_STEP_WISE}=true (SkyRL's rule)",
+                        f"set generator.chat_template.name_or_path=null, or {_STEP_WISE_FIX}")
+    if g.inference_engine.enable_return_routed_experts:
+        yield Violation(_RETURN_ROUTED, True, f"is not supported with {_STEP_WISE}=true (SkyRL's rule)",
+                        f"set {_RETURN_ROUTED}=false, or {_STEP_WISE_FIX}")
+
+
 @_rule("generator.step_wise_trajectories", "generator.merge_stepwise_output")
 def _merge_needs_step_wise(cfg: Config) -> Iterator[Violation]:
     if cfg.generator.merge_stepwise_output and not cfg.generator.step_wise_trajectories:
@@ -615,7 +649,9 @@ def _env_class_known(cfg: Config) -> Iterator[Violation]:
     code may register it before the run, as SkyRL's example entry points register theirs): a run
     refuses it then (`inflight.config.implemented.unknown_env_class`)."""
     name = cfg.environment.env_class
-    if name is not None and ":" in name and not name.startswith(("skyrl_gym:", "verifiers:")) \
+    from inflight.rewards.hubs import hub_prefixes  # stdlib only
+
+    if name is not None and ":" in name and not name.startswith(hub_prefixes()) \
             and not _MODULE_NAME.match(name):
         yield Violation("environment.env_class", name, "is not of the form package.module:name",
                         "write e.g. environment.env_class=my_rewards:score")
@@ -624,9 +660,10 @@ def _env_class_known(cfg: Config) -> Iterator[Violation]:
 @_rule("environment.env_class", "environment.verifiers", "generator.agent.path")
 def _verifiers_environment(cfg: Config) -> Iterator[Violation]:
     """`verifiers:<env id>` names an id and plays the episodes itself; its loader's arguments need it."""
-    from inflight.rewards.registry import verifiers_id  # stdlib only
+    from inflight.rewards.hubs import agent_hub  # stdlib only
 
-    name, env_id = cfg.environment.env_class, verifiers_id(cfg.environment.env_class)
+    name, hub = cfg.environment.env_class, agent_hub(cfg.environment.env_class)
+    env_id = hub[1] if hub is not None else None
     if env_id is not None and not env_id.strip():
         yield Violation("environment.env_class", name, "names no verifiers environment",
                         "write environment.env_class=verifiers:<env id>, e.g. verifiers:wordle")
@@ -642,16 +679,15 @@ def _verifiers_environment(cfg: Config) -> Iterator[Violation]:
 
 def env_class_problem(name: str | None) -> Violation | None:
     """Why a run cannot score with `environment.env_class` = `name` (not registered), or None."""
-    from inflight.rewards.registry import SKYRL_GYM_ENVIRONMENTS, known_env_class, reward_names  # stdlib only
+    from inflight.rewards.hubs import UnknownEnvironment, find_hub  # stdlib only
 
-    if name is None or ":" in name or known_env_class(name):
+    if name is None:
         return None
-    names = [*reward_names(), *(n for n in SKYRL_GYM_ENVIRONMENTS if n not in reward_names())]
-    close = difflib.get_close_matches(name, names, n=1)
-    hint = f"did you mean '{close[0]}'? " if close else ""
-    return Violation("environment.env_class", name, "is not a known reward or environment (a name your own code "
-                     "registers must be registered before the run: inflight.rewards.register)",
-                     f"{hint}use one of {', '.join(names)}, skyrl_gym:<id>, or package.module:name")
+    try:
+        find_hub(name)
+    except UnknownEnvironment as err:  # its message lists the environment hubs
+        return Violation("environment.env_class", name, err.rule, err.fix)
+    return None
 
 
 @_rule("data.val_data", "data.train_data")

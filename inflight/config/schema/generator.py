@@ -339,12 +339,22 @@ class GeneratorConfig:
     """DAPO's overlong filtering: an episode whose finish reason is not `stop` (cut by the length
     budget or the input cap) gets loss mask 0 on every token; its reward still counts in its group.
     Default false."""
-    step_wise_trajectories: bool = skyrl(False, status=refused(
-        "step-wise trajectories (one sample per turn) are not implemented yet", runs=lambda v: v is False))
+    step_wise_trajectories: bool = skyrl(False)
+    """Train on each model turn of a multi-turn episode as its own sample (SkyRL's): its prompt is
+    the conversation up to the turn (the tokens the engine was given for it: turns stay
+    token-in/token-out, never re-rendered), its response the turn's tokens and the observation after
+    them (loss mask 0). The episode's advantage is the estimator's on its last turn's reward (as
+    SkyRL, earlier turns' rewards do not count), on every turn's tokens; groups then have as many
+    rows as their episodes have turns. Needs an outcome estimator (grpo, rloo, maxrl),
+    use_conversation_multi_turn=true, batched=false, no custom chat template, no routing record and
+    a loss_reduction other than token_mean_legacy (SkyRL's rules). Default false."""
     vision_language_generator: bool = skyrl(False, status=refused(
         "vision-language rollouts are not implemented", runs=lambda v: v is False))
-    merge_stepwise_output: bool = skyrl(False, status=accepted(
-        "read only with step_wise_trajectories=true, which is refused"))
+    merge_stepwise_output: bool = skyrl(False)
+    """With step_wise_trajectories: merge each episode's turns back into one sample where a turn's
+    prompt extends the previous turn's prompt and response (SkyRL's prefix-aware merging). Turns are
+    token-in/token-out here, so every episode merges whole: it trains as without step-wise. Default
+    false."""
     skip_failed_rollouts: bool = ours(True)
     """An episode whose harness fails (its environment: building it, `reset()`, turning its
     observation into tokens; your agent: raising, timing out, returning no reward) costs that episode
