@@ -95,7 +95,7 @@ def test_localize_touches_only_devices_and_paths(tmp_path):
                    "trainer.epochs=20"]
 
 
-NOTHING_REFUSED = 75
+NOTHING_REFUSED = 81
 """SkyRL's scripts (of `RECIPES`) a run refuses nothing of, after the device and path substitutions:
 a floor that only rises as more of SkyRL is implemented."""
 
@@ -108,4 +108,7 @@ def test_the_scripts_a_run_refuses_nothing_of(tmp_path):
             "examples/train/megatron/run_megatron_lora_qwen3-0.6b.sh",  # and with LoRA
             "examples/train/fully_async/fully_async_run_gsm8k_megatron_lora.sh",  # merge_lora=false
             "examples/train/multiply/run_multiply.sh",  # example entry points' environments
-            "examples/train/llm_as_a_judge/run_llm_judge.sh"} <= clean
+            "examples/train/llm_as_a_judge/run_llm_judge.sh",
+            "examples/train/step_wise/run_skyrl_sql_step_wise.sh",  # step-wise trajectories
+            "examples/train/step_wise/run_skyrl_sql_step_wise_qwen3.sh",
+            "examples/train/search/run_search_fully_async.sh"} <= clean
