@@ -10,8 +10,8 @@ embeddings, positions, decoder), not `get_decoder()`, which is the text decoder 
 the placeholders for text.
 
 `trainer.policy.model.freeze_vision_tower` (default true): the tower's parameters get no gradient
-(full fine-tuning) and no adapters (LoRA: `lora_exclusions`), and a weight sync leaves them out (the
-engines hold them unchanged since the load).
+(full fine-tuning) and no adapters (LoRA: `lora_exclusions`). A full-weight sync sends them whether
+they train or not (an engine takes a full update only complete); a LoRA sync sends the adapter.
 """
 
 from __future__ import annotations

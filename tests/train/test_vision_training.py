@@ -1,8 +1,8 @@
 """Training a vision-language policy (Qwen2.5-VL): one training forward's per-token log-probabilities
 and gradients equal transformers' `Qwen2_5_VLForConditionalGeneration` on the same batch (images from
 PIL through transformers' image processor), chunked and full; the vision tower frozen by default (no
-gradient, left out of weight syncs), trained and synced with `freeze_vision_tower=false`; LoRA on the
-language model only, against peft's own model; images carried from trajectories into the batch."""
+gradient, no optimizer state), trained with `freeze_vision_tower=false`; LoRA on the language model
+only, against peft's own model; images carried from trajectories into the batch."""
 
 from __future__ import annotations
 
@@ -142,7 +142,7 @@ def test_logprobs_and_gradients_equal_transformers(vlm_dir, data, oracle, chunk)
         assert_close_to_reference(params[name].grad, grad, [v[1][name] for v in variants], what=name)
 
 
-def test_the_vision_tower_is_frozen_by_default_and_left_out_of_syncs(vlm_dir, data, oracle):
+def test_the_vision_tower_is_frozen_by_default(vlm_dir, data, oracle):
     batch, _ = data
     (expected, grads), variants = oracle
     worker = _worker(vlm_dir, "trainer.logprobs_chunk_size=5")
@@ -157,10 +157,7 @@ def test_the_vision_tower_is_frozen_by_default_and_left_out_of_syncs(vlm_dir, da
             assert param.grad is None, name
         else:
             assert_close_to_reference(param.grad, grads[name], [v[1][name] for v in variants], what=name)
-    assert [n for n, _ in worker.iter_sync_tensors()] == [n for n in hf_names if n not in tower]
-    assert [n for n, _ in worker.iter_full_hf_tensors()] == hf_names  # an engine that slept gets all
-    trained = _worker(vlm_dir, "trainer.policy.model.freeze_vision_tower=false")
-    assert [n for n, _ in trained.iter_sync_tensors()] == hf_names
+    assert [n for n, _ in worker.iter_sync_tensors()] == hf_names  # an engine takes only complete updates
 
 
 def test_lora_adapts_the_language_model_as_peft_does(vlm_dir, data):
@@ -239,3 +236,38 @@ def test_lora_with_a_training_tower_and_megatron_are_refused(vlm_dir, tmp_path):
 
 def test_freeze_vision_tower_defaults_to_true():
     assert load_config(None, []).trainer.policy.model.freeze_vision_tower is True
+
+
+def test_after_a_step_and_a_sync_the_engine_scores_as_the_trainer(vlm_dir):
+    """One optimizer step with the tower training (its weights move), the sync's full weights into the
+    native engine: its greedy tokens' logprobs for an image prompt, at the new weight
+    version, equal the trainer's forward of the same tokens and images."""
+    from inflight.engine import EngineConfig, LLMEngine, SamplingParams
+
+    processor = load_tiny_processor(vlm_dir)
+    texts, images = _texts_and_images(processor)
+    prompt = processor(text=[texts[1]], images=images[1], return_tensors="pt")
+    worker = _worker(vlm_dir, "trainer.logprobs_chunk_size=5", "trainer.policy.optimizer_config.lr=0.01",
+                     "trainer.policy.model.freeze_vision_tower=false")
+    ids = prompt["input_ids"]
+    images_in = MultimodalInput(prompt["pixel_values"], prompt["image_grid_thw"])
+    step_batch = TrainBatch(input_ids=ids, loss_mask=torch.ones_like(ids, dtype=torch.float32).index_fill(1, torch.tensor([0]), 0),
+                            **image_rows([images_in]))
+    tower_before = {n: p.detach().clone() for n, p in worker.model.named_parameters() if TOWER in n}
+    worker.train_step(step_batch)
+    assert any(not torch.equal(p, tower_before[n]) for n, p in worker.model.named_parameters() if n in tower_before)
+    engine = LLMEngine(EngineConfig(model=str(vlm_dir), block_size=8))
+    engine.begin_weight_update()
+    engine.load_weights(worker.iter_sync_tensors())
+    assert engine.finish_weight_update(1) == 1
+    out = engine.generate([ids[0].tolist()], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True),
+                          multimodal=[images_in])[0]
+    assert set(out.token_weight_versions) == {1}
+    full = torch.tensor([ids[0].tolist() + out.output_token_ids])
+    batch = TrainBatch(input_ids=full, loss_mask=torch.ones_like(full, dtype=torch.float32), **image_rows([images_in]))
+    worker.temperature = 1.0  # the engine's logprobs are of the unscaled distribution
+    with torch.no_grad():
+        trainer = worker.compute_logprobs(batch)[0, ids.shape[1]:]
+        with other_thread_count():
+            variant = worker.compute_logprobs(batch)[0, ids.shape[1]:]
+    assert_close_to_reference(torch.tensor(out.logprobs), trainer, [variant], what="engine vs trainer logprobs")

@@ -81,9 +81,9 @@ class PolicyModelConfig(ModelConfig):
 
     freeze_vision_tower: bool = ours(True)
     """A vision-language policy's vision tower (its image encoder and the merger into the language
-    model, transformers' `visual`) gets no gradient and no optimizer state, and weight syncs leave it
-    out; LoRA adapts only the language model. false: full fine-tuning trains it too (and syncs send
-    it); LoRA refuses it. verl's name (`actor.freeze_vision_tower`); SkyRL has no such key. Unused by a
+    model, transformers' `visual`) gets no gradient and no optimizer state; LoRA adapts only the
+    language model. false: full fine-tuning trains it too (full-weight syncs always carry it);
+    refused with LoRA. verl's name (`actor.freeze_vision_tower`); SkyRL has no such key. Unused by a
     text-only model. Default true."""
 
 

@@ -223,14 +223,7 @@ class LocalPolicyWorker(PolicyWorker):
         return {name: t.to("cpu", copy=t.data_ptr() in own) for name, t in merged_tensors(self.model)}
 
     def iter_sync_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The adapter (LoRA), or the full weights less a frozen vision tower's (the engines hold
-        those unchanged since the load; a tower that trains is sent)."""
-        if self.lora:
-            return adapter_tensors(self.model)
-        frozen = vision.tower_prefix(self.model) if vision.freezes_tower(self.cfg, self.role) else None
-        if frozen is None:
-            return self.iter_full_hf_tensors()
-        return ((name, t) for name, t in self.iter_full_hf_tensors() if not name.startswith(frozen))
+        return adapter_tensors(self.model) if self.lora else self.iter_full_hf_tensors()
 
     def save_adapter(self, out: Path) -> None:
         """A LoRA policy's adapter in peft's format (`inflight.train.lora.save_adapter`); rank 0 writes."""
