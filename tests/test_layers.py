@@ -27,7 +27,7 @@ LAYERS: dict[str, int] = {
     "weight_sync.kinds": 2,  # a leaf module: the transport kinds' facts, which config validation reads
     "weight_sync": 4,
     "client": 5,
-    "vllm_backend": 5,  # below server: `inflight serve --backend vllm` (server/main.py) execs it
+    "backends": 5,  # below server: `inflight serve --backend vllm` (server/main.py) execs backends.vllm
     "server": 6,
     "rollout": 6,
     "eval": 7,

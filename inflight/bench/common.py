@@ -13,7 +13,7 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any, TypeVar
 
 from inflight.bench.matmul_peak import matmul_peak_flops  # noqa: F401  (re-exported)
-from inflight.vllm_backend.venv import SYSTEM_LIB_DIRS, TCMALLOC_NAMES, find_library  # noqa: F401  (re-exported)
+from inflight.backends.vllm.venv import SYSTEM_LIB_DIRS, TCMALLOC_NAMES, find_library  # noqa: F401  (re-exported)
 
 T = TypeVar("T")
 _HZ = os.sysconf("SC_CLK_TCK")

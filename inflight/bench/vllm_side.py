@@ -18,7 +18,7 @@ from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from inflight.vllm_backend.venv import (  # noqa: F401  (the benchmark's names for them)
+from inflight.backends.vllm.venv import (  # noqa: F401  (the benchmark's names for them)
     DEFAULT_VENV,
     ENV_VAR,
     VllmUnavailable,

@@ -1,7 +1,7 @@
 """The HTTP route paths of the inference server's API, standard library only.
 
 One source for every server that speaks our API: `inflight.client.wire` re-exports them for the
-client and the native server, and the vLLM backend (`inflight.vllm_backend`, run by vLLM's own
+client and the native server, and the vLLM backend (`inflight.backends.vllm`, run by vLLM's own
 interpreter, which does not have this package installed) loads this file by path.
 """
 

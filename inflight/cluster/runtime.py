@@ -37,7 +37,7 @@ from inflight.train.servers import (
     server_spec,
     vllm_args,
 )
-from inflight.vllm_backend.run_checks import logprobs_mode
+from inflight.backends.vllm.run_checks import logprobs_mode
 
 
 def init_ray(address: str | None = None, object_store_mib: int = 512, num_cpus: int | None = None) -> None:

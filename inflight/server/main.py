@@ -23,7 +23,7 @@ def build_parser(prog: str = "python -m inflight.server") -> argparse.ArgumentPa
                                      "in-flight weight updates (native paged-KV engine)")
     parser.add_argument("--backend", default="native", choices=["native", "vllm"],
                         help="native: this package's engine; vllm: our API over vLLM, run by vLLM's own python "
-                             "(--vllm-python PY, --threads N, --kv-cache-memory-gib G; see inflight/vllm_backend)")
+                             "(--vllm-python PY, --threads N, --kv-cache-memory-gib G; see inflight/backends/vllm)")
     parser.add_argument("--model", required=True, help="local Hugging Face model directory")
     parser.add_argument("--tokenizer", default=None, help="tokenizer directory (default: --model)")
     parser.add_argument("--served-model-name", default=None, help="model name in the API (default: dir name)")
@@ -69,12 +69,12 @@ def _is_loopback(host: str) -> bool:
 
 def main(argv: list[str] | None = None, prog: str = "python -m inflight.server") -> int:
     """Parse `argv`, load the engine and serve until interrupted; returns the exit status. With
-    `--backend vllm` the process becomes vLLM's (`inflight.vllm_backend.launch`)."""
+    `--backend vllm` the process becomes vLLM's (`inflight.backends.vllm.launch`)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     backend = argparse.ArgumentParser(add_help=False)
     backend.add_argument("--backend", default="native", choices=["native", "vllm"])
     if backend.parse_known_args(argv)[0].backend == "vllm":
-        from inflight.vllm_backend.launch import main as launch_vllm
+        from inflight.backends.vllm.launch import main as launch_vllm
 
         return launch_vllm(argv)
     args = build_parser(prog).parse_args(argv)

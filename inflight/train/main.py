@@ -97,7 +97,7 @@ def run_refusals(cfg: Config, job: JobConfig, start_ray: Starter | None = None) 
     """Every reason a run of `cfg` and `job` would refuse to start, found before anything is built
     (what `--print-config` lists, and what a run stops on at once): keys set to what is not
     implemented here, the data job's contradictions, CUDA devices this machine lacks, a missing
-    vLLM or verifiers venv, what vLLM cannot serve (`vllm_backend.run_checks`), and `job.ray` without
+    vLLM or verifiers venv, what vLLM cannot serve (`backends.vllm.run_checks`), and `job.ray` without
     its runtime. Imports no torch for a CPU config."""
     from inflight.rewards.registry import verifiers_id
 
@@ -108,7 +108,7 @@ def run_refusals(cfg: Config, job: JobConfig, start_ray: Starter | None = None) 
         problems += err.violations
     problems += missing_files(cfg, job)
     if on_vllm(cfg):  # vLLM's python, the model's shape on vLLM's CPU kernels, the logprobs mode
-        from inflight.vllm_backend.run_checks import run_problems
+        from inflight.backends.vllm.run_checks import run_problems
 
         problems += run_problems(cfg)
     if verifiers_id(cfg.environment.env_class) is not None:

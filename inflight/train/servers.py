@@ -95,7 +95,7 @@ def vllm_args(ie: InferenceEngineConfig, *, sleep_mode: bool = False, logprobs_m
     `kv_cache_memory_gib` as `--kv-cache-memory-bytes`, unless `engine_init_kwargs` has
     `kv_cache_memory_bytes`) and, with `sleep_mode` (colocated engines), `--enable-sleep-mode`. On
     CPU neither: the shim's `--kv-cache-memory-gib` sets vLLM's CPU KV space, and vLLM has no sleep mode.
-    `logprobs_mode` (the run's: `vllm_backend.run_checks.logprobs_mode`) as `--logprobs-mode` unless
+    `logprobs_mode` (the run's: `backends.vllm.run_checks.logprobs_mode`) as `--logprobs-mode` unless
     `engine_init_kwargs` sets it."""
     args: list[str] = ["--enforce-eager"] if ie.enforce_eager else []
     if logprobs_mode is not None and "logprobs_mode" not in ie.engine_init_kwargs:
@@ -197,7 +197,7 @@ async def start_servers(cfg: Config, job: JobConfig, model_dir: str | Path, vers
 def vllm_commands(cfg: Config, job: JobConfig, model_dir: str | Path, version: int) -> list[Callable[[int], list[str]]]:
     """The command line of each vLLM server the run starts, given its port (`vllm_command` over each
     engine's `engine_config`: the KV size per engine from `engine_memory.kv_cache_gib`)."""
-    from inflight.vllm_backend.run_checks import logprobs_mode
+    from inflight.backends.vllm.run_checks import logprobs_mode
 
     ie = cfg.generator.inference_engine
     args = vllm_args(ie, sleep_mode=cfg.trainer.placement.colocate_all, logprobs_mode=logprobs_mode(cfg))
@@ -213,8 +213,8 @@ def new_control_token() -> str:
 
 def check_vllm_python(python: str | None) -> None:
     """vLLM's python (`python`, else $INFLIGHT_VLLM_PYTHON or .venv-vllm) must be an executable file
-    (ConfigError naming the key and the command that creates it: `vllm_backend.venv.python_problem`)."""
-    from inflight.vllm_backend.venv import python_problem
+    (ConfigError naming the key and the command that creates it: `backends.vllm.venv.python_problem`)."""
+    from inflight.backends.vllm.venv import python_problem
 
     problem = python_problem(python)
     if problem is not None:

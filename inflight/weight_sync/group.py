@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 # relative, and nothing of inflight but chunking.py: the vLLM backend loads these two files by path into
-# vLLM's interpreter, which lacks this package (inflight/vllm_backend/shared.py)
+# vLLM's interpreter, which lacks this package (inflight/backends/vllm/shared.py)
 from .chunking import DEFAULT_CHUNK_BYTES, WeightChunk, iter_chunks, pack_chunk
 
 DEFAULT_WEIGHT_GROUP = "inflight-weights"  # the group's name unless told otherwise

@@ -1,5 +1,5 @@
 """`max_tokens` against the context, as vLLM 0.32 answers it (read off a vLLM 0.32 server: the shim
-serves vLLM's own OpenAI routes; tests/vllm_backend/test_vllm_openai_limits.py holds the two servers
+serves vLLM's own OpenAI routes; tests/backends/vllm/test_vllm_openai_limits.py holds the two servers
 to each other): a budget larger than the whole context is a 400 naming the field and the limit; one
 that overruns the context only with the prompt is served up to the end of the context (`length`)."""
 

@@ -14,15 +14,15 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from inflight.backends.vllm import main as entry
+from inflight.backends.vllm.errors import APIError
+from inflight.backends.vllm.generate import SamplingFields, check_sampling, salt_for, versions_from_spans
+from inflight.backends.vllm.launch import command
+from inflight.backends.vllm.salt import _salted
+from inflight.backends.vllm.venv import VllmUnavailable
+from inflight.backends.vllm.weights import WeightStage, checkpoint_parameters
 from inflight.client import routes, wire
 from inflight.engine.request import SamplingParams
-from inflight.vllm_backend import main as entry
-from inflight.vllm_backend.errors import APIError
-from inflight.vllm_backend.generate import SamplingFields, check_sampling, salt_for, versions_from_spans
-from inflight.vllm_backend.launch import command
-from inflight.vllm_backend.salt import _salted
-from inflight.vllm_backend.venv import VllmUnavailable
-from inflight.vllm_backend.weights import WeightStage, checkpoint_parameters
 
 
 def test_route_paths_have_one_source_loaded_by_path_in_the_backend():
@@ -120,7 +120,7 @@ def test_the_update_lease_abandons_an_update_whose_sender_went_silent():
     weight_update_timeout_s without a chunk the update is abandoned as an abort would."""
     import asyncio
 
-    from inflight.vllm_backend.state import NONE, OPEN, Lifecycle
+    from inflight.backends.vllm.state import NONE, OPEN, Lifecycle
 
     class Engine:  # the two AsyncLLM calls settle() makes: a paused scheduler is all that matters here
         paused = False

@@ -113,7 +113,7 @@ def test_prompt_logprobs_equal_transformers(vllm_url, hf, max_tokens):
 
 def test_raw_logprobs_with_top_p_equal_the_native_engines(vllm_url, native_url, hf):
     """DAPO's sampling (temperature 1, top_p 0.7) on a server in vLLM's raw_logprobs mode (what a run
-    whose sampling filters starts: `vllm_backend.run_checks.logprobs_mode`): each sampled token's
+    whose sampling filters starts: `backends.vllm.run_checks.logprobs_mode`): each sampled token's
     logprob and top-3 are the unfiltered distribution's, as the native engine gives them (it scores
     vLLM's continuation here) and transformers; a temperature the mode cannot give is refused."""
     ids = [5, 17, 101, 33, 250, 7, 64, 300, 12]

@@ -6,12 +6,12 @@ its servers start in (`inflight.train.servers`). The rules themselves are the ba
 
 from __future__ import annotations
 
+from inflight.backends.vllm.logprob_modes import GREEDY_BELOW, run_mode
+from inflight.backends.vllm.shapes import cpu_attention_problem
+from inflight.backends.vllm.venv import python_problem
 from inflight.config import Config
 from inflight.config.errors import Violation
 from inflight.config.implemented import on_vllm, starts_vllm
-from inflight.vllm_backend.logprob_modes import GREEDY_BELOW, run_mode
-from inflight.vllm_backend.shapes import cpu_attention_problem
-from inflight.vllm_backend.venv import python_problem
 
 BACKEND = "generator.inference_engine.backend"
 SAMPLINGS = ("generator.sampling_params", "generator.eval_sampling_params")

@@ -38,7 +38,7 @@ from .errors import weight_error
 from .experts import FusedExperts
 from .shared import chunking
 
-log = logging.getLogger("inflight.vllm_backend")
+log = logging.getLogger("inflight.backends.vllm")
 
 _FLOAT_DTYPES = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}
 _MAX = {"F32": 3.4028234663852886e38, "F16": 65504.0, "BF16": 3.3895313892515355e38}

@@ -26,14 +26,14 @@ import torch
 from fastapi import FastAPI
 from safetensors.torch import load_file
 
+from inflight.backends.vllm import shared
+from inflight.backends.vllm.broadcast import BroadcastMember
+from inflight.backends.vllm.control import build_router
+from inflight.backends.vllm.errors import install_error_handlers
+from inflight.backends.vllm.state import Lifecycle
+from inflight.backends.vllm.weights import WeightStage
 from inflight.client import RemoteClient, routes
 from inflight.client.errors import RemoteEngineStateError, RemoteInvalidRequestError, RemoteWeightUpdateError
-from inflight.vllm_backend import shared
-from inflight.vllm_backend.broadcast import BroadcastMember
-from inflight.vllm_backend.control import build_router
-from inflight.vllm_backend.errors import install_error_handlers
-from inflight.vllm_backend.state import Lifecycle
-from inflight.vllm_backend.weights import WeightStage
 from inflight.weight_sync.chunking import iter_chunks
 from inflight.weight_sync.group import GroupHost
 

@@ -15,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-from inflight.vllm_backend.venv import VllmUnavailable, check_python, default_python, vllm_env
+from inflight.backends.vllm.venv import VllmUnavailable, check_python, default_python, vllm_env
 
 ENTRY_SCRIPT = Path(__file__).with_name("main.py")
 

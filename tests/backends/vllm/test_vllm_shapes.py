@@ -11,7 +11,7 @@ import sys
 import pytest
 from conftest import vllm_python_or_skip
 
-from inflight.vllm_backend.shapes import CPU_HEAD_SIZES, cpu_attention_problem
+from inflight.backends.vllm.shapes import CPU_HEAD_SIZES, cpu_attention_problem
 
 
 @pytest.mark.parametrize(("arch", "shape", "size"), [
@@ -54,9 +54,9 @@ def test_the_server_refuses_such_a_model_before_vllm_starts(tiny_model_factory):
 
 
 def test_a_run_on_vllm_refuses_such_a_model_before_it_starts(tiny_model_factory, monkeypatch):
+    from inflight.backends.vllm.run_checks import run_problems
     from inflight.config import load_config
     from inflight.testing import LOCAL_CPU
-    from inflight.vllm_backend.run_checks import run_problems
 
     monkeypatch.setenv("INFLIGHT_VLLM_PYTHON", sys.executable)  # vLLM's python is not what this checks
     narrow = tiny_model_factory("qwen2", 0, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,

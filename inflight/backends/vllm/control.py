@@ -22,7 +22,7 @@ from .metrics import render_metrics
 from .state import INVALID, NONE, OPEN, PAUSED, RUNNING, Lifecycle
 from .weights import WeightStage, reload
 
-log = logging.getLogger("inflight.vllm_backend")
+log = logging.getLogger("inflight.backends.vllm")
 PAUSE_MODES = ("abort", "keep", "wait")
 
 

@@ -34,7 +34,7 @@ from .shapes import cpu_attention_problem
 from .state import Lifecycle
 from .weights import WeightStage
 
-log = logging.getLogger("inflight.vllm_backend")
+log = logging.getLogger("inflight.backends.vllm")
 READY_LINE = "inflight vLLM backend ready on"
 
 

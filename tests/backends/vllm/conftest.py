@@ -21,9 +21,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from inflight.vllm_backend.venv import default_python, setup_commands
+from inflight.backends.vllm.venv import default_python, setup_commands
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 TOKEN = "vllm-test-control"
 # head_dim 64; big enough that a vLLM step outlasts the frontend's work per step: with a model
 # faster than its own frontend, vLLM's output loop never yields and a pause waits for the backlog

@@ -20,7 +20,7 @@ from inflight.client.base import update_weights
 from inflight.engine.request import SamplingParams
 from inflight.testing import make_tiny_model
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))  # the engine tests' oracles
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "engine"))  # the engine tests' oracles
 from conftest_weights import hf_continue  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]

@@ -4,7 +4,7 @@ group's member side), as the private package `_inflight_weight_sync`.
 
 vLLM's interpreter lacks the `inflight` package, and a second implementation of the group protocol
 would drift from the trainer's (`GroupHost`). Those two files import only the standard library and
-torch, and each other relatively; tests/vllm_backend fail when they start importing anything else.
+torch, and each other relatively; tests/backends/vllm fail when they start importing anything else.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sys
 import types
 from pathlib import Path
 
-WEIGHT_SYNC_DIR = Path(__file__).resolve().parent.parent / "weight_sync"
+WEIGHT_SYNC_DIR = Path(__file__).resolve().parents[2] / "weight_sync"
 PACKAGE = "_inflight_weight_sync"
 FILES = ("chunking", "group")  # in import order: group.py imports chunking.py
 

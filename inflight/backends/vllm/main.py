@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ROUTES_FILE = HERE.parent / "client" / "routes.py"
+ROUTES_FILE = HERE.parents[1] / "client" / "routes.py"
 PACKAGE = "_inflight_vllm"
 
 

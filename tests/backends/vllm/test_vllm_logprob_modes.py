@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from inflight.backends.vllm.errors import APIError
+from inflight.backends.vllm.generate import SamplingFields, check_sampling
+from inflight.backends.vllm.run_checks import logprobs_mode, run_problems
 from inflight.config import load_config
 from inflight.testing import LOCAL_CPU
 from inflight.train.servers import vllm_args
-from inflight.vllm_backend.errors import APIError
-from inflight.vllm_backend.generate import SamplingFields, check_sampling
-from inflight.vllm_backend.run_checks import logprobs_mode, run_problems
 
-RECIPES = json.loads((Path(__file__).parents[1] / "config" / "data" / "skyrl_recipes.json").read_text())["recipes"]
+RECIPES = json.loads((Path(__file__).parents[2] / "config" / "data" / "skyrl_recipes.json").read_text())["recipes"]
 IE = "generator.inference_engine."
 VLLM = [f"{IE}backend=vllm", f"{IE}weight_sync_backend=inprocess"]
 

@@ -27,7 +27,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-log = logging.getLogger("inflight.vllm_backend")
+log = logging.getLogger("inflight.backends.vllm")
 
 RUNNING, DRAINING, PAUSED = "running", "draining", "paused"
 NONE, OPEN, INVALID = "none", "open", "invalid"
