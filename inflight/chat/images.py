@@ -221,11 +221,11 @@ class SplitMessages:
     images: list[Image.Image]
 
 
-def split_images(messages: Sequence[Mapping[str, Any]], limits: ImageLimits = ImageLimits(),
-                 base_dir: Path | None = None, param: str = "messages") -> SplitMessages:
-    """`messages` with their images decoded and taken out (see `SplitMessages`); raises ImageError
-    naming the part (`messages[0].content[1]`)."""
-    out, images = [], []
+def decode_images(messages: Sequence[Mapping[str, Any]], limits: ImageLimits = ImageLimits(),
+                  base_dir: Path | None = None, param: str = "messages") -> list[dict[str, Any]]:
+    """`messages` with every image part decoded and checked, as `{"type": "image", "image": <PIL RGB>}`
+    (the input is left as it was); raises ImageError naming the part (`messages[0].content[1]`)."""
+    out = []
     for i, message in enumerate(messages):
         content = message.get("content")
         if not isinstance(content, list) or not any(is_image_part(p) for p in content):
@@ -233,16 +233,28 @@ def split_images(messages: Sequence[Mapping[str, Any]], limits: ImageLimits = Im
             continue
         parts = []
         for j, part in enumerate(content):
-            if not is_image_part(part):
-                parts.append(part)
-                continue
-            where = f"{param}[{i}].content[{j}]"
-            try:
-                images.append(load_image(part_source(part), limits, base_dir))
-            except ImageError as err:
-                raise err.at(where) from None
-            parts.append({"type": "image"})
+            if is_image_part(part):
+                try:
+                    part = {"type": "image", "image": load_image(part_source(part), limits, base_dir)}
+                except ImageError as err:
+                    raise err.at(f"{param}[{i}].content[{j}]") from None
+            parts.append(part)
         out.append({**message, "content": parts})
+    return out
+
+
+def split_images(messages: Sequence[Mapping[str, Any]], limits: ImageLimits = ImageLimits(),
+                 base_dir: Path | None = None, param: str = "messages") -> SplitMessages:
+    """`messages` with their images decoded and taken out (see `SplitMessages`); raises ImageError
+    naming the part (`messages[0].content[1]`)."""
+    images: list[Image.Image] = []
+    out = []
+    for message in decode_images(messages, limits, base_dir, param):
+        if isinstance(message.get("content"), list):
+            images += [p["image"] for p in message["content"] if is_image_part(p)]
+            message = {**message, "content": [{"type": "image"} if is_image_part(p) else p
+                                              for p in message["content"]]}
+        out.append(message)
     return SplitMessages(out, images)
 
 
@@ -252,5 +264,5 @@ def count_images(messages: Sequence[Mapping[str, Any]]) -> int:
 
 
 __all__ = ["DEFAULT_MAX_IMAGE_BYTES", "DEFAULT_MAX_IMAGE_PIXELS", "FORMATS", "IMAGE_PART_TYPES", "ImageError",
-           "ImageLimits", "SplitMessages", "count_images", "is_image_part", "load_image", "part_source",
+           "ImageLimits", "SplitMessages", "count_images", "decode_images", "is_image_part", "load_image", "part_source",
            "split_images"]

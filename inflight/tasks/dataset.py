@@ -15,6 +15,13 @@ ground truth. `Problem.answer` is the ground truth as text (a structured one, Se
 but the prompt and `env_class`: what SkyRL hands an environment as its `extras`). An optional `id`
 column names the problems (default: `<file stem>-<row number>`).
 
+Images (SkyRL's multimodal rows): a chat message's content may be a list of parts, text and images
+(`image_url` with a data: URL or a path, `image` with bytes, datasets' `{"bytes", "path"}` struct,
+base64 text or a path; `inflight.chat.images`). A relative path is read from the data file's folder.
+Every image is decoded and checked (`ImageLimits`) as the file is read, and the prompt holds it as
+`{"type": "image", "image": <PIL image>}`. A row with a bad image is refused: with `refused` given it
+is left out and its reason appended there (the caller counts and reports them), else DatasetError.
+
 `JsonlTask` / `load_jsonl` are the older JSONL-only spellings, kept working.
 """
 
@@ -25,6 +32,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from inflight.chat.images import ImageError, ImageLimits, count_images, decode_images
+from inflight.chat.vision import ImagePrompt
 from inflight.tasks.base import Problem, Task
 
 DATA_SUFFIXES = (".parquet", ".jsonl", ".json")
@@ -131,22 +140,39 @@ def load_problems(
     prompt_key: str | None = None,
     answer_key: str | None = None,
     id_prefix: str | None = None,
+    *,
+    image_limits: ImageLimits | None = None,
+    refused: list[str] | None = None,
 ) -> list[Problem]:
     """The problems of one data file or directory (formats: see the module docstring). Raises
-    DatasetError naming the file, the row (1-based) and the column of the first bad row."""
+    DatasetError naming the file, the row (1-based) and the column of the first bad row; a row whose
+    image is bad is left out with its reason appended to `refused` when given (`image_limits`: the
+    pixel and byte limits; default `ImageLimits()`; any local file may be read)."""
     path = Path(path)
     rows = read_rows(path)
     if len(rows) == 0:
         raise DatasetError(f"dataset file {str(path)!r} holds no problems")
     columns = list(rows.column_names)
     reader = _RowReader(path, columns, prompt_key, answer_key, id_prefix or path.stem)
-    problems, ids = [], set()
+    limits = image_limits or ImageLimits()
+    reader.image_limits = ImageLimits(limits.max_pixels, limits.max_bytes, Path(path.resolve().anchor), True)
+    problems, ids, skipped = [], set(), []
     for number, row in enumerate(rows, start=1):
-        problem = reader.problem(number, row)
+        try:
+            problem = reader.problem(number, row)
+        except ImageError as err:
+            if refused is None:
+                raise DatasetError(str(err)) from None
+            skipped.append(str(err))
+            continue
         if problem.id in ids:
             raise DatasetError(f"{path}: row {number}: duplicate id {problem.id!r} (column 'id')")
         ids.add(problem.id)
         problems.append(problem)
+    if skipped and not problems:
+        raise DatasetError(f"{path}: every row has a bad image (e.g. {skipped[0]})")
+    if refused is not None:
+        refused.extend(skipped)
     return problems
 
 
@@ -157,6 +183,7 @@ class _RowReader:
         self, path: Path, columns: list[str], prompt_key: str | None, answer_key: str | None, prefix: str
     ) -> None:
         self.path, self.columns, self.prefix = path, columns, prefix
+        self.image_limits = ImageLimits()
         self.prompt_col = prompt_key or next((c for c in ("prompt", "question") if c in columns), None)
         if self.prompt_col is None or self.prompt_col not in columns:
             raise self.missing(prompt_key or "prompt", "data.prompt_key", "prompts")
@@ -183,6 +210,11 @@ class _RowReader:
                 "must be a string or a list of chat messages "
                 f"({{'role', 'content'}}), got {row.get(self.prompt_col)!r}",
             )
+        if not isinstance(prompt, str) and count_images(prompt):
+            try:
+                prompt = decode_images(prompt, self.image_limits, self.path.parent, self.prompt_col)
+            except ImageError as err:
+                raise ImageError(f"{self.path}: row {number}: column {err}", err.code, err.where) from None
         truth, gsm8k_format = self.ground_truth(number, row)
         extra = row.get("extra_info")
         if extra is not None and not isinstance(extra, dict):
@@ -219,7 +251,8 @@ class _RowReader:
 
 
 def _clean_prompt(value: Any) -> str | list[dict[str, Any]] | None:
-    """A text prompt, or chat messages without the None fields Arrow adds to unify their structs."""
+    """A text prompt, or chat messages (and their content parts) without the None fields Arrow adds
+    to unify their structs."""
     if isinstance(value, str):
         return value
     if (
@@ -227,8 +260,14 @@ def _clean_prompt(value: Any) -> str | list[dict[str, Any]] | None:
         and value
         and all(isinstance(m, dict) and "role" in m and "content" in m for m in value)
     ):
-        return [{k: v for k, v in m.items() if v is not None} for m in value]
+        return [{k: _clean_parts(v) for k, v in m.items() if v is not None} for m in value]
     return None
+
+
+def _clean_parts(value: Any) -> Any:
+    if not isinstance(value, list):
+        return value
+    return [{k: v for k, v in p.items() if v is not None} if isinstance(p, dict) else p for p in value]
 
 
 def load_jsonl(path: str | Path, prefix: str | None = None) -> list[Problem]:
@@ -247,11 +286,28 @@ def encode_chat_prompt(task: Task, prompt: str | list[dict[str, Any]], chat_temp
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
     fmt = task.chat_format
     template = {} if fmt.template is None else {"chat_template": fmt.template}
+    if count_images(messages):
+        return image_prompt(task, messages).token_ids
     ids = task.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
                                              **template, **fmt.kwargs)
     if hasattr(ids, "keys"):
         ids = ids["input_ids"]
     return [int(t) for t in ids]
+
+
+def image_prompt(task: Task, messages: list[dict[str, Any]]) -> ImagePrompt:
+    """A prompt holding images through the task's chat template and its model's processor
+    (`task.vision`): the ids with the image placeholders expanded, and the image tensors."""
+    vision = getattr(task, "vision", None)
+    if vision is None:
+        raise DatasetError(f"a prompt holds {count_images(messages)} image(s), but {type(task).__name__} has no "
+                           "image processor (a text-only model): give a vision-language model, or text prompts")
+    split = vision.split(messages)
+    fmt = task.chat_format
+    template = {} if fmt.template is None else {"chat_template": fmt.template}
+    text = task.tokenizer.apply_chat_template(split.messages, add_generation_prompt=True, tokenize=False,
+                                              **template, **fmt.kwargs)
+    return vision.expand(text, split.images)
 
 
 class JsonlTask(Task):
