@@ -20,7 +20,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from inflight.chat.images import ImageLimits, count_images
 from inflight.chat.turns import PLAIN, ChatFormat
+from inflight.chat.vision import Vision
 from inflight.rewards import RewardError, environment_class, get_reward
 from inflight.rewards.gsm8k import gsm8k_flexible_reward, gsm8k_ground_truth, gsm8k_reward
 from inflight.rewards.numbers import to_number
@@ -75,6 +77,8 @@ class DataReport:
     """Longest prompt kept, in tokens."""
     rewards: dict[str, int] = field(default_factory=dict)
     """Rows per reward / environment name."""
+    refused_image_rows: list[str] = field(default_factory=list)
+    """Rows left out for a bad image (unreadable, over the limits, missing file): each one's reason."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -90,6 +94,9 @@ class DataReport:
             f"data: {self.train_rows} training problems, {self.val_rows} held-out {held}; "
             f"rewards: {', '.join(f'{k} x{v}' for k, v in self.rewards.items())}"
         )
+        if self.refused_image_rows:
+            text += (f"; refused {len(self.refused_image_rows)} rows with a bad image "
+                     f"(first: {self.refused_image_rows[0]})")
         if dropped:
             text += (
                 f"; dropped {dropped} prompts longer than {self.max_prompt_length} tokens "
@@ -108,7 +115,10 @@ class DataTask(Task):
     the chat template and its arguments (`generator.chat_template`, `chat_template_kwargs`);
     `skyrl_gym`: what skyrl-gym's environments get (`environment.skyrl_gym`, `generator.max_turns`).
     `agent`: the agent that plays and scores the rows' episodes (`generator.agent.path`): then no
-    reward is resolved and the report names the agent.
+    reward is resolved and the report names the agent. `vision`: a vision-language model's processor
+    and image limits; rows holding images need it (`encode_prompt` expands their placeholders,
+    `dataset.image_prompt` gives the image tensors too); a row with a bad image is left out and
+    counted (`report.refused_image_rows`).
     """
 
     name = "data"
@@ -134,8 +144,10 @@ class DataTask(Task):
         skyrl_gym: GymSettings | None = None,
         openenv: OpenEnvSettings | None = None,
         agent: str | None = None,
+        vision: Vision | None = None,
     ) -> None:
         super().__init__(tokenizer)
+        self.vision = vision
         if not train_data:
             raise DatasetError("no training data: set data.train_data to a list of files")
         self.env_class = env_class
@@ -153,8 +165,11 @@ class DataTask(Task):
         self.report = DataReport(
             [str(p) for p in train_data], [str(p) for p in val_data], max_prompt_length=limit
         )
-        train = _load_all(train_data, prompt_key, answer_key)
-        val = _load_all(val_data, prompt_key, answer_key) if val_data else []
+        limits = vision.limits if vision is not None else None
+        refused = self.report.refused_image_rows
+        train = _load_all(train_data, prompt_key, answer_key, limits, refused)
+        val = _load_all(val_data, prompt_key, answer_key, limits, refused) if val_data else []
+        self._check_images(train + val)
         self._rewards = self._resolve_rewards(train + val)
         train = self._fit(train, "train", limit, drop_long_prompts, max_prompt_length, max_context)
         if val_data:
@@ -166,6 +181,17 @@ class DataTask(Task):
         self.report.train_rows, self.report.val_rows = len(train), len(val)
 
     # ---- start-up -----------------------------------------------------------------------------
+    def _check_images(self, problems: list[Problem]) -> None:
+        """Rows with images need the model's image processor (`vision`): refused up front without one."""
+        if self.vision is not None:
+            return
+        with_images = [p for p in problems if not isinstance(p.prompt, str) and count_images(p.prompt)]
+        if with_images:
+            raise DatasetError(
+                f"{len(with_images)} rows hold images (e.g. {with_images[0].meta['source']}), but this task has "
+                "no image processor: the model is text-only, or the run does not give DataTask the model's "
+                "processor (vision=); drop the images or give a vision-language model")
+
     def _resolve_rewards(self, problems: list[Problem]) -> dict[str, Any]:
         if self.agent is not None:  # the agent plays and scores every episode: no reward of ours runs
             self.report.rewards = {f"your agent ({self.agent})": len(problems)}
@@ -314,12 +340,14 @@ def _limit_text(limit: int, max_prompt_length: int, max_context: int | None) -> 
     return f"trainer.max_prompt_length={max_prompt_length} tokens"
 
 
-def _load_all(paths: Sequence[str | Path], prompt_key: str | None, answer_key: str | None) -> list[Problem]:
-    """The problems of several files; ids must be unique across them."""
+def _load_all(paths: Sequence[str | Path], prompt_key: str | None, answer_key: str | None,
+              image_limits: ImageLimits | None = None, refused: list[str] | None = None) -> list[Problem]:
+    """The problems of several files; ids must be unique across them. Rows with a bad image are left
+    out, their reasons appended to `refused`."""
     problems: list[Problem] = []
     seen: dict[str, str] = {}
     for path in paths:
-        for p in load_problems(path, prompt_key, answer_key):
+        for p in load_problems(path, prompt_key, answer_key, image_limits=image_limits, refused=refused):
             if p.id in seen:
                 raise DatasetError(
                     f"{p.meta['source']}: id {p.id!r} also names {seen[p.id]}: ids must be "
