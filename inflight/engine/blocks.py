@@ -1,7 +1,8 @@
-"""BlockPool: ref-counted KV blocks and the prefix cache keyed by tokens, salt and weight version.
+"""BlockPool: ref-counted KV blocks and the prefix cache keyed by tokens, salt, images and weight version.
 
 A block's prefix hash chains its parent's hash, its token ids, the request's cache salt (first block
-only) and the weight version of the block's KV, so KV computed by old weights is never found by a
+only), the keys (content hash, grid) of the images whose placeholders it holds and the weight
+version of the block's KV, so KV computed by old weights is never found by a
 request that looks up with the current version. A block whose ref count drops to 0 goes to the end of
 the free queue but keeps its hash: it can still be reused until it is evicted (reallocated, LRU).
 Every block records the KV epoch it was written in; discarding the KV memory starts a new epoch.
@@ -15,9 +16,12 @@ from dataclasses import dataclass
 from inflight.engine.request import Request
 
 
-def chain_hash(parent: int | None, token_ids: tuple[int, ...], salt: str | None, version: int) -> int:
-    """Hash of one full block given its parent block's hash (None for the first block)."""
-    return hash((parent, salt if parent is None else None, version, token_ids))
+def chain_hash(parent: int | None, token_ids: tuple[int, ...], salt: str | None, version: int,
+               images: tuple = ()) -> int:
+    """Hash of one full block given its parent block's hash (None for the first block); `images`:
+    the keys (content hash, grid) of the images with placeholders in the block."""
+    key = (parent, salt if parent is None else None, version, token_ids)
+    return hash(key + (images,) if images else key)
 
 
 @dataclass
@@ -62,7 +66,7 @@ class BlockPool:
         parent = None
         for j in range((request.num_tokens - 1) // self.block_size):  # keep at least one token to compute
             tokens = self._tokens_of(request, j)
-            block_hash = chain_hash(parent, tokens, request.cache_salt, weight_version)
+            block_hash = chain_hash(parent, tokens, request.cache_salt, weight_version, self._images_of(request, j))
             block_id = self.lookup(block_hash, tokens)
             if block_id is None:
                 break
@@ -94,7 +98,8 @@ class BlockPool:
             tokens = self._tokens_of(request, j)
             parent = request.block_hashes[-1] if request.block_hashes else None
             block = self.blocks[request.block_ids[j]]
-            block_hash = chain_hash(parent, tokens, request.cache_salt, block.weight_version)
+            block_hash = chain_hash(parent, tokens, request.cache_salt, block.weight_version,
+                                    self._images_of(request, j))
             self.register(block.block_id, block_hash, tokens)
             request.block_hashes.append(block_hash)
 
@@ -112,6 +117,11 @@ class BlockPool:
 
     def _tokens_of(self, request: Request, j: int) -> tuple[int, ...]:
         return tuple(request.token_ids[j * self.block_size : (j + 1) * self.block_size])
+
+    def _images_of(self, request: Request, j: int) -> tuple:
+        if request.images is None:
+            return ()
+        return request.images.block_key(j * self.block_size, (j + 1) * self.block_size)
 
     # ---- single blocks ------------------------------------------------------------------------
     def allocate(self, weight_version: int) -> int:

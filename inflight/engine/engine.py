@@ -29,6 +29,7 @@ from inflight.engine.lifecycle import (
 )
 from inflight.engine.models.linear import packed_compute_dtype, resolve_linear_backend
 from inflight.engine.models.loader import load_model
+from inflight.engine.multimodal import ImagePlan, MultimodalInput, VisionSpec, plan_images
 from inflight.engine.request import Request, RequestOutput, SamplingParams
 from inflight.engine.runner import ModelRunner, layer_ops
 from inflight.engine.scheduler import Scheduler, SchedulerConfig
@@ -142,19 +143,46 @@ class LLMEngine:
         prompt_token_ids: list[int],
         params: SamplingParams | None = None,
         cache_salt: str | None = None,
+        multimodal: MultimodalInput | None = None,
     ) -> None:
-        """Queue a request; raises InvalidRequestError naming the bad value (nothing else changes)."""
-        params = self.check_request(prompt_token_ids, params)
+        """Queue a request; raises InvalidRequestError naming the bad value (nothing else changes).
+        `multimodal`: the images of a vision-language prompt (its placeholders already in the ids)."""
+        params, images = self._checked(prompt_token_ids, params, multimodal)
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use by an unfinished request")
-        request = Request(request_id, list(prompt_token_ids), params, next(self._arrivals), cache_salt)
+        request = Request(request_id, list(prompt_token_ids), params, next(self._arrivals), cache_salt, images)
         self.requests[request_id] = request
         self.scheduler.add(request)
 
-    def check_request(self, prompt_token_ids: list[int], params: SamplingParams | None = None) -> SamplingParams:
+    @property
+    def vision(self) -> VisionSpec | None:
+        """What the model's images must be like; None for a text-only model (which refuses images)."""
+        return self.model.vision
+
+    def _plan_images(self, prompt_token_ids: list[int], multimodal: MultimodalInput | None) -> ImagePlan | None:
+        vision = self.model.vision
+        if multimodal is not None:
+            return plan_images(list(prompt_token_ids), multimodal, vision, type(self.model).__name__)
+        if vision is not None and vision.image_token_id in prompt_token_ids:
+            count = sum(t == vision.image_token_id for t in prompt_token_ids)
+            raise InvalidRequestError(
+                f"the prompt holds {count} image placeholder tokens ({vision.image_token_id}) but no images "
+                "were given; pass the images (multimodal=MultimodalInput(...)) or drop the placeholders"
+            )
+        return None
+
+    def check_request(
+        self, prompt_token_ids: list[int], params: SamplingParams | None = None,
+        multimodal: MultimodalInput | None = None,
+    ) -> SamplingParams:
         """Validate a request's input without queueing it; returns the params to use. Raises
         InvalidRequestError naming the bad value. Takes no lock (it reads only what never changes),
         so callers on an event loop can reject bad input while a step runs."""
+        return self._checked(prompt_token_ids, params, multimodal)[0]
+
+    def _checked(
+        self, prompt_token_ids: list[int], params: SamplingParams | None, multimodal: MultimodalInput | None,
+    ) -> tuple[SamplingParams, ImagePlan | None]:
         params = params or SamplingParams()
         params.validate()
         if params.top_logprobs > self.vocab_size:
@@ -183,7 +211,7 @@ class LLMEngine:
                 f"request needs up to {needed} KV blocks ({longest} tokens) but the cache has "
                 f"{self.pool.num_blocks}; lower max_tokens or raise num_kv_blocks/kv_cache_memory_gib"
             )
-        return params
+        return params, self._plan_images(prompt_token_ids, multimodal)
 
     @_locked
     def abort(self, request_ids: Iterable[str]) -> list[RequestOutput]:
@@ -297,15 +325,18 @@ class LLMEngine:
         return output
 
     def generate(
-        self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None
+        self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None,
+        multimodal: list[MultimodalInput | None] | None = None,
     ) -> list[RequestOutput]:
-        """Run the prompts to completion and return their outputs in order."""
+        """Run the prompts to completion and return their outputs in order (`multimodal`: each
+        prompt's images, or None)."""
         if not self.can_run:
             raise EngineStateError("engine is paused, asleep or mid-update; resume() it before generate()")
         param_list = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
         ids = [f"generate-{next(self._arrivals)}" for _ in prompts]
-        for request_id, prompt, p in zip(ids, prompts, param_list, strict=True):
-            self.add_request(request_id, prompt, p)
+        images = multimodal if multimodal is not None else [None] * len(prompts)
+        for request_id, prompt, p, mm in zip(ids, prompts, param_list, images, strict=True):
+            self.add_request(request_id, prompt, p, multimodal=mm)
         results: dict[str, RequestOutput] = {}
         while len(results) < len(ids):
             for output in self.step():

@@ -11,6 +11,7 @@ inside a prefix-cache hit is never encoded) and writes them over those placehold
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -46,6 +47,18 @@ class VisionSpec:
 
 
 @dataclass
+class MultimodalStep:
+    """A model step's inputs beyond token ids, made when a scheduled request has images."""
+
+    positions: torch.Tensor  # [3, T] M-RoPE positions of the step's tokens
+    rows: torch.Tensor  # [R] the step's rows that are image placeholders
+    embeds: torch.Tensor  # [R, hidden] their image embeddings
+
+
+Encoder = Callable[[torch.Tensor, list[tuple[int, int, int]]], list[torch.Tensor]]
+
+
+@dataclass
 class ImagePlan:
     """A request's images as the engine runs them: spans, M-RoPE positions, cache keys, embeddings."""
 
@@ -72,6 +85,28 @@ class ImagePlan:
             return head
         tail = torch.arange(max(start, prompt), start + count, dtype=torch.long) + self.delta
         return torch.cat((head, tail.expand(3, -1)), dim=1)
+
+    def embeddings(self, start: int, count: int, encode: Encoder, generation: int) -> list[tuple[int, torch.Tensor]]:
+        """(offset in the chunk, embeddings) of the placeholders among tokens [start, start + count).
+        The first chunk that needs an image encodes it with every later image not encoded yet, in one
+        call of `encode` (the vision tower); an image whose placeholders are all before `start` is
+        dropped (a reset encodes it again), as is everything made before the weights changed."""
+        end = start + count
+        needed = [i for i, (a, b) in enumerate(self.spans) if a < end and start < b]
+        if generation != self.generation:
+            self.embeds, self.generation = {}, generation
+        for i in [i for i in self.embeds if self.spans[i][1] <= start]:
+            del self.embeds[i]
+        if any(i not in self.embeds for i in needed):
+            todo = [i for i, (_, b) in enumerate(self.spans) if b > start and i not in self.embeds]
+            pixels = torch.cat([self.pixel_values[self.pixel_rows(i)] for i in todo])
+            self.embeds.update(zip(todo, encode(pixels, [self.grids[i] for i in todo]), strict=True))
+        out = []
+        for i in needed:
+            a, b = self.spans[i]
+            lo, hi = max(a, start), min(b, end)
+            out.append((lo - start, self.embeds[i][lo - a : hi - a]))
+        return out
 
     def pixel_rows(self, image: int) -> slice:
         """The rows of `pixel_values` that hold image `image`'s patches."""

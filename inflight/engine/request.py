@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from inflight.engine.errors import InvalidRequestError
+from inflight.engine.multimodal import ImagePlan
 
 GREEDY_BELOW = 1e-5
 """Temperatures below this sample greedily: dividing logits by them overflows float32 (vLLM draws
@@ -144,8 +145,10 @@ class Request:
         params: SamplingParams,
         arrival: int,
         cache_salt: str | None = None,
+        images: ImagePlan | None = None,
     ) -> None:
         self.request_id = request_id
+        self.images = images  # the prompt's images (vision-language models), planned at admission
         self.params = params
         self.cache_salt = cache_salt
         self.arrival = arrival

@@ -10,6 +10,7 @@ from inflight.engine.attention import PrefillChunk, Workspace, build_metadata, n
 from inflight.engine.kv_cache import KVCache
 from inflight.engine.models.common import DecoderForCausalLM
 from inflight.engine.models.layer_ops import NativeOps, TorchOps
+from inflight.engine.multimodal import MultimodalStep
 from inflight.engine.request import Request
 from inflight.engine.routing import RoutingCache
 from inflight.engine.sampler import TopLogprobs, sample, score_tokens
@@ -93,7 +94,10 @@ class ModelRunner:
         ids = torch.tensor(input_ids, dtype=torch.long, device=self.device)
         pos = torch.tensor(positions, dtype=torch.long, device=self.device)
         routing = None if self.routing is None else self.routing.buffer(len(input_ids))
-        hidden = self.model(ids, pos, meta, self.kv_cache, routing)
+        if any(r.images is not None for r, _ in ordered):
+            hidden = self.model(ids, pos, meta, self.kv_cache, routing, self._multimodal(ordered))
+        else:
+            hidden = self.model(ids, pos, meta, self.kv_cache, routing)
         if routing is not None:
             self.routing.store(meta.slot_mapping, routing)
         if any(r.needs_prompt_logprobs for r, _ in ordered):
@@ -113,6 +117,27 @@ class ModelRunner:
             logits, [r.params for r in samplers], [r.generator for r in samplers], self.generator
         )
         return list(zip(samplers, tokens, logprobs, tops, strict=True))
+
+    def _multimodal(self, ordered: list[tuple[Request, int]]) -> MultimodalStep:
+        """The M-RoPE positions of the step's tokens and the image embeddings of its placeholder
+        rows (a text request's positions are its token indices on all three axes)."""
+        positions, rows, embeds, offset = [], [], [], 0
+        for request, n in ordered:
+            start, plan = request.num_computed_tokens, request.images
+            if plan is None:
+                positions.append(torch.arange(start, start + n).expand(3, -1))
+            else:
+                positions.append(plan.positions_of(start, n))
+                for row, emb in plan.embeddings(start, n, self.model.encode_images, self.model.weight_generation):
+                    rows.append(torch.arange(offset + row, offset + row + emb.shape[0]))
+                    embeds.append(emb)
+            offset += n
+        hidden = self.model.config.hidden_size
+        return MultimodalStep(
+            torch.cat(positions, dim=1).to(self.device),
+            torch.cat(rows).to(self.device) if rows else torch.empty(0, dtype=torch.long, device=self.device),
+            torch.cat(embeds) if embeds else torch.empty(0, hidden, device=self.device),
+        )
 
     def _score_prompts(self, hidden: torch.Tensor, ordered: list[tuple[Request, int]]) -> None:
         """Prompt logprobs of the requests that ask: the hidden row of position p scores prompt

@@ -22,6 +22,7 @@ from inflight.engine.errors import WeightUpdateError
 from inflight.engine.kv_cache import KVCache
 from inflight.engine.models.layer_ops import TorchOps
 from inflight.engine.models.linear import FusedLinear, PackedLinear, packed_linears
+from inflight.engine.multimodal import VisionSpec
 from inflight.engine.weight_copy import WeightPiece, copy_weight
 
 
@@ -199,6 +200,8 @@ class DecoderForCausalLM(nn.Module):
         self.layer_pairs: list[tuple[DecoderLayer, RMSNorm]] = list(zip(layers, nexts, strict=True))
         self.cos_sin: torch.Tensor | None = None  # [max_pos, 2, head_dim] float32, not a parameter
         self.ops: TorchOps = TorchOps()
+        # what the model's images must be like (vision-language models); None: text-only, images refused
+        self.vision: VisionSpec | None = None
         # made once: the module tree and the Parameter objects never change after __init__ (updates,
         # sleep and wake replace a parameter's .data); walking them cost ~3 ms per update chunk
         self._by_name: dict[str, nn.Parameter] | None = None
@@ -225,10 +228,17 @@ class DecoderForCausalLM(nn.Module):
     ) -> torch.Tensor:
         """The final-normed hidden states of the tokens; with `routing` ([T, *routing_shape]), each
         MoE layer also writes there the experts it chose for each token."""
+        return self.run_layers(self.model.embed_tokens.forward(input_ids), positions, self.cos_sin, meta, kv, routing)
+
+    def run_layers(
+        self, residual: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, meta, kv: KVCache,
+        routing: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The decoder over input embeddings `residual` (updated in place): row i is rotated by
+        `cos_sin[positions[i]]`."""
         native_step = self.ops.native and meta.native_only
-        ctx = ForwardContext(self.ops, positions, self.cos_sin, meta, native_step, routing)
+        ctx = ForwardContext(self.ops, positions, cos_sin, meta, native_step, routing)
         layers = self.model.layers
-        residual = self.model.embed_tokens.forward(input_ids)
         first = layers[0].input_layernorm
         normed = self.ops.rms_norm(residual, first.weight, first.eps)
         for i, (layer, next_norm) in enumerate(self.layer_pairs):

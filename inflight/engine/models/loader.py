@@ -12,6 +12,7 @@ from inflight.engine.errors import ModelLoadError, WeightUpdateError
 from inflight.engine.models.common import DecoderForCausalLM
 from inflight.engine.models.llama import LlamaForCausalLM
 from inflight.engine.models.qwen2 import Qwen2ForCausalLM
+from inflight.engine.models.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
 from inflight.engine.models.qwen2_moe import Qwen2MoeForCausalLM
 from inflight.engine.models.qwen3 import Qwen3ForCausalLM
 from inflight.engine.models.qwen3_moe import Qwen3MoeForCausalLM
@@ -22,9 +23,11 @@ ARCHITECTURES: dict[str, type[DecoderForCausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
+    "Qwen2_5_VLForConditionalGeneration": Qwen2_5_VLForConditionalGeneration,
 }
 _BY_MODEL_TYPE = {"qwen2": Qwen2ForCausalLM, "qwen3": Qwen3ForCausalLM, "llama": LlamaForCausalLM,
-                  "qwen2_moe": Qwen2MoeForCausalLM, "qwen3_moe": Qwen3MoeForCausalLM}
+                  "qwen2_moe": Qwen2MoeForCausalLM, "qwen3_moe": Qwen3MoeForCausalLM,
+                  "qwen2_5_vl": Qwen2_5_VLForConditionalGeneration}
 
 
 def load_config(model_dir: str | Path) -> PretrainedConfig:
