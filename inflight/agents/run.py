@@ -1,9 +1,9 @@
 """A run's agent: the endpoint over the run's client, and the generators that play its episodes.
 
 `AgentRun(cfg, client, tokenizer, max_model_len)` is what a trainer holds when `generator.agent.path`
-names an agent, or `environment.env_class` a verifiers environment (`verifiers:<env id>`, played by
-a `VerifiersAgent`) (`uses_agent(cfg)`): `await start()` serves the endpoint on the trainer's loop
-(and starts the verifiers worker), `generator(sampling, n, seed)` makes an `AgentGenerator`
+names an agent, or `environment.env_class` an environment of a hub whose agent plays it
+(`verifiers:<env id>`, a `VerifiersAgent`: `inflight.rewards.hubs.agent_hub`) (`uses_agent(cfg)`): `await start()` serves the endpoint on the trainer's loop
+(and starts the hub's agent: verifiers' worker), `generator(sampling, n, seed)` makes an `AgentGenerator`
 (training and evaluation each get one, over the same endpoint), `await close()` stops both.
 """
 
@@ -16,15 +16,17 @@ from inflight.agents.agent import load_agent
 from inflight.agents.agent_generator import AgentGenerator
 from inflight.agents.endpoint import AgentEndpoint
 from inflight.agents.session import SessionSampling
-from inflight.agents.verifiers_env import VerifiersAgent, env_id_of
 from inflight.chat.templates import resolve_chat_template
 from inflight.chat.turns import ChatFormat
+from inflight.import_path import import_object
+from inflight.rewards import RewardError
+from inflight.rewards.hubs import agent_hub
 from inflight.rollout.rate_limit import shared_limiter
 
 
 def uses_agent(cfg: Any) -> bool:
     """Whether the run trains an agent: `generator.agent.path` is set, or a verifiers environment plays."""
-    return cfg.generator.agent.path is not None or env_id_of(cfg.environment.env_class) is not None
+    return cfg.generator.agent.path is not None or agent_hub(cfg.environment.env_class) is not None
 
 
 class AgentRun:
@@ -38,17 +40,19 @@ class AgentRun:
                          dict(generator.chat_template_kwargs))
         model = Path(str(cfg.trainer.policy.model.path)).name
         served = generator.inference_engine.served_model_name
-        env_id = env_id_of(cfg.environment.env_class)
-        self.verifiers = None
-        if agent is None and settings.path is None and env_id is not None:
-            agent = self.verifiers = VerifiersAgent(env_id, dict(cfg.environment.verifiers), model=served or model)
+        hub = agent_hub(cfg.environment.env_class)
+        self.hub_agent = None  # the hub's agent (verifiers'): started and closed with the endpoint
+        if agent is None and settings.path is None and hub is not None:
+            (found, env_id), section = hub, getattr(cfg.environment, hub[0].section)
+            agent = self.hub_agent = import_object(found.agent, "environment.env_class", RewardError)(
+                env_id, dict(section), model=served or model)
         self.agent = agent if agent is not None else load_agent(settings.path)
         self.endpoint = AgentEndpoint(client, tokenizer, model_name=model, max_model_len=max_model_len,
                                       served_model_name=served, fmt=fmt, host=settings.host, port=settings.port)
 
     async def start(self) -> AgentRun:
-        if self.verifiers is not None:
-            await self.verifiers.start()
+        if self.hub_agent is not None:
+            await self.hub_agent.start()
         try:
             await self.endpoint.start()
         except BaseException:
@@ -68,8 +72,8 @@ class AgentRun:
 
     async def close(self) -> None:
         await self.endpoint.close()
-        if self.verifiers is not None:
-            await self.verifiers.close()
+        if self.hub_agent is not None:
+            await self.hub_agent.close()
 
 
 __all__ = ["AgentRun", "uses_agent"]

@@ -30,7 +30,6 @@ from typing import Any
 
 import inflight
 from inflight.agents.agent import AgentError, AgentStopped
-from inflight.rewards.registry import verifiers_id
 
 log = logging.getLogger(__name__)
 WORKER = Path(__file__).with_name("verifiers_worker.py")
@@ -42,11 +41,6 @@ VERSION = "0.1.8.post2"
 
 class VerifiersError(AgentError):
     """The verifiers environment cannot be started or used; the message says what to do."""
-
-
-def env_id_of(env_class: str | None) -> str | None:
-    """The verifiers environment id `environment.env_class` names (`verifiers:<id>`), else None."""
-    return verifiers_id(env_class)
 
 
 def default_python() -> str:
@@ -65,9 +59,9 @@ def check_python(python: str) -> None:
 
 
 def check_verifiers_venv(cfg: Any) -> None:
-    """For a run of a verifiers environment: raise `VerifiersError` unless verifiers' python is there."""
-    if env_id_of(cfg.environment.env_class) is not None:
-        check_python(default_python())
+    """The verifiers hub's start-up check (`inflight.rewards.hubs`), for a run of a verifiers
+    environment: raise `VerifiersError` unless verifiers' python is there."""
+    check_python(default_python())
 
 
 def dataset_command(env_id: str, output: str | Path, env_args: dict[str, Any] | None = None,
@@ -225,4 +219,4 @@ def _args_text(env_args: dict[str, Any]) -> str:
 
 
 __all__ = ["ENV_VAR", "VERSION", "WORKER", "VerifiersAgent", "VerifiersError", "check_python", "check_verifiers_venv", "dataset_command",
-           "default_python", "env_id_of", "rollout_input"]
+           "default_python", "rollout_input"]

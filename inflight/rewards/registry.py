@@ -1,6 +1,7 @@
 """Rewards by name: the built-ins, names added with `register`, `package.module:name` (a user's
-reward function or environment class, imported on first use), and the names of skyrl-gym's
-environments (`skyrl_gym_id`; built by `inflight.tasks.skyrl_gym_env`, which imports the package)."""
+reward function or environment class, imported on first use), and how skyrl-gym's and verifiers'
+names read (`skyrl_gym_id`, `verifiers_id`: those hubs' entries in `inflight.rewards.hubs`, the one
+lookup of an `environment.env_class` name)."""
 
 from __future__ import annotations
 
@@ -35,8 +36,6 @@ _IMPORTED: dict[str, Any] = {}
 # Built-in environments, named here and imported on first use: they live above this package
 # (inflight.tasks), which imports it.
 _BUILTIN_ENVIRONMENTS = {"tool": "inflight.tasks.tool_env:ToolEnv"}
-CONFIGURED_ENVIRONMENTS = ("openenv",)
-"""Environments `inflight.tasks.DataTask` builds from its own config section (`environment.openenv`)."""
 SKYRL_GYM_PREFIX = "skyrl_gym:"
 SKYRL_EXAMPLE_ENVIRONMENTS = {"multiply": "inflight.tasks.skyrl_examples:MultiplyEnv",
                               "llm_as_a_judge": "inflight.tasks.skyrl_examples:LLMJudgeEnv"}
@@ -67,13 +66,6 @@ def skyrl_gym_id(name: str) -> str | None:
     if name in SKYRL_GYM_ENVIRONMENTS or name in SKYRL_EXAMPLE_ENVIRONMENTS or name in getattr(gym, "registry", {}):
         return name
     return None
-
-
-def known_env_class(name: str) -> bool:
-    """Whether `name` is a name this package resolves without an import of the user's: a reward, a
-    built-in environment, an environment the data task builds from its own settings (`openenv`) or a
-    skyrl-gym environment (`package.module:name` is checked on import)."""
-    return name in reward_names() or name in CONFIGURED_ENVIRONMENTS or skyrl_gym_id(name) is not None
 
 
 def register(name: str, fn: Reward) -> Reward:

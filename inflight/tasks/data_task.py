@@ -23,21 +23,21 @@ from typing import Any
 from inflight.chat.images import ImageLimits, count_images
 from inflight.chat.turns import PLAIN, ChatFormat
 from inflight.chat.vision import Vision
-from inflight.rewards import RewardError, environment_class, get_reward
+from inflight.import_path import import_object
+from inflight.rewards import RewardError
 from inflight.rewards.gsm8k import gsm8k_flexible_reward, gsm8k_ground_truth, gsm8k_reward
+from inflight.rewards.hubs import agent_hub, find_hub
 from inflight.rewards.numbers import to_number
-from inflight.rewards.registry import verifiers_id
+from inflight.rewards.registry import CONFIG_KEY
 from inflight.tasks.base import Environment, Problem, SingleTurnEnv, Task
 from inflight.tasks.dataset import DatasetError, encode_chat_prompt, load_problems
-from inflight.tasks.openenv_env import OpenEnvSettings, openenv_environment
-from inflight.tasks.skyrl_gym_env import GymEnvironmentMaker, GymSettings, gym_environment
+from inflight.tasks.openenv_env import OpenEnvSettings
+from inflight.tasks.skyrl_gym_env import GymEnvironmentMaker, GymSettings
 
 AUTO_GSM8K, AUTO_OTHER = "gsm8k", "exact"
 """What rows without an `env_class` are scored by when no `env_class` is given (the Python API's
 default; `inflight train` and `inflight eval` give `environment.env_class`, SkyRL's `gsm8k`): GSM8K's
 rule for answers that held `####`, exact match otherwise."""
-OPENENV = "openenv"
-"""`env_class` of an OpenEnv environment server (`inflight.tasks.openenv_env`, `environment.openenv`)."""
 
 
 def reward_name(problem: Problem, env_class: str | None = None) -> str:
@@ -202,9 +202,9 @@ class DataTask(Task):
             name = reward_name(p, self.env_class)
             self.report.rewards[name] = self.report.rewards.get(name, 0) + 1
             rows.setdefault(name, []).append(p)
-            if verifiers_id(self.env_class) is not None or verifiers_id(name) is not None:
+            if agent_hub(self.env_class) is not None or agent_hub(name) is not None:
                 self._check_verifiers_row(p, name)
-                continue  # the verifiers environment scores it, through the agent endpoint
+                continue  # the hub's agent (verifiers') scores it, through the agent endpoint
             if name in resolved:
                 continue
             try:
@@ -243,14 +243,14 @@ class DataTask(Task):
                 "(verifiers:<env id>) must be environment.env_class, and then rows may name no other")
 
     def _resolve(self, name: str) -> Any:
-        """A skyrl-gym environment's maker, an environment class, or a reward function."""
-        if name == OPENENV:  # an OpenEnv server (environment.openenv)
-            return openenv_environment(self.openenv)
-        maker = gym_environment(name, self.skyrl_gym)
-        if maker is not None:
-            return maker
-        cls = environment_class(name)
-        return cls if cls is not None else get_reward(name)
+        """A skyrl-gym environment's maker, an environment class, or a reward function: what the hub
+        that holds `name` makes (`inflight.rewards.hubs`)."""
+        hub = find_hub(name)
+        if hub.make is None:
+            raise RewardError(f"{CONFIG_KEY}={name!r} is a {hub.name} environment: its agent plays its episodes "
+                              "through the agent endpoint of `inflight train` (its rubric is the reward), "
+                              "not as a reward here")
+        return import_object(hub.make, CONFIG_KEY, RewardError)(name, self)
 
     def _fit(
         self,

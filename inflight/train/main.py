@@ -99,7 +99,7 @@ def run_refusals(cfg: Config, job: JobConfig, start_ray: Starter | None = None) 
     implemented here, the data job's contradictions, CUDA devices this machine lacks, a missing
     vLLM or verifiers venv, what vLLM cannot serve (`backends.vllm.run_checks`), and `job.ray` without
     its runtime. Imports no torch for a CPU config."""
-    from inflight.rewards.registry import verifiers_id
+    from inflight.rewards.hubs import hub_problem
 
     problems: list[object] = list(unimplemented(cfg))
     try:
@@ -111,14 +111,7 @@ def run_refusals(cfg: Config, job: JobConfig, start_ray: Starter | None = None) 
         from inflight.backends.vllm.run_checks import run_problems
 
         problems += run_problems(cfg)
-    if verifiers_id(cfg.environment.env_class) is not None:
-        from inflight.agents.agent import AgentError
-        from inflight.agents.verifiers_env import check_verifiers_venv
-
-        try:
-            check_verifiers_venv(cfg)
-        except AgentError as err:
-            problems.append(err)
+    problems += filter(None, [hub_problem(cfg)])  # what environment.env_class's hub needs installed
     problems += filter(None, [missing_devices(cfg, job)])
     if job.ray and start_ray is None:
         problems.append("job.ray=true needs the `inflight` command (`inflight train --ray`)")

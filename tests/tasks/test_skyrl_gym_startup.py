@@ -12,7 +12,8 @@ from gym_support import closed_port_url, make_spider_db, write_rows
 from inflight.config import load_config
 from inflight.config.validate import env_class_problem
 from inflight.rewards import RewardError
-from inflight.rewards.registry import known_env_class, skyrl_gym_id
+from inflight.rewards.hubs import find_hub
+from inflight.rewards.registry import skyrl_gym_id
 from inflight.tasks import DataTask
 from inflight.tasks.dataset import DatasetError
 from inflight.tasks.skyrl_gym_env import GymSettings
@@ -89,14 +90,14 @@ def test_a_judge_server_must_answer_at_its_base_url(tmp_path):
                                                        r"the judge's OpenAI-compatible server does not answer"):
             load(tmp_path, [{"prompt": "q", "answer": "1"}] * 2, env_class="skyrl_gym:llm_as_a_judge",
                  settings=gym(f"environment.skyrl_gym.llm_as_a_judge.base_url={url}"))
-        assert known_env_class("llm_as_a_judge")  # registered: its bare name too, as in SkyRL's example
+        assert find_hub("llm_as_a_judge").name == "skyrl-gym"  # registered: its bare name too, as in SkyRL's example
         task = load(tmp_path, [{"prompt": "q", "answer": "1"}] * 2, env_class="llm_as_a_judge")
         assert task.make_env(task.train_problems()[0]).env.base_url is None  # null: OpenAI's, not probed
     finally:
         skyrl_gym.registry.pop("llm_as_a_judge")
         if previous is not None:
             skyrl_gym.registry["llm_as_a_judge"] = previous
-    assert known_env_class("llm_as_a_judge") == (previous is not None)
+    assert find_hub("llm_as_a_judge").name == "skyrl-gym"  # SkyRL's example id: ours registers it when built
 
 
 def test_rows_without_what_their_environment_reads_are_named(tmp_path):
@@ -114,7 +115,7 @@ def test_unknown_ids_and_names(tmp_path):
     assert skyrl_gym_id("text2sql") == "text2sql" and skyrl_gym_id("skyrl_gym:") is None
     for name in ("aime", "gsm8k_multi_turn", "lcb", "search", "searchcode", "text2sql", "skyrl_gym:anything",
                  "gsm8k", "tool"):
-        assert known_env_class(name)
+        assert find_hub(name).name == ("ours" if name in ("gsm8k", "tool") else "skyrl-gym")
         assert load_config(None, [*LOCAL_CPU, f"environment.env_class={name}"]).environment.env_class == name
     assert "did you mean 'text2sql'" in env_class_problem("text2sq").fix
     with pytest.raises(RewardError, match=r"environment.env_class='skyrl_gym:': write 'package.module:name'"):
