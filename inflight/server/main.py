@@ -12,6 +12,9 @@ import torch
 import uvicorn
 from transformers import AutoTokenizer
 
+from inflight.backends.registry import NATIVE, backend_entry, backend_names
+from inflight.chat.images import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGE_PIXELS, ImageLimits
+from inflight.chat.vision import load_vision
 from inflight.engine import AsyncEngine, EngineConfig, EngineError, LLMEngine
 from inflight.engine.heap import frozen_heap
 from inflight.server.app import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_WEIGHT_CHUNK_BYTES, create_app
@@ -21,9 +24,8 @@ from inflight.server.openai_api import DEFAULT_MAX_PROMPTS_PER_REQUEST
 def build_parser(prog: str = "python -m inflight.server") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description="OpenAI-compatible inference server with "
                                      "in-flight weight updates (native paged-KV engine)")
-    parser.add_argument("--backend", default="native", choices=["native", "vllm"],
-                        help="native: this package's engine; vllm: our API over vLLM, run by vLLM's own python "
-                             "(--vllm-python PY, --threads N, --kv-cache-memory-gib G; see inflight/backends/vllm)")
+    parser.add_argument("--backend", default=NATIVE.name, choices=backend_names(),
+                        help="; ".join(f"{name}: {backend_entry(name).summary}" for name in backend_names()))
     parser.add_argument("--model", required=True, help="local Hugging Face model directory")
     parser.add_argument("--tokenizer", default=None, help="tokenizer directory (default: --model)")
     parser.add_argument("--served-model-name", default=None, help="model name in the API (default: dir name)")
@@ -52,10 +54,26 @@ def build_parser(prog: str = "python -m inflight.server") -> argparse.ArgumentPa
                              "weights (0: never)")
     parser.add_argument("--trust-request-chat-template", action="store_true",
                         help="let requests bring their own Jinja chat_template (code the server runs)")
+    parser.add_argument("--max-image-pixels", type=int, default=DEFAULT_MAX_IMAGE_PIXELS,
+                        help="vision-language models: most pixels (width x height) of one image; larger is a 400 "
+                             f"(default {DEFAULT_MAX_IMAGE_PIXELS}; 0: no limit)")
+    parser.add_argument("--max-image-bytes", type=int, default=DEFAULT_MAX_IMAGE_BYTES,
+                        help=f"most bytes of one encoded image (default {DEFAULT_MAX_IMAGE_BYTES}; 0: no limit)")
+    parser.add_argument("--allowed-local-media-path", default=None,
+                        help="a folder whose image files requests may name (file:// URLs or paths); none by default")
     parser.add_argument("--max-prompts-per-request", type=int, default=None,
                         help="most generations (prompts x n) one request may ask for (default 1024)")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     return parser
+
+
+def image_limits(args: argparse.Namespace) -> ImageLimits:
+    """The image limits of `--max-image-pixels`, `--max-image-bytes`, `--allowed-local-media-path`."""
+    root = args.allowed_local_media_path
+    if root is not None and not Path(root).is_dir():
+        raise ValueError(f"--allowed-local-media-path {root!r} is not a folder")
+    return ImageLimits(args.max_image_pixels or None, args.max_image_bytes or None,
+                       Path(root).resolve() if root is not None else None)
 
 
 def _is_loopback(host: str) -> bool:
@@ -68,15 +86,15 @@ def _is_loopback(host: str) -> bool:
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m inflight.server") -> int:
-    """Parse `argv`, load the engine and serve until interrupted; returns the exit status. With
-    `--backend vllm` the process becomes vLLM's (`inflight.backends.vllm.launch`)."""
+    """Parse `argv`, load the engine and serve until interrupted; returns the exit status. An
+    external `--backend` gets the command line instead (its registry entry's `launch`: e.g. the
+    process becomes vLLM's, `inflight.backends.vllm.launch`)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     backend = argparse.ArgumentParser(add_help=False)
-    backend.add_argument("--backend", default="native", choices=["native", "vllm"])
-    if backend.parse_known_args(argv)[0].backend == "vllm":
-        from inflight.backends.vllm.launch import main as launch_vllm
-
-        return launch_vllm(argv)
+    backend.add_argument("--backend", default=NATIVE.name, choices=backend_names())
+    launch = backend_entry(backend.parse_known_args(argv)[0].backend).launcher()
+    if launch is not None:
+        return launch(argv)
     args = build_parser(prog).parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -91,6 +109,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m inflight.server")
     try:
         engine = LLMEngine(config)
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
+        vision = load_vision(args.model, image_limits(args))
     except (EngineError, OSError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -100,7 +119,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m inflight.server")
         max_body_bytes=args.max_body_bytes or DEFAULT_MAX_BODY_BYTES,
         max_weight_chunk_bytes=args.max_weight_chunk_bytes or DEFAULT_MAX_WEIGHT_CHUNK_BYTES,
         trust_request_chat_template=args.trust_request_chat_template,
-        max_prompts_per_request=args.max_prompts_per_request or DEFAULT_MAX_PROMPTS_PER_REQUEST,
+        max_prompts_per_request=args.max_prompts_per_request or DEFAULT_MAX_PROMPTS_PER_REQUEST, vision=vision,
     )
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                            timeout_graceful_shutdown=5))

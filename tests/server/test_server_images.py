@@ -185,3 +185,17 @@ def test_image_to_a_text_only_model_is_a_400(client, server):
             {"role": "user", "content": [{"type": "input_image", "image_url": data_url(png(picture(8, 8)))}]}])
     assert client.chat.completions.create(model=server.model_name, max_tokens=2,
                                           messages=[{"role": "user", "content": "hi"}]).choices
+
+
+def test_image_flags(tmp_path):
+    from inflight.chat.images import DEFAULT_MAX_IMAGE_BYTES
+    from inflight.server.main import build_parser, image_limits
+
+    args = build_parser().parse_args(["--model", "m", "--max-image-pixels", "100",
+                                      "--allowed-local-media-path", str(tmp_path)])
+    assert image_limits(args) == ImageLimits(100, DEFAULT_MAX_IMAGE_BYTES, tmp_path.resolve())
+    args = build_parser().parse_args(["--model", "m", "--max-image-pixels", "0", "--max-image-bytes", "0"])
+    assert image_limits(args) == ImageLimits(None, None, None)
+    args = build_parser().parse_args(["--model", "m", "--allowed-local-media-path", str(tmp_path / "no")])
+    with pytest.raises(ValueError, match="is not a folder"):
+        image_limits(args)
