@@ -34,6 +34,7 @@ from inflight.engine.config import EngineConfig
 from inflight.engine.engine import LLMEngine
 from inflight.engine.errors import InvalidRequestError
 from inflight.engine.lifecycle import EngineStatus
+from inflight.engine.multimodal import MultimodalInput
 from inflight.engine.request import RequestOutput, SamplingParams
 from inflight.engine.step_threads import EngineThreads
 
@@ -70,6 +71,7 @@ class _Add:
     params: SamplingParams
     cache_salt: str | None
     sink: Sink
+    multimodal: MultimodalInput | None = None
 
 
 @dataclass
@@ -228,7 +230,7 @@ class AsyncEngine:
                     continue
                 try:
                     self.engine.add_request(
-                        item.request_id, item.prompt_token_ids, item.params, item.cache_salt
+                        item.request_id, item.prompt_token_ids, item.params, item.cache_salt, item.multimodal
                     )
                 except Exception as err:  # only what the up-front check cannot see (e.g. a reused id)
                     assert self._loop is not None
@@ -241,16 +243,17 @@ class AsyncEngine:
         params: SamplingParams | None,
         cache_salt: str | None,
         sink: Sink,
+        multimodal: MultimodalInput | None = None,
     ) -> None:
         """Check the request now (bad input raises here), then queue it for the step thread."""
         if request_id in self._futures or request_id in self._streams:
             raise InvalidRequestError(f"request id {request_id!r} is already in use by an unfinished request")
-        params = self.engine.check_request(prompt_token_ids, params)
+        params = self.engine.check_request(prompt_token_ids, params, multimodal)
         if isinstance(sink, asyncio.Queue):
             self._streams[request_id] = sink
         else:
             self._futures[request_id] = sink
-        self._inbox.append(_Add(request_id, list(prompt_token_ids), params, cache_salt, sink))
+        self._inbox.append(_Add(request_id, list(prompt_token_ids), params, cache_salt, sink, multimodal))
         self._notify()
 
     def _cancel(self, request_id: str, sink: Sink) -> None:
@@ -315,13 +318,14 @@ class AsyncEngine:
         params: SamplingParams | None = None,
         request_id: str | None = None,
         cache_salt: str | None = None,
+        multimodal: MultimodalInput | None = None,
     ) -> RequestOutput:
         """Add a request and wait for its final output (across any KEEP pause and weight update).
-        Bad input raises before the first await."""
+        Bad input raises before the first await. `multimodal`: the prompt's images."""
         self._ensure_started()
         request_id = request_id or uuid.uuid4().hex
         future: asyncio.Future[RequestOutput] = asyncio.get_running_loop().create_future()
-        self._submit(request_id, prompt_token_ids, params, cache_salt, future)
+        self._submit(request_id, prompt_token_ids, params, cache_salt, future, multimodal)
         try:
             return await future
         except asyncio.CancelledError:
@@ -334,12 +338,13 @@ class AsyncEngine:
         params: SamplingParams | None = None,
         request_id: str | None = None,
         cache_salt: str | None = None,
+        multimodal: MultimodalInput | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Yield a snapshot after every step that ran the request; the last one is finished."""
         self._ensure_started()
         request_id = request_id or uuid.uuid4().hex
         queue: asyncio.Queue[RequestOutput | Exception] = asyncio.Queue()
-        self._submit(request_id, prompt_token_ids, params, cache_salt, queue)
+        self._submit(request_id, prompt_token_ids, params, cache_salt, queue, multimodal)
         try:
             while True:
                 output = await queue.get()

@@ -5,6 +5,7 @@ prefix-cache keys that hold the images, a keep-pause weight update, and refused 
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from functools import cache
 
@@ -15,7 +16,7 @@ from PIL import Image
 from tolerance import assert_close_to_reference, other_thread_count
 from transformers import DynamicCache, Qwen2_5_VLForConditionalGeneration
 
-from inflight.engine import EngineConfig, InvalidRequestError, LLMEngine, SamplingParams
+from inflight.engine import AsyncEngine, EngineConfig, InvalidRequestError, LLMEngine, SamplingParams
 from inflight.engine.multimodal import MultimodalInput
 from inflight.testing.tiny_vlm import load_tiny_processor, make_tiny_vlm
 
@@ -288,3 +289,24 @@ def test_bad_image_inputs_are_refused(vlm):
         with pytest.raises(InvalidRequestError, match=message):
             engine.add_request("r", prompt, _greedy(), multimodal=images)
     assert not engine.has_unfinished_requests()
+
+
+def test_async_engine_takes_images(vlm):
+    """AsyncEngine.generate and generate_stream pass the images through (transformers' tokens);
+    bad images raise before the first await."""
+    dir_a, _, hf, _, processor = vlm
+    inputs = _inputs(processor, [_image((112, 84), 7)])
+
+    async def run():
+        engine = AsyncEngine.from_config(EngineConfig(model=str(dir_a), block_size=4))
+        whole = await engine.generate(_ids(inputs), _greedy(), multimodal=_mm(inputs))
+        streamed = [out async for out in engine.generate_stream(_ids(inputs), _greedy(), multimodal=_mm(inputs))]
+        with pytest.raises(InvalidRequestError, match="but no images were given"):
+            await engine.generate(_ids(inputs), _greedy())
+        await engine.close()
+        return whole, streamed[-1]
+
+    whole, streamed = asyncio.run(run())
+    tokens, _ = _hf_generate(hf, inputs)
+    assert whole.output_token_ids == streamed.output_token_ids == tokens
+    assert streamed.num_cached_tokens > 0  # the repeat hit the first one's image blocks
