@@ -310,3 +310,28 @@ def test_async_engine_takes_images(vlm):
     tokens, _ = _hf_generate(hf, inputs)
     assert whole.output_token_ids == streamed.output_token_ids == tokens
     assert streamed.num_cached_tokens > 0  # the repeat hit the first one's image blocks
+
+
+def test_update_mid_prefill_encodes_the_images_again(vlm):
+    """Frozen mid-prefill with later images already encoded by model A's tower, reset, moved to model
+    B: the re-prefill encodes every image with model B's tower (transformers' model B alone)."""
+    dir_a, _, _, hf_b, processor = vlm
+    inputs = _inputs(processor, [_image(s, 70 + i) for i, s in enumerate(SIZES[3])])
+    engine = LLMEngine(EngineConfig(model=str(dir_a), block_size=4, max_num_batched_tokens=8))
+    engine.add_request("r", _ids(inputs), _greedy(), multimodal=_mm(inputs))
+    plan = engine.requests["r"].images
+    while not plan.embeds:
+        assert engine.step() == []
+    assert engine.requests["r"].num_computed_tokens < plan.spans[-1][0]  # the last image is still to come
+    engine.pause("keep")
+    assert engine.reset_prefix_cache(reset_running_requests=True)
+    weights_b = hf_b.state_dict()
+    engine.begin_weight_update()
+    engine.load_weights(weights_b.items())
+    engine.finish_weight_update()
+    engine.resume()
+    out = []
+    while not out:
+        out = engine.step()
+    assert out[0].token_weight_versions == [1] * MAX_TOKENS
+    assert out[0].output_token_ids == _hf_continue(hf_b, hf_b, inputs, _ids(inputs), 0, MAX_TOKENS)
