@@ -518,7 +518,11 @@ class LLMEngine:
 
     def _merge_adapter(self, update: UpdateState) -> None:
         """Write `W0 + B @ A` into every weight the adapter (or an earlier one) touched."""
-        merged = self.adapters.merged(self.model.parameters_by_name(), update.adapter)
+        params = self.model.parameters_by_name()
+        # the adapter names its weights as the trainer does (a VL model's `model.language_model.`):
+        # the parameter each one adapts is found through the model's resolve, as a full update's are
+        targets = {name: params[self.model.resolve(name)] for name in update.adapter}
+        merged = self.adapters.merged(targets, update.adapter)
         update.loaded.update(self.model.copy_weights(merged.items(), keep_old=update.rollback,
                                                      spares=self._spare_weights))
 
