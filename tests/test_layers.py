@@ -27,7 +27,8 @@ LAYERS: dict[str, int] = {
     "weight_sync.kinds": 2,  # a leaf module: the transport kinds' facts, which config validation reads
     "weight_sync": 4,
     "client": 5,
-    "backends": 5,  # below server: `inflight serve --backend vllm` (server/main.py) execs backends.vllm
+    "backends.registry": 2,  # a leaf module: the backends' entries, which config validation reads
+    "backends": 5,  # below server: `inflight serve --backend NAME` (server/main.py) execs backends.NAME
     "server": 6,
     "rollout": 6,
     "eval": 7,

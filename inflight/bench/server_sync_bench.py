@@ -19,13 +19,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from inflight.backends.registry import backend_entry, backend_names
 from inflight.bench.train_step_bench import SHAPES
 from inflight.client.remote import RemoteClient
 from inflight.client.update import UpdateProgress, update_all_or_nothing
 from inflight.engine.config import EngineConfig
 from inflight.engine.request import SamplingParams
 from inflight.train.server_fleet import ServerFleet
-from inflight.train.servers import CONTROL_TOKEN_ENV, START_TIMEOUT_S, native_command, vllm_command
+from inflight.train.servers import CONTROL_TOKEN_ENV, native_command, vllm_command
 from inflight.weight_sync.inprocess import InProcessTransport
 
 TOKEN = "bench-server-sync"
@@ -33,7 +34,7 @@ TOKEN = "bench-server-sync"
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="inflight bench weight-sync --server", description=__doc__.split("\n\n")[0])
-    p.add_argument("--server", choices=("native", "vllm"), required=True)
+    p.add_argument("--server", choices=[n for n in backend_names() if backend_entry(n).run_starts_servers], required=True)
     p.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-0.5b")
     p.add_argument("--device", default="cpu", help="the server's device (cpu, cuda)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
@@ -48,9 +49,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 def _command(args: argparse.Namespace, model_dir: Path):
     engine = EngineConfig(model=str(model_dir), device=args.device, dtype=args.dtype, max_model_len=1024)
-    if args.server == "vllm":
-        return lambda port: vllm_command(engine, port, args.threads, args.vllm_python)
-    return lambda port: native_command(engine, port, args.threads)
+    if backend_entry(args.server).in_process:
+        return lambda port: native_command(engine, port, args.threads)
+    return lambda port: vllm_command(engine, port, args.threads, args.vllm_python)
 
 
 async def _measure(args: argparse.Namespace, url: str, tensors: dict[str, Any]) -> dict[str, Any]:
@@ -91,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
 
         async def run() -> dict[str, Any]:
             try:
-                (url,) = await fleet.start([_command(args, model_dir)], START_TIMEOUT_S[args.server])
+                (url,) = await fleet.start([_command(args, model_dir)], backend_entry(args.server).start_timeout_s)
                 return await _measure(args, url, tensors)
             finally:
                 await fleet.close()

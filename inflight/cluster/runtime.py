@@ -17,17 +17,17 @@ from typing import Any
 
 import ray
 
+from inflight.backends.vllm.run_checks import logprobs_mode
 from inflight.client.base import InferenceClient
 from inflight.cluster.actors import EngineActor, PolicyActor, RayEngineClient, RayPolicy, ServerActor
 from inflight.cluster.placement import Placement, make_placement, required_cpus
 from inflight.config import Config
-from inflight.config.implemented import external, on_servers
+from inflight.config.implemented import backend, external, on_servers
 from inflight.train.checkpoint import CheckpointState
 from inflight.train.engine_settings import engine_config
 from inflight.train.job_config import JobConfig
 from inflight.train.runtime import one_client, policy_ranks
 from inflight.train.servers import (
-    START_TIMEOUT_S,
     ServerSpec,
     check_external,
     check_vllm_python,
@@ -37,7 +37,6 @@ from inflight.train.servers import (
     server_spec,
     vllm_args,
 )
-from inflight.backends.vllm.run_checks import logprobs_mode
 
 
 def init_ray(address: str | None = None, object_store_mib: int = 512, num_cpus: int | None = None) -> None:
@@ -145,7 +144,7 @@ async def _start_servers(runtime: RayRuntime, cfg: Config, job: JobConfig, model
                              for o in runtime.placement.engine_options]
     urls = await asyncio.gather(*(
         actor.start.remote(engine_config(cfg, model_dir, version, i), job.engine_threads, ie.vllm_python,
-                           START_TIMEOUT_S["vllm"], ie.served_model_name,
+                           backend(cfg).start_timeout_s, ie.served_model_name,
                            vllm_args(ie, sleep_mode=cfg.trainer.placement.colocate_all,
                                      logprobs_mode=logprobs_mode(cfg)))
         for i, actor in enumerate(runtime.server_actors)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
+from inflight.backends.registry import Backend, backend_entry
 from inflight.config.errors import ConfigError, Violation
 from inflight.config.keys import default_config, get_key, schema_fields
 from inflight.config.schema import Config
@@ -49,19 +50,20 @@ _IE = "generator.inference_engine."
 BACKEND, RUN_LOCALLY = _IE + "backend", _IE + "run_engines_locally"
 
 
-def on_vllm(cfg: Config) -> bool:
-    """The engines are vLLM servers (started by the run or elsewhere)."""
-    return cfg.generator.inference_engine.backend == "vllm"
+def backend(cfg: Config) -> Backend:
+    """The registry entry of `generator.inference_engine.backend`."""
+    return backend_entry(cfg.generator.inference_engine.backend)
 
 
-def starts_vllm(cfg: Config) -> bool:
-    """The run starts vLLM servers itself."""
-    return on_vllm(cfg) and cfg.generator.inference_engine.run_engines_locally
+def starts_servers(cfg: Config) -> bool:
+    """The run starts HTTP servers of an external backend itself (e.g. vLLM's)."""
+    return not backend(cfg).in_process and cfg.generator.inference_engine.run_engines_locally
 
 
 def on_servers(cfg: Config) -> bool:
-    """The engines are HTTP servers behind one RemoteClient (vLLM, or servers started elsewhere)."""
-    return on_vllm(cfg) or not cfg.generator.inference_engine.run_engines_locally
+    """The engines are HTTP servers behind one RemoteClient (an external backend's, e.g. vLLM, or
+    servers started elsewhere)."""
+    return not backend(cfg).in_process or not cfg.generator.inference_engine.run_engines_locally
 
 
 def external(cfg: Config) -> bool:
@@ -79,10 +81,6 @@ def servers_on_this_host(cfg: Config) -> bool:
     return ie.run_engines_locally or all(h in _LOOPBACK for h in hosts)
 
 
-_NOT_PASSED_TO_VLLM = {  # engine keys the vLLM server command does not carry: only their defaults run
-    "attention_backend": "auto", "linear_backend": "auto", "elementwise_backend": "auto", "num_kv_blocks": None,
-    "block_size": 16, "enable_chunked_prefill": True, "weight_update_rollback": True,
-}
 _SET_ON_THE_SERVERS = {  # engine keys a run cannot apply to servers started elsewhere, and their defaults
     name: getattr(Config().generator.inference_engine, name)
     for name in ("device", "model_dtype", "block_size", "num_kv_blocks", "kv_cache_memory_gib", "max_num_seqs",
@@ -150,11 +148,6 @@ NOT_IMPLEMENTED_WHEN: list[tuple[str, Callable[[Config], bool], Callable[[Any], 
     ("trainer.critic.model.path", on_megatron, lambda v: not v, "a critic (advantage_estimator=gae) with "
      "trainer.strategy=megatron is not implemented yet: the megatron worker builds a GPTModel without a value head",
      "use trainer.strategy=fsdp for gae, or an estimator without a critic (grpo, rloo, reinforce++, maxrl)"),
-    (_IE + "enable_return_routed_experts", on_vllm, lambda v: v is False,
-     "is not implemented on the vLLM backend: vLLM 0.32 captures the routing only in its V2 GPU model runner "
-     "(its aux-output connector), which its CPU worker does not run, and the shim does not return it",
-     f"use {BACKEND}=native for routing replay, or set {_IE}enable_return_routed_experts=false and "
-     "trainer.policy.megatron_config.moe_enable_routing_replay=false"),
     (_IE + "enable_return_routed_experts", lambda c: c.generator.agent.path is not None, lambda v: v is False,
      "is not implemented for your agent's episodes (generator.agent.path): their calls do not keep the "
      "routing record", f"set {_IE}enable_return_routed_experts=false and "
@@ -174,20 +167,6 @@ NOT_IMPLEMENTED_WHEN: list[tuple[str, Callable[[Config], bool], Callable[[Any], 
         f"{_IE}external_server_urls are elsewhere",
         f"set {_IE}weight_sync_backend=inprocess (chunks in request bodies)",
     ),
-    (
-        _IE + "offload_kv_for_weight_sync", lambda c: on_vllm(c) and c.generator.inference_engine.device != "cpu",
-        lambda v: v is False,
-        "cannot offload vLLM's KV on CUDA: its sleep (level 1) frees the KV cache without a copy to restore (on "
-        "CPU it is keep: the KV already lives in host memory)",
-        f"set {_IE}offload_kv_for_weight_sync=false (or fully_async.clear_kv_cache_on_weight_sync=true to "
-        f"recompute the frozen requests), or {_IE}device=cpu",
-    ),
-    *(
-        (_IE + name, starts_vllm, (lambda v, d=default: v == d),
-         f"is a native-engine setting the vLLM server command does not carry (vLLM picks its own); only the "
-         f"default {default!r} runs there", f"set {_IE}{name}={'null' if default is None else default}, or {BACKEND}=native")
-        for name, default in _NOT_PASSED_TO_VLLM.items()
-    ),
     *(
         (_IE + name, external, (lambda v, d=default: v == d),
          f"cannot reach servers started elsewhere (their own flags decide it, e.g. inflight serve "
@@ -197,7 +176,32 @@ NOT_IMPLEMENTED_WHEN: list[tuple[str, Callable[[Config], bool], Callable[[Any], 
     ),
 ]  # fmt: skip
 """(key, applies(cfg), implemented(value), rule, fix): combinations not implemented yet, refused
-like `NOT_IMPLEMENTED` where `applies`."""
+like `NOT_IMPLEMENTED` where `applies`. What one inference backend refuses is on its registry entry
+(`backend_refusals`)."""
+
+
+def backend_refusals(cfg: Config) -> list[Violation]:
+    """What `cfg`'s inference backend refuses (its registry entry): its own refusals, the engine keys a
+    server the run starts does not take (`fixed`), and a weight transport it does not take."""
+    entry, out = backend(cfg), []
+    for r in entry.refusals:
+        if r.applies(cfg) and not r.ok(value := get_key(cfg, r.key)):
+            out.append(Violation(r.key, value, r.rule, r.fix))
+    if starts_servers(cfg) and not entry.run_starts_servers:
+        out.append(Violation(RUN_LOCALLY, True, f"a run does not start {entry.name} servers",
+                             f"start them with `inflight serve --backend {entry.name}` and list them in "
+                             f"{_IE}external_server_urls with {RUN_LOCALLY}=false"))
+    for name, default in entry.fixed.items() if starts_servers(cfg) else ():
+        if (value := get_key(cfg, _IE + name)) != default:
+            out.append(Violation(_IE + name, value, f"is a native-engine setting the {entry.name} server command "
+                                 f"does not carry; only the default {default!r} runs there",
+                                 f"set {_IE}{name}={_yaml(default)}, or {BACKEND}=native"))
+    kind = weight_transport(cfg.generator.inference_engine.weight_sync_backend)
+    if kind is not None and kind.name not in entry.transports:
+        out.append(Violation(_IE + "weight_sync_backend", cfg.generator.inference_engine.weight_sync_backend,
+                             f"is not a weight transport the {entry.name} backend takes",
+                             f"use one of {', '.join(entry.transports)}"))
+    return out
 
 
 def unimplemented(cfg: Config) -> list[Violation]:
@@ -208,6 +212,7 @@ def unimplemented(cfg: Config) -> list[Violation]:
     out = [v for v in (_refusal(key, get_key(cfg, key)) for key in refused_keys()) if v is not None]
     out += [v for v in (env_class_problem(cfg.environment.env_class),) if v is not None]
     out += _unregistered(cfg)
+    out += backend_refusals(cfg)
     for key, applies, ok, rule, fix in NOT_IMPLEMENTED_WHEN:
         value = get_key(cfg, key)
         if applies(cfg) and not ok(value):

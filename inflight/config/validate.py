@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from inflight.algorithms.registry import policy_loss_traits  # what each loss registered; no torch
+from inflight.backends.registry import entries_with_setting
 from inflight.config.errors import ConfigError, Violation
 from inflight.config.keys import get_key, is_instance, schema_keys, type_name
 from inflight.config.schema import (
@@ -750,9 +751,10 @@ def _vllm_python(cfg: Config) -> Iterator[Violation]:
     ie = cfg.generator.inference_engine
     if ie.vllm_python is None:
         return
-    if ie.backend != "vllm":
-        yield Violation(VLLM_PYTHON, ie.vllm_python, f"is read only with {BACKEND}=vllm",
-                        f"set {BACKEND}=vllm, or {VLLM_PYTHON}=null")
+    readers = entries_with_setting("vllm_python")
+    if ie.backend not in readers:
+        yield Violation(VLLM_PYTHON, ie.vllm_python, f"is read only with {BACKEND}={' or '.join(readers)}",
+                        f"set {BACKEND}={readers[0]}, or {VLLM_PYTHON}=null")
     elif not ie.run_engines_locally:
         yield Violation(VLLM_PYTHON, ie.vllm_python, f"is not used with {RUN_LOCALLY}=false (servers started "
                         "elsewhere run their own vLLM)", f"set {VLLM_PYTHON}=null, or {RUN_LOCALLY}=true")

@@ -14,6 +14,7 @@ from transformers import AutoTokenizer
 
 from inflight.chat.images import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGE_PIXELS, ImageLimits
 from inflight.chat.vision import load_vision
+from inflight.backends.registry import NATIVE, backend_entry, backend_names
 from inflight.engine import AsyncEngine, EngineConfig, EngineError, LLMEngine
 from inflight.engine.heap import frozen_heap
 from inflight.server.app import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_WEIGHT_CHUNK_BYTES, create_app
@@ -23,9 +24,8 @@ from inflight.server.openai_api import DEFAULT_MAX_PROMPTS_PER_REQUEST
 def build_parser(prog: str = "python -m inflight.server") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description="OpenAI-compatible inference server with "
                                      "in-flight weight updates (native paged-KV engine)")
-    parser.add_argument("--backend", default="native", choices=["native", "vllm"],
-                        help="native: this package's engine; vllm: our API over vLLM, run by vLLM's own python "
-                             "(--vllm-python PY, --threads N, --kv-cache-memory-gib G; see inflight/backends/vllm)")
+    parser.add_argument("--backend", default=NATIVE.name, choices=backend_names(),
+                        help="; ".join(f"{name}: {backend_entry(name).summary}" for name in backend_names()))
     parser.add_argument("--model", required=True, help="local Hugging Face model directory")
     parser.add_argument("--tokenizer", default=None, help="tokenizer directory (default: --model)")
     parser.add_argument("--served-model-name", default=None, help="model name in the API (default: dir name)")
@@ -86,15 +86,15 @@ def _is_loopback(host: str) -> bool:
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m inflight.server") -> int:
-    """Parse `argv`, load the engine and serve until interrupted; returns the exit status. With
-    `--backend vllm` the process becomes vLLM's (`inflight.backends.vllm.launch`)."""
+    """Parse `argv`, load the engine and serve until interrupted; returns the exit status. An
+    external `--backend` gets the command line instead (its registry entry's `launch`: e.g. the
+    process becomes vLLM's, `inflight.backends.vllm.launch`)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     backend = argparse.ArgumentParser(add_help=False)
-    backend.add_argument("--backend", default="native", choices=["native", "vllm"])
-    if backend.parse_known_args(argv)[0].backend == "vllm":
-        from inflight.backends.vllm.launch import main as launch_vllm
-
-        return launch_vllm(argv)
+    backend.add_argument("--backend", default=NATIVE.name, choices=backend_names())
+    launch = backend_entry(backend.parse_known_args(argv)[0].backend).launcher()
+    if launch is not None:
+        return launch(argv)
     args = build_parser(prog).parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from inflight.config import Config, ConfigError, Violation, config_from_dict, dump_config
-from inflight.config.implemented import on_vllm, unimplemented
+from inflight.config.implemented import backend, unimplemented
 from inflight.config.loader import read_yaml
 from inflight.train.data_setup import check_data_job, make_data_task, uses_data
 from inflight.train.defaults import default_job
@@ -107,10 +107,7 @@ def run_refusals(cfg: Config, job: JobConfig, start_ray: Starter | None = None) 
     except ConfigError as err:
         problems += err.violations
     problems += missing_files(cfg, job)
-    if on_vllm(cfg):  # vLLM's python, the model's shape on vLLM's CPU kernels, the logprobs mode
-        from inflight.backends.vllm.run_checks import run_problems
-
-        problems += run_problems(cfg)
+    problems += backend(cfg).problems(cfg)  # e.g. vLLM's python, the model's shape on its kernels, logprobs mode
     problems += filter(None, [hub_problem(cfg)])  # what environment.env_class's hub needs installed
     problems += filter(None, [missing_devices(cfg, job)])
     if job.ray and start_ray is None:

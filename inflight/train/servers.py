@@ -38,7 +38,7 @@ from pathlib import Path
 
 from inflight.client.remote import RemoteClient
 from inflight.config import Config, ConfigError, InferenceEngineConfig
-from inflight.config.implemented import require_implemented
+from inflight.config.implemented import backend, require_implemented
 from inflight.engine.config import EngineConfig
 from inflight.train.engine_settings import engine_config
 from inflight.train.job_config import JobConfig
@@ -47,7 +47,6 @@ from inflight.weight_sync import configured_transport
 
 log = logging.getLogger(__name__)
 CONTROL_TOKEN_ENV = "INFLIGHT_CONTROL_TOKEN"
-START_TIMEOUT_S = {"native": 120.0, "vllm": 600.0}  # vLLM CPU: ~30-60 s to start, more on a busy machine
 _NATIVE_ONLY_DEFAULTS = {"attention_backend": "auto", "linear_backend": "auto", "elementwise_backend": "auto",
                          "enable_chunked_prefill": True, "weight_update_rollback": True}
 
@@ -190,7 +189,7 @@ async def start_servers(cfg: Config, job: JobConfig, model_dir: str | Path, vers
         log.warning("trainer.placement.colocate_all=true with vLLM on %s: the engines sleep while the trainer "
                     "trains, but vLLM's sleep frees no memory off CUDA (its weights and KV cache stay in host "
                     "memory); the engines only stop generating", ie.device)
-    urls = await fleet.start(vllm_commands(cfg, job, model_dir, version), START_TIMEOUT_S["vllm"])
+    urls = await fleet.start(vllm_commands(cfg, job, model_dir, version), backend(cfg).start_timeout_s)
     return Servers(server_spec(cfg, urls, token).client(), fleet)
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from inflight.backends.registry import backend_entry
 from inflight.config import Config, validate_sync
 
 PauseMode = Literal["keep", "abort", "wait"]
@@ -116,5 +117,5 @@ def plan_weight_sync(cfg: Config) -> SyncPlan:
     # Frozen requests that keep their KV keep their cached blocks too; the new weight version in
     # the prefix keys already isolates requests that start after the update.
     reset_prefix = engine.enable_prefix_caching and fate in ("none", "recompute")
-    takes_adapters = engine.backend != "vllm"
+    takes_adapters = backend_entry(engine.backend).serves_adapters
     return SyncPlan("keep", sleep, fate == "offload", fate, reset_prefix, reset_running, colocated, takes_adapters)

@@ -1,5 +1,6 @@
 """A run on vLLM servers, on the project's side: what it would refuse, found before anything starts
-(`inflight.train.main.run_refusals`: `inflight train` and `--print-config`), and the logprobs mode
+(the vLLM registry entry's `run_checks`, read by `inflight.train.main.run_refusals`: `inflight
+train` and `--print-config`), and the logprobs mode
 its servers start in (`inflight.train.servers`). The rules themselves are the backend's own
 (`venv.python_problem`, `shapes.py`, `logprob_modes.py`), read here, not restated.
 """
@@ -11,7 +12,7 @@ from inflight.backends.vllm.shapes import cpu_attention_problem
 from inflight.backends.vllm.venv import python_problem
 from inflight.config import Config
 from inflight.config.errors import Violation
-from inflight.config.implemented import on_vllm, starts_vllm
+from inflight.config.implemented import starts_servers
 
 BACKEND = "generator.inference_engine.backend"
 SAMPLINGS = ("generator.sampling_params", "generator.eval_sampling_params")
@@ -30,14 +31,15 @@ def logprobs_mode(cfg: Config) -> str | None:
 
 
 def run_problems(cfg: Config) -> list[Violation]:
-    """Why a run of `cfg` cannot use its vLLM servers, one violation each (none without vLLM)."""
+    """Why a run of `cfg` on vLLM cannot use its servers, one violation each (the vLLM entry's
+    `run_checks`, asked for a run on vLLM only)."""
     out = []
-    if starts_vllm(cfg):  # vLLM's python: vllm_python, else $INFLIGHT_VLLM_PYTHON or .venv-vllm
+    if starts_servers(cfg):  # vLLM's python: vllm_python, else $INFLIGHT_VLLM_PYTHON or .venv-vllm
         out += filter(None, [python_problem(cfg.generator.inference_engine.vllm_python)])
         model = cfg.trainer.policy.model.path
         if model and cfg.generator.inference_engine.device == "cpu" and (problem := cpu_attention_problem(model)):
             out.append(Violation(BACKEND, "vllm", problem, f"set {BACKEND}=native (our engine serves any head size)"))
-    if on_vllm(cfg) and logprobs_mode(cfg) is None:
+    if logprobs_mode(cfg) is None:
         out.append(_mode_violation(cfg))
     return out
 

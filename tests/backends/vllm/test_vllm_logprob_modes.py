@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from inflight.backends.registry import backend_entry
 from inflight.backends.vllm.errors import APIError
 from inflight.backends.vllm.generate import SamplingFields, check_sampling
 from inflight.backends.vllm.run_checks import logprobs_mode, run_problems
 from inflight.config import load_config
+from inflight.config.implemented import backend
 from inflight.testing import LOCAL_CPU
 from inflight.train.servers import vllm_args
 
@@ -74,4 +76,6 @@ def test_a_run_no_mode_serves_is_refused_before_it_starts():
     mixed = ["generator.sampling_params.temperature=0.7", "generator.eval_sampling_params.top_p=0.7"]
     (problem,) = run_problems(load_config(None, [*LOCAL_CPU, *VLLM, *mixed]))
     assert problem.key == "generator.sampling_params.temperature" and "eval_sampling_params" in problem.rule
-    assert run_problems(load_config(None, [*LOCAL_CPU, *sql])) == []  # the native engine serves it
+    native = load_config(None, [*LOCAL_CPU, *sql])
+    assert backend(native).problems(native) == []  # the native engine serves it (and vLLM's checks are vLLM's)
+    assert backend(native).run_checks is None and backend_entry("vllm").problems(native) != []
