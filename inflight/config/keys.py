@@ -10,6 +10,7 @@ import typing
 from typing import Any
 
 from inflight.config.schema import Config
+from inflight.config.status import field_choices
 
 _TRUE = {"true", "yes", "on"}
 _FALSE = {"false", "no", "off"}
@@ -51,6 +52,12 @@ def schema_fields(cls: type = Config) -> dict[str, dataclasses.Field]:
 
     walk(cls, "")
     return out
+
+
+def schema_choices(cls: type = Config) -> dict[str, tuple[tuple[str, ...], dict[str, str]]]:
+    """{dotted key: (allowed values, aliases)} of the string keys whose field declares its choices
+    (`choices=` / `aliases=` of `inflight.config.status.skyrl`); validation refuses other values."""
+    return {k: c for k, f in schema_fields(cls).items() if (c := field_choices(f)) is not None}
 
 
 @functools.cache

@@ -59,36 +59,47 @@ def gpu_only(what: str) -> KeyStatus:
     return refused(f"{what} is not implemented (it needs several GPUs or CUDA-only software)")
 
 
+Choices = tuple[str, ...] | None
+"""A string key's allowed values (validation refuses others, suggesting the closest); None: any."""
+
+
 def _field(default: Any, factory: Callable[[], Any] | None, status: KeyStatus, skyrl: bool,
-           example: bool = False) -> Any:
-    meta = {"status": status, "skyrl": skyrl, "example": example}
+           example: bool = False, choices: Choices = None, aliases: dict[str, str] | None = None) -> Any:
+    meta = {"status": status, "skyrl": skyrl, "example": example, "choices": choices, "aliases": aliases or {}}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
 
 
-def skyrl(default: Any = None, *, factory: Callable[[], Any] | None = None,
-          status: KeyStatus = KeyStatus()) -> Any:
-    """A SkyRL key with SkyRL's default (`factory` for lists and dicts)."""
-    return _field(default, factory, status, True)
+def skyrl(default: Any = None, *, factory: Callable[[], Any] | None = None, status: KeyStatus = KeyStatus(),
+          choices: Choices = None, aliases: dict[str, str] | None = None) -> Any:
+    """A SkyRL key with SkyRL's default (`factory` for lists and dicts); `choices`: its allowed values,
+    `aliases`: other values read as one of them (SkyRL's spellings)."""
+    return _field(default, factory, status, True, choices=choices, aliases=aliases)
 
 
-def ours(default: Any = None, *, factory: Callable[[], Any] | None = None,
-         status: KeyStatus = KeyStatus()) -> Any:
-    """A key of this project (SkyRL has none like it)."""
-    return _field(default, factory, status, False)
+def ours(default: Any = None, *, factory: Callable[[], Any] | None = None, status: KeyStatus = KeyStatus(),
+         choices: Choices = None, aliases: dict[str, str] | None = None) -> Any:
+    """A key of this project (SkyRL has none like it); `choices` and `aliases` as for `skyrl`."""
+    return _field(default, factory, status, False, choices=choices, aliases=aliases)
 
 
-def example(default: Any = None, *, factory: Callable[[], Any] | None = None,
-            status: KeyStatus = KeyStatus()) -> Any:
+def example(default: Any = None, *, factory: Callable[[], Any] | None = None, status: KeyStatus = KeyStatus(),
+            choices: Choices = None, aliases: dict[str, str] | None = None) -> Any:
     """A key that one of SkyRL's example entry points adds to SkyRL's schema (its DAPO trainer, its
-    agent integrations), under the example's name and default."""
-    return _field(default, factory, status, True, example=True)
+    agent integrations), under the example's name and default; `choices` and `aliases` as for `skyrl`."""
+    return _field(default, factory, status, True, example=True, choices=choices, aliases=aliases)
 
 
 def is_example(f: dataclasses.Field) -> bool:
     """Whether a schema field is a key of one of SkyRL's example entry points."""
     return bool(f.metadata.get("example", False))
+
+
+def field_choices(f: dataclasses.Field) -> tuple[tuple[str, ...], dict[str, str]] | None:
+    """A schema field's (allowed values, aliases), or None when it declares none."""
+    choices = f.metadata.get("choices")
+    return (tuple(choices), dict(f.metadata.get("aliases") or {})) if choices is not None else None
 
 
 def field_status(f: dataclasses.Field) -> KeyStatus:

@@ -16,14 +16,9 @@ from urllib.parse import urlsplit
 from inflight.algorithms.registry import policy_loss_traits  # what each loss registered; no torch
 from inflight.backends.registry import entries_with_setting
 from inflight.config.errors import ConfigError, Violation
-from inflight.config.keys import get_key, is_instance, schema_keys, type_name
-from inflight.config.schema import (
-    STRATEGY_ALIASES,
-    WEIGHT_SYNC_BACKEND_ALIASES,
-    Config,
-)
-from inflight.config.schema.generator import DTYPE_ALIASES, weight_transport
-from inflight.weight_sync.kinds import transport_names
+from inflight.config.keys import get_key, is_instance, schema_choices, schema_keys, type_name
+from inflight.config.schema import Config
+from inflight.config.schema.generator import weight_transport
 
 Rule = Callable[[Config], Iterator[Violation]]
 _RULES: list[tuple[frozenset[str], Rule]] = []
@@ -40,36 +35,6 @@ POLICY_GPUS = "trainer.placement.policy_num_gpus_per_node"
 SYNC_KEYS = (COLOCATE, FULLY_ASYNC, CLEAR_KV, OFFLOAD_KV, PREFIX_CACHING, LORA_RANK)
 """The keys `plan_weight_sync` reads; `validate_sync` checks exactly these and their rules."""
 
-CHOICES: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
-    "trainer.strategy": (("fsdp", "megatron"), STRATEGY_ALIASES),
-    "generator.inference_engine.weight_sync_backend": (
-        (*transport_names(), "delta"),
-        WEIGHT_SYNC_BACKEND_ALIASES,
-    ),
-    "trainer.algorithm.loss_reduction": (
-        ("token_mean", "token_mean_legacy", "sequence_mean", "prompt_mean", "seq_mean_token_sum_norm"), {}),
-    "trainer.algorithm.kl_estimator_type": (("k1", "k2", "k3", "abs"), {}),
-    "trainer.algorithm.kl_ctrl.type": (("fixed", "adaptive"), {}),
-    "trainer.algorithm.cispo.cispo_anchor": (("old", "rollout"), {}),
-    "trainer.algorithm.dppo.dppo_type": (("binary_tv", "binary_kl"), {}),
-    "generator.inference_engine.model_dtype": (("float32", "bfloat16", "float16"), DTYPE_ALIASES),
-    "trainer.policy.optimizer_config.scheduler": (("constant", "constant_with_warmup", "linear", "cosine"), {}),
-    "trainer.critic.optimizer_config.scheduler": (("constant", "constant_with_warmup", "linear", "cosine"), {}),
-    "generator.inference_engine.attention_backend": (("auto", "native", "torch"), {}),
-    "generator.inference_engine.elementwise_backend": (("auto", "native", "torch"), {}),
-    "generator.inference_engine.linear_backend": (("auto", "onednn", "onednn_fp32", "torch"), {}),
-    "generator.inference_engine.backend": (("native", "vllm"), {}),
-    "generator.inference_engine.distributed_executor_backend": (("ray", "mp"), {}),
-    "generator.chat_template.source": (("name", "file"), {}),
-    "trainer.sequence_parallel_backend": (("ulysses",), {}),
-    **{f"trainer.{m}.model.lora.init_method": (("kaiming", "gaussian"), {}) for m in ("policy", "ref", "critic")},
-    "trainer.fused_lm_head_logprob_backend": (("torch", "triton"), {}),
-    **{f"trainer.{m}.fsdp_config.mixed_precision.{d}": (("bf16", "fp16", "fp32"), {})
-       for m in ("policy", "ref", "critic") for d in ("param_dtype", "reduce_dtype", "buffer_dtype")},
-    **{f"trainer.{m}.megatron_config.moe_router_dtype": (("fp32", "fp64"), {}) for m in ("policy", "ref")},
-}
-"""The allowed values of string keys (and the SkyRL values read as them). The engine's backend choices
-repeat `inflight.engine.config`'s (the config layer does not import the engine; a test keeps them equal)."""
 _DEVICE = re.compile(r"^(cpu|cuda|mps)(:\d+)?$")
 
 
@@ -262,7 +227,7 @@ def _choice_rule(key: str, allowed: tuple[str, ...], aliases: dict[str, str]) ->
     _rule(key)(check)
 
 
-for _key, (_allowed, _aliases) in CHOICES.items():
+for _key, (_allowed, _aliases) in schema_choices().items():  # declared on each field (`choices=`)
     _choice_rule(_key, _allowed, _aliases)
 
 

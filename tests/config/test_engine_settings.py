@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from inflight.config import ConfigError, load_config
-from inflight.config.validate import CHOICES
+from inflight.config.keys import schema_choices
 from inflight.engine.config import NATIVE_BACKENDS, EngineConfig
 from inflight.engine.models.linear import LINEAR_BACKENDS
 from inflight.testing import LOCAL_CPU
@@ -67,9 +67,9 @@ def test_gpu_memory_utilization_sizes_the_kv_cache_from_the_memory_left(tmp_path
 
 
 def test_backend_choices_are_the_engine_ones():
-    assert CHOICES[IE + "attention_backend"][0] == NATIVE_BACKENDS
-    assert CHOICES[IE + "elementwise_backend"][0] == NATIVE_BACKENDS
-    assert CHOICES[IE + "linear_backend"][0] == LINEAR_BACKENDS
+    assert schema_choices()[IE + "attention_backend"][0] == NATIVE_BACKENDS
+    assert schema_choices()[IE + "elementwise_backend"][0] == NATIVE_BACKENDS
+    assert schema_choices()[IE + "linear_backend"][0] == LINEAR_BACKENDS
 
 
 @pytest.mark.parametrize("key", ["attention_backend", "elementwise_backend", "linear_backend"])

@@ -15,9 +15,15 @@ import pytest
 
 from inflight.config import Config, ConfigError, load_config
 from inflight.config.implemented import refused_keys, require_implemented, unimplemented
-from inflight.config.keys import default_config, get_key, is_instance, schema_fields, schema_keys
+from inflight.config.keys import (
+    default_config,
+    get_key,
+    is_instance,
+    schema_choices,
+    schema_fields,
+    schema_keys,
+)
 from inflight.config.status import ACCEPTED, IMPLEMENTED, REFUSED, field_status, is_skyrl
-from inflight.config.validate import CHOICES
 from inflight.train.engine_settings import engine_config
 from inflight.train.step import StepOptions
 
@@ -133,7 +139,7 @@ def _refused_value(key: str):
     f, default = schema_fields()[key], get_key(default_config(), key)
     status = field_status(f)
     tp = typing.get_type_hints(_owner(key))[key.rsplit(".", 1)[-1]]
-    candidates = [True, False, 2, 0, -3, 7.5, 0.5, *CHOICES.get(key, ((),))[0], "replace", "geometric", "other",
+    candidates = [True, False, 2, 0, -3, 7.5, 0.5, *schema_choices().get(key, ((),))[0], "replace", "geometric", "other",
                   ["x"], {"x": 1}, None]
     for value in candidates:
         if not is_instance(value, tp) or status.takes(value, default):

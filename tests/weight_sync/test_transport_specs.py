@@ -16,7 +16,8 @@ import inflight
 from inflight.client.process import ReceiverSpec
 from inflight.config import ConfigError, load_config
 from inflight.config.implemented import require_implemented
-from inflight.config.validate import CHOICES, ENGINE_RESTARTS, collect_violations
+from inflight.config.keys import schema_choices
+from inflight.config.validate import ENGINE_RESTARTS, collect_violations
 from inflight.import_path import import_object
 from inflight.testing import LOCAL_CPU
 from inflight.train.sender import ServerGroupSender, make_sender
@@ -114,7 +115,7 @@ def test_a_name_or_alias_already_taken_is_refused(monkeypatch):
 def test_the_config_choices_and_aliases_are_the_registrys():
     from inflight.config.schema import WEIGHT_SYNC_BACKEND_ALIASES
 
-    allowed, aliases = CHOICES[IE + "weight_sync_backend"]
+    allowed, aliases = schema_choices()[IE + "weight_sync_backend"]
     assert allowed == (*transport_names(), "delta")  # SkyRL's delta: accepted by the schema, refused by a run
     assert aliases == WEIGHT_SYNC_BACKEND_ALIASES == transport_aliases() == {
         "cuda_ipc": "shm", "nccl": "broadcast", "gloo": "broadcast"}

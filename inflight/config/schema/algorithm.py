@@ -12,7 +12,7 @@ from inflight.config.status import example, ours, skyrl
 class KLCtrlConfig:
     """The controller of the KL coefficient in the reward (`use_kl_in_reward`)."""
 
-    type: str = skyrl("fixed")
+    type: str = skyrl("fixed", choices=("fixed", "adaptive"))
     """`fixed` (default: the coefficient stays `kl_loss_coef`) or `adaptive` (Ziegler et al. 2019:
     moved toward `kl_target` over `horizon` samples)."""
     kl_target: float = skyrl(0.1)
@@ -78,7 +78,7 @@ class CISPOConfig:
     at least 1; SkyRL's later default is 1.0)."""
     cispo_eps_clip_high: float = skyrl(5.0)
     """The importance ratio is clipped above at 1 + this. Default 5.0 (SkyRL 0.3.0's; later 4.0)."""
-    cispo_anchor: str = skyrl("old")
+    cispo_anchor: str = skyrl("old", choices=("old", "rollout"))
     """The behaviour policy of the ratio: `old` (default: the old/proximal log-probabilities) or
     `rollout` (the engine's)."""
 
@@ -87,7 +87,7 @@ class CISPOConfig:
 class DPPOConfig:
     """DPPO (`policy_loss_type=dppo`): a divergence-based trust region."""
 
-    dppo_type: str = skyrl("binary_tv")
+    dppo_type: str = skyrl("binary_tv", choices=("binary_tv", "binary_kl"))
     """`binary_tv` (default) or `binary_kl`."""
     delta_low: float = skyrl(0.2)
     """Divergence threshold for negative advantages. Default 0.2."""
@@ -137,7 +137,7 @@ class AlgorithmConfig:
     `no_op` (the token rewards as advantages), a name given to `register_advantage_estimator`
     (`inflight.algorithms`) before the run starts, or `package.module:name`."""
     kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
-    kl_estimator_type: str = skyrl("k3")
+    kl_estimator_type: str = skyrl("k3", choices=("k1", "k2", "k3", "abs"))
     """Per-token KL estimate to the reference: `k1`, `k2`, `k3` (default), `abs`
     (http://joschu.net/blog/kl-approx.html)."""
     use_kl_in_reward: bool = skyrl(False)
@@ -163,7 +163,8 @@ class AlgorithmConfig:
     """`regular` (PPO clip, default), `dual_clip`, `gspo`, `cispo`, `sapo`, `clip_cov`, `kl_cov`,
     `rollout_is`, `dppo`, `cross_entropy`, `importance_sampling`, a name given to
     `register_policy_loss` (`inflight.algorithms`) before the run starts, or `package.module:name`."""
-    loss_reduction: str = skyrl("token_mean")
+    loss_reduction: str = skyrl("token_mean", choices=(
+        "token_mean", "token_mean_legacy", "sequence_mean", "prompt_mean", "seq_mean_token_sum_norm"))
     """`token_mean` (default), `token_mean_legacy`, `sequence_mean`, `prompt_mean` or
     `seq_mean_token_sum_norm` (Dr. GRPO: needs `max_seq_len`)."""
     grpo_norm_by_std: bool = skyrl(True)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inflight.config.status import accepted, example, gpu_only, ours, refused, skyrl
-from inflight.weight_sync.kinds import TransportSpec, transport_aliases, transport_spec
+from inflight.weight_sync.kinds import TransportSpec, transport_aliases, transport_names, transport_spec
 
 WEIGHT_SYNC_BACKEND_ALIASES = transport_aliases()
 """SkyRL's names of the registered weight transports (`nccl`/`gloo`: broadcast, `cuda_ipc`: shm)."""
@@ -57,7 +57,7 @@ _NO_EFFECT_TP1 = accepted("read only with tensor_parallel_size > 1, which is ref
 class InferenceEngineConfig:
     """The inference engines and how weights reach them."""
 
-    model_dtype: str = skyrl("bfloat16")
+    model_dtype: str = skyrl("bfloat16", choices=("float32", "bfloat16", "float16"), aliases=DTYPE_ALIASES)
     """Engine weights and KV: `bfloat16` (default), `float32` or `float16` (also `bf16`, `fp32`,
     `fp16`). On a CPU without native bfloat16 (no AVX-512), the native engine multiplies bfloat16
     weights in float32 (`linear_backend=auto`)."""
@@ -69,11 +69,12 @@ class InferenceEngineConfig:
     the servers' own flags, and the run pushes its weights to them before the first rollout."""
     num_engines: int = skyrl(1)
     """Number of engines, >= 1. Default 1."""
-    backend: str = skyrl("vllm")
+    backend: str = skyrl("vllm", choices=("native", "vllm"))
     """The inference engine: `vllm` (default: vLLM in its own virtual environment, behind `inflight
     serve --backend vllm`: the same HTTP routes, driven through `RemoteClient`) or `native` (this
     project's paged-KV engine, in this process or in child processes)."""
-    weight_sync_backend: str = skyrl("nccl")
+    weight_sync_backend: str = skyrl("nccl", choices=(*transport_names(), "delta"),
+                                       aliases=WEIGHT_SYNC_BACKEND_ALIASES)
     """Weight transport: `nccl` / `gloo` (default nccl: a torch.distributed broadcast group from
     the trainer to every engine, `broadcast`), `shm` (one host; SkyRL's `cuda_ipc` means it) or
     `inprocess`. Into HTTP servers (backend=vllm, external_server_urls) the broadcast group forms
@@ -135,7 +136,7 @@ class InferenceEngineConfig:
     """Requests running at once per engine, >= 1. Default 1024."""
     served_model_name: str | None = skyrl(None)
     """The model name the engines' OpenAI routes answer to; null (default): the model path."""
-    distributed_executor_backend: str = skyrl("ray", status=_NO_EFFECT_TP1)
+    distributed_executor_backend: str = skyrl("ray", choices=("ray", "mp"), status=_NO_EFFECT_TP1)
     language_model_only: bool = skyrl(False, status=accepted(
         "every model this project loads is a language model: there is no vision encoder to skip"))
     engine_init_kwargs: dict[str, Any] = skyrl(factory=dict)
@@ -191,14 +192,14 @@ class InferenceEngineConfig:
     (SkyRL's scripts set it as engine_init_kwargs.max_model_len, which is read as this key)."""
     device: str = ours("cpu")
     """Torch device of the native engine: `cpu` (default), `cuda`, `cuda:N`."""
-    attention_backend: str = ours("auto")
+    attention_backend: str = ours("auto", choices=("auto", "native", "torch"))
     """Decode attention: `native` (the C kernel over paged KV, CPU), `torch` (gather + SDPA, any
     device) or `auto` (default: native where it is supported and builds, else torch)."""
-    linear_backend: str = ours("auto")
+    linear_backend: str = ours("auto", choices=("auto", "onednn", "onednn_fp32", "torch"))
     """Linear layers: `onednn` (weights prepacked for oneDNN in their dtype, CPU), `onednn_fp32`
     (bfloat16 weights computed in float32), `torch` (F.linear) or `auto` (default: onednn where
     oneDNN runs the dtype, else onednn_fp32 for bfloat16, else torch)."""
-    elementwise_backend: str = ours("auto")
+    elementwise_backend: str = ours("auto", choices=("auto", "native", "torch"))
     """RMSNorm, residual add, rotary and silu*mul: `native` (fused C kernels, CPU float32/bfloat16),
     `torch` or `auto` (default: native where supported and the kernels build, else torch)."""
     weight_update_rollback: bool = ours(True)
@@ -247,7 +248,7 @@ class SamplingConfig:
 class ChatTemplateConfig:
     """A chat template other than the tokenizer's own."""
 
-    source: str = skyrl("name")
+    source: str = skyrl("name", choices=("name", "file"))
     """`name` (name_or_path is one of SkyRL's template names) or `file` (name_or_path is a Jinja file).
     Default name."""
     name_or_path: str | None = skyrl(None)

@@ -10,6 +10,8 @@ from typing import Any
 from inflight.config.status import accepted, gpu_only, ours, refused, skyrl
 
 _CPU_HOST = "on CPU the state already lives in host memory"
+MIXED_PRECISION_DTYPES = ("bf16", "fp16", "fp32")
+"""The values of `fsdp_config.mixed_precision.*` (FSDP2's MixedPrecisionPolicy dtypes, SkyRL's spellings)."""
 
 
 @dataclass
@@ -31,7 +33,7 @@ class LoraConfig:
     names (`q_proj,v_proj`)."""
     exclude_modules: list[str] | None = skyrl(None)
     """Module names left without adapters (peft's `exclude_modules`); null (default): none."""
-    init_method: str = skyrl("kaiming")
+    init_method: str = skyrl("kaiming", choices=("kaiming", "gaussian"))
     """Initialisation of the adapters (peft's `init_lora_weights`): `kaiming` (default: A
     Kaiming-uniform, B zero) or `gaussian` (A normal, B zero). (peft's data- or SVD-based ones
     change the base weights, which the engines, merging the adapter into the base they hold, would
@@ -105,7 +107,7 @@ class OptimizerConfig:
     generate. Default true. On CPU the state already is in host memory."""
     num_warmup_steps: int = skyrl(0)
     """Optimizer steps of linear warm-up from 0 to `lr`, >= 0. Default 0."""
-    scheduler: str = skyrl("constant_with_warmup")
+    scheduler: str = skyrl("constant_with_warmup", choices=("constant", "constant_with_warmup", "linear", "cosine"))
     """Learning-rate schedule over the optimizer steps (transformers' `get_scheduler`): `constant`,
     `constant_with_warmup` (default), `linear` or `cosine` (these two decay to 0 at the run's
     last optimizer step)."""
@@ -115,12 +117,12 @@ class OptimizerConfig:
 class MixedPrecisionConfig:
     """FSDP2's mixed precision when `trainer.bf16` is on (the local worker: the autocast dtype)."""
 
-    param_dtype: str = skyrl("bf16")
+    param_dtype: str = skyrl("bf16", choices=MIXED_PRECISION_DTYPES)
     """Dtype of the compute (all-gathered parameters; the local worker's autocast): `bf16`
     (default), `fp16` or `fp32`."""
-    reduce_dtype: str = skyrl("fp32")
+    reduce_dtype: str = skyrl("fp32", choices=MIXED_PRECISION_DTYPES)
     """Dtype gradients are reduced in: `fp32` (default) or `bf16`."""
-    buffer_dtype: str = skyrl("fp32", status=refused(
+    buffer_dtype: str = skyrl("fp32", choices=MIXED_PRECISION_DTYPES, status=refused(
         "buffers (rotary tables) stay in float32: FSDP2's mixed precision does not cast them", runs=lambda v: v == "fp32"))
 
 
@@ -233,7 +235,7 @@ class MegatronConfig:
     false."""
     moe_per_layer_logging: bool = skyrl(False, status=refused(
         "per-layer MoE metrics are not implemented yet", runs=lambda v: v is False))
-    moe_router_dtype: str = skyrl("fp32", status=refused(
+    moe_router_dtype: str = skyrl("fp32", choices=("fp32", "fp64"), status=refused(
         "the router's softmax runs in float32, as transformers computes it", runs=lambda v: v == "fp32"))
     ddp_config: DDPConfig = field(default_factory=DDPConfig)
     hf_export_config: HFExportConfig = field(default_factory=HFExportConfig)

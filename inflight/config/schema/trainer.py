@@ -102,9 +102,9 @@ class TrainerConfig:
     use_expandable_segments: bool = skyrl(True)
     """CUDA's `expandable_segments` allocator in the trainer's process (set before CUDA starts).
     Default true. On CPU there is no CUDA allocator."""
-    sequence_parallel_backend: str = skyrl("ulysses", status=accepted(
+    sequence_parallel_backend: str = skyrl("ulysses", choices=("ulysses",), status=accepted(
         "read only with sequence_parallel_size > 1, which is refused"))
-    strategy: str = skyrl("fsdp")
+    strategy: str = skyrl("fsdp", choices=("fsdp", "megatron"), aliases=STRATEGY_ALIASES)
     """`fsdp` (default) or `megatron`; SkyRL's `fsdp2` is read as `fsdp`."""
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     ref: RefConfig = field(default_factory=RefConfig)
@@ -240,7 +240,7 @@ class TrainerConfig:
     fused_lm_head_logprob: bool = skyrl(False, status=refused(
         "Megatron's fused LM-head log-probabilities are not implemented (the local worker always takes "
         "them chunk-wise through the LM head: logprobs_chunk_size)", runs=lambda v: v is False))
-    fused_lm_head_logprob_backend: str = skyrl("torch", status=refused(
+    fused_lm_head_logprob_backend: str = skyrl("torch", choices=("torch", "triton"), status=refused(
         "triton kernels need CUDA; only torch runs", runs=lambda v: v == "torch"))
     micro_batch_pass_tokens: float = ours(64.0)
     """What one more forward/backward costs, in padded tokens, >= 0: a rank's rows of a mini-batch,
