@@ -87,7 +87,7 @@ def play_train_problems(model_dir: Path, task, **generator_kwargs) -> list:
 
     from inflight.client import LocalClient
     from inflight.engine import AsyncEngine, EngineConfig, LLMEngine
-    from inflight.rollout.generator import TaskGenerator
+    from inflight.rollout.task_generator import TaskGenerator
 
     async def main():
         engine = AsyncEngine(LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=64)))

@@ -25,7 +25,7 @@ from inflight.agents.records import CallRecord
 from inflight.chat.stop import truncate_at_stop
 from inflight.chat.turns import ChatFormat
 from inflight.engine.request import RequestOutput, SamplingParams
-from inflight.rollout.generator import request_seed
+from inflight.rollout.task_generator import request_seed
 from inflight.server.backend import CallScope
 from inflight.server.chat_prompt import chat_prompt, template_messages
 from inflight.server.protocol import ChatCompletionRequest

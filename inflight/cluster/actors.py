@@ -27,7 +27,7 @@ from inflight.client.process import RayEngineClient, ReceiverSpec, start_receive
 from inflight.config import Config
 from inflight.engine import AsyncEngine, LLMEngine
 from inflight.engine.config import EngineConfig
-from inflight.rollout.generator import TrajectoryGroup
+from inflight.rollout.task_generator import TrajectoryGroup
 from inflight.train.checkpoint import CheckpointState
 from inflight.train.job_config import JobConfig
 from inflight.train.policy import LocalPolicy, ensure_process_group

@@ -135,7 +135,7 @@ async def run_job(spec: EvalSpec, progress: bool = True) -> EvalResult:
     """Run `spec` and write `metrics.json`, `samples.jsonl` and `eval_config.json` to `spec.output`."""
     from transformers import AutoTokenizer
 
-    from inflight.rollout.generator import TaskGenerator
+    from inflight.rollout.task_generator import TaskGenerator
 
     spec = spec.resolved()
     context = model_context(spec.model, spec.max_model_len)

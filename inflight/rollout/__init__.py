@@ -4,6 +4,6 @@ Below `train` (which trains on the groups) and `eval` (which scores them), above
 client protocol: the trainer and `inflight eval` play exactly the same episodes.
 """
 
-from inflight.rollout.generator import TaskGenerator, Trajectory, TrajectoryGroup
+from inflight.rollout.task_generator import TaskGenerator, Trajectory, TrajectoryGroup
 
 __all__ = ["TaskGenerator", "Trajectory", "TrajectoryGroup"]

@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from inflight.client.base import InferenceClient
 from inflight.config import Config
-from inflight.rollout.generator import TrajectoryGroup
+from inflight.rollout.task_generator import TrajectoryGroup
 from inflight.train.checkpoint import CheckpointState, export_model, load_optimizer, save_checkpoint
 from inflight.train.job_config import JobConfig
 from inflight.train.lora import lora_enabled

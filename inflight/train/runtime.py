@@ -25,7 +25,7 @@ from inflight.config import Config
 from inflight.config.implemented import external, on_servers
 from inflight.engine.config import EngineConfig
 from inflight.engine.step_threads import EngineThreads
-from inflight.rollout.generator import TrajectoryGroup
+from inflight.rollout.task_generator import TrajectoryGroup
 from inflight.train.checkpoint import CheckpointState
 from inflight.train.engine_settings import engine_config
 from inflight.train.job_config import JobConfig

@@ -30,7 +30,7 @@ import torch
 from inflight.algorithms import entropy_token_weights, episode_rows
 from inflight.config import Config
 from inflight.config.implemented import require_implemented
-from inflight.rollout.generator import TrajectoryGroup
+from inflight.rollout.task_generator import TrajectoryGroup
 from inflight.train.advantage_pipeline import (
     ResponseLayout,
     compute_advantages,

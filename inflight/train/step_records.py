@@ -12,7 +12,7 @@ import torch
 
 from inflight.config import TrainerConfig
 from inflight.engine.routing import encode_routed_experts
-from inflight.rollout.generator import TrajectoryGroup
+from inflight.rollout.task_generator import TrajectoryGroup
 
 
 def example_interval(trainer: TrainerConfig) -> int:

@@ -34,7 +34,7 @@ from inflight.config import Config, SamplingConfig
 from inflight.engine.heap import frozen_heap
 from inflight.eval.run import eval_sets
 from inflight.eval.run import evaluate as run_eval
-from inflight.rollout.generator import TaskGenerator, TrajectoryGroup, episode_options, request_seed
+from inflight.rollout.task_generator import TaskGenerator, TrajectoryGroup, episode_options, request_seed
 from inflight.tasks.base import Problem, Task
 from inflight.train.checkpoint import resume_checkpoint
 from inflight.train.data_setup import check_generated, model_context

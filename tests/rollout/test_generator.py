@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 
 from inflight.client import LocalClient
 from inflight.engine import AsyncEngine, EngineConfig, LLMEngine
-from inflight.rollout.generator import ENV_VERSION, TaskGenerator, generate_groups, request_seed
+from inflight.rollout.task_generator import ENV_VERSION, TaskGenerator, generate_groups, request_seed
 from inflight.tasks import ChainAdditionTask
 from inflight.train.losses import token_logprobs
 from inflight.train.step import build_batch

@@ -16,7 +16,7 @@ from skyrl_oracle import import_skyrl
 from inflight.chat.templates import resolve_chat_template
 from inflight.chat.turns import ChatFormat, ChatTemplateError
 from inflight.config import load_config
-from inflight.rollout.generator import TaskGenerator
+from inflight.rollout.task_generator import TaskGenerator
 from inflight.tasks import DataTask
 from inflight.tasks.dataset import DatasetError
 from inflight.tasks.skyrl_gym_env import GymSettings

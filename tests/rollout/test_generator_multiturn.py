@@ -16,7 +16,7 @@ from transformers import AutoTokenizer
 
 from inflight.client import LocalClient
 from inflight.engine import AsyncEngine, EngineConfig, LLMEngine
-from inflight.rollout.generator import ENV_VERSION, TaskGenerator
+from inflight.rollout.task_generator import ENV_VERSION, TaskGenerator
 from inflight.tasks.base import Environment, Problem, StepResult, Task
 from inflight.train.losses import token_logprobs
 from inflight.train.step import build_batch

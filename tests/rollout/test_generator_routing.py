@@ -19,7 +19,7 @@ from inflight.client import LocalClient, RemoteClient
 from inflight.client.ops import apply_op
 from inflight.client.process import EngineProcess, RayEngineClient
 from inflight.engine import AsyncEngine, EngineConfig, LLMEngine
-from inflight.rollout.generator import TaskGenerator
+from inflight.rollout.task_generator import TaskGenerator
 from inflight.server.launch import serve_model
 from inflight.tasks.base import Environment, Problem, StepResult, Task
 from inflight.testing import make_tiny_model

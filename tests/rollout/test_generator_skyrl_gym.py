@@ -15,7 +15,7 @@ from transformers import AutoTokenizer
 
 from inflight.client import LocalClient
 from inflight.engine import AsyncEngine, EngineConfig, LLMEngine
-from inflight.rollout.generator import ENV_VERSION, TaskGenerator
+from inflight.rollout.task_generator import ENV_VERSION, TaskGenerator
 from inflight.tasks import DataTask
 from inflight.tasks.skyrl_gym_env import GymSettings
 from inflight.testing.tiny_model import make_tokenizer

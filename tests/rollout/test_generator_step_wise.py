@@ -17,7 +17,7 @@ import pytest
 from scripted import skyrl_rows, write_parquet
 from test_generator_vs_skyrl import ENV_ID, MAX_TURNS, appended, ours, script, theirs
 
-from inflight.rollout.generator import ENV_VERSION
+from inflight.rollout.task_generator import ENV_VERSION
 from inflight.rollout.trajectory import Trajectory
 from inflight.tasks import DataTask
 from inflight.tasks.skyrl_gym_env import GymSettings

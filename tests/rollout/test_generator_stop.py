@@ -12,7 +12,7 @@ from transformers import AutoTokenizer
 
 from inflight.client import LocalClient
 from inflight.engine import AsyncEngine, EngineConfig, LLMEngine
-from inflight.rollout.generator import TaskGenerator, request_seed
+from inflight.rollout.task_generator import TaskGenerator, request_seed
 from inflight.tasks.base import Problem, Task
 
 

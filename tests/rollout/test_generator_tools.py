@@ -16,7 +16,7 @@ import pytest
 from rl_support import mask_runs
 from scripted_client import ScriptedClient
 
-from inflight.rollout.generator import ENV_VERSION, TaskGenerator
+from inflight.rollout.task_generator import ENV_VERSION, TaskGenerator
 from inflight.tasks.base import Problem, Task
 from inflight.tasks.tool_env import ToolEnv, make_tool
 from inflight.testing.tiny_model import make_tokenizer

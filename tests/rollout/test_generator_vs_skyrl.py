@@ -20,7 +20,7 @@ from scripted import ScriptedClient, encode, skyrl_rows, write_parquet
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
 from skyrl_oracle import import_skyrl, skyrl_episode
 
-from inflight.rollout.generator import ENV_VERSION, TaskGenerator
+from inflight.rollout.task_generator import ENV_VERSION, TaskGenerator
 from inflight.tasks import DataTask
 from inflight.tasks.skyrl_gym_env import GymSettings
 from inflight.testing.tiny_model import make_tokenizer
@@ -149,7 +149,7 @@ def test_zero_reward_and_overlong_filtering_follow_skyrl(tok, task, last_finish)
 
 def test_the_config_keys_reach_the_generator(task):
     from inflight.config import load_config
-    from inflight.rollout.generator import episode_options
+    from inflight.rollout.task_generator import episode_options
     from inflight.testing import LOCAL_CPU
 
     defaults = episode_options(load_config(None, [*LOCAL_CPU, "trainer.max_prompt_length=300"]))

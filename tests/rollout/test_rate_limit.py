@@ -14,8 +14,8 @@ from scripted import ScriptedClient, encode
 from skyrl_oracle import import_skyrl
 
 from inflight.config import load_config
-from inflight.rollout.generator import TaskGenerator, episode_options
 from inflight.rollout.rate_limit import NO_LIMIT, RateLimiter, limiter_for, shared_limiter
+from inflight.rollout.task_generator import TaskGenerator, episode_options
 from inflight.tasks.base import Problem, Task
 from inflight.testing import LOCAL_CPU
 from inflight.testing.tiny_model import make_tokenizer

@@ -11,7 +11,7 @@ from gym_support import ScriptedClient, encode, write_rows
 
 from inflight.config import load_config
 from inflight.config.implemented import unimplemented
-from inflight.rollout.generator import TaskGenerator
+from inflight.rollout.task_generator import TaskGenerator
 from inflight.tasks import DataTask
 from inflight.tasks.skyrl_examples import MultiplyEnv, first_boxed
 from inflight.tasks.skyrl_gym_env import GymSettings

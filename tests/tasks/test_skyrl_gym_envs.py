@@ -19,7 +19,7 @@ from gym_support import SINGERS, Retriever, ScriptedClient, encode, make_spider_
 
 from inflight.config import load_config
 from inflight.rewards import get_reward
-from inflight.rollout.generator import TaskGenerator
+from inflight.rollout.task_generator import TaskGenerator
 from inflight.tasks import DataTask
 from inflight.tasks.skyrl_gym_env import GymSettings
 from inflight.testing import LOCAL_CPU

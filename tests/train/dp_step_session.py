@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from rl_support import rl_config
 
-from inflight.rollout.generator import Trajectory, TrajectoryGroup
+from inflight.rollout.task_generator import Trajectory, TrajectoryGroup
 from inflight.tasks import Problem
 from inflight.train.objective import uses_reference
 from inflight.train.step import StepOptions, TrainingStep

@@ -19,7 +19,7 @@ from inflight.algorithms import (
     prompt_boundaries,
     scale_advantages,
 )
-from inflight.rollout.generator import Trajectory, TrajectoryGroup
+from inflight.rollout.task_generator import Trajectory, TrajectoryGroup
 from inflight.tasks import Problem
 from inflight.train import LocalPolicyWorker
 from inflight.train.step import TrainingStep

@@ -9,7 +9,7 @@ import pytest
 import torch
 from rl_support import rl_config, warm_model_dir
 
-from inflight.rollout.generator import Trajectory, TrajectoryGroup
+from inflight.rollout.task_generator import Trajectory, TrajectoryGroup
 from inflight.tasks import Problem
 from inflight.train import LocalPolicyWorker
 from inflight.train import step as step_module

@@ -16,7 +16,7 @@ from inflight.client import LocalClient
 from inflight.config import load_config
 from inflight.engine import AsyncEngine, EngineConfig, LLMEngine
 from inflight.engine.routing import decode_routed_experts
-from inflight.rollout.generator import TaskGenerator, Trajectory, TrajectoryGroup
+from inflight.rollout.task_generator import TaskGenerator, Trajectory, TrajectoryGroup
 from inflight.tasks.base import Problem, Task
 from inflight.testing import make_tiny_model
 from inflight.train.step_records import dump_batch, example_interval, format_example, memory_metrics
