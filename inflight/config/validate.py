@@ -613,10 +613,10 @@ for _key in ("data.train_data", "data.val_data"):
 def _env_class_known(cfg: Config) -> Iterator[Violation]:
     """A malformed `package.module:name` is a violation; a plain name not registered yet is not (your
     code may register it before the run, as SkyRL's example entry points register theirs): a run
-    refuses it then (`inflight.config.implemented.unknown_env_class`)."""
-    name = cfg.environment.env_class
+    refuses it then (`env_class_problem`, through `inflight.config.implemented.unimplemented`)."""
     from inflight.rewards.hubs import hub_prefixes  # stdlib only
 
+    name = cfg.environment.env_class
     if name is not None and ":" in name and not name.startswith(hub_prefixes()) \
             and not _MODULE_NAME.match(name):
         yield Violation("environment.env_class", name, "is not of the form package.module:name",
