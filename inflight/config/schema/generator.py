@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from inflight.backends.registry import backend_names
 from inflight.config.status import accepted, example, gpu_only, ours, refused, skyrl
 from inflight.weight_sync.kinds import TransportSpec, transport_aliases, transport_names, transport_spec
 
@@ -69,7 +70,7 @@ class InferenceEngineConfig:
     the servers' own flags, and the run pushes its weights to them before the first rollout."""
     num_engines: int = skyrl(1)
     """Number of engines, >= 1. Default 1."""
-    backend: str = skyrl("vllm", choices=("native", "vllm"))
+    backend: str = skyrl("vllm", choices=backend_names())  # the registry's: inflight/backends/registry.py
     """The inference engine: `vllm` (default: vLLM in its own virtual environment, behind `inflight
     serve --backend vllm`: the same HTTP routes, driven through `RemoteClient`) or `native` (this
     project's paged-KV engine, in this process or in child processes)."""
