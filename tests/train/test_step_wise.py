@@ -184,6 +184,28 @@ def test_a_step_wise_step_trains_one_row_per_turn(tmp_path):
     assert metrics["optimizer_steps"] == 1 and len(zero_variance) < 3
 
 
+def skyrl_generator_refuses(override: str) -> bool:
+    """Whether SkyRL's SkyRLGymGenerator._validate_cfg refuses step-wise trajectories with `override`
+    on its defaults."""
+    config = import_oracle("skyrl.train.config")
+    module = import_oracle("skyrl.train.generators.skyrl_gym_generator")
+    utils = import_oracle("skyrl.train.generators.utils")
+    cfg = config.GeneratorConfig(step_wise_trajectories=True)
+    key, value = override.split("=")
+    *path, leaf = key.split(".")[1:]
+    node = cfg
+    for part in path:
+        node = getattr(node, part)
+    setattr(node, leaf, value if leaf == "name_or_path" else value == "true")
+    me = SimpleNamespace(generator_cfg=cfg, batched=cfg.batched, use_conversation_multi_turn=cfg.use_conversation_multi_turn,
+                         custom_chat_template=utils.get_custom_chat_template(cfg.chat_template))
+    try:
+        module.SkyRLGymGenerator._validate_cfg(me, cfg)
+    except ValueError as err:
+        return "step_wise_trajectories" in str(err)
+    return False
+
+
 @pytest.mark.parametrize("override, key", [
     ("trainer.algorithm.advantage_estimator=reinforce++", "trainer.algorithm.advantage_estimator"),
     ("trainer.algorithm.loss_reduction=token_mean_legacy", "trainer.algorithm.loss_reduction"),
@@ -201,5 +223,7 @@ def test_what_skyrl_refuses_beside_step_wise_is_refused_at_validation(override, 
         load_config(None, [*LOCAL_CPU, STEP_WISE, override])
     assert [v.key for v in err.value.violations] == [key]
     assert "SkyRL" in str(err.value) and "generator.step_wise_trajectories=false" in str(err.value)
+    if key.startswith("generator."):  # SkyRL's generator refuses the same (its _validate_cfg)
+        assert skyrl_generator_refuses(override) and not skyrl_generator_refuses("generator.batched=false")
     cfg = load_config(None, [*LOCAL_CPU, STEP_WISE, "generator.merge_stepwise_output=true"])
     assert cfg.generator.step_wise_trajectories and cfg.generator.merge_stepwise_output
