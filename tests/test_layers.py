@@ -30,6 +30,7 @@ LAYERS: dict[str, int] = {
     "backends.registry": 2,  # a leaf module: the backends' entries, which config validation reads
     "backends": 5,  # below server: `inflight serve --backend NAME` (server/main.py) execs backends.NAME
     "server": 6,
+    "backends.hf_generate": 6,  # the project's python, over client/wire.py; server/main.py launches it by path
     "rollout": 6,
     "eval": 7,
     "agents": 7,  # the agent endpoint and generator: server, client and rollout below it; train holds it

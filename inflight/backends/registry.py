@@ -133,3 +133,16 @@ VLLM = register_backend(Backend(
     ),
     run_checks="inflight.backends.vllm.run_checks:run_problems",
 ))
+
+
+HF_GENERATE = register_backend(Backend(
+    "hf_generate", "transformers' own generate behind our routes, one request at a time (the baseline TRL uses; "
+    "inflight/backends/hf_generate)", launch="inflight.backends.hf_generate.server:main", start_timeout_s=120.0,
+    transports=("inprocess", "shm"),
+    refusals=(
+        Refusal("trainer.fully_async.clear_kv_cache_on_weight_sync", lambda c: c.trainer.fully_async.enabled,
+                lambda v: v is False, "cannot recompute frozen requests on the hf_generate backend: their KV lives "
+                "inside transformers' generate loop", "set trainer.fully_async.clear_kv_cache_on_weight_sync=false "
+                f"(the frozen requests keep their KV), or {IE}backend=native"),
+    ),
+))
