@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "training" / "metrics.md"
 CORRECTION = "trainer.algorithm.off_policy_correction."
 RUNS = {
-    "fully_async": ["trainer.eval_interval=2", "job.max_steps=4"],
+    "fully_async": ["trainer.eval_interval=2", "job.max_steps=4", "job.lend_threads=true"],
     "sync_critic_cispo_masks": [
         "trainer.fully_async.enabled=false", "job.max_steps=2", "trainer.algorithm.zero_variance_filter=false",
         "trainer.algorithm.advantage_estimator=gae", "trainer.critic_mini_batch_size=4",
