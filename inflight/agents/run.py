@@ -2,9 +2,10 @@
 
 `AgentRun(cfg, client, tokenizer, max_model_len)` is what a trainer holds when `generator.agent.path`
 names an agent, or `environment.env_class` an environment of a hub whose agent plays it
-(`verifiers:<env id>`, a `VerifiersAgent`: `inflight.rewards.hubs.agent_hub`) (`uses_agent(cfg)`): `await start()` serves the endpoint on the trainer's loop
-(and starts the hub's agent: verifiers' worker), `generator(sampling, n, seed)` makes an `AgentGenerator`
-(training and evaluation each get one, over the same endpoint), `await close()` stops both.
+(`verifiers:<env id>`, a `VerifiersAgent`: `inflight.rewards.hubs.agent_hub`) (`uses_agent(cfg)`):
+`await start()` serves the endpoint on the trainer's loop (and starts the hub's agent: verifiers'
+worker), `generator(sampling, n, seed)` makes an `AgentGenerator` (training and evaluation each get
+one, over the same endpoint), `await close()` stops both.
 """
 
 from __future__ import annotations
@@ -43,9 +44,10 @@ class AgentRun:
         hub = agent_hub(cfg.environment.env_class)
         self.hub_agent = None  # the hub's agent (verifiers'): started and closed with the endpoint
         if agent is None and settings.path is None and hub is not None:
-            (found, env_id), section = hub, getattr(cfg.environment, hub[0].section)
-            agent = self.hub_agent = import_object(found.agent, "environment.env_class", RewardError)(
-                env_id, dict(section), model=served or model)
+            found, env_id = hub
+            cls = import_object(found.agent, "environment.env_class", RewardError)
+            args = dict(getattr(cfg.environment, found.section))  # the loader's arguments
+            agent = self.hub_agent = cls(env_id, args, model=served or model)
         self.agent = agent if agent is not None else load_agent(settings.path)
         self.endpoint = AgentEndpoint(client, tokenizer, model_name=model, max_model_len=max_model_len,
                                       served_model_name=served, fmt=fmt, host=settings.host, port=settings.port)

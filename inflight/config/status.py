@@ -65,7 +65,8 @@ Choices = tuple[str, ...] | None
 
 def _field(default: Any, factory: Callable[[], Any] | None, status: KeyStatus, skyrl: bool,
            example: bool = False, choices: Choices = None, aliases: dict[str, str] | None = None) -> Any:
-    meta = {"status": status, "skyrl": skyrl, "example": example, "choices": choices, "aliases": aliases or {}}
+    meta = {"status": status, "skyrl": skyrl, "example": example, "choices": choices,
+            "aliases": aliases or {}}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)

@@ -77,7 +77,8 @@ class Hub:
     def missing(self, cfg: Any) -> str | None:
         """Why a run of this hub cannot start here (what is not installed, and how to install it), or None."""
         if self.requires is not None and importlib.util.find_spec(self.requires) is None:
-            return f"{CONFIG_KEY} names a {self.name} environment, and {self.requires} is not installed: {self.install}"
+            return (f"{CONFIG_KEY} names a {self.name} environment, and {self.requires} is not installed: "
+                    f"{self.install}")
         if self.check is not None:
             try:
                 import_object(self.check, CONFIG_KEY, RewardError)(cfg)

@@ -28,7 +28,7 @@ def test_choices_are_read_from_the_fields():
     for key, (allowed, aliases) in schema_choices().items():
         assert fields[key].metadata["choices"] == allowed, key
         default = get_key(Config(), key)
-        assert default in allowed or default in aliases, f"{key}: its default {default!r} is not one of its choices"
+        assert default in allowed or default in aliases, f"{key}: default {default!r} not among its choices"
 
 
 @pytest.mark.parametrize("key", sorted(schema_choices()))
@@ -42,7 +42,8 @@ def test_a_value_outside_the_fields_choices_is_refused_naming_them(key):
 
 
 def test_aliases_declared_on_the_field_are_taken():
-    cfg = load_config(None, [*LOCAL_CPU, "trainer.strategy=fsdp2", "generator.inference_engine.model_dtype=bf16"])
+    cfg = load_config(None, [*LOCAL_CPU, "trainer.strategy=fsdp2",
+                             "generator.inference_engine.model_dtype=bf16"])
     assert cfg.trainer.strategy == "fsdp" and cfg.generator.inference_engine.model_dtype == "bfloat16"
 
 

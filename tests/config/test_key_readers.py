@@ -139,8 +139,8 @@ def _refused_value(key: str):
     f, default = schema_fields()[key], get_key(default_config(), key)
     status = field_status(f)
     tp = typing.get_type_hints(_owner(key))[key.rsplit(".", 1)[-1]]
-    candidates = [True, False, 2, 0, -3, 7.5, 0.5, *schema_choices().get(key, ((),))[0], "replace", "geometric", "other",
-                  ["x"], {"x": 1}, None]
+    candidates = [True, False, 2, 0, -3, 7.5, 0.5, *schema_choices().get(key, ((),))[0], "replace", "geometric",
+                  "other", ["x"], {"x": 1}, None]
     for value in candidates:
         if not is_instance(value, tp) or status.takes(value, default):
             continue

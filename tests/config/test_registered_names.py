@@ -50,7 +50,8 @@ def test_a_newly_registered_loss_is_validated_by_what_it_registered(corrects):
     try:
         assert unimplemented(load_config(None, [f"{key}=fresh_loss"])) == []
         if corrects:
-            assert load_config(None, [f"{key}=fresh_loss", TIS]).trainer.algorithm.policy_loss_type == "fresh_loss"
+            cfg = load_config(None, [f"{key}=fresh_loss", TIS])
+            assert cfg.trainer.algorithm.policy_loss_type == "fresh_loss"
         else:
             with pytest.raises(ConfigError, match="does not apply the off-policy correction") as err:
                 load_config(None, [f"{key}=fresh_loss", TIS])

@@ -86,7 +86,8 @@ def test_an_unknown_name_lists_the_hubs(tmp_path):
     message = str(err.value)
     assert message.startswith("environment.env_class='text2sq' is not a known reward or environment")
     assert "did you mean 'text2sql'?" in message
-    for part in ("verifiers (verifiers:<env id>)", "openenv (openenv)", "skyrl-gym (aime, ", "skyrl_gym:<id>)",
+    for part in ("verifiers (verifiers:<env id>)", "openenv (openenv)", "skyrl-gym (aime, ",
+                 "skyrl_gym:<id>)",
                  "ours (gsm8k, ", "tool, ", "package.module:name)"):
         assert part in message, part
     problem = env_class_problem("text2sq")
@@ -101,8 +102,9 @@ def test_what_a_hub_needs_installed_is_a_refusal_with_its_install_hint(monkeypat
     cfg = load_config(None, [*LOCAL_CPU, "environment.env_class=aime"])
     assert hub_problem(cfg) is None  # skyrl-gym is installed here
     missing = dataclasses.replace(find_hub("aime"), requires="inflight_no_such_module")
-    assert missing.missing(cfg) == ("environment.env_class names a skyrl-gym environment, and inflight_no_such_module "
-                                    "is not installed: pip install 'inflight[environments]' (or skyrl-gym==0.4.0)")
+    assert missing.missing(cfg) == (
+        "environment.env_class names a skyrl-gym environment, and inflight_no_such_module is not installed: "
+        "pip install 'inflight[environments]' (or skyrl-gym==0.4.0)")
     monkeypatch.setenv(ENV_VAR, str(tmp_path / "no-python"))
     cfg = load_config(None, [*LOCAL_CPU, "environment.env_class=verifiers:wordle"])
     assert "scripts/verifiers_venv.sh" in hub_problem(cfg)

@@ -107,7 +107,8 @@ class OptimizerConfig:
     generate. Default true. On CPU the state already is in host memory."""
     num_warmup_steps: int = skyrl(0)
     """Optimizer steps of linear warm-up from 0 to `lr`, >= 0. Default 0."""
-    scheduler: str = skyrl("constant_with_warmup", choices=("constant", "constant_with_warmup", "linear", "cosine"))
+    scheduler: str = skyrl("constant_with_warmup",
+                           choices=("constant", "constant_with_warmup", "linear", "cosine"))
     """Learning-rate schedule over the optimizer steps (transformers' `get_scheduler`): `constant`,
     `constant_with_warmup` (default), `linear` or `cosine` (these two decay to 0 at the run's
     last optimizer step)."""
