@@ -92,7 +92,8 @@ class FSDPPolicyWorker(LocalPolicyWorker):
         """The modules sharded as one unit each: those whose class `fsdp_config.wrap_policy`'s
         `transformer_layer_cls_to_wrap` names, else each decoder layer."""
         names = self.section.fsdp_config.wrap_policy.get("transformer_layer_cls_to_wrap")
-        layers = model.get_decoder().layers  # a vision-language model's: its language model's
+        # a causal or vision-language model's decoder (a VLM's: its language model's); a critic's backbone
+        layers = (model.get_decoder() if hasattr(model, "get_decoder") else model.model).layers
         if not names:
             return list(layers)
         names = [names] if isinstance(names, str) else list(names)
