@@ -72,6 +72,7 @@ class Hub:
     say (verifiers lives in its own venv)."""
 
     def describe(self) -> str:
+        """The hub and its names, as an error lists them: `skyrl-gym (aime, ..., skyrl_gym:<id>)`."""
         return f"{self.name} ({', '.join([*self.names(), self.forms] if self.forms else self.names())})"
 
     def missing(self, cfg: Any) -> str | None:
