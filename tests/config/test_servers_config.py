@@ -45,7 +45,7 @@ def test_every_violation_of_the_server_keys_is_named():
         f"{IE}backend=vlm", f"{IE}run_engines_locally=false", f"{IE}num_engines=2",
         f"{IE}external_server_urls=[ftp://a:1,http://b:99999,http://c:1/v1,http://c:1/,http://c:1]",
     ])
-    assert found[0] == (f"{IE}backend", "must be one of native, vllm")
+    assert found[0] == (f"{IE}backend", "must be one of native, vllm, hf_generate")  # the registry's
     urls = [rule for key, rule in found if key == f"{IE}external_server_urls"]
     assert urls == ["is not an http(s)://host:port URL", "Port out of range 0-65535",
                     "has a path, query or fragment (give the server's base URL only)", "names a server twice"]
