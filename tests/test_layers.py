@@ -18,7 +18,7 @@ LAYERS: dict[str, int] = {
     "import_path": -1,  # `package.module:name` settings: the standard library only
     "algorithms": 0,  # pure tensor functions: torch and the standard library only
     "chat": 0,
-    "testing": 0,
+    "testing": 1,  # tiny_vlm.py builds its processors with chat/image_only.py
     "models_hub": 0,  # `inflight models get`: transformers and pip only
     "rewards": 1,
     "tasks": 2,

@@ -9,6 +9,7 @@ inputs (`pixel_values`, `image_grid_thw`). Nothing here counts tokens itself: th
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +18,8 @@ from typing import Any
 from PIL import Image
 
 from inflight.chat.images import ImageLimits, SplitMessages, split_images
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -57,24 +60,46 @@ def image_processor_of(processor: Any) -> Any | None:
 
 
 def load_vision(model_dir: str | Path, limits: ImageLimits | None = None) -> Vision | None:
-    """The `Vision` of a model directory whose config has a vision tower (`vision_config`), through
-    transformers' AutoProcessor; None for a text-only model. Raises ValueError naming why a vision
-    model's processor cannot be loaded."""
-    from transformers import AutoConfig, AutoProcessor
+    """The `Vision` of a model directory whose config has a vision tower (`vision_config`); None for a
+    text-only model. Raises ValueError naming why a vision model's processor cannot be loaded."""
+    from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(model_dir)
     if getattr(config, "vision_config", None) is None:
         return None
+    return Vision(load_processor(model_dir, config), limits or ImageLimits())
+
+
+def load_processor(model_dir: str | Path, config: Any) -> Any:
+    """A vision-language model's processor: transformers' AutoProcessor, or where that fails without
+    torchvision (the video processor needs it), the model family's processor without its video part
+    (chat/image_only.py) from the directory's files. Logs which; raises ValueError naming why neither."""
+    from transformers import AutoProcessor
+    from transformers.utils import is_torchvision_available
+
+    from inflight.chat.image_only import load_image_only
+
+    model = f"{model_dir}: a vision-language model ({type(config).__name__})"
     try:
-        processor = AutoProcessor.from_pretrained(model_dir)
+        processor, why = AutoProcessor.from_pretrained(model_dir), None
     except Exception as err:  # a missing optional package (torchvision), missing processor files
-        raise ValueError(f"{model_dir}: a vision-language model ({type(config).__name__}) whose processor "
-                         f"transformers cannot load: {type(err).__name__}: {err}") from err
-    if image_processor_of(processor) is None:
-        raise ValueError(f"{model_dir}: a vision-language model ({type(config).__name__}) for which transformers' "
-                         f"AutoProcessor loads no image processor (it gave a {type(processor).__name__}): "
-                         "preprocessor_config.json is missing, or the model's processor needs torchvision")
-    return Vision(processor, limits or ImageLimits())
+        processor, why = None, f"{type(err).__name__}: {' '.join(str(err).split())}"
+    if processor is not None and image_processor_of(processor) is None:
+        why = f"it loads no image processor (a {type(processor).__name__})"
+    if why is None:
+        log.info("%s: processor %s (transformers' AutoProcessor)", model_dir, type(processor).__name__)
+        return processor
+    if is_torchvision_available():
+        raise ValueError(f"{model} whose processor transformers' AutoProcessor cannot load: {why}")
+    try:
+        processor = load_image_only(model_dir, config)
+    except Exception as err:
+        raise ValueError(f"{model} whose processor neither transformers' AutoProcessor ({why}) nor the "
+                         f"image-only processor loads without torchvision: {type(err).__name__}: {err}") from err
+    log.warning("%s: processor %s with %s (image-only: no videos; transformers' AutoProcessor needs "
+                "torchvision, not installed: %s)", model_dir, type(processor).__name__,
+                type(processor.image_processor).__name__, why[:160])
+    return processor
 
 
-__all__ = ["ImagePrompt", "Vision", "image_processor_of", "load_vision"]
+__all__ = ["ImagePrompt", "Vision", "image_processor_of", "load_processor", "load_vision"]

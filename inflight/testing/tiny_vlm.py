@@ -4,7 +4,7 @@
 two-block vision tower and a two-layer language model), the tokenizer of `tiny_model.py` with
 Qwen2-VL's vision special tokens, the image processor's settings and a chat template that renders
 image content parts as `<|vision_start|><|image_pad|><|vision_end|>`. `load_tiny_processor(path)`
-returns transformers' Qwen2.5-VL processor for it (`ImageOnlyProcessor`).
+returns transformers' Qwen2.5-VL processor for it without its video part (`inflight.chat.image_only`).
 """
 
 from __future__ import annotations
@@ -13,11 +13,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import PreTrainedTokenizerFast, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
-from transformers.models.qwen2_5_vl.processing_qwen2_5_vl import Qwen2_5_VLProcessor
+from transformers import (
+    AutoConfig,
+    PreTrainedTokenizerFast,
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLForConditionalGeneration,
+)
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-from transformers.processing_utils import ProcessorMixin
 
+from inflight.chat.image_only import ImageOnlyProcessor, load_image_only
 from inflight.testing.tiny_model import make_tokenizer
 
 VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
@@ -37,17 +41,6 @@ VL_CHAT_TEMPLATE = (
     "{%- endfor %}{%- endif %}{{ '<|im_end|>\n' }}{%- endfor %}"
     "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{%- endif %}"
 )
-
-
-class ImageOnlyProcessor(Qwen2_5_VLProcessor):
-    """transformers' Qwen2.5-VL processor without a video processor: its own constructor checks the
-    video processor's class, which transformers cannot import without torchvision (not installed)."""
-
-    def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs) -> None:
-        self.image_token, self.video_token = "<|image_pad|>", "<|video_pad|>"
-        self.image_token_id = tokenizer.convert_tokens_to_ids(self.image_token)
-        self.video_token_id = tokenizer.convert_tokens_to_ids(self.video_token)
-        ProcessorMixin.__init__(self, image_processor, tokenizer, chat_template=chat_template)
 
 
 def make_vl_tokenizer(seed: int = 0) -> PreTrainedTokenizerFast:
@@ -103,6 +96,4 @@ def make_tiny_vlm(path: str | Path, seed: int = 0, **text_overrides: Any) -> Pat
 
 def load_tiny_processor(path: str | Path) -> ImageOnlyProcessor:
     """The processor of a `make_tiny_vlm` directory, from its files."""
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
-    return ImageOnlyProcessor(Qwen2VLImageProcessorPil.from_pretrained(path), tokenizer,
-                              chat_template=tokenizer.chat_template)
+    return load_image_only(path, AutoConfig.from_pretrained(path))
