@@ -52,7 +52,7 @@ class MultimodalStep:
 
     positions: torch.Tensor  # [3, T] M-RoPE positions of the step's tokens
     rows: torch.Tensor  # [R] the step's rows that are image placeholders
-    embeds: torch.Tensor  # [R, hidden] their image embeddings
+    embeds: torch.Tensor  # [R, hidden * (1 + DeepStack layers)] their image encodings (models/vision_language.py)
 
 
 Encoder = Callable[[torch.Tensor, list[tuple[int, int, int]]], list[torch.Tensor]]

@@ -1,7 +1,9 @@
-"""Qwen2.5-VL in the native engine against transformers' `Qwen2_5_VLForConditionalGeneration` on a
-tiny random model: M-RoPE positions, greedy tokens and logprobs for prompts with 0, 1 and 3 images
-of different sizes (batched together, whole or chunked prefill with preemption, prefix-cache hits),
-prefix-cache keys that hold the images, a keep-pause weight update, and refused inputs."""
+"""Qwen2.5-VL and Qwen3-VL in the native engine against transformers' `Qwen2_5_VLForConditionalGeneration`
+and `Qwen3VLForConditionalGeneration` on tiny random models (every test runs for both; Qwen3-VL's
+DeepStack, interleaved M-RoPE and q/k norms included): M-RoPE positions, greedy tokens and logprobs for
+prompts with 0, 1 and 3 images of different sizes (batched together, whole or chunked prefill with
+preemption, prefix-cache hits), prefix-cache keys that hold the images, a keep-pause weight update,
+and refused inputs."""
 
 from __future__ import annotations
 
@@ -14,23 +16,25 @@ import pytest
 import torch
 from PIL import Image
 from tolerance import assert_close_to_reference, other_thread_count
-from transformers import DynamicCache, Qwen2_5_VLForConditionalGeneration
+from transformers import DynamicCache
 
 from inflight.engine import AsyncEngine, EngineConfig, InvalidRequestError, LLMEngine, SamplingParams
 from inflight.engine.multimodal import MultimodalInput
-from inflight.testing.tiny_vlm import load_tiny_processor, make_tiny_vlm
+from inflight.testing.tiny_vlm import TINY_VLMS, load_tiny_processor
 
 MAX_TOKENS = 12
-# (width, height) of each image: 4, 12 and 20 placeholders at the tiny processor's sizes
+# (width, height) of each image: 6; 4, 12 and 10 placeholders at the tiny Qwen2.5-VL processor's sizes
+# (14-pixel patches), 6; 4, 12 and 8 at Qwen3-VL's (16-pixel)
 SIZES = {0: [], 1: [(84, 56)], 3: [(56, 56), (112, 84), (70, 140)]}
 
 
-@pytest.fixture(scope="module")
-def vlm(tmp_path_factory):
+@pytest.fixture(scope="module", params=sorted(TINY_VLMS))
+def vlm(request, tmp_path_factory):
     """Model A (seed 0) and model B (seed 1) directories, their transformers twins, the processor."""
-    root = tmp_path_factory.mktemp("tiny_vlm")
-    dir_a, dir_b = make_tiny_vlm(root / "a", seed=0), make_tiny_vlm(root / "b", seed=1)
-    hf = [Qwen2_5_VLForConditionalGeneration.from_pretrained(d, dtype=torch.float32).eval() for d in (dir_a, dir_b)]
+    build, hf_class = TINY_VLMS[request.param]
+    root = tmp_path_factory.mktemp(request.param)
+    dir_a, dir_b = build(root / "a", seed=0), build(root / "b", seed=1)
+    hf = [hf_class.from_pretrained(d, dtype=torch.float32).eval() for d in (dir_a, dir_b)]
     return dir_a, dir_b, hf[0], hf[1], load_tiny_processor(dir_a)
 
 
@@ -271,17 +275,20 @@ def test_bad_image_inputs_are_refused(vlm):
     dir_a, _, _, _, processor = vlm
     engine = LLMEngine(EngineConfig(model=str(dir_a), block_size=4))
     inputs = _inputs(processor, [_image((56, 56), 0), _image((84, 56), 1)])
-    ids, mm = _ids(inputs), _mm(inputs)
-    last = max(i for i, t in enumerate(ids) if t == engine.vision.image_token_id)
+    ids, mm, spec = _ids(inputs), _mm(inputs), engine.vision
+    last = max(i for i, t in enumerate(ids) if t == spec.image_token_id)
+    counts = [int(g.prod()) // spec.spatial_merge_size**2 for g in mm.image_grid_thw]
+    rows = f"{int(mm.image_grid_thw.prod(1).sum())}, {spec.patch_dim}"
     bad = {
-        "placeholder runs .* have lengths \\[4, 5\\], but the images need \\[4, 6\\]": (ids[:last] + ids[last + 1 :], mm),
-        "pixel_values must be a float tensor \\[40, 1176\\]": (ids, MultimodalInput(mm.pixel_values[:-1],
+        f"placeholder runs .* have lengths \\[{counts[0]}, {counts[1] - 1}\\], but the images need "
+        f"\\[{counts[0]}, {counts[1]}\\]": (ids[:last] + ids[last + 1 :], mm),
+        f"pixel_values must be a float tensor \\[{rows}\\]": (ids, MultimodalInput(mm.pixel_values[:-1],
                                                                                    mm.image_grid_thw)),
         "NaN or inf": (ids, MultimodalInput(mm.pixel_values * float("nan"), mm.image_grid_thw)),
         "image_hashes must be one non-empty string per image": (ids, MultimodalInput(mm.pixel_values,
                                                                                      mm.image_grid_thw, ("a",))),
         "multiples of spatial_merge_size": (ids, MultimodalInput(mm.pixel_values, torch.tensor([[1, 4, 4], [1, 3, 8]]))),
-        "holds 10 image placeholder tokens .* but no images": (ids, None),
+        f"holds {sum(counts)} image placeholder tokens .* but no images": (ids, None),
     }
     for message, (prompt, images) in bad.items():
         with pytest.raises(InvalidRequestError, match=message):

@@ -232,18 +232,23 @@ class DecoderForCausalLM(nn.Module):
 
     def run_layers(
         self, residual: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, meta, kv: KVCache,
-        routing: torch.Tensor | None = None,
+        routing: torch.Tensor | None = None, deepstack: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """The decoder over input embeddings `residual` (updated in place): row i is rotated by
-        `cos_sin[positions[i]]`."""
+        `cos_sin[positions[i]]`. `deepstack` (rows [R], features [L, R, hidden]): features[i] is added
+        to those rows of the stream after layer i, for the first L layers (Qwen3-VL's DeepStack)."""
         native_step = self.ops.native and meta.native_only
         ctx = ForwardContext(self.ops, positions, cos_sin, meta, native_step, routing)
         layers = self.model.layers
         first = layers[0].input_layernorm
         normed = self.ops.rms_norm(residual, first.weight, first.eps)
+        added = 0 if deepstack is None else deepstack[1].shape[0]
         for i, (layer, next_norm) in enumerate(self.layer_pairs):
             k_cache, v_cache = kv.layer(i)
             normed = layer.forward(residual, normed, ctx, k_cache, v_cache, next_norm)
+            if i < added:  # the next layer reads the stream with the features added, normed again
+                residual.index_add_(0, deepstack[0], deepstack[1][i])
+                normed = self.ops.rms_norm(residual, next_norm.weight, next_norm.eps)
         return normed
 
     def use_ops(self, ops: TorchOps) -> None:

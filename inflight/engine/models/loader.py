@@ -16,6 +16,7 @@ from inflight.engine.models.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
 from inflight.engine.models.qwen2_moe import Qwen2MoeForCausalLM
 from inflight.engine.models.qwen3 import Qwen3ForCausalLM
 from inflight.engine.models.qwen3_moe import Qwen3MoeForCausalLM
+from inflight.engine.models.qwen3_vl import Qwen3VLForConditionalGeneration
 
 ARCHITECTURES: dict[str, type[DecoderForCausalLM]] = {
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
@@ -24,10 +25,11 @@ ARCHITECTURES: dict[str, type[DecoderForCausalLM]] = {
     "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "Qwen2_5_VLForConditionalGeneration": Qwen2_5_VLForConditionalGeneration,
+    "Qwen3VLForConditionalGeneration": Qwen3VLForConditionalGeneration,
 }
 _BY_MODEL_TYPE = {"qwen2": Qwen2ForCausalLM, "qwen3": Qwen3ForCausalLM, "llama": LlamaForCausalLM,
                   "qwen2_moe": Qwen2MoeForCausalLM, "qwen3_moe": Qwen3MoeForCausalLM,
-                  "qwen2_5_vl": Qwen2_5_VLForConditionalGeneration}
+                  "qwen2_5_vl": Qwen2_5_VLForConditionalGeneration, "qwen3_vl": Qwen3VLForConditionalGeneration}
 
 
 def load_config(model_dir: str | Path) -> PretrainedConfig:
