@@ -1,6 +1,7 @@
-"""Training a vision-language policy (Qwen2.5-VL): one training forward's per-token log-probabilities
-and gradients equal transformers' `Qwen2_5_VLForConditionalGeneration` on the same batch (images from
-PIL through transformers' image processor), chunked and full; the vision tower frozen by default (no
+"""Training a vision-language policy (Qwen2.5-VL and Qwen3-VL: every test runs for both): one training
+forward's per-token log-probabilities and gradients equal transformers' `Qwen2_5_VLForConditionalGeneration`
+/ `Qwen3VLForConditionalGeneration` on the same batch (images from PIL through transformers' image
+processor), chunked and full; the vision tower frozen by default (no
 gradient, no optimizer state), trained with `freeze_vision_tower=false`; LoRA on the language model
 only, against peft's own model; images carried from trajectories into the batch."""
 
@@ -14,14 +15,14 @@ import pytest
 import torch
 from PIL import Image
 from tolerance import assert_close_to_reference, other_thread_count
-from transformers import Qwen2_5_VLForConditionalGeneration
+from transformers import AutoConfig
 
 from inflight.config import ConfigError, load_config
 from inflight.engine.multimodal import MultimodalInput
 from inflight.rollout.trajectory import Trajectory, TrajectoryGroup
 from inflight.tasks.base import Problem
 from inflight.testing import LOCAL_CPU
-from inflight.testing.tiny_vlm import load_tiny_processor, make_tiny_vlm
+from inflight.testing.tiny_vlm import TINY_VLMS, load_tiny_processor
 from inflight.train import LocalPolicyWorker, TrainBatch
 from inflight.train.batch import image_rows
 from inflight.train.step import build_batch
@@ -31,9 +32,14 @@ TEMPERATURE = 0.8
 TOWER = "model.visual."
 
 
-@pytest.fixture(scope="module")
-def vlm_dir(tmp_path_factory):
-    return make_tiny_vlm(tmp_path_factory.mktemp("vlm"), seed=3)
+@pytest.fixture(scope="module", params=sorted(TINY_VLMS))
+def vlm_dir(request, tmp_path_factory):
+    return TINY_VLMS[request.param][0](tmp_path_factory.mktemp(request.param), seed=3)
+
+
+def _hf_class(vlm_dir) -> type:
+    """transformers' class of the tiny model in `vlm_dir`."""
+    return TINY_VLMS[AutoConfig.from_pretrained(vlm_dir).model_type][1]
 
 
 def _image(height: int, width: int, seed: int) -> Image.Image:
@@ -108,7 +114,7 @@ def oracle(vlm_dir, data):
     """transformers' values and gradients, and two variants (another thread count, float64) that
     measure its own rounding."""
     batch, reference = data
-    load = lambda: Qwen2_5_VLForConditionalGeneration.from_pretrained(str(vlm_dir), dtype=torch.float32)  # noqa: E731
+    load = lambda: _hf_class(vlm_dir).from_pretrained(str(vlm_dir), dtype=torch.float32)  # noqa: E731
     main = _oracle(load(), reference, batch.loss_mask)
     with other_thread_count():
         threads = _oracle(load(), reference, batch.loss_mask)
@@ -146,7 +152,7 @@ def test_the_vision_tower_is_frozen_by_default(vlm_dir, data, oracle):
     batch, _ = data
     (expected, grads), variants = oracle
     worker = _worker(vlm_dir, "trainer.logprobs_chunk_size=5")
-    hf_names = [n for n, _ in Qwen2_5_VLForConditionalGeneration.from_pretrained(str(vlm_dir)).named_parameters()]
+    hf_names = [n for n, _ in _hf_class(vlm_dir).from_pretrained(str(vlm_dir)).named_parameters()]
     tower = {n for n in hf_names if n.startswith(TOWER)}
     assert tower and all(not p.requires_grad for n, p in worker.model.named_parameters() if n in tower)
     assert {id(p) for p in worker.optimizer_parameters()} == {id(p) for n, p in worker.model.named_parameters()
@@ -173,7 +179,7 @@ def test_lora_adapts_the_language_model_as_peft_does(vlm_dir, data):
     names = [n for n, p in worker.model.named_parameters() if p.requires_grad]
     assert names and all("lora_" in n and ".visual." not in n for n in names)
     assert not any("visual" in n for n, _ in worker.iter_sync_tensors())
-    base = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(vlm_dir), dtype=torch.float32)
+    base = _hf_class(vlm_dir).from_pretrained(str(vlm_dir), dtype=torch.float32)
     config = peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", exclude_modules=r"model\.visual\..*")
     oracle = peft.get_peft_model(base, config).train()
     oracle.load_state_dict({n: p.detach() for n, p in worker.model.named_parameters() if "lora_" in n}, strict=False)
@@ -263,11 +269,16 @@ def test_after_a_step_and_a_sync_the_engine_scores_as_the_trainer(vlm_dir):
     out = engine.generate([ids[0].tolist()], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True),
                           multimodal=[images_in])[0]
     assert set(out.token_weight_versions) == {1}
-    full = torch.tensor([ids[0].tolist() + out.output_token_ids])
+    # a sampled placeholder id is text to the engine but an image to transformers' forward (the trainer's): cut there
+    placeholder = engine.vision.image_token_id
+    response = out.output_token_ids[: (out.output_token_ids + [placeholder]).index(placeholder)]
+    assert len(response) >= 3
+    full = torch.tensor([ids[0].tolist() + response])
     batch = TrainBatch(input_ids=full, loss_mask=torch.ones_like(full, dtype=torch.float32), **image_rows([images_in]))
     worker.temperature = 1.0  # the engine's logprobs are of the unscaled distribution
     with torch.no_grad():
         trainer = worker.compute_logprobs(batch)[0, ids.shape[1]:]
         with other_thread_count():
             variant = worker.compute_logprobs(batch)[0, ids.shape[1]:]
-    assert_close_to_reference(torch.tensor(out.logprobs), trainer, [variant], what="engine vs trainer logprobs")
+    assert_close_to_reference(torch.tensor(out.logprobs[: len(response)]), trainer, [variant],
+                              what="engine vs trainer logprobs")
