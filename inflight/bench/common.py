@@ -12,8 +12,8 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, TypeVar
 
-from inflight.bench.matmul_peak import matmul_peak_flops  # noqa: F401  (re-exported)
 from inflight.backends.vllm.venv import SYSTEM_LIB_DIRS, TCMALLOC_NAMES, find_library  # noqa: F401  (re-exported)
+from inflight.bench.matmul_peak import matmul_peak_flops  # noqa: F401  (re-exported)
 
 T = TypeVar("T")
 _HZ = os.sysconf("SC_CLK_TCK")
@@ -211,3 +211,10 @@ def settle(
         time.sleep(window_s)
         if tree_cpu_seconds(pids) - before <= max_cores * window_s:
             return
+
+
+def cpu_name() -> str:
+    """The CPU's model name (its family and model numbers) and how many CPUs this process sees."""
+    from inflight.engine.cpu import cpu_family_model, cpu_model
+
+    return f"{cpu_model()} ({cpu_family_model()}), {os.cpu_count()} CPUs"

@@ -38,11 +38,13 @@ from inflight.bench.common import (
     CpuMonitor,
     Worker,
     busy_cpu_seconds,
+    cpu_name,
     find_library,
     median,
     settle,
     tree_cpu_seconds,
 )
+from inflight.bench.engine_images import image_workload, vllm_problem
 from inflight.bench.engine_report import (
     DEFAULT_MAX_OTHER_CPU,
     agreement,
@@ -56,6 +58,7 @@ from inflight.bench.engine_sides import build_model, call_side, close_side, open
 from inflight.bench.engine_workload import (
     DEFAULT_HF_BATCH_SIZES,
     BenchConfig,
+    ModelShape,
     Workload,
     make_workload,
 )
@@ -246,14 +249,19 @@ def _compare(
 
 def run_benchmark(cfg: BenchConfig) -> dict[str, Any]:
     """Run the whole comparison and return the results (JSON-serialisable)."""
-    work = make_workload(cfg)
+    load_start = os.getloadavg()
+    work = None if cfg.images else make_workload(cfg)
     with tempfile.TemporaryDirectory(prefix="inflight-bench-") as tmp:
         model_dir = Path(cfg.model_dir or Path(tmp) / "model")
         built = cfg.model_shape is None
         with CpuMonitor() as monitor:
             build_model(cfg, model_dir)  # here: it is set-up, not measured
+            if cfg.images:  # the prompts' image runs depend on the model's processor
+                cfg = replace(cfg, model_shape=ModelShape.from_model_dir(model_dir))
+                work = image_workload(cfg, model_dir)
             sides = _measure(cfg, work, model_dir)
-        model_type = json.loads((model_dir / "config.json").read_text()).get("model_type", "?")
+        model_config = json.loads((model_dir / "config.json").read_text())
+        model_type, image_token = model_config.get("model_type", "?"), model_config.get("image_token_id")
     peak = max(f for side in sides.values() for f in side["peak_flops"])
     result: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
@@ -264,14 +272,20 @@ def run_benchmark(cfg: BenchConfig) -> dict[str, Any]:
             "prompt_tokens": work.prompt_tokens,
             "output_tokens": work.output_tokens,
             "flops_per_run": work.flops,
+            "images": len(work.images),
+            "image_tokens": sum(p.count(image_token) for p in work.prompts) if work.images else 0,
         },
         "machine": {
+            "cpu": cpu_name(),
+            "load_average": {"start": load_start, "end": os.getloadavg()},  # 1, 5, 15 minutes
             "cpu_count": os.cpu_count(),
             "torch_threads": cfg.threads,
             "matmul_peak_flops": peak,
             "other_load": monitor.summary(),
         },
     }
+    if cfg.vllm_problem:
+        result["vllm_not_run"] = cfg.vllm_problem
     engine_outputs = sides["engine"].pop("outputs")
     result["engine"] = _side_result(sides["engine"], sides["engine"], engine_outputs, work, cfg, peak)
     if "transformers" in sides:
@@ -305,7 +319,9 @@ def _key_value(value: str) -> tuple[str, str]:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="inflight bench engine", description=__doc__.split("\n")[0])
     add = parser.add_argument
-    add("--small", action="store_true", help="hidden 128, 4 layers, vocab 512")
+    add("--small", action="store_true", help="hidden 128, 4 layers, vocab 512 (--images: tiny_vlm's own 64 x 2)")
+    add("--images", action="store_true",
+        help="one image per prompt on a Qwen2.5-VL (random, or --model-dir's; see bench.engine_images)")
     add("--moe", action="store_true",
         help="a Qwen3-MoE of the same trunk: every MLP 8 experts, 2 per token (FLOPs: the active experts')")
     add("--requests", type=int, default=64)
@@ -385,6 +401,8 @@ def _parse(argv: list[str]) -> tuple[BenchConfig, argparse.Namespace]:
         parser.error("need 1 <= --min-len <= --max-len")
     if args.requests < 1 or args.repeats < 1:
         parser.error("--requests and --repeats must be >= 1")
+    if args.images and (args.moe or args.latency):
+        parser.error("--images runs a dense Qwen2.5-VL's throughput: drop --moe / --latency")
     if args.model_dir and (Path(args.model_dir) / "config.json").is_file() and (args.small or args.moe):
         parser.error(f"--small and --moe pick the shape of a random model built here; --model-dir "
                      f"{args.model_dir} holds a model already, whose own shape is benchmarked: drop them")
@@ -406,6 +424,7 @@ def _parse(argv: list[str]) -> tuple[BenchConfig, argparse.Namespace]:
         max_rounds=args.max_rounds,
         max_other_cpu=args.max_other_cpu,
         model_dir=args.model_dir,
+        images=args.images,
         profile=args.profile,
         vllm_python=args.vllm_python or vllm_side.default_python(),
         vllm_kv_cache_gib=args.vllm_kv_cache_gib,
@@ -435,6 +454,13 @@ def _latency(cfg: BenchConfig, args: argparse.Namespace) -> int:
     return 0
 
 
+def _without_vllm(cfg: BenchConfig) -> BenchConfig:
+    """`cfg` without vLLM, the reason kept for the report: vLLM does not run the image workload."""
+    problem = vllm_problem(cfg.vllm_python or vllm_side.default_python())
+    print(f"vLLM not run: {problem}", file=sys.stderr)
+    return replace(cfg, against=tuple(a for a in cfg.against if a != "vllm"), vllm_problem=problem)
+
+
 def main(argv: list[str] | None = None) -> int:
     """`inflight bench engine [flags]`: run, print the table, optionally write JSON.
 
@@ -444,6 +470,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if "vllm" in cfg.against:
             vllm_side.check_python(cfg.vllm_python or vllm_side.default_python())
+            if cfg.images:
+                cfg = _without_vllm(cfg)
         if args.latency:
             return _latency(cfg, args)
         result = run_benchmark(cfg)

@@ -134,12 +134,21 @@ def _header(result: dict[str, Any]) -> list[str]:
     if shape.get("num_experts"):
         experts = (f", MoE: {shape['num_experts']} experts of {shape['moe_intermediate_size']}, "
                    f"{shape['num_experts_per_tok']} per token (FLOPs: the active ones)")
+    images = ""
+    if wl.get("images"):
+        images = (f" ({wl['images']} images, one per prompt, {wl['image_tokens']} image tokens; FLOPs: the "
+                  "language model's, not the vision tower's)")
+    cpu = ""
+    if "cpu" in machine:
+        load = {when: ", ".join(f"{x:.2f}" for x in avg) for when, avg in machine["load_average"].items()}
+        cpu = f"CPU: {machine['cpu']}; load average (1, 5, 15 min) {load['start']} at the start, {load['end']} at the end"
     return [
         f"model: {_model_name(result)}, hidden {shape['hidden_size']}, {shape['num_hidden_layers']} layers, vocab "
         f"{shape['vocab_size']}{experts}, {engine['params'] / 1e6:.1f}M params, {result['config']['dtype']}; "
         f"KV block size {_block_sizes(result)}",
         f"workload: {wl['requests']} requests, {wl['prompt_tokens']} prompt + {wl['output_tokens']} output "
-        f"tokens, {wl['flops_per_run']['total'] / 1e12:.2f} TFLOP per run",
+        f"tokens{images}, {wl['flops_per_run']['total'] / 1e12:.2f} TFLOP per run",
+        *([cpu] if cpu else []),
         f"matmul peak: {machine['matmul_peak_flops'] / 1e9:.1f} GFLOP/s with {machine['torch_threads']} threads; "
         f"other processes used {machine['other_load']['mean_other_cores']:.2f} cores on average "
         f"(max {machine['other_load']['max_other_cores']:.2f})",
@@ -209,6 +218,8 @@ def format_report(result: dict[str, Any]) -> str:
         lines += _transformers_lines(result)
     if "vllm" in result:
         lines += _vllm_lines(result)
+    if "vllm_not_run" in result:
+        lines.append(f"vLLM not run: {result['vllm_not_run']}")
     return "\n".join(lines)
 
 

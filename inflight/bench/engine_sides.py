@@ -31,6 +31,10 @@ def build_model(cfg: BenchConfig, model_dir: Path) -> None:
     from inflight.testing import make_tiny_model
 
     setup_process(cfg.threads)
+    if cfg.images:
+        from inflight.bench.engine_images import build_vlm
+
+        return build_vlm(cfg, model_dir)
     if not (model_dir / "config.json").is_file():
         make_tiny_model(model_dir, cfg.shape.arch, seed=cfg.seed, **cfg.shape.config_overrides())
 
@@ -64,9 +68,10 @@ class EngineSide:
             seed=cfg.seed,
             **block,
         )
+        self.images = _multimodal(model_dir, work)
         start = time.perf_counter()
         self.engine = LLMEngine(engine_cfg)
-        self.engine.generate([work.prompts[0]], self._params(1))
+        self.engine.generate([work.prompts[0]], self._params(1), multimodal=self.images and self.images[:1])
         self.startup_s = time.perf_counter() - start
         self.all_params = [self._params(n) for n in work.output_lens]
         # a full-size warm-up pass, like vLLM's: oneDNN builds its kernels for each new row count
@@ -92,16 +97,16 @@ class EngineSide:
         """One timed pass over the workload: (seconds, output token ids per request)."""
         self.engine.reset_prefix_cache()  # the same prompts again must not hit the cache
         start = time.perf_counter()
-        outputs = self.engine.generate(self.work.prompts, self.all_params)
+        outputs = self.engine.generate(self.work.prompts, self.all_params, multimodal=self.images)
         return time.perf_counter() - start, [o.output_token_ids for o in outputs]
 
     def latency(self, batch: int, steps: int) -> float:
         """Seconds per decode step of the first `batch` prompts decoding together (see bench.latency)."""
-        prompts, times = self.work.prompts[:batch], []
+        prompts, images, times = self.work.prompts[:batch], self.images and self.images[:batch], []
         for tokens in (1, steps):
             self.engine.reset_prefix_cache()
             start = time.perf_counter()
-            self.engine.generate(prompts, self._params(tokens))
+            self.engine.generate(prompts, self._params(tokens), multimodal=images)
             times.append(time.perf_counter() - start)
         return per_step_s(times[0], times[1], steps)
 
@@ -122,6 +127,17 @@ class EngineSide:
             "prefix_cache_hit_tokens": stats.prefix_cache_hit_tokens - self.hits_before,
             "preemptions": stats.preemptions,
         }
+
+
+def _multimodal(model_dir: str, work: Workload) -> list[Any] | None:
+    """The engine's image inputs per request (None: a text workload)."""
+    from inflight.engine.multimodal import MultimodalInput
+
+    if not work.images:
+        return None
+    from inflight.bench.engine_images import image_inputs
+
+    return [MultimodalInput(pixels, grid) for pixels, grid in image_inputs(model_dir, work.images)]
 
 
 NATIVE_KERNELS = ("paged_attention_rows", "fused_rms_norm", "fused_rotary", "fused_silu_mul")
@@ -171,11 +187,16 @@ class TransformersSide:
 
     def __init__(self, model_dir: str, cfg: BenchConfig, work: Workload) -> None:
         import torch
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+        from inflight.bench.engine_images import image_inputs
 
         self.work = work
+        # the batch's images: each request's (pixel_values, image_grid_thw), as the engine's
+        self.images = work.images and image_inputs(model_dir, work.images)
+        auto = AutoModelForImageTextToText if work.images else AutoModelForCausalLM
         start = time.perf_counter()
-        self.model = AutoModelForCausalLM.from_pretrained(
+        self.model = auto.from_pretrained(
             model_dir, dtype=getattr(torch, cfg.dtype), attn_implementation="sdpa"
         ).eval()
         self.load_s = time.perf_counter() - start
@@ -223,6 +244,7 @@ class TransformersSide:
                     max_new_tokens=steps,
                     do_sample=False,
                     pad_token_id=self.pad,
+                    **self._image_kwargs(batch, ids),
                 )
             new = out[:, width:]
             assert new.shape[1] == steps, f"transformers stopped after {new.shape[1]} of {steps} tokens"
@@ -230,6 +252,18 @@ class TransformersSide:
             for row, i in enumerate(batch):
                 outputs[i] = new[row, : work.output_lens[i]].tolist()
         return outputs, generated
+
+    def _image_kwargs(self, batch: list[int], ids: Any) -> dict[str, Any]:
+        """generate()'s image inputs for `batch` (rows `ids`): its images in row order, and which
+        tokens are image tokens (M-RoPE's positions); none for a text workload."""
+        import torch
+
+        if not self.images:
+            return {}
+        image_token = self.model.config.image_token_id
+        return {"pixel_values": torch.cat([self.images[i][0] for i in batch]),
+                "image_grid_thw": torch.cat([self.images[i][1] for i in batch]),
+                "mm_token_type_ids": (ids == image_token).long()}
 
     def finish(self) -> dict[str, Any]:
         return {}

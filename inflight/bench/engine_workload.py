@@ -36,10 +36,11 @@ class ModelShape:
 
     @classmethod
     def from_model_dir(cls, path: str | Path) -> ModelShape:
-        """The shape in `path`'s config (a Hugging Face causal LM directory), read by transformers."""
+        """The shape in `path`'s config (a Hugging Face causal LM directory; of a vision-language
+        model, its language model's), read by transformers."""
         from transformers import AutoConfig
 
-        config = AutoConfig.from_pretrained(path)
+        config = AutoConfig.from_pretrained(path).get_text_config()
 
         def get(key: str, default: int = 0) -> int:
             return getattr(config, key, None) or default
@@ -116,6 +117,8 @@ class BenchConfig:
     max_num_batched_tokens: int = 2048
     block_size: int | None = None  # KV block size on every side; None: each one's own (16 / 128)
     model_dir: str | None = None
+    images: bool = False  # one image per prompt on a vision-language model (bench.engine_images)
+    vllm_problem: str | None = None  # why vLLM was left out of an --images run
     profile: bool = False  # one extra engine run under torch.profiler; the op table goes in the result
     vllm_python: str | None = None  # None: vllm_side.default_python()
     vllm_kv_cache_gib: int = 2
@@ -155,6 +158,7 @@ class Workload:
     prompts: list[list[int]]
     output_lens: list[int]
     flops: dict[str, float] = field(default_factory=dict)
+    images: list[Any] = field(default_factory=list)  # one engine_images.BenchImage per prompt, or none
 
     @property
     def prompt_tokens(self) -> int:
@@ -175,14 +179,19 @@ def make_workload(cfg: BenchConfig) -> Workload:
             [rng.randrange(shape.vocab_size) for _ in range(rng.randint(cfg.min_len, cfg.max_len))]
         )
         output_lens.append(rng.randint(cfg.min_len, cfg.max_len))
-    work = Workload(prompts, output_lens)
+    return Workload(prompts, output_lens, workload_flops(shape, prompts, output_lens))
+
+
+def workload_flops(shape: ModelShape, prompts: list[list[int]], output_lens: list[int]) -> dict[str, float]:
+    """The useful FLOPs of serving `prompts` with `output_lens` once through the language model of
+    `shape` (a vision tower's are not counted)."""
     head = shape.hidden_size * shape.vocab_size
     # QK^T and AV: 2 matmuls × 2 FLOPs × heads × head_dim per attended position, per layer
     per_ctx = 4 * shape.num_hidden_layers * shape.num_attention_heads * shape.head_dim
     tokens = [len(p) + o for p, o in zip(prompts, output_lens, strict=True)]
-    work.flops = {
-        "matmul": 2.0 * shape.trunk_matmul_params() * sum(tokens) + 2.0 * head * work.output_tokens,
+    flops = {
+        "matmul": 2.0 * shape.trunk_matmul_params() * sum(tokens) + 2.0 * head * sum(output_lens),
         "attention": float(per_ctx * sum(n * (n + 1) // 2 for n in tokens)),
     }
-    work.flops["total"] = work.flops["matmul"] + work.flops["attention"]
-    return work
+    flops["total"] = flops["matmul"] + flops["attention"]
+    return flops

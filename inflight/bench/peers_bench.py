@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from inflight.bench.common import MODEL_SHAPES
+from inflight.bench.common import MODEL_SHAPES, cpu_name
 from inflight.bench.rl_bench import positive_int, say_time_capped
 
 SIDES = ("trl", "sync", "fully_async")
@@ -240,12 +240,6 @@ def _say_row(say, side: str, rnd: int, row: dict[str, Any]) -> None:
             "end of training): the accuracy after is not the model's")
 
 
-def _cpu_name() -> str:
-    from inflight.engine.cpu import cpu_family_model, cpu_model
-
-    return f"{cpu_model()} ({cpu_family_model()}), {os.cpu_count()} CPUs"
-
-
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
@@ -291,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
             say_time_capped(say, side, rnd, row, args.steps, args.seconds)
     describe = workload.describe + (f"; model {model}" if workload.recipe else "")
     result = {"args": vars(args), "workload": args.workload, "describe": describe, "task": task.name,
-              "model": model, "cpu": _cpu_name(), "seconds": args.seconds, "steps": args.steps, "repeats": args.repeats, "seeds": seeds,
+              "model": model, "cpu": cpu_name(), "seconds": args.seconds, "steps": args.steps, "repeats": args.repeats, "seeds": seeds,
               "gains": gains, "eval_interval": eval_interval, "eval_problems": len(task.eval_problems()),
               "trl": trl, "not_aligned": list(NOT_ALIGNED), "results": results,
               "summary": summarize(results, gains)}
