@@ -22,6 +22,7 @@ import torch
 
 from inflight.client import wire
 from inflight.client.errors import InconsistentServersError
+from inflight.engine.multimodal import MultimodalInput
 from inflight.engine.request import RequestOutput, SamplingParams
 
 Combine = Callable[[dict[str, Any]], Any]
@@ -121,18 +122,21 @@ class InferenceClient(Protocol):
 
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams | None = None, *,
                        request_id: str | None = None, cache_salt: str | None = None,
-                       session_id: str | None = None) -> RequestOutput:
+                       session_id: str | None = None, multimodal: MultimodalInput | None = None) -> RequestOutput:
         """Generate to completion; blocks across a KEEP pause and weight update. `session_id` keeps
-        a multi-turn trajectory on one server (prefix cache); ignored in process."""
-        return await self._call("generate", list(prompt_token_ids), params, request_id, cache_salt)  # type: ignore[attr-defined]
+        a multi-turn trajectory on one server (prefix cache); ignored in process. `multimodal`: the
+        prompt's images, whose placeholder tokens it holds (a vision-language model's engine)."""
+        return await self._call("generate", list(prompt_token_ids), params, request_id, cache_salt,  # type: ignore[attr-defined]
+                                multimodal)
 
     async def generate_stream(self, prompt_token_ids: list[int], params: SamplingParams | None = None, *,
                               request_id: str | None = None, cache_salt: str | None = None,
-                              session_id: str | None = None) -> AsyncIterator[RequestOutput]:
+                              session_id: str | None = None, multimodal: MultimodalInput | None = None
+                              ) -> AsyncIterator[RequestOutput]:
         """Snapshots of a generation, the last one finished (what a server route streams from). A
         client that cannot stream (every one but `LocalClient`) yields the final output alone."""
         yield await self.generate(prompt_token_ids, params, request_id=request_id, cache_salt=cache_salt,
-                                  session_id=session_id)
+                                  session_id=session_id, multimodal=multimodal)
 
     @op(_nothing, HttpRoute("POST", wire.PAUSE, lambda mode: {"mode": mode}))
     async def pause(self, mode: str = "keep") -> None:

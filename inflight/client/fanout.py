@@ -26,6 +26,7 @@ from typing import Any
 from inflight.client.base import OPS, InferenceClient
 from inflight.client.group import GroupMemberClient, HostsWeightGroup, gather
 from inflight.client.router import Router
+from inflight.engine.multimodal import MultimodalInput
 from inflight.engine.request import RequestOutput, SamplingParams
 
 
@@ -73,7 +74,7 @@ class FanOutClient(HostsWeightGroup, InferenceClient):
 
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams | None = None, *,
                        request_id: str | None = None, cache_salt: str | None = None,
-                       session_id: str | None = None) -> RequestOutput:
+                       session_id: str | None = None, multimodal: MultimodalInput | None = None) -> RequestOutput:
         """Generate on the engine the router picks (the session's engine when it has one); fails
         over only when the request was not sent."""
         failed: set[str] = set()
@@ -83,7 +84,8 @@ class FanOutClient(HostsWeightGroup, InferenceClient):
             self.router.acquire(name)
             try:
                 output = await self.clients[name].generate(prompt_token_ids, params, request_id=request_id,
-                                                           cache_salt=cache_salt, session_id=session_id)
+                                                           cache_salt=cache_salt, session_id=session_id,
+                                                           multimodal=multimodal)
             except ConnectionError as err:
                 if getattr(err, "request_sent", True):
                     raise

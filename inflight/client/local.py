@@ -11,6 +11,7 @@ from inflight.client.base import InferenceClient
 from inflight.client.ops import apply_op
 from inflight.client.update import update_all_or_nothing
 from inflight.engine.async_engine import AsyncEngine
+from inflight.engine.multimodal import MultimodalInput
 from inflight.engine.request import RequestOutput, SamplingParams
 from inflight.weight_sync.inprocess import InProcessTransport
 
@@ -27,9 +28,11 @@ class LocalClient(InferenceClient):
 
     async def generate_stream(self, prompt_token_ids: list[int], params: SamplingParams | None = None, *,
                               request_id: str | None = None, cache_salt: str | None = None,
-                              session_id: str | None = None) -> AsyncIterator[RequestOutput]:
+                              session_id: str | None = None, multimodal: MultimodalInput | None = None
+                              ) -> AsyncIterator[RequestOutput]:
         """The engine's own snapshots, one per step that ran the request."""
-        async for snapshot in self.engine.generate_stream(list(prompt_token_ids), params, request_id, cache_salt):
+        async for snapshot in self.engine.generate_stream(list(prompt_token_ids), params, request_id, cache_salt,
+                                                          multimodal):
             yield snapshot
 
     async def init_weight_transfer(self, *args: Any, **kwargs: Any) -> dict[str, Any]:

@@ -7,13 +7,17 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from inflight.client import wire
 from inflight.client.base import OPS, InferenceClient
 from inflight.client.group import GroupMemberClient, HostsWeightGroup
 from inflight.engine.async_engine import AsyncEngine
+from inflight.engine.multimodal import MultimodalInput
+from inflight.engine.request import RequestOutput, SamplingParams
 from inflight.weight_sync.receiver import engine_receiver
 
 GROUP_OPS = {"join_weight_group": "join", "receive_weight_chunk": "receive", "leave_weight_group": "leave"}
@@ -23,7 +27,8 @@ GROUP_OPS = {"join_weight_group": "join", "receive_weight_chunk": "receive", "le
 async def apply_op(engine: AsyncEngine, op: str, *args: Any) -> Any:
     """Run one operation (`generate`, one of `OPS` or `GROUP_OPS`) on an AsyncEngine."""
     if op == "generate":
-        return await engine.generate(*args[:4])  # no session: one engine
+        args = (*args[:4], *[a.unpack() if isinstance(a, PackedImages) else a for a in args[4:5]])
+        return await engine.generate(*args)  # prompt, params, id, salt, images; no session: one engine
     if op == "stats":
         return engine.engine.stats.as_dict()
     if op == "weight_version":
@@ -41,6 +46,25 @@ async def apply_op(engine: AsyncEngine, op: str, *args: Any) -> Any:
     return result.to_dict() if hasattr(result, "to_dict") else result  # plain data travels
 
 
+@dataclass(frozen=True)
+class PackedImages:
+    """A request's images (`MultimodalInput`) as one safetensors buffer, which pickles by value: torch
+    pickles a tensor sent through a multiprocessing pipe as a shared-memory handle, which an engine
+    child started by `subprocess` (another authentication key) cannot open."""
+
+    data: bytes
+    image_hashes: tuple[str, ...] | None
+
+    @classmethod
+    def pack(cls, images: MultimodalInput) -> PackedImages:
+        return cls(wire.encode_tensors([("pixel_values", images.pixel_values),
+                                        ("image_grid_thw", images.image_grid_thw)]), images.image_hashes)
+
+    def unpack(self) -> MultimodalInput:
+        tensors = dict(wire.decode_tensors(self.data))
+        return MultimodalInput(tensors["pixel_values"], tensors["image_grid_thw"], self.image_hashes)
+
+
 class JoiningClient(HostsWeightGroup, InferenceClient):
     """A client of one engine in another process: its operations travel by `_call`, and the
     engine can join a weight group this process hosts (at rank 1). `close()` leaves that group;
@@ -48,6 +72,13 @@ class JoiningClient(HostsWeightGroup, InferenceClient):
 
     async def _call(self, op: str, *args: Any) -> Any:
         raise NotImplementedError
+
+    async def generate(self, prompt_token_ids: list[int], params: SamplingParams | None = None, *,
+                       request_id: str | None = None, cache_salt: str | None = None,
+                       session_id: str | None = None, multimodal: MultimodalInput | None = None) -> RequestOutput:
+        """Generate on the engine; the images travel packed (`PackedImages`)."""
+        packed = None if multimodal is None else PackedImages.pack(multimodal)
+        return await self._call("generate", list(prompt_token_ids), params, request_id, cache_salt, packed)
 
     async def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """The tensors as host copies (they travel pickled)."""

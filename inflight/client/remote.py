@@ -33,6 +33,7 @@ from inflight.client.base import OPS, InferenceClient
 from inflight.client.errors import ServerUnavailableError, error_from_response
 from inflight.client.fanout import FanOutClient
 from inflight.client.router import Router
+from inflight.engine.multimodal import MultimodalInput
 from inflight.engine.request import RequestOutput, SamplingParams
 from inflight.engine.routing import decode_routed_experts
 
@@ -125,7 +126,7 @@ class HttpClient(InferenceClient):
     # ---- generation ---------------------------------------------------------------------------
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams | None = None, *,
                        request_id: str | None = None, cache_salt: str | None = None,
-                       session_id: str | None = None) -> RequestOutput:
+                       session_id: str | None = None, multimodal: MultimodalInput | None = None) -> RequestOutput:
         """Generate on this server; sent again once when the connection broke after it went out
         and the server still answers /health (see the module docstring)."""
         prompt = list(prompt_token_ids)
@@ -134,6 +135,8 @@ class HttpClient(InferenceClient):
             body["request_id"] = request_id
         if cache_salt is not None:
             body["cache_salt"] = cache_salt
+        if multimodal is not None:
+            body["multimodal"] = wire.encode_images(multimodal)
         try:
             data = await self._generate_once(body)
         except ServerUnavailableError as err:

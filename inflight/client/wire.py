@@ -4,6 +4,8 @@ client on the server's host names in `?shm=`)."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import os
 import uuid
 from collections.abc import Iterable, Iterator
@@ -15,6 +17,7 @@ from safetensors.torch import save as _save
 
 from inflight.client.routes import *  # noqa: F403  (the route paths, one source: see routes.py)
 from inflight.client.routes import CHUNK_FILE_PREFIX, SHM_DIR
+from inflight.engine.multimodal import MultimodalInput
 from inflight.weight_sync.group import DEFAULT_WEIGHT_GROUP  # noqa: F401  (the routes' default group name)
 
 CONTENT_TYPE = "application/octet-stream"
@@ -73,6 +76,27 @@ def decode_tensors(data: bytes) -> list[tuple[str, torch.Tensor]]:
         return list(_load(bytes(data)).items())
     except Exception as err:  # safetensors raises its own error type (and others) on bad bytes
         raise ValueError(f"the body is not a valid safetensors buffer: {err}") from err
+
+
+def encode_images(mm: MultimodalInput) -> dict[str, Any]:
+    """A request's images (`MultimodalInput`) as JSON for the token route's `multimodal` field: the
+    tensors in one base64 safetensors buffer, the hashes as a list (or null)."""
+    data = encode_tensors([("pixel_values", mm.pixel_values), ("image_grid_thw", mm.image_grid_thw)])
+    return {"tensors": base64.b64encode(data).decode("ascii"),
+            "image_hashes": None if mm.image_hashes is None else list(mm.image_hashes)}
+
+
+def decode_images(value: dict[str, Any]) -> MultimodalInput:
+    """`encode_images`' JSON back as a `MultimodalInput`; ValueError naming what is wrong (the
+    engine checks the tensors against the prompt and the model as it admits the request)."""
+    try:
+        tensors = dict(decode_tensors(base64.b64decode(value["tensors"], validate=True)))
+        hashes = value.get("image_hashes")
+        return MultimodalInput(tensors["pixel_values"], tensors["image_grid_thw"],
+                               None if hashes is None else tuple(str(h) for h in hashes))
+    except (KeyError, TypeError, ValueError, binascii.Error) as err:
+        raise ValueError("multimodal must be {'tensors': base64 safetensors of pixel_values and image_grid_thw, "
+                         f"'image_hashes': [...] or null}} ({type(err).__name__}: {err})") from err
 
 
 def chunk_by_bytes(named_tensors: Iterable[tuple[str, torch.Tensor]], max_bytes: int

@@ -27,6 +27,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from inflight.chat.vision import Vision
+from inflight.client import wire
 from inflight.engine.errors import InvalidRequestError
 from inflight.engine.request import SamplingParams
 from inflight.engine.routing import encode_routed_experts
@@ -247,7 +248,13 @@ def _token_route(router: APIRouter, ctx: ServeContext) -> None:
         params = SamplingParams(**req.sampling_params.model_dump())  # checked by the engine as it admits it
         request_id = req.request_id or uuid.uuid4().hex
         tracker = ChoiceTracker(0, ctx.tokenizer, req.prompt_token_ids, incremental=False, decode=False)
-        call = EngineCall(request_id, list(req.prompt_token_ids), params, req.cache_salt, tracker)
+        images = None
+        if req.multimodal is not None:
+            try:
+                images = wire.decode_images(req.multimodal)
+            except ValueError as err:
+                raise APIError(400, str(err), param="multimodal", code="invalid_value") from None
+        call = EngineCall(request_id, list(req.prompt_token_ids), params, req.cache_salt, tracker, images)
         await finish_calls(await start_engine_calls(ctx.scope(request), [call], False, request, "prompt_token_ids"))
         return {
             "request_id": request_id,

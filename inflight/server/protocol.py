@@ -139,6 +139,9 @@ class GenerateRequest(BaseModel):
     request_id: str | None = None
     cache_salt: str | None = None
     model: str | None = None
+    multimodal: dict[str, Any] | None = None
+    """The prompt's images for a vision-language model, whose placeholders the prompt holds
+    (`inflight.client.wire.encode_images`: the processor's pixel_values and image_grid_thw)."""
 
 
 PauseMode = Literal["abort", "keep", "wait"]
