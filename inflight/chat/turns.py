@@ -108,6 +108,13 @@ def between_turns(tokenizer: Any, history: Sequence[Message], observations: Sequ
                   tools: Sequence[dict] | None = None, fmt: ChatFormat = PLAIN) -> list[int]:
     """Token ids the template writes after the content of an assistant turn that follows `history`:
     the end of that turn, `observations`, and the next assistant generation prompt."""
+    return encode(tokenizer, text_between_turns(tokenizer, history, observations, tools, fmt))
+
+
+def text_between_turns(tokenizer: Any, history: Sequence[Message], observations: Sequence[Message],
+                       tools: Sequence[dict] | None = None, fmt: ChatFormat = PLAIN) -> str:
+    """The text of `between_turns` (a vision-language model's processor expands its image
+    placeholders as it tokenizes it)."""
     messages = [*history, {"role": "assistant", "content": MARKER}, *observations]
     text = render(tokenizer, messages, tools, add_generation_prompt=True, fmt=fmt)
     if text.count(MARKER) != 1:
@@ -115,7 +122,7 @@ def between_turns(tokenizer: Any, history: Sequence[Message], observations: Sequ
             "the chat template does not write an assistant turn's content verbatim (found it "
             f"{text.count(MARKER)} times), so the tokens between turns cannot be told apart from the "
             "model's; token-in/token-out multi-turn needs a template that does")
-    return encode(tokenizer, text[text.index(MARKER) + len(MARKER):])
+    return text[text.index(MARKER) + len(MARKER):]
 
 
 def as_messages(observation: Message | Sequence[Message]) -> list[Message]:

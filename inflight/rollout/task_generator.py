@@ -51,6 +51,12 @@ included, and the trajectory keeps the last turn's record (`Trajectory.routed_ex
 is the whole trajectory so far, so it covers every earlier turn's positions too (routed as the KV
 that turn attended to was), which the trainer's routing replay uses.
 
+Images (a vision-language model's task: `task.vision`): an episode's images (its opening's, then
+those of observation messages holding image parts; `inflight.rollout.conversation`) go with every
+turn's request (`multimodal`) and stay with the trajectory (`Trajectory.images`), which the trainer's
+forward takes. The model's image placeholder token is a stop token: a turn that samples it ends
+there, without it (the trainer would take a sampled placeholder for an image).
+
 Environment failures (`skip_failed_rollouts`, default true): building the environment, `reset()` or
 turning an observation into tokens that raises ends that episode only
 (`Trajectory.mark_rollout_failed`, `info["rollout_error"]`): what it generated so far is kept with
@@ -157,7 +163,12 @@ class TaskGenerator:
         self._sessions, self._session_ids = uuid.uuid4().hex, itertools.count()  # uuid4 a sample cost ~12 us
         raw = lambda ids: task.tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
         extra = single_token_stops(self.stop, task.encode, raw) if self.stop else []
-        self.stop_token_ids = list(dict.fromkeys([*task.stop_token_ids, *extra]))
+        # a vision-language model's image placeholder is no token to sample (the trainer's forward would
+        # take it for an image): a turn ends at it, and `cut` leaves it out
+        vision = getattr(task, "vision", None)
+        self.image_token: int | None = getattr(vision.processor, "image_token_id", None) if vision else None
+        placeholder = [] if self.image_token is None else [int(self.image_token)]
+        self.stop_token_ids = list(dict.fromkeys([*task.stop_token_ids, *extra, *placeholder]))
         eos = task.tokenizer.eos_token_id
         self.eos: int | None = None if eos is None else int(eos)
 
@@ -207,7 +218,7 @@ class TaskGenerator:
         except Exception as err:
             self._rollout_failed(problem, traj, "setting up the environment", err)
             return
-        traj.prompt_ids = chat.prompt_ids
+        traj.prompt_ids, traj.images = chat.prompt_ids, chat.images
         session = f"{self._sessions}-{next(self._session_ids)}"  # every turn on one engine: its prefix cache
         limit = self.turn_limit(env)
         if self.max_input_length is not None and len(traj.prompt_ids) > self.max_input_length:
@@ -222,7 +233,7 @@ class TaskGenerator:
                     return
             seed = None if self.seed is None else request_seed(self.seed, epoch, problem.id, sample, index)
             out = await self.client.generate(traj.prompt_ids + traj.response_ids, self.params(budget, seed),
-                                             session_id=session)
+                                             session_id=session, **_images(traj))
             turn = self.cut(out)
             appended = self._add_turn(traj, turn)
             traj.finish_reason, traj.num_turns = turn.finish_reason, index + 1
@@ -261,6 +272,7 @@ class TaskGenerator:
             traj.finish_reason = "length"
             return False
         self._append(traj, ids, [0.0] * len(ids), [ENV_VERSION] * len(ids), 0)
+        traj.images = chat.images  # the observation's images with its placeholders
         return True
 
     def _add_turn(self, traj: Trajectory, turn: Turn) -> int:
@@ -310,6 +322,9 @@ class TaskGenerator:
         logprobs = list(out.logprobs or [0.0] * len(tokens))
         versions = list(out.token_weight_versions)
         finish = out.finish_reason or "stop"
+        if self.image_token is not None and self.image_token in tokens:  # see __init__
+            n = tokens.index(self.image_token)
+            tokens, logprobs, versions, finish = tokens[:n], logprobs[:n], versions[:n], "stop"
         match = None
         if self.stop and finish != "abort":
             match = truncate_at_stop(tokens, self.stop, self.task.decode, True)
@@ -392,6 +407,12 @@ def _warn_once(key: tuple[str, str], message: str, *args: Any) -> None:
     level = logging.DEBUG if key in _REPORTED else logging.WARNING
     _REPORTED.add(key)
     log.log(level, message, *args)
+
+
+def _images(traj: Trajectory) -> dict[str, Any]:
+    """The `multimodal` argument of a turn's request: the episode's images, when it has any (a client
+    of a text-only engine need not take the argument)."""
+    return {} if traj.images is None else {"multimodal": traj.images}
 
 
 async def _settled(value: Any) -> Any:
