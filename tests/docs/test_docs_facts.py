@@ -48,13 +48,16 @@ def test_every_extra_is_installed_and_listed_alike():
 
 
 def test_the_model_lists_name_what_the_engine_loads():
-    engine = {name.removesuffix("ForCausalLM").lower() for name in ARCHITECTURES}
+    def key(name: str) -> str:  # Qwen2.5-VL and Qwen2_5_VLForConditionalGeneration alike: qwen25vl
+        return re.sub(r"[-._]", "", name.removesuffix("ForCausalLM").removesuffix("ForConditionalGeneration")).lower()
+
+    engine = {key(name) for name in ARCHITECTURES}
     for page in (*FRONT_PAGES, "docs/training/data-and-rewards.md"):
         text = " ".join((ROOT / page).read_text().split())
-        lists = re.findall(r"any local Hugging Face ((?:[\w-]+, )+[\w-]+ or [\w-]+) (?:directory|checkpoint)", text)
+        lists = re.findall(r"any local Hugging Face ((?:[\w.-]+, )+[\w.-]+ or [\w.-]+) (?:directory|checkpoint)", text)
         assert lists, f"{page} names no model list"
         for found in lists:
-            names = {n.replace("-", "").lower() for n in re.split(r", | or ", found)}
+            names = {key(n) for n in re.split(r", | or ", found)}
             assert names == engine, f"{page}: {found!r} vs the engine's {sorted(ARCHITECTURES)}"
 
 
