@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 
 from inflight.config import Config
+from inflight.config.job import JobConfig, split_job_config
 from inflight.tasks import AdditionTask, build_base_model, warm_up
-from inflight.train.job_config import JobConfig, split_job_config
 
 SMALL_MODEL = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=256)
 

@@ -45,7 +45,7 @@ class Backend:
     in_process: bool = False
     """A run may hold its engines in its own processes (else they are always HTTP servers)."""
     run_starts_servers: bool = False
-    """A run with `run_engines_locally=true` starts its servers (`inflight.train.servers`); else the
+    """A run with `run_engines_locally=true` starts its servers (`inflight.orchestration.servers`); else the
     run drives them only as servers started elsewhere (`external_server_urls`)."""
     start_timeout_s: float = 120.0
     """How long a started server may take to answer /health."""

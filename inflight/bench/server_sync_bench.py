@@ -1,5 +1,5 @@
 """`inflight bench weight-sync --server native|vllm`: how long generation pauses for a weight update
-into an HTTP server, the way a run on servers syncs (`inflight.train.servers`).
+into an HTTP server, the way a run on servers syncs (`inflight.orchestration.servers`).
 
 One server (`inflight serve`, native or `--backend vllm`) is started on a random-init model of a
 named shape (default Qwen2.5-0.5B's); with `--requests` greedy requests decoding, each repeat times
@@ -25,8 +25,8 @@ from inflight.client.remote import RemoteClient
 from inflight.client.update import UpdateProgress, update_all_or_nothing
 from inflight.engine.config import EngineConfig
 from inflight.engine.request import SamplingParams
-from inflight.train.server_fleet import ServerFleet
-from inflight.train.servers import CONTROL_TOKEN_ENV, native_command, vllm_command
+from inflight.orchestration.server_fleet import ServerFleet
+from inflight.orchestration.servers import CONTROL_TOKEN_ENV, native_command, vllm_command
 from inflight.weight_sync.inprocess import InProcessTransport
 
 TOKEN = "bench-server-sync"

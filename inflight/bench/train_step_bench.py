@@ -117,7 +117,7 @@ def _useful_flops(shape: ModelShape, seqs: int, length: int) -> float:
 def describe_model(model_dir: Path) -> dict[str, Any]:
     """What the table and the JSON say of the model: its directory, type, shape and parameter count
     (from the safetensors headers: a tied LM head counts once)."""
-    from inflight.train.engine_memory import parameter_count
+    from inflight.orchestration.engine_memory import parameter_count
 
     params = parameter_count(model_dir) or 0
     model_type = json.loads((model_dir / "config.json").read_text()).get("model_type", "?")

@@ -13,7 +13,7 @@ receiver `load_weights` pickles the tensors through the pipe, the slow path.
 
 A child that dies fails every call waiting on it, and every later one, with an `EngineProcessError`
 naming the engine, its pid and its exit code or signal; `EngineProcess.restart()` starts a new
-child on the same config behind the same client, in a KEEP pause (`inflight.train.engine_restarts`
+child on the same config behind the same client, in a KEEP pause (`inflight.orchestration.engine_restarts`
 decides when, and brings it to the current weights).
 """
 

@@ -9,7 +9,7 @@ package needs `ray` installed (`pip install torch==2.13.0 -e '.[ray]'`).
 from inflight.cluster.actors import EngineActor, PolicyActor, RayEngineClient, RayPolicy
 from inflight.cluster.placement import Placement, make_placement, plan_bundles, required_cpus
 from inflight.cluster.runtime import RayRuntime, init_ray, start_ray
-from inflight.train.runtime import policy_ranks
+from inflight.orchestration.engines import policy_ranks
 
 __all__ = [
     "EngineActor", "Placement", "PolicyActor", "RayEngineClient", "RayPolicy", "RayRuntime", "init_ray",

@@ -25,16 +25,16 @@ import torch
 from inflight.client.ops import apply_op
 from inflight.client.process import RayEngineClient, ReceiverSpec, start_receiver
 from inflight.config import Config
+from inflight.config.job import JobConfig
 from inflight.engine import AsyncEngine, LLMEngine
 from inflight.engine.config import EngineConfig
+from inflight.orchestration.engines import one_client
+from inflight.orchestration.sender import make_sender, receiver_spec
+from inflight.orchestration.server_fleet import ServerFleet, free_port
+from inflight.orchestration.servers import CONTROL_TOKEN_ENV, ServerSpec, vllm_command
 from inflight.rollout.task_generator import TrajectoryGroup
 from inflight.train.checkpoint import CheckpointState
-from inflight.train.job_config import JobConfig
 from inflight.train.policy import LocalPolicy, ensure_process_group
-from inflight.train.runtime import one_client
-from inflight.train.sender import make_sender, receiver_spec
-from inflight.train.server_fleet import ServerFleet, free_port
-from inflight.train.servers import CONTROL_TOKEN_ENV, ServerSpec, vllm_command
 from inflight.train.workers.base import SyncReport
 from inflight.weight_sync import configured_transport
 from inflight.weight_sync.transport import ChannelTransport, WeightTransport

@@ -19,8 +19,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from inflight.config import Config
 from inflight.config.implemented import external
-from inflight.train.job_config import JobConfig
-from inflight.train.runtime import policy_ranks
+from inflight.config.job import JobConfig
+from inflight.orchestration.engines import policy_ranks
 from inflight.weight_sync import configured_transport
 
 

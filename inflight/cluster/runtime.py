@@ -23,11 +23,10 @@ from inflight.cluster.actors import EngineActor, PolicyActor, RayEngineClient, R
 from inflight.cluster.placement import Placement, make_placement, required_cpus
 from inflight.config import Config
 from inflight.config.implemented import backend, external, on_servers
-from inflight.train.checkpoint import CheckpointState
-from inflight.train.engine_settings import engine_config
-from inflight.train.job_config import JobConfig
-from inflight.train.runtime import one_client, policy_ranks
-from inflight.train.servers import (
+from inflight.config.job import JobConfig
+from inflight.orchestration.engine_settings import engine_config
+from inflight.orchestration.engines import one_client, policy_ranks
+from inflight.orchestration.servers import (
     ServerSpec,
     check_external,
     check_vllm_python,
@@ -37,6 +36,7 @@ from inflight.train.servers import (
     server_spec,
     vllm_args,
 )
+from inflight.train.checkpoint import CheckpointState
 
 
 def init_ray(address: str | None = None, object_store_mib: int = 512, num_cpus: int | None = None) -> None:

@@ -3,7 +3,7 @@
 `validate` accepts them, because the schema and the weight-sync plan cover SkyRL's whole space (a
 SkyRL config always loads, and `inflight train --print-config` lists what a run would refuse); a
 run refuses them: `require_implemented` is called before anything starts (`inflight train`) and
-where the config becomes engines (`inflight.train.engine_settings.engine_config`) and training
+where the config becomes engines (`inflight.orchestration.engine_settings.engine_config`) and training
 steps (`inflight.train.step.StepOptions.from_config`). What is refused comes from two places: each
 key's declared status (`inflight.config.status`, next to its field: the values a run takes), and
 `NOT_IMPLEMENTED_WHEN`, the combinations (a key's value on some backend or placement).

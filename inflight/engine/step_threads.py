@@ -1,6 +1,6 @@
 """Torch threads lent to a run's engines while their trainer waits, read at every engine step.
 
-The lender (`inflight.train.thread_lending.ThreadLending`) writes how many threads each engine may
+The lender (`inflight.orchestration.thread_lending.ThreadLending`) writes how many threads each engine may
 add to its own; every engine reads that count before each step, in the thread that steps it
 (torch's thread count is per thread), and counts its steps by whether they ran with lent threads.
 Engines in child processes read the same numbers: they live in a small file under /dev/shm mapped

@@ -1,7 +1,7 @@
 """Training: batches, losses, policy workers (one base, several backends) and the local policy.
 
 The names below are imported on first use (PEP 562), so that importing a light module of this
-package (`inflight.train.main`, `inflight.train.job_config`) does not import torch: `inflight train
+package (`inflight.train.main`) does not import torch: `inflight train
 --print-config` validates a config without it."""
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ from collections import Counter
 from typing import Any
 
 from inflight.config import Config, ConfigError, Violation
+from inflight.config.job import JobConfig
 from inflight.config.keys import default_config, get_key
-from inflight.train.job_config import JobConfig
 
 BUILTIN_TASKS = ("addition", "chain_addition", "count_up")
 CHAT_KEYS = ("generator.chat_template.name_or_path", "generator.chat_template_kwargs")
@@ -70,6 +70,7 @@ def make_data_task(cfg: Config, job: JobConfig):
     from inflight.tasks.data_task import DataTask
     from inflight.tasks.openenv_env import OpenEnvSettings
     from inflight.tasks.skyrl_gym_env import GymSettings
+    from inflight.train.vision import check_image_rows, data_vision
 
     tokenizer = AutoTokenizer.from_pretrained(cfg.trainer.policy.model.path,
                                               use_fast=not cfg.trainer.disable_fast_tokenizer)
@@ -77,14 +78,22 @@ def make_data_task(cfg: Config, job: JobConfig):
     old_spelling = job.task == "jsonl" and bool(job.train_data)  # job.train_data / job.eval_data
     train = [job.train_data] if old_spelling else data.train_data
     val = ([job.eval_data] if job.eval_data else []) if old_spelling else data.val_data
-    return DataTask(
+    try:
+        vision = data_vision(cfg)  # a vision-language policy's processor: rows may hold images
+    except ValueError as err:
+        raise ConfigError([Violation("trainer.policy.model.path", cfg.trainer.policy.model.path, str(err),
+                                     "give a model directory whose processor transformers can load")]) from err
+    task = DataTask(
         tokenizer, train, val, prompt_key=data.prompt_key, answer_key=data.answer_key,
         chat_format=chat_format(cfg), skyrl_gym=GymSettings(cfg.environment.skyrl_gym, cfg.generator.max_turns),
         openenv=OpenEnvSettings.from_config(cfg.environment.openenv), agent=cfg.generator.agent.path,
         env_class=cfg.environment.env_class, max_prompt_length=cfg.trainer.max_prompt_length,
         drop_long_prompts=data.drop_long_prompts, max_new_tokens=cfg.generator.sampling_params.max_generate_length,
         max_context=model_context(cfg), num_eval=job.num_eval, val_fraction=data.val_fraction, seed=cfg.trainer.seed,
+        vision=vision,
     )
+    check_image_rows(cfg, [*task.train_problems(), *task.eval_problems()])
+    return task
 
 
 def chat_format(cfg: Config):

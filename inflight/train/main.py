@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Any
 
 from inflight.config import Config, ConfigError, Violation, config_from_dict, dump_config
 from inflight.config.implemented import backend, unimplemented
+from inflight.config.job import JobConfig, split_job_config
 from inflight.config.loader import read_yaml
 from inflight.train.data_setup import check_data_job, make_data_task, uses_data
 from inflight.train.defaults import default_job
-from inflight.train.job_config import JobConfig, split_job_config
 
 if TYPE_CHECKING:
     from inflight.train.runtime import Starter
@@ -85,7 +85,7 @@ def missing_devices(cfg: Config, job: JobConfig) -> str | None:
     import torch
 
     if torch.cuda.is_available():
-        from inflight.train.device_counts import too_many_gpus
+        from inflight.orchestration.device_counts import too_many_gpus
 
         return too_many_gpus(cfg, job)
     build = "a CPU-only build" if torch.version.cuda is None else "built with CUDA but sees no GPU"
@@ -343,8 +343,8 @@ def main(argv: list[str] | None = None, start_ray: Starter | None = None) -> int
         warm = prepare_base_model(cfg, job, task, say)
     from inflight.agents.agent import AgentError
     from inflight.client.process import EngineProcessError
+    from inflight.orchestration.engine_restarts import EngineDiedError
     from inflight.train.data_setup import NothingGeneratedError
-    from inflight.train.engine_restarts import EngineDiedError
 
     try:
         summary = asyncio.run(run_job(cfg, job, task, say, start_ray if job.ray else None))

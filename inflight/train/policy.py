@@ -21,15 +21,15 @@ import torch.distributed as dist
 
 from inflight.client.base import InferenceClient
 from inflight.config import Config
+from inflight.config.job import JobConfig
+from inflight.orchestration.server_fleet import free_port
+from inflight.orchestration.thread_lending import ThreadLending
 from inflight.rollout.task_generator import TrajectoryGroup
 from inflight.train.checkpoint import CheckpointState, export_model, load_optimizer, save_checkpoint
-from inflight.train.job_config import JobConfig
 from inflight.train.lora import lora_enabled
 from inflight.train.moe_support import check_worker_supports
 from inflight.train.objective import uses_reference
-from inflight.train.server_fleet import free_port
 from inflight.train.step import TrainingStep
-from inflight.train.thread_lending import ThreadLending
 from inflight.train.vision import raise_vision_settings
 from inflight.train.workers.base import PolicyWorker, SyncReport
 from inflight.weight_sync.inprocess import InProcessTransport
@@ -142,7 +142,7 @@ class LocalPolicy:
         # one named thread for every training step: the step's thread-local state (its torch threads)
         # stays put, and a placement (bench rl's) can find it and give it a core of its own
         self._train_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=TRAIN_THREAD_NAME)
-        # the step's torch threads, and the engines' lent to it (`inflight.train.thread_lending`)
+        # the step's torch threads, and the engines' lent to it (`inflight.orchestration.thread_lending`)
         self.lending = lending if lending is not None else ThreadLending(torch.get_num_threads())
         self._follow_lending = False  # steps follow a lending that changes while they run
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from inflight.config import Config
-from inflight.train.job_config import JobConfig
+from inflight.config.job import JobConfig
 from inflight.train.metrics import MetricsLogger
 from inflight.train.trackers import make_trackers
 

@@ -31,16 +31,16 @@ import torch
 from inflight.agents.run import AgentRun, uses_agent
 from inflight.client.base import InferenceClient
 from inflight.config import Config, SamplingConfig
+from inflight.config.job import JobConfig
 from inflight.engine.heap import frozen_heap
 from inflight.eval.run import eval_sets
 from inflight.eval.run import evaluate as run_eval
+from inflight.orchestration.engine_restarts import EngineRestarts
 from inflight.rollout.task_generator import TaskGenerator, TrajectoryGroup, episode_options, request_seed
 from inflight.tasks.base import Problem, Task
 from inflight.train.checkpoint import resume_checkpoint
 from inflight.train.data_setup import check_generated, model_context
 from inflight.train.dynamic_sampling import DynamicSampler
-from inflight.train.engine_restarts import EngineRestarts
-from inflight.train.job_config import JobConfig
 from inflight.train.lora import lora_enabled
 from inflight.train.metrics import MetricsLogger
 from inflight.train.policy import run_training_steps
@@ -441,7 +441,7 @@ class FullyAsyncTrainer(RLTrainer):
     def _lend_engine_threads(self) -> None:
         """Lend the training step the engines' threads whenever generation is ahead (bounded
         staleness reached, nothing generating) and no evaluation runs on the engines; take them
-        back as soon as that ends, within the step (`inflight.train.thread_lending`)."""
+        back as soon as that ends, within the step (`inflight.orchestration.thread_lending`)."""
         follow = getattr(self.policy, "follow_lending", None)  # a Ray policy's threads stay its own
         if follow is None:
             return

@@ -17,8 +17,8 @@ from support import EngineRecords, assert_sample_is_the_engines
 
 import inflight.train.step as step_module
 from inflight.config import load_config
+from inflight.config.job import JobConfig
 from inflight.testing import LOCAL_CPU
-from inflight.train.job_config import JobConfig
 from inflight.train.main import make_task
 from inflight.train.runtime import start_local
 from inflight.train.trainer import make_trainer
@@ -67,7 +67,7 @@ def test_a_failed_agent_episode_is_masked_and_left_out_of_its_groups_advantages(
 
     async def recording_start(cfg, job, **kwargs):
         runtime = await start_local(cfg, job, **kwargs)
-        runtime.client = EngineRecords(runtime.local_engines[0])
+        runtime.client = EngineRecords(runtime.engines.local[0])
         records.append(runtime.client)
         return runtime
 

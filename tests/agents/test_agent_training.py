@@ -12,8 +12,8 @@ import train_agents
 from support import EngineRecords, assert_sample_is_the_engines
 
 from inflight.config import load_config
+from inflight.config.job import JobConfig
 from inflight.testing import LOCAL_CPU
-from inflight.train.job_config import JobConfig
 from inflight.train.main import main, make_task
 from inflight.train.runtime import start_local
 from inflight.train.staleness import AsyncDataLoader
@@ -55,7 +55,7 @@ def test_an_agents_sdk_agent_trains_across_a_weight_update_inside_a_session(mode
 
     async def recording_start(cfg, job, **kwargs):  # the engine's own outputs: the oracle
         runtime = await start_local(cfg, job, **kwargs)
-        runtime.client = EngineRecords(runtime.local_engines[0])
+        runtime.client = EngineRecords(runtime.engines.local[0])
         records.append(runtime.client)
         return runtime
 

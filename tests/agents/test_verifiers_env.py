@@ -141,7 +141,7 @@ def test_inflight_train_plays_a_verifiers_environment(envs_on_path, tiny_model_f
 
     async def recording_start(cfg, job, **kwargs):  # the engine's own outputs: the oracle
         runtime = await start_local(cfg, job, **kwargs)
-        runtime.client = EngineRecords(runtime.local_engines[0])
+        runtime.client = EngineRecords(runtime.engines.local[0])
         records.append(runtime.client)
         return runtime
 

@@ -113,7 +113,7 @@ def test_a_killed_engine_actor_fails_its_calls_in_seconds_and_is_reported_dead(r
 def test_engine_restarts_are_refused_for_ray_engine_actors():
     """`trainer.fully_async.engine_restarts` is not implemented for Ray actors yet: refused, not ignored."""
     from inflight.cluster.runtime import RayRuntime
-    from inflight.train.engine_restarts import EngineRestarts
+    from inflight.orchestration.engine_restarts import EngineRestarts
 
     with pytest.raises(ValueError, match=r"trainer.fully_async.engine_restarts=2: .* RayRuntime"):
         EngineRestarts.of(RayRuntime(None), 2)

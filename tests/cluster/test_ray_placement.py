@@ -11,8 +11,8 @@ pytest.importorskip("ray", reason="ray is not installed: pip install torch==2.13
 
 from inflight.cluster import plan_bundles, policy_ranks, required_cpus  # noqa: E402
 from inflight.config import load_config  # noqa: E402
+from inflight.config.job import JobConfig  # noqa: E402
 from inflight.testing import LOCAL_CPU
-from inflight.train.job_config import JobConfig  # noqa: E402
 
 
 def _cfg(*overrides: str):

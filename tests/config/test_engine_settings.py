@@ -10,8 +10,8 @@ from inflight.config import ConfigError, load_config
 from inflight.config.keys import schema_choices
 from inflight.engine.config import NATIVE_BACKENDS, EngineConfig
 from inflight.engine.models.linear import LINEAR_BACKENDS
+from inflight.orchestration.engine_settings import ENGINE_KEYS, PER_ENGINE, RENAMED, engine_config
 from inflight.testing import LOCAL_CPU
-from inflight.train.engine_settings import ENGINE_KEYS, PER_ENGINE, RENAMED, engine_config
 
 IE = "generator.inference_engine."
 NON_DEFAULT = {
@@ -48,8 +48,8 @@ def test_each_key_reaches_its_engine_field(tmp_path):
 def test_gpu_memory_utilization_sizes_the_kv_cache_from_the_memory_left(tmp_path):
     from transformers import AutoConfig
 
+    from inflight.orchestration.engine_memory import MIN_KV_GIB, available_bytes, kv_cache_gib, weight_bytes
     from inflight.testing import make_tiny_model
-    from inflight.train.engine_memory import MIN_KV_GIB, available_bytes, kv_cache_gib, weight_bytes
 
     model = make_tiny_model(tmp_path / "m", arch="qwen2")
     ie = load_config(None, [f"{IE}gpu_memory_utilization=0.5", f"{IE}num_engines=2",

@@ -24,7 +24,7 @@ from inflight.config.keys import (
     schema_keys,
 )
 from inflight.config.status import ACCEPTED, IMPLEMENTED, REFUSED, field_status, is_skyrl
-from inflight.train.engine_settings import engine_config
+from inflight.orchestration.engine_settings import engine_config
 from inflight.train.step import StepOptions
 
 PACKAGE = Path(__file__).resolve().parents[2] / "inflight"

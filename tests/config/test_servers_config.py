@@ -11,8 +11,8 @@ import pytest
 from inflight.config import ConfigError, load_config
 from inflight.config.implemented import require_implemented, unimplemented
 from inflight.engine.config import EngineConfig
+from inflight.orchestration.servers import check_vllm_python, native_command, vllm_command
 from inflight.testing import LOCAL_CPU
-from inflight.train.servers import check_vllm_python, native_command, vllm_command
 
 IE = "generator.inference_engine."
 EXTERNAL = [f"{IE}run_engines_locally=false", f"{IE}external_server_urls=[http://10.0.0.5:8000]",
@@ -93,7 +93,7 @@ def test_offload_on_vllm_cpu_is_accepted_as_keep():
 def test_skyrls_placement_and_weight_sync_run_on_vllm_servers():
     """SkyRL's defaults (vLLM, nccl, colocate_all) and gloo, into servers started here or elsewhere:
     a run implements them, and its sender is a broadcast group the servers' client hosts."""
-    from inflight.train.sender import ServerGroupSender, make_sender
+    from inflight.orchestration.sender import ServerGroupSender, make_sender
 
     cfg = load_config(None, [])
     ie = cfg.generator.inference_engine
@@ -114,9 +114,9 @@ def test_the_vllm_command_lines_size_the_kv_cache(tiny_model_factory, monkeypatc
     memory over the engines, less the weights) and hands it to the shim as --kv-cache-memory-gib
     (vLLM's CPU KV space); vLLM gets no --gpu-memory-utilization. On CUDA vLLM sizes it itself from
     --gpu-memory-utilization (or --kv-cache-memory-bytes), with sleep mode for colocated engines."""
-    from inflight.train import engine_memory
-    from inflight.train.job_config import JobConfig
-    from inflight.train.servers import vllm_args, vllm_commands
+    from inflight.config.job import JobConfig
+    from inflight.orchestration import engine_memory
+    from inflight.orchestration.servers import vllm_args, vllm_commands
 
     model = tiny_model_factory("qwen2", 0)
     monkeypatch.setattr(engine_memory, "available_bytes", lambda device: 8 * 2**30)
@@ -187,8 +187,8 @@ def test_every_server_flag_exists_in_inflight_serve():
 def test_a_vllm_run_with_a_missing_python_starts_nothing(tmp_path):
     import asyncio
 
-    from inflight.train.job_config import JobConfig
-    from inflight.train.servers import start_servers
+    from inflight.config.job import JobConfig
+    from inflight.orchestration.servers import start_servers
 
     cfg = load_config(None, [*LOCAL_CPU, *VLLM, f"{IE}vllm_python={tmp_path}/venv/bin/python"])
     with pytest.raises(ConfigError, match="scripts/vllm_venv.sh"):
@@ -211,8 +211,8 @@ def test_the_demo_job_runs_on_vllm_by_one_key():
     shm means chunk files in /dev/shm for the servers, which a run implements (no second key)."""
     from pathlib import Path
 
+    from inflight.orchestration.sender import make_sender
     from inflight.train.main import resolve_config
-    from inflight.train.sender import make_sender
     from inflight.weight_sync.inprocess import InProcessTransport
 
     demo = Path(__file__).resolve().parents[2] / "examples" / "default.yaml"

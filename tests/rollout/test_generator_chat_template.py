@@ -16,6 +16,7 @@ from skyrl_oracle import import_skyrl
 from inflight.chat.templates import resolve_chat_template
 from inflight.chat.turns import ChatFormat, ChatTemplateError
 from inflight.config import load_config
+from inflight.config.job import JobConfig
 from inflight.rollout.task_generator import TaskGenerator
 from inflight.tasks import DataTask
 from inflight.tasks.dataset import DatasetError
@@ -23,7 +24,6 @@ from inflight.tasks.skyrl_gym_env import GymSettings
 from inflight.testing import LOCAL_CPU
 from inflight.testing.tiny_model import make_tokenizer
 from inflight.train.data_setup import chat_format, check_data_job
-from inflight.train.job_config import JobConfig
 
 # a template of the user's: its own markers, and an argument (`style`) that changes what it writes
 TEMPLATE = (

@@ -10,6 +10,7 @@ import skyrl_gym
 from gym_support import closed_port_url, make_spider_db, write_rows
 
 from inflight.config import load_config
+from inflight.config.job import JobConfig
 from inflight.config.validate import env_class_problem
 from inflight.rewards import RewardError
 from inflight.rewards.hubs import find_hub
@@ -21,7 +22,6 @@ from inflight.tasks.skyrl_gym_services import SkyRLGymServiceError
 from inflight.testing import LOCAL_CPU
 from inflight.testing.tiny_model import make_tokenizer
 from inflight.train.data_setup import make_data_task
-from inflight.train.job_config import JobConfig
 
 TOK = make_tokenizer()
 

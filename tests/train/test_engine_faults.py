@@ -21,9 +21,9 @@ from transformers import AutoModelForCausalLM
 
 from inflight.client.process import EngineProcess, EngineProcessError
 from inflight.engine import EngineConfig, SamplingParams
+from inflight.orchestration.engine_restarts import EngineDiedError, EngineRestarts
 from inflight.testing import LOCAL_CPU
 from inflight.testing.oracle import hf_greedy
-from inflight.train.engine_restarts import EngineDiedError, EngineRestarts
 from inflight.train.trainer import make_trainer
 
 SEED = int(os.environ.get("INFLIGHT_FAULT_SEED", "18"))

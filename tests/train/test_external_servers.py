@@ -16,11 +16,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from inflight.client.remote import RemoteClient
 from inflight.engine.config import EngineConfig
 from inflight.engine.request import SamplingParams
+from inflight.orchestration.server_fleet import ServerFleet
+from inflight.orchestration.servers import CONTROL_TOKEN_ENV, native_command
 from inflight.testing import LOCAL_CPU_TRAINER
 from inflight.testing.oracle import hf_greedy
 from inflight.train.main import main
-from inflight.train.server_fleet import ServerFleet
-from inflight.train.servers import CONTROL_TOKEN_ENV, native_command
 
 pytestmark = pytest.mark.timeout(300)
 TOKEN = "external-test-token"
@@ -98,7 +98,7 @@ def test_inflight_train_on_an_external_native_server(model_dir, tmp_path, monkey
 
 def test_unreachable_external_servers_fail_the_start_naming_the_server(model_dir, tmp_path):
     from inflight.client.errors import ServerUnavailableError
-    from inflight.train.server_fleet import free_port
+    from inflight.orchestration.server_fleet import free_port
 
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     assert main(["--print-config", *_overrides(model_dir, url, tmp_path)]) == 0  # a valid config

@@ -35,7 +35,7 @@ async def _train_then_greedy(cfg, job, task, prompt: list[int]) -> tuple[list[di
     try:
         await trainer.setup()
         history = await trainer.train()
-        engine = trainer.runtime.local_engines[0]
+        engine = trainer.runtime.engines.local[0]
         if not engine.engine.weights.awake:
             await engine.wake_up()
         out = await engine.generate(prompt, SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
@@ -129,7 +129,7 @@ def test_a_resumed_lora_run_continues_the_checkpoints_adapter(model_dir, tmp_pat
             adapter = {n: p.detach().clone() for n, p in worker.model.named_parameters() if ".lora_" in n}
             optimizer = copy.deepcopy(worker.optimizer.state_dict())  # training steps it in place
             schedule = worker.lr_scheduler.last_epoch
-            engine = trainer.runtime.local_engines[0]
+            engine = trainer.runtime.engines.local[0]
             version = engine.weight_version
             out = await engine.generate(prompt, SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
             history = await trainer.train()

@@ -284,7 +284,7 @@ def test_a_megatron_lora_run_checkpoints_and_resumes_the_adapter(tmp_path, tmp_p
         try:
             await trainer.setup()
             loaded = {n: t.clone() for n, t in trainer.policy.worker.hf_adapter_tensors()}
-            out = await trainer.runtime.local_engines[0].generate(
+            out = await trainer.runtime.engines.local[0].generate(
                 prompt, SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
             return loaded, out.output_token_ids, await trainer.train()
         finally:

@@ -8,9 +8,9 @@ import pytest
 
 from inflight.config import ConfigError, load_config
 from inflight.config.implemented import unimplemented
+from inflight.config.job import JobConfig
 from inflight.rollout.task_generator import episode_options
 from inflight.testing import LOCAL_CPU, make_tiny_model
-from inflight.train.job_config import JobConfig
 from inflight.train.moe_support import check_worker_supports
 from inflight.train.policy import make_worker
 

@@ -9,9 +9,9 @@ import asyncio
 import pytest
 from rl_support import SMALL_MODEL, rl_config
 
+from inflight.config.job import JobConfig, split_job_config
 from inflight.tasks import AdditionTask, build_base_model, warm_up
 from inflight.tasks.base_model import ARCHS
-from inflight.train.job_config import JobConfig, split_job_config
 from inflight.train.trainer import make_trainer
 
 REPLAY = ("trainer.policy.megatron_config.moe_enable_routing_replay=true",

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from inflight.orchestration.engines import policy_ranks
 from inflight.train.main import resolve_config
-from inflight.train.runtime import policy_ranks
 from inflight.weight_sync import plan_weight_sync
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "multi_engine.yaml"

@@ -6,8 +6,8 @@ import pytest
 import yaml
 
 from inflight.config import config_from_dict, load_config
+from inflight.config.job import JobConfig
 from inflight.testing import LOCAL_CPU
-from inflight.train.job_config import JobConfig
 from inflight.train.run_logs import open_run_logs
 
 

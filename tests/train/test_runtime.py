@@ -15,8 +15,8 @@ import pytest
 
 from inflight.client import LocalClient
 from inflight.config import load_config
+from inflight.config.job import JobConfig
 from inflight.testing import LOCAL_CPU
-from inflight.train.job_config import JobConfig
 from inflight.train.main import main
 from inflight.train.policy import TRAIN_THREAD_NAME, LocalPolicy
 from inflight.train.runtime import LocalRuntime, start_local
@@ -69,7 +69,7 @@ def test_start_local_gives_the_client_and_the_policy(tiny_model_factory):
         return runtime
 
     runtime = asyncio.run(run())
-    assert runtime.local_engines == [] and runtime.transport is None
+    assert runtime.engines is None and runtime.transport is None
 
 
 def test_start_local_stops_the_engines_when_the_policy_fails(tiny_model_factory, monkeypatch):
@@ -88,7 +88,7 @@ def test_start_local_stops_the_engines_when_the_policy_fails(tiny_model_factory,
     monkeypatch.setattr(LocalPolicy, "load", failing_load)
     with pytest.raises(RuntimeError, match="no policy today"):
         asyncio.run(start_local(_cfg(model_dir), JobConfig(worker="local"), pad_id=0, model_dir=model_dir))
-    assert len(closed) == 1 and closed[0].local_engines == [] and closed[0].transport is None
+    assert len(closed) == 1 and closed[0].engines is None and closed[0].transport is None
 
 
 def test_every_training_step_runs_on_the_policys_one_named_thread(tiny_model_factory):

@@ -53,7 +53,7 @@ def _train(cfg, job, task=None, evaluate=False):
             trainer.frozen_after = gc.get_freeze_count()
             version = await trainer.client.weight_version()
             after = await trainer.evaluate() if evaluate else None
-            trainer.engine_step_threads = [e.health()["threads"] for e in trainer.runtime.local_engines]
+            trainer.engine_step_threads = [e.health()["threads"] for e in trainer.runtime.engines.local]
             return trainer, history, version, before, after
         finally:
             await trainer.close()

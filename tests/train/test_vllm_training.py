@@ -96,7 +96,7 @@ async def _train_then_serve(cfg, job, prompts: list[list[int]], exports: Path):
         outs = await asyncio.gather(*(trainer.client.generate(p, params) for p in prompts))
         version = await trainer.client.weight_version()
         export = await trainer.policy.export(exports, trainer.global_step)
-        fleet = trainer.runtime.servers.fleet
+        fleet = trainer.runtime.engines.servers.fleet
         health = await trainer.client.health()
         async with httpx.AsyncClient(trust_env=False) as http:  # the run's random token guards control
             refused = (await http.post(fleet.urls[0] + "/pause", params={"mode": "keep"})).status_code
@@ -109,7 +109,7 @@ async def _train_then_serve(cfg, job, prompts: list[list[int]], exports: Path):
 def test_fully_async_training_on_vllm_servers_over_a_gloo_group(vllm_model, tmp_path, device):
     from transformers import AutoTokenizer
 
-    from inflight.train.sender import ServerGroupSender
+    from inflight.orchestration.sender import ServerGroupSender
 
     ie = "generator.inference_engine."
     cfg, job = rl_config(vllm_model, tmp_path, [f"{ie}backend=vllm", f"{ie}num_kv_blocks=null", f"{ie}device={device}",
@@ -148,7 +148,7 @@ def test_colocated_synchronous_training_on_vllm_servers(vllm_model, tmp_path, de
                                                 f"{ie}weight_sync_backend=gloo"])
     tok = AutoTokenizer.from_pretrained(vllm_model)
     prompts = [tok.encode(text) for text in ("3+4=", "9+9=")]
-    with caplog.at_level(logging.WARNING, logger="inflight.train.servers"):
+    with caplog.at_level(logging.WARNING, logger="inflight.orchestration.servers"):
         history, outs, version, export, syncs, _, health, _, _ = asyncio.run(
             _train_then_serve(cfg, job, prompts, tmp_path / "exports"))
     notes = [r.getMessage() for r in caplog.records if "frees no memory" in r.getMessage()]

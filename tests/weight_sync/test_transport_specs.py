@@ -19,9 +19,9 @@ from inflight.config.implemented import require_implemented
 from inflight.config.keys import schema_choices
 from inflight.config.validate import ENGINE_RESTARTS, collect_violations
 from inflight.import_path import import_object
+from inflight.orchestration.sender import ServerGroupSender, make_sender
+from inflight.orchestration.servers import server_spec
 from inflight.testing import LOCAL_CPU
-from inflight.train.sender import ServerGroupSender, make_sender
-from inflight.train.servers import server_spec
 from inflight.weight_sync import kinds
 from inflight.weight_sync.inprocess import InProcessTransport
 from inflight.weight_sync.kinds import (

@@ -1,6 +1,6 @@
 """Which of vLLM's `--logprobs-mode`s gives the logprobs we promise, per request and per run: THE
 rule, read by the shim (`generate.check_sampling`, in vLLM's interpreter) and by a run that starts vLLM
-servers (`inflight.train.servers`, which picks the mode its sampling needs).
+servers (`inflight.orchestration.servers`, which picks the mode its sampling needs).
 
 We promise the sampled token's logprob under `log_softmax(logits / T)` before any top-k/top-p filter
 (T = 1 for greedy): what a policy-gradient trainer recomputes (docs/design.md, "Logprobs"). vLLM 0.32

@@ -1,7 +1,7 @@
 """A run on vLLM servers, on the project's side: what it would refuse, found before anything starts
 (the vLLM registry entry's `run_checks`, read by `inflight.train.main.run_refusals`: `inflight
 train` and `--print-config`), and the logprobs mode
-its servers start in (`inflight.train.servers`). The rules themselves are the backend's own
+its servers start in (`inflight.orchestration.servers`). The rules themselves are the backend's own
 (`venv.python_problem`, `shapes.py`, `logprob_modes.py`), read here, not restated.
 """
 

@@ -18,9 +18,9 @@ from inflight.client.update import update_all_or_nothing
 from inflight.config import load_config
 from inflight.config.implemented import unimplemented
 from inflight.engine.request import SamplingParams
+from inflight.orchestration.server_fleet import ServerFleet
+from inflight.orchestration.servers import CONTROL_TOKEN_ENV
 from inflight.testing import LOCAL_CPU
-from inflight.train.server_fleet import ServerFleet
-from inflight.train.servers import CONTROL_TOKEN_ENV
 from inflight.weight_sync.inprocess import InProcessTransport
 
 TOKEN = "hf-generate-test"

@@ -16,8 +16,8 @@ from inflight.backends.vllm.generate import SamplingFields, check_sampling
 from inflight.backends.vllm.run_checks import logprobs_mode, run_problems
 from inflight.config import load_config
 from inflight.config.implemented import backend
+from inflight.orchestration.servers import vllm_args
 from inflight.testing import LOCAL_CPU
-from inflight.train.servers import vllm_args
 
 RECIPES = json.loads((Path(__file__).parents[2] / "config" / "data" / "skyrl_recipes.json").read_text())["recipes"]
 IE = "generator.inference_engine."

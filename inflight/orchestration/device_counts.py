@@ -13,7 +13,7 @@ process and an engine a thread pool: nothing to count.
 from __future__ import annotations
 
 from inflight.config import Config
-from inflight.train.job_config import JobConfig
+from inflight.config.job import JobConfig
 
 _PLACEMENT = "trainer.placement."
 _IE = "generator.inference_engine."

@@ -18,7 +18,7 @@ or `run_engines_locally=false`).
 Weights travel through the client either way: with `weight_sync_backend=shm` as safetensors chunk
 files in /dev/shm that the servers (on this host) read, with `inprocess` in request bodies, with
 `broadcast` (SkyRL's nccl / gloo) in a weight group the client hosts, each server a member
-(`inflight.train.sender.ServerGroupSender`); by the same plan and executor as every other engine
+(`inflight.orchestration.sender.ServerGroupSender`); by the same plan and executor as every other engine
 (`LocalPolicy.sync_weights`). Colocated engines (`colocate_all`) sleep while the trainer trains:
 on CUDA through vLLM's sleep mode, on CPU without freeing memory (vLLM's sleep is CUDA-only; the
 run says so once in its log).
@@ -39,10 +39,10 @@ from pathlib import Path
 from inflight.client.remote import RemoteClient
 from inflight.config import Config, ConfigError, InferenceEngineConfig
 from inflight.config.implemented import backend, require_implemented
+from inflight.config.job import JobConfig
 from inflight.engine.config import EngineConfig
-from inflight.train.engine_settings import engine_config
-from inflight.train.job_config import JobConfig
-from inflight.train.server_fleet import ServerFleet
+from inflight.orchestration.engine_settings import engine_config
+from inflight.orchestration.server_fleet import ServerFleet
 from inflight.weight_sync import configured_transport
 
 log = logging.getLogger(__name__)

@@ -36,7 +36,7 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 
 from inflight.config import ConfigError, Violation
 from inflight.engine.step_threads import EngineThreads, SharedThreads
-from inflight.train.engine_memory import parameter_count
+from inflight.orchestration.engine_memory import parameter_count
 
 
 class ThreadLending:

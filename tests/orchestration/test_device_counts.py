@@ -1,4 +1,4 @@
-"""The GPU-count keys against the CUDA devices of the node (`inflight.train.device_counts`), with the
+"""The GPU-count keys against the CUDA devices of the node (`inflight.orchestration.device_counts`), with the
 device count monkeypatched: `inflight train` refuses a run that asks for more GPUs than there are,
 naming the key and both numbers, before anything starts; nothing is counted on CPU."""
 
@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from inflight.config import load_config
+from inflight.config.job import JobConfig
+from inflight.orchestration.device_counts import too_many_gpus
 from inflight.testing import LOCAL_CPU
-from inflight.train.device_counts import too_many_gpus
-from inflight.train.job_config import JobConfig
 from inflight.train.main import missing_devices
 
 IE = "generator.inference_engine."

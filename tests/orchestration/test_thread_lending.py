@@ -13,15 +13,15 @@ import pytest
 import torch
 
 from inflight.config import ConfigError
-from inflight.train.engine_memory import parameter_count
-from inflight.train.job_config import JobConfig
-from inflight.train.staleness import StalenessManager
-from inflight.train.thread_lending import (
+from inflight.config.job import JobConfig
+from inflight.orchestration.engine_memory import parameter_count
+from inflight.orchestration.thread_lending import (
     LEND_MIN_PARAMETERS,
     ThreadLending,
     ThreadSplit,
     thread_split,
 )
+from inflight.train.staleness import StalenessManager
 
 
 class _Probe(torch.autograd.Function):

@@ -14,7 +14,7 @@ import torch
 from inflight.client.process import EngineProcess
 from inflight.engine import AsyncEngine, EngineConfig, LLMEngine, SamplingParams
 from inflight.engine.step_threads import EngineThreads, SharedThreads
-from inflight.train.thread_lending import ThreadLending, ThreadSplit
+from inflight.orchestration.thread_lending import ThreadLending, ThreadSplit
 
 PROMPTS = [[3, 17, 29, 41, 5], [7, 11, 13], [19, 23, 31, 37, 43, 47, 53]]
 

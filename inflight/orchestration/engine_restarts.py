@@ -23,18 +23,25 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from inflight.client.process import EngineProcess
 
 if TYPE_CHECKING:
-    from inflight.train.runtime import Policy
-    from inflight.train.workers.base import SyncReport
     from inflight.weight_sync.transport import WeightTransport
 
 log = logging.getLogger(__name__)
 KEY = "trainer.fully_async.engine_restarts"
 EXIT_WAIT_S = 3.0  # how long a failure may precede its engine's exit status (the pipe closes first)
+
+
+Report = TypeVar("Report")
+
+
+class Syncs(Protocol[Report]):
+    """What a restart asks of the policy (`inflight.train.runtime.Policy`): a full weight sync."""
+
+    async def sync_weights(self) -> Report: ...
 
 
 class EngineDiedError(RuntimeError):
@@ -62,7 +69,7 @@ class EngineRestarts:
                              f"set {KEY}=0")
         return cls(getattr(runtime, "engine_procs", []), getattr(runtime, "transport", None), budget)
 
-    async def sync(self, policy: Policy) -> SyncReport:
+    async def sync(self, policy: Syncs[Report]) -> Report:
         """`policy.sync_weights()` (call with `lock` held); a sync that an engine's death broke is
         done again after the restart."""
         try:
@@ -73,7 +80,7 @@ class EngineRestarts:
                 raise
             return await self._restart(dead, policy, err)
 
-    async def recover(self, err: BaseException, policy: Policy, since: int) -> bool:
+    async def recover(self, err: BaseException, policy: Syncs[Any], since: int) -> bool:
         """After `err` in generation: True when the engines are running again, since the call
         that failed began (`since`: `restarts` then), so it should be made again; False when no
         engine died (`err` is the caller's own). Raises `EngineDiedError` when a dead engine is not
@@ -103,7 +110,8 @@ class EngineRestarts:
             await asyncio.sleep(0.05)
         return dead
 
-    async def _restart(self, dead: list[tuple[int, EngineProcess]], policy: Policy, err: BaseException) -> SyncReport:
+    async def _restart(self, dead: list[tuple[int, EngineProcess]], policy: Syncs[Report],
+                       err: BaseException) -> Report:
         """Restart the dead engines (lock held) and sync every engine to the current weights;
         again while engines die during it and restarts are left."""
         while True:

@@ -1,4 +1,4 @@
-"""The server launcher (`inflight.train.server_fleet`) with the native `inflight serve`: N servers on
+"""The server launcher (`inflight.orchestration.server_fleet`) with the native `inflight serve`: N servers on
 free ports behind their control token, and no process left behind after close, a failed start, a
 cancelled start (Ctrl-C), or the death of the process that launched them."""
 
@@ -18,8 +18,8 @@ import pytest
 
 from inflight.client.remote import RemoteClient
 from inflight.engine.config import EngineConfig
-from inflight.train.server_fleet import ServerFleet, ServerStartError
-from inflight.train.servers import CONTROL_TOKEN_ENV, check_external, native_command
+from inflight.orchestration.server_fleet import ServerFleet, ServerStartError
+from inflight.orchestration.servers import CONTROL_TOKEN_ENV, check_external, native_command
 
 pytestmark = pytest.mark.timeout(180)
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]  # never answers /health
@@ -128,7 +128,7 @@ def test_the_servers_die_with_the_process_that_launched_them(tmp_path):
     """A launcher killed with SIGKILL (no clean-up runs) takes its servers with it (PR_SET_PDEATHSIG)."""
     script = textwrap.dedent(f"""
         import sys, time
-        from inflight.train.server_fleet import ServerFleet
+        from inflight.orchestration.server_fleet import ServerFleet
         fleet = ServerFleet({str(tmp_path)!r})
         server = fleet.launch(lambda port: {SLEEPER!r})
         print(server.pid, flush=True)

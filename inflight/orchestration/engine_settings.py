@@ -14,7 +14,7 @@ from pathlib import Path
 from inflight.config import Config, InferenceEngineConfig
 from inflight.config.implemented import require_implemented
 from inflight.engine.config import EngineConfig
-from inflight.train.engine_memory import kv_cache_gib
+from inflight.orchestration.engine_memory import kv_cache_gib
 
 PER_ENGINE = ("model", "seed", "weight_version", "kv_cache_memory_gib")
 """EngineConfig fields set per engine, not by a key of the same name: model <- the model directory,

@@ -75,7 +75,7 @@ class JobConfig:
     engine_threads: int = 1
     """torch threads of the engine process."""
     lend_threads: bool | None = None
-    """The side that computes alone takes the other's threads (`inflight.train.thread_lending`): the
+    """The side that computes alone takes the other's threads (`inflight.orchestration.thread_lending`): the
     synchronous trainer's engines generate with job.engine_threads + job.threads (shared among them)
     and its steps train with job.threads + the engines' job.engine_threads; the fully-async trainer's
     steps take the engines' threads while generation is ahead (bounded staleness reached, nothing
@@ -170,7 +170,7 @@ def split_job_config(data: Mapping[str, Any], overrides: Sequence[str]) -> tuple
         if key not in fields:
             hint = suggest(key, [*fields, *ALIASES])
             problems.append(Violation(f"{SECTION}.{key}", value, "unknown key",
-                                      f"did you mean '{SECTION}.{hint}'?" if hint else "see inflight/train/job_config.py"))
+                                      f"did you mean '{SECTION}.{hint}'?" if hint else "see inflight/config/job.py"))
             continue
         value = coerce(value, fields[key])
         if not is_instance(value, fields[key]):
