@@ -24,7 +24,7 @@ LAYERS: dict[str, int] = {
     "tasks": 2,
     "config": 3,
     "engine": 3,
-    "weight_sync.kinds": 2,  # a leaf module: the transport kinds' facts, which config validation reads
+    "weight_sync.kinds": 1,  # a leaf: the transport kinds' facts (read by validation and the backend registry)
     "weight_sync": 4,
     "client": 5,
     "backends.registry": 2,  # a leaf module: the backends' entries, which config validation reads

@@ -4,10 +4,14 @@
 The rest of the tree asks an entry what it needs to know (how `inflight serve` starts it, can a
 run hold its engines in-process, does it serve LoRA adapters, which weight transports and settings
 it takes, what it refuses) instead of comparing names. This module is a leaf below the config layer
-(the standard library and `inflight.import_path` only; its own rank in tests/test_layers.py):
-config validation and the weight-sync plan read the entries. So an entry names its code as
-`package.module:name`, imported when it is used. Adding a backend: docs/design.md, "Adding an
-inference backend".
+(the standard library, `inflight.import_path` and the transport kinds' facts only; its own rank in
+tests/test_layers.py): config validation and the weight-sync plan read the entries. So an entry
+names its code as `package.module:name`, imported when it is used. Adding a backend: docs/design.md,
+"Adding an inference backend".
+
+The deployment predicates (`backend_of`, `starts_servers`, `on_servers`, `external`,
+`servers_on_this_host`: where a config's engines run) live here too, beside the facts they read:
+validation, the orchestration and the Ray starter ask them.
 """
 
 from __future__ import annotations
@@ -15,8 +19,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from inflight.import_path import import_object
+from inflight.weight_sync.kinds import TransportSpec, transport_names, transport_spec
 
 IE = "generator.inference_engine."
 
@@ -44,15 +50,20 @@ class Backend:
     line to (it may exec another interpreter); None: the native server (`inflight.server.main`)."""
     in_process: bool = False
     """A run may hold its engines in its own processes (else they are always HTTP servers)."""
-    run_starts_servers: bool = False
-    """A run with `run_engines_locally=true` starts its servers (`inflight.orchestration.servers`); else the
-    run drives them only as servers started elsewhere (`external_server_urls`)."""
+    server_command: str | None = None
+    """`package.module:name` of `(cfg, engine: EngineConfig, port, *, threads, host) -> list[str]`: the
+    command line of one server a run with `run_engines_locally=true` starts for an engine's settings
+    (`inflight.orchestration.servers`); None: the run drives its servers only when started elsewhere
+    (`external_server_urls`)."""
+    server_env: str | None = None
+    """`package.module:name` of `(cfg) -> dict[str, str]`: environment variables of those servers."""
     start_timeout_s: float = 120.0
     """How long a started server may take to answer /health."""
     serves_adapters: bool = False
     """Takes LoRA adapters as a weight update (else the policy's merged weights)."""
-    transports: tuple[str, ...] = ("inprocess", "shm", "broadcast")
-    """The `weight_sync_backend` kinds its weight updates arrive by."""
+    takes_transport: Callable[[TransportSpec], bool] = lambda spec: True
+    """Whether its weight updates arrive by a transport kind, asked of the kind's facts (every
+    registered kind by default, those registered later too)."""
     settings: tuple[str, ...] = ()
     """`generator.inference_engine` keys read by this backend only (e.g. its interpreter)."""
     fixed: Mapping[str, Any] = field(default_factory=dict)
@@ -61,6 +72,28 @@ class Backend:
     run_checks: str | None = None
     """`package.module:name` of `(cfg) -> list[Violation]`: what a run on it would refuse, found
     before anything starts (its interpreter, the model's shape, ...)."""
+
+    @property
+    def run_starts_servers(self) -> bool:
+        """A run with `run_engines_locally=true` starts this backend's servers (it has a `server_command`)."""
+        return self.server_command is not None
+
+    @property
+    def transports(self) -> tuple[str, ...]:
+        """The registered `weight_sync_backend` kinds its weight updates arrive by."""
+        return tuple(n for n in transport_names() if self.takes_transport(transport_spec(n)))
+
+    def server_argv(self, cfg: Any, engine: Any, port: int, *, threads: int, host: str = "127.0.0.1") -> list[str]:
+        """The command line of one server of this backend a run starts (`server_command`, imported)."""
+        if self.server_command is None:
+            raise ValueError(f"a run does not start {self.name} servers: start them with `inflight serve "
+                             f"--backend {self.name}` and list them in {IE}external_server_urls")
+        build = import_object(self.server_command, f"backend {self.name}'s server command")
+        return build(cfg, engine, port, threads=threads, host=host)
+
+    def server_environment(self, cfg: Any) -> dict[str, str]:
+        """The environment variables its servers get (`server_env`; none without)."""
+        return {} if self.server_env is None else dict(import_object(self.server_env, f"backend {self.name}")(cfg))
 
     def launcher(self) -> Callable[[list[str]], int] | None:
         """The `launch` function, imported (None: the native server)."""
@@ -102,9 +135,41 @@ def entries_with_setting(key: str) -> tuple[str, ...]:
     return tuple(name for name, entry in _BACKENDS.items() if key in entry.settings)
 
 
+def backend_of(cfg: Any) -> Backend:
+    """The entry of `cfg`'s `generator.inference_engine.backend`."""
+    return backend_entry(cfg.generator.inference_engine.backend)
+
+
+def starts_servers(cfg: Any) -> bool:
+    """The run starts HTTP servers of an external backend itself (e.g. vLLM's)."""
+    return not backend_of(cfg).in_process and cfg.generator.inference_engine.run_engines_locally
+
+
+def on_servers(cfg: Any) -> bool:
+    """The engines are HTTP servers behind one RemoteClient (an external backend's, e.g. vLLM, or
+    servers started elsewhere)."""
+    return not backend_of(cfg).in_process or not cfg.generator.inference_engine.run_engines_locally
+
+
+def external(cfg: Any) -> bool:
+    """The engines are servers started elsewhere."""
+    return not cfg.generator.inference_engine.run_engines_locally
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def servers_on_this_host(cfg: Any) -> bool:
+    """Every server is on this host: started by the run, or external at a loopback address."""
+    ie = cfg.generator.inference_engine
+    hosts = [urlsplit(u).hostname for u in ie.external_server_urls or []]
+    return ie.run_engines_locally or all(h in LOOPBACK for h in hosts)
+
+
 NATIVE = register_backend(Backend(
     "native", "this package's paged-KV engine: in the trainer's processes, or `inflight serve`",
-    in_process=True, run_starts_servers=True, start_timeout_s=120.0, serves_adapters=True,
+    in_process=True, server_command="inflight.backends.serve_command:native_server_command", start_timeout_s=120.0,
+    serves_adapters=True,
 ))
 
 
@@ -114,7 +179,8 @@ def _on_cuda(cfg: Any) -> bool:
 
 VLLM = register_backend(Backend(
     "vllm", "our routes over vLLM's AsyncLLM, run by vLLM's own venv (inflight/backends/vllm)",
-    launch="inflight.backends.vllm.launch:main", run_starts_servers=True,
+    launch="inflight.backends.vllm.launch:main", server_command="inflight.backends.vllm.commands:vllm_server_command",
+    server_env="inflight.backends.vllm.commands:vllm_env",
     start_timeout_s=600.0,  # vLLM CPU: ~30-60 s to start, more on a busy machine
     settings=("vllm_python",),
     fixed={"attention_backend": "auto", "linear_backend": "auto", "elementwise_backend": "auto",
@@ -135,10 +201,19 @@ VLLM = register_backend(Backend(
 ))
 
 
+_HF_GENERATE_FIXED = {  # engine keys `inflight serve --backend hf_generate` has no flag for, and their defaults
+    "device": "cpu", "max_num_seqs": 1024, "max_num_batched_tokens": 8192, "max_model_len": None,
+    "enable_prefix_caching": True, "enable_chunked_prefill": True, "block_size": 16, "num_kv_blocks": None,
+    "kv_cache_memory_gib": None, "attention_backend": "auto", "linear_backend": "auto",
+    "elementwise_backend": "auto", "weight_update_rollback": True, "weight_update_timeout_s": 300.0,
+}
+
 HF_GENERATE = register_backend(Backend(
     "hf_generate", "transformers' own generate behind our routes, one request at a time (the baseline TRL uses; "
     "inflight/backends/hf_generate)", launch="inflight.backends.hf_generate.server:main", start_timeout_s=120.0,
-    transports=("inprocess", "shm"),
+    server_command="inflight.backends.hf_generate.commands:hf_generate_command",
+    takes_transport=lambda spec: not spec.forms_group,  # chunks through the client only, no weight group
+    fixed=_HF_GENERATE_FIXED,
     refusals=(
         Refusal("trainer.fully_async.clear_kv_cache_on_weight_sync", lambda c: c.trainer.fully_async.enabled,
                 lambda v: v is False, "cannot recompute frozen requests on the hf_generate backend: their KV lives "

@@ -16,6 +16,7 @@ import json
 import statistics
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +24,11 @@ from inflight.backends.registry import backend_entry, backend_names
 from inflight.bench.train_step_bench import SHAPES
 from inflight.client.remote import RemoteClient
 from inflight.client.update import UpdateProgress, update_all_or_nothing
+from inflight.config import load_config
 from inflight.engine.config import EngineConfig
 from inflight.engine.request import SamplingParams
 from inflight.orchestration.server_fleet import ServerFleet
-from inflight.orchestration.servers import CONTROL_TOKEN_ENV, native_command, vllm_command
+from inflight.orchestration.servers import CONTROL_TOKEN_ENV
 from inflight.weight_sync.inprocess import InProcessTransport
 
 TOKEN = "bench-server-sync"
@@ -48,10 +50,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _command(args: argparse.Namespace, model_dir: Path):
+    """The server's command line for a port, built by its backend's entry (`Backend.server_command`)."""
     engine = EngineConfig(model=str(model_dir), device=args.device, dtype=args.dtype, max_model_len=1024)
-    if backend_entry(args.server).in_process:
-        return lambda port: native_command(engine, port, args.threads)
-    return lambda port: vllm_command(engine, port, args.threads, args.vllm_python)
+    ie = "generator.inference_engine."
+    python = [f"{ie}vllm_python={args.vllm_python}"] if args.vllm_python else []
+    cfg = load_config(None, [f"{ie}backend={args.server}", f"{ie}device={args.device}", *python])
+    return partial(backend_entry(args.server).server_argv, cfg, engine, threads=args.threads)
 
 
 async def _measure(args: argparse.Namespace, url: str, tensors: dict[str, Any]) -> dict[str, Any]:

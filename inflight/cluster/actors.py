@@ -22,6 +22,7 @@ from typing import Any
 import ray
 import torch
 
+from inflight.backends.registry import backend_of
 from inflight.client.ops import apply_op
 from inflight.client.process import RayEngineClient, ReceiverSpec, start_receiver
 from inflight.config import Config
@@ -31,7 +32,7 @@ from inflight.engine.config import EngineConfig
 from inflight.orchestration.engines import one_client
 from inflight.orchestration.sender import make_sender, receiver_spec
 from inflight.orchestration.server_fleet import ServerFleet, free_port
-from inflight.orchestration.servers import CONTROL_TOKEN_ENV, ServerSpec, vllm_command
+from inflight.orchestration.servers import CONTROL_TOKEN_ENV, ServerSpec
 from inflight.rollout.task_generator import TrajectoryGroup
 from inflight.train.checkpoint import CheckpointState
 from inflight.train.policy import LocalPolicy, ensure_process_group
@@ -62,19 +63,19 @@ class EngineActor:
 
 @ray.remote
 class ServerActor:
-    """One HTTP inference server (`inflight serve --backend vllm`) on this actor's node, holding the
-    CPUs (and GPU) of an engine's bundle; the server dies with the actor (`ServerFleet`)."""
+    """One HTTP inference server (the command its backend's entry builds, e.g. `inflight serve
+    --backend vllm`) on this actor's node, holding the CPUs (and GPU) of an engine's bundle; the
+    server dies with the actor (`ServerFleet`)."""
 
     def __init__(self, log_dir: str, control_token: str, env: dict[str, str] | None = None) -> None:
         self.fleet = ServerFleet(log_dir, env={CONTROL_TOKEN_ENV: control_token, **(env or {})}, host=_node_ip())
 
-    async def start(self, engine: EngineConfig, threads: int, python: str | None, timeout_s: float,
-                    served_model_name: str | None = None, engine_args: list[str] | None = None) -> str:
-        """Start the server for `engine` (vLLM's own `engine_args`) and wait for its /health; returns
-        its URL (this node's address)."""
-        command = partial(vllm_command, engine, threads=threads, python=python, host=self.fleet.host,
-                          served_model_name=served_model_name, engine_args=engine_args or [])
-        (url,) = await self.fleet.start([command], timeout_s)
+    async def start(self, cfg: Config, engine: EngineConfig, threads: int) -> str:
+        """Start the server of `cfg`'s backend for `engine` (`Backend.server_command`) and wait for its
+        /health; returns its URL (this node's address)."""
+        entry = backend_of(cfg)
+        command = partial(entry.server_argv, cfg, engine, threads=threads, host=self.fleet.host)
+        (url,) = await self.fleet.start([command], entry.start_timeout_s)
         return url
 
     async def shutdown(self) -> None:

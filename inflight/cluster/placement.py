@@ -17,8 +17,8 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from inflight.backends.registry import external
 from inflight.config import Config
-from inflight.config.implemented import external
 from inflight.config.job import JobConfig
 from inflight.orchestration.engines import policy_ranks
 from inflight.weight_sync import configured_transport

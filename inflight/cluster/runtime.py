@@ -17,24 +17,22 @@ from typing import Any
 
 import ray
 
-from inflight.backends.vllm.run_checks import logprobs_mode
+from inflight.backends.registry import external, on_servers
 from inflight.client.base import InferenceClient
 from inflight.cluster.actors import EngineActor, PolicyActor, RayEngineClient, RayPolicy, ServerActor
 from inflight.cluster.placement import Placement, make_placement, required_cpus
 from inflight.config import Config
-from inflight.config.implemented import backend, external, on_servers
 from inflight.config.job import JobConfig
 from inflight.orchestration.engine_settings import engine_config
 from inflight.orchestration.engines import one_client, policy_ranks
 from inflight.orchestration.servers import (
     ServerSpec,
+    check_backend,
     check_external,
-    check_vllm_python,
     engine_env,
     external_spec,
     new_control_token,
     server_spec,
-    vllm_args,
 )
 from inflight.train.checkpoint import CheckpointState
 
@@ -59,7 +57,7 @@ class RayRuntime:
     placement: Placement | None
     policy_actors: list[Any] = field(default_factory=list)
     engine_actors: list[Any] = field(default_factory=list)
-    server_actors: list[Any] = field(default_factory=list)  # HTTP servers (backend=vllm) this run started
+    server_actors: list[Any] = field(default_factory=list)  # HTTP servers this run started (a backend that runs as servers)
     servers: ServerSpec | None = None  # the engines are HTTP servers (vLLM, or external_server_urls)
     client: InferenceClient = field(init=False)
     policy: RayPolicy = field(init=False)
@@ -83,7 +81,7 @@ async def start_ray(cfg: Config, job: JobConfig, *, pad_id: int, model_dir: str 
                     ckpt: CheckpointState | None = None, training_steps: int | None = None) -> RayRuntime:
     """Start the policy ranks and the engines as actors (Ray started or joined as `job` says) on
     `model_dir` at `version`; on any failure stop what was started and re-raise. With HTTP-server
-    engines a `ServerActor` per engine bundle starts each vLLM server (or the external servers are
+    engines a `ServerActor` per engine bundle starts each server (or the external servers are
     checked), and the driver and policy rank 0 each reach them through their own `RemoteClient`."""
     ranks = policy_ranks(cfg)
     # in the main thread: Ray installs its signal handlers there
@@ -130,23 +128,19 @@ async def _start_engine_actors(cfg: Config, job: JobConfig, lead: Any, placement
 
 async def _start_servers(runtime: RayRuntime, cfg: Config, job: JobConfig, model_dir: str | Path,
                          version: int) -> ServerSpec:
-    """The external servers, checked (`check_external`), or one vLLM server per engine, each
-    started by a `ServerActor` on its engine's bundle."""
-    ie = cfg.generator.inference_engine
+    """The external servers, checked (`check_external`), or one server of the run's backend per
+    engine, each started by a `ServerActor` on its engine's bundle."""
     if external(cfg):
         spec = external_spec(cfg)
         async with spec.client() as client:
             await check_external(client)
         return spec
-    check_vllm_python(ie.vllm_python)
+    check_backend(cfg)
     token, log_dir = new_control_token(), str(Path(cfg.trainer.log_path).resolve() / "servers")
-    runtime.server_actors = [ServerActor.options(**o).remote(log_dir, token, engine_env(ie))
+    runtime.server_actors = [ServerActor.options(**o).remote(log_dir, token, engine_env(cfg))
                              for o in runtime.placement.engine_options]
     urls = await asyncio.gather(*(
-        actor.start.remote(engine_config(cfg, model_dir, version, i), job.engine_threads, ie.vllm_python,
-                           backend(cfg).start_timeout_s, ie.served_model_name,
-                           vllm_args(ie, sleep_mode=cfg.trainer.placement.colocate_all,
-                                     logprobs_mode=logprobs_mode(cfg)))
+        actor.start.remote(cfg, engine_config(cfg, model_dir, version, i), job.engine_threads)
         for i, actor in enumerate(runtime.server_actors)
     ))
     return server_spec(cfg, list(urls), token)

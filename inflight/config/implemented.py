@@ -14,9 +14,8 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlsplit
 
-from inflight.backends.registry import Backend, backend_entry
+from inflight.backends.registry import LOOPBACK, backend_of, external, servers_on_this_host, starts_servers
 from inflight.config.errors import ConfigError, Violation
 from inflight.config.keys import default_config, get_key, schema_fields
 from inflight.config.schema import Config
@@ -48,37 +47,6 @@ def _yaml(value: Any) -> str:
 
 _IE = "generator.inference_engine."
 BACKEND, RUN_LOCALLY = _IE + "backend", _IE + "run_engines_locally"
-
-
-def backend(cfg: Config) -> Backend:
-    """The registry entry of `generator.inference_engine.backend`."""
-    return backend_entry(cfg.generator.inference_engine.backend)
-
-
-def starts_servers(cfg: Config) -> bool:
-    """The run starts HTTP servers of an external backend itself (e.g. vLLM's)."""
-    return not backend(cfg).in_process and cfg.generator.inference_engine.run_engines_locally
-
-
-def on_servers(cfg: Config) -> bool:
-    """The engines are HTTP servers behind one RemoteClient (an external backend's, e.g. vLLM, or
-    servers started elsewhere)."""
-    return not backend(cfg).in_process or not cfg.generator.inference_engine.run_engines_locally
-
-
-def external(cfg: Config) -> bool:
-    """The engines are servers started elsewhere."""
-    return not cfg.generator.inference_engine.run_engines_locally
-
-
-_LOOPBACK = ("127.0.0.1", "localhost", "::1")
-
-
-def servers_on_this_host(cfg: Config) -> bool:
-    """Every server is on this host: started by the run, or external at a loopback address."""
-    ie = cfg.generator.inference_engine
-    hosts = [urlsplit(u).hostname for u in ie.external_server_urls or []]
-    return ie.run_engines_locally or all(h in _LOOPBACK for h in hosts)
 
 
 _SET_ON_THE_SERVERS = {  # engine keys a run cannot apply to servers started elsewhere, and their defaults
@@ -156,7 +124,7 @@ NOT_IMPLEMENTED_WHEN: list[tuple[str, Callable[[Config], bool], Callable[[Any], 
         _IE + "weight_sync_host",
         lambda c: (external(c) and not servers_on_this_host(c)
                    and _transport_fact(c.generator.inference_engine.weight_sync_backend, "forms_group")),
-        lambda v: v not in _LOOPBACK,
+        lambda v: v not in LOOPBACK,
         "is a loopback address, which servers on other hosts cannot reach: they join the weight group the "
         "trainer hosts there", f"set {_IE}weight_sync_host to an address of this machine that the servers reach",
     ),
@@ -183,7 +151,7 @@ like `NOT_IMPLEMENTED` where `applies`. What one inference backend refuses is on
 def backend_refusals(cfg: Config) -> list[Violation]:
     """What `cfg`'s inference backend refuses (its registry entry): its own refusals, the engine keys a
     server the run starts does not take (`fixed`), and a weight transport it does not take."""
-    entry, out = backend(cfg), []
+    entry, out = backend_of(cfg), []
     for r in entry.refusals:
         if r.applies(cfg) and not r.ok(value := get_key(cfg, r.key)):
             out.append(Violation(r.key, value, r.rule, r.fix))
@@ -197,7 +165,7 @@ def backend_refusals(cfg: Config) -> list[Violation]:
                                  f"does not carry; only the default {default!r} runs there",
                                  f"set {_IE}{name}={_yaml(default)}, or {BACKEND}=native"))
     kind = weight_transport(cfg.generator.inference_engine.weight_sync_backend)
-    if kind is not None and kind.name not in entry.transports:
+    if kind is not None and not entry.takes_transport(kind):
         out.append(Violation(_IE + "weight_sync_backend", cfg.generator.inference_engine.weight_sync_backend,
                              f"is not a weight transport the {entry.name} backend takes",
                              f"use one of {', '.join(entry.transports)}"))

@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from inflight.backends.registry import on_servers
 from inflight.client.base import InferenceClient
 from inflight.client.fanout import FanOutClient
 from inflight.client.process import EngineProcess, ReceiverSpec
 from inflight.config import Config
-from inflight.config.implemented import on_servers
 from inflight.config.job import JobConfig
 from inflight.engine.config import EngineConfig
 from inflight.engine.step_threads import EngineThreads

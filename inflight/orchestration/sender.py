@@ -11,10 +11,10 @@ from typing import Any
 
 import torch
 
+from inflight.backends.registry import on_servers
 from inflight.client.group import WeightGroup
 from inflight.client.process import ReceiverSpec
 from inflight.config import Config
-from inflight.config.implemented import on_servers
 from inflight.weight_sync import configured_transport, make_transport
 from inflight.weight_sync.chunking import WeightChunk
 from inflight.weight_sync.factory import chunk_bytes

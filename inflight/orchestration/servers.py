@@ -1,14 +1,11 @@
-"""A run's engines as HTTP servers behind one `RemoteClient` (`generator.inference_engine.backend=vllm`,
-or `run_engines_locally=false`).
+"""A run's engines as HTTP servers behind one `RemoteClient` (a backend whose engines are always
+servers, e.g. `generator.inference_engine.backend=vllm` or `hf_generate`, or `run_engines_locally=false`).
 
-- backend=vllm, run_engines_locally=true: one `inflight serve --backend vllm` server per engine,
-  started by this interpreter (so the shim's own launcher picks vLLM's python), on free
-  127.0.0.1 ports with a random control token, logs in `<trainer.log_path>/servers/`; vLLM's own
-  arguments from `engine_init_kwargs` (and `enforce_eager`; on CUDA `gpu_memory_utilization`, or
-  `kv_cache_memory_gib` as vLLM's `--kv-cache-memory-bytes`, and sleep mode for colocated engines),
-  its environment from `vllm_v1_disable_multiproc` and `use_expandable_segments` (`vllm_args`,
-  `engine_env`). On CPU the KV cache is `--kv-cache-memory-gib` of the shim (vLLM's CPU KV space),
-  which the run sizes from `gpu_memory_utilization` (`engine_memory.kv_cache_gib`).
+- run_engines_locally=true: one server per engine, its command line built by the backend's entry
+  (`Backend.server_command`: `inflight serve --backend NAME ...` from the engine's settings), started
+  by this interpreter on free 127.0.0.1 ports with a random control token and the entry's
+  environment (`Backend.server_env`), logs in `<trainer.log_path>/servers/`; what the backend's
+  entry finds wrong with the run (`Backend.problems`: e.g. vLLM's python) is refused first.
 - run_engines_locally=false: the servers in `external_server_urls`, with the control token in
   `$INFLIGHT_CONTROL_TOKEN` (the variable `inflight serve` reads; a token never sits in the config,
   which the run writes to config.yaml and the trackers). Each must answer /health and all must be
@@ -18,116 +15,53 @@ or `run_engines_locally=false`).
 Weights travel through the client either way: with `weight_sync_backend=shm` as safetensors chunk
 files in /dev/shm that the servers (on this host) read, with `inprocess` in request bodies, with
 `broadcast` (SkyRL's nccl / gloo) in a weight group the client hosts, each server a member
-(`inflight.orchestration.sender.ServerGroupSender`); by the same plan and executor as every other engine
-(`LocalPolicy.sync_weights`). Colocated engines (`colocate_all`) sleep while the trainer trains:
-on CUDA through vLLM's sleep mode, on CPU without freeing memory (vLLM's sleep is CUDA-only; the
-run says so once in its log).
+(`inflight.orchestration.sender.ServerGroupSender`); by the same plan and executor as every other
+engine (`LocalPolicy.sync_weights`). Colocated engines (`colocate_all`) sleep while the trainer trains.
 """
 
 from __future__ import annotations
 
-import json
-import logging
 import os
 import secrets
-import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+from inflight.backends.registry import backend_of
 from inflight.client.remote import RemoteClient
-from inflight.config import Config, ConfigError, InferenceEngineConfig
-from inflight.config.implemented import backend, require_implemented
+from inflight.config import Config, ConfigError
+from inflight.config.implemented import require_implemented
 from inflight.config.job import JobConfig
-from inflight.engine.config import EngineConfig
 from inflight.orchestration.engine_settings import engine_config
-from inflight.orchestration.server_fleet import ServerFleet
+from inflight.orchestration.server_fleet import CommandFor, ServerFleet
 from inflight.weight_sync import configured_transport
 
-log = logging.getLogger(__name__)
 CONTROL_TOKEN_ENV = "INFLIGHT_CONTROL_TOKEN"
-_NATIVE_ONLY_DEFAULTS = {"attention_backend": "auto", "linear_backend": "auto", "elementwise_backend": "auto",
-                         "enable_chunked_prefill": True, "weight_update_rollback": True}
 
 
-def serve_flags(engine: EngineConfig, threads: int) -> list[str]:
-    """`inflight serve` flags for `engine`'s settings that the server command line carries (host,
-    port and token are the launcher's)."""
-    flags = ["--model", engine.model, "--device", engine.device, "--dtype", engine.dtype,
-             "--max-num-seqs", str(engine.max_num_seqs), "--max-num-batched-tokens", str(engine.max_num_batched_tokens),
-             "--kv-cache-memory-gib", str(engine.kv_cache_memory_gib), "--seed", str(engine.seed),
-             "--weight-version", str(engine.weight_version), "--threads", str(threads),
-             "--weight-update-timeout-s", str(engine.weight_update_timeout_s or 0)]
-    flags += ["--max-model-len", str(engine.max_model_len)] if engine.max_model_len is not None else []
-    flags += [] if engine.enable_prefix_caching else ["--no-prefix-caching"]
-    return flags
+def engine_env(cfg: Config) -> dict[str, str]:
+    """The environment of the servers a run starts: CUDA's expandable segments
+    (`use_expandable_segments`) and the backend entry's own (`Backend.server_env`)."""
+    ie = cfg.generator.inference_engine
+    env = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"} if ie.use_expandable_segments else {}
+    return {**env, **backend_of(cfg).server_environment(cfg)}
 
 
-def native_command(engine: EngineConfig, port: int, threads: int = 1) -> list[str]:
-    """`inflight serve` (the native engine) for `engine` on 127.0.0.1:`port`. The settings the
-    server's command line lacks must be at their defaults (raises ValueError naming them)."""
-    lacking = [k for k, d in _NATIVE_ONLY_DEFAULTS.items() if getattr(engine, k) != d]
-    if lacking:
-        raise ValueError(f"`inflight serve` has no flag for {lacking}: leave them at their defaults for a server")
-    flags = serve_flags(engine, threads) + ["--block-size", str(engine.block_size)]
-    flags += ["--num-kv-blocks", str(engine.num_kv_blocks)] if engine.num_kv_blocks is not None else []
-    return _serve(port, flags)
+def server_commands(cfg: Config, job: JobConfig, model_dir: str | Path, version: int) -> list[CommandFor]:
+    """The command line of each server the run starts on 127.0.0.1, given its port: the backend
+    entry's `server_command` over each engine's `engine_config` (the KV size per engine from
+    `engine_memory.kv_cache_gib`)."""
+    entry = backend_of(cfg)
+    return [partial(entry.server_argv, cfg, engine_config(cfg, model_dir, version, i), threads=job.engine_threads)
+            for i in range(cfg.generator.inference_engine.num_engines)]
 
 
-def vllm_command(engine: EngineConfig, port: int, threads: int = 1, python: str | None = None,
-                 host: str = "127.0.0.1", served_model_name: str | None = None,
-                 engine_args: list[str] | tuple[str, ...] = ()) -> list[str]:
-    """`inflight serve --backend vllm [--vllm-python PY] ... [-- ENGINE_ARGS]` for `engine` on
-    `host`:`port` (without PY the shim finds vLLM's python: $INFLIGHT_VLLM_PYTHON, else the repo's
-    .venv-vllm); `engine_args` go to vLLM itself."""
-    name = ["--served-model-name", served_model_name] if served_model_name else []
-    tail = ["--", *engine_args] if engine_args else []
-    return _serve(port, ["--backend", "vllm", *(["--vllm-python", python] if python else []),
-                         *serve_flags(engine, threads), *name], host) + tail
-
-
-def vllm_args(ie: InferenceEngineConfig, *, sleep_mode: bool = False, logprobs_mode: str | None = None) -> list[str]:
-    """vLLM's command-line arguments for `engine_init_kwargs` (each `name: value` as `--name-with-dashes
-    value`; true as the bare flag, false as `--no-name`, mappings and lists as JSON) and
-    `enforce_eager`; on CUDA also the KV memory (`gpu_memory_utilization` as vLLM's, or
-    `kv_cache_memory_gib` as `--kv-cache-memory-bytes`, unless `engine_init_kwargs` has
-    `kv_cache_memory_bytes`) and, with `sleep_mode` (colocated engines), `--enable-sleep-mode`. On
-    CPU neither: the shim's `--kv-cache-memory-gib` sets vLLM's CPU KV space, and vLLM has no sleep mode.
-    `logprobs_mode` (the run's: `backends.vllm.run_checks.logprobs_mode`) as `--logprobs-mode` unless
-    `engine_init_kwargs` sets it."""
-    args: list[str] = ["--enforce-eager"] if ie.enforce_eager else []
-    if logprobs_mode is not None and "logprobs_mode" not in ie.engine_init_kwargs:
-        args += ["--logprobs-mode", logprobs_mode]
-    if ie.device.startswith("cuda"):
-        if "kv_cache_memory_bytes" not in ie.engine_init_kwargs:
-            args += (["--kv-cache-memory-bytes", str(int(ie.kv_cache_memory_gib * 2**30))]
-                     if ie.kv_cache_memory_gib is not None else
-                     ["--gpu-memory-utilization", str(ie.gpu_memory_utilization)])
-        if sleep_mode and "enable_sleep_mode" not in ie.engine_init_kwargs:
-            args.append("--enable-sleep-mode")
-    for name, value in ie.engine_init_kwargs.items():
-        flag = "--" + str(name).replace("_", "-")
-        if value is True:
-            args.append(flag)
-        elif value is False:
-            args.append("--no-" + flag[2:])
-        elif value is not None:
-            args += [flag, json.dumps(value) if isinstance(value, dict | list) else str(value)]
-    return args
-
-
-def engine_env(ie: InferenceEngineConfig) -> dict[str, str]:
-    """The environment of the engines' processes: vLLM's engine core in the server's process
-    (`vllm_v1_disable_multiproc`) and CUDA's expandable segments (`use_expandable_segments`)."""
-    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0" if ie.vllm_v1_disable_multiproc else "1"}
-    if ie.use_expandable_segments:
-        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
-    return env
-
-
-def _serve(port: int, flags: list[str], host: str = "127.0.0.1") -> list[str]:
-    return [sys.executable, "-m", "inflight.cli", "serve", *flags, "--host", host, "--port", str(port)]
+def check_backend(cfg: Config) -> None:
+    """What the backend's entry finds wrong with a run on its servers (`Backend.problems`: e.g.
+    vLLM's python), as one ConfigError, before anything starts."""
+    problems = backend_of(cfg).problems(cfg)
+    if problems:
+        raise ConfigError(problems)
 
 
 @dataclass(frozen=True)
@@ -182,42 +116,16 @@ async def start_servers(cfg: Config, job: JobConfig, model_dir: str | Path, vers
             await client.close()
             raise
         return Servers(client)
-    check_vllm_python(ie.vllm_python)
+    check_backend(cfg)
     token = new_control_token()
-    fleet = ServerFleet(Path(cfg.trainer.log_path) / "servers", env={CONTROL_TOKEN_ENV: token, **engine_env(ie)})
-    if cfg.trainer.placement.colocate_all and not ie.device.startswith("cuda"):
-        log.warning("trainer.placement.colocate_all=true with vLLM on %s: the engines sleep while the trainer "
-                    "trains, but vLLM's sleep frees no memory off CUDA (its weights and KV cache stay in host "
-                    "memory); the engines only stop generating", ie.device)
-    urls = await fleet.start(vllm_commands(cfg, job, model_dir, version), backend(cfg).start_timeout_s)
+    fleet = ServerFleet(Path(cfg.trainer.log_path) / "servers", env={CONTROL_TOKEN_ENV: token, **engine_env(cfg)})
+    urls = await fleet.start(server_commands(cfg, job, model_dir, version), backend_of(cfg).start_timeout_s)
     return Servers(server_spec(cfg, urls, token).client(), fleet)
-
-
-def vllm_commands(cfg: Config, job: JobConfig, model_dir: str | Path, version: int) -> list[Callable[[int], list[str]]]:
-    """The command line of each vLLM server the run starts, given its port (`vllm_command` over each
-    engine's `engine_config`: the KV size per engine from `engine_memory.kv_cache_gib`)."""
-    from inflight.backends.vllm.run_checks import logprobs_mode
-
-    ie = cfg.generator.inference_engine
-    args = vllm_args(ie, sleep_mode=cfg.trainer.placement.colocate_all, logprobs_mode=logprobs_mode(cfg))
-    return [partial(vllm_command, engine_config(cfg, model_dir, version, i), threads=job.engine_threads,
-                    python=ie.vllm_python, served_model_name=ie.served_model_name, engine_args=args)
-            for i in range(ie.num_engines)]
 
 
 def new_control_token() -> str:
     """A random control token for servers this run starts (they read it from `CONTROL_TOKEN_ENV`)."""
     return secrets.token_urlsafe(24)
-
-
-def check_vllm_python(python: str | None) -> None:
-    """vLLM's python (`python`, else $INFLIGHT_VLLM_PYTHON or .venv-vllm) must be an executable file
-    (ConfigError naming the key and the command that creates it: `backends.vllm.venv.python_problem`)."""
-    from inflight.backends.vllm.venv import python_problem
-
-    problem = python_problem(python)
-    if problem is not None:
-        raise ConfigError([problem])
 
 
 async def check_external(client: RemoteClient) -> None:

@@ -25,8 +25,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from inflight.backends.registry import backend_of
 from inflight.config import Config, ConfigError, Violation, config_from_dict, dump_config
-from inflight.config.implemented import backend, unimplemented
+from inflight.config.implemented import unimplemented
 from inflight.config.job import JobConfig, split_job_config
 from inflight.config.loader import read_yaml
 from inflight.train.data_setup import check_data_job, make_data_task, uses_data
@@ -107,7 +108,7 @@ def run_refusals(cfg: Config, job: JobConfig, start_ray: Starter | None = None) 
     except ConfigError as err:
         problems += err.violations
     problems += missing_files(cfg, job)
-    problems += backend(cfg).problems(cfg)  # e.g. vLLM's python, the model's shape on its kernels, logprobs mode
+    problems += backend_of(cfg).problems(cfg)  # e.g. vLLM's python, the model's shape on its kernels, logprobs mode
     problems += filter(None, [hub_problem(cfg)])  # what environment.env_class's hub needs installed
     problems += filter(None, [missing_devices(cfg, job)])
     if job.ray and start_ray is None:

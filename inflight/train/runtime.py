@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from inflight.backends.registry import external, on_servers
 from inflight.client.base import InferenceClient
 from inflight.client.process import EngineProcess
 from inflight.config import Config
-from inflight.config.implemented import external, on_servers
 from inflight.config.job import JobConfig
 from inflight.orchestration.engines import Engines, form_group, policy_ranks, start_engines
 from inflight.orchestration.sender import make_sender

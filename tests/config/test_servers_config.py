@@ -8,10 +8,12 @@ import sys
 
 import pytest
 
+from inflight.backends.serve_command import native_command
+from inflight.backends.vllm.commands import vllm_command
+from inflight.backends.vllm.venv import python_problem
 from inflight.config import ConfigError, load_config
 from inflight.config.implemented import require_implemented, unimplemented
 from inflight.engine.config import EngineConfig
-from inflight.orchestration.servers import check_vllm_python, native_command, vllm_command
 from inflight.testing import LOCAL_CPU
 
 IE = "generator.inference_engine."
@@ -114,15 +116,16 @@ def test_the_vllm_command_lines_size_the_kv_cache(tiny_model_factory, monkeypatc
     memory over the engines, less the weights) and hands it to the shim as --kv-cache-memory-gib
     (vLLM's CPU KV space); vLLM gets no --gpu-memory-utilization. On CUDA vLLM sizes it itself from
     --gpu-memory-utilization (or --kv-cache-memory-bytes), with sleep mode for colocated engines."""
+    from inflight.backends.vllm.commands import vllm_args
     from inflight.config.job import JobConfig
     from inflight.orchestration import engine_memory
-    from inflight.orchestration.servers import vllm_args, vllm_commands
+    from inflight.orchestration.servers import server_commands
 
     model = tiny_model_factory("qwen2", 0)
     monkeypatch.setattr(engine_memory, "available_bytes", lambda device: 8 * 2**30)
     util = [f"{IE}kv_cache_memory_gib=null", f"{IE}gpu_memory_utilization=0.5", f"{IE}num_engines=2"]
     cfg = load_config(None, [*LOCAL_CPU, *VLLM, *util])
-    commands = [c(9000 + i) for i, c in enumerate(vllm_commands(cfg, JobConfig(), model, 3))]
+    commands = [c(9000 + i) for i, c in enumerate(server_commands(cfg, JobConfig(), model, 3))]
     budget = 0.5 * 8 / 2 - engine_memory.weight_bytes(model, "float32") / 2**30
     expected = min(budget, engine_memory.usable_kv_bytes(cfg.generator.inference_engine, model) / 2**30)
     for i, cmd in enumerate(commands):
@@ -146,16 +149,12 @@ def test_the_vllm_command_lines_size_the_kv_cache(tiny_model_factory, monkeypatc
 
 def test_a_missing_vllm_python_names_the_key_and_the_setup_script(tmp_path, monkeypatch):
     monkeypatch.setenv("INFLIGHT_VLLM_PYTHON", sys.executable)
-    check_vllm_python(None)  # the shim finds it ($INFLIGHT_VLLM_PYTHON, else .venv-vllm)
-    check_vllm_python(sys.executable)
-    with pytest.raises(ConfigError) as err:
-        check_vllm_python(str(tmp_path / "venv" / "bin" / "python"))
-    (v,) = err.value.violations
+    assert python_problem(None) is None  # the shim finds it ($INFLIGHT_VLLM_PYTHON, else .venv-vllm)
+    assert python_problem(sys.executable) is None
+    v = python_problem(str(tmp_path / "venv" / "bin" / "python"))
     assert v.key == f"{IE}vllm_python" and f"VLLM_VENV={tmp_path / 'venv'} scripts/vllm_venv.sh" in v.fix
     monkeypatch.setenv("INFLIGHT_VLLM_PYTHON", str(tmp_path / "elsewhere" / "bin" / "python"))
-    with pytest.raises(ConfigError) as err:  # issue 40: the default venv was not checked (a traceback 40 s in)
-        check_vllm_python(None)
-    (v,) = err.value.violations
+    v = python_problem(None)  # issue 40: the default venv was not checked (a traceback 40 s in)
     assert v.key == f"{IE}backend" and "$INFLIGHT_VLLM_PYTHON" in v.rule and "scripts/vllm_venv.sh" in v.fix
 
 

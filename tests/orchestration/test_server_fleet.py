@@ -16,10 +16,11 @@ from functools import partial
 import httpx
 import pytest
 
+from inflight.backends.serve_command import native_command
 from inflight.client.remote import RemoteClient
 from inflight.engine.config import EngineConfig
 from inflight.orchestration.server_fleet import ServerFleet, ServerStartError
-from inflight.orchestration.servers import CONTROL_TOKEN_ENV, check_external, native_command
+from inflight.orchestration.servers import CONTROL_TOKEN_ENV, check_external
 
 pytestmark = pytest.mark.timeout(180)
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]  # never answers /health

@@ -13,11 +13,12 @@ import torch
 from rl_support import warm_model_dir
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from inflight.backends.serve_command import native_command
 from inflight.client.remote import RemoteClient
 from inflight.engine.config import EngineConfig
 from inflight.engine.request import SamplingParams
 from inflight.orchestration.server_fleet import ServerFleet
-from inflight.orchestration.servers import CONTROL_TOKEN_ENV, native_command
+from inflight.orchestration.servers import CONTROL_TOKEN_ENV
 from inflight.testing import LOCAL_CPU_TRAINER
 from inflight.testing.oracle import hf_greedy
 from inflight.train.main import main

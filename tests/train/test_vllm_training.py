@@ -148,7 +148,7 @@ def test_colocated_synchronous_training_on_vllm_servers(vllm_model, tmp_path, de
                                                 f"{ie}weight_sync_backend=gloo"])
     tok = AutoTokenizer.from_pretrained(vllm_model)
     prompts = [tok.encode(text) for text in ("3+4=", "9+9=")]
-    with caplog.at_level(logging.WARNING, logger="inflight.orchestration.servers"):
+    with caplog.at_level(logging.WARNING, logger="inflight.backends.vllm.commands"):
         history, outs, version, export, syncs, _, health, _, _ = asyncio.run(
             _train_then_serve(cfg, job, prompts, tmp_path / "exports"))
     notes = [r.getMessage() for r in caplog.records if "frees no memory" in r.getMessage()]

@@ -7,12 +7,12 @@ its servers start in (`inflight.orchestration.servers`). The rules themselves ar
 
 from __future__ import annotations
 
+from inflight.backends.registry import starts_servers
 from inflight.backends.vllm.logprob_modes import GREEDY_BELOW, run_mode
 from inflight.backends.vllm.shapes import cpu_attention_problem
 from inflight.backends.vllm.venv import python_problem
 from inflight.config import Config
 from inflight.config.errors import Violation
-from inflight.config.implemented import starts_servers
 
 BACKEND = "generator.inference_engine.backend"
 SAMPLINGS = ("generator.sampling_params", "generator.eval_sampling_params")

@@ -17,10 +17,11 @@ from inflight.client.remote import RemoteClient
 from inflight.client.update import update_all_or_nothing
 from inflight.config import load_config
 from inflight.config.implemented import unimplemented
+from inflight.config.job import JobConfig
 from inflight.engine.request import SamplingParams
 from inflight.orchestration.server_fleet import ServerFleet
-from inflight.orchestration.servers import CONTROL_TOKEN_ENV
-from inflight.testing import LOCAL_CPU
+from inflight.orchestration.servers import CONTROL_TOKEN_ENV, start_servers
+from inflight.testing import LOCAL_CPU, LOCAL_CPU_TRAINER
 from inflight.weight_sync.inprocess import InProcessTransport
 
 TOKEN = "hf-generate-test"
@@ -112,6 +113,35 @@ def test_a_broadcast_group_is_refused_by_the_server_and_by_validation(served):
         "generator.inference_engine.weight_sync_backend"].rule
     assert "generator.inference_engine.weight_sync_backend" not in {
         v.key for v in unimplemented(load_config(None, [*LOCAL_CPU, *hf, "generator.inference_engine.weight_sync_backend=inprocess"]))}
-    started = unimplemented(load_config(None, [*LOCAL_CPU, "generator.inference_engine.backend=hf_generate"]))
-    assert any(v.key == "generator.inference_engine.run_engines_locally" and "inflight serve --backend hf_generate"
-               in v.fix for v in started)
+    started = {v.key: v for v in unimplemented(load_config(None, [*LOCAL_CPU, "generator.inference_engine.backend=hf_generate",
+                                                                   "generator.inference_engine.weight_sync_backend=shm"]))}
+    assert set(started) == {"generator.inference_engine.max_num_seqs", "generator.inference_engine.max_num_batched_tokens",
+                            "generator.inference_engine.kv_cache_memory_gib"}  # LOCAL_CPU's: no flag for them
+    assert all("the hf_generate server command does not carry" in v.rule for v in started.values())
+    assert unimplemented(load_config(None, [*LOCAL_CPU_TRAINER, "generator.inference_engine.backend=hf_generate",
+                                            "generator.inference_engine.weight_sync_backend=shm"])) == []
+
+
+def test_a_run_starts_its_hf_generate_servers(tiny_model_factory, tmp_path):
+    """`run_engines_locally=true` on hf_generate: the run starts one server per engine with the command its
+    entry builds (`Backend.server_command`), each answering as transformers' own model; close stops them."""
+    model = str(tiny_model_factory("qwen2", 0))
+    cfg = load_config(None, [*LOCAL_CPU_TRAINER, "generator.inference_engine.backend=hf_generate",
+                             "generator.inference_engine.weight_sync_backend=shm", "generator.inference_engine.num_engines=2",
+                             "generator.inference_engine.model_dtype=float32", f"trainer.log_path={tmp_path}", f"trainer.policy.model.path={model}"])
+    params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+
+    async def scenario():
+        servers = await start_servers(cfg, JobConfig(engine_threads=1), model, 3)
+        try:
+            outs = await asyncio.gather(*(servers.client.generate(p, params) for p in PROMPTS))
+            return outs, await servers.client.weight_versions(), list(servers.fleet.launched)
+        finally:
+            await servers.close()
+
+    outs, versions, launched = asyncio.run(scenario())
+    assert len(versions) == 2 and set(versions.values()) == {3}
+    for prompt, out in zip(PROMPTS, outs, strict=True):
+        assert out.output_token_ids == _oracle(model, prompt, 5)[0] and out.token_weight_versions == [3] * 5
+    assert all(s.proc.poll() is not None for s in launched)  # stopped on close
+    assert all("serve --backend hf_generate" in s.log_path.read_text().splitlines()[0] for s in launched)

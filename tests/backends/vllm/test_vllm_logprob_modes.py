@@ -10,13 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from inflight.backends.registry import backend_entry
+from inflight.backends.registry import backend_entry, backend_of
+from inflight.backends.vllm.commands import vllm_args
 from inflight.backends.vllm.errors import APIError
 from inflight.backends.vllm.generate import SamplingFields, check_sampling
 from inflight.backends.vllm.run_checks import logprobs_mode, run_problems
 from inflight.config import load_config
-from inflight.config.implemented import backend
-from inflight.orchestration.servers import vllm_args
 from inflight.testing import LOCAL_CPU
 
 RECIPES = json.loads((Path(__file__).parents[2] / "config" / "data" / "skyrl_recipes.json").read_text())["recipes"]
@@ -77,5 +76,5 @@ def test_a_run_no_mode_serves_is_refused_before_it_starts():
     (problem,) = run_problems(load_config(None, [*LOCAL_CPU, *VLLM, *mixed]))
     assert problem.key == "generator.sampling_params.temperature" and "eval_sampling_params" in problem.rule
     native = load_config(None, [*LOCAL_CPU, *sql])
-    assert backend(native).problems(native) == []  # the native engine serves it (and vLLM's checks are vLLM's)
-    assert backend(native).run_checks is None and backend_entry("vllm").problems(native) != []
+    assert backend_of(native).problems(native) == []  # the native engine serves it (and vLLM's checks are vLLM's)
+    assert backend_of(native).run_checks is None and backend_entry("vllm").problems(native) != []
