@@ -140,6 +140,32 @@ def raise_vision_settings(cfg: Config, model_dir: str | Path, kind: str) -> None
         raise ConfigError(problems)
 
 
-__all__ = ["FREEZE_KEY", "check_vision_settings", "freeze_tower", "freezes_tower", "hidden_trunk", "image_inputs",
-           "is_vision_language", "lora_exclusions", "raise_vision_settings", "tell_once", "tower_prefix",
-           "vision_tower"]
+VLM_KEY = "generator.vision_language_generator"
+
+
+def data_vision(cfg: Config) -> Any:
+    """The policy's image processor (`inflight.chat.vision.Vision`) for the data task when it is a
+    vision-language model, else None. Raises ValueError naming why a vision model's processor
+    cannot be loaded."""
+    from inflight.chat.vision import load_vision
+
+    return load_vision(cfg.trainer.policy.model.path)
+
+
+def check_image_rows(cfg: Config, problems: Any) -> None:
+    """Refuse data rows holding images unless `generator.vision_language_generator=true` (SkyRL's
+    switch to its vision-language generator: its text generator would render the images away)."""
+    from inflight.chat.images import count_images
+
+    if cfg.generator.vision_language_generator:
+        return
+    with_images = [p for p in problems if not isinstance(p.prompt, str) and count_images(p.prompt)]
+    if with_images:
+        raise ConfigError([Violation(VLM_KEY, False, f"is off, but {len(with_images)} data rows hold images (e.g. "
+                                     f"{with_images[0].meta.get('source', with_images[0].id)})",
+                                     f"set {VLM_KEY}=true (SkyRL's vision-language generator), or drop the images")])
+
+
+__all__ = ["FREEZE_KEY", "VLM_KEY", "check_image_rows", "check_vision_settings", "data_vision", "freeze_tower",
+           "freezes_tower", "hidden_trunk", "image_inputs", "is_vision_language", "lora_exclusions",
+           "raise_vision_settings", "tell_once", "tower_prefix", "vision_tower"]
