@@ -42,13 +42,19 @@ class AdapterMerger:
         if weight is None or weight.dim() != 2:
             raise WeightUpdateError(f"adapter tensor {hf_name!r}: the model has no linear weight {name!r}")
         out_features, in_features = weight.shape
-        ok = tensor.dim() == 2 and (tensor.shape[1] == in_features if part == "A" else tensor.shape[0] == out_features)
+        ok = tensor.dim() == 2 and (
+            tensor.shape[1] == in_features if part == "A" else tensor.shape[0] == out_features
+        )
         if not ok:
             side = f"[rank, {in_features}]" if part == "A" else f"[{out_features}, rank]"
-            raise WeightUpdateError(f"adapter tensor {hf_name!r} has shape {tuple(tensor.shape)}, expected {side}")
+            raise WeightUpdateError(
+                f"adapter tensor {hf_name!r} has shape {tuple(tensor.shape)}, expected {side}"
+            )
         return name, part
 
-    def merged(self, params: dict[str, torch.Tensor], pieces: dict[str, dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    def merged(
+        self, params: dict[str, torch.Tensor], pieces: dict[str, dict[str, torch.Tensor]]
+    ) -> dict[str, torch.Tensor]:
         """The new value of every weight this adapter or an earlier one touched: `W0 + B @ A`, or
         `W0` where this adapter leaves the weight out. Raises before anything is kept when a
         weight has only one of A and B, or their ranks differ."""
@@ -58,7 +64,8 @@ class AdapterMerger:
                 raise WeightUpdateError(f"adapter for {name!r} lacks its {missing} tensor")
             if parts["A"].shape[0] != parts["B"].shape[1]:
                 raise WeightUpdateError(
-                    f"adapter for {name!r}: lora_A has rank {parts['A'].shape[0]}, lora_B {parts['B'].shape[1]}"
+                    f"adapter for {name!r}: lora_A has rank {parts['A'].shape[0]}, "
+                    f"lora_B {parts['B'].shape[1]}"
                 )
         base = dict(self.base)
         for name in pieces:

@@ -103,7 +103,8 @@ class AsyncEngine:
         self._changes_lock = threading.Lock()
         self._last_progress = time.monotonic()  # when the loop last ran a step (or had nothing to do)
         self.missed_wakeups = 0  # work the idle backstop found that no wake-up announced
-        self._drain_waiters: list[asyncio.Future[None]] = []  # pause("wait") calls waiting for the drain's end
+        # pause("wait") calls waiting for the drain's end
+        self._drain_waiters: list[asyncio.Future[None]] = []
 
     @classmethod
     def from_config(cls, config: EngineConfig, stall_s: float = STALL_S,

@@ -122,7 +122,9 @@ def build_metadata(
         for chunk in prefills:
             chunk.native = chunk.context_len <= NATIVE_PREFILL_MAX_TOKENS
         if decode_tables or any(chunk.native for chunk in prefills):
-            meta.native = _native_rows(native_lib, decode_tables, decode_context_lens, prefills, prefill_tables)
+            meta.native = _native_rows(
+                native_lib, decode_tables, decode_context_lens, prefills, prefill_tables
+            )
     else:
         meta.decode_groups = _decode_groups(decode_tables, decode_context_lens, block_size, device)
     for chunk, table in zip(prefills, prefill_tables, strict=True):
@@ -166,7 +168,8 @@ def _decode_groups(tables: list[list[int]], lens: list[int], block_size: int, de
         positions = torch.arange(width * block_size, device=device)
         mask = positions[None, :] < torch.tensor(group_lens, device=device)[:, None]
         groups.append(DecodeGroup(
-            start, len(group_tables), width, torch.tensor(flat, dtype=torch.long, device=device), mask[:, None, None, :]
+            start, len(group_tables), width, torch.tensor(flat, dtype=torch.long, device=device),
+            mask[:, None, None, :],
         ))  # fmt: skip
     return groups
 
@@ -180,11 +183,15 @@ def rows_of_heads(x: torch.Tensor) -> bool:
     return x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == x.shape[2]
 
 
-def _native_attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float, out: torch.Tensor) -> None:
+def _native_attention(
+    q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float, out: torch.Tensor
+) -> None:
     """One kernel call: write the step's new keys/values into the caches, then attend the native
     rows (decodes and short prefill chunks) into the same rows of `out`."""
     if not q.dtype == k.dtype == v.dtype == k_cache.dtype == v_cache.dtype:
-        raise RuntimeError(f"native attention needs q/k/v in the cache's dtype {k_cache.dtype}, not {q.dtype}")
+        raise RuntimeError(
+            f"native attention needs q/k/v in the cache's dtype {k_cache.dtype}, not {q.dtype}"
+        )
     if not (rows_of_heads(q) and rows_of_heads(k) and rows_of_heads(v) and k.stride(0) == v.stride(0)):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     _run_native(meta, q.data_ptr(), q.stride(0), k.data_ptr(), v.data_ptr(), k.stride(0), k_cache, v_cache,
@@ -202,12 +209,15 @@ def _run_native(
     threads = torch.get_num_threads()
     numel = threads * num_heads * (nd.max_context + 2 * head_dim)
     if nd.scratch is None or nd.scratch[0] != numel:
-        nd.scratch = (numel, meta.workspace.take("native_scratch", numel, torch.float32, k_cache.device).data_ptr())
+        nd.scratch = (
+            numel,
+            meta.workspace.take("native_scratch", numel, torch.float32, k_cache.device).data_ptr(),
+        )
     status = nd.lib.paged_attention_rows(
         q, q_stride, k, v, kv_stride, meta.slot_mapping.data_ptr(), meta.slot_mapping.numel(),
         k_cache.data_ptr(), v_cache.data_ptr(), nd.block_tables.data_ptr(), nd.context_lens.data_ptr(), out,
-        nd.scratch[1], nd.count, num_heads, num_kv_heads, head_dim, k_cache.shape[1], nd.block_tables.shape[1],
-        nd.max_context, scale, _KV_DTYPE_CODES[k_cache.dtype], threads,
+        nd.scratch[1], nd.count, num_heads, num_kv_heads, head_dim, k_cache.shape[1],
+        nd.block_tables.shape[1], nd.max_context, scale, _KV_DTYPE_CODES[k_cache.dtype], threads,
     )  # fmt: skip
     if status != 0:
         raise RuntimeError(f"native paged attention failed with status {status}")
@@ -275,7 +285,9 @@ def paged_attention(
         kd = _gather(k_rows, g.block_ids, k_buf).view(g.count, -1, num_kv_heads, head_dim).transpose(1, 2)
         vd = _gather(v_rows, g.block_ids, v_buf).view(g.count, -1, num_kv_heads, head_dim).transpose(1, 2)
         sl = slice(g.start, g.start + g.count)
-        o = F.scaled_dot_product_attention(q[sl].unsqueeze(2), kd, vd, attn_mask=g.mask, scale=scale, enable_gqa=True)
+        o = F.scaled_dot_product_attention(
+            q[sl].unsqueeze(2), kd, vd, attn_mask=g.mask, scale=scale, enable_gqa=True
+        )
         out[sl] = o.squeeze(2)
     for chunk in meta.prefills:
         if chunk.native:
@@ -287,8 +299,16 @@ def paged_attention(
             o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True)
         else:
             n = chunk.context_len
-            ks = _gather(k_rows, chunk.block_ids, k_buf).view(-1, num_kv_heads, head_dim)[:n].transpose(0, 1)[None]
-            vs = _gather(v_rows, chunk.block_ids, v_buf).view(-1, num_kv_heads, head_dim)[:n].transpose(0, 1)[None]
+            ks = (
+                _gather(k_rows, chunk.block_ids, k_buf)
+                .view(-1, num_kv_heads, head_dim)[:n]
+                .transpose(0, 1)[None]
+            )
+            vs = (
+                _gather(v_rows, chunk.block_ids, v_buf)
+                .view(-1, num_kv_heads, head_dim)[:n]
+                .transpose(0, 1)[None]
+            )
             o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=chunk.mask, scale=scale, enable_gqa=True)
         out[sl] = o[0].transpose(0, 1)
     return out

@@ -66,7 +66,9 @@ class BlockPool:
         parent = None
         for j in range((request.num_tokens - 1) // self.block_size):  # keep at least one token to compute
             tokens = self._tokens_of(request, j)
-            block_hash = chain_hash(parent, tokens, request.cache_salt, weight_version, self._images_of(request, j))
+            block_hash = chain_hash(
+                parent, tokens, request.cache_salt, weight_version, self._images_of(request, j)
+            )
             block_id = self.lookup(block_hash, tokens)
             if block_id is None:
                 break
@@ -83,7 +85,9 @@ class BlockPool:
     def allocate_slots(self, request: Request, num_new_tokens: int, weight_version: int) -> bool:
         """Give a request the blocks for `num_new_tokens` more tokens; False, taking nothing, when
         too few are free."""
-        needed = -(-(request.num_computed_tokens + num_new_tokens) // self.block_size) - len(request.block_ids)
+        needed = -(-(request.num_computed_tokens + num_new_tokens) // self.block_size) - len(
+            request.block_ids
+        )
         if needed > self.num_free:
             return False
         request.block_ids.extend(self.allocate(weight_version) for _ in range(needed))

@@ -78,7 +78,9 @@ class LLMEngine:
         self.linear_backend = linear_backend
         self.model.use_ops(layer_ops(config.elementwise_backend, config.torch_dtype, self.device))
         hf = self.model.config
-        self.max_model_len = min(config.max_model_len or hf.max_position_embeddings, hf.max_position_embeddings)
+        self.max_model_len = min(
+            config.max_model_len or hf.max_position_embeddings, hf.max_position_embeddings
+        )
         if not config.enable_chunked_prefill and config.max_num_batched_tokens < self.max_model_len:
             raise InvalidRequestError(
                 f"max_num_batched_tokens={config.max_num_batched_tokens} must be >= max_model_len="
@@ -96,7 +98,9 @@ class LLMEngine:
         self.stats = EngineStats()
         self.pool = BlockPool(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
-            SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, config.enable_chunked_prefill),
+            SchedulerConfig(
+                config.max_num_seqs, config.max_num_batched_tokens, config.enable_chunked_prefill
+            ),
             self.pool,
         )
         self.runner = ModelRunner(
@@ -150,7 +154,9 @@ class LLMEngine:
         params, images = self._checked(prompt_token_ids, params, multimodal)
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use by an unfinished request")
-        request = Request(request_id, list(prompt_token_ids), params, next(self._arrivals), cache_salt, images)
+        request = Request(
+            request_id, list(prompt_token_ids), params, next(self._arrivals), cache_salt, images
+        )
         self.requests[request_id] = request
         self.scheduler.add(request)
 
@@ -159,7 +165,9 @@ class LLMEngine:
         """What the model's images must be like; None for a text-only model (which refuses images)."""
         return self.model.vision
 
-    def _plan_images(self, prompt_token_ids: list[int], multimodal: MultimodalInput | None) -> ImagePlan | None:
+    def _plan_images(
+        self, prompt_token_ids: list[int], multimodal: MultimodalInput | None
+    ) -> ImagePlan | None:
         vision = self.model.vision
         if multimodal is not None:
             return plan_images(list(prompt_token_ids), multimodal, vision, type(self.model).__name__)
@@ -198,7 +206,9 @@ class LLMEngine:
             raise InvalidRequestError("prompt_token_ids is empty; give at least one token")
         bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
         if bad:
-            raise InvalidRequestError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
+            raise InvalidRequestError(
+                f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})"
+            )
         if len(prompt_token_ids) >= self.max_model_len:
             raise InvalidRequestError(
                 f"prompt has {len(prompt_token_ids)} tokens; the context holds {self.max_model_len}, "
@@ -470,7 +480,8 @@ class LLMEngine:
             self.stats.failed_weight_updates += 1
             raise
         update.loaded.update(loaded)
-        if (loaded or update.pieces) and update.rollback is None:  # overwritten in place: no abort brings them back
+        # overwritten in place: no abort brings them back
+        if (loaded or update.pieces) and update.rollback is None:
             self._update = replace(update, intact=False)
 
     def _check_chunk(self, chunk: list[tuple[str, torch.Tensor | WeightPiece]]) -> None:
@@ -482,14 +493,18 @@ class LLMEngine:
             if name not in params:
                 raise WeightUpdateError(f"unknown parameter {hf_name!r}; the model has no such weight")
             known = isinstance(tensor, torch.Tensor) or (
-                isinstance(tensor, WeightPiece) and isinstance(tensor.data, torch.Tensor) and tensor.data.dim() == 1
+                isinstance(tensor, WeightPiece)
+                and isinstance(tensor.data, torch.Tensor)
+                and tensor.data.dim() == 1
             )
             if not known or tuple(tensor.shape) != tuple(params[name].shape):
                 shape = tuple(tensor.shape) if known else type(tensor).__name__
                 raise WeightUpdateError(
                     f"parameter {hf_name!r} has shape {shape}, expected {tuple(params[name].shape)}"
                 )
-            _check_values(hf_name, tensor.data if isinstance(tensor, WeightPiece) else tensor, params[name].dtype)
+            _check_values(
+                hf_name, tensor.data if isinstance(tensor, WeightPiece) else tensor, params[name].dtype
+            )
 
     def _drop_pieces(self, update: UpdateState) -> None:
         """Forget split weights still missing pieces; their spare buffers serve the next update."""
@@ -507,7 +522,9 @@ class LLMEngine:
         out = []
         for hf_name, tensor in adapter:
             if not isinstance(tensor, torch.Tensor):  # a WeightPiece too: adapters are small, sent whole
-                raise WeightUpdateError(f"adapter tensor {hf_name!r} is a {type(tensor).__name__}, not a tensor")
+                raise WeightUpdateError(
+                    f"adapter tensor {hf_name!r} is a {type(tensor).__name__}, not a tensor"
+                )
             target, _ = adapter_part(hf_name)
             name, part = self.adapters.check(hf_name, tensor, params.get(self.model.resolve(target) or ""))
             _check_values(hf_name, tensor, torch.float32)
@@ -539,8 +556,8 @@ class LLMEngine:
             try:
                 if not update.intact:
                     raise WeightUpdateError(
-                        "a LoRA adapter is merged onto the weights the engine holds, and this engine's weights "
-                        "are incomplete (dropped by sleep, or a failed update): send the full weights"
+                        "a LoRA adapter is merged onto the weights the engine holds, and this engine's "
+                        "weights are incomplete (dropped by sleep, or a failed update): send the full weights"
                     )
                 self._merge_adapter(update)
             except WeightUpdateError:
@@ -588,9 +605,14 @@ class LLMEngine:
             return False
         restored = self.abort_weight_update()
         self.stats.expired_weight_updates += 1
-        log.warning("abandoned a weight update that received nothing for %.0f s (weight_update_timeout_s=%g); "
-                    "%s", idle, timeout, "the old weights are back" if restored else
-                    "the engine stays unable to run until a complete update lands")
+        log.warning(
+            "abandoned a weight update that received nothing for %.0f s (weight_update_timeout_s=%g); %s",
+            idle,
+            timeout,
+            "the old weights are back"
+            if restored
+            else "the engine stays unable to run until a complete update lands",
+        )
         return True
 
     @_locked

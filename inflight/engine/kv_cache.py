@@ -2,8 +2,9 @@
 
 `KVCache` holds one tensor [layers, 2, blocks, block_size, kv_heads, head_dim]. Sleeping either moves
 it to host memory (restored bit-identically, same block ids) or discards it (the engine then starts
-a new KV epoch in the BlockPool, so that the scheduler finds requests whose KV no longer exists). `WeightsPool` drops and
-re-creates the model's parameters; non-parameter buffers (rotary tables) are never touched.
+a new KV epoch in the BlockPool, so that the scheduler finds requests whose KV no longer exists).
+`WeightsPool` drops and re-creates the model's parameters; non-parameter buffers (rotary tables) are never
+touched.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ class KVCache:
 
     @staticmethod
     def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype) -> int:
-        return 2 * num_layers * block_size * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        return 2 * num_layers * block_size * num_kv_heads * head_dim * itemsize
 
     @property
     def awake(self) -> bool:

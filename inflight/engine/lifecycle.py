@@ -90,6 +90,7 @@ class EngineStatus:
         return self.num_running + self.num_waiting > 0
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready values (the phases are str enums), plus the derived `paused`, `draining` and `has_unfinished`."""
+        """JSON-ready values (the phases are str enums), plus the derived `paused`, `draining` and
+        `has_unfinished`."""
         return {**asdict(self), "paused": self.paused, "draining": self.draining,
                 "has_unfinished": self.has_unfinished}

@@ -52,7 +52,8 @@ class MultimodalStep:
 
     positions: torch.Tensor  # [3, T] M-RoPE positions of the step's tokens
     rows: torch.Tensor  # [R] the step's rows that are image placeholders
-    embeds: torch.Tensor  # [R, hidden * (1 + DeepStack layers)] their image encodings (models/vision_language.py)
+    # [R, hidden * (1 + DeepStack layers)] their image encodings (models/vision_language.py)
+    embeds: torch.Tensor
 
 
 Encoder = Callable[[torch.Tensor, list[tuple[int, int, int]]], list[torch.Tensor]]
@@ -86,7 +87,9 @@ class ImagePlan:
         tail = torch.arange(max(start, prompt), start + count, dtype=torch.long) + self.delta
         return torch.cat((head, tail.expand(3, -1)), dim=1)
 
-    def embeddings(self, start: int, count: int, encode: Encoder, generation: int) -> list[tuple[int, torch.Tensor]]:
+    def embeddings(
+        self, start: int, count: int, encode: Encoder, generation: int
+    ) -> list[tuple[int, torch.Tensor]]:
         """(offset in the chunk, embeddings) of the placeholders among tokens [start, start + count).
         The first chunk that needs an image encodes it with every later image not encoded yet, in one
         call of `encode` (the vision tower); an image whose placeholders are all before `start` is
@@ -115,7 +118,9 @@ class ImagePlan:
         return slice(first, first + t * h * w)
 
 
-def plan_images(prompt: list[int], mm: MultimodalInput, spec: VisionSpec | None, model_name: str) -> ImagePlan:
+def plan_images(
+    prompt: list[int], mm: MultimodalInput, spec: VisionSpec | None, model_name: str
+) -> ImagePlan:
     """Check a request's images against its prompt and the model; raises InvalidRequestError naming
     what is wrong and how to fix it."""
     if spec is None:
@@ -124,16 +129,29 @@ def plan_images(prompt: list[int], mm: MultimodalInput, spec: VisionSpec | None,
             "or serve a vision-language model (e.g. Qwen2_5_VLForConditionalGeneration)"
         )
     grid, pixels = mm.image_grid_thw, mm.pixel_values
-    if not isinstance(grid, torch.Tensor) or grid.dim() != 2 or grid.shape[1] != 3 or grid.is_floating_point():
-        raise InvalidRequestError(f"image_grid_thw must be an integer tensor [images, 3], got {_describe(grid)}")
+    if (
+        not isinstance(grid, torch.Tensor)
+        or grid.dim() != 2
+        or grid.shape[1] != 3
+        or grid.is_floating_point()
+    ):
+        raise InvalidRequestError(
+            f"image_grid_thw must be an integer tensor [images, 3], got {_describe(grid)}"
+        )
     grids = [tuple(int(v) for v in row) for row in grid.tolist()]
     merge = spec.spatial_merge_size
     bad = [g for g in grids if min(g) < 1 or g[1] % merge or g[2] % merge]
     if not grids or bad:
-        raise InvalidRequestError(f"image_grid_thw {bad or grids}: each image needs t, h, w >= 1 with h and w "
-                                  f"multiples of spatial_merge_size={merge} (what the model's image processor makes)")
+        raise InvalidRequestError(
+            f"image_grid_thw {bad or grids}: each image needs t, h, w >= 1 with h and w "
+            f"multiples of spatial_merge_size={merge} (what the model's image processor makes)"
+        )
     rows = sum(t * h * w for t, h, w in grids)
-    if not isinstance(pixels, torch.Tensor) or not pixels.is_floating_point() or tuple(pixels.shape) != (rows, spec.patch_dim):
+    if (
+        not isinstance(pixels, torch.Tensor)
+        or not pixels.is_floating_point()
+        or tuple(pixels.shape) != (rows, spec.patch_dim)
+    ):
         raise InvalidRequestError(
             f"pixel_values must be a float tensor [{rows}, {spec.patch_dim}] for image_grid_thw {grids} "
             f"(the image processor's output for this model), got {_describe(pixels)}"
@@ -144,7 +162,9 @@ def plan_images(prompt: list[int], mm: MultimodalInput, spec: VisionSpec | None,
     if hashes is None:
         hashes = tuple(_pixel_hash(pixels, grids, i) for i in range(len(grids)))
     elif len(hashes) != len(grids) or not all(isinstance(h, str) and h for h in hashes):
-        raise InvalidRequestError(f"image_hashes must be one non-empty string per image ({len(grids)}), got {hashes!r}")
+        raise InvalidRequestError(
+            f"image_hashes must be one non-empty string per image ({len(grids)}), got {hashes!r}"
+        )
     counts = [t * h * w // merge**2 for t, h, w in grids]
     runs = _runs(prompt, spec.image_token_id)
     if [b - a for a, b in runs] != counts:

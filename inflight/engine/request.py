@@ -25,18 +25,17 @@ def scaling_temperature(temperature: float) -> float:
 class SamplingParams:
     """How to sample one request.
 
-    `temperature=0` (or anything below `GREEDY_BELOW`) is greedy. `top_k=0` (or -1) and `top_p=1` disable those filters. `seed` makes the
-    request's samples reproducible whatever else is in the batch. `logprobs` records, for each sampled
-    token, its log-probability under the temperature-scaled distribution (before top-k/top-p), which is
-    what a policy-gradient trainer recomputes. `top_logprobs=k` also records, for each sampled token,
-    the k most likely tokens of that same distribution with their log-probabilities (OpenAI's
-    `top_logprobs`, vLLM's integer `logprobs`); it needs `logprobs=True`, and only requests that ask
-    pay for it. `prompt_logprobs` (vLLM's name) scores the prompt during prefill: None = off, 0 = each
-    prompt token's own log-probability, k = also the k most likely tokens at that position; of the
-    model's distribution (no temperature: nothing is sampled there); the first prompt token has none.
-    Such a request reads nothing from the prefix cache while its prompt is unscored (cached KV has no
-    logits), and only requests that ask pay for it.
-    `return_routed_experts` (mixture-of-experts models only) returns the routing of every prompt
+    `temperature=0` (or anything below `GREEDY_BELOW`) is greedy. `top_k=0` (or -1) and `top_p=1` disable
+    those filters. `seed` makes the request's samples reproducible whatever else is in the batch. `logprobs`
+    records, for each sampled token, its log-probability under the temperature-scaled distribution (before
+    top-k/top-p), which is what a policy-gradient trainer recomputes. `top_logprobs=k` also records, for each
+    sampled token, the k most likely tokens of that same distribution with their log-probabilities (OpenAI's
+    `top_logprobs`, vLLM's integer `logprobs`); it needs `logprobs=True`, and only requests that ask pay for
+    it. `prompt_logprobs` (vLLM's name) scores the prompt during prefill: None = off, 0 = each prompt token's
+    own log-probability, k = also the k most likely tokens at that position; of the model's distribution (no
+    temperature: nothing is sampled there); the first prompt token has none. Such a request reads nothing from
+    the prefix cache while its prompt is unscored (cached KV has no logits), and only requests that ask pay
+    for it. `return_routed_experts` (mixture-of-experts models only) returns the routing of every prompt
     position too, not only of the positions that sampled a token (`RequestOutput.routed_experts`).
     """
 
@@ -63,7 +62,11 @@ class SamplingParams:
             problems.append(f"top_p={self.top_p!r} must be in (0, 1]")
         if not isinstance(self.top_k, int) or self.top_k < -1:
             problems.append(f"top_k={self.top_k!r} must be an integer >= 0 (0 or -1 disables it)")
-        if not isinstance(self.top_logprobs, int) or isinstance(self.top_logprobs, bool) or self.top_logprobs < 0:
+        if (
+            not isinstance(self.top_logprobs, int)
+            or isinstance(self.top_logprobs, bool)
+            or self.top_logprobs < 0
+        ):
             problems.append(f"top_logprobs={self.top_logprobs!r} must be an integer >= 0 (0: none)")
         elif self.top_logprobs > 0 and not self.logprobs:
             problems.append(f"top_logprobs={self.top_logprobs} needs logprobs=True")
@@ -230,5 +233,7 @@ class Request:
             top_logprobs=list(self.top_logprobs) if self.params.top_logprobs > 0 else None,
             prompt_logprobs=list(self.prompt_logprobs) if self.params.prompt_logprobs is not None else None,
             prompt_top_logprobs=list(self.prompt_top_logprobs) if self.params.prompt_logprobs else None,
-            prompt_logprob_ranks=list(self.prompt_logprob_ranks) if self.params.prompt_logprobs is not None else None,
+            prompt_logprob_ranks=list(self.prompt_logprob_ranks)
+            if self.params.prompt_logprobs is not None
+            else None,
         )

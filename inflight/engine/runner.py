@@ -42,7 +42,12 @@ def layer_ops(backend: str, dtype: torch.dtype, device: torch.device) -> TorchOp
 
 class ModelRunner:
     def __init__(
-        self, model: DecoderForCausalLM, kv_cache: KVCache, block_size: int, seed: int, attention_backend: str = "auto"
+        self,
+        model: DecoderForCausalLM,
+        kv_cache: KVCache,
+        block_size: int,
+        seed: int,
+        attention_backend: str = "auto",
     ) -> None:
         self.model = model
         self.kv_cache = kv_cache
@@ -128,7 +133,9 @@ class ModelRunner:
                 positions.append(torch.arange(start, start + n).expand(3, -1))
             else:
                 positions.append(plan.positions_of(start, n))
-                for row, emb in plan.embeddings(start, n, self.model.encode_images, self.model.weight_generation):
+                for row, emb in plan.embeddings(
+                    start, n, self.model.encode_images, self.model.weight_generation
+                ):
                     rows.append(torch.arange(offset + row, offset + row + emb.shape[0]))
                     embeds.append(emb)
             offset += n

@@ -3,9 +3,10 @@
 Every step the running requests are served first (oldest first); when blocks run out the newest
 running request is preempted by recompute (blocks freed, tokens kept, back to the front of the
 queue). Waiting requests are admitted after a prefix-cache lookup keyed by the current weight
-version (none for a request whose prompt logprobs are still to be computed). The backstop: a request holding a block from an older KV epoch (the pool was discarded) is
-reset before anything is scheduled, so no request ever attends to discarded KV. The BlockPool makes
-every block decision; schedule() returns what it did and the engine books the counts.
+version (none for a request whose prompt logprobs are still to be computed). The backstop: a request holding a
+block from an older KV epoch (the pool was discarded) is reset before anything is scheduled, so no request
+ever attends to discarded KV. The BlockPool makes every block decision; schedule() returns what it did and the
+engine books the counts.
 """
 
 from __future__ import annotations
@@ -107,7 +108,12 @@ class Scheduler:
             out.scheduled.append((request, n))
             budget -= n
             i += 1
-        while not out.preemptions and self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+        while (
+            not out.preemptions
+            and self.waiting
+            and budget > 0
+            and len(self.running) < self.config.max_num_seqs
+        ):
             request = self.waiting[0]
             if self.admission_cutoff is not None and request.arrival > self.admission_cutoff:
                 break
@@ -147,7 +153,9 @@ class Scheduler:
             return min(remaining, budget)
         return remaining if remaining <= budget else 0
 
-    def _allocate_or_preempt(self, request: Request, n: int, weight_version: int, out: SchedulerOutput) -> bool:
+    def _allocate_or_preempt(
+        self, request: Request, n: int, weight_version: int, out: SchedulerOutput
+    ) -> bool:
         """Make room for `request` by preempting the newest running requests; False when it was
         itself preempted."""
         while not self.pool.allocate_slots(request, n, weight_version):

@@ -81,7 +81,8 @@ class Attention(nn.Module):
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
         self.scale = self.head_dim**-0.5
         qkv_bias = getattr(config, "attention_bias", None)
-        if qkv_bias is None:  # Qwen2 configs do not carry the flag: q/k/v have biases (Qwen2-MoE: `qkv_bias`), o none
+        # Qwen2 configs do not carry the flag: q/k/v have biases (Qwen2-MoE: `qkv_bias`), o none
+        if qkv_bias is None:
             qkv_bias, o_bias = bool(getattr(config, "qkv_bias", True)), False
         else:
             o_bias = qkv_bias
@@ -97,7 +98,9 @@ class Attention(nn.Module):
         self.qkv = FusedLinear([self.q_proj, self.k_proj, self.v_proj])
         self.fused_linears = (self.qkv,)  # a plain tuple: not submodules, the parameters stay q/k/v's
 
-    def forward(self, x: torch.Tensor, ctx: ForwardContext, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, ctx: ForwardContext, k_cache: torch.Tensor, v_cache: torch.Tensor
+    ) -> torch.Tensor:
         n, ops, heads, kv_heads, dim = x.shape[0], ctx.ops, self.num_heads, self.num_kv_heads, self.head_dim
         fused = None if self.qk_norm else self.qkv.matrix(x)
         if fused is not None and ctx.native_step:
@@ -105,7 +108,11 @@ class Attention(nn.Module):
             out = paged_attention_qkv(fused, heads, kv_heads, dim, k_cache, v_cache, ctx.meta, self.scale)
             return self.o_proj.forward(out)
         if fused is not None:  # q|k side by side: one rotary call over all their heads
-            qk = ops.rotary(fused[:, : (heads + kv_heads) * dim].view(n, heads + kv_heads, dim), ctx.cos_sin, ctx.positions)
+            qk = ops.rotary(
+                fused[:, : (heads + kv_heads) * dim].view(n, heads + kv_heads, dim),
+                ctx.cos_sin,
+                ctx.positions,
+            )
             q, k = qk[:, :heads], qk[:, heads:]
             v = fused[:, (heads + kv_heads) * dim :].view(n, kv_heads, dim)
         else:
@@ -154,7 +161,9 @@ class DecoderLayer(nn.Module):
         self.sparse = moe_index is not None
         self.mlp = spec.sparse_block(config, moe_index) if moe_index is not None else MLP(config)
 
-    def forward(self, residual, normed, ctx: ForwardContext, k_cache, v_cache, next_norm: RMSNorm) -> torch.Tensor:
+    def forward(
+        self, residual, normed, ctx: ForwardContext, k_cache, v_cache, next_norm: RMSNorm
+    ) -> torch.Tensor:
         """`residual` is the stream (updated in place), `normed` its input_layernorm; returns the
         stream after this layer normalised by `next_norm` (the next layer's input norm, or the final)."""
         ops = ctx.ops
@@ -224,11 +233,18 @@ class DecoderForCausalLM(nn.Module):
         return len(self.moe_blocks), self.moe_blocks[0].top_k
 
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, meta, kv: KVCache, routing: torch.Tensor | None = None
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta,
+        kv: KVCache,
+        routing: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The final-normed hidden states of the tokens; with `routing` ([T, *routing_shape]), each
         MoE layer also writes there the experts it chose for each token."""
-        return self.run_layers(self.model.embed_tokens.forward(input_ids), positions, self.cos_sin, meta, kv, routing)
+        return self.run_layers(
+            self.model.embed_tokens.forward(input_ids), positions, self.cos_sin, meta, kv, routing
+        )
 
     def run_layers(
         self, residual: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, meta, kv: KVCache,
@@ -264,7 +280,10 @@ class DecoderForCausalLM(nn.Module):
     def weights_changed(self) -> None:
         """Drop derived copies of the weights (packed linears); call after any change to them."""
         if self._derived is None:
-            self._derived = [*packed_linears(self), *(f for m in self.modules() for f in getattr(m, "fused_linears", ()))]
+            self._derived = [
+                *packed_linears(self),
+                *(f for m in self.modules() for f in getattr(m, "fused_linears", ())),
+            ]
         for derived in self._derived:  # what invalidate_packed(self) drops, without the module walk
             derived.invalidate()
 
@@ -322,8 +341,11 @@ class DecoderForCausalLM(nn.Module):
             self.weights_changed()
 
     def _copy_weights(
-        self, named_tensors: Iterable[tuple[str, torch.Tensor | WeightPiece]],
-        keep_old: dict[str, torch.Tensor] | None, spares: dict[str, torch.Tensor], partial: dict[str, PartialWeight],
+        self,
+        named_tensors: Iterable[tuple[str, torch.Tensor | WeightPiece]],
+        keep_old: dict[str, torch.Tensor] | None,
+        spares: dict[str, torch.Tensor],
+        partial: dict[str, PartialWeight],
     ) -> set[str]:
         params = self.parameters_by_name()
         loaded = set()
@@ -358,8 +380,13 @@ class DecoderForCausalLM(nn.Module):
 
 
 def _copy_piece(
-    hf_name: str, name: str, param: nn.Parameter, piece: WeightPiece, keep_old: dict[str, torch.Tensor] | None,
-    spares: dict[str, torch.Tensor], partial: dict[str, PartialWeight],
+    hf_name: str,
+    name: str,
+    param: nn.Parameter,
+    piece: WeightPiece,
+    keep_old: dict[str, torch.Tensor] | None,
+    spares: dict[str, torch.Tensor],
+    partial: dict[str, PartialWeight],
 ) -> bool:
     """Copy one piece into its range of the parameter's destination; True once it is complete."""
     entry = partial.get(hf_name)
@@ -395,6 +422,11 @@ def _copy_piece(
 
 def _buffer_like(spare: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
     """`spare` when it has `like`'s shape, dtype and device, else new contiguous storage."""
-    if spare is not None and spare.shape == like.shape and spare.dtype == like.dtype and spare.device == like.device:
+    if (
+        spare is not None
+        and spare.shape == like.shape
+        and spare.dtype == like.dtype
+        and spare.device == like.device
+    ):
         return spare
     return torch.empty(like.shape, dtype=like.dtype, device=like.device)

@@ -94,7 +94,11 @@ class PackedWeights:
         if self.packed is None or self._made_from != key or self.packed.dtype != compute_dtype:
             with torch.no_grad():
                 parts = self.parts
-                weight = torch.cat([p.weight.detach() for p in parts]) if len(parts) > 1 else parts[0].weight.detach()
+                weight = (
+                    torch.cat([p.weight.detach() for p in parts])
+                    if len(parts) > 1
+                    else parts[0].weight.detach()
+                )
                 self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.to(compute_dtype))
                 biases = [p.bias for p in parts]
                 self.bias = None if all(b is None for b in biases) else torch.cat(
@@ -229,7 +233,10 @@ def packed_compute_dtype(backend: str, dtype: torch.dtype) -> torch.dtype | None
 def _why_not(dtype: torch.dtype, device: torch.device) -> str:
     if device.type != "cpu":
         return "oneDNN packed linears run on CPU only"
-    return f"{cpu.onednn_packing(dtype)[1]} (CPU: {cpu.cpu_model()}, torch capability {cpu.torch_cpu_capability()})"
+    return (
+        f"{cpu.onednn_packing(dtype)[1]} "
+        f"(CPU: {cpu.cpu_model()}, torch capability {cpu.torch_cpu_capability()})"
+    )
 
 
 def _instead(dtype: torch.dtype, device: torch.device) -> str:

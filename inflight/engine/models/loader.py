@@ -27,15 +27,23 @@ ARCHITECTURES: dict[str, type[DecoderForCausalLM]] = {
     "Qwen2_5_VLForConditionalGeneration": Qwen2_5_VLForConditionalGeneration,
     "Qwen3VLForConditionalGeneration": Qwen3VLForConditionalGeneration,
 }
-_BY_MODEL_TYPE = {"qwen2": Qwen2ForCausalLM, "qwen3": Qwen3ForCausalLM, "llama": LlamaForCausalLM,
-                  "qwen2_moe": Qwen2MoeForCausalLM, "qwen3_moe": Qwen3MoeForCausalLM,
-                  "qwen2_5_vl": Qwen2_5_VLForConditionalGeneration, "qwen3_vl": Qwen3VLForConditionalGeneration}
+_BY_MODEL_TYPE = {
+    "qwen2": Qwen2ForCausalLM,
+    "qwen3": Qwen3ForCausalLM,
+    "llama": LlamaForCausalLM,
+    "qwen2_moe": Qwen2MoeForCausalLM,
+    "qwen3_moe": Qwen3MoeForCausalLM,
+    "qwen2_5_vl": Qwen2_5_VLForConditionalGeneration,
+    "qwen3_vl": Qwen3VLForConditionalGeneration,
+}
 
 
 def load_config(model_dir: str | Path) -> PretrainedConfig:
     path = Path(model_dir)
     if not path.is_dir():
-        raise ModelLoadError(f"model directory {str(path)!r} does not exist; give a local Hugging Face model dir")
+        raise ModelLoadError(
+            f"model directory {str(path)!r} does not exist; give a local Hugging Face model dir"
+        )
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"{str(path)!r} has no config.json; it is not a Hugging Face model directory")
     return AutoConfig.from_pretrained(path)
@@ -58,7 +66,9 @@ def iter_safetensors(model_dir: str | Path):
     """Yield (hf_name, tensor) from every *.safetensors file of the directory."""
     files = sorted(Path(model_dir).glob("*.safetensors"))
     if not files:
-        raise ModelLoadError(f"{str(model_dir)!r} has no *.safetensors weights (pytorch .bin is not supported)")
+        raise ModelLoadError(
+            f"{str(model_dir)!r} has no *.safetensors weights (pytorch .bin is not supported)"
+        )
     for file in files:
         with safe_open(str(file), framework="pt") as handle:
             for name in handle.keys():

@@ -13,10 +13,10 @@ expert is an `MLP` of packed linears whose copies are dropped with every weight 
 other. Packing pays at expert shapes as at dense ones (gate|up + down, 1 thread, Zen 5: 2048 x 768
 experts 1.2-3.5x faster than F.linear in float32 and 1.1-2.3x in bfloat16 at 1-64 rows; 1024 x 256
 1.4-2.3x, except one float32 row at 0.8x), so experts take the same `PackedLinear` rule (plain
-F.linear for tiny weights and few rows). transformers 5 holds an MoE layer's experts as two 3-D tensors, `mlp.experts.gate_up_proj`
-[E, 2 * I, H] (gate rows, then up rows) and `mlp.experts.down_proj` [E, H, I]: that is what a trainer's
-`state_dict()` sends, and `split_expert_tensors` cuts them (whole, or as `WeightPiece`s) into the
-per-expert parameters; LoRA adapters on them in peft's layout (`target_parameters`) are cut alike.
+F.linear for tiny weights and few rows). transformers 5 holds an MoE layer's experts as two 3-D tensors,
+`mlp.experts.gate_up_proj` [E, 2 * I, H] (gate rows, then up rows) and `mlp.experts.down_proj` [E, H, I]: that
+is what a trainer's `state_dict()` sends, and `split_expert_tensors` cuts them (whole, or as `WeightPiece`s)
+into the per-expert parameters; LoRA adapters on them in peft's layout (`target_parameters`) are cut alike.
 """
 
 from __future__ import annotations
@@ -34,7 +34,9 @@ from inflight.engine.models.layer_ops import TorchOps
 from inflight.engine.models.linear import PackedLinear
 from inflight.engine.weight_copy import WeightPiece
 
-_FUSED = re.compile(r"^(?P<experts>.+\.mlp\.experts)\.(?P<kind>gate_up_proj|down_proj)(?P<lora>\.lora_[AB]\.weight)?$")
+_FUSED = re.compile(
+    r"^(?P<experts>.+\.mlp\.experts)\.(?P<kind>gate_up_proj|down_proj)(?P<lora>\.lora_[AB]\.weight)?$"
+)
 
 
 def routing_dtype(num_experts: int) -> torch.dtype:
@@ -49,13 +51,21 @@ class SparseMoeBlock(nn.Module):
 
     def __init__(self, config: PretrainedConfig, moe_index: int) -> None:
         super().__init__()
-        hidden, self.num_experts, self.top_k = config.hidden_size, config.num_experts, config.num_experts_per_tok
+        hidden, self.num_experts, self.top_k = (
+            config.hidden_size,
+            config.num_experts,
+            config.num_experts_per_tok,
+        )
         if not 0 < self.top_k <= self.num_experts:
-            raise ValueError(f"num_experts_per_tok={self.top_k} must be in [1, num_experts={self.num_experts}]")
+            raise ValueError(
+                f"num_experts_per_tok={self.top_k} must be in [1, num_experts={self.num_experts}]"
+            )
         self.norm_topk_prob = bool(config.norm_topk_prob)
         self.moe_index = moe_index
         self.gate = PackedLinear(hidden, self.num_experts, bias=False)
-        self.experts = nn.ModuleList(MLP(config, config.moe_intermediate_size) for _ in range(self.num_experts))
+        self.experts = nn.ModuleList(
+            MLP(config, config.moe_intermediate_size) for _ in range(self.num_experts)
+        )
         self.expert_list = list(self.experts)  # indexing a ModuleList costs microseconds per call
 
     @staticmethod
@@ -81,7 +91,9 @@ class SparseMoeBlock(nn.Module):
             ctx.routing[:, self.moe_index].copy_(ids)
         return self.run_experts(x, ids, weights, ctx.ops)
 
-    def run_experts(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, ops: TorchOps) -> torch.Tensor:
+    def run_experts(
+        self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, ops: TorchOps
+    ) -> torch.Tensor:
         """sum over k of weights[t, k] * expert_{ids[t, k]}(x[t]), each expert over its tokens only."""
         tokens, k = ids.shape
         flat = ids.reshape(-1)
@@ -139,17 +151,25 @@ class MoeForCausalLM(DecoderForCausalLM):
             raise WeightUpdateError(f"unknown parameter {name!r}: the model has no MoE layer {experts!r}")
         return layers[int(found[1])].mlp
 
-    def _targets(self, name: str, experts: str, kind: str) -> tuple[tuple[int, ...], list[tuple[str, tuple[int, int]]]]:
+    def _targets(
+        self, name: str, experts: str, kind: str
+    ) -> tuple[tuple[int, ...], list[tuple[str, tuple[int, int]]]]:
         """The fused tensor's shape and the per-expert parameters it holds, in its row-major order."""
         block = self._block_at(name, experts)
         e, hidden = block.num_experts, self.config.hidden_size
         width = block.expert_list[0].gate_proj.out_features
         if kind == "gate_up_proj":
-            parts = [(f"{experts}.{i}.{p}.weight", (width, hidden)) for i in range(e) for p in ("gate_proj", "up_proj")]
+            parts = [
+                (f"{experts}.{i}.{p}.weight", (width, hidden))
+                for i in range(e)
+                for p in ("gate_proj", "up_proj")
+            ]
             return (e, 2 * width, hidden), parts
         return (e, hidden, width), [(f"{experts}.{i}.down_proj.weight", (hidden, width)) for i in range(e)]
 
-    def _split_weight(self, name: str, match: re.Match, tensor) -> Iterator[tuple[str, torch.Tensor | WeightPiece]]:
+    def _split_weight(
+        self, name: str, match: re.Match, tensor
+    ) -> Iterator[tuple[str, torch.Tensor | WeightPiece]]:
         shape, parts = self._targets(name, match["experts"], match["kind"])
         if tuple(tensor.shape) != shape:
             raise WeightUpdateError(f"parameter {name!r} has shape {tuple(tensor.shape)}, expected {shape}")
@@ -175,9 +195,13 @@ class MoeForCausalLM(DecoderForCausalLM):
         rank_dim, other, want = (0, 1, in_features) if is_a else (1, 0, out_features)
         if tensor.shape[other] != want or tensor.shape[rank_dim] % experts:
             side = f"[{experts} * rank, {in_features}]" if is_a else f"[{out_features}, {experts} * rank]"
-            raise WeightUpdateError(f"adapter tensor {name!r} has shape {tuple(tensor.shape)}, expected {side}")
+            raise WeightUpdateError(
+                f"adapter tensor {name!r} has shape {tuple(tensor.shape)}, expected {side}"
+            )
         rank = tensor.shape[rank_dim] // experts
-        per_expert = tensor.view(experts, rank, in_features) if is_a else tensor.view(out_features, rank, experts)
+        per_expert = (
+            tensor.view(experts, rank, in_features) if is_a else tensor.view(out_features, rank, experts)
+        )
         suffix = match["lora"]
         per = len(parts) // experts
         for e in range(experts):
@@ -188,7 +212,9 @@ class MoeForCausalLM(DecoderForCausalLM):
                 start += rows
 
 
-def _split_piece(piece: WeightPiece, parts: list[tuple[str, tuple[int, int]]]) -> Iterator[tuple[str, WeightPiece]]:
+def _split_piece(
+    piece: WeightPiece, parts: list[tuple[str, tuple[int, int]]]
+) -> Iterator[tuple[str, WeightPiece]]:
     """The pieces of the parameters that `piece`'s flat element range of the fused tensor covers."""
     offset = 0
     for part, shape in parts:

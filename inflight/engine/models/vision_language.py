@@ -87,14 +87,19 @@ class VisionLanguageModel(DecoderForCausalLM):
             images = mm.embeds.to(embeds.dtype)
             embeds[mm.rows] = images[:, :width]
             if self.deepstack_layers:
-                deepstack = mm.rows, images[:, width:].unflatten(1, (self.deepstack_layers, width)).transpose(0, 1)
+                deepstack = (
+                    mm.rows,
+                    images[:, width:].unflatten(1, (self.deepstack_layers, width)).transpose(0, 1),
+                )
         picked = self.cos_sin[mm.positions]  # [3, T, 2, head_dim]
         index = self.mrope_axis.view(1, 1, 1, -1).expand(1, *picked.shape[1:])
         table = picked.gather(0, index)[0].contiguous()
         rows = torch.arange(table.shape[0], device=table.device)
         return self.run_layers(embeds, rows, table, meta, kv, routing, deepstack)
 
-    def encode_images(self, pixel_values: torch.Tensor, grids: list[tuple[int, int, int]]) -> list[torch.Tensor]:
+    def encode_images(
+        self, pixel_values: torch.Tensor, grids: list[tuple[int, int, int]]
+    ) -> list[torch.Tensor]:
         """Each image's encoding ([t*h*w / merge**2, hidden * (1 + DeepStack layers)]), in one tower call."""
         dtype = self.visual.patch_embed.proj.weight.dtype
         grid = torch.tensor(grids, dtype=torch.long)
