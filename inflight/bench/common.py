@@ -21,17 +21,53 @@ _HZ = os.sysconf("SC_CLK_TCK")
 
 # ---- the benchmark models (transformers config overrides of a Qwen2 shape) ----------------------
 MODEL_SHAPES: dict[str, dict[str, int]] = {
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, vocab_size=512, max_position_embeddings=512),
-    "demo": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=8,
-                 num_key_value_heads=4, vocab_size=1024, max_position_embeddings=1024),
-    "50m": dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=13, num_attention_heads=8,
-                num_key_value_heads=4, vocab_size=8192, max_position_embeddings=1024),
-    "500m": dict(hidden_size=1280, intermediate_size=3456, num_hidden_layers=24, num_attention_heads=20,
-                 num_key_value_heads=4, vocab_size=32000, max_position_embeddings=1024),
+    "tiny": dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=512,
+        max_position_embeddings=512,
+    ),
+    "demo": dict(
+        hidden_size=256,
+        intermediate_size=768,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        vocab_size=1024,
+        max_position_embeddings=1024,
+    ),
+    "50m": dict(
+        hidden_size=512,
+        intermediate_size=1536,
+        num_hidden_layers=13,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        vocab_size=8192,
+        max_position_embeddings=1024,
+    ),
+    "500m": dict(
+        hidden_size=1280,
+        intermediate_size=3456,
+        num_hidden_layers=24,
+        num_attention_heads=20,
+        num_key_value_heads=4,
+        vocab_size=32000,
+        max_position_embeddings=1024,
+    ),
     # Qwen2.5-1.5B's shape (1.54B parameters, tied embeddings)
-    "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                 num_key_value_heads=2, vocab_size=151936, max_position_embeddings=1024, tie_word_embeddings=True),
+    "1.5b": dict(
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+    ),
 }
 
 

@@ -14,8 +14,8 @@ same thread count; they alternate pass by pass so that all see the same backgrou
 result is refused when other processes (or the benchmark's idle sides) used more than a few percent
 of the CPUs during a timed pass. Timings are medians over `--repeats` passes after a warm-up.
 Achieved FLOP/s counts the useful work (2·params per prompt or output token through the trunk, of an
-MoE its router and the experts each token chose, the LM head per output token, and attention) against the best matmul peak measured in the sides' processes
-(before and after the passes).
+MoE its router and the experts each token chose, the LM head per output token, and attention) against the best
+matmul peak measured in the sides' processes (before and after the passes).
 """
 
 from __future__ import annotations
@@ -319,7 +319,11 @@ def _key_value(value: str) -> tuple[str, str]:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="inflight bench engine", description=__doc__.split("\n")[0])
     add = parser.add_argument
-    add("--small", action="store_true", help="hidden 128, 4 layers, vocab 512 (--images: tiny_vlm's own 64 x 2)")
+    add(
+        "--small",
+        action="store_true",
+        help="hidden 128, 4 layers, vocab 512 (--images: tiny_vlm's own 64 x 2)",
+    )
     add("--images", action="store_true",
         help="one image per prompt on a Qwen2.5-VL (random, or --model-dir's; see bench.engine_images)")
     add("--moe", action="store_true",

@@ -85,7 +85,9 @@ def image_workload(cfg: BenchConfig, model_dir: Path) -> Workload:
         cut = rng.randint(0, len(prompt))
         run = [ids[1]] * (int(grid.prod()) // merge**2)
         prompts.append([*prompt[:cut], ids[0], *run, ids[2], *prompt[cut:]])
-    return replace(work, prompts=prompts, images=images, flops=workload_flops(shape, prompts, work.output_lens))
+    return replace(
+        work, prompts=prompts, images=images, flops=workload_flops(shape, prompts, work.output_lens)
+    )
 
 
 def image_inputs(model_dir: str | Path, images: list[BenchImage]) -> list[tuple[torch.Tensor, torch.Tensor]]:

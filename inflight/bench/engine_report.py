@@ -141,16 +141,19 @@ def _header(result: dict[str, Any]) -> list[str]:
     cpu = ""
     if "cpu" in machine:
         load = {when: ", ".join(f"{x:.2f}" for x in avg) for when, avg in machine["load_average"].items()}
-        cpu = f"CPU: {machine['cpu']}; load average (1, 5, 15 min) {load['start']} at the start, {load['end']} at the end"
+        cpu = (
+            f"CPU: {machine['cpu']}; load average (1, 5, 15 min) {load['start']} at the start, "
+            f"{load['end']} at the end"
+        )
     return [
-        f"model: {_model_name(result)}, hidden {shape['hidden_size']}, {shape['num_hidden_layers']} layers, vocab "
-        f"{shape['vocab_size']}{experts}, {engine['params'] / 1e6:.1f}M params, {result['config']['dtype']}; "
-        f"KV block size {_block_sizes(result)}",
+        f"model: {_model_name(result)}, hidden {shape['hidden_size']}, {shape['num_hidden_layers']} layers, "
+        f"vocab {shape['vocab_size']}{experts}, {engine['params'] / 1e6:.1f}M params, "
+        f"{result['config']['dtype']}; KV block size {_block_sizes(result)}",
         f"workload: {wl['requests']} requests, {wl['prompt_tokens']} prompt + {wl['output_tokens']} output "
         f"tokens{images}, {wl['flops_per_run']['total'] / 1e12:.2f} TFLOP per run",
         *([cpu] if cpu else []),
-        f"matmul peak: {machine['matmul_peak_flops'] / 1e9:.1f} GFLOP/s with {machine['torch_threads']} threads; "
-        f"other processes used {machine['other_load']['mean_other_cores']:.2f} cores on average "
+        f"matmul peak: {machine['matmul_peak_flops'] / 1e9:.1f} GFLOP/s with {machine['torch_threads']} "
+        f"threads; other processes used {machine['other_load']['mean_other_cores']:.2f} cores on average "
         f"(max {machine['other_load']['max_other_cores']:.2f})",
         "",
         f"{'side':<26}{'median s':>9}{'out tok/s':>10}{'all tok/s':>10}{'GFLOP/s':>8}{'% peak':>7}"

@@ -115,7 +115,10 @@ class EngineSide:
         the op table by self CPU time, the pass's wall time and its split (`profile_split`)."""
         from torch.profiler import ProfilerActivity, profile
 
-        with labelled_native_kernels(self.engine.runner.native_lib), profile(activities=[ProfilerActivity.CPU]) as prof:
+        with (
+            labelled_native_kernels(self.engine.runner.native_lib),
+            profile(activities=[ProfilerActivity.CPU]) as prof,
+        ):
             wall_s, _ = self.run()
         events = prof.key_averages()
         return {"table": events.table(sort_by="self_cpu_time_total", row_limit=25), "wall_s": wall_s,

@@ -86,7 +86,8 @@ WORKLOADS: dict[str, PeersWorkload] = {
     "smollm2": PeersWorkload(
         None, "examples/smollm2's recipe: a real chat model as shipped (--model), LoRA, chat prompts asking "
         "for a sum, the last number in the response scored (gsm8k_flexible)",
-        # float32 on both sides (TRL's trains in it): the recipe's bf16 null picks bfloat16 on AMX / AVX-512-BF16
+        # float32 on both sides (TRL's trains in it): the recipe's bf16 null picks bfloat16 on AMX
+        # / AVX-512-BF16
         5, overrides=("trainer.bf16=false",), recipe="examples/smollm2/config.yaml"),
 }
 REPOSITORY = Path(__file__).resolve().parents[2]
@@ -98,20 +99,33 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--workload", default="default", choices=sorted(WORKLOADS),
                         help="default (addition), count_up (long-tailed answers), 49m (a larger model) or "
                              "smollm2 (a real chat model given by --model, examples/smollm2's recipe)")
-    parser.add_argument("--seconds", type=float, default=180.0,
-                        help="training time per run (default 180); with --steps only a cap, reported when it ends a run")
-    parser.add_argument("--steps", type=positive_int, default=None,
-                        help="training steps per run: a budget in work, the same on a busy machine (default: none, "
-                             "each run trains for --seconds)")
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=180.0,
+        help="training time per run (default 180); with --steps only a cap, reported when it ends a run",
+    )
+    parser.add_argument(
+        "--steps",
+        type=positive_int,
+        default=None,
+        help="training steps per run: a budget in work, the same on a busy machine (default: none, "
+        "each run trains for --seconds)",
+    )
     parser.add_argument("--repeats", type=int, default=3, help="rounds of the sides, alternated (default 3)")
     parser.add_argument("--gains", default="10,25",
                         help="accuracy gains to time, in points over the start (default 10,25)")
     parser.add_argument("--eval-interval", type=int, default=None,
                         help="steps between held-out evaluations (default per workload)")
-    parser.add_argument("--sides", default=",".join(SIDES), help=f"which sides to run (default {','.join(SIDES)})")
-    parser.add_argument("--model", default=None,
-                        help="a warmed-up model dir for the workload's task and shape (default: build + warm up); "
-                             "smollm2: the real model's HF dir, required, trained as shipped")
+    parser.add_argument(
+        "--sides", default=",".join(SIDES), help=f"which sides to run (default {','.join(SIDES)})"
+    )
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="a warmed-up model dir for the workload's task and shape (default: build + warm up); "
+        "smollm2: the real model's HF dir, required, trained as shipped",
+    )
     parser.add_argument("--trl-python", default=None,
                         help="TRL's interpreter (default: $INFLIGHT_TRL_PYTHON, else .venv-trl/bin/python)")
     parser.add_argument("--trl-threads", type=int, default=2, help="TRL's torch threads (default 2)")
@@ -170,7 +184,8 @@ def _eval_seconds(records: list[dict[str, Any]]) -> float | None:
 
 def run_inflight(side: str, common: list[str], model: str, run_dir: Path, pin: bool,
                  base: str = "default") -> dict[str, Any]:
-    """One `inflight train` run (`rl_bench.run_mode`) of config `base`, fully async when `side` is; its row."""
+    """One `inflight train` run (`rl_bench.run_mode`) of config `base`, fully async when `side` is; its
+    row."""
     from inflight.bench.rl_bench import run_mode
     from inflight.train.metrics import read_metrics
 
@@ -190,7 +205,9 @@ def run_trl_side(common: list[str], model: str, run_dir: Path, seconds: float, p
     from inflight.bench.rl_bench import bench_config, make_bench_task
     from inflight.bench.trl_side import run_trl, trl_settings
 
-    cfg, job = bench_config([*common, f"trainer.policy.model.path={model}", f"job.output_dir={run_dir}"], base)
+    cfg, job = bench_config(
+        [*common, f"trainer.policy.model.path={model}", f"job.output_dir={run_dir}"], base
+    )
     task = make_bench_task(cfg, job)
     settings = trl_settings(cfg, task, model, run_dir, seconds, threads, max_steps=steps)
     busy = busy_cpu_seconds()
@@ -211,9 +228,11 @@ def recipe_base(workload: PeersWorkload, model: str | None) -> str:
     if workload.recipe is None:
         return "default"
     if not model:
-        raise SystemExit(f"error: this workload ({workload.recipe}) trains a real model as shipped, with no warm-up: "
-                         "give --model DIR, a Hugging Face model directory (`inflight models get "
-                         "smollm2-135m-instruct` writes SmolLM2-135M-Instruct's)")
+        raise SystemExit(
+            f"error: this workload ({workload.recipe}) trains a real model as shipped, with no warm-up: "
+            "give --model DIR, a Hugging Face model directory (`inflight models get "
+            "smollm2-135m-instruct` writes SmolLM2-135M-Instruct's)"
+        )
     return str(REPOSITORY / workload.recipe)
 
 
@@ -224,9 +243,11 @@ def check_recipe_run(cfg: Any, job: Any, name: str) -> None:
 
     problems = run_refusals(cfg, job)
     if problems:
-        raise SystemExit(f"error: --workload {name}: {describe_refusals(problems)}\n(the recipe's data paths are "
-                         f"relative to the working directory: run from the repository root once the data is "
-                         f"written, as {WORKLOADS[name].recipe} says, or give data.train_data / data.val_data)")
+        raise SystemExit(
+            f"error: --workload {name}: {describe_refusals(problems)}\n(the recipe's data paths are "
+            f"relative to the working directory: run from the repository root once the data is "
+            f"written, as {WORKLOADS[name].recipe} says, or give data.train_data / data.val_data)"
+        )
 
 
 def _say_row(say, side: str, rnd: int, row: dict[str, Any]) -> None:
@@ -236,8 +257,10 @@ def _say_row(say, side: str, rnd: int, row: dict[str, Any]) -> None:
         + (f" ({evals:.2f} s each)" if evals is not None else "")
         + f", cores busy {row['cores_busy']:.2f}, other processes {row['other_cpu_share']:.0%} of the CPUs")
     if row.get("final_evaluation_empty"):
-        say(f"{side:>11} round {rnd}: WARNING: its final evaluation generated no tokens (requests aborted at the "
-            "end of training): the accuracy after is not the model's")
+        say(
+            f"{side:>11} round {rnd}: WARNING: its final evaluation generated no tokens (requests aborted "
+            "at the end of training): the accuracy after is not the model's"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -261,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     common = run_overrides(workload.task, args.seconds, eval_interval, [*workload.overrides, *args.overrides],
                            args.steps)
     base = recipe_base(workload, args.model)
-    real = [f"trainer.policy.model.path={args.model}"] if workload.recipe else []  # its tokenizer makes the task
+    # its tokenizer makes the task
+    real = [f"trainer.policy.model.path={args.model}"] if workload.recipe else []
     cfg, job = bench_config([*common, f"job.output_dir={out / 'base'}", *real], base)
     if workload.recipe:
         check_recipe_run(cfg, job, args.workload)
@@ -278,17 +302,36 @@ def main(argv: list[str] | None = None) -> int:
     for rnd, seed in enumerate(seeds):
         for side in round_order(sides, rnd):
             run_common, run_dir = [*common, f"trainer.seed={seed}"], out / f"{side}-{rnd}"
-            row = (run_trl_side(run_common, model, run_dir, args.seconds, python, args.trl_threads, base, args.steps)
-                   if side == "trl" else run_inflight(side, run_common, model, run_dir, args.pin, base))
+            row = (
+                run_trl_side(
+                    run_common, model, run_dir, args.seconds, python, args.trl_threads, base, args.steps
+                )
+                if side == "trl"
+                else run_inflight(side, run_common, model, run_dir, args.pin, base)
+            )
             results[side].append(row)
             _say_row(say, side, rnd, row)
             say_time_capped(say, side, rnd, row, args.steps, args.seconds)
     describe = workload.describe + (f"; model {model}" if workload.recipe else "")
-    result = {"args": vars(args), "workload": args.workload, "describe": describe, "task": task.name,
-              "model": model, "cpu": cpu_name(), "seconds": args.seconds, "steps": args.steps, "repeats": args.repeats, "seeds": seeds,
-              "gains": gains, "eval_interval": eval_interval, "eval_problems": len(task.eval_problems()),
-              "trl": trl, "not_aligned": list(NOT_ALIGNED), "results": results,
-              "summary": summarize(results, gains)}
+    result = {
+        "args": vars(args),
+        "workload": args.workload,
+        "describe": describe,
+        "task": task.name,
+        "model": model,
+        "cpu": cpu_name(),
+        "seconds": args.seconds,
+        "steps": args.steps,
+        "repeats": args.repeats,
+        "seeds": seeds,
+        "gains": gains,
+        "eval_interval": eval_interval,
+        "eval_problems": len(task.eval_problems()),
+        "trl": trl,
+        "not_aligned": list(NOT_ALIGNED),
+        "results": results,
+        "summary": summarize(results, gains),
+    }
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_peers.json").write_text(json.dumps(result, indent=2))
     text = table(result)

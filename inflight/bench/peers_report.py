@@ -105,15 +105,20 @@ def table(result: dict[str, Any]) -> str:
     lines = [f"| {result['workload']} | " + " | ".join(SIDE_NAMES[s] for s in sides) + " |",
              "| --- |" + " --- |" * len(sides)]
     lines += [f"| {name} | " + " | ".join(cell(s) for s in sides) + " |" for name, cell in rows]
-    head = (f"{result['cpu']}; workload {result['workload']} ({result['describe']}); {budget(result)} of "
-            f"training per run, {result['repeats']} rounds alternated (seeds {', '.join(map(str, result['seeds']))}); "
-            f"held-out evaluations every {result['eval_interval']} steps inside each side's clock "
-            f"({result['eval_problems']} problems, greedy: one evaluation's standard error is about "
-            f"{_one_se(result):.1f} points)")
+    head = (
+        f"{result['cpu']}; workload {result['workload']} ({result['describe']}); {budget(result)} of "
+        f"training per run, {result['repeats']} rounds alternated "
+        f"(seeds {', '.join(map(str, result['seeds']))}); "
+        f"held-out evaluations every {result['eval_interval']} steps inside each side's clock "
+        f"({result['eval_problems']} problems, greedy: one evaluation's standard error is about "
+        f"{_one_se(result):.1f} points)"
+    )
     busiest = max(r["other_cpu_share"] for rows in result["results"].values() for r in rows)
     if busiest > QUIET_OTHER_SHARE:
-        head += (f". NOT A QUIET MACHINE: other processes used up to {busiest:.0%} of the CPUs during a run (TRL's "
-                 "two OpenMP threads slow down most when a core is taken)")
+        head += (
+            f". NOT A QUIET MACHINE: other processes used up to {busiest:.0%} of the CPUs during a run "
+            "(TRL's two OpenMP threads slow down most when a core is taken)"
+        )
     notes = "\n".join(f"- {n}" for n in result["not_aligned"])
     return f"{head}\n\n" + "\n".join(lines) + f"\n\nNot aligned:\n{notes}\n"
 
@@ -141,7 +146,8 @@ def _gap(side: dict[str, Any]) -> str:
     vs = side.get("vs_trl")
     if not vs:
         return ""
-    return f" ({vs['after_minus_trl'] * 100:+.1f} vs TRL, s.e. {vs['after_difference_standard_error'] * 100:.1f})"
+    se = vs["after_difference_standard_error"]
+    return f" ({vs['after_minus_trl'] * 100:+.1f} vs TRL, s.e. {se * 100:.1f})"
 
 
 def _one_se(result: dict[str, Any], p: float = 0.5) -> float:

@@ -50,8 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="built-in task (default count_up: long-tailed answer lengths)")
     parser.add_argument("--model", default=None,
                         help="a warmed-up model dir for the task (default: build + warm up)")
-    parser.add_argument("--seconds", type=float, default=60.0,
-                        help="RL time per run (default 60); with --steps only a cap, reported when it ends a run")
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=60.0,
+        help="RL time per run (default 60); with --steps only a cap, reported when it ends a run",
+    )
     parser.add_argument("--steps", type=positive_int, default=None,
                         help="RL steps per run: a budget in work, the same on a busy machine (default: none, "
                              "each run trains for --seconds)")
@@ -61,9 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--eval-interval", type=int, default=25, help="steps between evaluations")
     parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
                         help="pin trainer and engine to separate cores (default on)")
-    parser.add_argument("--placement", default="training-thread", choices=PLACEMENTS,
-                        help="what the trainer's core runs when pinned: the policy's training thread alone "
-                             "(default; the rollout loop runs beside the engine) or the whole trainer process")
+    parser.add_argument(
+        "--placement",
+        default="training-thread",
+        choices=PLACEMENTS,
+        help="what the trainer's core runs when pinned: the policy's training thread alone "
+        "(default; the rollout loop runs beside the engine) or the whole trainer process",
+    )
     parser.add_argument("--output-dir", default="runs/bench_rl")
     parser.add_argument("overrides", nargs="*",
                         help="config overrides for both modes (job.*, trainer.*, ...)")
@@ -144,7 +152,9 @@ class CorePinning:
     A pass is cheap: the threads not pinned yet, new children looked for every 2 s. Does nothing
     when disabled or when fewer than two cores are allowed."""
 
-    def __init__(self, enabled: bool = True, interval_s: float = 0.2, placement: str = "training-thread") -> None:
+    def __init__(
+        self, enabled: bool = True, interval_s: float = 0.2, placement: str = "training-thread"
+    ) -> None:
         if placement not in PLACEMENTS:
             raise ValueError(f"placement {placement!r} must be one of {list(PLACEMENTS)}")
         self.saved = sorted(os.sched_getaffinity(0))
@@ -285,8 +295,10 @@ def prepare_model(cfg, job, task, say, shape: dict[str, Any] | None = None) -> s
     from inflight.train.main import warmup_outcome, warmup_plan
 
     path = Path(job.base_model_dir or Path(job.output_dir) / "base_model")
-    say(f"building the {'base model ' + str(shape) if shape else 'tiny base model'} for {task.name} in {path} "
-        f"and warming it up ({warmup_plan(job)})")
+    say(
+        f"building the {'base model ' + str(shape) if shape else 'tiny base model'} for {task.name} "
+        f"in {path} and warming it up ({warmup_plan(job)})"
+    )
     build_base_model(path, seed=cfg.trainer.seed, tokenizer=task.tokenizer, **(shape or {}))
     report = warm_up(path, task, steps=job.warmup_steps, batch_size=job.warmup_batch_size, lr=job.warmup_lr,
                      max_seconds=job.warmup_max_seconds, target_accuracy=job.warmup_target_accuracy,
@@ -353,13 +365,21 @@ def overlap_bound(sync_rows: list[dict[str, Any]]) -> float:
 
 def _say_row(say, mode: str, rnd: int, row: dict[str, Any], target: float) -> None:
     reached = row["time_to_target_s"]
-    say(f"{mode:>11} round {rnd}: {row['steps_per_s']:.2f} steps/s, {row['samples_per_s']:.0f} samples/s, "
+    say(
+        f"{mode:>11} round {rnd}: {row['steps_per_s']:.2f} steps/s, {row['samples_per_s']:.0f} samples/s, "
         f"accuracy {row['before']:.1%} -> {row['after']:.1%}, time to {target:.0%}: "
         f"{f'{reached:.0f} s' if reached is not None else 'not reached'}, response tokens p50/p90/p99/max "
         f"{_quartet(row['response_length_tokens'])}; train step {row['step_wall_s'] * 1e3:.0f} ms wall, "
-        f"{row['step_cpu_s'] * 1e3:.0f} ms CPU; trainer process CPU (setup included) {row['trainer_cpu_per_step_s'] * 1e3:.0f} ms "
-        f"a step (load {row['load_before']:.1f}, other processes {row['other_cpu_share']:.0%} of the CPUs"
-        + (f", core independence {row['core_independence']:.0%}" if row["core_independence"] is not None else "") + ")")
+        f"{row['step_cpu_s'] * 1e3:.0f} ms CPU; trainer process CPU (setup included) "
+        f"{row['trainer_cpu_per_step_s'] * 1e3:.0f} ms a step (load {row['load_before']:.1f}, "
+        f"other processes {row['other_cpu_share']:.0%} of the CPUs"
+        + (
+            f", core independence {row['core_independence']:.0%}"
+            if row["core_independence"] is not None
+            else ""
+        )
+        + ")"
+    )
 
 
 def _quartet(stats: dict[str, float]) -> str:
@@ -394,8 +414,17 @@ def _say_independence(say, rows: list[dict[str, Any]]) -> None:
 
 def summarize(results: dict[str, list[dict[str, Any]]]) -> tuple[dict[str, dict[str, float]], float]:
     """Per-mode means and the fully-async / sync samples/s ratio."""
-    keys = ("steps_per_s", "samples_per_s", "after", "other_cpu_share", "generate_s", "train_s", "step_wall_s",
-            "step_cpu_s", "trainer_cpu_per_step_s")
+    keys = (
+        "steps_per_s",
+        "samples_per_s",
+        "after",
+        "other_cpu_share",
+        "generate_s",
+        "train_s",
+        "step_wall_s",
+        "step_cpu_s",
+        "trainer_cpu_per_step_s",
+    )
     mean = {m: {k: statistics.mean(r[k] for r in rows) for k in keys} for m, rows in results.items()}
     return mean, mean["fully_async"]["samples_per_s"] / max(mean["sync"]["samples_per_s"], 1e-9)
 
@@ -484,12 +513,18 @@ def main(argv: list[str] | None = None) -> int:
     _say_independence(say, in_run_order)
     gap = accuracy_gap(results)
     budget = f"{args.steps} steps" if args.steps else f"{args.seconds:.0f} s"
-    say(f"fully-async / sync throughput: {ratio:.2f}x (samples/s "
-        f"{mean['fully_async']['samples_per_s']:.0f} vs {mean['sync']['samples_per_s']:.0f}); accuracy after {budget}: "
-        f"{mean['fully_async']['after']:.1%} vs {mean['sync']['after']:.1%}")
-    say(f"overlap bound measured in this run (synchronous steps: generate {mean['sync']['generate_s'] * 1e3:.0f} ms, "
+    say(
+        f"fully-async / sync throughput: {ratio:.2f}x (samples/s "
+        f"{mean['fully_async']['samples_per_s']:.0f} vs {mean['sync']['samples_per_s']:.0f}); "
+        f"accuracy after {budget}: "
+        f"{mean['fully_async']['after']:.1%} vs {mean['sync']['after']:.1%}"
+    )
+    say(
+        "overlap bound measured in this run "
+        f"(synchronous steps: generate {mean['sync']['generate_s'] * 1e3:.0f} ms, "
         f"train + sync {mean['sync']['train_s'] * 1e3:.0f} ms): {bound:.2f}x; fully async reached "
-        f"{ratio / bound:.0%} of it")
+        f"{ratio / bound:.0%} of it"
+    )
     _say_accuracy(say, gap)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_rl.json").write_text(json.dumps({

@@ -9,8 +9,8 @@ output tokens, sent by C concurrent closed-loop users. Two paths are measured on
   on `/inflight/v1/generate` (the trainer's path). Gives requests/s and request latency.
 The server runs as `python -m inflight.server` in a subprocess with the same torch thread count as the
 in-process engine (the client load generator runs in this process). Both sides must produce the same
-tokens (greedy; the share of identical outputs is reported: batching can flip near-ties). Overhead = in-process requests/s / server requests/s, and server latency /
-in-process latency; 1.0 means free.
+tokens (greedy; the share of identical outputs is reported: batching can flip near-ties). Overhead =
+in-process requests/s / server requests/s, and server latency / in-process latency; 1.0 means free.
 """
 
 from __future__ import annotations
@@ -294,8 +294,8 @@ def run(
 def format_table(result: dict[str, Any]) -> str:
     c = result["config"]
     lines = [
-        f"inflight bench serve: {c['requests']} requests x {c['max_tokens']} tokens (prompt {c['prompt_len']}), "
-        f"{c['concurrency']} concurrent, {c['threads']} torch thread(s) per side",
+        f"inflight bench serve: {c['requests']} requests x {c['max_tokens']} tokens "
+        f"(prompt {c['prompt_len']}), {c['concurrency']} concurrent, {c['threads']} torch thread(s) per side",
         f"{'path':<9}{'side':<11}{'req/s':>8}{'tok/s':>9}{'ttft p50':>10}{'ttft p99':>10}"
         f"{'itl p50':>9}{'itl p99':>9}{'lat p50':>9}{'lat p99':>9}   (ms)",
     ]

@@ -38,10 +38,24 @@ from typing import Any
 from inflight.bench.engine_workload import ModelShape
 
 SHAPES: dict[str, dict[str, Any]] = {
-    "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                         num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
-    "small": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, vocab_size=1024, tie_word_embeddings=True),
+    "qwen2.5-0.5b": dict(
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    ),
+    "small": dict(
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=1024,
+        tie_word_embeddings=True,
+    ),
 }
 DEFAULT_SHAPE = "qwen2.5-0.5b"
 MODES = ("plain", "fp32", "bf16", "bf16_gc", "lora16", "lora16_bf16", "lora16_bf16_gc")
@@ -97,10 +111,21 @@ def _worker_step(model_dir: Path, batch, mode: str, chunk: int | None = None) ->
     from inflight.config import load_config
     from inflight.train import LocalPolicyWorker
 
-    lora = ["trainer.policy.model.lora.rank=16", "trainer.policy.model.lora.alpha=32"] if mode.startswith("lora") else []
+    lora = (
+        ["trainer.policy.model.lora.rank=16", "trainer.policy.model.lora.alpha=32"]
+        if mode.startswith("lora")
+        else []
+    )
     chunking = [] if chunk is None else [f"trainer.logprobs_chunk_size={chunk}"]
-    cfg = load_config(None, [f"trainer.policy.model.path={model_dir}",
-                             f"trainer.micro_train_batch_size_per_gpu={batch.input_ids.shape[0]}", *lora, *chunking])
+    cfg = load_config(
+        None,
+        [
+            f"trainer.policy.model.path={model_dir}",
+            f"trainer.micro_train_batch_size_per_gpu={batch.input_ids.shape[0]}",
+            *lora,
+            *chunking,
+        ],
+    )
     worker = LocalPolicyWorker(cfg, bf16="bf16" in mode, gradient_checkpointing=mode.endswith("_gc"))
     worker.setup()
     return lambda: worker.train_step(batch)
@@ -164,10 +189,28 @@ def _child(args: argparse.Namespace) -> int:
 
 
 def _run_child(mode: str, args: argparse.Namespace, model_dir: Path) -> dict:
-    cmd = [sys.executable, "-m", "inflight.bench.train_step_bench", "--child", mode, "--model-dir", str(model_dir),
-           "--seqs", str(args.seqs), "--len", str(args.len), "--warmup", str(args.warmup),
-           "--threads", str(args.threads),
-           *([] if args.logprobs_chunk_size is None else ["--logprobs-chunk-size", str(args.logprobs_chunk_size)])]
+    cmd = [
+        sys.executable,
+        "-m",
+        "inflight.bench.train_step_bench",
+        "--child",
+        mode,
+        "--model-dir",
+        str(model_dir),
+        "--seqs",
+        str(args.seqs),
+        "--len",
+        str(args.len),
+        "--warmup",
+        str(args.warmup),
+        "--threads",
+        str(args.threads),
+        *(
+            []
+            if args.logprobs_chunk_size is None
+            else ["--logprobs-chunk-size", str(args.logprobs_chunk_size)]
+        ),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode != 0 or not lines:
@@ -178,19 +221,25 @@ def _run_child(mode: str, args: argparse.Namespace, model_dir: Path) -> dict:
 def format_table(results: list[dict], cpu: str, model: dict[str, Any]) -> str:
     plain = next((r for r in results if r["mode"] == "plain"), None)
     shape = model["shape"]
-    lines = [f"train step on {cpu}",
-             f"model: {model['model_type']} ({model['path']}), hidden {shape['hidden_size']}, "
-             f"{shape['num_hidden_layers']} layers, vocab {shape['vocab_size']}, {model['params'] / 1e6:.1f}M params",
-             "| mode | s/step | CPU s/step | tokens/s | peak RSS (MiB) | vs plain time | "
-             "vs plain CPU time | vs fp32 memory | FLOP/s | of matmul peak |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        f"train step on {cpu}",
+        f"model: {model['model_type']} ({model['path']}), hidden {shape['hidden_size']}, "
+        f"{shape['num_hidden_layers']} layers, vocab {shape['vocab_size']}, "
+        f"{model['params'] / 1e6:.1f}M params",
+        "| mode | s/step | CPU s/step | tokens/s | peak RSS (MiB) | vs plain time | "
+        "vs plain CPU time | vs fp32 memory | FLOP/s | of matmul peak |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     fp32 = next((r for r in results if r["mode"] == "fp32"), None)
     for r in results:
         vs_time = f"{r['seconds_per_step'] / plain['seconds_per_step']:.2f}x" if plain else "-"
         vs_cpu = f"{r['cpu_seconds_per_step'] / plain['cpu_seconds_per_step']:.2f}x" if plain else "-"
         vs_mem = f"{r['peak_rss_mib'] / fp32['peak_rss_mib']:.0%}" if fp32 else "-"
-        lines.append(f"| {r['mode']} | {r['seconds_per_step']:.2f} | {r['cpu_seconds_per_step']:.2f} | "
-                     f"{r['tokens_per_s']:.0f} | {r['peak_rss_mib']:.0f} | {vs_time} | {vs_cpu} | {vs_mem} | {r['flops_per_s'] / 1e9:.1f} G | {r['fraction_of_peak']:.0%} |")
+        lines.append(
+            f"| {r['mode']} | {r['seconds_per_step']:.2f} | {r['cpu_seconds_per_step']:.2f} | "
+            f"{r['tokens_per_s']:.0f} | {r['peak_rss_mib']:.0f} | {vs_time} | {vs_cpu} | {vs_mem} | "
+            f"{r['flops_per_s'] / 1e9:.1f} G | {r['fraction_of_peak']:.0%} |"
+        )
     return "\n".join(lines)
 
 
@@ -204,10 +253,16 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--len", type=int, default=512)
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps before the timed one")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--logprobs-chunk-size", type=int, help="trainer.logprobs_chunk_size for the worker modes "
-                        "(default: the key's default, 1024)")
-    parser.add_argument("--model-dir", help="train the model in this HF directory (its own shape and vocabulary); "
-                        "an empty or new one gets the --shape model built there")
+    parser.add_argument(
+        "--logprobs-chunk-size",
+        type=int,
+        help="trainer.logprobs_chunk_size for the worker modes (default: the key's default, 1024)",
+    )
+    parser.add_argument(
+        "--model-dir",
+        help="train the model in this HF directory (its own shape and vocabulary); "
+        "an empty or new one gets the --shape model built there",
+    )
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     return parser
@@ -235,11 +290,13 @@ def main(argv: list[str] | None = None) -> int:
         model = describe_model(build_model(args.shape or DEFAULT_SHAPE, model_dir))
         results = [_run_child(mode, args, model_dir) for mode in modes]
     if built:
-        model["path"] = f"random {args.shape or DEFAULT_SHAPE}, built {'in ' + args.model_dir if args.model_dir else 'here'}"
+        where = "in " + args.model_dir if args.model_dir else "here"
+        model["path"] = f"random {args.shape or DEFAULT_SHAPE}, built {where}"
     print(format_table(results, cpu, model))
     if args.json:
-        Path(args.json).write_text(json.dumps({"cpu": cpu, "args": vars(args), "model": model, "results": results},
-                                              indent=2))
+        Path(args.json).write_text(
+            json.dumps({"cpu": cpu, "args": vars(args), "model": model, "results": results}, indent=2)
+        )
     return 0
 
 

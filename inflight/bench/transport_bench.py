@@ -37,7 +37,10 @@ from inflight.testing import make_tiny_model
 from inflight.weight_sync.kinds import BROADCAST, INPROCESS, SHM, SenderSite, TransportSpec
 
 TRANSPORTS: dict[str, tuple[TransportSpec, bool]] = {
-    "inprocess": (INPROCESS, True), "shm": (SHM, True), "shm-pipelined": (SHM, False), "broadcast": (BROADCAST, True),
+    "inprocess": (INPROCESS, True),
+    "shm": (SHM, True),
+    "shm-pipelined": (SHM, False),
+    "broadcast": (BROADCAST, True),
 }
 """{variant: (its transport kind, whether its sender packs an update before the pause)}."""
 
@@ -87,7 +90,9 @@ def bench_transport(
         client = LocalClient(AsyncEngine(_engine(model_dir, rollback, dtype)))
     else:
         child = mp.get_context("spawn").Process(
-            target=_engine_process, args=(spec, transport.port, model_dir, threads, rollback, dtype), daemon=True
+            target=_engine_process,
+            args=(spec, transport.port, model_dir, threads, rollback, dtype),
+            daemon=True,
         )
         child.start()
     try:
@@ -103,11 +108,21 @@ def bench_transport(
             child.join(60)
         del client  # the in-process engine's weights go before the next transport's engine comes
     update = statistics.median(timings)
-    return {"update_s": update, "best_s": min(timings), "stage_s": statistics.median(stagings), "chunks": chunks}
+    return {
+        "update_s": update,
+        "best_s": min(timings),
+        "stage_s": statistics.median(stagings),
+        "chunks": chunks,
+    }
 
 
 def run(
-    model_dir: str, transports: list[str], chunk_bytes: int, repeats: int, threads: int, rollback: bool = True,
+    model_dir: str,
+    transports: list[str],
+    chunk_bytes: int,
+    repeats: int,
+    threads: int,
+    rollback: bool = True,
     dtype: str = "float32",
 ) -> dict:
     """Every transport in `transports` on this model, weights and engines in `dtype`; `rollback`:
@@ -163,7 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--transport", default="all", choices=[*TRANSPORTS, "all"])
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--large", action="store_true", help="a ~500M-parameter model (2 GB in float32)")
-    size.add_argument("--xl", action="store_true", help="Qwen2.5-1.5B's shape (1.54B parameters; bfloat16 by default)")
+    size.add_argument(
+        "--xl", action="store_true", help="Qwen2.5-1.5B's shape (1.54B parameters; bfloat16 by default)"
+    )
     size.add_argument("--small", action="store_true", help="a tiny model (quick check)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"],
                         help="weights sent and engine dtype (default float32; bfloat16 with --xl)")
@@ -184,10 +201,14 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = args.model
         if model_dir is None:
-            shape = MODEL_SHAPES["tiny" if args.small else "500m" if args.large else "1.5b" if args.xl else "50m"]
+            shape = MODEL_SHAPES[
+                "tiny" if args.small else "500m" if args.large else "1.5b" if args.xl else "50m"
+            ]
             model_dir = str(make_tiny_model(Path(tmp) / "m", "qwen2", seed=0, **shape))
         dtype = args.dtype or ("bfloat16" if args.xl else "float32")
-        results = run(model_dir, transports, chunk_bytes, args.repeats, args.threads, not args.no_rollback, dtype)
+        results = run(
+            model_dir, transports, chunk_bytes, args.repeats, args.threads, not args.no_rollback, dtype
+        )
     print(format_table(results))
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2))

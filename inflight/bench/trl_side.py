@@ -68,7 +68,9 @@ def hello(python: str) -> dict[str, Any]:
            f"an interpreter that has torch, transformers, datasets and trl")
     if not (Path(python).is_file() and os.access(python, os.X_OK)):
         raise TrlUnavailable(f"TRL's python not found at {python}. {fix}")
-    done = subprocess.run([python, str(WORKER_SCRIPT), "--hello"], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [python, str(WORKER_SCRIPT), "--hello"], capture_output=True, text=True, timeout=300
+    )
     if done.returncode != 0:
         raise TrlUnavailable(f"TRL does not import with {python}:\n{done.stderr[-2000:]}\n{fix}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -82,9 +84,11 @@ def trainable_problem(model: str | Path) -> str | None:
         if config.is_file() else None
     if method is None:
         return None
-    return (f"{config} has a quantization_config (quant_method {method}): TRL's Trainer (transformers') refuses to "
-            "train a quantized model; give a plain floating-point model directory (`inflight models get "
-            "smollm2-135m-instruct` writes one), or leave TRL out (--sides sync,fully_async)")
+    return (
+        f"{config} has a quantization_config (quant_method {method}): TRL's Trainer (transformers') refuses "
+        "to train a quantized model; give a plain floating-point model directory (`inflight models get "
+        "smollm2-135m-instruct` writes one), or leave TRL out (--sides sync,fully_async)"
+    )
 
 
 def write_problems(path: Path, task: Any, problems: Any) -> Path:
@@ -112,9 +116,11 @@ def trl_reward(task: Any) -> str:
                          f"{task.name!r}: TRL's side scores with its own copy of each task's reward")
     names = sorted({reward_name(p, task.env_class) for p in [*task.train_problems(), *task.eval_problems()]})
     if len(names) != 1 or names[0] not in SHARED_REWARDS:
-        raise ValueError(f"bench peers on data files needs every row scored by one of {', '.join(SHARED_REWARDS)} "
-                         f"(inflight.rewards' files that TRL's worker loads); the rows name {', '.join(names)} "
-                         "(their env_class column, else environment.env_class)")
+        raise ValueError(
+            f"bench peers on data files needs every row scored by one of {', '.join(SHARED_REWARDS)} "
+            f"(inflight.rewards' files that TRL's worker loads); the rows name {', '.join(names)} "
+            "(their env_class column, else environment.env_class)"
+        )
     return names[0]
 
 
@@ -132,27 +138,43 @@ def trl_settings(cfg: Any, task: Any, model: str, out: Path, seconds: float, thr
         raise ValueError(f"bench peers aligns a constant learning rate only, not {opt.scheduler} with "
                          f"{opt.num_warmup_steps} warm-up steps")
     if trainer.policy_mini_batch_size != trainer.train_batch_size or trainer.update_epochs_per_batch != 1:
-        raise ValueError("bench peers aligns one optimizer step per batch: set trainer.policy_mini_batch_size = "
-                         "trainer.train_batch_size and trainer.update_epochs_per_batch=1")
+        raise ValueError(
+            "bench peers aligns one optimizer step per batch: set trainer.policy_mini_batch_size = "
+            "trainer.train_batch_size and trainer.update_epochs_per_batch=1"
+        )
     _require_aligned(cfg)
     sampling = generator.sampling_params
     return {
-        "model_dir": str(model), "output_dir": str(out / "trl"), "reward": reward,
+        "model_dir": str(model),
+        "output_dir": str(out / "trl"),
+        "reward": reward,
         "lora": lora_kwargs(cfg) if lora_enabled(cfg) else None,
         "train_file": str(write_problems(out / "train.jsonl", task, task.train_problems())),
         "eval_file": str(write_problems(out / "eval.jsonl", task, task.eval_problems())),
-        "threshold": trainer.correct_threshold, "seed": trainer.seed, "threads": threads,
-        "prompts_per_step": trainer.train_batch_size, "group_size": generator.n_samples_per_prompt,
-        "lr": opt.lr, "betas": list(opt.adam_betas), "adam_eps": _adamw_eps(), "weight_decay": opt.weight_decay,
-        "max_grad_norm": opt.max_grad_norm, "clip_low": alg.eps_clip_low, "clip_high": alg.eps_clip_high,
+        "threshold": trainer.correct_threshold,
+        "seed": trainer.seed,
+        "threads": threads,
+        "prompts_per_step": trainer.train_batch_size,
+        "group_size": generator.n_samples_per_prompt,
+        "lr": opt.lr,
+        "betas": list(opt.adam_betas),
+        "adam_eps": _adamw_eps(),
+        "weight_decay": opt.weight_decay,
+        "max_grad_norm": opt.max_grad_norm,
+        "clip_low": alg.eps_clip_low,
+        "clip_high": alg.eps_clip_high,
         "max_tokens": min(sampling.max_generate_length, task.max_new_tokens),
-        "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": max(sampling.top_k, 0),
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "top_k": max(sampling.top_k, 0),
         # keys the schema may lack (older configs): their neutral values
         "min_p": getattr(sampling, "min_p", 0.0) or None,
         "repetition_penalty": getattr(sampling, "repetition_penalty", 1.0),
         "eval_max_tokens": min(generator.eval_sampling_params.max_generate_length, task.max_new_tokens),
-        "eval_batch_size": trainer.eval_batch_size, "eval_interval": trainer.eval_interval,
-        "seconds": seconds, "max_steps": max_steps or 10**7,
+        "eval_batch_size": trainer.eval_batch_size,
+        "eval_interval": trainer.eval_interval,
+        "seconds": seconds,
+        "max_steps": max_steps or 10**7,
     }
 
 
@@ -215,7 +237,9 @@ def run_trl(python: str, settings: dict[str, Any], log: Path) -> dict[str, Any]:
         raise RuntimeError(f"TRL's run failed (exit {done.returncode}); its log {log} ends:\n{tail}")
     after = os.times()
     summary = json.loads((out / "summary.json").read_text())
-    summary["records"] = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines() if line]
+    summary["records"] = [
+        json.loads(line) for line in (out / "records.jsonl").read_text().splitlines() if line
+    ]
     summary.update(wall_s=wall, cpu_s=after.children_user + after.children_system
                    - before.children_user - before.children_system)
     return summary

@@ -57,7 +57,10 @@ def prefix_credit_reward(response: str, answer: str) -> float:
     return right / max(len(got), len(want), 1)
 
 
-REWARDS: dict[str, Callable[[str, str], float]] = {"exact": exact_reward, "prefix_credit": prefix_credit_reward}
+REWARDS: dict[str, Callable[[str, str], float]] = {
+    "exact": exact_reward,
+    "prefix_credit": prefix_credit_reward,
+}
 
 REWARDS_DIR = Path(__file__).resolve().parent.parent / "rewards"
 SHARED_REWARDS: dict[str, tuple[str, str]] = {"gsm8k": ("gsm8k", "gsm8k_reward"),
@@ -119,8 +122,10 @@ def check_prompt_ids(ids: Sequence[Sequence[int]], rows: Sequence[dict[str, Any]
     given, or the two sides would not see the same prompts."""
     for row, got in zip(rows, ids, strict=True):
         if list(got) != row["prompt_ids"]:
-            raise ValueError(f"prompt {row['prompt']!r}: TRL's tokenization {list(got)} differs from inflight's "
-                             f"{row['prompt_ids']}; the two sides would not train on the same prompts")
+            raise ValueError(
+                f"prompt {row['prompt']!r}: TRL's tokenization {list(got)} differs from inflight's "
+                f"{row['prompt_ids']}; the two sides would not train on the same prompts"
+            )
 
 
 def completion_text(completion: str | list[dict[str, Any]]) -> str:
@@ -133,14 +138,23 @@ class Evaluator:
     """Greedy held-out accuracy of a model, as module docstring says, from the problems' token ids
     (those `check_prompt_ids` found equal to TRL's)."""
 
-    def __init__(self, tokenizer: Any, problems: Sequence[dict[str, Any]], reward: Callable[[str, str], float],
-                 settings: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        problems: Sequence[dict[str, Any]],
+        reward: Callable[[str, str], float],
+        settings: dict[str, Any],
+    ) -> None:
         from transformers import GenerationConfig
 
         self.tokenizer, self.problems, self.reward = tokenizer, problems, reward
         self.threshold, self.batch = settings["threshold"], settings["eval_batch_size"]
-        self.config = GenerationConfig(do_sample=False, max_new_tokens=settings["eval_max_tokens"],
-                                       eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+        self.config = GenerationConfig(
+            do_sample=False,
+            max_new_tokens=settings["eval_max_tokens"],
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
 
     def __call__(self, model: Any) -> tuple[float, float]:
         """(accuracy, seconds); leaves the model in the mode it found it in."""
@@ -154,17 +168,24 @@ class Evaluator:
                 enc = self.tokenizer.pad({"input_ids": [p["prompt_ids"] for p in chunk]}, padding_side="left",
                                          return_tensors="pt")
                 out = model.generate(**enc, generation_config=self.config)
-                texts = self.tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+                texts = self.tokenizer.batch_decode(
+                    out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True
+                )
                 correct += sum(self.reward(t, p["answer"]) >= self.threshold - 1e-9
                                for t, p in zip(texts, chunk, strict=True))
         model.train(training)
         return correct / len(self.problems), time.perf_counter() - started
 
 
-def reward_function(reward: Callable[[str, str], float], stats: dict[str, float]) -> Callable[..., list[float]]:
+def reward_function(
+    reward: Callable[[str, str], float], stats: dict[str, float]
+) -> Callable[..., list[float]]:
     """TRL's reward callable over a generation batch (the dataset's `answer` column comes as a
     keyword); notes the batch's mean reward and generated tokens in `stats`."""
-    def score(completions: list[Any], answer: list[str], completion_ids: list[list[int]], **_: Any) -> list[float]:
+
+    def score(
+        completions: list[Any], answer: list[str], completion_ids: list[list[int]], **_: Any
+    ) -> list[float]:
         rewards = [reward(completion_text(c), a) for c, a in zip(completions, answer, strict=True)]
         stats["reward"] = sum(rewards) / len(rewards)
         stats["generated_tokens"] = float(sum(len(ids) for ids in completion_ids))
@@ -182,18 +203,44 @@ def grpo_config(settings: dict[str, Any]) -> Any:
 
     group, prompts = settings["group_size"], settings["prompts_per_step"]
     return GRPOConfig(
-        output_dir=settings["output_dir"], seed=settings["seed"], data_seed=settings["seed"],
-        use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False,
-        per_device_train_batch_size=prompts * group, gradient_accumulation_steps=1, num_generations=group,
-        num_iterations=1, max_steps=settings["max_steps"], learning_rate=settings["lr"],
-        lr_scheduler_type="constant", warmup_steps=0, adam_beta1=settings["betas"][0],
-        adam_beta2=settings["betas"][1], adam_epsilon=settings["adam_eps"], weight_decay=settings["weight_decay"],
-        max_grad_norm=settings["max_grad_norm"], epsilon=settings["clip_low"], epsilon_high=settings["clip_high"],
-        beta=0.0, loss_type="dapo", scale_rewards="group", max_completion_length=settings["max_tokens"],
-        temperature=settings["temperature"], top_p=settings["top_p"], top_k=settings["top_k"],
-        min_p=settings["min_p"], repetition_penalty=settings["repetition_penalty"],
-        save_strategy="no", eval_strategy="no", report_to="none", logging_steps=10**9, disable_tqdm=True,
-        dataloader_num_workers=0, log_completions=False,
+        output_dir=settings["output_dir"],
+        seed=settings["seed"],
+        data_seed=settings["seed"],
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        gradient_checkpointing=False,
+        per_device_train_batch_size=prompts * group,
+        gradient_accumulation_steps=1,
+        num_generations=group,
+        num_iterations=1,
+        max_steps=settings["max_steps"],
+        learning_rate=settings["lr"],
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        adam_beta1=settings["betas"][0],
+        adam_beta2=settings["betas"][1],
+        adam_epsilon=settings["adam_eps"],
+        weight_decay=settings["weight_decay"],
+        max_grad_norm=settings["max_grad_norm"],
+        epsilon=settings["clip_low"],
+        epsilon_high=settings["clip_high"],
+        beta=0.0,
+        loss_type="dapo",
+        scale_rewards="group",
+        max_completion_length=settings["max_tokens"],
+        temperature=settings["temperature"],
+        top_p=settings["top_p"],
+        top_k=settings["top_k"],
+        min_p=settings["min_p"],
+        repetition_penalty=settings["repetition_penalty"],
+        save_strategy="no",
+        eval_strategy="no",
+        report_to="none",
+        logging_steps=10**9,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        log_completions=False,
     )
 
 
@@ -238,12 +285,21 @@ def run(settings: dict[str, Any]) -> dict[str, Any]:
                 control.should_training_stop = True
 
         def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            clock["train_s"], clock["train_cpu_s"] = time.perf_counter() - clock["t0"], _cpu_s() - clock["cpu0"]
+            clock["train_s"], clock["train_cpu_s"] = (
+                time.perf_counter() - clock["t0"],
+                _cpu_s() - clock["cpu0"],
+            )
 
     dataset = Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in train_rows])
-    trainer = GRPOTrainer(model=model, reward_funcs=reward_function(reward, stats), args=grpo_config(settings),
-                          train_dataset=dataset, processing_class=tokenizer, callbacks=[Clock()],
-                          peft_config=lora_config(settings))
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward_function(reward, stats),
+        args=grpo_config(settings),
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[Clock()],
+        peft_config=lora_config(settings),
+    )
     check_prompt_ids(trl_prompt_ids(trainer, train_rows), train_rows)
     check_prompt_ids(trl_prompt_ids(trainer, eval_rows), eval_rows)
     before, seconds = evaluate(trainer.model)  # a LoRA model's adapters start at zero: the model as given
@@ -254,9 +310,17 @@ def run(settings: dict[str, Any]) -> dict[str, Any]:
     log({"step": steps, "time": clock["train_s"], "eval/accuracy": after, "eval/seconds": seconds})
     records.close()
     samples = steps * samples_per_step
-    summary = {"steps": steps, "train_seconds": clock["train_s"], "samples": samples,
-               "samples_per_s": samples / max(clock["train_s"], 1e-9), "before": before, "after": after,
-               "train_cpu_s": clock["train_cpu_s"], "threads": torch.get_num_threads(), "versions": versions()}
+    summary = {
+        "steps": steps,
+        "train_seconds": clock["train_s"],
+        "samples": samples,
+        "samples_per_s": samples / max(clock["train_s"], 1e-9),
+        "before": before,
+        "after": after,
+        "train_cpu_s": clock["train_cpu_s"],
+        "threads": torch.get_num_threads(),
+        "versions": versions(),
+    }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 

@@ -74,7 +74,9 @@ def _matmul_peak(dtype: str) -> float:
 
     import torch
 
-    spec = importlib.util.spec_from_file_location("inflight_matmul_peak", Path(__file__).with_name("matmul_peak.py"))
+    spec = importlib.util.spec_from_file_location(
+        "inflight_matmul_peak", Path(__file__).with_name("matmul_peak.py")
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.matmul_peak_flops(getattr(torch, dtype))

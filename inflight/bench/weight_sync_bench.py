@@ -87,7 +87,9 @@ def adapter_weights(model_dir: str, rank: int) -> list[tuple[str, torch.Tensor]]
     from inflight.config import load_config
     from inflight.train.lora import adapter_tensors, apply_lora
 
-    cfg = load_config(None, [f"trainer.policy.model.lora.rank={rank}", f"trainer.policy.model.lora.alpha={2 * rank}"])
+    cfg = load_config(
+        None, [f"trainer.policy.model.lora.rank={rank}", f"trainer.policy.model.lora.alpha={2 * rank}"]
+    )
     model = apply_lora(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), cfg)
     torch.manual_seed(0)
     with torch.no_grad():
