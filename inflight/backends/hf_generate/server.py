@@ -72,7 +72,9 @@ def _generate(state: State, prompt: list[int], sp: dict[str, Any]) -> dict[str, 
                                   output_logits=True, return_dict_in_generate=True,
                                   stopping_criteria=StoppingCriteriaList([gate]), pad_token_id=0)
     if not greedy:
-        kwargs.update(temperature=temperature, top_p=float(sp.get("top_p", 1.0)), top_k=int(sp.get("top_k", 0)))
+        kwargs.update(
+            temperature=temperature, top_p=float(sp.get("top_p", 1.0)), top_k=int(sp.get("top_k", 0))
+        )
     eos = list(sp.get("stop_token_ids") or [])
     if not sp.get("ignore_eos") and state.model.generation_config.eos_token_id is not None:
         ids = state.model.generation_config.eos_token_id
@@ -104,7 +106,9 @@ def _stage(state: State, body: bytes) -> int:
     tensors = wire.decode_tensors(body)
     for name, tensor in tensors:
         if name not in params or params[name].shape != tensor.shape:
-            where = "has no such parameter" if name not in params else f"has shape {tuple(params[name].shape)}"
+            where = (
+                "has no such parameter" if name not in params else f"has shape {tuple(params[name].shape)}"
+            )
             raise HTTPException(400, f"weight {name!r} {tuple(tensor.shape)}: the model {where}")
     assert state.staged is not None
     state.staged.update(tensors)
@@ -187,8 +191,14 @@ def build_app(state: State, tokenizer: Any, model_name: str, control_token: str 
     @app.post(wire.RESET_PREFIX_CACHE, dependencies=guarded)
     async def reset_prefix_cache(reset_running_requests: bool = False):
         if reset_running_requests and state.gates:
-            return JSONResponse({"success": False, "error": "hf_generate cannot recompute a frozen request: its "
-                                 "KV lives inside transformers' generate loop"}, status_code=409)
+            return JSONResponse(
+                {
+                    "success": False,
+                    "error": "hf_generate cannot recompute a frozen request: its "
+                    "KV lives inside transformers' generate loop",
+                },
+                status_code=409,
+            )
         return {"success": True}  # no cache outlives a request
 
     @app.post(wire.WEIGHTS_BEGIN, dependencies=guarded)

@@ -85,12 +85,17 @@ class BroadcastMember:
         group.GroupMember.check_rank(request)
         with self._lock:
             if self.member is not None and not request.get("override_existing", True):
-                raise group.WeightGroupError(f"this server is already in weight group {self.member.group_name!r}; "
-                                             "pass override_existing=true or destroy it first",
-                                             409, "weight_transfer_group_exists")
+                raise group.WeightGroupError(
+                    f"this server is already in weight group {self.member.group_name!r}; "
+                    "pass override_existing=true or destroy it first",
+                    409,
+                    "weight_transfer_group_exists",
+                )
             import torch
 
-            self.member = group.GroupMember.join(request, torch.device(self.buffer_device(request.get("backend"))))
+            self.member = group.GroupMember.join(
+                request, torch.device(self.buffer_device(request.get("backend")))
+            )
             return self.member.describe()
 
     def receive(self, nbytes: int, consume: Callable[[Any], Any]) -> Any:
@@ -99,9 +104,12 @@ class BroadcastMember:
         with self._lock:
             member = self.member
             if member is None:
-                raise group.WeightGroupError("this server is in no weight broadcast group; call "
-                                             "init_weight_transfer() (/init_weight_update_communicator) first",
-                                             409, "no_weight_transfer_group")
+                raise group.WeightGroupError(
+                    "this server is in no weight broadcast group; call "
+                    "init_weight_transfer() (/init_weight_update_communicator) first",
+                    409,
+                    "no_weight_transfer_group",
+                )
             try:
                 buffer = member.receive(nbytes)
             except group.WeightGroupError:

@@ -93,9 +93,13 @@ def build_router(life: Lifecycle, stage: WeightStage, routes: Any, *, api_key: s
         (`offload_kv`: kept) or discarded; with vLLM's sleep mode (CUDA) memory is freed too."""
         async with life.lock:
             if offload_kv and life.frees_memory:
-                raise APIError(400, "offload_kv=true cannot be kept here: vLLM's sleep (level 1) frees the KV "
-                               "cache without a copy; sleep with offload_kv=false (the frozen requests are "
-                               "reset and recomputed)", param="offload_kv")
+                raise APIError(
+                    400,
+                    "offload_kv=true cannot be kept here: vLLM's sleep (level 1) frees the KV "
+                    "cache without a copy; sleep with offload_kv=false (the frozen requests are "
+                    "reset and recomputed)",
+                    param="offload_kv",
+                )
             life.weights_awake = life.kv_cache_awake = False
             life.update, life.can_roll_back = INVALID, False  # our contract: sleep drops the weights
             stage.clear()
@@ -154,7 +158,9 @@ def build_router(life: Lifecycle, stage: WeightStage, routes: Any, *, api_key: s
             raise state_error(f"no weight update is open (state {life.update!r}): call begin first")
         life.update_touched = time.monotonic()  # the lease runs from the last chunk
         try:
-            body = await request.body() if shm is None else await asyncio.to_thread(routes.read_chunk_file, shm)
+            body = (
+                await request.body() if shm is None else await asyncio.to_thread(routes.read_chunk_file, shm)
+            )
         except ValueError as err:
             raise APIError(400, str(err), param="shm") from err
         tensors = await asyncio.to_thread(_decode, body)
@@ -212,9 +218,13 @@ async def expire_updates(life: Lifecycle, stage: WeightStage, every_s: float = 1
                 stage.clear()
                 restored = await life.abort_update()
                 life.stats.expired_weight_updates += 1
-                log.warning("abandoned a weight update that received nothing for %gs (weight_update_timeout_s); %s",
-                            life.weight_update_timeout_s, "the old weights serve" if restored else
-                            "the server stays unable to run until a complete update lands")
+                log.warning(
+                    "abandoned a weight update that received nothing for %gs (weight_update_timeout_s); %s",
+                    life.weight_update_timeout_s,
+                    "the old weights serve"
+                    if restored
+                    else "the server stays unable to run until a complete update lands",
+                )
 
 
 async def _disconnect(request: Request) -> None:
@@ -232,7 +242,9 @@ def _decode(body: bytes) -> list[tuple[str, Any]]:
     try:
         return list(load(bytes(body)).items())
     except Exception as err:  # safetensors raises its own error types on bad bytes
-        raise APIError(400, f"the body is not a valid safetensors buffer: {err}", code="invalid_weights") from err
+        raise APIError(
+            400, f"the body is not a valid safetensors buffer: {err}", code="invalid_weights"
+        ) from err
 
 
 async def _finish(life: Lifecycle, stage: WeightStage, version: int | None) -> int:
@@ -240,14 +252,21 @@ async def _finish(life: Lifecycle, stage: WeightStage, version: int | None) -> i
     if life.update != OPEN:
         raise state_error(f"no weight update is open (state {life.update!r}): call begin first")
     if "weights" in life.asleep:
-        raise state_error("the weights are asleep in vLLM: wake_up(tags=[weights]) before finishing an update")
+        raise state_error(
+            "the weights are asleep in vLLM: wake_up(tags=[weights]) before finishing an update"
+        )
     new = life.weight_version + 1 if version is None else version
     missing, split = stage.missing(), stage.incomplete()
-    problem = (f"split tensors never completed: {split}" if split else
-               f"the update is incomplete: {len(missing)} parameters were not sent (e.g. {', '.join(missing[:3])}); "
-               "the vLLM backend takes full updates only" if missing else
-               f"version={new} must be greater than the current weight version {life.weight_version}"
-               if new <= life.weight_version else None)
+    problem = (
+        f"split tensors never completed: {split}"
+        if split
+        else f"the update is incomplete: {len(missing)} parameters were not sent "
+        f"(e.g. {', '.join(missing[:3])}); the vLLM backend takes full updates only"
+        if missing
+        else f"version={new} must be greater than the current weight version {life.weight_version}"
+        if new <= life.weight_version
+        else None
+    )
     if problem:
         life.update = INVALID
         life.stats.failed_weight_updates += 1
@@ -265,7 +284,10 @@ async def _finish(life: Lifecycle, stage: WeightStage, version: int | None) -> i
             note = "the previous weights were reloaded; abort_weight_update() resumes on them"
         except Exception as again:
             life.can_roll_back = False
-            note = f"reloading the previous weights failed too ({again}); the weights are unknown: send a full update"
+            note = (
+                f"reloading the previous weights failed too ({again}); "
+                "the weights are unknown: send a full update"
+            )
         raise weight_error(f"vLLM failed to load the update: {type(err).__name__}: {err}; {note}") from err
     await life.engine.update_weight_version(str(new))  # labels every output token sampled from now on
     stage.landed(directory)

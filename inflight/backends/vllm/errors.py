@@ -15,7 +15,9 @@ _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permi
 class APIError(Exception):
     """An error to answer with `status` and an OpenAI-style body."""
 
-    def __init__(self, status: int, message: str, *, code: str | None = None, param: str | None = None) -> None:
+    def __init__(
+        self, status: int, message: str, *, code: str | None = None, param: str | None = None
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.code, self.param = status, message, code, param
 

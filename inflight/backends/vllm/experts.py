@@ -16,7 +16,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-_PER_EXPERT = re.compile(r"^(?P<experts>.+\.mlp\.experts)\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$")
+_PER_EXPERT = re.compile(
+    r"^(?P<experts>.+\.mlp\.experts)\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$"
+)
 _FUSED = re.compile(r"^(?P<experts>.+\.mlp\.experts)\.(?P<kind>gate_up_proj|down_proj)$")
 
 
@@ -54,5 +56,11 @@ class FusedExperts:
         if m["kind"] == "down_proj":
             return [(f"{experts}.{e}.down_proj.weight", tensor[e]) for e in range(tensor.shape[0])]
         width = tensor.shape[1] // 2
-        return [part for e in range(tensor.shape[0]) for part in (
-            (f"{experts}.{e}.gate_proj.weight", tensor[e, :width]), (f"{experts}.{e}.up_proj.weight", tensor[e, width:]))]
+        return [
+            part
+            for e in range(tensor.shape[0])
+            for part in (
+                (f"{experts}.{e}.gate_proj.weight", tensor[e, :width]),
+                (f"{experts}.{e}.up_proj.weight", tensor[e, width:]),
+            )
+        ]

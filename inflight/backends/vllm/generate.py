@@ -96,10 +96,12 @@ def check_sampling(p: SamplingFields, logprobs_mode: str = DEFAULT) -> None:
     if p.logprobs and not problems and not serves(logprobs_mode, p.temperature, p.top_p, p.top_k):
         problems.append(refusal(logprobs_mode, p.temperature, p.top_p, p.top_k))
     if p.return_routed_experts:
-        problems.append("return_routed_experts=True: the vLLM backend does not return the routing of "
-                        "mixture-of-experts models (vLLM 0.32 records it only in its Model Runner V2, "
-                        "VLLM_USE_V2_MODEL_RUNNER=1, which needs Triton: not on CPU; and this server does not "
-                        "pass it on yet); use the native backend for routing records")
+        problems.append(
+            "return_routed_experts=True: the vLLM backend does not return the routing of "
+            "mixture-of-experts models (vLLM 0.32 records it only in its Model Runner V2, "
+            "VLLM_USE_V2_MODEL_RUNNER=1, which needs Triton: not on CPU; and this server does not "
+            "pass it on yet); use the native backend for routing records"
+        )
     if problems:
         first = problems[0].split("=", 1)[0]
         raise APIError(400, "invalid sampling parameters: " + "; ".join(problems), code="invalid_value",
@@ -209,7 +211,9 @@ def _take(live: Live, out: Any, p: SamplingFields) -> None:
         for token, position in zip(new, completion.logprobs, strict=True):
             live.logprobs.append(float(position[token].logprob))
             if p.top_logprobs:
-                ranked = sorted((lp.rank, t, lp.logprob) for t, lp in position.items() if lp.rank <= p.top_logprobs)
+                ranked = sorted(
+                    (lp.rank, t, lp.logprob) for t, lp in position.items() if lp.rank <= p.top_logprobs
+                )
                 live.top.append([[t, float(lp)] for _, t, lp in ranked[: p.top_logprobs]])
 
 
@@ -235,7 +239,9 @@ def prompt_scores(prompt: list[int] | None, scores: Any, k: int | None) -> dict[
     if k is None or scores is None or prompt is None:
         return {"prompt_logprobs": None, "prompt_top_logprobs": None, "prompt_logprob_ranks": None}
     if len(scores) != len(prompt):  # a server fault (500), never the caller's
-        raise RuntimeError(f"vLLM returned prompt logprobs for {len(scores)} of {len(prompt)} prompt positions")
+        raise RuntimeError(
+            f"vLLM returned prompt logprobs for {len(scores)} of {len(prompt)} prompt positions"
+        )
     logprobs, ranks, tops = [], [], []
     for token, position in zip(prompt, scores, strict=True):
         if position is None:
@@ -247,7 +253,11 @@ def prompt_scores(prompt: list[int] | None, scores: Any, k: int | None) -> dict[
         ranks.append(int(position[token].rank))
         ranked = sorted((lp.rank, t, lp.logprob) for t, lp in position.items() if lp.rank <= k)
         tops.append([[t, float(lp)] for _, t, lp in ranked[:k]])
-    return {"prompt_logprobs": logprobs, "prompt_top_logprobs": tops if k else None, "prompt_logprob_ranks": ranks}
+    return {
+        "prompt_logprobs": logprobs,
+        "prompt_top_logprobs": tops if k else None,
+        "prompt_logprob_ranks": ranks,
+    }
 
 
 async def restart_unstarted(life: Lifecycle, new_version: int) -> int:

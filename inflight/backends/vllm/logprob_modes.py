@@ -48,9 +48,12 @@ def refusal(mode: str, temperature: float, top_p: float, top_k: int) -> str:
     restart = (f"start the server with vLLM's `--logprobs-mode {other}` (after `--`; {WHAT[other]}), or "
                if other else "")
     got = WHAT.get(mode, "logits, not logprobs")
-    return (f"logprobs=True with temperature={temperature}, top_k={top_k}, top_p={top_p}: this server runs vLLM with "
-            f"--logprobs-mode {mode} ({got}), not the logprob this API promises (log_softmax(logits / temperature) "
-            f"before the top-k/top-p filter); {restart}set logprobs=false, or use the native backend")
+    return (
+        f"logprobs=True with temperature={temperature}, top_k={top_k}, top_p={top_p}: this server runs vLLM "
+        f"with --logprobs-mode {mode} ({got}), not the logprob this API promises "
+        f"(log_softmax(logits / temperature) before the top-k/top-p filter); {restart}set logprobs=false, "
+        "or use the native backend"
+    )
 
 
 __all__ = ["DEFAULT", "GREEDY_BELOW", "PROCESSED", "RAW", "refusal", "run_mode", "serves"]

@@ -23,8 +23,12 @@ def build_models_router(app: Any, *, api_key: str | None) -> APIRouter:
             if card["id"] == model_id:
                 return card
         names = ", ".join(f"`{card['id']}`" for card in listed)
-        raise APIError(404, f"the model `{model_id}` does not exist; this server serves {names}", param="model",
-                       code="model_not_found")
+        raise APIError(
+            404,
+            f"the model `{model_id}` does not exist; this server serves {names}",
+            param="model",
+            code="model_not_found",
+        )
 
     return router
 

