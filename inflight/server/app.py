@@ -75,11 +75,18 @@ class _HttpMetrics:
             self.metrics.http_requests.labels(route, str(status)).inc()
 
 
-def create_app(async_engine: AsyncEngine, tokenizer: Any, served_model_name: str, api_key: str | None = None,
-               control_token: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-               max_weight_chunk_bytes: int = DEFAULT_MAX_WEIGHT_CHUNK_BYTES,
-               trust_request_chat_template: bool = False,
-               max_prompts_per_request: int = DEFAULT_MAX_PROMPTS_PER_REQUEST, vision: Vision | None = None) -> FastAPI:
+def create_app(
+    async_engine: AsyncEngine,
+    tokenizer: Any,
+    served_model_name: str,
+    api_key: str | None = None,
+    control_token: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_weight_chunk_bytes: int = DEFAULT_MAX_WEIGHT_CHUNK_BYTES,
+    trust_request_chat_template: bool = False,
+    max_prompts_per_request: int = DEFAULT_MAX_PROMPTS_PER_REQUEST,
+    vision: Vision | None = None,
+) -> FastAPI:
     """The inference server: OpenAI routes (API key), control routes (control token), /health and
     /metrics (open). Bodies over `max_body_bytes` (weight chunks: `max_weight_chunk_bytes`) get 413.
     `vision`: a vision-language model's processor and image limits (None: text only)."""

@@ -39,9 +39,14 @@ def _message(i: int, m: ChatMessage, vision: Vision | None) -> dict[str, Any]:
         for j, part in enumerate(message["content"]):
             if is_image_part(part):
                 if vision is None:
-                    raise APIError(400, f"messages[{i}].content[{j}] is an image, but this model is text-only "
-                                   "(it has no image processor); send text parts only, or serve a vision-language "
-                                   "model", param=f"messages[{i}].content[{j}]", code="unsupported_content")
+                    raise APIError(
+                        400,
+                        f"messages[{i}].content[{j}] is an image, but this model is text-only "
+                        "(it has no image processor); send text parts only, or serve a vision-language "
+                        "model",
+                        param=f"messages[{i}].content[{j}]",
+                        code="unsupported_content",
+                    )
                 has_images = True
             elif part.get("type") != "text" or part.get("text") is None:
                 raise APIError(400, f"content part type {part.get('type')!r} is not supported (only 'text'"

@@ -62,7 +62,11 @@ class Choices(ABC):
     def choice(self, delta: Delta, whole: bool, tracker: ChoiceTracker) -> dict[str, Any] | None:
         """The choice object of `delta`; None for a streamed delta that carries nothing to send."""
         carries = bool(delta.token_ids) and (self.token_ids or self.k is not None)
-        if not whole and not delta.finish_reason and not (delta.text or carries and tracker.prompt_scores_complete):
+        if (
+            not whole
+            and not delta.finish_reason
+            and not (delta.text or carries and tracker.prompt_scores_complete)
+        ):
             return None  # prefill chunks' snapshots, text held back with nothing else to send
         fields, finish, visible = self._fields(delta, whole, tracker)
         if not (whole or visible or finish or carries):
@@ -75,7 +79,9 @@ class Choices(ABC):
         return choice
 
     @abstractmethod
-    def _fields(self, delta: Delta, whole: bool, tracker: ChoiceTracker) -> tuple[dict[str, Any], str | None, bool]:
+    def _fields(
+        self, delta: Delta, whole: bool, tracker: ChoiceTracker
+    ) -> tuple[dict[str, Any], str | None, bool]:
         """(the kind's fields, finish_reason, whether there is text or a call to send)."""
 
 
@@ -87,7 +93,9 @@ class TextChoices(Choices):
     object = chunk_object = "text_completion"
     id_prefix = "cmpl"
 
-    def __init__(self, name: TokenNamer, top_logprobs: int | None, token_ids: bool, echo: bool = False) -> None:
+    def __init__(
+        self, name: TokenNamer, top_logprobs: int | None, token_ids: bool, echo: bool = False
+    ) -> None:
         super().__init__(name, top_logprobs, token_ids)
         self.echo = echo
         self._offsets: dict[int, int] = defaultdict(int)  # text sent so far, per choice
@@ -98,7 +106,9 @@ class TextChoices(Choices):
             return {}
         return {"prompt_token_ids": prompts[0] if len(prompts) == 1 else prompts}
 
-    def _fields(self, delta: Delta, whole: bool, tracker: ChoiceTracker) -> tuple[dict[str, Any], str | None, bool]:
+    def _fields(
+        self, delta: Delta, whole: bool, tracker: ChoiceTracker
+    ) -> tuple[dict[str, Any], str | None, bool]:
         first = delta.index not in self._started
         self._started.add(delta.index)
         echoed = self.echo and first
@@ -129,7 +139,9 @@ class ChatChoices(Choices):
 
     object, chunk_object, id_prefix = "chat.completion", "chat.completion.chunk", "chatcmpl"
 
-    def __init__(self, name: TokenNamer, top_logprobs: int | None, token_ids: bool, parse_calls: bool) -> None:
+    def __init__(
+        self, name: TokenNamer, top_logprobs: int | None, token_ids: bool, parse_calls: bool
+    ) -> None:
         super().__init__(name, top_logprobs, token_ids)
         self.parse_calls = parse_calls
         self._streams: dict[int, ToolCallStream] = defaultdict(ToolCallStream)
@@ -149,7 +161,9 @@ class ChatChoices(Choices):
             head["prompt_token_ids"] = trackers[0].prompt_token_ids
         return head
 
-    def _fields(self, delta: Delta, whole: bool, tracker: ChoiceTracker) -> tuple[dict[str, Any], str | None, bool]:
+    def _fields(
+        self, delta: Delta, whole: bool, tracker: ChoiceTracker
+    ) -> tuple[dict[str, Any], str | None, bool]:
         lp = chat_logprobs(self.name, delta, self.k) if self.k is not None else None
         text, finish, calls = delta.text, delta.finish_reason, []
         if whole:  # the text outside the calls; null when nothing is left, as OpenAI sends it

@@ -111,7 +111,10 @@ class ChoiceTracker:
             self.prompt_top_logprobs = snapshot.prompt_top_logprobs
             self.prompt_logprob_ranks = snapshot.prompt_logprob_ranks
         if snapshot.routed_experts is not None:
-            self.routed_experts, self.routed_experts_start = snapshot.routed_experts, snapshot.routed_experts_start
+            self.routed_experts, self.routed_experts_start = (
+                snapshot.routed_experts,
+                snapshot.routed_experts_start,
+            )
         start = len(self.output_token_ids)
         end = len(snapshot.output_token_ids) if self.keep_output else start
         new_ids = snapshot.output_token_ids[start:end]
@@ -144,7 +147,11 @@ class ChoiceTracker:
         if self.finish_reason is None and snapshot.finished:
             self.finish_reason = snapshot.finish_reason
             self.stop_reason = self._stop_token(snapshot)
-        upto = len(self.text) if self.finish_reason is not None else max(self.emitted, len(self.text) - self._hold)
+        upto = (
+            len(self.text)
+            if self.finish_reason is not None
+            else max(self.emitted, len(self.text) - self._hold)
+        )
         text, self.emitted = self.text[self.emitted : upto], upto
         return Delta(self.index, text, new_ids, new_logprobs, new_versions, self.finish_reason, new_top)
 

@@ -85,7 +85,9 @@ def _entry(name: TokenNamer, token_id: int, logprob: float) -> dict[str, Any]:
 def chat_logprobs(name: TokenNamer, delta: Delta, k: int) -> dict[str, Any]:
     """The chat `logprobs` object: `{"content": [...]}`, one entry per token."""
     content = []
-    for token_id, lp, alternatives in zip(delta.token_ids, delta.logprobs or [], _tops(delta, k), strict=True):
+    for token_id, lp, alternatives in zip(
+        delta.token_ids, delta.logprobs or [], _tops(delta, k), strict=True
+    ):
         top = [_entry(name, t, alt) for t, alt in alternatives]
         content.append({**_entry(name, token_id, lp), "top_logprobs": top})
     return {"content": content}

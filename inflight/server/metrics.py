@@ -52,17 +52,25 @@ class _EngineCollector:
             "requests_running": ("requests being generated (including frozen ones)", status.num_running),
             "requests_waiting": ("requests waiting to be scheduled", status.num_waiting),
             "kv_cache_usage": ("fraction of KV blocks in use (0..1)", status.kv_cache_usage),
-            "prefix_cache_hit_rate": ("prefix-cache hit tokens / queried tokens since start",
-                                      stats.prefix_cache_hit_tokens / queried if queried else 0.0),
+            "prefix_cache_hit_rate": (
+                "prefix-cache hit tokens / queried tokens since start",
+                stats.prefix_cache_hit_tokens / queried if queried else 0.0,
+            ),
             "weight_version": ("the engine's weight version", status.weight_version),
             "paused": ("1 while the engine is paused", int(status.paused)),
             "weights_awake": ("1 while the weights pool is allocated", int(status.weights_awake)),
             "kv_cache_awake": ("1 while the KV pool is allocated", int(status.kv_cache_awake)),
             "generation_tokens_per_second": ("sampled tokens per second, recent window", gen_rate),
             "prompt_tokens_per_second": ("prompt tokens computed per second, recent window", prompt_rate),
-            "step_loop_stalled": ("1 while runnable work has gone unstepped for the stall limit", int(loop.stalled)),
+            "step_loop_stalled": (
+                "1 while runnable work has gone unstepped for the stall limit",
+                int(loop.stalled),
+            ),
             "requests_awaited": ("engine requests that callers are waiting on", loop.waiters),
-            "seconds_since_step": ("seconds since the step loop last looked for work", loop.seconds_since_step),
+            "seconds_since_step": (
+                "seconds since the step loop last looked for work",
+                loop.seconds_since_step,
+            ),
         }
         for name, (doc, value) in gauges.items():
             yield GaugeMetricFamily(f"inflight_{name}", doc, value=float(value))
@@ -82,9 +90,13 @@ class ServerMetrics:
         self.registry.register(_EngineCollector(self))
         self.http_requests = Counter("inflight_http_requests", "HTTP requests answered", ["route", "status"],
                                      registry=self.registry)
-        self.request_latency = Histogram("inflight_request_latency_seconds", "time to answer a generation request",
-                                         ["route"], registry=self.registry,
-                                         buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600))
+        self.request_latency = Histogram(
+            "inflight_request_latency_seconds",
+            "time to answer a generation request",
+            ["route"],
+            registry=self.registry,
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
+        )
 
     def sample(self) -> None:
         stats = self.engine.stats

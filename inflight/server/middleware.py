@@ -21,9 +21,17 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 async def _reject(send: Send, status: int, message: str, code: str) -> None:
     body = json.dumps(error_body(message, "invalid_request_error", None, code)).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            (b"connection", b"close")]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 

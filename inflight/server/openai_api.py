@@ -88,8 +88,14 @@ class ServeContext:
 
     def model_card(self) -> dict[str, Any]:
         """The served model as `/v1/models` lists it."""
-        return {"id": self.served_model_name, "object": "model", "created": self.created, "owned_by": "inflight",
-                "max_model_len": self.max_model_len, "root": self.served_model_name}
+        return {
+            "id": self.served_model_name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "inflight",
+            "max_model_len": self.max_model_len,
+            "root": self.served_model_name,
+        }
 
 
 # ---- request → engine calls ---------------------------------------------------------------------
@@ -147,8 +153,16 @@ async def _then(deltas: AsyncIterator[Delta], done: Callable[[], None]) -> Async
 
 
 # ---- the one response path ----------------------------------------------------------------------
-async def _respond(ctx: ServeContext, scope: CallScope, checked: Checked, prompts: list[list[int]], kind: Choices,
-                   request: Request, param: str, prompt_texts: list[str] | None = None) -> Response:
+async def _respond(
+    ctx: ServeContext,
+    scope: CallScope,
+    checked: Checked,
+    prompts: list[list[int]],
+    kind: Choices,
+    request: Request,
+    param: str,
+    prompt_texts: list[str] | None = None,
+) -> Response:
     """Run the request's engine calls and answer with `kind`'s choices: whole, or streamed."""
     req = checked.req
     calls = engine_calls(ctx, checked, prompts, param, prompt_texts)
@@ -158,7 +172,9 @@ async def _respond(ctx: ServeContext, scope: CallScope, checked: Checked, prompt
     usage = lambda: _usage(calls, req.n)  # noqa: E731
     if req.stream:
         include_usage = req.stream_options is not None and req.stream_options.include_usage
-        chunks = _chunks(deltas, kind, calls, {**head, "object": kind.chunk_object}, usage if include_usage else None)
+        chunks = _chunks(
+            deltas, kind, calls, {**head, "object": kind.chunk_object}, usage if include_usage else None
+        )
         return StreamingResponse(chunks, media_type="text/event-stream")
     await finish_calls(deltas)
     choices = [kind.choice(whole_delta(c.tracker), True, c.tracker) for c in calls]
@@ -230,7 +246,8 @@ def build_router(ctx: ServeContext, api_auth, token_route: bool = True) -> APIRo
         checked = check_chat(req, ctx.model_check, ctx.max_model_len)
         check_chat_template(req.chat_template, ctx.trust_request_chat_template)
         scope = ctx.scope(request)
-        prompt = await asyncio.to_thread(scope.chat_prompt, ctx.tokenizer, req)  # templating can be slow: off the loop
+        # templating can be slow: off the loop
+        prompt = await asyncio.to_thread(scope.chat_prompt, ctx.tokenizer, req)
         kind = ChatChoices(TokenNamer(ctx.tokenizer, req.return_tokens_as_token_ids), checked.top_logprobs,
                            req.return_token_ids, checked.parse_tool_calls)
         return await _respond(ctx, scope, checked, [prompt], kind, request, "messages")
@@ -255,7 +272,9 @@ def _token_route(router: APIRouter, ctx: ServeContext) -> None:
             except ValueError as err:
                 raise APIError(400, str(err), param="multimodal", code="invalid_value") from None
         call = EngineCall(request_id, list(req.prompt_token_ids), params, req.cache_salt, tracker, images)
-        await finish_calls(await start_engine_calls(ctx.scope(request), [call], False, request, "prompt_token_ids"))
+        await finish_calls(
+            await start_engine_calls(ctx.scope(request), [call], False, request, "prompt_token_ids")
+        )
         return {
             "request_id": request_id,
             "output_token_ids": tracker.output_token_ids,
@@ -268,7 +287,8 @@ def _token_route(router: APIRouter, ctx: ServeContext) -> None:
             "weight_version": ctx.engine.weight_version,
             # MoE models: {"start", "shape", "dtype", "data" (base64)} (inflight.engine.routing), else None
             "routed_experts": encode_routed_experts(tracker.routed_experts, tracker.routed_experts_start),
-            # sampling_params.prompt_logprobs set: per prompt token (None for the first), as the engine gives them
+            # sampling_params.prompt_logprobs set: per prompt token (None for the first), as the engine
+            # gives them
             "prompt_logprobs": tracker.prompt_logprobs,
             "prompt_top_logprobs": tracker.prompt_top_logprobs,
             "prompt_logprob_ranks": tracker.prompt_logprob_ranks,

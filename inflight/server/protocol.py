@@ -119,11 +119,16 @@ def _sampling_params_model() -> type[BaseModel]:
     hints = typing.get_type_hints(SamplingParams)
     fields: dict[str, Any] = {}
     for f in dataclasses.fields(SamplingParams):
-        default = f.default if f.default is not dataclasses.MISSING else Field(default_factory=f.default_factory)
+        default = (
+            f.default if f.default is not dataclasses.MISSING else Field(default_factory=f.default_factory)
+        )
         fields[f.name] = (hints[f.name], default)
-    return create_model("GenerateSamplingParams", __config__=ConfigDict(extra="forbid"),
-                        __doc__="`SamplingParams` as JSON (unknown fields are an error here: this API is ours).",
-                        **fields)
+    return create_model(
+        "GenerateSamplingParams",
+        __config__=ConfigDict(extra="forbid"),
+        __doc__="`SamplingParams` as JSON (unknown fields are an error here: this API is ours).",
+        **fields,
+    )
 
 
 GenerateSamplingParams = _sampling_params_model()

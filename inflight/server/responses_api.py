@@ -65,8 +65,13 @@ def build_responses_router(ctx: ServeContext, api_auth) -> APIRouter:
             deltas = await start_engine_calls(scope, calls, req.stream, request, "input")
         except APIError as err:  # the engine's checks name the chat field (max_tokens)
             raise _renamed(err) from err
-        renderer = ResponseRenderer(req, ctx.served_model_name, TokenNamer(ctx.tokenizer, chat.return_tokens_as_token_ids),
-                                    checked.top_logprobs, checked.parse_tool_calls)
+        renderer = ResponseRenderer(
+            req,
+            ctx.served_model_name,
+            TokenNamer(ctx.tokenizer, chat.return_tokens_as_token_ids),
+            checked.top_logprobs,
+            checked.parse_tool_calls,
+        )
         tracker = calls[0].tracker
         if req.stream:
             return StreamingResponse(renderer.events(deltas, tracker), media_type="text/event-stream")

@@ -31,9 +31,22 @@ from inflight.server.unsupported import METADATA, REFUSED
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 # our chat extensions a Responses body may carry (they mean what they mean on chat)
-PASSTHROUGH = frozenset({"top_k", "seed", "ignore_eos", "stop", "stop_token_ids", "include_stop_str_in_output",
-                         "cache_salt", "skip_special_tokens", "chat_template", "chat_template_kwargs",
-                         "add_special_tokens", "return_tokens_as_token_ids"})
+PASSTHROUGH = frozenset(
+    {
+        "top_k",
+        "seed",
+        "ignore_eos",
+        "stop",
+        "stop_token_ids",
+        "include_stop_str_in_output",
+        "cache_salt",
+        "skip_special_tokens",
+        "chat_template",
+        "chat_template_kwargs",
+        "add_special_tokens",
+        "return_tokens_as_token_ids",
+    }
+)
 TEXT_PARTS = ("input_text", "output_text", "text")
 IMAGE_PART = "input_image"  # `image_url`: a data: URL; decoded and checked on the chat path
 FUNCTION_KEYS = ("name", "description", "parameters", "strict")
@@ -55,14 +68,27 @@ RESPONSES_REFUSED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "image": (_off, "image options are not supported (text only)"),
     "access_programs": (_off, "access programs are not supported"),
     "background_options": (_off, "background responses are not supported"),
-    "truncation": (lambda v: v in (None, "disabled"), "the input is never truncated; use 'disabled' or omit it"),
-    "reasoning": (lambda v: _off(v) or isinstance(v, dict) and all(x is None for x in v.values()),
-                  "reasoning options are not supported; use chat_template_kwargs (e.g. {\"enable_thinking\": false})"),
-    "text": (lambda v: _off(v) or v == {"format": {"type": "text"}},
-             "structured outputs are not implemented; only text.format {'type': 'text'}"),
-    "stream_options": (lambda v: _off(v) or isinstance(v, dict) and set(v) <= {"include_obfuscation"}
-                       and not v.get("include_obfuscation"),
-                       "stream obfuscation is not implemented; send include_obfuscation=false or omit it"),
+    "truncation": (
+        lambda v: v in (None, "disabled"),
+        "the input is never truncated; use 'disabled' or omit it",
+    ),
+    "reasoning": (
+        lambda v: _off(v) or isinstance(v, dict) and all(x is None for x in v.values()),
+        'reasoning options are not supported; use chat_template_kwargs (e.g. {"enable_thinking": false})',
+    ),
+    "text": (
+        lambda v: _off(v) or v == {"format": {"type": "text"}},
+        "structured outputs are not implemented; only text.format {'type': 'text'}",
+    ),
+    "stream_options": (
+        lambda v: (
+            _off(v)
+            or isinstance(v, dict)
+            and set(v) <= {"include_obfuscation"}
+            and not v.get("include_obfuscation")
+        ),
+        "stream obfuscation is not implemented; send include_obfuscation=false or omit it",
+    ),
 }
 
 
@@ -109,8 +135,12 @@ def _text(content: Any, param: str) -> str | list[dict[str, Any]]:
         if kind == IMAGE_PART:
             parts.append(part)
         elif kind not in TEXT_PARTS or not isinstance(part.get("text"), str):
-            raise _bad(f"{param}[{j}] of type {kind!r} is not supported: this server takes text parts "
-                       f"({', '.join(TEXT_PARTS)}) and {IMAGE_PART}", f"{param}[{j}].type", "unsupported_content")
+            raise _bad(
+                f"{param}[{j}] of type {kind!r} is not supported: this server takes text parts "
+                f"({', '.join(TEXT_PARTS)}) and {IMAGE_PART}",
+                f"{param}[{j}].type",
+                "unsupported_content",
+            )
         else:
             parts.append({"type": "text", "text": part["text"]})
     if any(p["type"] == IMAGE_PART for p in parts):
@@ -158,7 +188,9 @@ def input_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
         else:
             why = ("it refers to a stored item; send the item itself" if kind == "item_reference" else
                    "this server takes messages, function_call and function_call_output items only")
-            raise _bad(f"{param}.type={kind!r} is not supported: {why}", f"{param}.type", "unsupported_parameter")
+            raise _bad(
+                f"{param}.type={kind!r} is not supported: {why}", f"{param}.type", "unsupported_parameter"
+            )
     return messages
 
 
@@ -169,14 +201,20 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
     out = []
     for i, tool in enumerate(tools):
         if tool.get("type") != "function":
-            raise _bad(f"tools[{i}].type={tool.get('type')!r} is not supported: this server runs no built-in "
-                       "tools (web search, file search, computer use, MCP, code interpreter, ...); only "
-                       "function tools, whose calls come back to you", f"tools[{i}].type", "unsupported_parameter")
+            raise _bad(
+                f"tools[{i}].type={tool.get('type')!r} is not supported: this server runs no built-in "
+                "tools (web search, file search, computer use, MCP, code interpreter, ...); only "
+                "function tools, whose calls come back to you",
+                f"tools[{i}].type",
+                "unsupported_parameter",
+            )
         extra = [k for k, v in tool.items() if k not in (*FUNCTION_KEYS, "type") and v is not None]
         if extra:
             raise _bad(f"tools[{i}].{extra[0]} is not supported by this server", f"tools[{i}].{extra[0]}",
                        "unsupported_parameter")
-        out.append({"type": "function", "function": {k: tool[k] for k in FUNCTION_KEYS if tool.get(k) is not None}})
+        out.append(
+            {"type": "function", "function": {k: tool[k] for k in FUNCTION_KEYS if tool.get(k) is not None}}
+        )
     return out
 
 
@@ -186,8 +224,12 @@ def _check_options(req: ResponsesRequest) -> dict[str, Any]:
     values.update(req.model_extra or {})
     for name, value in values.items():
         if name in RESPONSES_REFUSED and not RESPONSES_REFUSED[name][0](value):
-            raise APIError(400, f"{name}={value!r} is not supported by this server: {RESPONSES_REFUSED[name][1]}",
-                           param=name, code="unsupported_parameter")
+            raise APIError(
+                400,
+                f"{name}={value!r} is not supported by this server: {RESPONSES_REFUSED[name][1]}",
+                param=name,
+                code="unsupported_parameter",
+            )
     passed = {}
     for name, value in (req.model_extra or {}).items():
         if name in PASSTHROUGH or name in REFUSED:
@@ -204,7 +246,11 @@ def _check_options(req: ResponsesRequest) -> dict[str, Any]:
     return passed
 
 
-CHAT_PARAMS = {"messages": "input", "max_completion_tokens": "max_output_tokens", "max_tokens": "max_output_tokens"}
+CHAT_PARAMS = {
+    "messages": "input",
+    "max_completion_tokens": "max_output_tokens",
+    "max_tokens": "max_output_tokens",
+}
 
 
 def responses_param(param: str | None) -> str | None:
@@ -219,11 +265,20 @@ def responses_param(param: str | None) -> str | None:
 def to_chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
     """The chat request this Responses request stands for; raises APIError naming the bad field."""
     passed = _check_options(req)
-    body = {"model": req.model, "messages": input_messages(req), "tools": chat_tools(req.tools),
-            "tool_choice": req.tool_choice, "parallel_tool_calls": req.parallel_tool_calls,
-            "max_completion_tokens": req.max_output_tokens, "temperature": req.temperature, "top_p": req.top_p,
-            "logprobs": req.wants_logprobs, "top_logprobs": req.top_logprobs if req.wants_logprobs else None,
-            "stream": req.stream, **passed}
+    body = {
+        "model": req.model,
+        "messages": input_messages(req),
+        "tools": chat_tools(req.tools),
+        "tool_choice": req.tool_choice,
+        "parallel_tool_calls": req.parallel_tool_calls,
+        "max_completion_tokens": req.max_output_tokens,
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "logprobs": req.wants_logprobs,
+        "top_logprobs": req.top_logprobs if req.wants_logprobs else None,
+        "stream": req.stream,
+        **passed,
+    }
     try:
         return ChatCompletionRequest.model_validate(body)
     except ValidationError as err:

@@ -66,19 +66,38 @@ class ResponseRenderer:
         self.created_at = int(time.time())
 
     # ---- the response object ---------------------------------------------------------------
-    def response(self, status: str, output: list[dict[str, Any]], tracker: ChoiceTracker | None) -> dict[str, Any]:
+    def response(
+        self, status: str, output: list[dict[str, Any]], tracker: ChoiceTracker | None
+    ) -> dict[str, Any]:
         req = self.req
         incomplete = None
         if status == "incomplete" and tracker is not None:
             incomplete = {"reason": "max_output_tokens" if tracker.finish_reason == "length" else None}
         return {
-            "id": self.id, "object": "response", "created_at": self.created_at, "status": status, "error": None,
-            "incomplete_details": incomplete, "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
-            "model": self.model, "output": output, "parallel_tool_calls": True, "previous_response_id": None,
-            "reasoning": None, "store": False, "temperature": req.temperature, "top_p": req.top_p,
-            "text": {"format": {"type": "text"}}, "tool_choice": req.tool_choice or "auto", "tools": req.tools or [],
-            "top_logprobs": req.top_logprobs, "truncation": "disabled", "metadata": req.metadata or {},
-            "user": req.user, "usage": _usage(tracker) if tracker is not None else None,
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created_at,
+            "status": status,
+            "error": None,
+            "incomplete_details": incomplete,
+            "instructions": req.instructions,
+            "max_output_tokens": req.max_output_tokens,
+            "model": self.model,
+            "output": output,
+            "parallel_tool_calls": True,
+            "previous_response_id": None,
+            "reasoning": None,
+            "store": False,
+            "temperature": req.temperature,
+            "top_p": req.top_p,
+            "text": {"format": {"type": "text"}},
+            "tool_choice": req.tool_choice or "auto",
+            "tools": req.tools or [],
+            "top_logprobs": req.top_logprobs,
+            "truncation": "disabled",
+            "metadata": req.metadata or {},
+            "user": req.user,
+            "usage": _usage(tracker) if tracker is not None else None,
         }
 
     @staticmethod
@@ -92,7 +111,9 @@ class ResponseRenderer:
         """The finished response, `delta` holding all of its output."""
         content, calls = parse_tool_calls(delta.text) if self.parse_calls else (delta.text, [])
         status = self.status(tracker)
-        output = [_message(_id("msg"), content, self._logprobs(delta), status)] if content or not calls else []
+        output = (
+            [_message(_id("msg"), content, self._logprobs(delta), status)] if content or not calls else []
+        )
         output += [_function_call(call) for call in calls]
         return self.response(status, output, tracker)
 
@@ -157,15 +178,30 @@ class _EventStream:
             index = len(self.output)
             events.append(self.emit("response.output_item.added", output_index=index,
                                     item={**self.open, "content": []}))
-            events.append(self.emit("response.content_part.added", item_id=self.open["id"], output_index=index,
-                                    content_index=0, part=dict(self.open["content"][0])))
+            events.append(
+                self.emit(
+                    "response.content_part.added",
+                    item_id=self.open["id"],
+                    output_index=index,
+                    content_index=0,
+                    part=dict(self.open["content"][0]),
+                )
+            )
         part = self.open["content"][0]
         part["text"] += text
         logprobs, self.pending = self.pending, []
         if "logprobs" in part:
             part["logprobs"] += logprobs
-        events.append(self.emit("response.output_text.delta", item_id=self.open["id"], output_index=len(self.output),
-                                content_index=0, delta=text, logprobs=logprobs))
+        events.append(
+            self.emit(
+                "response.output_text.delta",
+                item_id=self.open["id"],
+                output_index=len(self.output),
+                content_index=0,
+                delta=text,
+                logprobs=logprobs,
+            )
+        )
         return events
 
     def _close(self, status: str = "completed") -> list[str]:
@@ -200,14 +236,18 @@ class _EventStream:
     def finish(self, tracker: ChoiceTracker) -> list[str]:
         status = self.r.status(tracker)
         events = []
-        if self.open is None and not self.output:  # nothing was said: an empty message, as a whole response has
+        # nothing was said: an empty message, as a whole response has
+        if self.open is None and not self.output:
             events += self._text_empty()
         if self.open is not None and "logprobs" in self.open["content"][0]:  # tokens whose text never showed
             self.open["content"][0]["logprobs"] += self.pending
         events += self._close(status)
         # always `response.completed` (its status says incomplete), as vLLM sends it: the client's
         # `responses.stream(...).get_final_response()` and agent loops wait for that event
-        return [*events, self.emit("response.completed", response=self.r.response(status, self.output, tracker))]
+        return [
+            *events,
+            self.emit("response.completed", response=self.r.response(status, self.output, tracker)),
+        ]
 
     def _text_empty(self) -> list[str]:
         events = self._text("")

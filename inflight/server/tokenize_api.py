@@ -25,7 +25,13 @@ from inflight.server.protocol import ChatCompletionRequest, ChatMessage
 from inflight.server.tools import parses_tool_calls
 from inflight.server.validation import check_chat_template, check_model, invalid_unicode
 
-CHAT_FIELDS = ("tools", "add_generation_prompt", "continue_final_message", "chat_template", "chat_template_kwargs")
+CHAT_FIELDS = (
+    "tools",
+    "add_generation_prompt",
+    "continue_final_message",
+    "chat_template",
+    "chat_template_kwargs",
+)
 
 
 class TokenizeRequest(BaseModel):
@@ -112,8 +118,17 @@ def build_tokenize_router(ctx: Any, api_auth) -> APIRouter:
     async def tokenize(req: TokenizeRequest) -> dict[str, Any]:
         _check_tokenize(ctx, req)
         tokens = await asyncio.to_thread(_tokens, ctx, req)
-        strs = await asyncio.to_thread(ctx.tokenizer.convert_ids_to_tokens, tokens) if req.return_token_strs else None
-        return {"count": len(tokens), "max_model_len": ctx.max_model_len, "tokens": tokens, "token_strs": strs}
+        strs = (
+            await asyncio.to_thread(ctx.tokenizer.convert_ids_to_tokens, tokens)
+            if req.return_token_strs
+            else None
+        )
+        return {
+            "count": len(tokens),
+            "max_model_len": ctx.max_model_len,
+            "tokens": tokens,
+            "token_strs": strs,
+        }
 
     @router.get("/tokenizer_info")
     async def tokenizer_info() -> dict[str, Any]:

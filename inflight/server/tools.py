@@ -69,8 +69,10 @@ def template_tool_calls(calls: Any, param: str) -> list[dict[str, Any]]:
     for j, call in enumerate(calls):
         function = call.get("function") if isinstance(call, dict) else None
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-            raise _bad(f'{param}[{j}] must be {{"type": "function", "function": {{"name": ..., "arguments": ...}}}}',
-                       f"{param}[{j}]")
+            raise _bad(
+                f'{param}[{j}] must be {{"type": "function", "function": {{"name": ..., "arguments": ...}}}}',
+                f"{param}[{j}]",
+            )
         arguments = _arguments(function.get("arguments", {}), f"{param}[{j}].function.arguments")
         out.append({**call, "function": {**function, "arguments": arguments}})
     return out

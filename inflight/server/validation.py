@@ -38,7 +38,8 @@ class Checked:
     parse_tool_calls: bool = False
     prompt_logprobs: int | None = None  # the engine's: None, or score the prompt with k alternatives
     echo: bool = False  # completions: the prompt comes first in each choice
-    echo_only: bool = False  # echo with max_tokens=0: the prompt alone (one token generated and dropped, as vLLM)
+    # echo with max_tokens=0: the prompt alone (one token generated and dropped, as vLLM)
+    echo_only: bool = False
 
     def params(self, prompt_len: int, max_model_len: int, choice: int) -> SamplingParams:
         """The engine parameters of choice `choice` of a prompt of `prompt_len` tokens."""
@@ -96,7 +97,9 @@ def invalid_unicode(value: Any, path: str = "") -> str | None:
     return None
 
 
-def _check_common(req: OpenAIRequestBase, served_model_name: str | None, implemented: frozenset[str]) -> list[str]:
+def _check_common(
+    req: OpenAIRequestBase, served_model_name: str | None, implemented: frozenset[str]
+) -> list[str]:
     """The checks both routes share; returns the stop strings."""
     if (where := invalid_unicode(req.model_dump(exclude_none=True))) is not None:
         raise APIError(400, f"{where} is not valid Unicode (it holds a lone UTF-16 surrogate such as "
@@ -107,9 +110,13 @@ def _check_common(req: OpenAIRequestBase, served_model_name: str | None, impleme
     check_fields(req, implemented)
     _check_range("prompt_logprobs", req.prompt_logprobs)
     if req.stream and req.prompt_logprobs is not None:
-        raise APIError(400, "prompt_logprobs are not available when stream=true (as vLLM); send stream=false, "
-                       "or echo=true with logprobs on /v1/completions", param="prompt_logprobs",
-                       code="invalid_value")
+        raise APIError(
+            400,
+            "prompt_logprobs are not available when stream=true (as vLLM); send stream=false, "
+            "or echo=true with logprobs on /v1/completions",
+            param="prompt_logprobs",
+            code="invalid_value",
+        )
     stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     if any(s == "" for s in stops):
         raise APIError(400, "stop strings must not be empty", param="stop", code="invalid_value")
