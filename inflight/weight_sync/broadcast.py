@@ -84,7 +84,9 @@ class BroadcastTransport(ChannelTransport):
             self.sender.connect(cancel)
         except RuntimeError as err:
             if cancel.is_set():
-                raise TransportError(f"a weight-sync receiver's process died while the group formed: {err}") from None
+                raise TransportError(
+                    f"a weight-sync receiver's process died while the group formed: {err}"
+                ) from None
             raise
         finally:
             done.set()
@@ -154,11 +156,26 @@ class BroadcastReceiver(ChannelReceiver):
 
 def build_sender(site: SenderSite) -> BroadcastTransport:
     """The `broadcast` kind's sender (`TransportSpec.sender`)."""
-    return BroadcastTransport(site.host, site.port, site.num_receivers, site.max_chunk_bytes, device=site.device,
-                              timeout=site.timeout)
+    return BroadcastTransport(
+        site.host,
+        site.port,
+        site.num_receivers,
+        site.max_chunk_bytes,
+        device=site.device,
+        timeout=site.timeout,
+    )
 
 
-def build_receiver(host: str, port: int, *, rank: int = 1, num_receivers: int = 1, device: str | torch.device = "cpu",
-                   timeout: float = 600.0) -> BroadcastReceiver:
+def build_receiver(
+    host: str,
+    port: int,
+    *,
+    rank: int = 1,
+    num_receivers: int = 1,
+    device: str | torch.device = "cpu",
+    timeout: float = 600.0,
+) -> BroadcastReceiver:
     """The `broadcast` kind's receiver (`TransportSpec.receiver`)."""
-    return BroadcastReceiver(host, port, rank=rank, num_receivers=num_receivers, device=device, timeout=timeout)
+    return BroadcastReceiver(
+        host, port, rank=rank, num_receivers=num_receivers, device=device, timeout=timeout
+    )

@@ -102,7 +102,9 @@ class WeightChunk:
         """The chunk as (name, tensor) pairs for `load_weights`; only for chunks of whole tensors."""
         if not all(m.whole for m in self.metas):
             raise ValueError("this chunk carries pieces of split tensors; use a Reassembler")
-        return [(m.name, t.to(dtype_from_name(m.dtype))) for m, t in zip(self.metas, self.tensors, strict=True)]
+        return [
+            (m.name, t.to(dtype_from_name(m.dtype))) for m, t in zip(self.metas, self.tensors, strict=True)
+        ]
 
     def metadata(self) -> dict:
         return {"index": self.index, "nbytes": self.nbytes, "tensors": [m.to_json() for m in self.metas]}

@@ -59,6 +59,13 @@ def make_transport(cfg: Config, *, model_dir: str | Path | None = None, host: st
     connect (shm and broadcast).
     """
     ie = cfg.generator.inference_engine
-    site = SenderSite(host or ie.weight_sync_host, ie.weight_sync_port, num_receivers, chunk_bytes(cfg, model_dir),
-                      device=device, timeout=timeout, staged=ie.weight_sync_staged)
+    site = SenderSite(
+        host or ie.weight_sync_host,
+        ie.weight_sync_port,
+        num_receivers,
+        chunk_bytes(cfg, model_dir),
+        device=device,
+        timeout=timeout,
+        staged=ie.weight_sync_staged,
+    )
     return configured_transport(cfg).build_sender(site)

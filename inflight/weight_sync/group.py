@@ -139,7 +139,9 @@ class GroupHost:
                  dtype: torch.dtype | None = None, timeout_s: float = 600.0,
                  store: dist.TCPStore | None = None) -> None:
         if world_size < 2:
-            raise ValueError(f"world_size={world_size}: a broadcast group needs rank 0 and at least one member")
+            raise ValueError(
+                f"world_size={world_size}: a broadcast group needs rank 0 and at least one member"
+            )
         self.world_size, self.master_address, self.group_name = world_size, master_address, group_name
         self.device = torch.device(device)
         self.backend = backend or default_backend(self.device)
@@ -183,7 +185,9 @@ class GroupHost:
                 raise TimeoutError(f"not every member joined the weight group within {self.timeout_s:g}s")
         store.set(start_key(self.group_name, "go"), "1")
         timeout = datetime.timedelta(seconds=self.timeout_s)
-        self.group = make_group(group_store(store, self.group_name), 0, self.world_size, self.backend, timeout)
+        self.group = make_group(
+            group_store(store, self.group_name), 0, self.world_size, self.backend, timeout
+        )
 
     def chunks(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[WeightChunk]:
         """The chunks to send for these tensors (lazy, in order)."""
@@ -203,7 +207,9 @@ class GroupHost:
             message = str(err)
         del group
         self._drop_failed()
-        raise WeightGroupError(f"the weight broadcast failed (a member is gone?); the group is dropped: {message}")
+        raise WeightGroupError(
+            f"the weight broadcast failed (a member is gone?); the group is dropped: {message}"
+        )
 
     def _drop_failed(self) -> None:
         """Destroy this side of a group whose broadcast failed. A live member waiting for data that
@@ -234,8 +240,12 @@ def _probe(address: str, port: int, seconds: float, where: str) -> None:
                 return
         except OSError as err:
             if time.monotonic() >= deadline:
-                raise WeightGroupError(f"cannot reach the weight-transfer master at {where}: nothing accepts "
-                                       f"connections there ({err})", 502, "weight_transfer_unreachable") from err
+                raise WeightGroupError(
+                    f"cannot reach the weight-transfer master at {where}: nothing accepts "
+                    f"connections there ({err})",
+                    502,
+                    "weight_transfer_unreachable",
+                ) from err
             time.sleep(0.1)
 
 
@@ -248,7 +258,9 @@ class GroupMember:
         self.backend, self.group_name, self.buffer = backend, group_name, buffer
 
     @classmethod
-    def join(cls, request: dict[str, Any], device: torch.device, store: dist.Store | None = None) -> GroupMember:
+    def join(
+        cls, request: dict[str, Any], device: torch.device, store: dist.Store | None = None
+    ) -> GroupMember:
         """Reach the host's store (`store`, or a connection to master_address:master_port), check
         `request` (`GroupHost.init_request`) against what rank 0 posted, and join."""
         name, rank, size = request["group_name"], request["rank_offset"], request["world_size"]
@@ -267,8 +279,11 @@ class GroupMember:
             store.wait([info_key(name)], timeout)
             info = json.loads(store.get(info_key(name)))
         except (RuntimeError, ValueError) as err:
-            raise WeightGroupError(f"the master at {where} has no weight group {name!r} (waited {seconds:g}s): "
-                                   f"{err}", 504, "weight_transfer_timeout") from err
+            raise WeightGroupError(
+                f"the master at {where} has no weight group {name!r} (waited {seconds:g}s): {err}",
+                504,
+                "weight_transfer_timeout",
+            ) from err
         backend = _check(request, info, device, where)
         store.set(joining_key(name, rank), "1")
         _await_start(store, name, seconds, where)
@@ -285,8 +300,13 @@ class GroupMember:
         """Raises (400) when the request's rank is not one of a member's (1..world_size-1)."""
         rank, size = request["rank_offset"], request["world_size"]
         if not 1 <= rank < size:
-            raise WeightGroupError(f"rank_offset={rank} must be below world_size={size} (rank 0 is the trainer, "
-                                   "the engines take 1..world_size-1)", 400, "invalid_value", "rank_offset")
+            raise WeightGroupError(
+                f"rank_offset={rank} must be below world_size={size} (rank 0 is the trainer, "
+                "the engines take 1..world_size-1)",
+                400,
+                "invalid_value",
+                "rank_offset",
+            )
 
     def describe(self) -> dict[str, Any]:
         return {"rank": self.rank, "world_size": self.world_size, "backend": self.backend,
@@ -311,16 +331,22 @@ def _await_start(store: dist.Store, name: str, seconds: float, where: str) -> No
         try:
             cancelled, go = store.check([keys[1]]), store.check([keys[0]])
         except (RuntimeError, OSError) as err:
-            raise WeightGroupError(f"lost the weight-transfer master at {where} while the group formed: {err}",
-                                   502, "weight_transfer_unreachable") from err
+            raise WeightGroupError(
+                f"lost the weight-transfer master at {where} while the group formed: {err}",
+                502,
+                "weight_transfer_unreachable",
+            ) from err
         if cancelled:
             raise WeightGroupError(f"the master at {where} stopped forming the weight group {name!r} (a "
                                    "member failed to join)", 502, "weight_transfer_failed")
         if go:
             return
         if time.monotonic() > deadline:
-            raise WeightGroupError(f"the weight group {name!r} did not form within {seconds:g}s (are all ranks "
-                                   "joining?)", 504, "weight_transfer_timeout")
+            raise WeightGroupError(
+                f"the weight group {name!r} did not form within {seconds:g}s (are all ranks joining?)",
+                504,
+                "weight_transfer_timeout",
+            )
         time.sleep(0.01)
 
 

@@ -103,13 +103,17 @@ def transport_spec(name: str) -> TransportSpec:
     """The registered kind called `name` (or one of its aliases); a ValueError lists the known ones."""
     spec = _REGISTRY.get(transport_aliases().get(name, name))
     if spec is None:
-        known = ", ".join(f"{n} (or {', '.join(s.aliases)})" if s.aliases else n for n, s in _REGISTRY.items())
+        known = ", ".join(
+            f"{n} (or {', '.join(s.aliases)})" if s.aliases else n for n, s in _REGISTRY.items()
+        )
         raise ValueError(f"weight transport {name!r} is not registered; known: {known}")
     return spec
 
 
 _WS = "inflight.weight_sync."
-INPROCESS = register_transport(TransportSpec("inprocess", sender=_WS + "inprocess:build_sender", receiver=None))
+INPROCESS = register_transport(
+    TransportSpec("inprocess", sender=_WS + "inprocess:build_sender", receiver=None)
+)
 SHM = register_transport(TransportSpec(
     "shm", sender=_WS + "shm:build_sender", receiver=_WS + "shm:build_receiver", aliases=("cuda_ipc",),
     same_node=True, chunk_files=True,

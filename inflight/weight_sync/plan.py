@@ -4,15 +4,15 @@ Pure: config in, plan out. Every policy backend executes the plan it returns thr
 executor (`PolicyWorker.sync_weights`); none of them re-derives any part of it (SkyRL's bug was two
 workers deriving the reset decision separately, from the wrong flag).
 
-| colocate | fully_async | clear_kv | offload_kv | sleep | offload | kv_fate   | reset running | reset prefix cache |
-| -------- | ----------- | -------- | ---------- | ----- | ------- | --------- | ------------- | ------------------ |
-| false    | false       | any      | false      | no    | no      | none      | no            | if prefix caching  |
-| false    | false       | any      | true       | yes   | no      | none      | no            | if prefix caching  |
-| false    | true        | false    | false      | no    | no      | keep      | no            | no                 |
-| false    | true        | false    | true       | yes   | yes     | offload   | no            | no                 |
-| false    | true        | true     | false      | no    | no      | recompute | yes           | if prefix caching  |
-| false    | true        | true     | true       | yes   | no      | recompute | yes           | if prefix caching  |
-| true     | (false)     | any      | (false)    | yes*  | no      | none      | no            | if prefix caching  |
+|colocate |fully_async |clear_kv |offload_kv |sleep |offload |kv_fate   |reset running |reset prefix cache |
+|---------|------------|---------|-----------|------|--------|----------|--------------|-------------------|
+|false    |false       |any      |false      |no    |no      |none      |no            |if prefix caching  |
+|false    |false       |any      |true       |yes   |no      |none      |no            |if prefix caching  |
+|false    |true        |false    |false      |no    |no      |keep      |no            |no                 |
+|false    |true        |false    |true       |yes   |yes     |offload   |no            |no                 |
+|false    |true        |true     |false      |no    |no      |recompute |yes           |if prefix caching  |
+|false    |true        |true     |true       |yes   |no      |recompute |yes           |if prefix caching  |
+|true     |(false)     |any      |(false)    |yes*  |no      |none      |no            |if prefix caching  |
 
 `*` colocated: the engine sleeps after generation (the trainer needs the memory), not during the
 sync; the sync wakes the weights, receives them, then wakes the KV pool. Every plan pauses with
@@ -97,8 +97,8 @@ class SyncPlan:
 def plan_weight_sync(cfg: Config) -> SyncPlan:
     """The plan for `cfg`, exactly the table in this module's docstring (docs/design.md section 4).
 
-    `trainer.strategy` plays no part: FSDP and Megatron get the same plan. Raises `ConfigError` when the keys it reads contradict each
-    other (e.g. colocated and fully-async).
+    `trainer.strategy` plays no part: FSDP and Megatron get the same plan. Raises `ConfigError` when the keys
+    it reads contradict each other (e.g. colocated and fully-async).
     """
     validate_sync(cfg)
     engine, fully_async = cfg.generator.inference_engine, cfg.trainer.fully_async
@@ -118,4 +118,6 @@ def plan_weight_sync(cfg: Config) -> SyncPlan:
     # the prefix keys already isolates requests that start after the update.
     reset_prefix = engine.enable_prefix_caching and fate in ("none", "recompute")
     takes_adapters = backend_entry(engine.backend).serves_adapters
-    return SyncPlan("keep", sleep, fate == "offload", fate, reset_prefix, reset_running, colocated, takes_adapters)
+    return SyncPlan(
+        "keep", sleep, fate == "offload", fate, reset_prefix, reset_running, colocated, takes_adapters
+    )

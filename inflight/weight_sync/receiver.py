@@ -189,7 +189,9 @@ class ChannelReceiver:
 
     def serve_in_thread(self, engine: Any) -> threading.Thread:
         """Start `serve(engine)` in a daemon thread and return it."""
-        self._thread = threading.Thread(target=self.serve, args=(engine,), daemon=True, name="weight-receiver")
+        self._thread = threading.Thread(
+            target=self.serve, args=(engine,), daemon=True, name="weight-receiver"
+        )
         self._thread.start()
         return self._thread
 

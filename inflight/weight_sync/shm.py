@@ -171,7 +171,9 @@ class ShmTransport(ChannelTransport):
         self._next_slot = len(staged) % len(self.slots)
         return StagedUpdate(iter(staged))
 
-    def chunks(self, named_tensors: Iterable[tuple[str, torch.Tensor]] | StagedUpdate) -> Iterator[WeightChunk]:
+    def chunks(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]] | StagedUpdate
+    ) -> Iterator[WeightChunk]:
         if isinstance(named_tensors, StagedUpdate):
             return named_tensors.chunks
         self._packed.clear()  # an unsent staged update is dropped
@@ -242,7 +244,9 @@ class ShmReceiver(ChannelReceiver):
             self.slots[index] = _Slot(slot_path(self.path, index), self.capacity)
         pack = int(self.slots[index].pack.item())
         if pack != message["pack"]:
-            raise TransportError(f"shared buffer slot {index} holds the bytes of pack {pack}, not {message['pack']}")
+            raise TransportError(
+                f"shared buffer slot {index} holds the bytes of pack {pack}, not {message['pack']}"
+            )
         return self.slots[index].data
 
 

@@ -74,7 +74,9 @@ class WeightTransport:
         `update_all_or_nothing` instead of `named_tensors` (itself: nothing staged)."""
         return named_tensors
 
-    def chunks(self, named_tensors: Iterable[tuple[str, torch.Tensor]] | StagedUpdate) -> Iterator[WeightChunk]:
+    def chunks(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]] | StagedUpdate
+    ) -> Iterator[WeightChunk]:
         """The chunks this transport sends for these tensors (lazy), or a staged update's."""
         if isinstance(named_tensors, StagedUpdate):
             return named_tensors.chunks
