@@ -158,9 +158,11 @@ class DataTask(Task):
         self.openenv = openenv if openenv is not None else OpenEnvSettings()
         self.chat_template = chat_template and chat_format.has_template(tokenizer)
         if chat_format.kwargs and not self.chat_template:
-            raise DatasetError("generator.chat_template_kwargs is set, but no chat template renders the prompts "
-                               f"({type(tokenizer).__name__} has none): drop it, or give a template "
-                               "(generator.chat_template)")
+            raise DatasetError(
+                "generator.chat_template_kwargs is set, but no chat template renders the prompts "
+                f"({type(tokenizer).__name__} has none): drop it, or give a template "
+                "(generator.chat_template)"
+            )
         limit = max_prompt_length if max_context is None else min(max_prompt_length, max_context - 1)
         self.report = DataReport(
             [str(p) for p in train_data], [str(p) for p in val_data], max_prompt_length=limit
@@ -188,9 +190,10 @@ class DataTask(Task):
         with_images = [p for p in problems if not isinstance(p.prompt, str) and count_images(p.prompt)]
         if with_images:
             raise DatasetError(
-                f"{len(with_images)} rows hold images (e.g. {with_images[0].meta['source']}), but this task has "
-                "no image processor: the model is text-only, or the run does not give DataTask the model's "
-                "processor (vision=); drop the images or give a vision-language model")
+                f"{len(with_images)} rows hold images (e.g. {with_images[0].meta['source']}), but this task "
+                "has no image processor: the model is text-only, or the run does not give DataTask the "
+                "model's processor (vision=); drop the images or give a vision-language model"
+            )
 
     def _resolve_rewards(self, problems: list[Problem]) -> dict[str, Any]:
         if self.agent is not None:  # the agent plays and scores every episode: no reward of ours runs
@@ -228,28 +231,32 @@ class DataTask(Task):
         if bad:
             raise DatasetError(
                 f"{len(bad)} of {len(rows)} rows are scored by {name} (the row's env_class column, else "
-                f"environment.env_class={self.env_class!r}; in inflight eval, --env-class), which compares the "
-                f"number in the response with the answer, but their answers are not numbers (e.g. "
+                f"environment.env_class={self.env_class!r}; in inflight eval, --env-class), which compares "
+                f"the number in the response with the answer, but their answers are not numbers (e.g. "
                 f"{bad[0].meta.get('source')}: {bad[0].answer!r}): they could never score 1. Set "
                 "environment.env_class to a reward that fits them, e.g. exact, contains or regex (inflight "
-                "eval: --env-class exact), or give those rows an env_class column")
+                "eval: --env-class exact), or give those rows an env_class column"
+            )
 
     def _check_verifiers_row(self, problem: Problem, name: str) -> None:
         """A verifiers environment plays every row of its run: a row may name only that one."""
         if name != self.env_class:
             raise DatasetError(
-                f"{problem.meta['source']}: column 'env_class' names {name!r}, but a run plays every row with one "
-                f"environment, environment.env_class={self.env_class!r}: a verifiers environment "
-                "(verifiers:<env id>) must be environment.env_class, and then rows may name no other")
+                f"{problem.meta['source']}: column 'env_class' names {name!r}, but a run plays every row "
+                f"with one environment, environment.env_class={self.env_class!r}: a verifiers environment "
+                "(verifiers:<env id>) must be environment.env_class, and then rows may name no other"
+            )
 
     def _resolve(self, name: str) -> Any:
         """A skyrl-gym environment's maker, an environment class, or a reward function: what the hub
         that holds `name` makes (`inflight.rewards.hubs`)."""
         hub = find_hub(name)
         if hub.make is None:
-            raise RewardError(f"{CONFIG_KEY}={name!r} is a {hub.name} environment: its agent plays its episodes "
-                              "through the agent endpoint of `inflight train` (its rubric is the reward), "
-                              "not as a reward here")
+            raise RewardError(
+                f"{CONFIG_KEY}={name!r} is a {hub.name} environment: its agent plays its episodes "
+                "through the agent endpoint of `inflight train` (its rubric is the reward), "
+                "not as a reward here"
+            )
         return import_object(hub.make, CONFIG_KEY, RewardError)(name, self)
 
     def _fit(

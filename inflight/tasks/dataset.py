@@ -300,8 +300,10 @@ def image_prompt(task: Task, messages: list[dict[str, Any]]) -> ImagePrompt:
     (`task.vision`): the ids with the image placeholders expanded, and the image tensors."""
     vision = getattr(task, "vision", None)
     if vision is None:
-        raise DatasetError(f"a prompt holds {count_images(messages)} image(s), but {type(task).__name__} has no "
-                           "image processor (a text-only model): give a vision-language model, or text prompts")
+        raise DatasetError(
+            f"a prompt holds {count_images(messages)} image(s), but {type(task).__name__} has no "
+            "image processor (a text-only model): give a vision-language model, or text prompts"
+        )
     split = vision.split(messages)
     fmt = task.chat_format
     template = {} if fmt.template is None else {"chat_template": fmt.template}

@@ -65,10 +65,14 @@ def observation_text(observation: Any) -> str:
 def action_field_of(schema: dict[str, Any]) -> str:
     """The one required string field of an action schema (OpenEnv's `/schema` "action")."""
     props = schema.get("properties", {})
-    names = [n for n in schema.get("required", []) if n != "metadata" and props.get(n, {}).get("type") == "string"]
+    names = [
+        n for n in schema.get("required", []) if n != "metadata" and props.get(n, {}).get("type") == "string"
+    ]
     if len(names) != 1:
-        raise OpenEnvError(f"the server's action schema has {len(names)} required text fields ({names}): name the "
-                           "one that takes the model's text in environment.openenv.action_field")
+        raise OpenEnvError(
+            f"the server's action schema has {len(names)} required text fields ({names}): name the "
+            "one that takes the model's text in environment.openenv.action_field"
+        )
     return names[0]
 
 
@@ -100,8 +104,10 @@ class OpenEnvEnvironment(Environment):
         s = self.settings
         image = s.image or (None if s.url else _row_image(self.problem))
         if image is None and s.url is None:
-            raise OpenEnvError("no OpenEnv server: set environment.openenv.url (a running server) or "
-                               "environment.openenv.image (a Docker image), or give the rows an env_name column")
+            raise OpenEnvError(
+                "no OpenEnv server: set environment.openenv.url (a running server) or "
+                "environment.openenv.image (a Docker image), or give the rows an env_name column"
+            )
         if image is None:
             self.url = s.url
             client = GenericEnvClient(base_url=s.url)
@@ -121,7 +127,9 @@ class OpenEnvEnvironment(Environment):
             self.client = await self._connect()
             result = await self.client.reset()
         except Exception as err:
-            raise OpenEnvError(f"OpenEnv server {self.url or self.settings.image!r}: {type(err).__name__}: {err}") from err
+            raise OpenEnvError(
+                f"OpenEnv server {self.url or self.settings.image!r}: {type(err).__name__}: {err}"
+            ) from err
         self.info["openenv_reset"] = observation_text(result.observation)
         return self.problem.prompt
 

@@ -51,8 +51,10 @@ class MultiplyEnv(BaseTextEnv):
         extras = extras or {}
         truth = (extras.get("reward_spec") or {}).get("ground_truth")
         if truth is None:
-            raise ValueError("the multiply environment needs the row's reward_spec.ground_truth (the product), "
-                             "as SkyRL's multiply_dataset.py writes it")
+            raise ValueError(
+                "the multiply environment needs the row's reward_spec.ground_truth (the product), "
+                "as SkyRL's multiply_dataset.py writes it"
+            )
         self.ground_truth = str(truth).strip()
         self.max_turns = extras.get("max_turns", 5)
 
@@ -119,7 +121,9 @@ class LLMJudgeEnv(BaseTextEnv):
     def step(self, action: str) -> BaseTextEnvStepOutput:
         message = (f"{JUDGE_INSTRUCTIONS}\n\nREFERENCE SOLUTION:\n{self.ground_truth}\n\n"
                    f"ANSWER TO GRADE:\n{action}")
-        reply = self.client.chat.completions.create(model=self.model, messages=[{"role": "user", "content": message}])
+        reply = self.client.chat.completions.create(
+            model=self.model, messages=[{"role": "user", "content": message}]
+        )
         content = reply.choices[0].message.content or ""
         return BaseTextEnvStepOutput(observations=[], reward=judge_score(content), done=True,
                                      metadata={"judge_reply": content})

@@ -3,14 +3,14 @@
 `environment.env_class` (or a row's `env_class`) names one by its skyrl-gym id (`aime`,
 `gsm8k_multi_turn`, `lcb`, `search`, `searchcode`, `text2sql`; a name that is also one of ours,
 `gsm8k`, stays ours; the ids SkyRL's example entry points register, `multiply` and
-`llm_as_a_judge`: `inflight.tasks.skyrl_examples`), as `skyrl_gym:<id>` (any id skyrl-gym's registry holds when the run starts),
-or as `package.module:Class` for a `skyrl_gym.Env` subclass of your own. Each episode builds the
-environment as SkyRL's generator does: `skyrl_gym.make(id, env_config=..., extras=...)`, where
-`env_config` is the run's `environment.skyrl_gym.<id>` section (text2sql's `db_path`, search's
-`search_url` / `topk` / `timeout` / `log_requests`, `llm_as_a_judge`'s `model` / `base_url`; none for
-the others; a class of your own gets the section of the id it registered itself under, if any) and
-`extras` is a copy of the row's columns other than the prompt and `env_class` (`reward_spec`,
-`extra_info`, `db_id`, ...) with `max_turns` set to `generator.max_turns`.
+`llm_as_a_judge`: `inflight.tasks.skyrl_examples`), as `skyrl_gym:<id>` (any id skyrl-gym's registry holds
+when the run starts), or as `package.module:Class` for a `skyrl_gym.Env` subclass of your own. Each episode
+builds the environment as SkyRL's generator does: `skyrl_gym.make(id, env_config=..., extras=...)`, where
+`env_config` is the run's `environment.skyrl_gym.<id>` section (text2sql's `db_path`, search's `search_url` /
+`topk` / `timeout` / `log_requests`, `llm_as_a_judge`'s `model` / `base_url`; none for the others; a class of
+your own gets the section of the id it registered itself under, if any) and `extras` is a copy of the row's
+columns other than the prompt and `env_class` (`reward_spec`, `extra_info`, `db_id`, ...) with `max_turns` set
+to `generator.max_turns`.
 
 The episode is SkyRL's: `init(prompt)` gives the opening messages, every `step(text)` returns the
 turn's reward, whether the episode is done, and observation messages, which the chat template
@@ -127,9 +127,11 @@ class SkyRLGymEnvironment(Environment):
     async def step(self, response: str) -> StepResult:
         out = await self.calls.run(self.env.step, response)
         if out.get("postprocessed_action") is not None:
-            raise RuntimeError(f"{type(self.env).__name__}.step returned a postprocessed_action: rewriting the "
-                               "model's turn as text is not supported (the tokens it sampled are what it is "
-                               "trained on); post-process in the environment's observation instead")
+            raise RuntimeError(
+                f"{type(self.env).__name__}.step returned a postprocessed_action: rewriting the "
+                "model's turn as text is not supported (the tokens it sampled are what it is "
+                "trained on); post-process in the environment's observation instead"
+            )
         done = bool(out["done"])
         info = dict(out.get("metadata") or {})
         if done and callable(getattr(self.env, "get_metrics", None)):
@@ -165,7 +167,9 @@ class GymEnvironmentMaker:
         from skyrl_gym.envs.registration import EnvSpec
 
         what = self.target if isinstance(self.target, str) else EnvSpec(id=self.name, entry_point=self.target)
-        return skyrl_gym.make(what, env_config=self.settings.env_config(self.env_id), extras=self.extras(problem))
+        return skyrl_gym.make(
+            what, env_config=self.settings.env_config(self.env_id), extras=self.extras(problem)
+        )
 
     def __call__(self, problem: Problem) -> SkyRLGymEnvironment:
         return SkyRLGymEnvironment(self.build(problem), problem, self.settings.calls)
@@ -194,14 +198,18 @@ def _registered(name: str, env_id: str) -> str:
     try:
         import skyrl_gym
     except ImportError as err:
-        raise RewardError(f"{CONFIG_KEY}={name!r} is a skyrl-gym environment, and skyrl-gym is not installed: "
-                          "pip install 'inflight[environments]' (or skyrl-gym==0.4.0)") from err
+        raise RewardError(
+            f"{CONFIG_KEY}={name!r} is a skyrl-gym environment, and skyrl-gym is not installed: "
+            "pip install 'inflight[environments]' (or skyrl-gym==0.4.0)"
+        ) from err
     if env_id not in skyrl_gym.registry and env_id in SKYRL_EXAMPLE_ENVIRONMENTS:  # as SkyRL's example does
         skyrl_gym.register(id=env_id, entry_point=SKYRL_EXAMPLE_ENVIRONMENTS[env_id])
     if env_id not in skyrl_gym.registry:
-        raise RewardError(f"{CONFIG_KEY}={name!r}: skyrl-gym has no environment {env_id!r} (it holds "
-                          f"{', '.join(sorted(skyrl_gym.registry))}); register yours with skyrl_gym.register, "
-                          "or give its class as package.module:Class")
+        raise RewardError(
+            f"{CONFIG_KEY}={name!r}: skyrl-gym has no environment {env_id!r} (it holds "
+            f"{', '.join(sorted(skyrl_gym.registry))}); register yours with skyrl_gym.register, "
+            "or give its class as package.module:Class"
+        )
     return env_id
 
 

@@ -46,24 +46,37 @@ def check_services(env_id: str | None, settings: Any) -> None:
         db_path = settings.env_config("text2sql").db_path
         if not os.path.isdir(db_path):
             raise SkyRLGymServiceError(
-                f"{GYM_KEY}.text2sql.db_path={db_path!r} is not a directory: skyrl-gym's text2sql environment "
-                "runs each row's SQL against the SQLite databases there; set it to the directory holding "
-                "them (SkyRL's SkyRL-SQL data: spider/, bird/, SynSQL-2.5M/)")
+                f"{GYM_KEY}.text2sql.db_path={db_path!r} is not a directory: skyrl-gym's text2sql "
+                "environment runs each row's SQL against the SQLite databases there; set it to the directory "
+                "holding them (SkyRL's SkyRL-SQL data: spider/, bird/, SynSQL-2.5M/)"
+            )
     elif env_id == "search":
         section = settings.env_config("search")
         if section.log_requests:
             log.info("probing the retriever at %s (topk %d)", section.search_url, section.topk)
-        probe_retriever(section.search_url, section.timeout, f"{GYM_KEY}.search.search_url={section.search_url!r}",
-                        f"set {GYM_KEY}.search.search_url to its /retrieve URL", section.topk)
+        probe_retriever(
+            section.search_url,
+            section.timeout,
+            f"{GYM_KEY}.search.search_url={section.search_url!r}",
+            f"set {GYM_KEY}.search.search_url to its /retrieve URL",
+            section.topk,
+        )
     elif env_id == "searchcode":
         from skyrl_gym.tools import SearchToolGroup
 
         url = inspect.signature(SearchToolGroup.__init__).parameters["search_url"].default
-        probe_retriever(url, 30, f"skyrl-gym's searchcode environment searches {url!r} (a fixed URL: it reads "
-                        f"no {GYM_KEY}.search key)", "start the retriever at that address")
+        probe_retriever(
+            url,
+            30,
+            f"skyrl-gym's searchcode environment searches {url!r} (a fixed URL: it reads "
+            f"no {GYM_KEY}.search key)",
+            "start the retriever at that address",
+        )
         if shutil.which("python") is None:
-            raise SkyRLGymServiceError("skyrl-gym's searchcode environment runs its code tool as `python -c`, and "
-                                       "there is no `python` on PATH: put one there")
+            raise SkyRLGymServiceError(
+                "skyrl-gym's searchcode environment runs its code tool as `python -c`, and "
+                "there is no `python` on PATH: put one there"
+            )
     elif env_id == "llm_as_a_judge":
         base_url = getattr(settings.env_config("llm_as_a_judge"), "base_url", None)
         if base_url:
@@ -97,9 +110,11 @@ def probe_server(url: str, where: str, timeout: float = 10.0) -> None:
     except urllib.error.HTTPError:
         return  # it answered
     except (urllib.error.URLError, OSError) as err:
-        raise SkyRLGymServiceError(f"{where}: the judge's OpenAI-compatible server does not answer at {url} "
-                                   f"({type(err).__name__}: {getattr(err, 'reason', None) or err}); start it, "
-                                   "or set the key to its base URL (null: OpenAI's)") from err
+        raise SkyRLGymServiceError(
+            f"{where}: the judge's OpenAI-compatible server does not answer at {url} "
+            f"({type(err).__name__}: {getattr(err, 'reason', None) or err}); start it, "
+            "or set the key to its base URL (null: OpenAI's)"
+        ) from err
 
 
 def check_row(maker: Any, problem: Problem) -> None:
@@ -113,8 +128,12 @@ def check_row(maker: Any, problem: Problem) -> None:
             hint = (f"; {GYM_KEY}.text2sql.db_path={db_path!r} must hold the database the row names "
                     f"(db_id={extras.get('db_id')!r}, data={extras.get('data')!r})")
         elif maker.env_id == "text2sql" and isinstance(err, NotImplementedError):
-            hint = f"; its 'data' column ({extras.get('data')!r}) names no data set skyrl-gym's text2sql knows"
+            hint = (
+                f"; its 'data' column ({extras.get('data')!r}) names no data set skyrl-gym's text2sql knows"
+            )
         message = str(err) or type(err).__name__
-        raise DatasetError(f"{problem.meta.get('source', problem.id)}: the skyrl-gym environment {maker.name!r} "
-                           f"cannot be built for this row ({type(err).__name__}: {message}){hint}") from err
+        raise DatasetError(
+            f"{problem.meta.get('source', problem.id)}: the skyrl-gym environment {maker.name!r} "
+            f"cannot be built for this row ({type(err).__name__}: {message}){hint}"
+        ) from err
     env.close()
