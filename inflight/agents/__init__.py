@@ -18,6 +18,21 @@ from inflight.agents.run import AgentRun, uses_agent
 from inflight.agents.session import Session, SessionSampling
 from inflight.agents.verifiers_env import VerifiersAgent, VerifiersError
 
-__all__ = ["AgentEndpoint", "AgentError", "AgentGenerator", "AgentRun", "AgentStopped", "CallRecord", "ChatTurn",
-           "Merged", "Sample", "Session", "SessionSampling", "VerifiersAgent", "VerifiersError", "load_agent",
-           "merge_calls", "uses_agent"]
+__all__ = [
+    "AgentEndpoint",
+    "AgentError",
+    "AgentGenerator",
+    "AgentRun",
+    "AgentStopped",
+    "CallRecord",
+    "ChatTurn",
+    "Merged",
+    "Sample",
+    "Session",
+    "SessionSampling",
+    "VerifiersAgent",
+    "VerifiersError",
+    "load_agent",
+    "merge_calls",
+    "uses_agent",
+]

@@ -48,10 +48,20 @@ class AgentGenerator:
     `sampling`: the run's sampling for every call (`seed`: the run's seed, or None); `timeout_s`:
     the most seconds one episode may take (None: no limit)."""
 
-    def __init__(self, endpoint: AgentEndpoint, agent: Callable[..., Any], n: int, sampling: SessionSampling, *,
-                 seed: int | None = None, timeout_s: float | None = None, skip_failed_rollouts: bool = True,
-                 zero_reward_on_non_stop: bool = False, apply_overlong_filtering: bool = False,
-                 rate_limiter: Any = NO_LIMIT) -> None:
+    def __init__(
+        self,
+        endpoint: AgentEndpoint,
+        agent: Callable[..., Any],
+        n: int,
+        sampling: SessionSampling,
+        *,
+        seed: int | None = None,
+        timeout_s: float | None = None,
+        skip_failed_rollouts: bool = True,
+        zero_reward_on_non_stop: bool = False,
+        apply_overlong_filtering: bool = False,
+        rate_limiter: Any = NO_LIMIT,
+    ) -> None:
         self.endpoint, self.agent, self.n, self.sampling = endpoint, agent, n, sampling
         self.seed, self.timeout_s = seed, timeout_s
         self.skip_failed_rollouts = skip_failed_rollouts
@@ -73,10 +83,14 @@ class AgentGenerator:
             reward, info = 0.0, {}
             try:
                 async with asyncio.timeout(self.timeout_s):
-                    result = await run_agent(self.agent, self.endpoint.base_url(session), session.token, problem)
+                    result = await run_agent(
+                        self.agent, self.endpoint.base_url(session), session.token, problem
+                    )
                 reward, info = parse_result(result)
             except TimeoutError:
-                error = TimeoutError(f"the agent took longer than generator.agent.timeout_s={self.timeout_s:g} s")
+                error = TimeoutError(
+                    f"the agent took longer than generator.agent.timeout_s={self.timeout_s:g} s"
+                )
             except AgentStopped:
                 raise  # not this episode's failure: the run's
             except Exception as err:  # the agent's own failure: the episode's, not the run's
@@ -84,7 +98,9 @@ class AgentGenerator:
             finally:
                 self.endpoint.close_session(session)
         if error is None and not session.records:
-            error = RuntimeError("the agent returned without calling the model (no request reached its base_url)")
+            error = RuntimeError(
+                "the agent returned without calling the model (no request reached its base_url)"
+            )
         return self._trajectory(problem, session.records, reward, info, error)
 
     def _trajectory(self, problem: Problem, records: Sequence[Any], reward: float, info: dict[str, Any],
@@ -96,9 +112,19 @@ class AgentGenerator:
             traj = Trajectory([], [], [], [], [], 0.0, "rollout_error", num_turns=0, info={**info, **stats})
         else:
             s = merged.samples[-1]
-            traj = Trajectory(s.prompt_ids, s.response_ids, s.logprobs, s.versions, s.loss_mask, reward,
-                              s.finish_reason, num_turns=len(s.calls), num_recomputed_tokens=s.num_recomputed_tokens,
-                              num_cached_tokens=s.num_cached_tokens, info={**info, **stats})
+            traj = Trajectory(
+                s.prompt_ids,
+                s.response_ids,
+                s.logprobs,
+                s.versions,
+                s.loss_mask,
+                reward,
+                s.finish_reason,
+                num_turns=len(s.calls),
+                num_recomputed_tokens=s.num_recomputed_tokens,
+                num_cached_tokens=s.num_cached_tokens,
+                info={**info, **stats},
+            )
             last = max((i for i, m in enumerate(s.loss_mask) if m), default=len(s.loss_mask) - 1)
             traj.turn_rewards = [(last, reward)]
         if error is not None:
@@ -113,8 +139,10 @@ class AgentGenerator:
     def _failed(self, problem: Problem, traj: Trajectory, err: Exception) -> Trajectory:
         message = f"{type(err).__name__}: {err}"
         if not self.skip_failed_rollouts:
-            raise RuntimeError(f"problem {problem.id!r}: the agent failed ({message}); "
-                               "generator.skip_failed_rollouts=true skips such episodes instead (not trained on)") from err
+            raise RuntimeError(
+                f"problem {problem.id!r}: the agent failed ({message}); "
+                "generator.skip_failed_rollouts=true skips such episodes instead (not trained on)"
+            ) from err
         traj.mark_rollout_failed(f"agent: {message}")
         log.warning("problem %r: the agent failed (%s); the episode is not trained on, its siblings are "
                     "(agent/episodes_failed)", problem.id, message)
@@ -130,11 +158,15 @@ class AgentGenerator:
             return {}
         calls = [t.info.get("agent_calls", 0) for t in trajs]
         failed = [c for t, c in zip(trajs, calls, strict=True) if t.rollout_failed]
-        return {"agent/calls_per_episode": sum(calls) / len(trajs),
-                "agent/rewritten_histories": float(sum(t.info.get("agent_rewritten_histories", 0) for t in trajs)),
-                "agent/untrained_samples": float(sum(max(0, t.info.get("agent_samples", 0) - 1) for t in trajs)),
-                "agent/episodes_failed": float(len(failed)),
-                "agent/episodes_failed_before_first_call": float(sum(c == 0 for c in failed))}
+        return {
+            "agent/calls_per_episode": sum(calls) / len(trajs),
+            "agent/rewritten_histories": float(
+                sum(t.info.get("agent_rewritten_histories", 0) for t in trajs)
+            ),
+            "agent/untrained_samples": float(sum(max(0, t.info.get("agent_samples", 0) - 1) for t in trajs)),
+            "agent/episodes_failed": float(len(failed)),
+            "agent/episodes_failed_before_first_call": float(sum(c == 0 for c in failed)),
+        }
 
 
 __all__ = ["AgentGenerator"]

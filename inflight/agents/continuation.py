@@ -92,7 +92,9 @@ def continue_text(records: Sequence[CallRecord], tokenizer: Any, text: str) -> l
     return None
 
 
-def chat_turn(rendered: list[dict[str, Any]], tools: Any, fmt: ChatFormat, text: str, parse_calls: bool) -> ChatTurn:
+def chat_turn(
+    rendered: list[dict[str, Any]], tools: Any, fmt: ChatFormat, text: str, parse_calls: bool
+) -> ChatTurn:
     """What a finished chat call's successor must repeat (see `continue_chat`)."""
     return ChatTurn(tuple(canonical(m) for m in rendered), tuple(rendered), tools, template_key(fmt),
                     reply(text, parse_calls))

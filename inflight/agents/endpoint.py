@@ -144,7 +144,9 @@ class AgentEndpoint:
         config = uvicorn.Config(self.app, log_level="warning", lifespan="off", timeout_graceful_shutdown=2,
                                 timeout_keep_alive=30)
         self._server = _QuietServer(config)
-        self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name=f"agent-endpoint-{self.port}")
+        self._task = asyncio.create_task(
+            self._server.serve(sockets=[sock]), name=f"agent-endpoint-{self.port}"
+        )
         deadline = time.monotonic() + timeout_s
         while not self._server.started:
             if self._task.done():

@@ -49,8 +49,16 @@ class AgentRun:
             args = dict(getattr(cfg.environment, found.section))  # the loader's arguments
             agent = self.hub_agent = cls(env_id, args, model=served or model)
         self.agent = agent if agent is not None else load_agent(settings.path)
-        self.endpoint = AgentEndpoint(client, tokenizer, model_name=model, max_model_len=max_model_len,
-                                      served_model_name=served, fmt=fmt, host=settings.host, port=settings.port)
+        self.endpoint = AgentEndpoint(
+            client,
+            tokenizer,
+            model_name=model,
+            max_model_len=max_model_len,
+            served_model_name=served,
+            fmt=fmt,
+            host=settings.host,
+            port=settings.port,
+        )
 
     async def start(self) -> AgentRun:
         if self.hub_agent is not None:
@@ -65,7 +73,9 @@ class AgentRun:
     def generator(self, sampling: Any, n: int, seed: int | None) -> AgentGenerator:
         """Episodes with `sampling` (a `generator.sampling_params` section), `n` per problem."""
         g = self.cfg.generator
-        session = SessionSampling(sampling.temperature, sampling.top_p, sampling.top_k, sampling.max_generate_length)
+        session = SessionSampling(
+            sampling.temperature, sampling.top_p, sampling.top_k, sampling.max_generate_length
+        )
         return AgentGenerator(self.endpoint, self.agent, n, session, seed=seed, timeout_s=g.agent.timeout_s,
                               skip_failed_rollouts=g.skip_failed_rollouts,
                               zero_reward_on_non_stop=g.zero_reward_on_non_stop,

@@ -52,10 +52,12 @@ def check_python(python: str) -> None:
     """Raise `VerifiersError` (with the setup commands) unless `python` is an executable file."""
     if not (Path(python).is_file() and os.access(python, os.X_OK)):
         raise VerifiersError(
-            f"verifiers' python not found at {python} (set ${ENV_VAR} to name another). verifiers lives in its "
-            f"own virtual environment, outside the project's dependencies; create it with scripts/verifiers_venv.sh "
-            f"(python3.11 -m venv .venv-verifiers && .venv-verifiers/bin/pip install verifiers=={VERSION}), then "
-            "install your environment's package into it (.venv-verifiers/bin/pip install <package>)")
+            f"verifiers' python not found at {python} (set ${ENV_VAR} to name another). verifiers lives in "
+            "its own virtual environment, outside the project's dependencies; create it with "
+            "scripts/verifiers_venv.sh (python3.11 -m venv .venv-verifiers && "
+            f".venv-verifiers/bin/pip install verifiers=={VERSION}), then install your environment's package "
+            "into it (.venv-verifiers/bin/pip install <package>)"
+        )
 
 
 def check_verifiers_venv(cfg: Any) -> None:
@@ -78,8 +80,10 @@ def rollout_input(problem: Any) -> dict[str, Any]:
     extras = problem.meta.get("extras") or {}
     own = extras.get("verifiers") or {}
     if not isinstance(own, dict):
-        raise VerifiersError(f"problem {problem.id!r}: column 'verifiers' must be a mapping (example_id, task, "
-                             f"info), got {type(own).__name__}")
+        raise VerifiersError(
+            f"problem {problem.id!r}: column 'verifiers' must be a mapping (example_id, task, "
+            f"info), got {type(own).__name__}"
+        )
     answer = extras.get("answer")
     row = {"prompt": problem.prompt, "answer": answer if isinstance(answer, str) else problem.answer,
            "example_id": own.get("example_id", 0), "info": own.get("info") or {}}
@@ -124,12 +128,16 @@ class VerifiersAgent:
         if not ready.get("ready"):
             await self.close()
             why = ready.get("error") or "it exited before saying it was ready"
-            raise VerifiersError(f"the verifiers environment {self.env_id!r} could not be loaded "
-                                 f"(load_environment({_args_text(self.env_args)})): {why}; is its package installed "
-                                 f"in {self.python}'s venv (or its folder on PYTHONPATH)?{self._tail()}")
+            raise VerifiersError(
+                f"the verifiers environment {self.env_id!r} could not be loaded "
+                f"(load_environment({_args_text(self.env_args)})): {why}; is its package installed "
+                f"in {self.python}'s venv (or its folder on PYTHONPATH)?{self._tail()}"
+            )
         self.version = ready.get("verifiers")
         self._tasks.append(asyncio.create_task(self._read_replies(), name="verifiers-replies"))
-        log.info("verifiers %s: environment %r loaded (worker pid %d)", self.version, self.env_id, self._proc.pid)
+        log.info(
+            "verifiers %s: environment %r loaded (worker pid %d)", self.version, self.env_id, self._proc.pid
+        )
         return self
 
     async def __call__(self, base_url: str, api_key: str, problem: Any) -> tuple[float, dict[str, Any]]:
@@ -147,12 +155,15 @@ class VerifiersAgent:
             await self._proc.stdin.drain()
             answer = await reply
         except (BrokenPipeError, ConnectionResetError):
-            raise AgentStopped(self._died or f"the verifiers worker of {self.env_id!r} stopped reading{self._tail()}") \
-                from None
+            raise AgentStopped(
+                self._died or f"the verifiers worker of {self.env_id!r} stopped reading{self._tail()}"
+            ) from None
         finally:
             self._pending.pop(request_id, None)
         if "error" in answer:
-            raise VerifiersError(f"the verifiers environment {self.env_id!r} failed the episode: {answer['error']}")
+            raise VerifiersError(
+                f"the verifiers environment {self.env_id!r} failed the episode: {answer['error']}"
+            )
         return float(answer["reward"]), {"verifiers_metrics": answer.get("metrics") or {}}
 
     async def close(self, timeout_s: float = 10.0) -> None:
@@ -166,7 +177,8 @@ class VerifiersAgent:
             except TimeoutError:
                 proc.kill()
                 await proc.wait()
-        if self._tasks:  # the readers end at the worker's end of output (its last lines kept), else are stopped
+        # the readers end at the worker's end of output (its last lines kept), else are stopped
+        if self._tasks:
             await asyncio.wait(self._tasks, timeout=2.0)
         for task in self._tasks:
             task.cancel()
@@ -218,5 +230,15 @@ def _args_text(env_args: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in env_args.items())
 
 
-__all__ = ["ENV_VAR", "VERSION", "WORKER", "VerifiersAgent", "VerifiersError", "check_python", "check_verifiers_venv", "dataset_command",
-           "default_python", "rollout_input"]
+__all__ = [
+    "ENV_VAR",
+    "VERSION",
+    "WORKER",
+    "VerifiersAgent",
+    "VerifiersError",
+    "check_python",
+    "check_verifiers_venv",
+    "dataset_command",
+    "default_python",
+    "rollout_input",
+]

@@ -53,8 +53,10 @@ def episode_input(env: Any, row: dict[str, Any]) -> dict[str, Any]:
     if env.message_type == "chat" and isinstance(row["prompt"], str):
         row["prompt"] = [{"role": "user", "content": row["prompt"]}]
     elif env.message_type == "completion" and not isinstance(row["prompt"], str):
-        raise ValueError("the environment completes text (message_type='completion'): its rows' prompts must be "
-                         "text, not chat messages")
+        raise ValueError(
+            "the environment completes text (message_type='completion'): its rows' prompts must be "
+            "text, not chat messages"
+        )
     return row
 
 
@@ -122,13 +124,24 @@ def dataset_rows(data: Any, split: str) -> list[dict[str, Any]]:
     rows = []
     for number, row in enumerate(data.to_list()):
         example_id = row.get("example_id", number)
-        rows.append({"id": f"{split}-{example_id}", "prompt": row["prompt"], "answer": row.get("answer") or "",
-                     "verifiers": {"example_id": example_id, "task": row.get("task") or "default",
-                                   "info": row.get("info") or {}}})
+        rows.append(
+            {
+                "id": f"{split}-{example_id}",
+                "prompt": row["prompt"],
+                "answer": row.get("answer") or "",
+                "verifiers": {
+                    "example_id": example_id,
+                    "task": row.get("task") or "default",
+                    "info": row.get("info") or {},
+                },
+            }
+        )
     return rows
 
 
-def write_dataset(env_id: str, env_args: dict[str, Any], output: Path, num_train: int, num_eval: int) -> dict[str, int]:
+def write_dataset(
+    env_id: str, env_args: dict[str, Any], output: Path, num_train: int, num_eval: int
+) -> dict[str, int]:
     env = load(env_id, env_args)
     splits = {"train": env.get_dataset(num_train) if env.dataset is not None else None,
               "validation": env.get_eval_dataset(num_eval) if env.eval_dataset is not None else None}
