@@ -155,14 +155,19 @@ def _is_file(text: str, base_dir: Path | None) -> bool:
 
 def _local_file(name: str, limits: ImageLimits, base_dir: Path | None) -> bytes:
     if limits.local_root is None:
-        raise ImageError(f"local image file {_show(name)} refused: this server reads no local files unless it "
-                         f"runs with --allowed-local-media-path DIR; {INLINE_HINT}", "image_url_not_allowed")
+        raise ImageError(
+            f"local image file {_show(name)} refused: this server reads no local files unless it "
+            f"runs with --allowed-local-media-path DIR; {INLINE_HINT}",
+            "image_url_not_allowed",
+        )
     path = Path(name)
     path = (path if path.is_absolute() or base_dir is None else base_dir / path).resolve()
     root = Path(limits.local_root).resolve()
     if not path.is_relative_to(root):
-        raise ImageError(f"local image file {_show(name)} is outside {str(root)!r}, the folder images may be read "
-                         "from", "image_url_not_allowed")
+        raise ImageError(
+            f"local image file {_show(name)} is outside {str(root)!r}, the folder images may be read from",
+            "image_url_not_allowed",
+        )
     try:
         size = path.stat().st_size
         _check_bytes(size, limits)
@@ -185,8 +190,11 @@ def _check_bytes(size: int, limits: ImageLimits) -> None:
 def _check_pixels(size: tuple[int, int], limits: ImageLimits) -> None:
     width, height = size
     if limits.max_pixels is not None and width * height > limits.max_pixels:
-        raise ImageError(f"the image is {width}x{height} = {width * height} pixels, over the limit of "
-                         f"{limits.max_pixels} pixels (--max-image-pixels); send a smaller image", "image_too_large")
+        raise ImageError(
+            f"the image is {width}x{height} = {width * height} pixels, over the limit of "
+            f"{limits.max_pixels} pixels (--max-image-pixels); send a smaller image",
+            "image_too_large",
+        )
 
 
 def _decode(data: bytes, limits: ImageLimits) -> Image.Image:
@@ -194,7 +202,9 @@ def _decode(data: bytes, limits: ImageLimits) -> Image.Image:
     try:
         image = Image.open(io.BytesIO(data), formats=FORMATS)
     except UnidentifiedImageError:
-        raise ImageError(f"unreadable image: {len(data)} bytes that are no {', '.join(FORMATS)} image") from None
+        raise ImageError(
+            f"unreadable image: {len(data)} bytes that are no {', '.join(FORMATS)} image"
+        ) from None
     except Image.DecompressionBombError as err:
         raise ImageError(f"the image is too large to decode ({err})", "image_too_large") from None
     _check_pixels(image.size, limits)  # from the header: nothing decoded yet
@@ -204,7 +214,9 @@ def _decode(data: bytes, limits: ImageLimits) -> Image.Image:
         image.load()
         return image.convert("RGB")
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
-        raise ImageError(f"unreadable image: the {image.format} data is corrupt or truncated ({err})") from None
+        raise ImageError(
+            f"unreadable image: the {image.format} data is corrupt or truncated ({err})"
+        ) from None
 
 
 def _show(value: Any, limit: int = 60) -> str:
@@ -263,6 +275,18 @@ def count_images(messages: Sequence[Mapping[str, Any]]) -> int:
     return sum(is_image_part(p) for m in messages if isinstance(m.get("content"), list) for p in m["content"])
 
 
-__all__ = ["DEFAULT_MAX_IMAGE_BYTES", "DEFAULT_MAX_IMAGE_PIXELS", "FORMATS", "IMAGE_PART_TYPES", "ImageError",
-           "ImageLimits", "SplitMessages", "count_images", "decode_images", "is_image_part", "load_image", "part_source",
-           "split_images"]
+__all__ = [
+    "DEFAULT_MAX_IMAGE_BYTES",
+    "DEFAULT_MAX_IMAGE_PIXELS",
+    "FORMATS",
+    "IMAGE_PART_TYPES",
+    "ImageError",
+    "ImageLimits",
+    "SplitMessages",
+    "count_images",
+    "decode_images",
+    "is_image_part",
+    "load_image",
+    "part_source",
+    "split_images",
+]

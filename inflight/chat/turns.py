@@ -101,7 +101,9 @@ def backend_for(tokenizer: Any, methods: tuple[str, ...]) -> Any:
 def _plain_methods(cls: type, methods: tuple[str, ...]) -> bool:
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
-    return issubclass(cls, TokenizersBackend) and all(getattr(cls, m) is getattr(TokenizersBackend, m) for m in methods)
+    return issubclass(cls, TokenizersBackend) and all(
+        getattr(cls, m) is getattr(TokenizersBackend, m) for m in methods
+    )
 
 
 def between_turns(tokenizer: Any, history: Sequence[Message], observations: Sequence[Message],

@@ -49,7 +49,9 @@ class Vision:
     def expand(self, text: str, images: list[Image.Image], add_special_tokens: bool = False) -> ImagePrompt:
         """The token ids of a rendered prompt `text` holding one image placeholder per image, with the
         placeholders expanded, and the images' tensors."""
-        out = self.processor(text=[text], images=images, return_tensors="pt", add_special_tokens=add_special_tokens)
+        out = self.processor(
+            text=[text], images=images, return_tensors="pt", add_special_tokens=add_special_tokens
+        )
         return ImagePrompt([int(t) for t in out["input_ids"][0]], out["pixel_values"], out["image_grid_thw"],
                            list(images))
 
@@ -94,8 +96,10 @@ def load_processor(model_dir: str | Path, config: Any) -> Any:
     try:
         processor = load_image_only(model_dir, config)
     except Exception as err:
-        raise ValueError(f"{model} whose processor neither transformers' AutoProcessor ({why}) nor the "
-                         f"image-only processor loads without torchvision: {type(err).__name__}: {err}") from err
+        raise ValueError(
+            f"{model} whose processor neither transformers' AutoProcessor ({why}) nor the "
+            f"image-only processor loads without torchvision: {type(err).__name__}: {err}"
+        ) from err
     log.warning("%s: processor %s with %s (image-only: no videos; transformers' AutoProcessor needs "
                 "torchvision, not installed: %s)", model_dir, type(processor).__name__,
                 type(processor.image_processor).__name__, why[:160])
