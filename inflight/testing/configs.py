@@ -39,7 +39,9 @@ LOCAL_CPU: tuple[str, ...] = (
 )
 """Overrides of SkyRL's defaults for a local CPU run (see the module docstring)."""
 
-LOCAL_CPU_TRAINER: tuple[str, ...] = tuple(o for o in LOCAL_CPU if not o.startswith("generator.inference_engine."))
+LOCAL_CPU_TRAINER: tuple[str, ...] = tuple(
+    o for o in LOCAL_CPU if not o.startswith("generator.inference_engine.")
+)
 """`LOCAL_CPU` without the engine keys: for runs on servers started elsewhere, whose own flags
 decide those (a run refuses them away from their defaults)."""
 

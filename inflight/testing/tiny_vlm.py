@@ -81,9 +81,19 @@ def vl_config(tokenizer: PreTrainedTokenizerFast, **text_overrides: Any) -> Qwen
         initializer_range=0.2,  # peaked logits: greedy decoding not decided by rounding
     )
     text.update(text_overrides)
-    vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=text["hidden_size"],
-                  patch_size=PATCH_SIZE, spatial_merge_size=MERGE_SIZE, temporal_patch_size=2,
-                  window_size=2 * PATCH_SIZE * MERGE_SIZE, fullatt_block_indexes=[1], initializer_range=0.2)
+    vision = dict(
+        depth=2,
+        hidden_size=32,
+        intermediate_size=64,
+        num_heads=2,
+        out_hidden_size=text["hidden_size"],
+        patch_size=PATCH_SIZE,
+        spatial_merge_size=MERGE_SIZE,
+        temporal_patch_size=2,
+        window_size=2 * PATCH_SIZE * MERGE_SIZE,
+        fullatt_block_indexes=[1],
+        initializer_range=0.2,
+    )
     return Qwen2_5_VLConfig(
         text_config=text, vision_config=vision, vision_start_token_id=ids[0], vision_end_token_id=ids[1],
         image_token_id=ids[2], video_token_id=ids[3], tie_word_embeddings=False,
@@ -97,16 +107,37 @@ def qwen3_vl_config(tokenizer: PreTrainedTokenizerFast, **text_overrides: Any) -
     (`text_overrides` go into its text config)."""
     ids = tokenizer.convert_tokens_to_ids(VISION_TOKENS)
     text = dict(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024, rms_norm_eps=1e-6,
-        rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=[4, 2, 2], mrope_interleaved=True),
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=1024,
+        rms_norm_eps=1e-6,
+        rope_parameters=dict(
+            rope_type="default", rope_theta=10000.0, mrope_section=[4, 2, 2], mrope_interleaved=True
+        ),
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
         initializer_range=0.2,
     )
     text.update(text_overrides)
-    vision = dict(depth=3, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=text["hidden_size"],
-                  patch_size=QWEN3_PATCH_SIZE, spatial_merge_size=MERGE_SIZE, temporal_patch_size=2,
-                  num_position_embeddings=64, deepstack_visual_indexes=[0, 1], initializer_range=0.2)
+    vision = dict(
+        depth=3,
+        hidden_size=32,
+        intermediate_size=64,
+        num_heads=2,
+        out_hidden_size=text["hidden_size"],
+        patch_size=QWEN3_PATCH_SIZE,
+        spatial_merge_size=MERGE_SIZE,
+        temporal_patch_size=2,
+        num_position_embeddings=64,
+        deepstack_visual_indexes=[0, 1],
+        initializer_range=0.2,
+    )
     return Qwen3VLConfig(
         text_config=text, vision_config=vision, vision_start_token_id=ids[0], vision_end_token_id=ids[1],
         image_token_id=ids[2], video_token_id=ids[3], tie_word_embeddings=False,
@@ -131,7 +162,9 @@ def make_tiny_vlm(path: str | Path, seed: int = 0, **text_overrides: Any) -> Pat
     the same `seed` gives the same weights. Returns the directory."""
     tokenizer = make_vl_tokenizer(seed)
     processor = ImageOnlyProcessor(image_processor(), tokenizer, chat_template=VL_CHAT_TEMPLATE)
-    return _save(path, seed, Qwen2_5_VLForConditionalGeneration, vl_config(tokenizer, **text_overrides), processor)
+    return _save(
+        path, seed, Qwen2_5_VLForConditionalGeneration, vl_config(tokenizer, **text_overrides), processor
+    )
 
 
 def make_tiny_qwen3_vl(path: str | Path, seed: int = 0, **text_overrides: Any) -> Path:
@@ -140,7 +173,9 @@ def make_tiny_qwen3_vl(path: str | Path, seed: int = 0, **text_overrides: Any) -
     tokenizer = make_vl_tokenizer(seed)
     images = image_processor(QWEN3_PATCH_SIZE, image_mean=[0.5] * 3, image_std=[0.5] * 3)
     processor = Qwen3VLImageOnlyProcessor(images, tokenizer, chat_template=VL_CHAT_TEMPLATE)
-    return _save(path, seed, Qwen3VLForConditionalGeneration, qwen3_vl_config(tokenizer, **text_overrides), processor)
+    return _save(
+        path, seed, Qwen3VLForConditionalGeneration, qwen3_vl_config(tokenizer, **text_overrides), processor
+    )
 
 
 TINY_VLMS: dict[str, tuple[Any, type[PreTrainedModel]]] = {
