@@ -31,10 +31,16 @@ def build_parser(prog: str = "inflight eval") -> argparse.ArgumentParser:
                    help="local Hugging Face model dir (with --server: the served model's, for its tokenizer)")
     p.add_argument("--data", action="append", required=True, metavar="FILE",
                    help="a .parquet, .jsonl / .json file or a datasets.save_to_disk dir (repeatable)")
-    p.add_argument("--output", default=DEFAULT_OUTPUT, metavar="OUT",
-                   help=f"directory for the results, new or an earlier inflight eval's (default {DEFAULT_OUTPUT}; "
-                        "never a training run's output_dir or its eval/ folder)")
-    p.add_argument("--overwrite", action="store_true", help="replace the results of an earlier inflight eval in OUT")
+    p.add_argument(
+        "--output",
+        default=DEFAULT_OUTPUT,
+        metavar="OUT",
+        help=f"directory for the results, new or an earlier inflight eval's (default {DEFAULT_OUTPUT}; "
+        "never a training run's output_dir or its eval/ folder)",
+    )
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace the results of an earlier inflight eval in OUT"
+    )
     p.add_argument("--n", type=int, default=1, help="samples per problem (default 1)")
     p.add_argument("--temperature", type=float, default=None,
                    help="sampling temperature (default: 0, greedy, for --n 1; 1.0 otherwise)")
@@ -52,10 +58,14 @@ def build_parser(prog: str = "inflight eval") -> argparse.ArgumentParser:
                    help="model turns per episode for multi-turn environments that leave it to the run")
     p.add_argument("--reward-timeout-s", type=float, default=60.0,
                    help="a reward slower than this scores 0 (default 60; 0: no limit)")
-    p.add_argument("--env-class", default=DEFAULT_ENV_CLASS, metavar="NAME",
-                   help="reward / environment for rows without their own env_class, as environment.env_class "
-                        "in training: gsm8k, gsm8k_flexible, math, exact, contains, regex, a registered name or "
-                        f"package.module:name (default: {DEFAULT_ENV_CLASS}, training's)")
+    p.add_argument(
+        "--env-class",
+        default=DEFAULT_ENV_CLASS,
+        metavar="NAME",
+        help="reward / environment for rows without their own env_class, as environment.env_class "
+        "in training: gsm8k, gsm8k_flexible, math, exact, contains, regex, a registered name or "
+        f"package.module:name (default: {DEFAULT_ENV_CLASS}, training's)",
+    )
     p.add_argument("--prompt-key", default=None,
                    help="column holding the prompt (default: prompt, or question)")
     p.add_argument("--answer-key", default=None,
@@ -113,12 +123,16 @@ def output_problem(out: Path, overwrite: bool) -> str | None:
     metrics.jsonl, or the step_<k>/ folders of its evaluations), or an earlier evaluation's files and
     not `overwrite`; None when it may."""
     if (out / "metrics.jsonl").exists() or any(out.glob("step_*")):
-        return (f"--output {out} holds a training run's outputs (metrics.jsonl, or its evaluations' step_<k>/ "
-                f"folders): give a directory of its own, e.g. --output {out.parent / (out.name + '-eval')}")
+        return (
+            f"--output {out} holds a training run's outputs (metrics.jsonl, or its evaluations' step_<k>/ "
+            f"folders): give a directory of its own, e.g. --output {out.parent / (out.name + '-eval')}"
+        )
     found = [name for name in OUTPUT_FILES if (out / name).exists()]
     if found and not overwrite:
-        return (f"--output {out} already holds an evaluation ({', '.join(found)}): give another directory, or "
-                "--overwrite to replace it")
+        return (
+            f"--output {out} already holds an evaluation ({', '.join(found)}): give another directory, or "
+            "--overwrite to replace it"
+        )
     return None
 
 
