@@ -194,7 +194,9 @@ def policy_loss_traits(name: str) -> PolicyLossTraits:
 
 # The built-ins, SkyRL's names, registered by path (their functions in `skyrl_calls`, which imports torch).
 for _name in ("grpo", "rloo", "maxrl", "reinforce++", "gae", "no_op"):
-    register_advantage_estimator(_name, f"inflight.algorithms.skyrl_calls:{_name.replace('++', '_plus_plus')}")
+    register_advantage_estimator(
+        _name, f"inflight.algorithms.skyrl_calls:{_name.replace('++', '_plus_plus')}"
+    )
 for _name, _traits in {
     "regular": {}, "dual_clip": {}, "gspo": {}, "cispo": {},
     "rollout_is": {"needs_old_logprobs": False}, "dppo": {"needs_old_logprobs": False}, "sapo": {},

@@ -255,17 +255,30 @@ def sapo(log_probs, old_log_probs, advantages, mask, _rollout, config):
 def clip_cov(log_probs, old_log_probs, advantages, mask, _rollout, config):
     """Clip-Cov (`cov_losses.clip_cov_loss`): eps_clip_low/high, clip_cov.clip_ratio, clip_cov.clip_cov_lb,
     clip_cov.clip_cov_ub."""
-    return cov_losses.clip_cov_loss(log_probs, old_log_probs, advantages, mask,
-                                    eps_clip_low=config.eps_clip_low, eps_clip_high=config.eps_clip_high,
-                                    clip_ratio=config.clip_cov.clip_ratio, clip_cov_lb=config.clip_cov.clip_cov_lb,
-                                    clip_cov_ub=config.clip_cov.clip_cov_ub)
+    return cov_losses.clip_cov_loss(
+        log_probs,
+        old_log_probs,
+        advantages,
+        mask,
+        eps_clip_low=config.eps_clip_low,
+        eps_clip_high=config.eps_clip_high,
+        clip_ratio=config.clip_cov.clip_ratio,
+        clip_cov_lb=config.clip_cov.clip_cov_lb,
+        clip_cov_ub=config.clip_cov.clip_cov_ub,
+    )
 
 
 @_policy_loss("kl_cov")
 def kl_cov(log_probs, old_log_probs, advantages, mask, _rollout, config):
     """KL-Cov (`cov_losses.kl_cov_loss`): kl_cov.kl_cov_frac, kl_cov.ppo_kl_coef."""
-    return cov_losses.kl_cov_loss(log_probs, old_log_probs, advantages, mask,
-                                  kl_cov_frac=config.kl_cov.kl_cov_frac, ppo_kl_coef=config.kl_cov.ppo_kl_coef)
+    return cov_losses.kl_cov_loss(
+        log_probs,
+        old_log_probs,
+        advantages,
+        mask,
+        kl_cov_frac=config.kl_cov.kl_cov_frac,
+        ppo_kl_coef=config.kl_cov.ppo_kl_coef,
+    )
 
 
 @_policy_loss("cross_entropy")
