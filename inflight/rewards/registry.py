@@ -63,7 +63,11 @@ def skyrl_gym_id(name: str) -> str | None:
     if name in _REGISTRY or name in _BUILTIN_ENVIRONMENTS:
         return None
     gym = sys.modules.get("skyrl_gym")  # registered ids exist only once skyrl-gym is imported
-    if name in SKYRL_GYM_ENVIRONMENTS or name in SKYRL_EXAMPLE_ENVIRONMENTS or name in getattr(gym, "registry", {}):
+    if (
+        name in SKYRL_GYM_ENVIRONMENTS
+        or name in SKYRL_EXAMPLE_ENVIRONMENTS
+        or name in getattr(gym, "registry", {})
+    ):
         return name
     return None
 
@@ -97,8 +101,10 @@ def resolve(name: str) -> Any:
         raise RewardError(f"{CONFIG_KEY}={name!r} is a skyrl-gym environment: build it with "
                           "inflight.tasks.skyrl_gym_env (DataTask does), not as a reward")
     if verifiers_id(name) is not None:
-        raise RewardError(f"{CONFIG_KEY}={name!r} is a verifiers environment: it plays its episodes through the "
-                          "agent endpoint of `inflight train` (its rubric is the reward), not as a reward here")
+        raise RewardError(
+            f"{CONFIG_KEY}={name!r} is a verifiers environment: it plays its episodes through the "
+            "agent endpoint of `inflight train` (its rubric is the reward), not as a reward here"
+        )
     if ":" not in name:
         names = [*reward_names(), *(n for n in SKYRL_GYM_ENVIRONMENTS if n not in reward_names())]
         close = difflib.get_close_matches(name, names, n=1)
