@@ -10,5 +10,14 @@ from inflight.models_hub.cache import cache_root
 from inflight.models_hub.get import get_model, get_models, read_manifest
 from inflight.models_hub.registry import DTYPES, MODELS, InstallError, KnownModel, ModelError
 
-__all__ = ["DTYPES", "MODELS", "InstallError", "KnownModel", "ModelError", "cache_root", "get_model", "get_models",
-           "read_manifest"]
+__all__ = [
+    "DTYPES",
+    "MODELS",
+    "InstallError",
+    "KnownModel",
+    "ModelError",
+    "cache_root",
+    "get_model",
+    "get_models",
+    "read_manifest",
+]

@@ -79,7 +79,9 @@ def check_rounded(model: KnownModel, out: Path, reference: Reference, dtype: str
     saved = AutoModelForCausalLM.from_pretrained(out, dtype="auto").state_dict()
     want = reference.model.state_dict()
     if saved.keys() != want.keys():
-        raise _mismatch(model, out, reference, f"tensor names differ ({sorted(saved.keys() ^ want.keys())[:3]})")
+        raise _mismatch(
+            model, out, reference, f"tensor names differ ({sorted(saved.keys() ^ want.keys())[:3]})"
+        )
     for name, tensor in want.items():
         if saved[name].dtype != target or not torch.equal(saved[name], tensor.to(target)):
             raise _mismatch(model, out, reference, f"{name} is not the float32 weight rounded to {dtype}")
