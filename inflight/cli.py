@@ -119,9 +119,13 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     sub.add_parser("train", add_help=False, help="fully-async GRPO (see inflight train --help)")
     sub.add_parser("eval", add_help=False, help="pass@k of a model on data files (see inflight eval --help)")
-    sub.add_parser("serve", add_help=False, help="run the OpenAI-compatible server (see inflight serve --help)")
+    sub.add_parser(
+        "serve", add_help=False, help="run the OpenAI-compatible server (see inflight serve --help)"
+    )
     # no help of its own: `inflight bench X --help` must reach benchmark X's parser
-    bench = sub.add_parser("bench", add_help=False, help=f"run a benchmark ({BENCHMARKS}); options after it go to the benchmark")
+    bench = sub.add_parser(
+        "bench", add_help=False, help=f"run a benchmark ({BENCHMARKS}); options after it go to the benchmark"
+    )
     bench.add_argument("what", nargs="?", help=BENCHMARKS)
     sub.add_parser("models", add_help=False,
                    help="get a real model as a checked HF directory (see inflight models --help)")

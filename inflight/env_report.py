@@ -36,8 +36,10 @@ def _version(package: str) -> str | None:
 def kernel_isa_report() -> dict[str, Any]:
     """The kernel ISA level that loads, why, and what each level lacks on this CPU."""
     report: dict[str, Any] = {"requested": os.environ.get("INFLIGHT_KERNEL_ISA", "native")}
-    report["levels"] = {level: "lacks " + ", ".join(missing) if (missing := cpu.missing_flags(level)) else "runs"
-                        for level in cpu.ISA_LEVELS}  # fmt: skip
+    report["levels"] = {
+        level: "lacks " + ", ".join(missing) if (missing := cpu.missing_flags(level)) else "runs"
+        for level in cpu.ISA_LEVELS
+    }
     try:
         level = kernels.resolve_isa()
     except kernels.NativeKernelError as exc:
