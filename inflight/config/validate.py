@@ -463,6 +463,28 @@ def _step_wise_needs(cfg: Config) -> Iterator[Violation]:
                         f"set {_RETURN_ROUTED}=false, or {_STEP_WISE_FIX}")
 
 
+_VLM = "generator.vision_language_generator"
+
+
+@_rule(_VLM, "generator.batched", _STEP_WISE, "generator.use_conversation_multi_turn")
+def _vision_language_generator_needs(cfg: Config) -> Iterator[Violation]:
+    """SkyRL's rules for its vision-language generator (its `_validate_cfg`)."""
+    g = cfg.generator
+    if not g.vision_language_generator:
+        return
+    fix = f"or set {_VLM}=false (text prompts only)"
+    if g.batched:
+        yield Violation("generator.batched", True, f"is not supported with {_VLM}=true (SkyRL's rule)",
+                        f"set generator.batched=false, {fix}")
+    if g.step_wise_trajectories:
+        yield Violation(_STEP_WISE, True, f"is not supported with {_VLM}=true (SkyRL's rule)",
+                        f"{_STEP_WISE_FIX}, {fix}")
+    if not g.use_conversation_multi_turn:
+        yield Violation("generator.use_conversation_multi_turn", False, f"is not supported with {_VLM}=true "
+                        "(SkyRL's rule: images in observations need their own user messages)",
+                        f"set generator.use_conversation_multi_turn=true, {fix}")
+
+
 @_rule("generator.step_wise_trajectories", "generator.merge_stepwise_output")
 def _merge_needs_step_wise(cfg: Config) -> Iterator[Violation]:
     if cfg.generator.merge_stepwise_output and not cfg.generator.step_wise_trajectories:

@@ -350,8 +350,12 @@ class GeneratorConfig:
     rows as their episodes have turns. Needs an outcome estimator (grpo, rloo, maxrl),
     use_conversation_multi_turn=true, batched=false, no custom chat template, no routing record and
     a loss_reduction other than token_mean_legacy (SkyRL's rules). Default false."""
-    vision_language_generator: bool = skyrl(False, status=refused(
-        "vision-language rollouts are not implemented", runs=lambda v: v is False))
+    vision_language_generator: bool = skyrl(False)
+    """SkyRL's switch to its vision-language generator: prompts and chat-message observations may hold
+    images (image parts), which go to the engine with the request (a vision-language policy such as
+    Qwen2.5-VL; its processor expands the placeholders) and train with their tokens. As SkyRL's, it
+    needs batched=false, step_wise_trajectories=false and use_conversation_multi_turn=true. Data rows
+    holding images need it true (refused at start-up otherwise). Default false."""
     merge_stepwise_output: bool = skyrl(False)
     """With step_wise_trajectories: merge each episode's turns back into one sample where a turn's
     prompt extends the previous turn's prompt and response (SkyRL's prefix-aware merging). Turns are
