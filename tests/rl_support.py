@@ -27,8 +27,16 @@ def warm_model_dir(tmp_path_factory, target: float = 0.3) -> Path:
     if not marker.is_file():
         threads = torch.get_num_threads()
         build_base_model(path, seed=0, **SMALL_MODEL)
-        report = warm_up(path, small_task(), steps=400, batch_size=64, max_seconds=None, target_accuracy=target,
-                         eval_every=20, seed=0)
+        report = warm_up(
+            path,
+            small_task(),
+            steps=400,
+            batch_size=64,
+            max_seconds=None,
+            target_accuracy=target,
+            eval_every=20,
+            seed=0,
+        )
         torch.set_num_threads(threads)
         marker.write_text(json.dumps({"accuracy": report.accuracy, "steps": report.steps}))
     return path
@@ -40,19 +48,34 @@ def rl_config(model_dir: Path, out: Path, overrides: list[str] = ()) -> tuple[Co
 
     data = {
         "trainer": {
-            "train_batch_size": 4, "policy_mini_batch_size": 4, "micro_train_batch_size_per_gpu": 64,
-            "seed": 1, "policy": {"model": {"path": str(model_dir)},
-                                  "optimizer_config": {"lr": 1e-4, "adam_betas": [0.9, 0.99], "weight_decay": 0.0}},
+            "train_batch_size": 4,
+            "policy_mini_batch_size": 4,
+            "micro_train_batch_size_per_gpu": 64,
+            "seed": 1,
+            "policy": {
+                "model": {"path": str(model_dir)},
+                "optimizer_config": {"lr": 1e-4, "adam_betas": [0.9, 0.99], "weight_decay": 0.0},
+            },
             "fully_async": {"enabled": True, "max_staleness_steps": 1, "num_parallel_generation_workers": 8},
         },
         "generator": {
             "n_samples_per_prompt": 4,
             "sampling_params": {"temperature": 1.0, "max_generate_length": 8},
-            "inference_engine": {"weight_sync_backend": "inprocess", "max_model_len": 32, "max_num_seqs": 64,
-                                 "num_kv_blocks": 64},
+            "inference_engine": {
+                "weight_sync_backend": "inprocess",
+                "max_model_len": 32,
+                "max_num_seqs": 64,
+                "num_kv_blocks": 64,
+            },
         },
-        "job": {"num_eval": 20, "output_dir": str(out), "tensorboard": False, "plot": False, "progress": False,
-                "max_steps": 4},
+        "job": {
+            "num_eval": 20,
+            "output_dir": str(out),
+            "tensorboard": False,
+            "plot": False,
+            "progress": False,
+            "max_steps": 4,
+        },
     }
     job, rest, other = split_job_config(data, list(overrides))
     return config_from_dict(with_local_cpu(rest), other), job

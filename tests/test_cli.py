@@ -14,7 +14,9 @@ import pytest
 from inflight.cli import main
 
 
-@pytest.mark.parametrize("what, option", [("engine", "--against"), ("rl", "--task"), ("serve", "--concurrency")])
+@pytest.mark.parametrize(
+    "what, option", [("engine", "--against"), ("rl", "--task"), ("serve", "--concurrency")]
+)
 def test_bench_help_is_the_benchmarks_own(what, option, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", what, "--help"])
@@ -59,7 +61,10 @@ def test_train_lists_job_and_schema_errors_together_and_checks_devices_first(tmp
 
 
 ROOT = Path(__file__).resolve().parents[1]
-NO_TORCH = "import sys\nfrom inflight.cli import main\nrc = main(sys.argv[1:])\nprint('torch imported:', 'torch' in sys.modules)\nsys.exit(rc)"
+NO_TORCH = (
+    "import sys\nfrom inflight.cli import main\nrc = main(sys.argv[1:])\n"
+    "print('torch imported:', 'torch' in sys.modules)\nsys.exit(rc)"
+)
 
 
 def _data_config(tmp_path: Path) -> list[str]:
@@ -75,7 +80,9 @@ def _data_config(tmp_path: Path) -> list[str]:
 @pytest.mark.parametrize("config", ["demo", "data"])
 def test_print_config_of_a_valid_config_exits_0_without_importing_torch(config, tmp_path):
     """Issue 40: validating a config imported torch and the engine (8-12 s)."""
-    args = ["--config", str(ROOT / "examples" / "default.yaml")] if config == "demo" else _data_config(tmp_path)
+    args = (
+        ["--config", str(ROOT / "examples" / "default.yaml")] if config == "demo" else _data_config(tmp_path)
+    )
     env = {**os.environ, "INFLIGHT_VLLM_PYTHON": sys.executable}  # SkyRL's default backend is vLLM
     done = subprocess.run([sys.executable, "-c", NO_TORCH, "train", "--print-config", *args], env=env,
                           capture_output=True, text=True, timeout=120)
@@ -103,7 +110,10 @@ def test_print_config_names_a_missing_model_directory(tmp_path, capsys):
     args[0] = f"trainer.policy.model.path={tmp_path / 'nowhere'}"
     assert train_main(["--print-config", "generator.inference_engine.backend=native", *args]) == 2
     err = capsys.readouterr().err
-    assert "(1 reason)" in err and f"trainer.policy.model.path='{tmp_path / 'nowhere'}': has no config.json" in err
+    assert (
+        "(1 reason)" in err
+        and f"trainer.policy.model.path='{tmp_path / 'nowhere'}': has no config.json" in err
+    )
 
 
 @pytest.mark.parametrize("print_config", [True, False])
@@ -112,7 +122,11 @@ def test_a_vllm_run_without_vllms_venv_is_refused_at_once_naming_the_key_and_the
     """Issue 40: backend=vllm without vLLM's venv passed validation and failed 40 s later in a
     40-line traceback."""
     monkeypatch.setenv("INFLIGHT_VLLM_PYTHON", str(tmp_path / "no-venv" / "bin" / "python"))
-    args = [*_data_config(tmp_path), "generator.inference_engine.backend=vllm", f"job.output_dir={tmp_path / 'out'}"]
+    args = [
+        *_data_config(tmp_path),
+        "generator.inference_engine.backend=vllm",
+        f"job.output_dir={tmp_path / 'out'}",
+    ]
     assert main(["train", *(["--print-config"] if print_config else []), *args]) == 2
     err = capsys.readouterr().err
     assert "(1 reason)" in err and "Traceback" not in err
@@ -126,7 +140,9 @@ def chat_model(tmp_path_factory):
     """A tiny Qwen2 with a BPE tokenizer and a chat template, 128 positions."""
     from inflight.testing import make_tiny_model
 
-    return make_tiny_model(tmp_path_factory.mktemp("chat-model"), "qwen2", seed=0, max_position_embeddings=128)
+    return make_tiny_model(
+        tmp_path_factory.mktemp("chat-model"), "qwen2", seed=0, max_position_embeddings=128
+    )
 
 
 def _rows(path: Path, answers: list[str]) -> Path:
@@ -139,11 +155,23 @@ def _run(model: Path, tmp_path: Path, *extra: str) -> list[str]:
     from inflight.testing import LOCAL_CPU
 
     rows = _rows(tmp_path / "rows.jsonl", [str(i + 1) for i in range(4)])
-    return [*LOCAL_CPU, f"trainer.policy.model.path={model}", f"data.train_data=[{rows}]",
-            f"data.val_data=[{rows}]", "trainer.train_batch_size=2", "trainer.policy_mini_batch_size=2",
-            "trainer.fully_async.num_parallel_generation_workers=2", "generator.n_samples_per_prompt=2",
-            "generator.sampling_params.max_generate_length=6", "generator.inference_engine.weight_sync_backend=inprocess",
-            "trainer.max_prompt_length=40", "job.max_steps=1", "job.plot=false", "job.progress=false", *extra]
+    return [
+        *LOCAL_CPU,
+        f"trainer.policy.model.path={model}",
+        f"data.train_data=[{rows}]",
+        f"data.val_data=[{rows}]",
+        "trainer.train_batch_size=2",
+        "trainer.policy_mini_batch_size=2",
+        "trainer.fully_async.num_parallel_generation_workers=2",
+        "generator.n_samples_per_prompt=2",
+        "generator.sampling_params.max_generate_length=6",
+        "generator.inference_engine.weight_sync_backend=inprocess",
+        "trainer.max_prompt_length=40",
+        "job.max_steps=1",
+        "job.plot=false",
+        "job.progress=false",
+        *extra,
+    ]
 
 
 def test_a_run_says_what_it_did_in_whole_lines(chat_model, tmp_path, capsys):
@@ -163,10 +191,12 @@ def test_a_run_says_what_it_did_in_whole_lines(chat_model, tmp_path, capsys):
 @pytest.mark.parametrize("overrides, tensorboard", [
     ([], True), (["job.tensorboard=false"], False), (["trainer.logger=[console,wandb]"], False)])
 def test_the_tensorboard_folder_is_named_only_when_tensorboard_is_on(overrides, tensorboard, tmp_path):
+    from inflight.tracking.run_logs import tracker_names, where_logged
     from inflight.train.main import resolve_config
-    from inflight.train.run_logs import tracker_names, where_logged
 
-    cfg, job = resolve_config(None, ["trainer.logger=[console,tensorboard]", f"job.output_dir={tmp_path}", *overrides])
+    cfg, job = resolve_config(
+        None, ["trainer.logger=[console,tensorboard]", f"job.output_dir={tmp_path}", *overrides]
+    )
     assert ("tensorboard" in tracker_names(cfg, job)) is tensorboard
     assert (f"tensorboard: {tmp_path / 'tensorboard'}" in where_logged(cfg, job)) is tensorboard
 
@@ -182,10 +212,15 @@ def test_an_agent_run_names_the_agent_as_what_scores_its_episodes(chat_model, tm
     assert "rewards: your agent (my_agents:weather) x4" in task.report.summary()
     with pytest.raises(DatasetError, match=r"2 of 2 rows are scored by gsm8k .* Set environment.env_class"):
         make_task(*resolve_config(None, base))  # without the agent, gsm8k would score them: never 1
-    assert "rewards: exact x4" in make_task(*resolve_config(None, [*base, "environment.env_class=exact"])).report.summary()
+    assert (
+        "rewards: exact x4"
+        in make_task(*resolve_config(None, [*base, "environment.env_class=exact"])).report.summary()
+    )
 
 
-def test_a_checkpoint_of_another_runs_data_is_refused_in_one_line_naming_both_fixes(chat_model, tmp_path, capsys):
+def test_a_checkpoint_of_another_runs_data_is_refused_in_one_line_naming_both_fixes(
+    chat_model, tmp_path, capsys
+):
     """Issue 40: with SkyRL's defaults (one ckpt_path, resume_mode=latest) a second run on other data
     found the first run's checkpoint and died in a traceback."""
     ckpts = tmp_path / "ckpts"
@@ -204,7 +239,9 @@ def test_a_checkpoint_of_another_runs_data_is_refused_in_one_line_naming_both_fi
     assert main(["train", *args]) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and "Traceback" not in err
-    assert err.startswith(f"error: trainer.ckpt_path='{ckpts}': holds global_step_1 (step 1), a run on other data")
+    assert err.startswith(
+        f"error: trainer.ckpt_path='{ckpts}': holds global_step_1 (step 1), a run on other data"
+    )
     assert "give this run a trainer.ckpt_path of its own, or set trainer.resume_mode=none" in err
     assert not (other / "out" / "metrics.jsonl").exists()  # refused before anything trained
     assert main(["train", *args, "trainer.resume_mode=none", "trainer.ckpt_interval=-1"]) == 0  # the fix
@@ -215,7 +252,13 @@ def test_options_may_sit_among_the_overrides(capsys):
     refused the overrides after the option as unrecognized arguments."""
     from inflight.train.main import main as train_main
 
-    args = ["--config", str(ROOT / "examples" / "default.yaml"), "trainer.seed=5", "--print-config", "job.threads=1"]
+    args = [
+        "--config",
+        str(ROOT / "examples" / "default.yaml"),
+        "trainer.seed=5",
+        "--print-config",
+        "job.threads=1",
+    ]
     assert train_main(args) == 0
     out = capsys.readouterr().out
     assert "seed: 5" in out and "threads: 1" in out

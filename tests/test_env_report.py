@@ -25,7 +25,10 @@ def _env(capsys, *args: str) -> str:
 
 def test_json_report_says_what_runs_here(capsys):
     info = json.loads(_env(capsys, "--json"))
-    assert info["cpu"]["model"] == cpu.cpu_model() and info["cpu"]["torch_capability"] == cpu.torch_cpu_capability()
+    assert (
+        info["cpu"]["model"] == cpu.cpu_model()
+        and info["cpu"]["torch_capability"] == cpu.torch_cpu_capability()
+    )
     assert info["cpu"]["flags"]["avx2"] == ("avx2" in cpu.cpu_flags())
     isa = info["kernel_isa"]
     assert isa["chosen"] == kernels.resolve_isa() and isa["build"] == "ok"

@@ -23,7 +23,9 @@ def test_the_script_parses():
 def test_without_nvidia_smi_it_refuses_and_says_where_the_cpu_checks_are(tmp_path):
     proc = _run(tmp_path)  # a PATH with nothing on it: no nvidia-smi
     assert proc.returncode == 2 and proc.stdout == ""
-    assert "no nvidia-smi on PATH: this is not a CUDA machine" in proc.stderr and "pytest -m vllm" in proc.stderr
+    assert (
+        "no nvidia-smi on PATH: this is not a CUDA machine" in proc.stderr and "pytest -m vllm" in proc.stderr
+    )
     assert not (tmp_path / "out").exists()  # refused before anything is created
 
 

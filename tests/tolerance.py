@@ -46,8 +46,10 @@ def tolerance(reference, variants: Iterable, factor: float = FACTOR, ulps: float
     scale = float(np.abs(ref).max(initial=0.0))
     moved = spread(ref, variants)
     if moved > ILL_CONDITIONED * max(scale, 1.0):
-        raise AssertionError(f"the reference itself moves by {moved:.3g} (largest magnitude {scale:.3g}) between "
-                             "ways of computing it: the input is ill-conditioned, choose another")
+        raise AssertionError(
+            f"the reference itself moves by {moved:.3g} (largest magnitude {scale:.3g}) between "
+            "ways of computing it: the input is ill-conditioned, choose another"
+        )
     return factor * moved + ulps * float(np.finfo(np.float32).eps) * scale
 
 
@@ -59,9 +61,11 @@ def assert_close_to_reference(got, reference, variants: Iterable, what: str = ""
     atol = tolerance(ref, variants, factor, ulps)
     assert out.shape == ref.shape, f"{what}: shape {out.shape} != the reference's {ref.shape}"
     worst = float(np.abs(out - ref).max(initial=0.0))
-    assert worst <= atol, (f"{what}: off the reference by {worst:.4g}, allowed {atol:.4g} ({factor:g} x the "
-                           f"reference's own spread {spread(ref, variants):.3g} + {ulps:g} float32 eps of its "
-                           f"magnitude {np.abs(ref).max(initial=0.0):.3g})")
+    assert worst <= atol, (
+        f"{what}: off the reference by {worst:.4g}, allowed {atol:.4g} ({factor:g} x the "
+        f"reference's own spread {spread(ref, variants):.3g} + {ulps:g} float32 eps of its "
+        f"magnitude {np.abs(ref).max(initial=0.0):.3g})"
+    )
     return atol
 
 
