@@ -16,9 +16,14 @@ from inflight.testing import make_chain_model
 CONTENT = "Let me check."
 CALL = {"name": "get_weather", "arguments": {"city": "Paris"}}
 CHAIN = [CONTENT, "<tool_call>", f"\n{json.dumps(CALL)}\n", "</tool_call>"]
-TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city.",
-                                         "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                                                        "required": ["city"]}}}
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 
 
 def make_agent_model(path) -> None:

@@ -18,7 +18,9 @@ async def agent(base_url: str, api_key: str, problem) -> float:
     if role == "before":
         raise ConnectionError("the agent's sandbox is unreachable")
     client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key)
-    await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": problem.prompt}])
+    await client.chat.completions.create(
+        model="policy", messages=[{"role": "user", "content": problem.prompt}]
+    )
     if role == "after":
         raise RuntimeError("the agent's tool crashed")
     return float(role)

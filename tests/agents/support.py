@@ -19,7 +19,9 @@ class EngineRecords(LocalClient):
         super().__init__(engine)
         self.outputs: list[RequestOutput] = []
 
-    async def generate(self, prompt_token_ids, params=None, *, request_id=None, cache_salt=None, session_id=None):
+    async def generate(
+        self, prompt_token_ids, params=None, *, request_id=None, cache_salt=None, session_id=None
+    ):
         out = await super().generate(prompt_token_ids, params, request_id=request_id, cache_salt=cache_salt,
                                      session_id=session_id)
         self.outputs.append(out)

@@ -23,7 +23,11 @@ def test_the_agent_keys_are_checked():
     with pytest.raises(ConfigError) as err:
         load_config(None, [*LOCAL_CPU, "generator.agent.port=70000", "generator.agent.timeout_s=0",
                            "generator.agent.host= "])
-    assert sorted(err.value.keys) == ["generator.agent.host", "generator.agent.port", "generator.agent.timeout_s"]
+    assert sorted(err.value.keys) == [
+        "generator.agent.host",
+        "generator.agent.port",
+        "generator.agent.timeout_s",
+    ]
 
 
 def async_agent(base_url, api_key, problem):

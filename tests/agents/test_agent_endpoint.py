@@ -102,7 +102,9 @@ def test_an_agents_sdk_session_is_one_sample_of_the_engines_tokens(llm, tokenize
     assert sample.calls == [0, 1] and sample.prompt_ids == list(outputs[0].prompt_token_ids)
     assert sample.tokens == list(outputs[1].prompt_token_ids) + list(outputs[1].output_token_ids)
     assert_sample_is_the_engines(sample, outputs)
-    observation = tokenizer.decode([t for t, m in zip(sample.response_ids, sample.loss_mask, strict=True) if not m])
+    observation = tokenizer.decode(
+        [t for t, m in zip(sample.response_ids, sample.loss_mask, strict=True) if not m]
+    )
     assert "<tool_response>\nsunny in Paris\n</tool_response>" in observation
     assert observation.endswith("<|im_start|>assistant\n") and not observation.startswith("<|im_end|>")
 
@@ -127,7 +129,9 @@ def test_a_weight_update_inside_a_session_gives_one_sample_both_versions(model_d
                                                      api_key=session.token, messages=messages, tools=[TOOL])
                 message = response.choices[0].message
                 messages.append(message.model_dump(exclude_none=True))
-                messages += [{"role": "tool", "tool_call_id": c.id, "content": "sunny"} for c in message.tool_calls]
+                messages += [
+                    {"role": "tool", "tool_call_id": c.id, "content": "sunny"} for c in message.tool_calls
+                ]
             return session.records, client.outputs
         finally:
             await _stop(client, endpoint)
@@ -152,7 +156,8 @@ def test_a_rewritten_history_starts_a_new_sample_never_retokenised(llm, tokenize
             tool = {"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"], "content": "sunny"}
             summary = [{"role": "user", "content": "Earlier: you asked for the weather. Go on."}]
             await oai.chat.completions.create(model="m", messages=[*messages, reply, tool], tools=[TOOL])
-            await oai.chat.completions.create(model="m", messages=summary, tools=[TOOL])  # a compacted history
+            # a compacted history
+            await oai.chat.completions.create(model="m", messages=summary, tools=[TOOL])
             return session.records, client.outputs
         finally:
             await _stop(client, endpoint)
@@ -162,9 +167,14 @@ def test_a_rewritten_history_starts_a_new_sample_never_retokenised(llm, tokenize
     assert merged.new_samples == 1 and [s.calls for s in merged.samples] == [[0, 1], [2]]
     for sample in merged.samples:
         assert_sample_is_the_engines(sample, outputs)
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "Earlier: you asked for the weather. Go on."}],
-                                         tools=[TOOL], add_generation_prompt=True, tokenize=False)
-    assert merged.samples[1].prompt_ids == tokenizer(text, add_special_tokens=False)["input_ids"]  # rendered anew
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Earlier: you asked for the weather. Go on."}],
+        tools=[TOOL],
+        add_generation_prompt=True,
+        tokenize=False,
+    )
+    # rendered anew
+    assert merged.samples[1].prompt_ids == tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def test_a_text_completion_session_continues_from_the_sampled_ids(llm, tokenizer):
@@ -195,11 +205,21 @@ def test_every_request_needs_a_live_sessions_token_and_the_runs_sampling_applies
             body = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "temperature": 0.0,
                     "max_tokens": 50}
             async with httpx.AsyncClient(base_url=endpoint.url, timeout=30) as http:
-                statuses = [(await http.post("/v1/chat/completions", json=body)).status_code,
-                            (await http.post("/v1/chat/completions", json=body,
-                                             headers={"Authorization": "Bearer nope"})).status_code,
-                            (await http.post("/v1/chat/completions", json={**body, "model": "other"},
-                                             headers={"Authorization": f"Bearer {session.token}"})).status_code]
+                statuses = [
+                    (await http.post("/v1/chat/completions", json=body)).status_code,
+                    (
+                        await http.post(
+                            "/v1/chat/completions", json=body, headers={"Authorization": "Bearer nope"}
+                        )
+                    ).status_code,
+                    (
+                        await http.post(
+                            "/v1/chat/completions",
+                            json={**body, "model": "other"},
+                            headers={"Authorization": f"Bearer {session.token}"},
+                        )
+                    ).status_code,
+                ]
                 other = endpoint.open_session(GREEDY)
                 mismatch = await http.post(f"/sessions/{session.token}/v1/chat/completions", json=body,
                                            headers={"Authorization": f"Bearer {other.token}"})

@@ -29,22 +29,42 @@ ROLES = {"a": ["after", "before", "1", "1"], "b": ["before", "1", "0.5", "0"]}
 @pytest.fixture
 def data(tmp_path):
     for name, ids in (("train", ROLES), ("val", ["v"])):  # a held-out file: no train row is split off
-        (tmp_path / f"{name}.jsonl").write_text("".join(
-            json.dumps({"id": pid, "prompt": f"Weather in city {pid}?", "answer": "x"}) + "\n" for pid in ids))
+        (tmp_path / f"{name}.jsonl").write_text(
+            "".join(
+                json.dumps({"id": pid, "prompt": f"Weather in city {pid}?", "answer": "x"}) + "\n"
+                for pid in ids
+            )
+        )
     return tmp_path
 
 
 def _config(model_dir, data, out):
-    return load_config(None, [
-        *LOCAL_CPU, f"trainer.policy.model.path={model_dir}", f"data.train_data=['{data}/train.jsonl']",
-        f"data.val_data=['{data}/val.jsonl']",
-        "generator.agent.path=failing_agents:agent", "trainer.fully_async.enabled=false",
-        "trainer.train_batch_size=2", "trainer.policy_mini_batch_size=2", "generator.n_samples_per_prompt=4",
-        "trainer.max_training_steps=1", "generator.sampling_params.max_generate_length=12",
-        "generator.sampling_params.temperature=1.3", "trainer.eval_interval=-1", "trainer.max_prompt_length=512",
-        "generator.inference_engine.max_model_len=1024", "trainer.algorithm.zero_variance_filter=false",
-        "generator.inference_engine.weight_sync_backend=inprocess", f"trainer.export_path={out}/export",
-        f"trainer.ckpt_path={out}/ckpt", "trainer.logger=[console]", "trainer.dump_data_batch=true"])
+    return load_config(
+        None,
+        [
+            *LOCAL_CPU,
+            f"trainer.policy.model.path={model_dir}",
+            f"data.train_data=['{data}/train.jsonl']",
+            f"data.val_data=['{data}/val.jsonl']",
+            "generator.agent.path=failing_agents:agent",
+            "trainer.fully_async.enabled=false",
+            "trainer.train_batch_size=2",
+            "trainer.policy_mini_batch_size=2",
+            "generator.n_samples_per_prompt=4",
+            "trainer.max_training_steps=1",
+            "generator.sampling_params.max_generate_length=12",
+            "generator.sampling_params.temperature=1.3",
+            "trainer.eval_interval=-1",
+            "trainer.max_prompt_length=512",
+            "generator.inference_engine.max_model_len=1024",
+            "trainer.algorithm.zero_variance_filter=false",
+            "generator.inference_engine.weight_sync_backend=inprocess",
+            f"trainer.export_path={out}/export",
+            f"trainer.ckpt_path={out}/ckpt",
+            "trainer.logger=[console]",
+            "trainer.dump_data_batch=true",
+        ],
+    )
 
 
 def test_a_failed_agent_episode_is_masked_and_left_out_of_its_groups_advantages(model_dir, data, tmp_path,

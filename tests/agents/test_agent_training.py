@@ -32,15 +32,30 @@ def data(tmp_path_factory):
 
 
 def overrides(model_dir, data, out, agent: str, *extra: str) -> list[str]:
-    return [*LOCAL_CPU, f"trainer.policy.model.path={model_dir}", f"data.train_data=['{data}']",
-            f"generator.agent.path=train_agents:{agent}", "trainer.train_batch_size=2",
-            "trainer.policy_mini_batch_size=2", "generator.n_samples_per_prompt=2", "trainer.max_training_steps=3",
-            "trainer.fully_async.num_parallel_generation_workers=4", "trainer.fully_async.max_staleness_steps=2",
-            "generator.sampling_params.max_generate_length=16", "generator.sampling_params.temperature=1.3",
-            "trainer.eval_interval=-1", "trainer.policy.optimizer_config.lr=1e-3", "trainer.max_prompt_length=512",
-            "generator.inference_engine.max_model_len=1024", "trainer.algorithm.zero_variance_filter=false",
-            "generator.inference_engine.weight_sync_backend=inprocess", f"trainer.export_path={out}/export",
-            f"trainer.ckpt_path={out}/ckpt", "trainer.logger=[console]", *extra]
+    return [
+        *LOCAL_CPU,
+        f"trainer.policy.model.path={model_dir}",
+        f"data.train_data=['{data}']",
+        f"generator.agent.path=train_agents:{agent}",
+        "trainer.train_batch_size=2",
+        "trainer.policy_mini_batch_size=2",
+        "generator.n_samples_per_prompt=2",
+        "trainer.max_training_steps=3",
+        "trainer.fully_async.num_parallel_generation_workers=4",
+        "trainer.fully_async.max_staleness_steps=2",
+        "generator.sampling_params.max_generate_length=16",
+        "generator.sampling_params.temperature=1.3",
+        "trainer.eval_interval=-1",
+        "trainer.policy.optimizer_config.lr=1e-3",
+        "trainer.max_prompt_length=512",
+        "generator.inference_engine.max_model_len=1024",
+        "trainer.algorithm.zero_variance_filter=false",
+        "generator.inference_engine.weight_sync_backend=inprocess",
+        f"trainer.export_path={out}/export",
+        f"trainer.ckpt_path={out}/ckpt",
+        "trainer.logger=[console]",
+        *extra,
+    ]
 
 
 def test_an_agents_sdk_agent_trains_across_a_weight_update_inside_a_session(model_dir, data, tmp_path):
@@ -69,12 +84,16 @@ def test_an_agents_sdk_agent_trains_across_a_weight_update_inside_a_session(mode
 
     history = asyncio.run(run())
     assert len(history) == 3 and all(h["agent/calls_per_episode"] >= 1 for h in history)
-    assert set(train_agents.WAIT["spanned"]) == {train_agents.WAIT["problem"]}, "no session waited for the sync"
+    assert set(train_agents.WAIT["spanned"]) == {train_agents.WAIT["problem"]}, (
+        "no session waited for the sync"
+    )
     outputs = records[0].outputs
     trained = [json.loads(line) for step in range(1, 4)
                for line in (tmp_path / "dumped_data" / f"step_{step}.jsonl").read_text().splitlines()]
     assert len(trained) == 3 * 2 * 2
-    mixed = [t for t in trained if len({v for v, m in zip(t["versions"], t["loss_mask"], strict=True) if m}) > 1]
+    mixed = [
+        t for t in trained if len({v for v, m in zip(t["versions"], t["loss_mask"], strict=True) if m}) > 1
+    ]
     assert mixed, "the session that spanned the update was not trained as one sample with both versions"
     assert any(h["mixed_version_fraction"] > 0 for h in history)
     for t in trained:

@@ -8,7 +8,9 @@ from inflight.rollout.trajectory import ENV_VERSION
 
 
 def call(index: int, prompt: list[int], output: list[int], version: int = 0) -> CallRecord:
-    return CallRecord(index, prompt, output, [-0.5 - t for t in range(len(output))], [version] * len(output), "stop")
+    return CallRecord(
+        index, prompt, output, [-0.5 - t for t in range(len(output))], [version] * len(output), "stop"
+    )
 
 
 def test_calls_that_extend_the_previous_one_merge_with_masked_observations():

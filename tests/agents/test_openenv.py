@@ -73,10 +73,15 @@ def test_actions_and_observations_as_text():
     assert action_text("  Paris\n") == "Paris"
     assert observation_text({"feedback": "right", "metadata": {}, "done": True, "reward": 1.0}) == "right"
     assert observation_text({"a": 1, "b": "x"}) == "a: 1\nb: x"
-    schema = {"properties": {"guess": {"type": "string"}, "n": {"type": "integer"}}, "required": ["guess", "n"]}
+    schema = {
+        "properties": {"guess": {"type": "string"}, "n": {"type": "integer"}},
+        "required": ["guess", "n"],
+    }
     assert action_field_of(schema) == "guess"
     with pytest.raises(OpenEnvError, match="action_field"):
-        action_field_of({"properties": {"a": {"type": "string"}, "b": {"type": "string"}}, "required": ["a", "b"]})
+        action_field_of(
+            {"properties": {"a": {"type": "string"}, "b": {"type": "string"}}, "required": ["a", "b"]}
+        )
     with pytest.raises(OpenEnvError, match="both set"):
         openenv_environment(OpenEnvSettings(url="http://x", image="y"))
 
@@ -95,7 +100,11 @@ def test_an_episode_resets_steps_and_closes_its_session(server):
 
     prompt, first, second = asyncio.run(episode())
     assert prompt == "Which city?" and SEEN == ["Rome", "Paris"]  # the field came from the server's schema
-    assert first.observation == {"role": "user", "content": "not 'Rome'"} and not first.done and first.reward == 0
+    assert (
+        first.observation == {"role": "user", "content": "not 'Rome'"}
+        and not first.done
+        and first.reward == 0
+    )
     assert second.done and second.reward == 1.0 and second.info["openenv_reset"] == "guess a city"
 
 
@@ -104,12 +113,25 @@ def test_a_run_trains_on_an_openenv_server(server, tiny_model_factory, tmp_path)
     data.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": f"Name a city ({i})."}],
                                         "answer": "Paris"}) + "\n" for i in range(8)))
     SEEN.clear()
-    argv = [*LOCAL_CPU, f"trainer.policy.model.path={tiny_model_factory('qwen2')}", f"data.train_data=['{data}']",
-            "environment.env_class=openenv", f"environment.openenv.url={server.url}", "generator.max_turns=2",
-            "trainer.fully_async.enabled=false", "trainer.train_batch_size=2", "trainer.policy_mini_batch_size=2",
-            "generator.n_samples_per_prompt=2", "trainer.max_training_steps=2", "trainer.eval_interval=-1",
-            "generator.sampling_params.max_generate_length=8", "trainer.logger=[console]",
-            "generator.inference_engine.weight_sync_backend=inprocess", f"job.output_dir={tmp_path}", "job.plot=false"]
+    argv = [
+        *LOCAL_CPU,
+        f"trainer.policy.model.path={tiny_model_factory('qwen2')}",
+        f"data.train_data=['{data}']",
+        "environment.env_class=openenv",
+        f"environment.openenv.url={server.url}",
+        "generator.max_turns=2",
+        "trainer.fully_async.enabled=false",
+        "trainer.train_batch_size=2",
+        "trainer.policy_mini_batch_size=2",
+        "generator.n_samples_per_prompt=2",
+        "trainer.max_training_steps=2",
+        "trainer.eval_interval=-1",
+        "generator.sampling_params.max_generate_length=8",
+        "trainer.logger=[console]",
+        "generator.inference_engine.weight_sync_backend=inprocess",
+        f"job.output_dir={tmp_path}",
+        "job.plot=false",
+    ]
     assert main(argv) == 0
     metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert len([m for m in metrics if "samples" in m]) == 2

@@ -1,4 +1,5 @@
-"""`environment.env_class=verifiers:<env id>`: a verifiers environment made here (verifiers_envs/tiny_guess.py:
+"""`environment.env_class=verifiers:<env id>`: a verifiers environment made here
+(verifiers_envs/tiny_guess.py:
 two turns, a dataset built in memory, a rubric) runs in verifiers' own venv (.venv-verifiers, made by
 scripts/verifiers_venv.sh): its datasets become the run's data files (the worker's `dataset`
 command), and `inflight train` plays its rollouts through the agent endpoint on a tiny model. What was
@@ -52,23 +53,35 @@ def score_fn():
 
 
 def verifiers_venv() -> None:
-    """Skip without verifiers' venv only when INFLIGHT_SKIP_VERIFIERS=1 (scripts/test.sh makes it otherwise)."""
+    """Skip without verifiers' venv only when INFLIGHT_SKIP_VERIFIERS=1 (scripts/test.sh makes it
+    otherwise)."""
     if Path(PYTHON).is_file():
         return
     if SKIP:
-        pytest.skip(f"INFLIGHT_SKIP_VERIFIERS=1 and no verifiers venv at {PYTHON} (scripts/verifiers_venv.sh makes it)")
+        pytest.skip(
+            f"INFLIGHT_SKIP_VERIFIERS=1 and no verifiers venv at {PYTHON} "
+            "(scripts/verifiers_venv.sh makes it)"
+        )
     pytest.fail(f"no verifiers venv at {PYTHON}: run scripts/verifiers_venv.sh (~20 s, ~0.5 GB), or set "
                 "INFLIGHT_SKIP_VERIFIERS=1 to skip the verifiers tests")
 
 
 @pytest.fixture
 def envs_on_path(monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", str(ENVS))  # the worker's: verifiers' loader imports tiny_guess from there
+    # the worker's: verifiers' loader imports tiny_guess from there
+    monkeypatch.setenv("PYTHONPATH", str(ENVS))
 
 
 def test_the_verifiers_keys_are_checked():
-    cfg = load_config(None, [*LOCAL_CPU, "environment.env_class=verifiers:will/wordle",
-                             "environment.verifiers.num_train_examples=100", "environment.verifiers.use_think=false"])
+    cfg = load_config(
+        None,
+        [
+            *LOCAL_CPU,
+            "environment.env_class=verifiers:will/wordle",
+            "environment.verifiers.num_train_examples=100",
+            "environment.verifiers.use_think=false",
+        ],
+    )
     require_implemented(cfg)  # no longer refused
     assert cfg.environment.verifiers == {"num_train_examples": 100, "use_think": False} and uses_agent(cfg)
     with pytest.raises(ConfigError) as err:
@@ -78,7 +91,9 @@ def test_the_verifiers_keys_are_checked():
         load_config(None, [*LOCAL_CPU, "environment.verifiers.x=1"])
     assert err.value.keys == ["environment.verifiers"]
     with pytest.raises(ConfigError) as err:
-        load_config(None, [*LOCAL_CPU, "environment.env_class=verifiers:wordle", "generator.agent.path=m:agent"])
+        load_config(
+            None, [*LOCAL_CPU, "environment.env_class=verifiers:wordle", "generator.agent.path=m:agent"]
+        )
     assert err.value.keys == ["generator.agent.path"]
     assert not uses_agent(load_config(None, list(LOCAL_CPU)))
     with pytest.raises(RewardError, match="agent endpoint"):
@@ -89,7 +104,9 @@ def test_rows_and_inputs(tmp_path, tiny_model_factory):
     row = {"id": "train-3", "prompt": [{"role": "user", "content": "Hi"}], "answer": "Lima",
            "verifiers": {"example_id": 3, "task": "guess", "info": {"k": 1}}}
     data = tmp_path / "rows.jsonl"
-    data.write_text(json.dumps(row) + "\n" + json.dumps({**row, "id": "x", "env_class": "verifiers:other"}) + "\n")
+    data.write_text(
+        json.dumps(row) + "\n" + json.dumps({**row, "id": "x", "env_class": "verifiers:other"}) + "\n"
+    )
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_factory("qwen2"))
@@ -98,8 +115,13 @@ def test_rows_and_inputs(tmp_path, tiny_model_factory):
     data.write_text(json.dumps(row) + "\n")
     task = DataTask(tokenizer, [data], [data], env_class="verifiers:tiny-guess")
     problem = task.train_problems()[0]
-    assert rollout_input(problem) == {"prompt": row["prompt"], "answer": "Lima", "example_id": 3, "task": "guess",
-                                      "info": {"k": 1}}
+    assert rollout_input(problem) == {
+        "prompt": row["prompt"],
+        "answer": "Lima",
+        "example_id": 3,
+        "task": "guess",
+        "info": {"k": 1},
+    }
     with pytest.raises(RewardError, match="verifiers environment"):
         task.make_env(problem)
     plain = Problem("p", "Hi", "4", {"extras": {"answer": "#### 4"}})  # the row's answer as written
@@ -128,11 +150,14 @@ def test_a_missing_environment_and_a_dead_worker_are_clear_errors(envs_on_path):
     asyncio.run(run())
 
 
-def test_inflight_train_plays_a_verifiers_environment(envs_on_path, tiny_model_factory, tmp_path, monkeypatch):
+def test_inflight_train_plays_a_verifiers_environment(
+    envs_on_path, tiny_model_factory, tmp_path, monkeypatch
+):
     verifiers_venv()
     data = tmp_path / "data"
-    made = subprocess.run(dataset_command("tiny-guess", data, {"num_examples": 4}), capture_output=True, text=True,
-                          timeout=120)
+    made = subprocess.run(
+        dataset_command("tiny-guess", data, {"num_examples": 4}), capture_output=True, text=True, timeout=120
+    )
     assert made.returncode == 0, made.stderr
     assert json.loads(made.stdout) == {str(data / "train.jsonl"): 4, str(data / "validation.jsonl"): 2}
     answers = {r["id"]: r["answer"] for r in map(json.loads, (data / "train.jsonl").read_text().splitlines())}
@@ -147,19 +172,36 @@ def test_inflight_train_plays_a_verifiers_environment(envs_on_path, tiny_model_f
 
     monkeypatch.setattr(runtime_module, "start_local", recording_start)
     model = tiny_model_factory("qwen2")
-    argv = [*LOCAL_CPU, f"trainer.policy.model.path={model}", f"data.train_data=['{data / 'train.jsonl'}']",
-            f"data.val_data=['{data / 'validation.jsonl'}']", "environment.env_class=verifiers:tiny-guess",
-            "environment.verifiers.max_turns=2", "trainer.fully_async.enabled=false", "trainer.train_batch_size=2",
-            "trainer.policy_mini_batch_size=2", "generator.n_samples_per_prompt=2", "trainer.max_training_steps=2",
-            "trainer.eval_interval=2", "generator.sampling_params.max_generate_length=8", "trainer.logger=[console]",
-            "trainer.algorithm.zero_variance_filter=false", "trainer.dump_data_batch=true",
-            "generator.inference_engine.weight_sync_backend=inprocess", f"job.output_dir={tmp_path}", "job.plot=false"]
+    argv = [
+        *LOCAL_CPU,
+        f"trainer.policy.model.path={model}",
+        f"data.train_data=['{data / 'train.jsonl'}']",
+        f"data.val_data=['{data / 'validation.jsonl'}']",
+        "environment.env_class=verifiers:tiny-guess",
+        "environment.verifiers.max_turns=2",
+        "trainer.fully_async.enabled=false",
+        "trainer.train_batch_size=2",
+        "trainer.policy_mini_batch_size=2",
+        "generator.n_samples_per_prompt=2",
+        "trainer.max_training_steps=2",
+        "trainer.eval_interval=2",
+        "generator.sampling_params.max_generate_length=8",
+        "trainer.logger=[console]",
+        "trainer.algorithm.zero_variance_filter=false",
+        "trainer.dump_data_batch=true",
+        "generator.inference_engine.weight_sync_backend=inprocess",
+        f"job.output_dir={tmp_path}",
+        "job.plot=false",
+    ]
     assert main(argv) == 0
     held_out = json.loads((tmp_path / "summary.json").read_text())["eval"]["after"]["validation"]
     assert held_out["num_problems"] == 2 and held_out["reward_failures"] == 0  # the eval dataset, played too
-    steps = [m for m in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines()) if "samples" in m]
+    steps = [
+        m for m in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines()) if "samples" in m
+    ]
     assert len(steps) == 2 and all(m["agent/calls_per_episode"] == 2 for m in steps)  # two turns each
-    assert all(m["agent/rewritten_histories"] == 0 for m in steps)  # both turns: one token-in/token-out sample
+    # both turns: one token-in/token-out sample
+    assert all(m["agent/rewritten_histories"] == 0 for m in steps)
     trained = [json.loads(line) for step in (1, 2)
                for line in (tmp_path / "dumped_data" / f"step_{step}.jsonl").read_text().splitlines()]
     assert len(trained) == 2 * 2 * 2

@@ -13,9 +13,14 @@ import os
 import httpx
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city.",
-                                         "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                                                        "required": ["city"]}}}
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 WAIT: dict = {"problem": None, "spanned": []}  # the problem whose tool calls wait for a weight update
 
 
@@ -52,7 +57,9 @@ async def sdk_agent(base_url: str, api_key: str, problem) -> tuple[float, dict]:
         await _wait_for_update(base_url, api_key, problem.id)
         return f"sunny in {city}"
 
-    model = OpenAIChatCompletionsModel(model="policy", openai_client=AsyncOpenAI(base_url=base_url, api_key=api_key))
+    model = OpenAIChatCompletionsModel(
+        model="policy", openai_client=AsyncOpenAI(base_url=base_url, api_key=api_key)
+    )
     agent = Agent(name="weather", instructions="Use the tool.", tools=[get_weather], model=model)
     try:
         await Runner.run(agent, problem.prompt, max_turns=2)

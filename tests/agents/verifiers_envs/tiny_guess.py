@@ -26,7 +26,14 @@ def last_reply(completion, answer, **kwargs) -> float:
 
 
 def load_environment(num_examples: int = 8, max_turns: int = 2, **kwargs) -> vf.Environment:
-    rows = [{"question": f"Which city? ({i})", "answer": CITIES[i % len(CITIES)]} for i in range(num_examples + 2)]
-    return GuessEnv(dataset=Dataset.from_list(rows[:num_examples]), eval_dataset=Dataset.from_list(rows[num_examples:]),
-                    system_prompt="Name a city.", rubric=vf.Rubric(funcs=[last_reply]), max_turns=max_turns,
-                    **kwargs)
+    rows = [
+        {"question": f"Which city? ({i})", "answer": CITIES[i % len(CITIES)]} for i in range(num_examples + 2)
+    ]
+    return GuessEnv(
+        dataset=Dataset.from_list(rows[:num_examples]),
+        eval_dataset=Dataset.from_list(rows[num_examples:]),
+        system_prompt="Name a city.",
+        rubric=vf.Rubric(funcs=[last_reply]),
+        max_turns=max_turns,
+        **kwargs,
+    )
