@@ -148,7 +148,9 @@ def _reacts_to_the_correction(skyrl, name: str) -> bool:
     fn, c = skyrl.ppo.PolicyLossRegistry.get(name), skyrl.config
     losses = []
     for correction in ({}, {"tis_ratio_type": "token", "token_tis_ratio_clip_high": 1.1}):
-        cfg = c.AlgorithmConfig(policy_loss_type=name, off_policy_correction=c.OffPolicyCorrectionConfig(**correction))
+        cfg = c.AlgorithmConfig(
+            policy_loss_type=name, off_policy_correction=c.OffPolicyCorrectionConfig(**correction)
+        )
         torch.manual_seed(0)
         losses.append(fn(b.log_probs, b.old_log_probs, b.advantages, cfg, loss_mask=b.mask,
                          rollout_logprobs=b.rollout_logprobs)[0])
@@ -162,7 +164,9 @@ def test_what_each_built_in_loss_declares_is_what_skyrl_does(skyrl):
     without_old = {str(getattr(n, "value", n)) for n in skyrl.ppo.LOSSES_WITHOUT_OLD_LOGPROBS}
     assert {n for n in names if not policy_loss_traits(n).needs_old_logprobs} == without_old
     for name in names:
-        assert policy_loss_traits(name).applies_off_policy_correction == _reacts_to_the_correction(skyrl, name), name
+        assert (
+            policy_loss_traits(name).applies_off_policy_correction == _reacts_to_the_correction(skyrl, name)
+        ), name
     assert [n for n in names if policy_loss_traits(n).supervised] == ["cross_entropy"]
 
 

@@ -88,8 +88,9 @@ def test_entropy_weights_are_skyrl_workers(skyrl, monkeypatch, micro_batch_size)
         ours = -coef * weights[start:end, None] * mask[start:end]
         torch.testing.assert_close(table.entropy.grad, ours, rtol=1e-5, atol=0)
         logged = (ent[start:end] * mask[start:end] * weights[start:end, None]).sum()
-        torch.testing.assert_close(logged.double(), torch.tensor(metrics["policy_entropy"], dtype=torch.float64),
-                                   rtol=1e-5, atol=0)
+        torch.testing.assert_close(
+            logged.double(), torch.tensor(metrics["policy_entropy"], dtype=torch.float64), rtol=1e-5, atol=0
+        )
     if micro_batch_size == 1:  # SkyRL's default: the mean of the rows' means, not the token mean
         first = (ent[:8] * mask[:8] * weights[:8, None]).sum()
         torch.testing.assert_close(first, masked_mean(ent[:8], mask[:8], dim=-1).mean(), **TOL)

@@ -155,7 +155,11 @@ def _flat(section, prefix: str = "") -> dict:
     out = {}
     for f in dataclasses.fields(section):
         value = getattr(section, f.name)
-        out |= _flat(value, f"{prefix}{f.name}.") if dataclasses.is_dataclass(value) else {prefix + f.name: value}
+        out |= (
+            _flat(value, f"{prefix}{f.name}.")
+            if dataclasses.is_dataclass(value)
+            else {prefix + f.name: value}
+        )
     return out
 
 
