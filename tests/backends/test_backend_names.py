@@ -31,12 +31,19 @@ def backend_name_uses(source: str) -> list[str]:
         if isinstance(node, ast.Compare):
             sides = [node.left, *node.comparators]
             if any(_reads_backend(s) for s in sides) and any(_names(s) for s in sides):
-                found.append(f"line {node.lineno}: compares a backend setting with {sorted(set().union(*map(_names, sides)))}")
+                found.append(
+                    f"line {node.lineno}: compares a backend setting with "
+                    f"{sorted(set().union(*map(_names, sides)))}"
+                )
         elif isinstance(node, ast.Call):
             for kw in node.keywords:
-                if kw.arg == "choices" and len(_names(kw.value)) >= 2:  # a list of backends (not a kernel choice)
+                # a list of backends (not a kernel choice)
+                if kw.arg == "choices" and len(_names(kw.value)) >= 2:
                     found.append(f"line {node.lineno}: literal backend choices {sorted(_names(kw.value))}")
-        elif isinstance(node, ast.Dict) and len(set().union(*(_names(k) for k in node.keys if k is not None))) >= 2:
+        elif (
+            isinstance(node, ast.Dict)
+            and len(set().union(*(_names(k) for k in node.keys if k is not None))) >= 2
+        ):
             found.append(f"line {node.lineno}: a table keyed by backend names")
     return found
 

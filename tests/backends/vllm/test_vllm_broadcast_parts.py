@@ -52,7 +52,9 @@ class FakeVllm:
     async def resume_generation(self) -> None:
         self.calls.append(("resume",))
 
-    async def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
+    async def reset_prefix_cache(
+        self, reset_running_requests: bool = False, reset_connector: bool = False
+    ) -> bool:
         self.calls.append(("reset_prefix_cache", reset_running_requests))
         return True
 
@@ -127,7 +129,9 @@ def test_a_gloo_broadcast_update_lands_whole_and_a_refused_chunk_keeps_the_group
     async def run():
         engine, life, stage, client = shim(model_a)
         try:
-            info = await client.init_weight_transfer("127.0.0.1", 0, backend="gloo", max_chunk_bytes=biggest // 3)
+            info = await client.init_weight_transfer(
+                "127.0.0.1", 0, backend="gloo", max_chunk_bytes=biggest // 3
+            )
             health = (await client.health())[URL]
             version = await client.update_weights_broadcast(list(weights_b.items()))
             landed = load_file(str(stage.complete_dir / "model.safetensors"))
@@ -142,12 +146,15 @@ def test_a_gloo_broadcast_update_lands_whole_and_a_refused_chunk_keeps_the_group
             kept = (life.weight_version, stage.complete_dir)
             # an update cut off inside a split tensor: finish names it, abort keeps the last weights
             await client.begin_weight_update()
-            first = next(c for c in group.chunks(list(weights_b.items())) if not all(m.whole for m in c.metas))
+            first = next(
+                c for c in group.chunks(list(weights_b.items())) if not all(m.whole for m in c.metas)
+            )
             await group.send_chunk(client, first)
             with pytest.raises(RemoteWeightUpdateError, match="split tensors never completed"):
                 await client.finish_weight_update(5)
             assert await client.abort_weight_update() is True
-            again = await client.update_weights_broadcast(list(weights_b.items()))  # the same group still works
+            # the same group still works
+            again = await client.update_weights_broadcast(list(weights_b.items()))
             await client.close_weight_transfer()
             after = (await client.health())[URL]["weight_transfer"]
             return info, health, version, landed, kept, again, after, engine.calls, stage

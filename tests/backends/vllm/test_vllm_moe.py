@@ -37,7 +37,9 @@ TOL = 2e-3  # fp32 sums in other orders (oneDNN / vLLM's fused MoE vs torch), as
 def served(tmp_path_factory):
     """A vLLM server on Qwen3-MoE A; A and B (other seed) as transformers models."""
     root = tmp_path_factory.mktemp("vllm-moe")
-    dirs = {tag: make_tiny_model(root / tag, "qwen3_moe", seed, **SHAPE) for tag, seed in (("A", 0), ("B", 1))}
+    dirs = {
+        tag: make_tiny_model(root / tag, "qwen3_moe", seed, **SHAPE) for tag, seed in (("A", 0), ("B", 1))
+    }
     hf = {tag: AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval() for tag, d in dirs.items()}
     with launch(dirs["A"], ["--control-token", TOKEN, "--max-model-len", "256"]) as (url, _):
         yield url, hf
@@ -80,6 +82,9 @@ def test_serves_an_moe_and_takes_the_trainers_fused_expert_names(served):
 
 def test_the_routing_record_is_refused_with_the_reason(served):
     url, _ = served
-    body = {"prompt_token_ids": PROMPTS[0], "sampling_params": {"max_tokens": 2, "return_routed_experts": True}}
+    body = {
+        "prompt_token_ids": PROMPTS[0],
+        "sampling_params": {"max_tokens": 2, "return_routed_experts": True},
+    }
     response = httpx.post(url + routes.GENERATE, json=body, timeout=30)
     assert response.status_code == 400 and "Model Runner V2" in response.text and "Triton" in response.text

@@ -83,7 +83,13 @@ def test_prompt_logprobs_equal_transformers(vllm_url, hf, max_tokens):
     """Also past the first output: vLLM streams the prompt's scores with its first output only (40
     tokens reach the shim in two outputs, STREAM_INTERVAL 32), through RemoteClient too."""
     ids = [5, 17, 101, 33, 250, 7, 64, 300, 12]
-    params = {"max_tokens": max_tokens, "temperature": 0.7, "prompt_logprobs": 2, "ignore_eos": True, "logprobs": False}
+    params = {
+        "max_tokens": max_tokens,
+        "temperature": 0.7,
+        "prompt_logprobs": 2,
+        "ignore_eos": True,
+        "logprobs": False,
+    }
     out = post(vllm_url, "/inflight/v1/generate", {"prompt_token_ids": ids, "sampling_params": params})
     rows = hf_logprobs(hf, ids)
     expected = rows.gather(1, torch.tensor(ids[1:])[:, None]).squeeze(1)
@@ -105,8 +111,11 @@ def test_prompt_logprobs_equal_transformers(vllm_url, hf, max_tokens):
     assert got.prompt_logprob_ranks == out["prompt_logprob_ranks"]
     assert got.prompt_top_logprobs == [None if row is None else [tuple(p) for p in row]
                                        for row in out["prompt_top_logprobs"]]
-    echo = post(vllm_url, "/v1/completions", {"prompt": ids, "echo": True, "logprobs": 1, "max_tokens": max_tokens,
-                                              "temperature": 0})["choices"][0]["logprobs"]
+    echo = post(
+        vllm_url,
+        "/v1/completions",
+        {"prompt": ids, "echo": True, "logprobs": 1, "max_tokens": max_tokens, "temperature": 0},
+    )["choices"][0]["logprobs"]
     assert echo["token_logprobs"][0] is None
     assert echo["token_logprobs"][1 : len(ids)] == pytest.approx(expected.tolist(), abs=ATOL)
 
@@ -117,7 +126,14 @@ def test_raw_logprobs_with_top_p_equal_the_native_engines(vllm_url, native_url, 
     logprob and top-3 are the unfiltered distribution's, as the native engine gives them (it scores
     vLLM's continuation here) and transformers; a temperature the mode cannot give is refused."""
     ids = [5, 17, 101, 33, 250, 7, 64, 300, 12]
-    params = {"max_tokens": 24, "temperature": 1.0, "top_p": 0.7, "seed": 5, "top_logprobs": 3, "ignore_eos": True}
+    params = {
+        "max_tokens": 24,
+        "temperature": 1.0,
+        "top_p": 0.7,
+        "seed": 5,
+        "top_logprobs": 3,
+        "ignore_eos": True,
+    }
     out = post(vllm_url, "/inflight/v1/generate", {"prompt_token_ids": ids, "sampling_params": params})
     tokens = out["output_token_ids"]
     scored = post(native_url, "/inflight/v1/generate", {"prompt_token_ids": ids + tokens, "sampling_params": {
@@ -129,12 +145,20 @@ def test_raw_logprobs_with_top_p_equal_the_native_engines(vllm_url, native_url, 
     assert [lp for row in out["top_logprobs"] for _, lp in row] == pytest.approx(
         [lp for row in native_top for _, lp in row], abs=ATOL)
     rows = hf_logprobs(hf, ids + tokens)[len(ids) - 1:]
-    assert out["logprobs"] == pytest.approx(rows.gather(1, torch.tensor(tokens)[:, None])[:, 0].tolist(), abs=ATOL)
+    assert out["logprobs"] == pytest.approx(
+        rows.gather(1, torch.tensor(tokens)[:, None])[:, 0].tolist(), abs=ATOL
+    )
     probs = rows.exp()  # sampled within the nucleus: less than top_p of the mass lies above each token
     assert all(probs[i][probs[i] > probs[i, t]].sum() < 0.7 + ATOL for i, t in enumerate(tokens))
-    refused = httpx.post(vllm_url + "/inflight/v1/generate", json={"prompt_token_ids": ids, "sampling_params": {
-        "max_tokens": 4, "temperature": 0.7}}, timeout=60)
-    assert refused.status_code == 400 and "`--logprobs-mode processed_logprobs`" in refused.json()["error"]["message"]
+    refused = httpx.post(
+        vllm_url + "/inflight/v1/generate",
+        json={"prompt_token_ids": ids, "sampling_params": {"max_tokens": 4, "temperature": 0.7}},
+        timeout=60,
+    )
+    assert (
+        refused.status_code == 400
+        and "`--logprobs-mode processed_logprobs`" in refused.json()["error"]["message"]
+    )
 
 
 def test_tokenizer_routes_equal_the_native_servers(vllm_url, native_url):
@@ -159,15 +183,24 @@ def test_token_ids_and_stop_reason_where_vllm_puts_them(vllm_url, native_url):
     ours_only = {"token_weight_versions"}
     completion = {"model": NAME, "prompt": [5, 6, 7, 8], "max_tokens": 3, "temperature": 0.8, "seed": 3,
                   "return_token_ids": True, "n": 2, "logprobs": 1, "prompt_logprobs": 1}
-    chat = {"model": NAME, "messages": [{"role": "user", "content": "the water"}], "max_tokens": 3, "temperature": 0,
-            "return_token_ids": True, "logprobs": True}
+    chat = {
+        "model": NAME,
+        "messages": [{"role": "user", "content": "the water"}],
+        "max_tokens": 3,
+        "temperature": 0,
+        "return_token_ids": True,
+        "logprobs": True,
+    }
     for route, body in (("/v1/completions", completion), ("/v1/chat/completions", chat)):
         mine, theirs = post(native_url, route, body), post(vllm_url, route, body)
         legacy = {"prompt_token_ids"} if route == "/v1/completions" else set()  # our top-level copy, kept
         assert _keys(mine) - _keys(theirs) <= legacy, (route, _keys(mine) - _keys(theirs))
         for a, b in zip(mine["choices"], theirs["choices"], strict=True):
             assert _keys(a) - ours_only <= _keys(b) | {"stop_reason"}, (route, _keys(a) - _keys(b))
-            assert a.get("prompt_token_ids") == b.get("prompt_token_ids") and len(a["token_ids"]) == len(b["token_ids"])
+            assert (
+                a.get("prompt_token_ids") == b.get("prompt_token_ids")
+                and len(a["token_ids"]) == len(b["token_ids"])
+            )
         streamed = {k: v for k, v in body.items() if k != "prompt_logprobs"}
         mine, theirs = sse(native_url, route, streamed), sse(vllm_url, route, streamed)
         assert [_keys(c) for c in mine if c["choices"]][0] <= [_keys(c) for c in theirs if c["choices"]][0]
@@ -175,7 +208,9 @@ def test_token_ids_and_stop_reason_where_vllm_puts_them(vllm_url, native_url):
             a = [c["choices"][0] for c in mine if c["choices"] and c["choices"][0]["index"] == index]
             b = [c["choices"][0] for c in theirs if c["choices"] and c["choices"][0]["index"] == index]
             assert ("prompt_token_ids" in a[0]) == ("prompt_token_ids" in b[0]), route
-            assert len(sum((c.get("token_ids") or [] for c in a), [])) == len(sum((c.get("token_ids") or [] for c in b), []))
+            assert len(sum((c.get("token_ids") or [] for c in a), [])) == len(
+                sum((c.get("token_ids") or [] for c in b), [])
+            )
             assert "stop_reason" in a[-1] and "stop_reason" in b[-1]
 
 
@@ -196,15 +231,20 @@ def test_models_retrieve_and_responses_through_the_client(vllm_url):
 
 def test_max_tokens_against_the_context_as_vllm_answers(vllm_url, native_url):
     """vLLM 0.32's own answers are the reference: an output budget over the whole context is a 400 (the same
-    message, naming the field the request used), one that overruns it only with the prompt is served to the end
-    of the context, and a chat without max_tokens runs to the end of the context."""
-    clients = [OpenAI(base_url=f"{u}/v1", api_key="unused", max_retries=0, timeout=120) for u in (native_url, vllm_url)]
+    message, naming the field the request used), one that overruns it only with the prompt is served to the
+    end of the context, and a chat without max_tokens runs to the end of the context."""
+    clients = [
+        OpenAI(base_url=f"{u}/v1", api_key="unused", max_retries=0, timeout=120)
+        for u in (native_url, vllm_url)
+    ]
     prompt = [5 + i % 300 for i in range(500)]
     long_chat = [{"role": "user", "content": "the water " * 118}]  # ~490 tokens
     too_long = {
         "completion": lambda c: c.completions.create(model=NAME, prompt=prompt, max_tokens=CONTEXT + 1),
         "chat": lambda c: c.chat.completions.create(model=NAME, messages=long_chat, max_tokens=CONTEXT + 1),
-        "chat, new name": lambda c: c.chat.completions.create(model=NAME, messages=long_chat, max_completion_tokens=600),
+        "chat, new name": lambda c: c.chat.completions.create(
+            model=NAME, messages=long_chat, max_completion_tokens=600
+        ),
         "responses": lambda c: c.responses.create(model=NAME, input="hi", max_output_tokens=CONTEXT + 1),
     }
     for what, call in too_long.items():
@@ -216,9 +256,16 @@ def test_max_tokens_against_the_context_as_vllm_answers(vllm_url, native_url):
         assert errors[0] == errors[1], what
     served = [c.completions.create(model=NAME, prompt=prompt, max_tokens=CONTEXT, temperature=0,
                                    extra_body={"ignore_eos": True}) for c in clients]
-    assert [(s.choices[0].finish_reason, s.usage.completion_tokens) for s in served] == [("length", CONTEXT - 500)] * 2
-    chats = [c.chat.completions.create(model=NAME, messages=long_chat, temperature=0, extra_body={"ignore_eos": True})
-             for c in clients]
+    assert (
+        [(s.choices[0].finish_reason, s.usage.completion_tokens) for s in served]
+        == [("length", CONTEXT - 500)] * 2
+    )
+    chats = [
+        c.chat.completions.create(
+            model=NAME, messages=long_chat, temperature=0, extra_body={"ignore_eos": True}
+        )
+        for c in clients
+    ]
     counts = [(c.usage.prompt_tokens, c.usage.completion_tokens) for c in chats]
     assert counts[0] == counts[1]
     assert chats[0].usage.total_tokens == CONTEXT and chats[0].choices[0].finish_reason == "length"

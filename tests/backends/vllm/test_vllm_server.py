@@ -80,7 +80,9 @@ async def _status_until(url: str, done: Callable[[dict], bool], timeout_s: float
 
 
 async def _client(server, shm_chunks: bool = False) -> RemoteClient:
-    return RemoteClient(server.url, control_token=server.token, health_check_interval_s=None, shm_chunks=shm_chunks)
+    return RemoteClient(
+        server.url, control_token=server.token, health_check_interval_s=None, shm_chunks=shm_chunks
+    )
 
 
 async def _serve(client: RemoteClient, server, tag: str) -> int:
@@ -96,10 +98,22 @@ async def _start_mid_decode(client: RemoteClient, server, prompts: list[list[int
     history = []
     async with httpx.AsyncClient() as http:
         for attempt in range(attempts):
-            tasks = [asyncio.create_task(client.generate(p, greedy(max_tokens, logprobs=False), request_id=f"mid-{attempt}-{i}"))
-                     for i, p in enumerate(prompts)]
-            await _status_until(server.url, lambda st, tasks=tasks: all(t.done() for t in tasks) or (
-                len(st["live_output_tokens"]) == len(prompts) and min(st["live_output_tokens"].values()) >= 1))
+            tasks = [
+                asyncio.create_task(
+                    client.generate(p, greedy(max_tokens, logprobs=False), request_id=f"mid-{attempt}-{i}")
+                )
+                for i, p in enumerate(prompts)
+            ]
+            await _status_until(
+                server.url,
+                lambda st, tasks=tasks: (
+                    all(t.done() for t in tasks)
+                    or (
+                        len(st["live_output_tokens"]) == len(prompts)
+                        and min(st["live_output_tokens"].values()) >= 1
+                    )
+                ),
+            )
             await client.pause("keep")
             live = (await http.get(server.url + "/status")).json()["live_output_tokens"]
             failed = [repr(t.exception()) for t in tasks if t.done() and not t.cancelled() and t.exception()]
@@ -185,7 +199,8 @@ def test_full_update_then_new_model_and_no_stale_prefix_cache(vllm_server):
         await _serve(client, vllm_server, "A")
         first = await client.generate(prompt, greedy(8))
         again = await client.generate(prompt, greedy(8))
-        version = await _serve(await _client(vllm_server, shm_chunks=True), vllm_server, "B")  # as /dev/shm files
+        # as /dev/shm files
+        version = await _serve(await _client(vllm_server, shm_chunks=True), vllm_server, "B")
         on_b = await client.generate(prompt, greedy(8))
         on_b_again = await client.generate(prompt, greedy(8))
         await client.close()
@@ -340,7 +355,11 @@ def test_openai_completions_are_version_salted(vllm_server):
 
     a1, a2, b = run(go())
     hf_a, hf_b = vllm_server.hf["A"], vllm_server.hf["B"]
-    assert a1["choices"][0]["token_ids"] == a2["choices"][0]["token_ids"] == hf_continue(hf_a, hf_a, prompt, 0, 6)
+    assert (
+        a1["choices"][0]["token_ids"]
+        == a2["choices"][0]["token_ids"]
+        == hf_continue(hf_a, hf_a, prompt, 0, 6)
+    )
     assert b["choices"][0]["token_ids"] == hf_continue(hf_b, hf_b, prompt, 0, 6)
 
 
@@ -381,8 +400,12 @@ def test_every_parameter_of_an_update_takes(vllm_server):
     show in B's tokens): an update to B with every 1-D parameter moved serves transformers on it."""
     import copy
 
-    moved = {n: (t + 0.05 * torch.randn(t.shape, generator=torch.Generator().manual_seed(i)) if t.dim() == 1 else t)
-             for i, (n, t) in enumerate(sorted(vllm_server.weights["B"].items()))}
+    moved = {
+        n: (
+            t + 0.05 * torch.randn(t.shape, generator=torch.Generator().manual_seed(i)) if t.dim() == 1 else t
+        )
+        for i, (n, t) in enumerate(sorted(vllm_server.weights["B"].items()))
+    }
     hf = copy.deepcopy(vllm_server.hf["B"])
     missing, unexpected = hf.load_state_dict(moved, strict=False)
     assert not unexpected
@@ -416,7 +439,9 @@ def test_a_generation_whose_connection_broke_is_sent_again_and_the_orphan_aborte
         assert (proxy.broken, proxy.generations) == (1, 2)
         assert output.output_token_ids == expected.output_token_ids
         # the orphan leaves vLLM (aborted or finished): nothing stays live
-        status = await _status_until(vllm_server.url, lambda st: not st["live_output_tokens"], interval_s=0.02)
+        status = await _status_until(
+            vllm_server.url, lambda st: not st["live_output_tokens"], interval_s=0.02
+        )
         assert not status["live_output_tokens"], "the broken request is still running in vLLM"
         await direct.close()
 
@@ -448,9 +473,13 @@ async def _resume_mid_drain(client: RemoteClient, server) -> dict:
         try:
             answer = await asyncio.wait_for(pause, timeout=PAUSE_CAP_S)
         except (TimeoutError, httpx.TimeoutException):
-            raise AssertionError(f"pause(wait) had not returned {PAUSE_CAP_S} s after the resume (a cap: it waited "
-                                 f"for its frozen request, i.e. the resume did not end the drain); {step}") from None
-    step["pause returned, request unfinished"] = bool((await client.status())[server.url]["live_output_tokens"])
+            raise AssertionError(
+                f"pause(wait) had not returned {PAUSE_CAP_S} s after the resume (a cap: it waited "
+                f"for its frozen request, i.e. the resume did not end the drain); {step}"
+            ) from None
+    step["pause returned, request unfinished"] = bool(
+        (await client.status())[server.url]["live_output_tokens"]
+    )
     step["pause(wait) answered running"] = answer.status_code == 200 and answer.json()["paused"] is False
     await client.resume()
     out = await long
@@ -473,7 +502,8 @@ def test_a_wait_pause_drains_and_a_resume_ends_the_drain(vllm_server):
         await _status_until(vllm_server.url, lambda st: "short" in st["live_output_tokens"] or short.done())
         await client.pause("wait")
         drained = (await client.status())[vllm_server.url]["pause"]
-        try:  # paused, nothing decodes: the request completes only if it had finished before the pause returned
+        # paused, nothing decodes: the request completes only if it had finished before the pause returned
+        try:
             out = await asyncio.wait_for(short, timeout=PAUSE_CAP_S)
         except TimeoutError:
             raise AssertionError("pause(wait) returned before the request in flight finished (it never "

@@ -21,11 +21,16 @@ from inflight.backends.vllm.shapes import CPU_HEAD_SIZES, cpu_attention_problem
     ("llama", dict(hidden_size=256, num_attention_heads=2, num_key_value_heads=1), None),
 ])
 def test_the_rule_reads_the_head_size_from_config_json(tiny_model_factory, arch, shape, size):
-    problem = cpu_attention_problem(tiny_model_factory(arch, 0, **shape, intermediate_size=64, num_hidden_layers=1))
+    problem = cpu_attention_problem(
+        tiny_model_factory(arch, 0, **shape, intermediate_size=64, num_hidden_layers=1)
+    )
     if size is None:
         assert problem is None
         return
-    assert f"its head size is {size} (" in problem and "32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512" in problem
+    assert (
+        f"its head size is {size} (" in problem
+        and "32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512" in problem
+    )
     assert ("head_dim in config.json" in problem) == (arch == "qwen3")
 
 
@@ -61,11 +66,15 @@ def test_a_run_on_vllm_refuses_such_a_model_before_it_starts(tiny_model_factory,
     monkeypatch.setenv("INFLIGHT_VLLM_PYTHON", sys.executable)  # vLLM's python is not what this checks
     narrow = tiny_model_factory("qwen2", 0, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
                                 intermediate_size=64, num_hidden_layers=1)
-    vllm = ["generator.inference_engine.backend=vllm", "generator.inference_engine.weight_sync_backend=inprocess"]
+    vllm = [
+        "generator.inference_engine.backend=vllm",
+        "generator.inference_engine.weight_sync_backend=inprocess",
+    ]
     (problem,) = run_problems(load_config(None, [*LOCAL_CPU, *vllm, f"trainer.policy.model.path={narrow}"]))
     assert problem.key == "generator.inference_engine.backend" and "its head size is 16" in problem.rule
     assert "backend=native" in problem.fix
     wide = tiny_model_factory("qwen2", 0, hidden_size=64, num_attention_heads=2, num_key_value_heads=1,
                               intermediate_size=64, num_hidden_layers=1)
     assert run_problems(load_config(None, [*LOCAL_CPU, *vllm, f"trainer.policy.model.path={wide}"])) == []
-    assert run_problems(load_config(None, [*LOCAL_CPU, f"trainer.policy.model.path={narrow}"])) == []  # native
+    # native
+    assert run_problems(load_config(None, [*LOCAL_CPU, f"trainer.policy.model.path={narrow}"])) == []
