@@ -9,7 +9,10 @@ from inflight.bench.engine_bench import main
 
 def test_engine_bench_small(tmp_path, capsys):
     out = tmp_path / "bench.json"
-    argv = "--small --requests 4 --min-len 4 --max-len 10 --repeats 1 --max-rounds 1 --hf-batch-sizes 4 --threads 1".split()
+    argv = (
+        "--small --requests 4 --min-len 4 --max-len 10 --repeats 1 --max-rounds 1 "
+        "--hf-batch-sizes 4 --threads 1"
+    ).split()
     argv += ["--out", str(out), "--allow-noisy", "--block-size", "8"]  # a shared test machine is rarely quiet
     assert main(argv) == 0
     printed = capsys.readouterr().out
@@ -35,7 +38,10 @@ def test_profile_counts_the_native_kernels_and_splits_the_pass(tmp_path, capsys)
     from inflight.engine import kernels
 
     out = tmp_path / "bench.json"
-    argv = "--small --requests 4 --min-len 4 --max-len 10 --repeats 1 --max-rounds 1 --threads 1 --against none".split()
+    argv = (
+        "--small --requests 4 --min-len 4 --max-len 10 --repeats 1 --max-rounds 1 "
+        "--threads 1 --against none"
+    ).split()
     assert main([*argv, "--profile", "--out", str(out), "--allow-noisy"]) == 0
     printed = capsys.readouterr().out
     profile = json.loads(out.read_text())["engine"]["profile"]
@@ -44,7 +50,10 @@ def test_profile_counts_the_native_kernels_and_splits_the_pass(tmp_path, capsys)
     assert split["matmul"] > 0 and all(s >= 0 for s in split.values())
     if kernels.load() is not None:  # native kernels on this machine: each has its own row
         assert split["attention (native)"] > 0 and split["elementwise (native)"] > 0
-        assert "inflight::paged_attention_rows" in profile["table"] and "inflight::fused_rms_norm" in profile["table"]
+        assert (
+            "inflight::paged_attention_rows" in profile["table"]
+            and "inflight::fused_rms_norm" in profile["table"]
+        )
     assert "engine profile (one pass under torch.profiler" in printed and "attention (native)" in printed
 
 
@@ -105,7 +114,10 @@ def test_engine_bench_moe_small_counts_only_the_active_experts(tmp_path, capsys)
     from inflight.bench.engine_workload import BenchConfig
 
     out = tmp_path / "bench.json"
-    argv = "--moe --small --requests 4 --min-len 4 --max-len 10 --repeats 1 --max-rounds 1 --hf-batch-sizes 4".split()
+    argv = (
+        "--moe --small --requests 4 --min-len 4 --max-len 10 --repeats 1 --max-rounds 1 "
+        "--hf-batch-sizes 4"
+    ).split()
     argv += ["--threads", "1", "--out", str(out), "--allow-noisy", "--model-dir", str(tmp_path / "model")]
     assert main(argv) == 0
     assert "MoE: 8 experts of 128, 2 per token" in capsys.readouterr().out
@@ -115,7 +127,9 @@ def test_engine_bench_moe_small_counts_only_the_active_experts(tmp_path, capsys)
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "model")
     assert model.config.model_type == "qwen3_moe" and model.config.num_experts == 8
     params = dict(model.named_parameters())
-    active = sum(p.numel() for n, p in params.items() if n.endswith("proj.weight") or n.endswith("mlp.gate.weight"))
+    active = sum(
+        p.numel() for n, p in params.items() if n.endswith("proj.weight") or n.endswith("mlp.gate.weight")
+    )
     active += sum(p.numel() for n, p in params.items() if ".experts." in n) * 2 // 8
     assert BenchConfig(small=True, moe=True).shape.trunk_matmul_params() == active
 
@@ -132,21 +146,29 @@ def test_a_model_dir_is_benchmarked_with_its_own_shape_and_flops(tmp_path, capsy
                                 intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
                                 num_key_value_heads=2, tie_word_embeddings=True)
     out = tmp_path / "bench.json"
-    argv = "--requests 6 --min-len 4 --max-len 10 --repeats 1 --max-rounds 1 --hf-batch-sizes 6 --threads 1".split()
+    argv = (
+        "--requests 6 --min-len 4 --max-len 10 --repeats 1 --max-rounds 1 "
+        "--hf-batch-sizes 6 --threads 1"
+    ).split()
     assert main([*argv, "--model-dir", str(model_dir), "--out", str(out), "--allow-noisy"]) == 0
     printed = capsys.readouterr().out
     result = json.loads(out.read_text())
     hf = AutoModelForCausalLM.from_pretrained(model_dir)
     params = dict(hf.named_parameters())
     assert f"model: llama from {model_dir}, hidden 64, 3 layers, vocab 12000" in printed
-    assert f"{hf.num_parameters() / 1e6:.1f}M params" in printed and result["engine"]["params"] == hf.num_parameters()
+    assert (
+        f"{hf.num_parameters() / 1e6:.1f}M params" in printed
+        and result["engine"]["params"] == hf.num_parameters()
+    )
     assert result["config"]["shape"]["vocab_size"] == 12_000 and result["model"]["built_here"] is False
     work = result["workload"]
     trunk = sum(p.numel() for n, p in params.items() if n.endswith("proj.weight"))
     head = params["model.embed_tokens.weight"].numel()
     all_tokens = work["prompt_tokens"] + work["output_tokens"]
     assert work["flops_per_run"]["matmul"] == 2 * trunk * all_tokens + 2 * head * work["output_tokens"]
-    assert result["engine"]["output_tokens"] == result["transformers"]["output_tokens"] == work["output_tokens"]
+    assert (
+        result["engine"]["output_tokens"] == result["transformers"]["output_tokens"] == work["output_tokens"]
+    )
 
 
 def test_small_or_moe_beside_an_existing_model_dir_is_refused(tmp_path, capsys):

@@ -20,8 +20,10 @@ from inflight.testing.tiny_vlm import MAX_PIXELS, MERGE_SIZE, MIN_PIXELS, PATCH_
 def test_image_bench_prints_the_table(tmp_path, capsys):
     out = tmp_path / "bench.json"
     against = "transformers,vllm" if Path(vllm_side.default_python()).exists() else "transformers"
-    argv = ("--images --small --requests 3 --min-len 4 --max-len 8 --repeats 1 --max-rounds 1 --hf-batch-sizes 3 "
-            f"--threads 1 --allow-noisy --against {against}").split() + ["--out", str(out)]
+    argv = (
+        "--images --small --requests 3 --min-len 4 --max-len 8 --repeats 1 --max-rounds 1 --hf-batch-sizes 3 "
+        f"--threads 1 --allow-noisy --against {against}"
+    ).split() + ["--out", str(out)]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "speedup (engine / transformers output tok/s)" in printed and "CPU: " in printed

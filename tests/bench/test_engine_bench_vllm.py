@@ -162,8 +162,10 @@ def test_timed_pass_records_the_load_of_others():
 
 def test_log_facts_read_vllm_init_and_compile_fate():
     log = (
-        "(Worker pid=1) WARNING [decorators.py:333] [backbone] Compiling model again due to a load failure from x\n"
-        "(EngineCore pid=2) INFO [core.py:402] init engine (profile, create kv cache, warmup model) took 44.66 s\n"
+        "(Worker pid=1) WARNING [decorators.py:333] [backbone] Compiling model again due to a load "
+        "failure from x\n"
+        "(EngineCore pid=2) INFO [core.py:402] init engine (profile, create kv cache, warmup model) "
+        "took 44.66 s\n"
     )
     assert vllm_side.log_facts(log) == {"engine_init_s": 44.66, "compile": "recompiled (cache load failed)"}
     assert vllm_side.log_facts("")["engine_init_s"] is None

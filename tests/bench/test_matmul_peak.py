@@ -27,7 +27,9 @@ def test_the_peak_is_measured_at_the_picked_size(monkeypatch):
     sizes = []
     real = matmul_peak._seconds
     monkeypatch.setattr(matmul_peak, "pick_size", lambda dtype, max_n, budget_s: 256)
-    monkeypatch.setattr(matmul_peak, "_seconds", lambda a, b, out: sizes.append(a.shape[0]) or real(a, b, out))
+    monkeypatch.setattr(
+        matmul_peak, "_seconds", lambda a, b, out: sizes.append(a.shape[0]) or real(a, b, out)
+    )
     assert matmul_peak.matmul_peak_flops(torch.bfloat16, repeats=2) > 0
     assert sizes == [256, 256]
 

@@ -48,13 +48,17 @@ def _responses(task, rng: random.Random) -> list[tuple[object, str]]:
     return out
 
 
-@pytest.mark.parametrize("task", [AdditionTask(num_train=1, num_eval=60), CountUpTask(num_train=1, num_eval=60)],
-                         ids=lambda t: t.name)
+@pytest.mark.parametrize(
+    "task",
+    [AdditionTask(num_train=1, num_eval=60), CountUpTask(num_train=1, num_eval=60)],
+    ids=lambda t: t.name,
+)
 def test_trl_workers_reward_is_the_tasks_own(task):
     reward = trl_worker.REWARDS[TASK_REWARDS[task.name]]
     pairs = _responses(task, random.Random(0))
     assert [reward(r, p.answer) for p, r in pairs] == [task.reward(p, r) for p, r in pairs]
-    assert {task.reward(p, r) for p, r in pairs} > {0.0, 1.0} or task.name == "addition"  # partial credit seen
+    # partial credit seen
+    assert {task.reward(p, r) for p, r in pairs} > {0.0, 1.0} or task.name == "addition"
 
 
 def test_prompt_ids_check_refuses_a_tokenization_that_differs():
@@ -75,8 +79,14 @@ def test_time_to_gain_spread_and_ratios_against_trl():
     assert spread([4.0, None, 8.0]) == {"mean": 6.0, "min": 4.0, "max": 8.0, "reached": 2, "runs": 3}
 
     def row(curve, sps, after):
-        return {"curve": curve, "before": curve[0][1], "after": after, "samples_per_s": sps, "eval_problems": 200,
-                "cores_busy": 1.0}
+        return {
+            "curve": curve,
+            "before": curve[0][1],
+            "after": after,
+            "samples_per_s": sps,
+            "eval_problems": 200,
+            "cores_busy": 1.0,
+        }
 
     results = {"trl": [row([[0, 0.3], [30, 0.4], [60, 0.55]], 600, 0.55)],
                "fully_async": [row([[0, 0.3], [10, 0.4], [20, 0.56]], 900, 0.60)]}
@@ -92,7 +102,11 @@ def test_time_to_gain_spread_and_ratios_against_trl():
 def test_round_order_rotates_and_eval_curve_sorts():
     sides = ["trl", "sync", "fully_async"]
     assert [round_order(sides, r) for r in range(3)] == [sides, sides[1:] + sides[:1], sides[2:] + sides[:2]]
-    records = [{"time": 5.0, "eval/accuracy": 0.5}, {"time": 0.0, "eval/accuracy": 0.25}, {"time": 2.0, "reward": 1}]
+    records = [
+        {"time": 5.0, "eval/accuracy": 0.5},
+        {"time": 0.0, "eval/accuracy": 0.25},
+        {"time": 2.0, "reward": 1},
+    ]
     assert eval_curve(records) == [[0.0, 0.25], [5.0, 0.5]]
     assert not final_evaluation_empty(records)
     aborted = [*records, {"time": 9.0, "eval/accuracy": 0.0, "eval/addition/response_length": 0.0}]
@@ -104,7 +118,9 @@ def test_settings_come_from_the_resolved_config_and_unalignable_ones_are_refused
     cfg, job = bench_config(overrides)
     task = make_bench_task(cfg, job)
     settings = trl_settings(cfg, task, "model-dir", tmp_path, 5.0, 2)
-    assert settings["max_tokens"] == min(cfg.generator.sampling_params.max_generate_length, task.max_new_tokens)
+    assert settings["max_tokens"] == min(
+        cfg.generator.sampling_params.max_generate_length, task.max_new_tokens
+    )
     assert (settings["reward"], settings["eval_interval"], settings["seconds"]) == ("prefix_credit", 3, 5.0)
     rows = [json.loads(line) for line in (tmp_path / "train.jsonl").read_text().splitlines()]
     assert [r["answer"] for r in rows] == [p.answer for p in task.train_problems()]
@@ -139,9 +155,25 @@ def toy_model(tmp_path_factory):
 def _bench(tmp_path, model, sides: str) -> dict:
     out = tmp_path / "bench"
     # a budget in work (2 steps a run), the time only a cap: the same runs on a busy machine
-    argv = ["--model", str(model), "--steps", "2", "--seconds", "600", "--repeats", "1", "--eval-interval", "2",
-            "--sides", sides, "--output-dir", str(out), "job.num_eval=16", "job.num_train=256",
-            "job.tensorboard=false"]
+    argv = [
+        "--model",
+        str(model),
+        "--steps",
+        "2",
+        "--seconds",
+        "600",
+        "--repeats",
+        "1",
+        "--eval-interval",
+        "2",
+        "--sides",
+        sides,
+        "--output-dir",
+        str(out),
+        "job.num_eval=16",
+        "job.num_train=256",
+        "job.tensorboard=false",
+    ]
     assert main(argv) == 0
     result = json.loads((out / "bench_peers.json").read_text())
     assert (out / "accuracy_vs_time.png").stat().st_size > 0

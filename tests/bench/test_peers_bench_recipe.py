@@ -28,8 +28,24 @@ from inflight.testing.tiny_model import make_tiny_model
 from inflight.train.lora import apply_lora, lora_kwargs
 
 RECIPE = WORKLOADS["smollm2"].recipe
-RESPONSES = ["25", "17 + 8 = 25", "17 + 8 = 25. This adds 17 and 8.", "The sum is $1,025.", "25.", " 25\n", "-25",
-             "25.0", "2 5", "twenty-five", "", "The answer: 24, no, 25", "1,000", "25/1", "#### 25", "25 apples"]
+RESPONSES = [
+    "25",
+    "17 + 8 = 25",
+    "17 + 8 = 25. This adds 17 and 8.",
+    "The sum is $1,025.",
+    "25.",
+    " 25\n",
+    "-25",
+    "25.0",
+    "2 5",
+    "twenty-five",
+    "",
+    "The answer: 24, no, 25",
+    "1,000",
+    "25/1",
+    "#### 25",
+    "25 apples",
+]
 
 
 @pytest.mark.parametrize("name", sorted(trl_worker.SHARED_REWARDS))
@@ -63,13 +79,27 @@ def test_lora_kwargs_are_the_adapters_apply_lora_builds(tmp_path):
     assert adapters(ours) == adapters(theirs) and len(adapters(ours)) == 2 * 7 * 2  # 7 linears x 2 layers
     mine, other = ours.peft_config["default"], theirs.peft_config["default"]
     lora = yaml.safe_load((REPOSITORY / RECIPE).read_text())["trainer"]["policy"]["model"]["lora"]
-    assert (other.r, other.lora_alpha, other.lora_dropout) == (lora["rank"], lora["alpha"], lora.get("dropout", 0.0))
-    for key in ("r", "lora_alpha", "lora_dropout", "target_modules", "init_lora_weights", "use_rslora", "bias"):
+    assert (other.r, other.lora_alpha, other.lora_dropout) == (
+        lora["rank"],
+        lora["alpha"],
+        lora.get("dropout", 0.0),
+    )
+    for key in (
+        "r",
+        "lora_alpha",
+        "lora_dropout",
+        "target_modules",
+        "init_lora_weights",
+        "use_rslora",
+        "bias",
+    ):
         assert getattr(mine, key) == getattr(other, key), key
 
 
 def _recipe_data(out: Path, num_train: int = 64, num_test: int = 16) -> dict[str, Path]:
-    spec = importlib.util.spec_from_file_location("smollm2_make_data", REPOSITORY / "examples/smollm2/make_data.py")
+    spec = importlib.util.spec_from_file_location(
+        "smollm2_make_data", REPOSITORY / "examples/smollm2/make_data.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.write(out, num_train, num_test)
@@ -109,10 +139,15 @@ def test_trl_settings_of_the_recipe(recipe, tmp_path):
     assert (settings["prompts_per_step"], settings["group_size"]) == (trainer["train_batch_size"],
                                                                       generator["n_samples_per_prompt"])
     assert settings["lr"] == trainer["policy"]["optimizer_config"]["lr"]
-    assert (settings["max_tokens"], settings["temperature"]) == (generator["sampling_params"]["max_generate_length"],
-                                                                 generator["sampling_params"]["temperature"])
+    assert (settings["max_tokens"], settings["temperature"]) == (
+        generator["sampling_params"]["max_generate_length"],
+        generator["sampling_params"]["temperature"],
+    )
     assert settings["eval_max_tokens"] == generator["eval_sampling_params"]["max_generate_length"]
-    assert (settings["clip_low"], settings["clip_high"]) == (algorithm["eps_clip_low"], algorithm["eps_clip_high"])
+    assert (settings["clip_low"], settings["clip_high"]) == (
+        algorithm["eps_clip_low"],
+        algorithm["eps_clip_high"],
+    )
     assert settings["eval_interval"] == 2  # the bench's
     rows = [json.loads(line) for line in (tmp_path / "train.jsonl").read_text().splitlines()]
     assert len(rows) == 64 and rows[0]["prompt"][0]["role"] == "user"
@@ -163,8 +198,19 @@ def test_the_recipe_needs_a_model_and_its_data_before_any_run(recipe, tmp_path):
     with pytest.raises(SystemExit, match="--model DIR"):
         main(["--workload", "smollm2", "--sides", "sync", "--output-dir", str(tmp_path)])
     with pytest.raises(SystemExit, match="data.train_data.*does not exist") as err:
-        main(["--workload", "smollm2", "--model", str(model), "--sides", "sync", "--output-dir", str(tmp_path),
-              f"data.train_data=['{tmp_path / 'missing.parquet'}']"])
+        main(
+            [
+                "--workload",
+                "smollm2",
+                "--model",
+                str(model),
+                "--sides",
+                "sync",
+                "--output-dir",
+                str(tmp_path),
+                f"data.train_data=['{tmp_path / 'missing.parquet'}']",
+            ]
+        )
     assert RECIPE in str(err.value)
     assert not list(tmp_path.iterdir())  # nothing ran
 
@@ -191,7 +237,8 @@ def test_a_quantized_model_dir_is_refused_before_any_run(recipe, tmp_path):
     assert not out.exists()
 
 
-@pytest.mark.timeout(1800)  # three sides' runs and evaluations; TRL's alone took 5 minutes on a loaded 2-CPU box
+# three sides' runs and evaluations; TRL's alone took 5 minutes on a loaded 2-CPU box
+@pytest.mark.timeout(1800)
 def test_bench_peers_smollm2_smoke(recipe, tmp_path):
     """The whole bench on the recipe for 2 steps a run (a budget in work; the seconds only a cap),
     answers cut to 16 tokens: both inflight trainers, and TRL's GRPOTrainer with the same LoRA when
@@ -204,9 +251,29 @@ def test_bench_peers_smollm2_smoke(recipe, tmp_path):
     has_trl = Path(default_python()).exists()
     sides = "trl,sync,fully_async" if has_trl else "sync,fully_async"
     out = tmp_path / "bench"
-    argv = ["--workload", "smollm2", "--model", str(model), "--steps", "2", "--seconds", "600", "--repeats", "1",
-            "--eval-interval", "2", "--sides", sides, "--trl-threads", "1", "--output-dir", str(out), *data,
-            "generator.sampling_params.max_generate_length=16", "generator.eval_sampling_params.max_generate_length=16"]
+    argv = [
+        "--workload",
+        "smollm2",
+        "--model",
+        str(model),
+        "--steps",
+        "2",
+        "--seconds",
+        "600",
+        "--repeats",
+        "1",
+        "--eval-interval",
+        "2",
+        "--sides",
+        sides,
+        "--trl-threads",
+        "1",
+        "--output-dir",
+        str(out),
+        *data,
+        "generator.sampling_params.max_generate_length=16",
+        "generator.eval_sampling_params.max_generate_length=16",
+    ]
     assert main(argv) == 0
     result = json.loads((out / "bench_peers.json").read_text())
     assert set(result["results"]) == set(sides.split(",")) and result["eval_problems"] == 16

@@ -117,8 +117,17 @@ def test_cpu_meter_counts_own_and_other_cpu():
 def test_time_to_target_and_summary():
     records = [{"time": 1.0, "eval/accuracy": 0.2}, {"time": 2.0}, {"time": 3.0, "eval/accuracy": 0.5}]
     assert _time_to(records, 0.45) == 3.0 and _time_to(records, 0.6) is None
-    row = {"steps_per_s": 2.0, "samples_per_s": 300.0, "after": 0.5, "other_cpu_share": 0.1,
-           "generate_s": 0.3, "train_s": 0.2, "step_wall_s": 0.15, "step_cpu_s": 0.1, "trainer_cpu_per_step_s": 0.12}
+    row = {
+        "steps_per_s": 2.0,
+        "samples_per_s": 300.0,
+        "after": 0.5,
+        "other_cpu_share": 0.1,
+        "generate_s": 0.3,
+        "train_s": 0.2,
+        "step_wall_s": 0.15,
+        "step_cpu_s": 0.1,
+        "trainer_cpu_per_step_s": 0.12,
+    }
     mean, ratio = summarize({"fully_async": [row, {**row, "samples_per_s": 500.0}], "sync": [row]})
     assert mean["fully_async"]["samples_per_s"] == 400.0 and ratio == pytest.approx(4 / 3)
 
@@ -169,8 +178,10 @@ def test_a_run_the_time_cap_ended_is_reported_with_steps_only():
     said = []
     row = {"steps": 3, "time_capped": True}
     say_time_capped(said.append, "sync", 0, row, 5, 30.0)
-    assert said == ["       sync round 0: stopped by the --seconds cap (30 s) after 3 of 5 steps (a slow or busy "
-                    "machine): raise --seconds for the whole budget"]
+    assert said == [
+        "       sync round 0: stopped by the --seconds cap (30 s) after 3 of 5 steps (a slow or busy "
+        "machine): raise --seconds for the whole budget"
+    ]
     say_time_capped(said.append, "sync", 0, row, None, 30.0)  # --seconds is the budget: nothing to report
     say_time_capped(said.append, "sync", 0, {"steps": 5, "time_capped": False}, 5, 30.0)
     say_time_capped(said.append, "sync", 0, {"steps": 3, "time_capped": False}, 5, 30.0)  # the data ran out

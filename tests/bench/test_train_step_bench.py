@@ -13,8 +13,29 @@ from inflight.bench.train_step_bench import main
 
 def test_every_mode_measures_a_step(tmp_path, capsys):
     out = tmp_path / "result.json"
-    assert main(["--shape", "small", "--seqs", "2", "--len", "16", "--warmup", "0", "--threads", "1",
-                 "--modes", "plain,bf16_gc,lora16_bf16", "--logprobs-chunk-size", "5", "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "--shape",
+                "small",
+                "--seqs",
+                "2",
+                "--len",
+                "16",
+                "--warmup",
+                "0",
+                "--threads",
+                "1",
+                "--modes",
+                "plain,bf16_gc,lora16_bf16",
+                "--logprobs-chunk-size",
+                "5",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     result = json.loads(out.read_text())
     assert [r["mode"] for r in result["results"]] == ["plain", "bf16_gc", "lora16_bf16"]
     for r in result["results"]:
@@ -34,9 +55,17 @@ def _real_shaped_model(tmp_path):
     (1,024 and 151,936): token ids drawn from the default shape's vocabulary fall outside it."""
     from inflight.testing import make_tiny_model
 
-    return make_tiny_model(tmp_path / "model", "llama", vocab_size=10_000, hidden_size=64, intermediate_size=96,
-                           num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-                           tie_word_embeddings=True)
+    return make_tiny_model(
+        tmp_path / "model",
+        "llama",
+        vocab_size=10_000,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
 
 
 def test_a_model_dir_is_measured_with_its_own_vocabulary_shape_and_parameters(tmp_path, capsys):
@@ -47,8 +76,27 @@ def test_a_model_dir_is_measured_with_its_own_vocabulary_shape_and_parameters(tm
 
     model_dir = _real_shaped_model(tmp_path)
     out = tmp_path / "result.json"
-    assert main(["--model-dir", str(model_dir), "--seqs", "2", "--len", "12", "--warmup", "0", "--threads", "1",
-                 "--modes", "plain,fp32", "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "--model-dir",
+                str(model_dir),
+                "--seqs",
+                "2",
+                "--len",
+                "12",
+                "--warmup",
+                "0",
+                "--threads",
+                "1",
+                "--modes",
+                "plain,fp32",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     result = json.loads(out.read_text())
     hf = AutoModelForCausalLM.from_pretrained(model_dir)
     assert result["model"]["params"] == hf.num_parameters() and result["model"]["path"] == str(model_dir)
@@ -56,11 +104,16 @@ def test_a_model_dir_is_measured_with_its_own_vocabulary_shape_and_parameters(tm
     trunk = sum(p.numel() for n, p in params.items() if n.endswith("proj.weight"))
     tokens, cfg = 2 * 12, hf.config
     attention = 4 * cfg.num_hidden_layers * cfg.hidden_size * 2 * 12 * 13 // 2
-    flops = 3.0 * (2.0 * trunk * tokens + 2.0 * params["model.embed_tokens.weight"].numel() * tokens + attention)
+    flops = 3.0 * (
+        2.0 * trunk * tokens + 2.0 * params["model.embed_tokens.weight"].numel() * tokens + attention
+    )
     for r in result["results"]:
         assert r["flops_per_s"] * r["seconds_per_step"] == pytest.approx(flops, rel=1e-9)
     table = capsys.readouterr().out
-    assert f"model: llama ({model_dir}), hidden 64, 3 layers, vocab 10000, {hf.num_parameters() / 1e6:.1f}M" in table
+    assert (
+        f"model: llama ({model_dir}), hidden 64, 3 layers, vocab 10000, {hf.num_parameters() / 1e6:.1f}M"
+        in table
+    )
 
 
 def test_a_shape_beside_an_existing_model_dir_is_refused(tmp_path, capsys):
