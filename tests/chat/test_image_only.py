@@ -22,7 +22,9 @@ from inflight.chat.image_only import image_only
 from inflight.chat.vision import load_vision
 from inflight.testing.tiny_vlm import MAX_PIXELS, MERGE_SIZE, MIN_PIXELS, PATCH_SIZE, make_tiny_vlm
 
-pytestmark = pytest.mark.skipif(is_torchvision_available(), reason="the fallback is for transformers without torchvision")
+pytestmark = pytest.mark.skipif(
+    is_torchvision_available(), reason="the fallback is for transformers without torchvision"
+)
 
 
 @pytest.fixture(scope="module")
@@ -70,13 +72,28 @@ def test_outputs_equal_transformers_image_processor_and_tokenizer(layout, reques
     processor = load_vision(model_dir).processor
     # the oracle: transformers' PIL image processor with the tiny model's settings (not the class's
     # defaults: a loader that dropped the directory's settings differs), the directory's tokenizer
-    oracle_images = Qwen2VLImageProcessorPil(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS, patch_size=PATCH_SIZE,
-                                             merge_size=MERGE_SIZE, temporal_patch_size=2)
+    oracle_images = Qwen2VLImageProcessorPil(
+        min_pixels=MIN_PIXELS,
+        max_pixels=MAX_PIXELS,
+        patch_size=PATCH_SIZE,
+        merge_size=MERGE_SIZE,
+        temporal_patch_size=2,
+    )
     assert oracle_images.size != Qwen2VLImageProcessorPil().size
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     images = [picture(90, 60, 0), picture(230, 300, 1), picture(57, 57, 2)]
-    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "and"}, {"type": "image"},
-                                             {"type": "image"}, {"type": "text", "text": "what are these?"}]}]
+    messages = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "image"},
+                {"type": "text", "text": "and"},
+                {"type": "image"},
+                {"type": "image"},
+                {"type": "text", "text": "what are these?"},
+            ],
+        }
+    ]
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == text
 

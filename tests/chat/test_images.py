@@ -38,9 +38,18 @@ def test_every_source_gives_the_same_pixels(tmp_path):
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "a.png").write_bytes(png)
     local = ImageLimits(local_root=tmp_path, bare_base64=True)
-    sources = [data_url(png), png, bytearray(png), {"bytes": png, "path": None}, {"bytes": None, "path": "sub/a.png"},
-               "sub/a.png", f"file://{tmp_path}/sub/a.png", str(tmp_path / "sub" / "a.png"),
-               base64.b64encode(png).decode(), image]
+    sources = [
+        data_url(png),
+        png,
+        bytearray(png),
+        {"bytes": png, "path": None},
+        {"bytes": None, "path": "sub/a.png"},
+        "sub/a.png",
+        f"file://{tmp_path}/sub/a.png",
+        str(tmp_path / "sub" / "a.png"),
+        base64.b64encode(png).decode(),
+        image,
+    ]
     for source in sources:
         got = load_image(source, local, base_dir=tmp_path)
         assert got.mode == "RGB" and same_pixels(got, image), repr(source)[:40]
@@ -132,8 +141,14 @@ def test_parts_and_split_messages():
     assert count_images(messages) == 2
     split = split_images(messages)
     assert split.messages[0] == messages[0]
-    assert split.messages[1]["content"] == [{"type": "text", "text": "a"}, {"type": "image"}, {"type": "image"}]
-    assert [same_pixels(a, b) for a, b in zip(split.images, [picture(), picture(4, 4, seed=1)], strict=True)] == [True] * 2
+    assert split.messages[1]["content"] == [
+        {"type": "text", "text": "a"},
+        {"type": "image"},
+        {"type": "image"},
+    ]
+    assert [
+        same_pixels(a, b) for a, b in zip(split.images, [picture(), picture(4, 4, seed=1)], strict=True)
+    ] == [True] * 2
     assert messages[1]["content"][1]["type"] == "image_url"  # the input is left as it was
     bad = [{"role": "user", "content": [{"type": "text", "text": "a"},
                                         {"type": "image_url", "image_url": {"url": "https://x/y.png"}}]}]

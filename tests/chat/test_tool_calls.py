@@ -16,7 +16,10 @@ def test_calls_are_split_from_the_content_in_order():
     entry = calls[0].to_openai()
     assert entry["type"] == "function" and json.loads(entry["function"]["arguments"]) == {"city": "Paris"}
     assert entry["id"].startswith("call_") and entry["id"] != calls[1].to_openai()["id"]
-    assert calls[0].to_message() == {"type": "function", "function": {"name": "weather", "arguments": {"city": "Paris"}}}
+    assert calls[0].to_message() == {
+        "type": "function",
+        "function": {"name": "weather", "arguments": {"city": "Paris"}},
+    }
 
 
 def test_malformed_or_unclosed_blocks_stay_content():
