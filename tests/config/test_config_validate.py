@@ -71,13 +71,22 @@ def test_violation_carries_key_value_rule_and_fix():
     assert str(v).startswith(f"{FA}num_parallel_generation_workers=4: ")
 
 
-@pytest.mark.parametrize(("overrides", "rule", "fix"), [
-    ([f"{FA}engine_restarts=-1"], "must be >= 0", f"set {FA}engine_restarts to 0 or more"),
-    ([f"{FA}engine_restarts=2", f"{IE}weight_sync_backend=inprocess"], "weight_sync_backend=inprocess",
-     f"set {IE}weight_sync_backend=shm (or broadcast)"),
-    ([f"{FA}engine_restarts=2", f"{FA}enabled=false", f"{IE}weight_sync_backend=shm"], "fully-async trainer only",
-     f"set {FA}enabled=true or {FA}engine_restarts=0"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "rule", "fix"),
+    [
+        ([f"{FA}engine_restarts=-1"], "must be >= 0", f"set {FA}engine_restarts to 0 or more"),
+        (
+            [f"{FA}engine_restarts=2", f"{IE}weight_sync_backend=inprocess"],
+            "weight_sync_backend=inprocess",
+            f"set {IE}weight_sync_backend=shm (or broadcast)",
+        ),
+        (
+            [f"{FA}engine_restarts=2", f"{FA}enabled=false", f"{IE}weight_sync_backend=shm"],
+            "fully-async trainer only",
+            f"set {FA}enabled=true or {FA}engine_restarts=0",
+        ),
+    ],
+)
 def test_engine_restarts_need_engine_processes_of_the_fully_async_trainer(overrides, rule, fix):
     v = _one(*overrides)
     assert v.key == f"{FA}engine_restarts" and rule in v.rule and v.fix == fix
@@ -272,7 +281,9 @@ def test_lora_runs_with_sleeping_engines_and_on_megatron_and_is_refused_by_a_run
     for extra in ([f"{IE}offload_kv_for_weight_sync=true"], ["trainer.placement.colocate_all=true",
                                                             "trainer.fully_async.enabled=false"],
                   ["trainer.strategy=megatron"]):
-        assert unimplemented(load_config(None, [*LOCAL_CPU, "trainer.policy.model.lora.rank=16", *extra])) == []
+        assert (
+            unimplemented(load_config(None, [*LOCAL_CPU, "trainer.policy.model.lora.rank=16", *extra])) == []
+        )
     (v,) = unimplemented(load_config(None, [*LOCAL_CPU, "trainer.policy.model.lora.rank=16",
                                             "trainer.placement.policy_num_nodes=2"]))
     assert "more than one FSDP policy rank" in v.rule
@@ -311,7 +322,13 @@ def test_generation_workers_bound_follows_staleness():
 
 def test_fully_async_rules_do_not_apply_to_the_synchronous_trainer():
     load_config(
-        None, [*LOCAL_CPU, f"{FA}enabled=false", f"{FA}num_parallel_generation_workers=1", "trainer.train_batch_size=32"]
+        None,
+        [
+            *LOCAL_CPU,
+            f"{FA}enabled=false",
+            f"{FA}num_parallel_generation_workers=1",
+            "trainer.train_batch_size=32",
+        ],
     )
 
 
@@ -324,7 +341,14 @@ def test_tensor_parallel_size_must_divide_the_policy_ranks():
     assert "must divide the policy's ranks" in v.rule and "= 4" in v.rule
     assert v.fix == f"set {TP} to one of [1, 2, 4], or {GPUS} to a multiple of 3"
     cfg = load_config(
-        None, [*LOCAL_CPU, "trainer.strategy=megatron", f"{TP}=2", f"{GPUS}=2", "trainer.placement.policy_num_nodes=3"]
+        None,
+        [
+            *LOCAL_CPU,
+            "trainer.strategy=megatron",
+            f"{TP}=2",
+            f"{GPUS}=2",
+            "trainer.placement.policy_num_nodes=3",
+        ],
     )
     assert cfg.trainer.policy.megatron_config.tensor_model_parallel_size == 2
 

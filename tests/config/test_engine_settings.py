@@ -30,8 +30,11 @@ def test_every_engine_field_has_exactly_one_source():
 
 
 def test_the_engine_settings_are_the_keys_values(tmp_path):
-    cfg = load_config(None, [f"{IE}backend=native", f"{IE}kv_cache_memory_gib=0.5"])  # otherwise SkyRL's defaults
-    expected = {name: getattr(cfg.generator.inference_engine, RENAMED.get(name, name)) for name in ENGINE_KEYS}
+    # otherwise SkyRL's defaults
+    cfg = load_config(None, [f"{IE}backend=native", f"{IE}kv_cache_memory_gib=0.5"])
+    expected = {
+        name: getattr(cfg.generator.inference_engine, RENAMED.get(name, name)) for name in ENGINE_KEYS
+    }
     got = engine_config(cfg, tmp_path)
     assert {name: getattr(got, name) for name in ENGINE_KEYS} == expected
     assert (got.seed, got.kv_cache_memory_gib) == (42, 0.5)
@@ -58,11 +61,14 @@ def test_gpu_memory_utilization_sizes_the_kv_cache_from_the_memory_left(tmp_path
     hf = AutoConfig.from_pretrained(model)
     head_dim = hf.hidden_size // hf.num_attention_heads  # Qwen2 has no head_dim of its own
     per_token = 2 * hf.num_hidden_layers * hf.num_key_value_heads * head_dim * 2  # bf16 keys and values
-    usable = ie.max_num_seqs * hf.max_position_embeddings * per_token  # SkyRL's 1024 requests, the model's context
+    # SkyRL's 1024 requests, the model's context
+    usable = ie.max_num_seqs * hf.max_position_embeddings * per_token
     assert kv_cache_gib(ie, model, engines_on_host=2) == pytest.approx(min(budget, usable) / 2**30, rel=0.05)
     small = load_config(None, [f"{IE}max_num_seqs=64", f"{IE}max_model_len=512",
                                "trainer.placement.colocate_all=false"]).generator.inference_engine
-    assert kv_cache_gib(small, model, engines_on_host=1) == pytest.approx(max(MIN_KV_GIB, 64 * 512 * per_token / 2**30))
+    assert kv_cache_gib(small, model, engines_on_host=1) == pytest.approx(
+        max(MIN_KV_GIB, 64 * 512 * per_token / 2**30)
+    )
     assert weight_bytes(model, "float32") == 2 * weight_bytes(model, "bfloat16") > 0
 
 

@@ -51,7 +51,9 @@ def test_every_key_has_a_status_and_an_implemented_key_a_reader(key):
     assert status.state in (IMPLEMENTED, ACCEPTED, REFUSED)
     if status.state == IMPLEMENTED:
         field = key.rsplit(".", 1)[-1]
-        assert readers(field), f"{key} is implemented but nothing reads `.{field}`: read it, or give it a status"
+        assert readers(field), (
+            f"{key} is implemented but nothing reads `.{field}`: read it, or give it a status"
+        )
     else:
         assert len(status.note) > 20, f"{key} is {status.state} without a reason"
     if status.state == REFUSED:
@@ -139,8 +141,22 @@ def _refused_value(key: str):
     f, default = schema_fields()[key], get_key(default_config(), key)
     status = field_status(f)
     tp = typing.get_type_hints(_owner(key))[key.rsplit(".", 1)[-1]]
-    candidates = [True, False, 2, 0, -3, 7.5, 0.5, *schema_choices().get(key, ((),))[0], "replace", "geometric",
-                  "other", ["x"], {"x": 1}, None]
+    candidates = [
+        True,
+        False,
+        2,
+        0,
+        -3,
+        7.5,
+        0.5,
+        *schema_choices().get(key, ((),))[0],
+        "replace",
+        "geometric",
+        "other",
+        ["x"],
+        {"x": 1},
+        None,
+    ]
     for value in candidates:
         if not is_instance(value, tp) or status.takes(value, default):
             continue
@@ -162,7 +178,8 @@ def _owner(key: str) -> type:
 @pytest.mark.parametrize("key", sorted(refused_keys()))
 def test_a_run_refuses_what_is_not_implemented_and_validate_accepts_it(key, tmp_path):
     value = _refused_value(key)
-    cfg = load_config(None, [f"{key}={_override(value)}", *NEEDS.get(key, [])])  # valid SkyRL config: it loads
+    # valid SkyRL config: it loads
+    cfg = load_config(None, [f"{key}={_override(value)}", *NEEDS.get(key, [])])
     violations = [v for v in unimplemented(cfg) if v.key == key]
     assert len(violations) == 1 and violations[0].value == value and violations[0].fix
     with pytest.raises(ConfigError) as err:
@@ -187,7 +204,8 @@ def test_engines_and_steps_refuse_what_is_not_implemented(tmp_path):
 def test_lora_is_refused_only_where_it_is_not_implemented():
     two_ranks = ["trainer.policy.model.lora.rank=8", "trainer.placement.policy_num_gpus_per_node=2",
                  "generator.inference_engine.num_engines=2"]
-    require_implemented(load_config(None, [*two_ranks, "trainer.strategy=megatron"]))  # megatron's ranks take it
+    # megatron's ranks take it
+    require_implemented(load_config(None, [*two_ranks, "trainer.strategy=megatron"]))
     with pytest.raises(ConfigError) as err:
         require_implemented(load_config(None, [*two_ranks, "trainer.strategy=fsdp",
                                                "trainer.policy.megatron_config.lora_config.lora_type=canonical_lora"]))

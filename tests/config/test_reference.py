@@ -15,7 +15,8 @@ PAGE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "config.md"
 
 def test_the_docs_page_is_the_generated_reference():
     assert PAGE.read_text() == config_reference(), (
-        "docs/reference/config.md is out of date: run `inflight train --reference > docs/reference/config.md`")
+        "docs/reference/config.md is out of date: run `inflight train --reference > docs/reference/config.md`"
+    )
 
 
 def test_every_key_is_in_the_reference_with_a_meaning_or_a_reason():

@@ -31,7 +31,9 @@ def skyrl_total_training_steps(fully_async: bool, prompts: int, **trainer: objec
     cfg.data.dataloader.num_workers, cfg.data.dataloader.persistent_workers = 0, False
     for key, value in trainer.items():
         setattr(cfg.trainer, key, value)
-    me = SimpleNamespace(cfg=cfg, train_dataset=_Rows(range(prompts)), mini_batch_size=cfg.trainer.policy_mini_batch_size)
+    me = SimpleNamespace(
+        cfg=cfg, train_dataset=_Rows(range(prompts)), mini_batch_size=cfg.trainer.policy_mini_batch_size
+    )
     if fully_async:
         import_oracle("skyrl.train.fully_async_trainer").FullyAsyncRayPPOTrainer \
             ._build_train_dataloader_and_compute_training_steps(me)
@@ -63,6 +65,12 @@ def test_max_training_steps_caps_the_epochs_as_in_skyrl(fully_async, prompts, ep
                              f"trainer.fully_async.enabled={str(fully_async).lower()}",
                              f"trainer.fully_async.num_parallel_generation_workers={batch}",
                              "trainer.placement.colocate_all=false"])
-    theirs = skyrl_total_training_steps(fully_async, prompts, train_batch_size=batch, policy_mini_batch_size=batch,
-                                        epochs=epochs, max_training_steps=max_steps)
+    theirs = skyrl_total_training_steps(
+        fully_async,
+        prompts,
+        train_batch_size=batch,
+        policy_mini_batch_size=batch,
+        epochs=epochs,
+        max_training_steps=max_steps,
+    )
     assert run_training_steps(cfg, prompts) == theirs

@@ -85,14 +85,28 @@ def test_print_config_prints_and_names_what_a_run_would_refuse(tmp_path, capsys)
 
 
 def test_localize_touches_only_devices_and_paths(tmp_path):
-    got = localize(["trainer.placement.policy_num_gpus_per_node=8", "generator.inference_engine.num_engines=4",
-                    "generator.inference_engine.weight_sync_backend=nccl", "trainer.algorithm.eps_clip_high=0.28",
-                    "trainer.policy.model.path=Qwen/Qwen3-4B", "trainer.ckpt_path=/root/ckpts/x",
-                    "trainer.epochs=20", "trainer.remove_microbatch_padding=$UNSET"], tmp_path)
-    assert got == ["trainer.placement.policy_num_gpus_per_node=1", "generator.inference_engine.num_engines=1",
-                   "generator.inference_engine.weight_sync_backend=gloo", "trainer.algorithm.eps_clip_high=0.28",
-                   f"trainer.policy.model.path={tmp_path / 'model'}", f"trainer.ckpt_path={tmp_path / 'trainer_ckpt_path'}",
-                   "trainer.epochs=20"]
+    got = localize(
+        [
+            "trainer.placement.policy_num_gpus_per_node=8",
+            "generator.inference_engine.num_engines=4",
+            "generator.inference_engine.weight_sync_backend=nccl",
+            "trainer.algorithm.eps_clip_high=0.28",
+            "trainer.policy.model.path=Qwen/Qwen3-4B",
+            "trainer.ckpt_path=/root/ckpts/x",
+            "trainer.epochs=20",
+            "trainer.remove_microbatch_padding=$UNSET",
+        ],
+        tmp_path,
+    )
+    assert got == [
+        "trainer.placement.policy_num_gpus_per_node=1",
+        "generator.inference_engine.num_engines=1",
+        "generator.inference_engine.weight_sync_backend=gloo",
+        "trainer.algorithm.eps_clip_high=0.28",
+        f"trainer.policy.model.path={tmp_path / 'model'}",
+        f"trainer.ckpt_path={tmp_path / 'trainer_ckpt_path'}",
+        "trainer.epochs=20",
+    ]
 
 
 NOTHING_REFUSED = 81
