@@ -50,7 +50,8 @@ def test_site_builds_with_no_warning(site):
     "page, objects",
     [
         ("engine", ["inflight.engine.LLMEngine", "inflight.engine.LLMEngine.finish_weight_update",
-                    "inflight.engine.AsyncEngine", "inflight.engine.SamplingParams", "inflight.engine.RequestOutput"]),
+                    "inflight.engine.AsyncEngine", "inflight.engine.SamplingParams",
+                    "inflight.engine.RequestOutput"]),
         ("client", ["inflight.client.RemoteClient", "inflight.client.InferenceClient.pause",
                     "inflight.client.InferenceClient.resume", "inflight.client.update_all_or_nothing"]),
         ("rewards", ["inflight.rewards.get_reward", "inflight.rewards.register", "inflight.rewards.score"]),
@@ -71,7 +72,9 @@ def test_strict_build_fails_on_broken_links_anchors_and_pages_left_out(tmp_path)
     shutil.copy(ROOT / "mkdocs.yml", tmp_path / "mkdocs.yml")
     (tmp_path / "inflight").symlink_to(ROOT / "inflight")  # the API pages read the package's source
     index = tmp_path / "docs" / "index.md"
-    index.write_text(index.read_text() + "\n[gone](no-such-page.md) [bad anchor](benchmarks.md#no-such-heading)\n")
+    index.write_text(
+        index.read_text() + "\n[gone](no-such-page.md) [bad anchor](benchmarks.md#no-such-heading)\n"
+    )
     (tmp_path / "docs" / "orphan.md").write_text("# Not in the navigation\n")
     result = build(tmp_path / "mkdocs.yml", tmp_path / "site")
     out = result.stdout + result.stderr
@@ -81,10 +84,18 @@ def test_strict_build_fails_on_broken_links_anchors_and_pages_left_out(tmp_path)
 
 def test_readme_is_a_front_page_with_working_links():
     text = (ROOT / "README.md").read_text()
-    assert len(text.splitlines()) <= 250, "README.md is a front page: keep it under 250 lines (details go in docs/)"
+    assert len(text.splitlines()) <= 250, (
+        "README.md is a front page: keep it under 250 lines (details go in docs/)"
+    )
     dated = re.findall(r"\b20\d\d-\d\d-\d\d\b|\b\d\d:\d\d\b|\bUTC\b", text)
-    assert not dated, f"README.md holds dates or times of day {dated}: measurements belong in docs/benchmarks.md"
+    assert not dated, (
+        f"README.md holds dates or times of day {dated}: measurements belong in docs/benchmarks.md"
+    )
     for link in re.findall(r"\]\(((?:docs|examples)/[^)#\s]+)", text):
         assert (ROOT / link).exists(), f"README.md links to {link}, which does not exist"
-    for heading in ("## Train on your own data or a SkyRL recipe", "## Train your agent", "## Serve and evaluate"):
+    for heading in (
+        "## Train on your own data or a SkyRL recipe",
+        "## Train your agent",
+        "## Serve and evaluate",
+    ):
         assert heading in text, heading

@@ -98,7 +98,9 @@ def run(cmd: list[str], cwd: Path, what: str) -> None:
     env = {**os.environ, "PATH": venv_bin + os.pathsep + os.environ.get("PATH", ""), "OMP_NUM_THREADS": "1",
            "PYTHONUNBUFFERED": "1", "NO_COLOR": "1"}
     try:
-        result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S)
+        result = subprocess.run(
+            cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S
+        )
     except subprocess.TimeoutExpired as err:
         raise AssertionError(f"{what} ran longer than {BLOCK_TIMEOUT_S} s") from err
     assert result.returncode == 0, (
@@ -120,7 +122,9 @@ def groups(blocks: list[Block]) -> list[list[Block]]:
 
 @pytest.mark.parametrize("page", sorted(PAGES))
 def test_marked_blocks_run(page, tmp_path):
-    shutil.copytree(ROOT / "examples", tmp_path / "examples", ignore=shutil.ignore_patterns("*.parquet", "__pycache__"))
+    shutil.copytree(
+        ROOT / "examples", tmp_path / "examples", ignore=shutil.ignore_patterns("*.parquet", "__pycache__")
+    )
     for n, group in enumerate(groups(PAGES[page])):
         first = group[0]
         where = f"{page}:{first.line} ({first.language})"

@@ -44,17 +44,23 @@ def test_every_extra_is_installed_and_listed_alike():
     assert [set(b.split(",")) for b in bootstrap] == [extras], "scripts/bootstrap.sh installs every extra"
     for page in FRONT_PAGES:
         listed = re.findall(r"pip install -e \.\[([\w,]+)\]", (ROOT / page).read_text())
-        assert listed and all(set(x.split(",")) == extras for x in listed), f"{page}: {listed} vs {sorted(extras)}"
+        assert listed and all(set(x.split(",")) == extras for x in listed), (
+            f"{page}: {listed} vs {sorted(extras)}"
+        )
 
 
 def test_the_model_lists_name_what_the_engine_loads():
     def key(name: str) -> str:  # Qwen2.5-VL and Qwen2_5_VLForConditionalGeneration alike: qwen25vl
-        return re.sub(r"[-._]", "", name.removesuffix("ForCausalLM").removesuffix("ForConditionalGeneration")).lower()
+        return re.sub(
+            r"[-._]", "", name.removesuffix("ForCausalLM").removesuffix("ForConditionalGeneration")
+        ).lower()
 
     engine = {key(name) for name in ARCHITECTURES}
     for page in (*FRONT_PAGES, "docs/training/data-and-rewards.md"):
         text = " ".join((ROOT / page).read_text().split())
-        lists = re.findall(r"any local Hugging Face ((?:[\w.-]+, )+[\w.-]+ or [\w.-]+) (?:directory|checkpoint)", text)
+        lists = re.findall(
+            r"any local Hugging Face ((?:[\w.-]+, )+[\w.-]+ or [\w.-]+) (?:directory|checkpoint)", text
+        )
         assert lists, f"{page} names no model list"
         for found in lists:
             names = {key(n) for n in re.split(r", | or ", found)}
@@ -72,23 +78,35 @@ def test_the_subcommand_lists_are_the_commands():
 
 def test_no_config_means_skyrls_defaults_in_the_help_and_the_docs():
     cfg, _ = resolve_config(None, [])
-    assert cfg.data.train_data == [str(Path("~/data/gsm8k/train.parquet").expanduser())]  # SkyRL's, not the demo's
+    # SkyRL's, not the demo's
+    assert cfg.data.train_data == [str(Path("~/data/gsm8k/train.parquet").expanduser())]
     assert cfg.trainer.policy.model.path is None and cfg.trainer.train_batch_size == 1024
     help_text = next(a.help for a in train_parser()._actions if a.dest == "config")
     assert "SkyRL's defaults" in help_text
     configs = " ".join((ROOT / "docs/training/configs.md").read_text().split())
     assert "With no `--config` every key takes SkyRL's default" in configs
     assert "runs the built-in demo job" not in configs
-    run = subprocess.run([sys.executable, "-m", "inflight.cli", "train", "--print-config"], capture_output=True,
-                         text=True, timeout=120, cwd=ROOT)
-    assert run.returncode == 2 and "trainer.policy.model.path" in run.stderr and "data.train_data" in run.stderr
+    run = subprocess.run(
+        [sys.executable, "-m", "inflight.cli", "train", "--print-config"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert (
+        run.returncode == 2 and "trainer.policy.model.path" in run.stderr and "data.train_data" in run.stderr
+    )
 
 
 def stated_defaults() -> list[tuple[str, str, str]]:
     """(page, key, value) for every "`trainer.key` (..., default V" a page states."""
     pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
     found = re.compile(r"`((?:trainer|generator|data|environment)\.[\w.]+)` \((?:[^)]*?, )?default ([^;,)]+)")
-    return [(str(p.relative_to(ROOT)), key, value.strip()) for p in pages for key, value in found.findall(p.read_text())]
+    return [
+        (str(p.relative_to(ROOT)), key, value.strip())
+        for p in pages
+        for key, value in found.findall(p.read_text())
+    ]
 
 
 def test_the_defaults_the_docs_state_are_the_schemas():
@@ -110,8 +128,12 @@ def gsm8k_recipes() -> list[tuple[str, str]]:
     """(page, bash block) of every block that trains the GSM8K recipe and names one of its checkpoints,
     and the README's (whose prose names the last one)."""
     pages = ["README.md", *(str(p.relative_to(ROOT)) for p in sorted((ROOT / "docs").rglob("*.md")))]
-    return [(page, block) for page in pages for block in bash_blocks(page)
-            if "--config examples/gsm8k/config.yaml" in block and ("global_step_" in block or page == "README.md")]
+    return [
+        (page, block)
+        for page in pages
+        for block in bash_blocks(page)
+        if "--config examples/gsm8k/config.yaml" in block and ("global_step_" in block or page == "README.md")
+    ]
 
 
 @pytest.mark.parametrize("page, block", gsm8k_recipes())
@@ -120,19 +142,26 @@ def test_the_gsm8k_checkpoints_named_are_ones_the_run_writes(tmp_path, page, blo
     lines = block.splitlines()
     make = next(words(x) for x in lines if "examples/gsm8k/make_data.py" in x)  # the block writes its data
     args = make[next(i for i, w in enumerate(make) if w.endswith("make_data.py")) + 1:]
-    subprocess.run([sys.executable, str(ROOT / "examples/gsm8k/make_data.py"), *args, "--output-dir", str(tmp_path)],
-                   check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, str(ROOT / "examples/gsm8k/make_data.py"), *args, "--output-dir", str(tmp_path)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     rows = len(datasets.Dataset.from_parquet(str(tmp_path / "train.parquet")))
     train = next(words(x) for x in lines if "inflight train --config examples/gsm8k/config.yaml" in x)
     cfg, _ = resolve_config(str(ROOT / "examples/gsm8k/config.yaml"), [w for w in train if "=" in w])
     steps, every = run_training_steps(cfg, rows), cfg.trainer.ckpt_interval
     written = {k for k in range(every, steps + 1, every)} | {steps}
     named = {int(n) for n in re.findall(r"global_step_(\d+)", block)}
-    if page == "README.md":  # its prose and the config's comments name the last checkpoint of the recipe as written
+    # its prose and the config's comments name the last checkpoint of the recipe as written
+    if page == "README.md":
         for text in (ROOT / page).read_text(), (ROOT / "examples/gsm8k/config.yaml").read_text():
             named |= {int(n) for n in re.findall(r"global_step_(\d+)", text)}
         assert named, "README.md names the checkpoint the GSM8K recipe ends with"
-    assert named <= written, f"{page}: names global_step_{sorted(named - written)}; the run writes {sorted(written)}"
+    assert named <= written, (
+        f"{page}: names global_step_{sorted(named - written)}; the run writes {sorted(written)}"
+    )
 
 
 def readme_train_commands() -> list[str]:

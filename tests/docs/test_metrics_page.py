@@ -25,17 +25,20 @@ CORRECTION = "trainer.algorithm.off_policy_correction."
 RUNS = {
     "fully_async": ["trainer.eval_interval=2", "job.max_steps=4", "job.lend_threads=true"],
     "sync_critic_cispo_masks": [
-        "trainer.fully_async.enabled=false", "job.max_steps=2", "trainer.algorithm.zero_variance_filter=false",
+        "trainer.fully_async.enabled=false", "job.max_steps=2",
+        "trainer.algorithm.zero_variance_filter=false",
         "trainer.algorithm.advantage_estimator=gae", "trainer.critic_mini_batch_size=4",
         "trainer.algorithm.use_kl_loss=true", "trainer.algorithm.use_entropy_loss=true",
         "trainer.algorithm.policy_loss_type=cispo",
-        f"{CORRECTION}outlier_token_is_threshold_low=0.01", f"{CORRECTION}outlier_token_is_threshold_high=100",
+        f"{CORRECTION}outlier_token_is_threshold_low=0.01",
+        f"{CORRECTION}outlier_token_is_threshold_high=100",
         f"{CORRECTION}token_mask_is_threshold_low=0.01", f"{CORRECTION}token_mask_is_threshold_high=100",
         f"{CORRECTION}tis_ratio_type=sequence", f"{CORRECTION}sequence_mask_metric=geometric",
         f"{CORRECTION}geo_mask_low=0.5", f"{CORRECTION}geo_mask_high=2",
     ],
     "kl_in_reward": [
-        "job.max_steps=2", "trainer.algorithm.zero_variance_filter=false", "trainer.algorithm.use_kl_loss=false",
+        "job.max_steps=2", "trainer.algorithm.zero_variance_filter=false",
+        "trainer.algorithm.use_kl_loss=false",
         "trainer.algorithm.use_kl_in_reward=true", "trainer.algorithm.policy_loss_type=importance_sampling",
         f"{CORRECTION}tis_ratio_type=null",
     ],
@@ -88,16 +91,23 @@ def logged(tmp_path_factory) -> dict[str, set[str]]:
                 await trainer.close()
 
         asyncio.run(run())
-        out[name] = {k for line in (run_dir / "metrics.jsonl").read_text().splitlines() for k in json.loads(line)}
+        out[name] = {
+            k for line in (run_dir / "metrics.jsonl").read_text().splitlines() for k in json.loads(line)
+        }
     return out
 
 
 def test_the_page_parses_into_keys_and_placeholders():
     keys = documented_keys(PAGE.read_text())
-    assert {"reward", "accuracy", "staleness_mean", "throughput/samples_per_s", "eval/<set>/pass@<k>"} <= set(keys)
+    assert (
+        {"reward", "accuracy", "staleness_mean", "throughput/samples_per_s", "eval/<set>/pass@<k>"}
+        <= set(keys)
+    )
     assert "trainer.correct_threshold" not in keys  # only the key column is read
-    assert undocumented({"eval/gsm8k/pass@4", "eval/gsm8k/pass@4/x", "nonsense"}, keys) == ["eval/gsm8k/pass@4/x",
-                                                                                             "nonsense"]
+    assert undocumented({"eval/gsm8k/pass@4", "eval/gsm8k/pass@4/x", "nonsense"}, keys) == [
+        "eval/gsm8k/pass@4/x",
+        "nonsense",
+    ]
 
 
 @pytest.mark.parametrize("run", list(RUNS))
@@ -117,8 +127,16 @@ def test_the_runs_reach_the_conditional_keys(logged):
 
 
 def test_every_agent_metric_is_on_the_metrics_page():
-    done = Trajectory(prompt_ids=[1, 2], response_ids=[3], logprobs=[-0.5], versions=[0], loss_mask=[1], reward=1.0,
-                      finish_reason="stop", info={"agent_calls": 2, "agent_samples": 1})
+    done = Trajectory(
+        prompt_ids=[1, 2],
+        response_ids=[3],
+        logprobs=[-0.5],
+        versions=[0],
+        loss_mask=[1],
+        reward=1.0,
+        finish_reason="stop",
+        info={"agent_calls": 2, "agent_samples": 1},
+    )
     failed = Trajectory(prompt_ids=[1, 2], response_ids=[4], logprobs=[-0.5], versions=[0], loss_mask=[1],
                         reward=0.0, finish_reason="stop", info={"agent_calls": 1})
     failed.mark_rollout_failed("agent: ValueError: boom")
