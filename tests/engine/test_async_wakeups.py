@@ -48,7 +48,9 @@ class HeldLock:
 @pytest.fixture
 def make_engine(tiny_model_factory):
     def make(**kwargs) -> AsyncEngine:
-        return AsyncEngine.from_config(EngineConfig(model=str(tiny_model_factory("qwen2")), block_size=4), **kwargs)
+        return AsyncEngine.from_config(
+            EngineConfig(model=str(tiny_model_factory("qwen2")), block_size=4), **kwargs
+        )
 
     return make
 
@@ -79,7 +81,9 @@ def test_a_resume_whose_caller_gave_up_still_wakes_the_loop(make_engine):
     assert missed == 0  # woken by the call itself, not found later by the backstop
 
 
-async def _draining_long_request(engine: AsyncEngine, draining: Callable[[], bool]) -> tuple[asyncio.Task, asyncio.Task]:
+async def _draining_long_request(
+    engine: AsyncEngine, draining: Callable[[], bool]
+) -> tuple[asyncio.Task, asyncio.Task]:
     """A 900-token request decoding, then a pause('wait') draining it: (request task, pause task).
     `draining` says whether the engine drains (a test counting reads of the state passes its own)."""
     long = SamplingParams(max_tokens=900, temperature=0.0, ignore_eos=True)

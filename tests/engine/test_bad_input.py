@@ -50,7 +50,9 @@ def test_prompt_longer_than_context(engine):
 
 
 def test_request_that_never_fits_the_cache(engine):
-    with pytest.raises(InvalidRequestError, match=r"needs up to 25 KV blocks \(199 tokens\) but the cache has 16"):
+    with pytest.raises(
+        InvalidRequestError, match=r"needs up to 25 KV blocks \(199 tokens\) but the cache has 16"
+    ):
         engine.add_request("huge", [1] * 150, SamplingParams(max_tokens=49))
     engine.add_request("fits", [1] * 100, SamplingParams(max_tokens=28, ignore_eos=True))  # exactly 16 blocks
     while engine.has_unfinished_requests():
@@ -90,7 +92,9 @@ def test_missing_files_and_unknown_architecture(tmp_path, tiny_model_factory):
         LLMEngine(EngineConfig(model=str(no_weights)))
     gpt2 = tmp_path / "gpt2"
     gpt2.mkdir()
-    (gpt2 / "config.json").write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}))
+    (gpt2 / "config.json").write_text(
+        json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]})
+    )
     with pytest.raises(ModelLoadError, match="unsupported architecture.*GPT2LMHeadModel.*Qwen2ForCausalLM"):
         LLMEngine(EngineConfig(model=str(gpt2)))
 

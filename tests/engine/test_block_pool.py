@@ -123,7 +123,11 @@ def test_a_requests_blocks_match_publish_and_release_by_salt_and_version():
     assert pool.match_prefix(a, 0) == 0 and pool.allocate_slots(a, 9, 0) and a.block_ids == [0, 1, 2]
     a.num_computed_tokens = 9
     pool.publish(a)  # the two full blocks; the third holds one token
-    assert len(a.block_hashes) == 2 and [pool.blocks[i].hash is not None for i in a.block_ids] == [True, True, False]
+    assert len(a.block_hashes) == 2 and [pool.blocks[i].hash is not None for i in a.block_ids] == [
+        True,
+        True,
+        False,
+    ]
     same = Request("b", tokens, SamplingParams(), 1, cache_salt="s")
     assert pool.match_prefix(same, 0) == 8 and same.block_ids == [0, 1] and pool.blocks[0].ref_count == 2
     assert pool.match_prefix(Request("c", tokens, SamplingParams(), 2), 0) == 0  # another salt

@@ -34,7 +34,12 @@ def test_rotary_columns_rotate_q_and_k_in_place_like_transformers(dtype, ops_kin
     positions = torch.randint(0, 64, (tokens,))
     qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, dtype=dtype)
     q = qkv[:, : heads * dim].view(tokens, heads, dim).transpose(0, 1)[None].clone()
-    k = qkv[:, heads * dim : (heads + kv_heads) * dim].view(tokens, kv_heads, dim).transpose(0, 1)[None].clone()
+    k = (
+        qkv[:, heads * dim : (heads + kv_heads) * dim]
+        .view(tokens, kv_heads, dim)
+        .transpose(0, 1)[None]
+        .clone()
+    )
     v = qkv[:, (heads + kv_heads) * dim :].clone()
     cos, sin = table[positions, 0][None].to(dtype), table[positions, 1][None].to(dtype)
     want_q, want_k = apply_rotary_pos_emb(q, k, cos, sin)
@@ -103,7 +108,9 @@ def test_decode_steps_take_the_pointer_path_and_match_transformers(arch, monkeyp
     model_dir = tiny_model_factory(arch)
     engine = LLMEngine(EngineConfig(model=str(model_dir), block_size=8))
     prompts, max_tokens = [[5, 6, 7], list(range(20, 41)), [9] * 12], 10
-    outputs = engine.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
+    outputs = engine.generate(
+        prompts, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    )
     layers = engine.model.config.num_hidden_layers
     # every step (the prefill too: its short chunks are native kernel rows), every layer
     assert len(calls) == max_tokens * layers and all(calls)

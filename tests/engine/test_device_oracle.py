@@ -20,8 +20,17 @@ def test_greedy_on_the_device_matches_transformers(arch, device, tiny_model_fact
     if device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False
     model_dir = tiny_model_factory(arch)
-    engine = LLMEngine(EngineConfig(model=str(model_dir), device=device, block_size=8, num_kv_blocks=64,
-                                    attention_backend="torch", linear_backend="torch", elementwise_backend="torch"))
+    engine = LLMEngine(
+        EngineConfig(
+            model=str(model_dir),
+            device=device,
+            block_size=8,
+            num_kv_blocks=64,
+            attention_backend="torch",
+            linear_backend="torch",
+            elementwise_backend="torch",
+        )
+    )
     rng = random.Random(3)
     prompts = [[rng.randrange(3, 380) for _ in range(n)] for n in (1, 9, 30)]
     outputs = engine.generate(prompts, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))

@@ -35,8 +35,8 @@ def _check_against_hf(hf, prompts, outputs, max_tokens=MAX_TOKENS, atol=1e-4):
 
 def _batched_greedy_case(arch, backend, linear, tiny_model_factory, hf_model_factory) -> LLMEngine:
     model_dir = tiny_model_factory(arch)
-    config = EngineConfig(model=str(model_dir), block_size=8, attention_backend=backend, linear_backend=linear,
-                          elementwise_backend=backend)  # fmt: skip
+    config = EngineConfig(model=str(model_dir), block_size=8, attention_backend=backend,
+                          linear_backend=linear, elementwise_backend=backend)  # fmt: skip
     engine = LLMEngine(config)
     prompts = _prompts(1)
     outputs = engine.generate(prompts, _greedy())
@@ -136,7 +136,9 @@ def _linear_backends_for(dtype: torch.dtype) -> list:
 @pytest.mark.parametrize("linear", _linear_backends_for(torch.bfloat16))
 def test_bfloat16_close_to_transformers(linear, kernel_isa, tiny_model_factory, hf_model_factory):
     model_dir = tiny_model_factory("qwen2")
-    engine = LLMEngine(EngineConfig(model=str(model_dir), dtype="bfloat16", block_size=8, linear_backend=linear))
+    engine = LLMEngine(
+        EngineConfig(model=str(model_dir), dtype="bfloat16", block_size=8, linear_backend=linear)
+    )
     prompts = _prompts(8, lens=[6, 25])
     outputs = engine.generate(prompts, _greedy(1))
     hf = hf_model_factory(model_dir, torch.bfloat16)

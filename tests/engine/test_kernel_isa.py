@@ -60,14 +60,18 @@ def test_off_x86_only_the_portable_level_runs(monkeypatch):
 
 def test_an_unknown_isa_names_the_choices(monkeypatch):
     monkeypatch.setenv("INFLIGHT_KERNEL_ISA", "sse9")
-    with pytest.raises(kernels.NativeKernelError, match=r"INFLIGHT_KERNEL_ISA='sse9' must be one of \['native'"):
+    with pytest.raises(
+        kernels.NativeKernelError, match=r"INFLIGHT_KERNEL_ISA='sse9' must be one of \['native'"
+    ):
         kernels.load()
 
 
 CROSS_CC = shutil.which("aarch64-linux-gnu-gcc")
 
 
-@pytest.mark.skipif(CROSS_CC is None, reason="no aarch64 cross-compiler (Debian: apt-get install gcc-aarch64-linux-gnu)")
+@pytest.mark.skipif(
+    CROSS_CC is None, reason="no aarch64 cross-compiler (Debian: apt-get install gcc-aarch64-linux-gnu)"
+)
 def test_portable_kernels_cross_compile_for_aarch64(tmp_path):
     """Apple silicon and Graviton build the portable level: the same flags, an aarch64 shared object,
     and no warning (an x86 intrinsic leaking out of its #if would fail here)."""
@@ -87,7 +91,9 @@ def test_loading_the_kernels_keeps_denormals(tmp_path):
         "print(before, (x * 1.0).item())"
     )
     env = {**os.environ, "INFLIGHT_KERNEL_CACHE": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     before, after = map(float, done.stdout.split())
     assert before > 0 and after == before

@@ -110,8 +110,8 @@ class Lifecycle(RuleBasedStateMachine):
             for request, token, *_ in sampled:
                 tokens, provenance = expected.pop(request.request_id)
                 assert token == self.next_token(tokens, provenance), (
-                    f"{request.request_id}: token {token} is not what transformers samples with KV provenance "
-                    f"{provenance}"
+                    f"{request.request_id}: token {token} is not what transformers samples with KV "
+                    f"provenance {provenance}"
                 )
             assert not expected
             return sampled

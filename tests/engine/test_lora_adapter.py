@@ -71,7 +71,11 @@ def test_adapter_updates_equal_transformers_on_the_merged_peft_model(models):
     first, merged_first = adapter(models.hf_a, rank=4, targets="all-linear", seed=1)
     assert all(t.shape[0] == 4 or t.shape[1] == 4 for t in first.values())
     load_adapter(engine, first)
-    assert _greedy(engine, tokens, 10) == hf_greedy(merged_first, tokens, 10) != hf_greedy(models.hf_a, tokens, 10)
+    assert (
+        _greedy(engine, tokens, 10)
+        == hf_greedy(merged_first, tokens, 10)
+        != hf_greedy(models.hf_a, tokens, 10)
+    )
     # a second adapter on q_proj only: every other weight goes back to the base
     second, merged_second = adapter(models.hf_a, rank=2, targets=["q_proj"], seed=2)
     load_adapter(engine, second, chunks=1)

@@ -83,7 +83,9 @@ def _hf_logits(model: torch.nn.Module, tokens: tuple[int, ...]) -> torch.Tensor:
         return model(torch.tensor([tokens])).logits[0].float()
 
 
-def hf_seeded(model, prompt: list[int], tokens: list[int], params: SamplingParams) -> tuple[list[int], list[float]]:
+def hf_seeded(
+    model, prompt: list[int], tokens: list[int], params: SamplingParams
+) -> tuple[list[int], list[float]]:
     """The engine's sampling rule (`sampler.sample`, a generator seeded as the request's) over
     transformers' logits of the sequence the engine produced: what each step would have drawn."""
     logits = _hf_logits(model, tuple(prompt + tokens))
@@ -320,7 +322,9 @@ def test_lora_on_attention_and_experts_equals_peft(moe):
             if getattr(module, "parameter_name", None):
                 hf_name += "." + module.parameter_name
             tensors[f"{hf_name}.lora_A.weight"] = module.lora_A["default"].weight.detach().clone()
-            tensors[f"{hf_name}.lora_B.weight"] = module.lora_B["default"].weight.detach() * module.scaling["default"]
+            tensors[f"{hf_name}.lora_B.weight"] = (
+                module.lora_B["default"].weight.detach() * module.scaling["default"]
+            )
     assert "model.layers.0.mlp.experts.gate_up_proj.lora_A.weight" in tensors
     merged = model.merge_and_unload().eval()
     engine = LLMEngine(EngineConfig(model=str(model_dir), block_size=8))
@@ -339,9 +343,17 @@ def test_lora_on_attention_and_experts_equals_peft(moe):
 @pytest.mark.parametrize(
     "name, tensor, needle",
     [
-        ("model.layers.0.mlp.experts.gate_up_proj", torch.zeros(8, 64, 63), r"has shape \(8, 64, 63\), expected"),
+        (
+            "model.layers.0.mlp.experts.gate_up_proj",
+            torch.zeros(8, 64, 63),
+            r"has shape \(8, 64, 63\), expected",
+        ),
         ("model.layers.1.mlp.experts.down_proj", torch.zeros(8, 64, 32), "has no MoE layer"),
-        ("model.layers.0.mlp.experts.down_proj.lora_A.weight", torch.zeros(12, 32), r"expected \[8 \* rank, 32\]"),
+        (
+            "model.layers.0.mlp.experts.down_proj.lora_A.weight",
+            torch.zeros(12, 32),
+            r"expected \[8 \* rank, 32\]",
+        ),
         ("model.layers.0.mlp.experts.9.up_proj.weight", torch.zeros(32, 64), "unknown parameter"),
     ],
     ids=["shape", "dense-layer", "lora-shape", "no-such-expert"],
@@ -357,7 +369,9 @@ def test_bad_expert_tensors_are_refused_by_name(name, tensor, needle, moe):
 def test_dense_models_have_no_routing_and_refuse_to_return_it(tiny_model_factory):
     engine = LLMEngine(EngineConfig(model=str(tiny_model_factory("qwen2")), block_size=8))
     assert engine.generate([[5, 6]], greedy(2))[0].routed_experts is None
-    with pytest.raises(InvalidRequestError, match="return_routed_experts=True: Qwen2ForCausalLM has no mixture"):
+    with pytest.raises(
+        InvalidRequestError, match="return_routed_experts=True: Qwen2ForCausalLM has no mixture"
+    ):
         engine.add_request("x", [5, 6], greedy(2, return_routed_experts=True))
     with pytest.raises(InvalidRequestError, match="return_routed_experts="):
         engine.add_request("y", [5, 6], greedy(2, return_routed_experts=1))

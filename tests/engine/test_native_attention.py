@@ -12,7 +12,9 @@ from inflight.engine import EngineConfig, LLMEngine, attention, kernels
 from inflight.engine.attention import PrefillChunk, Workspace, build_metadata, paged_attention
 from inflight.engine.errors import InvalidRequestError
 
-needs_kernel = pytest.mark.skipif(kernels.load() is None, reason="no C compiler: the native kernel cannot be built")
+needs_kernel = pytest.mark.skipif(
+    kernels.load() is None, reason="no C compiler: the native kernel cannot be built"
+)
 
 
 def _paged_case(seed: int, heads: int, kv_heads: int, head_dim: int, block: int, lens: list[int], dtype):

@@ -1,4 +1,5 @@
-"""oneDNN-packed linear layers: same results as F.linear, never stale after a weight change, used by default on CPU."""
+"""oneDNN-packed linear layers: same results as F.linear, never stale after a weight change, used by default
+on CPU."""
 
 from __future__ import annotations
 
@@ -43,8 +44,12 @@ def _packings() -> list:
     """(weight dtype, compute dtype) pairs: each dtype packed as itself, and bfloat16 computed in
     float32 (what CPUs without AVX-512 run); bfloat16 packing is skipped where oneDNN refuses it."""
     ok, why = cpu.onednn_packing(torch.bfloat16)
-    bf16 = pytest.param(torch.bfloat16, torch.bfloat16, id="bf16",
-                        marks=[] if ok else pytest.mark.skip(reason=f"oneDNN refuses bf16 on this CPU: {why}"))
+    bf16 = pytest.param(
+        torch.bfloat16,
+        torch.bfloat16,
+        id="bf16",
+        marks=[] if ok else pytest.mark.skip(reason=f"oneDNN refuses bf16 on this CPU: {why}"),
+    )
     return [pytest.param(torch.float32, torch.float32, id="fp32"), bf16,
             pytest.param(torch.bfloat16, torch.float32, id="bf16-in-fp32")]  # fmt: skip
 
@@ -97,7 +102,9 @@ def test_in_place_weight_change_repacks():
 @pytest.mark.parametrize("biases", [(True, True, True), (False, False, False), (True, False, True)])
 def test_fused_linear_equals_its_parts(dtype, compute, biases):
     torch.manual_seed(0)
-    parts = [_packed(64, width, bias, dtype, compute) for width, bias in zip((64, 32, 32), biases, strict=True)]
+    parts = [
+        _packed(64, width, bias, dtype, compute) for width, bias in zip((64, 32, 32), biases, strict=True)
+    ]
     fused = FusedLinear(parts)
     x = torch.randn(9, 64, dtype=dtype)
     with torch.inference_mode():
@@ -260,7 +267,9 @@ print(json.dumps(dict(backend=engine.linear_backend, logprob=out.logprobs[0],
                       ref=ref[out.output_token_ids[0]].item(), top=ref.max().item(), error=error)))
 """
     env = {**os.environ, **_AVX2_ONLY}
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got["backend"] == "onednn_fp32"

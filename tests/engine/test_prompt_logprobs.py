@@ -43,7 +43,9 @@ def _check(out, hf, prompt: list[int], k: int = 0) -> None:
     targets = torch.tensor(prompt[1:])[:, None]
     expected = logprobs.gather(1, targets).squeeze(1)
     got = torch.tensor(out.prompt_logprobs[1:])
-    assert_close_to_reference(got, expected, [v.gather(1, targets).squeeze(1) for v in variants], "prompt logprobs")
+    assert_close_to_reference(
+        got, expected, [v.gather(1, targets).squeeze(1) for v in variants], "prompt logprobs"
+    )
     ranks = (logprobs > expected[:, None]).sum(-1) + 1
     assert out.prompt_logprob_ranks == [None, *ranks.tolist()]
     if not k:

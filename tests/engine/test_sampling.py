@@ -167,13 +167,17 @@ def test_a_temperature_too_small_to_divide_by_is_greedy(tiny_model_factory, hf_m
     model_dir = tiny_model_factory("qwen2")
     engine = LLMEngine(EngineConfig(model=str(model_dir), block_size=4))
     prompt = [5, 6, 7]
-    (tiny,) = engine.generate([prompt], SamplingParams(max_tokens=6, temperature=temperature, ignore_eos=True))
+    (tiny,) = engine.generate(
+        [prompt], SamplingParams(max_tokens=6, temperature=temperature, ignore_eos=True)
+    )
     hf = hf_model_factory(model_dir)
     ids = torch.tensor([prompt + tiny.output_token_ids])
     with torch.no_grad():
         logits = hf(ids).logits[0, len(prompt) - 1:-1].float()
     assert tiny.output_token_ids == logits.argmax(-1).tolist()
-    expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(tiny.output_token_ids)[:, None]).squeeze(1)
+    expected = (
+        torch.log_softmax(logits, -1).gather(1, torch.tensor(tiny.output_token_ids)[:, None]).squeeze(1)
+    )
     assert all(torch.isfinite(torch.tensor(tiny.logprobs)))
     torch.testing.assert_close(torch.tensor(tiny.logprobs), expected, atol=1e-4, rtol=0)
 

@@ -231,7 +231,9 @@ def test_random_add_step_abort_sequences_keep_block_accounting(data):
                 add(sched, f"r{next(names)}", tokens, data.draw(st.sampled_from([None, "s"])))
         elif op == "step":
             out = step(sched, version)
-            assert sum(n for _, n in out.scheduled) <= budget and len(sched.running) <= sched.config.max_num_seqs
+            assert (
+                sum(n for _, n in out.scheduled) <= budget and len(sched.running) <= sched.config.max_num_seqs
+            )
             assert len({r.request_id for r, _ in out.scheduled}) == len(out.scheduled)
             assert all(n > 0 and sched.pool.blocks[b].epoch == sched.pool.epoch
                        for r, n in out.scheduled for b in r.block_ids)

@@ -46,8 +46,9 @@ def _image(size: tuple[int, int], seed: int) -> Image.Image:
 def _inputs(processor, images: list[Image.Image], text: str = "count the shapes 3+4") -> dict:
     """The processor's output for one user turn with `images` then `text`."""
     content = [{"type": "image"}] * len(images) + [{"type": "text", "text": text}]
-    rendered = processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
-                                             tokenize=False)
+    rendered = processor.apply_chat_template(
+        [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
+    )
     return dict(processor(text=[rendered], images=images or None, return_tensors="pt"))
 
 
@@ -72,10 +73,20 @@ def _greedy(max_tokens: int = MAX_TOKENS) -> SamplingParams:
 @torch.no_grad()
 def _hf_generate(hf, inputs: dict, max_new: int = MAX_TOKENS) -> tuple[list[int], list[float]]:
     """transformers' greedy generate() (EOS ignored): the new tokens and their logprobs."""
-    out = hf.generate(**inputs, max_new_tokens=max_new, min_new_tokens=max_new, do_sample=False, eos_token_id=None,
-                      pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+    out = hf.generate(
+        **inputs,
+        max_new_tokens=max_new,
+        min_new_tokens=max_new,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
     tokens = out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
-    return tokens, [torch.log_softmax(s[0].float(), -1)[t].item() for s, t in zip(out.logits, tokens, strict=True)]
+    return tokens, [
+        torch.log_softmax(s[0].float(), -1)[t].item() for s, t in zip(out.logits, tokens, strict=True)
+    ]
 
 
 @torch.no_grad()
@@ -88,8 +99,13 @@ def _hf_teacher_forced(hf, inputs: dict, tokens: list[int]) -> np.ndarray:
     images = {k: inputs[k] for k in ("pixel_values", "image_grid_thw") if k in inputs}
     images = dict(images, pixel_values=images["pixel_values"].to(dtype)) if images else {}
     cache_ = DynamicCache(config=hf.config)
-    first = hf(input_ids=inputs["input_ids"], position_ids=positions[..., :prompt_len], cache=cache_, use_cache=True,
-               **images).logits[0, -1:]
+    first = hf(
+        input_ids=inputs["input_ids"],
+        position_ids=positions[..., :prompt_len],
+        cache=cache_,
+        use_cache=True,
+        **images,
+    ).logits[0, -1:]
     rest = hf(input_ids=torch.tensor([tokens[:-1]]), position_ids=positions[..., prompt_len:-1], cache=cache_,
               use_cache=True).logits[0]
     logprobs = torch.cat((first, rest)).double().log_softmax(-1)
@@ -116,14 +132,22 @@ def _check_against_hf(hf, cases: list[dict], outputs) -> None:
     refs = [_hf_generate(hf, inputs) for inputs in cases]
     for inputs, out, (tokens, _) in zip(cases, outputs, refs, strict=True):
         assert out.prompt_token_ids == _ids(inputs)
-        assert out.output_token_ids == tokens, f"a prompt with {len(inputs.get('image_grid_thw', []))} images diverged"
+        assert out.output_token_ids == tokens, (
+            f"a prompt with {len(inputs.get('image_grid_thw', []))} images diverged"
+        )
     with other_thread_count():
         threads = [_hf_generate(hf, inputs)[1] for inputs in cases]
-    variants = [np.concatenate(v) for v in (
-        threads,
-        [_hf_teacher_forced(_float64(hf), inputs, tokens) for inputs, (tokens, _) in zip(cases, refs, strict=True)],
-        [_hf_teacher_forced(hf, inputs, tokens) for inputs, (tokens, _) in zip(cases, refs, strict=True)],
-    )]
+    variants = [
+        np.concatenate(v)
+        for v in (
+            threads,
+            [
+                _hf_teacher_forced(_float64(hf), inputs, tokens)
+                for inputs, (tokens, _) in zip(cases, refs, strict=True)
+            ],
+            [_hf_teacher_forced(hf, inputs, tokens) for inputs, (tokens, _) in zip(cases, refs, strict=True)],
+        )
+    ]
     assert_close_to_reference(np.concatenate([out.logprobs for out in outputs]),
                               np.concatenate([lps for _, lps in refs]), variants, "greedy logprobs")
 
@@ -149,7 +173,11 @@ def test_greedy_with_0_1_3_images_matches_transformers(vlm, chunked):
     11 KV blocks of 4 make the longest request preempt the others (images encoded again)."""
     dir_a, _, hf, _, processor = vlm
     cases = _cases(processor)
-    extra = dict(max_num_batched_tokens=7, num_kv_blocks=max(len(_ids(c)) for c in cases) // 4 + 4) if chunked else {}
+    extra = (
+        dict(max_num_batched_tokens=7, num_kv_blocks=max(len(_ids(c)) for c in cases) // 4 + 4)
+        if chunked
+        else {}
+    )
     engine = LLMEngine(EngineConfig(model=str(dir_a), block_size=4, enable_prefix_caching=False, **extra))
     outputs = engine.generate([_ids(c) for c in cases], _greedy(), multimodal=[_mm(c) for c in cases])
     if chunked:
@@ -199,9 +227,13 @@ def test_prompts_differing_only_in_an_image_never_share_kv(vlm):
     assert out_b.num_cached_tokens == start // 4 * 4
     _check_against_hf(hf, [a, b], [out_a, out_b])
     assert out_a.output_token_ids != out_b.output_token_ids, "the image does not matter here; pick others"
-    hashed = [MultimodalInput(c["pixel_values"], c["image_grid_thw"], (name,)) for c, name in ((a, "x"), (b, "y"))]
+    hashed = [
+        MultimodalInput(c["pixel_values"], c["image_grid_thw"], (name,)) for c, name in ((a, "x"), (b, "y"))
+    ]
     engine.generate([_ids(a)], _greedy(), multimodal=[hashed[0]])
-    assert engine.generate([_ids(b)], _greedy(), multimodal=[hashed[1]])[0].num_cached_tokens == start // 4 * 4
+    assert (
+        engine.generate([_ids(b)], _greedy(), multimodal=[hashed[1]])[0].num_cached_tokens == start // 4 * 4
+    )
     again = engine.generate([_ids(a)], _greedy(), multimodal=[hashed[0]])[0]
     assert again.num_cached_tokens > start and again.output_token_ids == out_a.output_token_ids
 
@@ -215,17 +247,31 @@ def _hf_continue(kv_model, model, inputs: dict, seq: list[int], num_cached: int,
     cache_ = DynamicCache(config=model.config)
     images = dict(pixel_values=inputs["pixel_values"], image_grid_thw=inputs["image_grid_thw"])
     if num_cached:
-        kv_model(input_ids=torch.tensor([seq[:num_cached]]), position_ids=positions[..., :num_cached], cache=cache_,
-                 use_cache=True, **(images if num_cached >= prompt_len else {}))
+        kv_model(
+            input_ids=torch.tensor([seq[:num_cached]]),
+            position_ids=positions[..., :num_cached],
+            cache=cache_,
+            use_cache=True,
+            **(images if num_cached >= prompt_len else {}),
+        )
     rest = {} if num_cached else images
-    logits = model(input_ids=torch.tensor([seq[num_cached:]]), position_ids=positions[..., num_cached:len(seq)],
-                   cache=cache_, use_cache=True, **rest).logits
+    logits = model(
+        input_ids=torch.tensor([seq[num_cached:]]),
+        position_ids=positions[..., num_cached : len(seq)],
+        cache=cache_,
+        use_cache=True,
+        **rest,
+    ).logits
     out: list[int] = []
     while len(out) < max_new:
         out.append(int(logits[0, -1].argmax()))
         p = len(seq) + len(out) - 1
-        logits = model(input_ids=torch.tensor([[out[-1]]]), position_ids=positions[..., p : p + 1], cache=cache_,
-                       use_cache=True).logits
+        logits = model(
+            input_ids=torch.tensor([[out[-1]]]),
+            position_ids=positions[..., p : p + 1],
+            cache=cache_,
+            use_cache=True,
+        ).logits
     return out
 
 
@@ -282,12 +328,19 @@ def test_bad_image_inputs_are_refused(vlm):
     bad = {
         f"placeholder runs .* have lengths \\[{counts[0]}, {counts[1] - 1}\\], but the images need "
         f"\\[{counts[0]}, {counts[1]}\\]": (ids[:last] + ids[last + 1 :], mm),
-        f"pixel_values must be a float tensor \\[{rows}\\]": (ids, MultimodalInput(mm.pixel_values[:-1],
-                                                                                   mm.image_grid_thw)),
+        f"pixel_values must be a float tensor \\[{rows}\\]": (
+            ids,
+            MultimodalInput(mm.pixel_values[:-1], mm.image_grid_thw),
+        ),
         "NaN or inf": (ids, MultimodalInput(mm.pixel_values * float("nan"), mm.image_grid_thw)),
-        "image_hashes must be one non-empty string per image": (ids, MultimodalInput(mm.pixel_values,
-                                                                                     mm.image_grid_thw, ("a",))),
-        "multiples of spatial_merge_size": (ids, MultimodalInput(mm.pixel_values, torch.tensor([[1, 4, 4], [1, 3, 8]]))),
+        "image_hashes must be one non-empty string per image": (
+            ids,
+            MultimodalInput(mm.pixel_values, mm.image_grid_thw, ("a",)),
+        ),
+        "multiples of spatial_merge_size": (
+            ids,
+            MultimodalInput(mm.pixel_values, torch.tensor([[1, 4, 4], [1, 3, 8]])),
+        ),
         f"holds {sum(counts)} image placeholder tokens .* but no images": (ids, None),
     }
     for message, (prompt, images) in bad.items():
@@ -307,7 +360,9 @@ def test_async_engine_takes_images(vlm):
     async def run():
         engine = AsyncEngine.from_config(EngineConfig(model=str(dir_a), block_size=4))
         whole = await engine.generate(_ids(inputs), _greedy(), multimodal=_mm(inputs))
-        streamed = [out async for out in engine.generate_stream(_ids(inputs), _greedy(), multimodal=_mm(inputs))]
+        streamed = [
+            out async for out in engine.generate_stream(_ids(inputs), _greedy(), multimodal=_mm(inputs))
+        ]
         with pytest.raises(InvalidRequestError, match="but no images were given"):
             await engine.generate(_ids(inputs), _greedy())
         await engine.close()

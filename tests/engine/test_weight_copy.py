@@ -18,7 +18,9 @@ def _values(dtype: torch.dtype, n: int, seed: int) -> torch.Tensor:
     values = torch.randn(n, generator=gen).to(dtype)
     if n:
         at = torch.randint(0, n, (min(n, 9),), generator=gen)
-        specials = torch.tensor(SPECIALS, dtype=torch.float32)[torch.randint(0, len(SPECIALS), (len(at),), generator=gen)]
+        specials = torch.tensor(SPECIALS, dtype=torch.float32)[
+            torch.randint(0, len(SPECIALS), (len(at),), generator=gen)
+        ]
         values[at] = specials.to(dtype)
     return values
 
@@ -28,7 +30,9 @@ def _values(dtype: torch.dtype, n: int, seed: int) -> torch.Tensor:
 def test_native_copy_is_torch_copy_and_counts_what_isfinite_refuses(lib, dtype, n):
     src = _values(dtype, n, seed=n)
     dst = torch.full_like(src, 7.0)
-    bad = lib.copy_count_nonfinite(dst.data_ptr(), src.data_ptr(), n, src.element_size(), _EXPONENT_BITS[dtype], 2)
+    bad = lib.copy_count_nonfinite(
+        dst.data_ptr(), src.data_ptr(), n, src.element_size(), _EXPONENT_BITS[dtype], 2
+    )
     assert bad == int((~torch.isfinite(src)).sum())
     assert torch.equal(dst.view(torch.int16 if src.element_size() == 2 else torch.int32),
                        src.view(torch.int16 if src.element_size() == 2 else torch.int32))  # bit for bit
