@@ -182,7 +182,8 @@ def test_training_and_eval_choose_the_reward_of_a_row_alike(model_dir, tmp_path)
         f.write(json.dumps({"prompt": "q3", "answer": "e", "env_class": "contains"}) + "\n")
     args = build_parser().parse_args(["--model", str(model_dir), "--data", str(data)])  # eval's defaults
     evaluated, _ = build_task(spec_from_args(args), AutoTokenizer.from_pretrained(model_dir), 64)
-    cfg, job = resolve_config(None, [*LOCAL_CPU, f"trainer.policy.model.path={model_dir}",  # training's defaults
+    # training's defaults
+    cfg, job = resolve_config(None, [*LOCAL_CPU, f"trainer.policy.model.path={model_dir}",
                                      f"data.train_data=[{data}]", f"data.val_data=[{data}]"])
     trained = make_task(cfg, job)
     assert evaluated.report.rewards == trained.report.rewards == {"gsm8k": 6, "contains": 2}
@@ -207,8 +208,18 @@ def test_a_reward_that_can_never_score_a_row_is_refused_in_eval_as_in_training(m
 def test_the_output_is_a_directory_of_its_own(model_dir, tmp_path, monkeypatch, capsys):
     """Issue 40: --output runs/gsm8k/eval mixed its files into the training run's evaluations."""
     data = _rows(tmp_path / "d.jsonl", ["a", "b"])
-    base = ["eval", "--model", str(model_dir), "--data", str(data), "--env-class", "contains", "--no-progress",
-            "--max-tokens", "4"]
+    base = [
+        "eval",
+        "--model",
+        str(model_dir),
+        "--data",
+        str(data),
+        "--env-class",
+        "contains",
+        "--no-progress",
+        "--max-tokens",
+        "4",
+    ]
     training = tmp_path / "run" / "eval"
     (training / "step_10").mkdir(parents=True)
     with pytest.raises(SystemExit):
@@ -223,7 +234,10 @@ def test_the_output_is_a_directory_of_its_own(model_dir, tmp_path, monkeypatch, 
     assert (tmp_path / "runs" / "inflight-eval" / "metrics.json").is_file()
     with pytest.raises(SystemExit):
         inflight_main(base)
-    assert "already holds an evaluation (metrics.json, samples.jsonl, eval_config.json)" in capsys.readouterr().err
+    assert (
+        "already holds an evaluation (metrics.json, samples.jsonl, eval_config.json)"
+        in capsys.readouterr().err
+    )
     assert inflight_main([*base, "--overwrite"]) == 0
 
 
@@ -234,4 +248,6 @@ def test_console_lines_are_not_cut_at_80_columns_in_a_file(model_dir, tmp_path, 
     assert inflight_main(["eval", "--model", str(model_dir), "--data", str(data), "--env-class", "contains",
                           "--no-progress", "--max-tokens", "4", "--output", str(out)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert any(line.startswith("2 samples in ") and f"results in {out}/ (metrics.json" in line for line in lines)
+    assert any(
+        line.startswith("2 samples in ") and f"results in {out}/ (metrics.json" in line for line in lines
+    )
