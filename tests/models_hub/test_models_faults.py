@@ -41,7 +41,8 @@ def _one_line_error(root, capsys) -> str:
     assert cli_main(["models", "get", NAME, "--dtype", "float32", "--cache", str(root)]) == 1
     lines = capsys.readouterr().err.strip().splitlines()
     errors = [line for line in lines if not line.startswith("inflight models: ")]  # progress
-    assert len(errors) == 1 and errors[0].startswith("error: ") and lines[-1] == errors[0], lines  # no traceback
+    # no traceback
+    assert len(errors) == 1 and errors[0].startswith("error: ") and lines[-1] == errors[0], lines
     return errors[0]
 
 
@@ -52,7 +53,10 @@ def _real_bytes(site) -> bytes:
 def test_a_truncated_model_file(smollm2_site, tmp_path, capsys):
     root, site = _cache(tmp_path, smollm2_site, _real_bytes(smollm2_site)[: 1 << 20])
     line = _one_line_error(root, capsys)
-    assert f"model file {site / MODEL.module_dir / MODEL.gguf_file} is truncated (1048576 of 98362432 bytes)" in line
+    assert (
+        f"model file {site / MODEL.module_dir / MODEL.gguf_file} is truncated (1048576 of 98362432 bytes)"
+        in line
+    )
     assert f"delete {site} and {FIX}" in line
 
 
@@ -68,7 +72,9 @@ def test_a_corrupt_model_file_of_the_right_size(smollm2_site, tmp_path, capsys):
 def test_a_missing_model_file(smollm2_site, tmp_path, capsys):
     root, site = _cache(tmp_path, smollm2_site, None)
     line = _one_line_error(root, capsys)
-    assert f"model file {site / MODEL.module_dir / MODEL.gguf_file} is missing: delete {site} and {FIX}" in line
+    assert (
+        f"model file {site / MODEL.module_dir / MODEL.gguf_file} is missing: delete {site} and {FIX}" in line
+    )
 
 
 def test_gguf_not_installed(smollm2_site, tmp_path, capsys):
@@ -112,7 +118,9 @@ def test_a_converted_tensor_off_by_a_tenth_of_a_percent_is_caught(smollm2, smoll
     with pytest.raises(ModelError) as err:
         check_float32(MODEL, bad, smollm2_reference)
     message = str(err.value)
-    assert message.startswith(f"{bad} does not match transformers' reading of {smollm2_reference.gguf_path}: ")
+    assert message.startswith(
+        f"{bad} does not match transformers' reading of {smollm2_reference.gguf_path}: "
+    )
     assert f"delete {bad} and {FIX}" in message and "\n" not in message
 
 
@@ -124,7 +132,9 @@ def test_a_bfloat16_tensor_one_step_off_is_caught(smollm2, smollm2_reference, tm
         tensors[name].view(torch.int16)[0, 0] += 1  # the next bfloat16 value away from zero
 
     _copy_with(smollm2["bfloat16"], bad, nudge)
-    with pytest.raises(ModelError, match=f"{name} is not the float32 weight rounded to bfloat16; delete {bad}"):
+    with pytest.raises(
+        ModelError, match=f"{name} is not the float32 weight rounded to bfloat16; delete {bad}"
+    ):
         check_rounded(MODEL, bad, smollm2_reference, "bfloat16")
 
 

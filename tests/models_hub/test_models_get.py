@@ -42,7 +42,9 @@ def test_transformers_loads_it_and_it_answers_paris(smollm2):
         "llama", 576, 30, 49152)
     assert config.tie_word_embeddings and model.dtype == torch.float32
     assert round(sum(p.numel() for p in model.parameters()) / 1e6, 1) == 134.5
-    answer = tokenizer.decode(_hf_greedy(model, _chat(tokenizer, CHAT_PROMPTS[0]), 16), skip_special_tokens=True)
+    answer = tokenizer.decode(
+        _hf_greedy(model, _chat(tokenizer, CHAT_PROMPTS[0]), 16), skip_special_tokens=True
+    )
     assert "Paris" in answer, answer
     assert "<|im_start|>" in tokenizer.chat_template and tokenizer.eos_token == "<|im_end|>"
 
