@@ -61,9 +61,20 @@ def test_cli_server_answers_an_image_chat_as_the_engine(served, vl_dir):
     image = Image.fromarray(rng.integers(0, 256, (80, 130, 3), dtype=np.uint8), "RGB")
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
     got = client.chat.completions.create(
-        model="tiny-vl", temperature=0, max_tokens=MAX_TOKENS, extra_body={"return_token_ids": True},
-        messages=[{"role": "user", "content": [{"type": "text", "text": "what is this?"},
-                                               {"type": "image_url", "image_url": {"url": data_url(image)}}]}])
+        model="tiny-vl",
+        temperature=0,
+        max_tokens=MAX_TOKENS,
+        extra_body={"return_token_ids": True},
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "what is this?"},
+                    {"type": "image_url", "image_url": {"url": data_url(image)}},
+                ],
+            }
+        ],
+    )
 
     processor = load_tiny_processor(vl_dir)
     rendered = processor.tokenizer.apply_chat_template(
@@ -72,10 +83,15 @@ def test_cli_server_answers_an_image_chat_as_the_engine(served, vl_dir):
     inputs = processor(text=[rendered], images=[image], return_tensors="pt", add_special_tokens=False)
     assert got.prompt_token_ids == inputs["input_ids"][0].tolist()
     engine = LLMEngine(engine_config(vl_dir))
-    want = engine.generate([inputs["input_ids"][0].tolist()], SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS),
-                           multimodal=[MultimodalInput(inputs["pixel_values"], inputs["image_grid_thw"])])[0]
+    want = engine.generate(
+        [inputs["input_ids"][0].tolist()],
+        SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS),
+        multimodal=[MultimodalInput(inputs["pixel_values"], inputs["image_grid_thw"])],
+    )[0]
     assert got.choices[0].token_ids == want.output_token_ids
-    assert got.choices[0].message.content == processor.tokenizer.decode(want.output_token_ids, skip_special_tokens=True)
+    assert got.choices[0].message.content == processor.tokenizer.decode(
+        want.output_token_ids, skip_special_tokens=True
+    )
 
     proc.kill()
     proc.wait(timeout=30)

@@ -95,7 +95,13 @@ def test_malformed_json(http, route, body, code):
 BAD_REQUESTS = [
     # route, body, status, param, code
     (COMPLETIONS, {"model": "gpt-17", "prompt": "x"}, 404, "model", "model_not_found"),
-    (CHAT, {"model": "gpt-17", "messages": [{"role": "user", "content": "x"}]}, 404, "model", "model_not_found"),
+    (
+        CHAT,
+        {"model": "gpt-17", "messages": [{"role": "user", "content": "x"}]},
+        404,
+        "model",
+        "model_not_found",
+    ),
     (COMPLETIONS, {"prompt": "x", "temperature": -1}, 400, "temperature", None),
     (COMPLETIONS, {"prompt": "x", "temperature": "hot"}, 400, "temperature", None),
     (COMPLETIONS, {"prompt": "x", "top_p": 0}, 400, "top_p", None),
@@ -105,46 +111,108 @@ BAD_REQUESTS = [
     (COMPLETIONS, {"prompt": "x", "n": 0}, 400, "n", None),
     (COMPLETIONS, {"prompt": "x", "logprobs": 99}, 400, "logprobs", None),
     (COMPLETIONS, {"prompt": "x", "stop_token_ids": [-1]}, 400, "stop_token_ids", None),
-    (COMPLETIONS, {"prompt": "x", "frequency_penalty": 0.5}, 400, "frequency_penalty", "unsupported_parameter"),
+    (
+        COMPLETIONS,
+        {"prompt": "x", "frequency_penalty": 0.5},
+        400,
+        "frequency_penalty",
+        "unsupported_parameter",
+    ),
     (COMPLETIONS, {"prompt": "x", "echo": True, "suffix": "y"}, 400, "suffix", "unsupported_parameter"),
     (COMPLETIONS, {"prompt": "x", "prompt_logprobs": 21}, 400, "prompt_logprobs", None),
     (COMPLETIONS, {"prompt": "x", "prompt_logprobs": -1}, 400, "prompt_logprobs", None),
     (COMPLETIONS, {"prompt": "x", "prompt_logprobs": 1, "stream": True}, 400, "prompt_logprobs", None),
-    (CHAT, {"messages": [{"role": "user", "content": "x"}], "prompt_logprobs": 1, "stream": True}, 400,
-     "prompt_logprobs", None),
-    (CHAT, {"messages": [{"role": "user", "content": "x"}], "echo": True}, 400, "echo", "unsupported_parameter"),
+    (
+        CHAT,
+        {"messages": [{"role": "user", "content": "x"}], "prompt_logprobs": 1, "stream": True},
+        400,
+        "prompt_logprobs",
+        None,
+    ),
+    (
+        CHAT,
+        {"messages": [{"role": "user", "content": "x"}], "echo": True},
+        400,
+        "echo",
+        "unsupported_parameter",
+    ),
     (COMPLETIONS, {"prompt": "x", "stop": [""]}, 400, "stop", None),
     (COMPLETIONS, {"prompt": ""}, 400, "prompt", None),
     (COMPLETIONS, {"prompt": []}, 400, "prompt", None),
     (COMPLETIONS, {"prompt": [5, 999999]}, 400, "prompt", None),
     (COMPLETIONS, {}, 400, "prompt", None),
     (COMPLETIONS, {"prompt": [5] * 1100}, 400, "prompt", "context_length_exceeded"),
-    (CHAT, {"messages": [{"role": "user", "content": "the " * 1100}]}, 400, "messages", "context_length_exceeded"),
+    (
+        CHAT,
+        {"messages": [{"role": "user", "content": "the " * 1100}]},
+        400,
+        "messages",
+        "context_length_exceeded",
+    ),
     (CHAT, {"messages": []}, 400, "messages", None),
     (CHAT, {"messages": "hello"}, 400, "messages", None),
     (CHAT, {"messages": [{"content": "no role"}]}, 400, "messages.0.role", None),
-    (CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, 400,
-     "messages[0].content[0]", "unsupported_content"),  # a text-only model
-    (CHAT, {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "audio"}]}]}, 400,
-     "messages[0].content[1]", "unsupported_content"),
+    (
+        CHAT,
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+        400,
+        "messages[0].content[0]",
+        "unsupported_content",
+    ),  # a text-only model
+    (
+        CHAT,
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "audio"}]}]},
+        400,
+        "messages[0].content[1]",
+        "unsupported_content",
+    ),
     (CHAT, {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3}, 400, "top_logprobs", None),
     (CHAT, {"messages": [{"role": "user", "content": "x"}], "temperature": -0.1}, 400, "temperature", None),
-    (CHAT, {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, 400,
-     "tools[0].function", "invalid_value"),
+    (
+        CHAT,
+        {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
+        400,
+        "tools[0].function",
+        "invalid_value",
+    ),
     ("/inflight/v1/generate", {"prompt_token_ids": []}, 400, "prompt_token_ids", None),
-    ("/inflight/v1/generate", {"prompt_token_ids": [1], "sampling_params": {"max_tokenz": 3}}, 400,
-     "sampling_params.max_tokenz", None),
-    ("/inflight/v1/generate", {"prompt_token_ids": [1], "sampling_params": {"temperature": -2}}, 400,
-     "temperature", None),
+    (
+        "/inflight/v1/generate",
+        {"prompt_token_ids": [1], "sampling_params": {"max_tokenz": 3}},
+        400,
+        "sampling_params.max_tokenz",
+        None,
+    ),
+    (
+        "/inflight/v1/generate",
+        {"prompt_token_ids": [1], "sampling_params": {"temperature": -2}},
+        400,
+        "temperature",
+        None,
+    ),
     ("/inflight/v1/generate", {"prompt_token_ids": [1, 2.5]}, 400, "prompt_token_ids.1", None),
     # a lone surrogate is valid JSON but not Unicode: the tokenizer raised TypeError (a 500) before
     (COMPLETIONS, {"prompt": "a\ud800b"}, 400, "prompt", "invalid_value"),
     (COMPLETIONS, {"prompt": ["ok", "\udfff"]}, 400, "prompt", "invalid_value"),
     (CHAT, {"messages": [{"role": "user", "content": "x\ud800"}]}, 400, "messages", "invalid_value"),
-    (CHAT, {"messages": [{"role": "user", "content": "x"}], "stop": ["\ud800"]}, 400, "stop", "invalid_value"),
+    (
+        CHAT,
+        {"messages": [{"role": "user", "content": "x"}], "stop": ["\ud800"]},
+        400,
+        "stop",
+        "invalid_value",
+    ),
     # a request's own chat template is code: refused unless the server trusts it (finding 8)
-    (CHAT, {"messages": [{"role": "user", "content": "x"}], "chat_template": "{% for i in range(9) %}{% endfor %}"},
-     400, "chat_template", "unsupported_parameter"),
+    (
+        CHAT,
+        {
+            "messages": [{"role": "user", "content": "x"}],
+            "chat_template": "{% for i in range(9) %}{% endfor %}",
+        },
+        400,
+        "chat_template",
+        "unsupported_parameter",
+    ),
     (COMPLETIONS, {"prompt": ["a"] * 9, "n": 128, "max_tokens": 1}, 400, "prompt", "invalid_value"),
 ]
 
@@ -201,7 +269,9 @@ def test_wrong_weight_shapes_are_4xx_and_server_keeps_serving(http, model_dir):
     assert name in err["message"]
     assert_error(http.post("/weight_update/chunk", content=b"\x00" * 64, headers=control()), 400,
                  code="invalid_weights")
-    assert_error(http.post("/weight_update/chunk", content=b"", headers=control()), 400, code="invalid_weights")
+    assert_error(
+        http.post("/weight_update/chunk", content=b"", headers=control()), 400, code="invalid_weights"
+    )
     # a complete update with the right shapes puts the engine back in service
     good = encode_tensors(load_file(str(model_dir / "model.safetensors")).items())
     assert http.post("/weight_update/chunk", content=good, headers=control()).status_code == 200
@@ -254,7 +324,9 @@ def test_unknown_route_and_method_are_openai_errors(http):
     assert_error(http.get(COMPLETIONS), 405)
     assert_error(http.post("/pause", params={"mode": "sideways"}, headers=control()), 400, "mode")
     assert_error(http.post("/wake_up", params={"tags": "gpu"}, headers=control()), 400)
-    assert_error(http.post("/weight_update/finish", params={"version": "x"}, headers=control()), 400, "version")
+    assert_error(
+        http.post("/weight_update/finish", params={"version": "x"}, headers=control()), 400, "version"
+    )
     assert_still_serving(http)
 
 
@@ -264,7 +336,9 @@ def test_a_temperature_too_small_to_divide_by_answers_greedy_tokens(http, route,
     """Issue 18 finding 5: temperature 1e-300 gave 400 'Out of range float values' (NaN logprobs);
     streaming wrote NaN into its JSON. It samples greedily now, finite logprobs included."""
     body = {"max_tokens": 4, "logprobs": 2 if route == COMPLETIONS else True, "stream": stream, "seed": 3}
-    body |= {"prompt": [5, 6, 7]} if route == COMPLETIONS else {"messages": [{"role": "user", "content": "hi"}]}
+    body |= (
+        {"prompt": [5, 6, 7]} if route == COMPLETIONS else {"messages": [{"role": "user", "content": "hi"}]}
+    )
     tiny = http.post(route, json={**body, "temperature": 1e-300})
     greedy = http.post(route, json={**body, "temperature": 0})
     assert tiny.status_code == greedy.status_code == 200, tiny.text
@@ -272,7 +346,9 @@ def test_a_temperature_too_small_to_divide_by_answers_greedy_tokens(http, route,
     if not stream:  # the same tokens; logprobs within float noise (the second may hit the prefix cache)
         got, want = (r.json()["choices"][0] for r in (tiny, greedy))
         assert got.get("text", got.get("message")) == want.get("text", want.get("message"))
-        flat = lambda lp: lp["token_logprobs"] if "token_logprobs" in lp else [t["logprob"] for t in lp["content"]]  # noqa: E731
+        flat = lambda lp: (  # noqa: E731
+            lp["token_logprobs"] if "token_logprobs" in lp else [t["logprob"] for t in lp["content"]]
+        )
         assert flat(got["logprobs"]) == pytest.approx(flat(want["logprobs"]), abs=1e-4)
 
 
@@ -280,7 +356,9 @@ def test_slow_tokenization_does_not_stop_the_server(http):
     """Issue 18 finding 8: tokenization ran on the event loop (a 15 MB prompt froze /health for
     32.6 s). Now it runs in a thread: /health answers while a prompt takes seconds to tokenize."""
     with ThreadPoolExecutor(1) as pool:
-        slow = pool.submit(http.post, COMPLETIONS, json={"prompt": "slow!", "max_tokens": 2, "temperature": 0})
+        slow = pool.submit(
+            http.post, COMPLETIONS, json={"prompt": "slow!", "max_tokens": 2, "temperature": 0}
+        )
         time.sleep(0.3)  # the request is in its tokenizer now
         started = time.perf_counter()
         assert http.get("/health").status_code == 200

@@ -22,7 +22,9 @@ LONG = 600  # tokens: the request is still decoding when the pause lands
 
 def metrics(url: str) -> dict[str, float]:
     text = httpx.get(f"{url}/metrics", timeout=10).text
-    return {s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples if not s.labels}
+    return {
+        s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples if not s.labels
+    }
 
 
 def wait_for(predicate, timeout_s: float = 30.0, what: str = "condition") -> None:
@@ -68,7 +70,9 @@ def test_chat_in_flight_spans_keep_pause_and_weight_update(server, model_dir, re
     with ThreadPoolExecutor(1) as pool:
         future = pool.submit(client.chat.completions.create, model="tiny", messages=messages, max_tokens=LONG,
                              temperature=0, extra_body={"ignore_eos": True, "return_token_ids": True})
-        wait_for(lambda: metrics(server.url)["inflight_generated_tokens_total"] >= before + 3, what="decoding")
+        wait_for(
+            lambda: metrics(server.url)["inflight_generated_tokens_total"] >= before + 3, what="decoding"
+        )
         frozen, still = run(pause_update_resume())
         assert frozen == still and not future.done()  # nothing ran while paused; the call is blocked
         response = future.result(timeout=120)
@@ -88,8 +92,10 @@ def test_chat_in_flight_spans_keep_pause_and_weight_update(server, model_dir, re
 
 def test_reset_prefix_cache_reports_failure_while_requests_hold_blocks(server):
     headers = {"Authorization": f"Bearer {server.control_token}"}
-    body = {"prompt_token_ids": list(range(30, 50)), "sampling_params": {"max_tokens": LONG, "ignore_eos": True,
-                                                                          "temperature": 0.0}}
+    body = {
+        "prompt_token_ids": list(range(30, 50)),
+        "sampling_params": {"max_tokens": LONG, "ignore_eos": True, "temperature": 0.0},
+    }
     before = metrics(server.url)
     with ThreadPoolExecutor(1) as pool:
         future = pool.submit(httpx.post, f"{server.url}/inflight/v1/generate", json=body, timeout=120)
@@ -98,7 +104,9 @@ def test_reset_prefix_cache_reports_failure_while_requests_hold_blocks(server):
         assert httpx.post(f"{server.url}/pause", params={"mode": "keep"}, headers=headers).json()["paused"]
         refused = httpx.post(f"{server.url}/reset_prefix_cache", headers=headers)
         assert refused.status_code == 409
-        assert refused.json()["success"] is False and refused.json()["error"]["code"] == "prefix_cache_not_reset"
+        assert (
+            refused.json()["success"] is False and refused.json()["error"]["code"] == "prefix_cache_not_reset"
+        )
         assert run(reset_via_client(server)) is False
         done = httpx.post(f"{server.url}/reset_prefix_cache", params={"reset_running_requests": "true"},
                           headers=headers)
@@ -176,16 +184,27 @@ def test_metrics_expose_engine_state(server):
         httpx.post(f"{server.url}/inflight/v1/generate", timeout=60,
                    json={"prompt_token_ids": list(range(40, 60)), "sampling_params": {"max_tokens": 2}})
     m = metrics(server.url)
-    for name in ("inflight_requests_running", "inflight_requests_waiting", "inflight_kv_cache_usage",
-                 "inflight_prefix_cache_hit_rate", "inflight_weight_version", "inflight_generated_tokens_total",
-                 "inflight_generation_tokens_per_second", "inflight_pauses_total", "inflight_resets_total",
-                 "inflight_kv_invalidated_resets_total", "inflight_preemptions_total"):
+    for name in (
+        "inflight_requests_running",
+        "inflight_requests_waiting",
+        "inflight_kv_cache_usage",
+        "inflight_prefix_cache_hit_rate",
+        "inflight_weight_version",
+        "inflight_generated_tokens_total",
+        "inflight_generation_tokens_per_second",
+        "inflight_pauses_total",
+        "inflight_resets_total",
+        "inflight_kv_invalidated_resets_total",
+        "inflight_preemptions_total",
+    ):
         assert name in m, name
     stats = server.engine.stats
     assert m["inflight_generated_tokens_total"] == stats.generated_tokens
     assert m["inflight_finished_requests_total"] == stats.finished_requests
     assert m["inflight_requests_running"] == 0 and 0.0 <= m["inflight_kv_cache_usage"] <= 1.0
-    assert m["inflight_prefix_cache_hit_tokens_total"] >= 16 and 0.0 < m["inflight_prefix_cache_hit_rate"] < 1.0
+    assert (
+        m["inflight_prefix_cache_hit_tokens_total"] >= 16 and 0.0 < m["inflight_prefix_cache_hit_rate"] < 1.0
+    )
     assert m["inflight_prefix_cache_hit_rate"] == pytest.approx(
         stats.prefix_cache_hit_tokens / stats.prefix_cache_queried_tokens)
     text = httpx.get(f"{server.url}/metrics").text
@@ -193,7 +212,9 @@ def test_metrics_expose_engine_state(server):
 
 
 def wait_no_requests(server, timeout_s: float = 10.0) -> None:
-    wait_for(lambda: not server.engine.engine.has_unfinished_requests(), timeout_s, "the request to be aborted")
+    wait_for(
+        lambda: not server.engine.engine.has_unfinished_requests(), timeout_s, "the request to be aborted"
+    )
 
 
 def test_client_that_goes_away_has_its_request_aborted(server):
@@ -212,7 +233,10 @@ def test_client_that_goes_away_has_its_request_aborted(server):
         assert next(lines).startswith("data: ")  # streaming, then the client closes mid-stream
     wait_no_requests(server)
     assert server.engine.stats.aborted_requests == aborted + 2
-    assert httpx.post(f"{server.url}/v1/completions", json={**body, "max_tokens": 2}, timeout=30).status_code == 200
+    assert (
+        httpx.post(f"{server.url}/v1/completions", json={**body, "max_tokens": 2}, timeout=30).status_code
+        == 200
+    )
 
 
 def test_stream_sends_keepalives_while_paused_then_completes(server, monkeypatch):
@@ -250,7 +274,9 @@ def test_pause_abort_finishes_in_flight_requests_with_partial_output(server):
     body = {"prompt_token_ids": [5, 6, 7], "sampling_params": {"max_tokens": LONG, "ignore_eos": True}}
     with ThreadPoolExecutor(1) as pool:
         future = pool.submit(httpx.post, f"{server.url}/inflight/v1/generate", json=body, timeout=60)
-        wait_for(lambda: metrics(server.url)["inflight_generated_tokens_total"] >= before + 3, what="decoding")
+        wait_for(
+            lambda: metrics(server.url)["inflight_generated_tokens_total"] >= before + 3, what="decoding"
+        )
         paused = httpx.post(f"{server.url}/pause", params={"mode": "abort"}, headers=headers).json()
         out = future.result(timeout=60).json()
     assert paused["num_aborted"] == 1 and paused["paused"] is True

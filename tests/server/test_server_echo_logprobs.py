@@ -59,7 +59,8 @@ def test_echo_logprobs_as_lm_eval_sends_them(client, tokenizer, hf, reference):
             assert top[tokenizer.decode([best])] == pytest.approx(float(rows[pos, best]), abs=ATOL)
             assert lp.tokens[pos + 1] in top and 1 <= len(top) <= 2
         assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
-        assert choice.model_extra["prompt_logprobs"][0] is None  # vLLM's copy, set since echo scored the prompt
+        # vLLM's copy, set since echo scored the prompt
+        assert choice.model_extra["prompt_logprobs"][0] is None
         assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (len(ids), 1)
 
 
@@ -93,8 +94,10 @@ def test_prompt_logprobs_in_vllm_shape(http, tokenizer, hf):
             assert entry[best]["rank"] == 1 and entry[best]["decoded_token"] == tokenizer.decode([int(best)])
         assert choice["logprobs"] is None
     messages = [{"role": "user", "content": "the water"}]
-    chat = http.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 2, "prompt_logprobs": 0,
-                                                   "return_token_ids": True}).json()
+    chat = http.post(
+        "/v1/chat/completions",
+        json={"messages": messages, "max_tokens": 2, "prompt_logprobs": 0, "return_token_ids": True},
+    ).json()
     prompt = chat["prompt_token_ids"]
     assert [e and e[str(t)]["logprob"] for e, t in zip(chat["prompt_logprobs"], prompt, strict=True)][1:] == \
         pytest.approx(hf_prompt_scores(hf, prompt), abs=ATOL)
@@ -110,7 +113,9 @@ def test_streamed_echo_first_chunk_carries_the_prompt(http, tokenizer, hf):
     first = chunks[0]["choices"][0]
     assert first["prompt_token_ids"] == ids
     assert first["logprobs"]["token_logprobs"][0] is None
-    assert first["logprobs"]["token_logprobs"][1 : len(ids)] == pytest.approx(hf_prompt_scores(hf, ids), abs=ATOL)
+    assert first["logprobs"]["token_logprobs"][1 : len(ids)] == pytest.approx(
+        hf_prompt_scores(hf, ids), abs=ATOL
+    )
     assert all("prompt_token_ids" not in c["choices"][0] for c in chunks[1:])
     assert "".join(c["choices"][0]["text"] for c in chunks) == whole["text"]
     assert sum((c["choices"][0]["token_ids"] for c in chunks), []) == whole["token_ids"]
@@ -149,10 +154,18 @@ def test_stop_reason_names_the_stop_string_or_token(client, http, reference, tok
     assert r.choices[0].model_extra["stop_reason"] == stop
     ids = tokenizer(STOP_CASE["prompt"])["input_ids"]
     out = reference.generate([ids], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))[0]
-    token = next(t for i, t in enumerate(out.output_token_ids) if i >= 2 and t not in out.output_token_ids[:i])
+    token = next(
+        t for i, t in enumerate(out.output_token_ids) if i >= 2 and t not in out.output_token_ids[:i]
+    )
     for stream in (False, True):
-        body = {"prompt": ids, "max_tokens": 8, "temperature": 0, "ignore_eos": True, "stop_token_ids": [token],
-                "stream": stream}
+        body = {
+            "prompt": ids,
+            "max_tokens": 8,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stop_token_ids": [token],
+            "stream": stream,
+        }
         r = http.post("/v1/completions", json=body)
         last = sse(r)[-1]["choices"][0] if stream else r.json()["choices"][0]
         assert (last["finish_reason"], last["stop_reason"]) == ("stop", token)
@@ -170,11 +183,19 @@ def test_chat_logprob_bytes_rebuild_multibyte_text(tokenizer):
 
 
 def test_chat_logprob_bytes_over_http_join_to_the_content(client):
-    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "\u4e2d\u6587 \U0001f389"}],
-                                       max_tokens=12, temperature=0, logprobs=True, top_logprobs=2,
-                                       extra_body={"ignore_eos": True})
+    r = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "\u4e2d\u6587 \U0001f389"}],
+        max_tokens=12,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+        extra_body={"ignore_eos": True},
+    )
     content = r.choices[0].logprobs.content
-    assert b"".join(bytes(c.bytes) for c in content).decode("utf-8", "replace") == r.choices[0].message.content
+    assert (
+        b"".join(bytes(c.bytes) for c in content).decode("utf-8", "replace") == r.choices[0].message.content
+    )
 
 
 def test_engine_output_carries_no_prompt_scores_unless_asked(reference):
@@ -189,8 +210,12 @@ def test_token_route_prompt_logprobs(http, hf):
     rows = hf_logprobs(hf, ids)
     expected = rows.gather(1, torch.tensor(ids[1:])[:, None]).squeeze(1)
     assert out["prompt_logprobs"][0] is None and out["prompt_top_logprobs"][0] is None
-    assert out["prompt_logprobs"][1:] == pytest.approx(expected.tolist(), abs=ATOL)  # T = 1 whatever the temperature
+    # T = 1 whatever the temperature
+    assert out["prompt_logprobs"][1:] == pytest.approx(expected.tolist(), abs=ATOL)
     assert out["prompt_logprob_ranks"][1:] == ((rows > expected[:, None]).sum(-1) + 1).tolist()
-    assert [[t for t, _ in top] for top in out["prompt_top_logprobs"][1:]] == torch.topk(rows, 2).indices.tolist()
+    assert (
+        [[t for t, _ in top] for top in out["prompt_top_logprobs"][1:]]
+        == torch.topk(rows, 2).indices.tolist()
+    )
     plain = http.post("/inflight/v1/generate", json={"prompt_token_ids": ids}).json()
     assert plain["prompt_logprobs"] is None and plain["prompt_top_logprobs"] is None

@@ -87,7 +87,9 @@ def vl_reference(vl_dir) -> LLMEngine:
 
 def oracle_prompt(processor, images: list[Image.Image], text: str = "what is this?"):
     """transformers' processor on the template's rendering: the ids and tensors the server must make."""
-    messages = [{"role": "user", "content": [{"type": "text", "text": text}] + [{"type": "image"}] * len(images)}]
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": text}] + [{"type": "image"}] * len(images)}
+    ]
     rendered = processor.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return processor(text=[rendered], images=images, return_tensors="pt")
 
@@ -99,8 +101,13 @@ def engine_answer(engine: LLMEngine, inputs) -> list[int]:
 
 
 def chat(client, messages, **extra):
-    return client.chat.completions.create(model=VL_NAME, messages=messages, temperature=0, max_tokens=MAX_TOKENS,
-                                          extra_body={"return_token_ids": True, **extra})
+    return client.chat.completions.create(
+        model=VL_NAME,
+        messages=messages,
+        temperature=0,
+        max_tokens=MAX_TOKENS,
+        extra_body={"return_token_ids": True, **extra},
+    )
 
 
 def test_image_prompt_and_answer_equal_processor_and_engine(vl_client, processor, vl_reference):
@@ -124,16 +131,28 @@ def test_local_file_under_the_root_and_responses_input_image(vl_client, processo
     assert chat(vl_client, image_message(f"file://{media_root}/cat.png")).choices[0].token_ids == want
     by_data = chat(vl_client, image_message(data_url(png(image))))
     assert by_data.choices[0].token_ids == want
-    response = vl_client.responses.create(model=VL_NAME, temperature=0, max_output_tokens=MAX_TOKENS, input=[
-        {"role": "user", "content": [{"type": "input_text", "text": "what is this?"},
-                                     {"type": "input_image", "image_url": data_url(png(image)), "detail": "auto"}]}])
+    response = vl_client.responses.create(
+        model=VL_NAME,
+        temperature=0,
+        max_output_tokens=MAX_TOKENS,
+        input=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "input_text", "text": "what is this?"},
+                    {"type": "input_image", "image_url": data_url(png(image)), "detail": "auto"},
+                ],
+            }
+        ],
+    )
     assert response.output_text == by_data.choices[0].message.content
 
 
 def test_text_only_request_on_the_vision_model(vl_client, processor, vl_reference):
     got = chat(vl_client, [{"role": "user", "content": [{"type": "text", "text": "hello"}]}])
-    ids = processor.tokenizer.apply_chat_template([{"role": "user", "content": "hello"}], add_generation_prompt=True,
-                                                  tokenize=True, return_dict=True)["input_ids"]
+    ids = processor.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hello"}], add_generation_prompt=True, tokenize=True, return_dict=True
+    )["input_ids"]
     assert got.prompt_token_ids == list(ids)
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
     assert got.choices[0].token_ids == vl_reference.generate([list(ids)], params)[0].output_token_ids
@@ -143,19 +162,38 @@ BIG = Image.new("RGB", (201, 200), (10, 200, 30))  # over MAX_PIXELS (40000) by 
 NOISY = picture(180, 180, seed=5)  # under the pixel limit, over MAX_BYTES as a PNG of noise
 
 
-@pytest.mark.parametrize("content, code, words", [
-    ([{"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}], "image_url_not_allowed",
-     "no network access"),
-    ([{"type": "image_url", "image_url": {"url": "/etc/passwd"}}], "image_url_not_allowed", "is outside"),
-    ([{"type": "image_url", "image_url": {"url": data_url(b"GIF89a not really")}}], "invalid_image",
-     "unreadable image"),
-    ([{"type": "image_url", "image_url": {"url": "data:image/png;base64,%%%"}}], "invalid_image", "not valid base64"),
-    ([{"type": "image_url", "image_url": {"url": data_url(png(BIG))}}], "image_too_large",
-     "201x200 = 40200 pixels, over the limit of 40000"),
-    ([{"type": "image_url", "image_url": {"url": data_url(png(NOISY))}}], "image_too_large",
-     f"over the limit of {MAX_BYTES} bytes"),
-    ([{"type": "audio", "audio": "x"}], "unsupported_content", "'audio' is not supported"),
-])
+@pytest.mark.parametrize(
+    "content, code, words",
+    [
+        (
+            [{"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}],
+            "image_url_not_allowed",
+            "no network access",
+        ),
+        ([{"type": "image_url", "image_url": {"url": "/etc/passwd"}}], "image_url_not_allowed", "is outside"),
+        (
+            [{"type": "image_url", "image_url": {"url": data_url(b"GIF89a not really")}}],
+            "invalid_image",
+            "unreadable image",
+        ),
+        (
+            [{"type": "image_url", "image_url": {"url": "data:image/png;base64,%%%"}}],
+            "invalid_image",
+            "not valid base64",
+        ),
+        (
+            [{"type": "image_url", "image_url": {"url": data_url(png(BIG))}}],
+            "image_too_large",
+            "201x200 = 40200 pixels, over the limit of 40000",
+        ),
+        (
+            [{"type": "image_url", "image_url": {"url": data_url(png(NOISY))}}],
+            "image_too_large",
+            f"over the limit of {MAX_BYTES} bytes",
+        ),
+        ([{"type": "audio", "audio": "x"}], "unsupported_content", "'audio' is not supported"),
+    ],
+)
 def test_bad_images_are_400s_naming_the_fault(vl_client, content, code, words):
     messages = [{"role": "user", "content": [{"type": "text", "text": "look"}, *content]}]
     with pytest.raises(openai.BadRequestError) as err:
@@ -181,8 +219,16 @@ def test_image_to_a_text_only_model_is_a_400(client, server):
                                        messages=image_message(data_url(png(picture(8, 8)))))
     assert err.value.body["param"] == "messages[0].content[1]"
     with pytest.raises(openai.BadRequestError, match="text-only"):
-        client.responses.create(model=server.model_name, max_output_tokens=2, input=[
-            {"role": "user", "content": [{"type": "input_image", "image_url": data_url(png(picture(8, 8)))}]}])
+        client.responses.create(
+            model=server.model_name,
+            max_output_tokens=2,
+            input=[
+                {
+                    "role": "user",
+                    "content": [{"type": "input_image", "image_url": data_url(png(picture(8, 8)))}],
+                }
+            ],
+        )
     assert client.chat.completions.create(model=server.model_name, max_tokens=2,
                                           messages=[{"role": "user", "content": "hi"}]).choices
 

@@ -65,7 +65,9 @@ def test_local_completions_scores_equal_transformers(server, tokenizer, model_di
     for sample in samples:
         for (context, continuation), resp in zip(sample["arguments"], sample["resps"], strict=True):
             loglikelihood = resp[0][0]
-            assert loglikelihood == pytest.approx(hf_loglikelihood(hf, tokenizer, context, continuation), abs=3e-5)
+            assert loglikelihood == pytest.approx(
+                hf_loglikelihood(hf, tokenizer, context, continuation), abs=3e-5
+            )
             scored += 1
     assert scored == sum(len(d["choices"]) for d in DOCS)
     assert 0.0 <= results["results"]["inflight_tiny_choice"]["acc,none"] <= 1.0

@@ -38,9 +38,16 @@ def token_id(name: str) -> int:
 @pytest.mark.parametrize("stream", [False, True])
 def test_chat_top_logprobs_match_transformers(client, model_dir, hf_model_factory, stream):
     """Sampled at T=0.7 with a seed: 3 alternatives per token, the temperature-scaled top-3."""
-    kwargs = dict(model=MODEL_NAME, messages=[{"role": "user", "content": "what is 12+34?"}], max_tokens=10,
-                  temperature=0.7, seed=5, logprobs=True, top_logprobs=3,
-                  extra_body={"ignore_eos": True, "return_token_ids": True, "return_tokens_as_token_ids": True})
+    kwargs = dict(
+        model=MODEL_NAME,
+        messages=[{"role": "user", "content": "what is 12+34?"}],
+        max_tokens=10,
+        temperature=0.7,
+        seed=5,
+        logprobs=True,
+        top_logprobs=3,
+        extra_body={"ignore_eos": True, "return_token_ids": True, "return_tokens_as_token_ids": True},
+    )
     if stream:
         chunks = [c for c in client.chat.completions.create(stream=True, **kwargs) if c.choices]
         content = [e for c in chunks if c.choices[0].logprobs for e in c.choices[0].logprobs.content]
@@ -83,14 +90,18 @@ def test_token_route_and_remote_client_carry_top_logprobs(server, reference):
     body = {"prompt_token_ids": prompt, "sampling_params": {"max_tokens": 6, "temperature": 0.0,
                                                             "ignore_eos": True, "top_logprobs": 4}}
     out = httpx.post(f"{server.url}/inflight/v1/generate", json=body, timeout=60).json()
-    assert [[t for t, _ in step] for step in out["top_logprobs"]] == [[t for t, _ in s] for s in expected.top_logprobs]
+    assert [[t for t, _ in step] for step in out["top_logprobs"]] == [
+        [t for t, _ in s] for s in expected.top_logprobs
+    ]
 
     async def remote():
         async with RemoteClient(server.url, retries=0) as rc:
             return await rc.generate(prompt, params)
 
     got = asyncio.run(remote())
-    assert [[t for t, _ in step] for step in got.top_logprobs] == [[t for t, _ in s] for s in expected.top_logprobs]
+    assert [[t for t, _ in step] for step in got.top_logprobs] == [
+        [t for t, _ in s] for s in expected.top_logprobs
+    ]
     for mine, theirs in zip(got.top_logprobs, expected.top_logprobs, strict=True):
         assert [lp for _, lp in mine] == pytest.approx([lp for _, lp in theirs], abs=1e-4)
     assert all(isinstance(t, int) and isinstance(lp, float) for step in got.top_logprobs for t, lp in step)
@@ -110,7 +121,9 @@ ASKED = [  # route, body, (logprobs, top_logprobs) the engine is asked for
 
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize(("route", "body", "asked"), ASKED, ids=[f"{r}-{a}" for r, _, a in ASKED])
-def test_the_engine_computes_logprobs_only_when_the_request_asks(server, monkeypatch, route, body, asked, stream):
+def test_the_engine_computes_logprobs_only_when_the_request_asks(
+    server, monkeypatch, route, body, asked, stream
+):
     seen = spy_on_params(server.engine, monkeypatch)
     r = httpx.post(f"{server.url}{route}", json={**body, "stream": stream}, timeout=60)
     assert r.status_code == 200, r.text

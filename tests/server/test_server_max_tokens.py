@@ -17,8 +17,10 @@ PROMPT = list(range(5, 25))  # 20 tokens
 
 def vllm_message(param: str, value: int) -> str:
     """vLLM 0.32's message (renderers/params.py, TokenizeParams)."""
-    return (f"{param}={value} cannot be greater than max_model_len={CONTEXT}. Please request fewer output tokens. "
-            f"(parameter={param}, value={value})")
+    return (
+        f"{param}={value} cannot be greater than max_model_len={CONTEXT}. Please request fewer output "
+        f"tokens. (parameter={param}, value={value})"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -39,15 +41,20 @@ def test_a_budget_over_the_context_is_a_400_in_vllm_s_words(short):
     messages = [{"role": "user", "content": "hello"}]
     cases = {
         "max_tokens": lambda: short.completions.create(model="tiny", prompt=PROMPT, max_tokens=CONTEXT + 1),
-        "max_completion_tokens": lambda: short.chat.completions.create(model="tiny", messages=messages,
-                                                                       max_completion_tokens=200),
-        "max_output_tokens": lambda: short.responses.create(model="tiny", input="hello", max_output_tokens=65),
+        "max_completion_tokens": lambda: short.chat.completions.create(
+            model="tiny", messages=messages, max_completion_tokens=200
+        ),
+        "max_output_tokens": lambda: short.responses.create(
+            model="tiny", input="hello", max_output_tokens=65
+        ),
     }
     values = {"max_tokens": CONTEXT + 1, "max_completion_tokens": 200, "max_output_tokens": 65}
     for param, call in cases.items():
         err = _refused(call)
         assert err.body["message"] == vllm_message(param, values[param]) and err.body["param"] == param
-    err = _refused(lambda: short.chat.completions.create(model="tiny", messages=messages, max_tokens=CONTEXT + 1))
+    err = _refused(
+        lambda: short.chat.completions.create(model="tiny", messages=messages, max_tokens=CONTEXT + 1)
+    )
     assert err.body["message"] == vllm_message("max_tokens", CONTEXT + 1)
 
 
@@ -58,7 +65,11 @@ def test_a_budget_within_the_context_is_served_to_its_end(short):
                                      extra_body={"ignore_eos": True})
     assert whole.choices[0].finish_reason == "length"
     assert (whole.usage.prompt_tokens, whole.usage.completion_tokens) == (20, CONTEXT - 20)
-    chat = short.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], temperature=0,
-                                         extra_body={"ignore_eos": True})
+    chat = short.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "hi"}],
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
     assert chat.choices[0].finish_reason == "length"
     assert chat.usage.prompt_tokens + chat.usage.completion_tokens == CONTEXT

@@ -85,7 +85,9 @@ def test_chat_streaming_equals_non_streaming(client):
     kwargs = dict(model=MODEL_NAME, messages=[{"role": "user", "content": "the sound of water"}],
                   max_tokens=20, temperature=0, extra_body={"ignore_eos": True, "return_token_ids": True})
     full = client.chat.completions.create(**kwargs)
-    chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs))
+    chunks = list(
+        client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs)
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     tokens = [t for c in chunks if c.choices for t in (c.choices[0].model_extra or {}).get("token_ids", [])]

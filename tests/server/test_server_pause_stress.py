@@ -35,7 +35,10 @@ def body(i: int, stream: bool) -> dict:
 @pytest.fixture(scope="module")
 def expected(reference, tokenizer) -> list[list[int]]:
     prompts = [tokenizer(f"{i}+{i}=")["input_ids"] for i in range(NUM_REQUESTS)]
-    params = [SamplingParams(max_tokens=max_tokens(i), temperature=0.0, ignore_eos=True) for i in range(NUM_REQUESTS)]
+    params = [
+        SamplingParams(max_tokens=max_tokens(i), temperature=0.0, ignore_eos=True)
+        for i in range(NUM_REQUESTS)
+    ]
     return [o.output_token_ids for o in reference.generate(prompts, params)]
 
 
@@ -87,7 +90,9 @@ async def scenario(server, model_dir, mode: str, stream: bool, update: bool):
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
-@pytest.mark.parametrize(("mode", "update"), [("keep", False), ("keep", True), ("abort", False), ("wait", True)])
+@pytest.mark.parametrize(
+    ("mode", "update"), [("keep", False), ("keep", True), ("abort", False), ("wait", True)]
+)
 def test_every_request_answers_once_across_pause_cycles(server, model_dir, expected, mode, stream, update):
     for _ in range(RUNS):
         results, last_resume = asyncio.run(scenario(server, model_dir, mode, stream, update))

@@ -37,6 +37,10 @@ def test_token_route_returns_the_routing_record(moe_dir, moe_server, prompt_too)
 
     got = asyncio.run(remote())
     assert got.output_token_ids == want.output_token_ids
-    assert got.routed_experts.dtype == np.uint8 and got.routed_experts.shape == (len(prompt) + 5 if prompt_too else 6, 2, 2)
+    assert got.routed_experts.dtype == np.uint8 and got.routed_experts.shape == (
+        len(prompt) + 5 if prompt_too else 6,
+        2,
+        2,
+    )
     assert got.routed_experts_start == want.routed_experts_start == (0 if prompt_too else len(prompt) - 1)
     np.testing.assert_array_equal(got.routed_experts, want.routed_experts)

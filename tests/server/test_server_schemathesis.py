@@ -1,9 +1,10 @@
 """Property-based fuzzing of every route from the server's own OpenAPI schema (schemathesis): no
 internal error and no hang, whatever the body, query or token (issue 18). A 5xx is allowed only as
 the documented answer of a route whose upstream the request named (502/504 from the weight-group
-routes: nobody listens at the given master address), always with an OpenAI-style error body. Control routes get the token; after
-each case the engine is put back to serving (abort an update, wake, resume), so a paused engine
-does not hold the next case. Bounded: a few examples per operation, about 300 in all."""
+routes: nobody listens at the given master address), always with an OpenAI-style error body. Control
+routes get the token; after each case the engine is put back to serving (abort an update, wake,
+resume), so a paused engine does not hold the next case. Bounded: a few examples per operation, about
+300 in all."""
 
 from __future__ import annotations
 
@@ -81,7 +82,10 @@ def test_no_route_answers_5xx_or_hangs(schema, server, model_dir, monkeypatch):
             headers = {"Authorization": f"Bearer {CONTROL}"}
             response = case.call(base_url=server.url, headers=headers, timeout=30)
             seen += 1
-            status, what = response.status_code, (case.method, case.path, response.status_code, response.text[:500])
+            status, what = (
+                response.status_code,
+                (case.method, case.path, response.status_code, response.text[:500]),
+            )
             if status >= 500:
                 error = response.json()["error"]
                 assert status in (502, 504) and error["code"].startswith("weight_transfer"), what

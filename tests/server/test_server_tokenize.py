@@ -7,8 +7,16 @@ import openai
 import pytest
 
 MODEL = "tiny"
-TOOLS = [{"type": "function", "function": {"name": "add", "description": "add two numbers",
-                                            "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "add two numbers",
+            "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}},
+        },
+    }
+]
 
 
 def test_models_retrieve(client, server):
@@ -35,8 +43,10 @@ def test_tokenize_messages_equals_the_chat_route(http, tokenizer):
         text = tokenizer.apply_chat_template(messages, tokenize=False, tools=extra.get("tools"),
                                              add_generation_prompt=extra.get("add_generation_prompt", True))
         assert r["tokens"] == tokenizer(text, add_special_tokens=False)["input_ids"]
-        chat = http.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 1, "return_token_ids": True,
-                                                       **extra}).json()
+        chat = http.post(
+            "/v1/chat/completions",
+            json={"messages": messages, "max_tokens": 1, "return_token_ids": True, **extra},
+        ).json()
         assert chat["prompt_token_ids"] == r["tokens"]
 
 
@@ -48,19 +58,30 @@ def test_detokenize_round_trip_and_tokenizer_info(http, tokenizer):
     assert info["tokenizer_class"] == type(tokenizer).__name__
 
 
-@pytest.mark.parametrize(("route", "body", "param"), [
-    ("/tokenize", {"prompt": "x", "messages": [{"role": "user", "content": "x"}]}, "prompt"),
-    ("/tokenize", {}, "prompt"),
-    ("/tokenize", {"prompt": "x", "tools": TOOLS}, "tools"),
-    ("/tokenize", {"messages": []}, "messages"),
-    ("/tokenize", {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "web"}]}, "tools[0].type"),
-    ("/tokenize", {"messages": [{"role": "user", "content": "x"}], "continue_final_message": True}, "continue_final_message"),
-    ("/tokenize", {"prompt": "x", "model": "other"}, "model"),
-    ("/tokenize", {"prompt": "x", "bogus": 1}, "bogus"),
-    ("/detokenize", {"tokens": [5, 10**9]}, "tokens"),
-    ("/detokenize", {"tokens": [-1]}, "tokens"),
-    ("/detokenize", {"tokens": "abc"}, "tokens"),
-])
+@pytest.mark.parametrize(
+    ("route", "body", "param"),
+    [
+        ("/tokenize", {"prompt": "x", "messages": [{"role": "user", "content": "x"}]}, "prompt"),
+        ("/tokenize", {}, "prompt"),
+        ("/tokenize", {"prompt": "x", "tools": TOOLS}, "tools"),
+        ("/tokenize", {"messages": []}, "messages"),
+        (
+            "/tokenize",
+            {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "web"}]},
+            "tools[0].type",
+        ),
+        (
+            "/tokenize",
+            {"messages": [{"role": "user", "content": "x"}], "continue_final_message": True},
+            "continue_final_message",
+        ),
+        ("/tokenize", {"prompt": "x", "model": "other"}, "model"),
+        ("/tokenize", {"prompt": "x", "bogus": 1}, "bogus"),
+        ("/detokenize", {"tokens": [5, 10**9]}, "tokens"),
+        ("/detokenize", {"tokens": [-1]}, "tokens"),
+        ("/detokenize", {"tokens": "abc"}, "tokens"),
+    ],
+)
 def test_bad_input_is_an_openai_error_naming_the_field(http, route, body, param):
     r = http.post(route, json=body)
     assert r.status_code in (400, 404), r.text

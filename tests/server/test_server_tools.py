@@ -75,8 +75,14 @@ def test_tools_and_tool_turns_render_as_the_tokenizers_template(client, tool_tok
 
 
 def test_tool_calls_come_back_as_tool_calls(client, tool_tokenizer):
-    r = client.chat.completions.create(model="tools", messages=USER, tools=TOOLS, max_tokens=20, temperature=0,
-                                       extra_body={"return_token_ids": True})
+    r = client.chat.completions.create(
+        model="tools",
+        messages=USER,
+        tools=TOOLS,
+        max_tokens=20,
+        temperature=0,
+        extra_body={"return_token_ids": True},
+    )
     choice = r.choices[0]
     assert choice.model_extra["token_ids"] == tool_tokenizer.convert_tokens_to_ids(CHAIN) + [
         tool_tokenizer.eos_token_id]  # the model really wrote the chain

@@ -19,17 +19,45 @@ CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['cont
           "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
 
 REFUSED_VALUES = [
-    ("presence_penalty", 0.5), ("frequency_penalty", -1.0), ("repetition_penalty", 1.2), ("min_p", 0.05),
-    ("logit_bias", {"5": 10}), ("min_tokens", 4), ("use_beam_search", True), ("length_penalty", 0.5),
-    ("allowed_token_ids", [5, 6]), ("bad_words", ["water"]), ("priority", 1),
-    ("guided_json", {"type": "object"}), ("guided_choice", ["a", "b"]), ("structured_outputs", {"regex": "a"}),
-    ("response_format", {"type": "json_object"}), ("truncate_prompt_tokens", 8), ("reasoning_effort", "low"),
-    ("parallel_tool_calls", False), ("functions", [{"name": "f"}]), ("modalities", ["text", "audio"]),
-    ("spaces_between_special_tokens", False), ("documents", [{"text": "x"}]), ("echo", True),
+    ("presence_penalty", 0.5),
+    ("frequency_penalty", -1.0),
+    ("repetition_penalty", 1.2),
+    ("min_p", 0.05),
+    ("logit_bias", {"5": 10}),
+    ("min_tokens", 4),
+    ("use_beam_search", True),
+    ("length_penalty", 0.5),
+    ("allowed_token_ids", [5, 6]),
+    ("bad_words", ["water"]),
+    ("priority", 1),
+    ("guided_json", {"type": "object"}),
+    ("guided_choice", ["a", "b"]),
+    ("structured_outputs", {"regex": "a"}),
+    ("response_format", {"type": "json_object"}),
+    ("truncate_prompt_tokens", 8),
+    ("reasoning_effort", "low"),
+    ("parallel_tool_calls", False),
+    ("functions", [{"name": "f"}]),
+    ("modalities", ["text", "audio"]),
+    ("spaces_between_special_tokens", False),
+    ("documents", [{"text": "x"}]),
+    ("echo", True),
 ]
-DEFAULTS = {"presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {}, "repetition_penalty": 1.0,
-            "min_p": 0.0, "response_format": {"type": "text"}, "parallel_tool_calls": True, "use_beam_search": False,
-            "user": "alice", "metadata": {"run": "7"}, "store": False, "service_tier": "auto", "seed": 1}
+DEFAULTS = {
+    "presence_penalty": 0,
+    "frequency_penalty": 0.0,
+    "logit_bias": {},
+    "repetition_penalty": 1.0,
+    "min_p": 0.0,
+    "response_format": {"type": "text"},
+    "parallel_tool_calls": True,
+    "use_beam_search": False,
+    "user": "alice",
+    "metadata": {"run": "7"},
+    "store": False,
+    "service_tier": "auto",
+    "seed": 1,
+}
 
 
 def assert_refused(r: httpx.Response, param: str, code: str = "unsupported_parameter") -> None:
@@ -42,7 +70,14 @@ def assert_refused(r: httpx.Response, param: str, code: str = "unsupported_param
 def test_non_default_value_is_refused_by_name(http, field, value):
     assert field in REFUSED
     assert_refused(http.post(CHAT, json={"messages": MESSAGES, "max_tokens": 2, field: value}), field)
-    if field not in ("parallel_tool_calls", "functions", "response_format", "documents", "reasoning_effort", "echo"):
+    if field not in (
+        "parallel_tool_calls",
+        "functions",
+        "response_format",
+        "documents",
+        "reasoning_effort",
+        "echo",
+    ):
         assert_refused(http.post(COMPLETIONS, json={"prompt": "x", "max_tokens": 2, field: value}), field)
 
 
@@ -53,12 +88,16 @@ def test_defaults_and_metadata_are_accepted(http):
 
 
 def test_unrecognized_field_is_refused_and_the_server_keeps_serving(http, client):
-    assert_refused(http.post(CHAT, json={"messages": MESSAGES, "temprature": 0}), "temprature", "unknown_parameter")
+    assert_refused(
+        http.post(CHAT, json={"messages": MESSAGES, "temprature": 0}), "temprature", "unknown_parameter"
+    )
     r = http.post(CHAT, json={"messages": MESSAGES, "stream": True,
                               "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
     assert_refused(r, "stream_options.continuous_usage_stats", "invalid_value")
     with pytest.raises(openai.BadRequestError) as err:
-        client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=2, extra_body={"min_p": 0.1})
+        client.chat.completions.create(
+            model=MODEL_NAME, messages=MESSAGES, max_tokens=2, extra_body={"min_p": 0.1}
+        )
     assert err.value.param == "min_p"
     with pytest.raises(openai.BadRequestError) as err:
         client.completions.create(model=MODEL_NAME, prompt="x", max_tokens=2, presence_penalty=0.3)

@@ -26,7 +26,9 @@ def engine_config(model_dir, **overrides) -> EngineConfig:
 
 @pytest.fixture(scope="module")
 def server(model_dir):
-    srv = serve_model(engine_config(model_dir, weight_update_timeout_s=LEASE_S), "tiny", control_token=CONTROL_TOKEN)
+    srv = serve_model(
+        engine_config(model_dir, weight_update_timeout_s=LEASE_S), "tiny", control_token=CONTROL_TOKEN
+    )
     yield srv
     srv.stop()
 
