@@ -44,7 +44,10 @@ def test_make_problem_prompt_answer_and_meta():
 def test_reward_is_prefix_credit():
     task = CountUpTask(num_train=1)
     p = make_problem("x", 7, 3, 30)  # 10,13,16,19,22,25,28,31
-    assert task.reward(p, "10,13,16,19,22,25,28,31") == 1.0 and task.reward(p, " 10,13,16,19,22,25,28,31 ") == 1.0
+    assert (
+        task.reward(p, "10,13,16,19,22,25,28,31") == 1.0
+        and task.reward(p, " 10,13,16,19,22,25,28,31 ") == 1.0
+    )
     assert task.reward(p, "10,13,16,19") == 0.5  # stopped early: 4 of 8
     assert task.reward(p, "10,13,16,19,22,25,28,31,34,37") == 0.8  # ran past b: 8 of 10
     assert task.reward(p, "10,13,17,20,23,26,29,32") == 0.25  # a wrong sum: the 2 before it
@@ -78,14 +81,25 @@ def test_answer_lengths_are_long_tailed_and_fit_max_new_tokens():
     stats = answer_length_stats(task)
     assert stats["p99"] / stats["p50"] >= 4 and stats["max"] / stats["p50"] >= 6
     assert stats["max"] <= task.max_new_tokens
-    longest = make_problem("x", task.max_start, task.max_step, task.max_start + task.max_terms * task.max_step)
-    assert longest.meta["terms"] == task.max_terms and len(task.encode(longest.answer)) + 1 <= task.max_new_tokens
+    longest = make_problem(
+        "x", task.max_start, task.max_step, task.max_start + task.max_terms * task.max_step
+    )
+    assert (
+        longest.meta["terms"] == task.max_terms
+        and len(task.encode(longest.answer)) + 1 <= task.max_new_tokens
+    )
     short = answer_length_stats(AdditionTask(num_train=5000))
     assert short["p99"] / short["p50"] < 2  # the addition task has no tail
 
 
 def test_percentiles_nearest_rank():
-    assert percentiles(list(range(1, 101))) == {"p50": 50.0, "p90": 90.0, "p99": 99.0, "max": 100.0, "mean": 50.5}
+    assert percentiles(list(range(1, 101))) == {
+        "p50": 50.0,
+        "p90": 90.0,
+        "p99": 99.0,
+        "max": 100.0,
+        "mean": 50.5,
+    }
     assert percentiles([3, 1, 2]) == {"p50": 2.0, "p90": 3.0, "p99": 3.0, "max": 3.0, "mean": 2.0}
     assert percentiles([])["max"] == 0.0
 
@@ -133,8 +147,12 @@ def test_length_buckets_only_for_long_tails():
 def test_bucketed_backward_matches_one_batch(tmp_path):
     task = CountUpTask(num_train=1)
     path = build_base_model(tmp_path / "m", tokenizer=task.tokenizer, **SMALL)
-    problems = [make_problem(str(i), a, d, b) for i, (a, d, b) in
-                enumerate([(1, 2, 3), (4, 5, 6), (7, 1, 20), (3, 3, 50), (2, 9, 10), (0, 1, 1), (9, 9, 12), (1, 1, 2)])]
+    problems = [
+        make_problem(str(i), a, d, b)
+        for i, (a, d, b) in enumerate(
+            [(1, 2, 3), (4, 5, 6), (7, 1, 20), (3, 3, 50), (2, 9, 10), (0, 1, 1), (9, 9, 12), (1, 1, 2)]
+        )
+    ]
     lengths = [len(task.encode(p.prompt)) + len(task.encode(p.answer)) + 1 for p in problems]
     assert len(length_buckets(lengths)) > 1
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)

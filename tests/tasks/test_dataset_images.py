@@ -47,15 +47,25 @@ def rows_file(tmp_path):
     (tmp_path / "imgs").mkdir()
     (tmp_path / "imgs" / "b.png").write_bytes(png(picture(70, 80, 1)))
     rows = [
-        row({"type": "image_url", "image_url": {"url": "data:image/png;base64,"
-                                                       + base64.b64encode(png(picture(60, 60, 0))).decode()}}, "a"),
+        row(
+            {
+                "type": "image_url",
+                "image_url": {
+                    "url": "data:image/png;base64," + base64.b64encode(png(picture(60, 60, 0))).decode()
+                },
+            },
+            "a",
+        ),
         row({"type": "image", "image": "imgs/b.png"}, "b"),
         row({"type": "image", "image": base64.b64encode(png(picture(90, 56, 2))).decode()}, "c"),
         row({"type": "image_url", "image_url": {"url": "data:image/png;base64,aGVsbG8="}}, "bad"),  # "hello"
         row({"type": "image", "image": "imgs/missing.png"}, "missing"),
         row({"type": "image", "image": base64.b64encode(png(Image.new("RGB", (300, 300)))).decode()}, "big"),
-        {"prompt": [{"role": "user", "content": "no image here"}], "env_class": "exact",
-         "reward_spec": {"method": "rule", "ground_truth": "d"}},
+        {
+            "prompt": [{"role": "user", "content": "no image here"}],
+            "env_class": "exact",
+            "reward_spec": {"method": "rule", "ground_truth": "d"},
+        },
     ]
     path = tmp_path / "rows.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -83,7 +93,10 @@ def test_rows_with_images_load_and_bad_ones_are_counted(rows_file, processor):
         assert problems[answer].meta["prompt_tokens"] == want["input_ids"].shape[1]
         got = image_prompt(task, problems[answer].prompt)
         assert got.token_ids == want["input_ids"][0].tolist()
-        assert got.pixel_values.equal(want["pixel_values"]) and got.image_grid_thw.equal(want["image_grid_thw"])
+        assert (
+            got.pixel_values.equal(want["pixel_values"])
+            and got.image_grid_thw.equal(want["image_grid_thw"])
+        )
     assert task.encode_prompt(problems["d"].prompt) == processor.tokenizer.apply_chat_template(
         problems["d"].prompt, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
 
@@ -94,7 +107,9 @@ def test_without_refused_the_first_bad_row_raises(rows_file):
 
 
 def test_images_need_an_image_processor(rows_file, processor):
-    with pytest.raises(DatasetError, match=r"rows hold images \(e.g. .*rows.jsonl:1\), but this task has no image"):
+    with pytest.raises(
+        DatasetError, match=r"rows hold images \(e.g. .*rows.jsonl:1\), but this task has no image"
+    ):
         DataTask(processor.tokenizer, [rows_file], [rows_file])
 
 

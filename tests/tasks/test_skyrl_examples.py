@@ -35,7 +35,9 @@ def multiply_rows(product: str = "42") -> list[dict]:
 
 def play(task, tok, texts: list[str]):
     client = ScriptedClient([(encode(tok, t) + [tok.eos_token_id], "stop") for t in texts])
-    return asyncio.run(TaskGenerator(client, task, n=1, max_tokens=64).episode(task.train_problems()[0])), client
+    return asyncio.run(
+        TaskGenerator(client, task, n=1, max_tokens=64).episode(task.train_problems()[0])
+    ), client
 
 
 @pytest.mark.parametrize(("answer", "reward"), [("so \\boxed{42}.", 1.0), ("\\boxed{ 42 }", 1.0),
@@ -117,8 +119,15 @@ def judge_rows() -> list[dict]:
              "reward_spec": {"method": "rule", "ground_truth": "3 + 4 = 7\n#### 7"}}] * 2
 
 
-@pytest.mark.parametrize(("reply", "reward"), [
-    ("They agree.\n### Final Score: 1", 1.0), ("### Final Score: 0.0", 0.0), ("1", 1.0), ("looks right", 0.0)])
+@pytest.mark.parametrize(
+    ("reply", "reward"),
+    [
+        ("They agree.\n### Final Score: 1", 1.0),
+        ("### Final Score: 0.0", 0.0),
+        ("1", 1.0),
+        ("looks right", 0.0),
+    ],
+)
 def test_llm_as_a_judge_scores_what_the_judge_says(tok, tmp_path, monkeypatch, reply, reward):
     from inflight.config.schema.data import LLMJudgeConfig
 

@@ -74,12 +74,21 @@ def test_text2sql_runs_the_models_sql_on_the_database_and_scores_the_solution(to
 def test_search_queries_the_retriever_and_scores_the_answer(tok, tmp_path):
     retriever = Retriever(["Paris is the capital of France", "Berlin is in Germany", "The Loire is long"])
     try:
-        rows = [{"prompt": [{"role": "user", "content": "Capital of France?"}], "env_class": "search",
-                 "reward_spec": {"method": "rule", "ground_truth": {"target": ["Paris"]}}, "extra_info": {"index": 0}}] * 2
+        rows = [
+            {
+                "prompt": [{"role": "user", "content": "Capital of France?"}],
+                "env_class": "search",
+                "reward_spec": {"method": "rule", "ground_truth": {"target": ["Paris"]}},
+                "extra_info": {"index": 0},
+            }
+        ] * 2
         data = write_rows(tmp_path / "search.parquet", rows)
-        settings = gym(f"environment.skyrl_gym.search.search_url={retriever.url}", "environment.skyrl_gym.search.topk=2")
+        settings = gym(
+            f"environment.skyrl_gym.search.search_url={retriever.url}", "environment.skyrl_gym.search.topk=2"
+        )
         task = DataTask(tok, [data], [data], skyrl_gym=settings)
-        assert retriever.queries == [{"query": "probe", "topk": 2, "return_scores": False}]  # the start-up probe
+        # the start-up probe
+        assert retriever.queries == [{"query": "probe", "topk": 2, "return_scores": False}]
         turns = ["<search>capital of France</search>", "<answer>Paris</answer>"]
         traj, client = play(task, tok, turns, stop=["</search>", "</answer>"], max_turns=2)
         assert retriever.queries[-1] == {"query": "capital of France", "topk": 2, "return_scores": True}
@@ -92,9 +101,16 @@ def test_search_queries_the_retriever_and_scores_the_answer(tok, tmp_path):
 
 
 def test_aime_scores_with_verl_style_reward_model_rows(tok, tmp_path):
-    rows = [{"data_source": "aime", "prompt": [{"role": "user", "content": f"Problem {i}"}], "ability": "MATH",
-             "reward_model": {"ground_truth": "540", "style": "rule-lighteval/MATH_v2"}, "extra_info": {"index": i}}
-            for i in range(3)]
+    rows = [
+        {
+            "data_source": "aime",
+            "prompt": [{"role": "user", "content": f"Problem {i}"}],
+            "ability": "MATH",
+            "reward_model": {"ground_truth": "540", "style": "rule-lighteval/MATH_v2"},
+            "extra_info": {"index": i},
+        }
+        for i in range(3)
+    ]
     data = write_rows(tmp_path / "aime.parquet", rows)
     task = DataTask(tok, [data], [data], env_class="aime")
     problem = task.train_problems()[0]

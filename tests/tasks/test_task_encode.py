@@ -17,7 +17,15 @@ from inflight.testing import make_tokenizer
 
 TEXTS = {  # the character tokenizer knows only its task's characters
     "chars": ["12+34=", "", "7+0=", "12+34="],
-    "trained": ["12+34=", "", "  spaced  out ", "héllo wörld ✓", "<|im_start|>user\nhi<|im_end|>", "a\n\nb\t c", "12+34="],
+    "trained": [
+        "12+34=",
+        "",
+        "  spaced  out ",
+        "héllo wörld ✓",
+        "<|im_start|>user\nhi<|im_end|>",
+        "a\n\nb\t c",
+        "12+34=",
+    ],
 }
 
 
@@ -55,7 +63,9 @@ def test_decode_equals_the_tokenizers_own_text(tokenizer):
     task = AdditionTask() if tokenizer == "chars" else AdditionTask(make_tokenizer())
     if tokenizer == "trained_cleanup":  # transformers' own path then (it may change spaces)
         task.tokenizer.clean_up_tokenization_spaces = True
-    fast = backend_for(task.tokenizer, DECODING) is not None and not task.tokenizer.clean_up_tokenization_spaces
+    fast = (
+        backend_for(task.tokenizer, DECODING) is not None and not task.tokenizer.clean_up_tokenization_spaces
+    )
     assert fast == (tokenizer != "trained_cleanup")
     special = task.tokenizer.all_special_ids
     for text in TEXTS[tokenizer.removesuffix("_cleanup")]:

@@ -28,7 +28,10 @@ def test_char_tokenizer_has_14_tokens_and_round_trips(tmp_path):
     assert tok.decode(ids + [tok.eos_token_id], skip_special_tokens=True) == "123+45="
     tok.save_pretrained(tmp_path)
     loaded = AutoTokenizer.from_pretrained(tmp_path)
-    assert loaded("9+9=", add_special_tokens=False)["input_ids"] == tok("9+9=", add_special_tokens=False)["input_ids"]
+    assert (
+        loaded("9+9=", add_special_tokens=False)["input_ids"]
+        == tok("9+9=", add_special_tokens=False)["input_ids"]
+    )
     assert loaded.eos_token_id == tok.eos_token_id == 1 and loaded.pad_token_id == 0
     chat = [{"role": "user", "content": "1+2="}, {"role": "assistant", "content": "3"}]
     assert loaded.apply_chat_template(chat, tokenize=False) == "1+2=3<eos>"
@@ -82,8 +85,10 @@ def test_chain_addition_env_turns():
 
 def test_jsonl_dataset(tmp_path):
     path = tmp_path / "data.jsonl"
-    rows = [{"prompt": "What is 2+2?", "answer": 4}, {"id": "q2", "prompt": [{"role": "user", "content": "Hi"}],
-                                                       "answer": "hello"}]
+    rows = [
+        {"prompt": "What is 2+2?", "answer": 4},
+        {"id": "q2", "prompt": [{"role": "user", "content": "Hi"}], "answer": "hello"},
+    ]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
     problems = load_jsonl(path)
     assert [p.id for p in problems] == ["data-1", "q2"] and problems[0].answer == "4"
@@ -95,7 +100,10 @@ def test_jsonl_dataset(tmp_path):
     assert JsonlTask(tok, path, num_eval=1).reward(problems[1], "oh hello there") == 0.0
     digits = tmp_path / "digits.jsonl"
     digits.write_text(json.dumps({"prompt": "1+2=", "answer": "3"}) + "\n")
-    assert JsonlTask(tok, digits, num_eval=1).encode_prompt("1+2=") == tok("1+2=", add_special_tokens=False)["input_ids"]
+    assert (
+        JsonlTask(tok, digits, num_eval=1).encode_prompt("1+2=")
+        == tok("1+2=", add_special_tokens=False)["input_ids"]
+    )
 
 
 @pytest.mark.parametrize(
