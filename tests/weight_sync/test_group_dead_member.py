@@ -40,8 +40,15 @@ def test_a_dead_member_does_not_leave_the_live_one_waiting_in_a_broadcast():
     host = GroupHost(3, "127.0.0.1", 0, timeout_s=GROUP_TIMEOUT_S, max_chunk_bytes=1 << 20)
     chunk = next(iter_chunks([("w", torch.ones(1 << 18))], 1 << 20, split=True))
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    members = [subprocess.Popen([sys.executable, "-c", MEMBER, json.dumps(host.init_request(rank)), str(chunk.nbytes)],
-                                stdout=subprocess.PIPE, text=True, env=env) for rank in (1, 2)]
+    members = [
+        subprocess.Popen(
+            [sys.executable, "-c", MEMBER, json.dumps(host.init_request(rank)), str(chunk.nbytes)],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for rank in (1, 2)
+    ]
     try:
         host.connect()
         host.send(chunk)

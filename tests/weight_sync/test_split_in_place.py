@@ -30,7 +30,11 @@ EMBED = "model.embed_tokens.weight"
 @pytest.fixture(scope="module")
 def weights(tiny_model_factory):
     dir_a, dir_b = tiny_model_factory("qwen2", seed=0, **SMALL), tiny_model_factory("qwen2", seed=1, **SMALL)
-    return dir_a, {n: t.clone() for n, t in iter_safetensors(dir_a)}, {n: t.clone() for n, t in iter_safetensors(dir_b)}
+    return (
+        dir_a,
+        {n: t.clone() for n, t in iter_safetensors(dir_a)},
+        {n: t.clone() for n, t in iter_safetensors(dir_b)},
+    )
 
 
 def _engine(model_dir, **overrides) -> LLMEngine:
@@ -189,4 +193,6 @@ def test_the_sender_casts_while_packing_and_copies_nothing_before(weights):
             sent = buffer[meta.offset : meta.offset + meta.nbytes].view(torch.bfloat16)
             expected = weights_b[meta.name].to(torch.bfloat16).view(-1)[meta.start : meta.start + meta.numel]
             assert torch.equal(sent, expected), meta.name
-    assert sum(m.numel for c in chunks for m in c.metas) == sum(math.prod(t.shape) for t in weights_b.values())
+    assert sum(m.numel for c in chunks for m in c.metas) == sum(
+        math.prod(t.shape) for t in weights_b.values()
+    )

@@ -132,7 +132,8 @@ def test_issue_4_seed_block_resets_running_requests(tmp_path):
         "trainer.train_batch_size: 256\n"  # fully async: one mini-batch (SkyRL's 256) per step
     )
     plan = plan_weight_sync(load_config(path))
-    assert plan == SyncPlan("keep", True, False, "recompute", False, True, takes_adapters=False)  # on vLLM (SkyRL's default)
+    # on vLLM (SkyRL's default)
+    assert plan == SyncPlan("keep", True, False, "recompute", False, True, takes_adapters=False)
     assert plan.steps() == (
         "pause", "sleep", "wake_up_weights", "send_weights", "wake_up_kv_cache", "reset", "resume",
     )  # fmt: skip
@@ -153,7 +154,9 @@ def test_plan_is_pure():
 
 
 def test_plan_refuses_contradictory_config_listing_every_violation():
-    cfg = load_config(None, [*LOCAL_CPU, "trainer.fully_async.enabled=false", "trainer.placement.colocate_all=true"])
+    cfg = load_config(
+        None, [*LOCAL_CPU, "trainer.fully_async.enabled=false", "trainer.placement.colocate_all=true"]
+    )
     cfg.trainer.fully_async.enabled = True
     cfg.generator.inference_engine.offload_kv_for_weight_sync = True
     with pytest.raises(ConfigError) as err:
@@ -174,7 +177,9 @@ def test_plan_rejects_wrong_types_in_the_keys_it_reads():
 def test_a_lora_policy_sends_full_weights_to_vllm_and_its_adapter_to_native_engines():
     lora = ["trainer.policy.model.lora.rank=8"]
     native = plan_weight_sync(load_config(None, [*LOCAL_CPU, *lora]))
-    on_vllm = plan_weight_sync(load_config(None, [*LOCAL_CPU, *lora, "generator.inference_engine.backend=vllm"]))
+    on_vllm = plan_weight_sync(
+        load_config(None, [*LOCAL_CPU, *lora, "generator.inference_engine.backend=vllm"])
+    )
     assert (native.takes_adapters, native.full_weights) == (True, False)
     assert (on_vllm.takes_adapters, on_vllm.full_weights) == (False, True)
     assert on_vllm.steps() == native.steps()  # the same steps; only what the send carries differs

@@ -102,7 +102,9 @@ def test_a_chunk_size_that_is_not_a_multiple_of_the_alignment_still_ends(max_byt
     tensors = _tensors() + [("big", torch.randn(30000, generator=torch.Generator().manual_seed(1)))]
     chunks = list(itertools.islice(iter_chunks(tensors, max_bytes, split=True), 10_000))
     assert len(chunks) < 10_000, "the chunker did not end"
-    assert all(0 < c.nbytes <= max_bytes for c in chunks) and all(m.numel >= 0 for c in chunks for m in c.metas)
+    assert all(0 < c.nbytes <= max_bytes for c in chunks) and all(
+        m.numel >= 0 for c in chunks for m in c.metas
+    )
     out = _roundtrip(chunks, max_bytes)
     for name, tensor in tensors:
         assert torch.equal(out[name], tensor), name

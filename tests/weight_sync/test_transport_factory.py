@@ -166,5 +166,7 @@ def test_inprocess_has_no_receiver_and_unknown_kinds_are_refused():
         transport_spec("tcp")
     cfg = _cfg("shm")
     cfg.generator.inference_engine.weight_sync_backend = "tcp"  # set in code, never validated
-    with pytest.raises(ValueError, match="weight_sync_backend='tcp': weight transport 'tcp' is not registered"):
+    with pytest.raises(
+        ValueError, match="weight_sync_backend='tcp': weight transport 'tcp' is not registered"
+    ):
         make_transport(cfg)

@@ -271,7 +271,9 @@ def test_a_refused_chunk_is_reported_once_and_no_answer_is_awaited_twice(staged,
     with served_engine(dir_a, timeout=3, staged=staged) as (engine, transport, _):
         collected: list[int] = []
         collect = transport.channel.collect
-        transport.channel.collect = lambda posted, timeout=None: collected.append(posted.seq) or collect(posted, timeout)
+        transport.channel.collect = lambda posted, timeout=None: (
+            collected.append(posted.seq) or collect(posted, timeout)
+        )
         assert asyncio.run(failed_update(transport, weights)) is True
         assert len(collected) == len(set(collected)), f"messages collected more than once: {collected}"
         assert engine.weight_version == 0 and engine.can_run  # back on its weights, free to run

@@ -98,8 +98,10 @@ def test_one_lookup_takes_names_and_skyrls_aliases_and_lists_the_known_ones():
         INPROCESS, SHM, SHM, BROADCAST, BROADCAST, BROADCAST]
     with pytest.raises(ValueError) as err:
         transport_spec("delta")
-    assert str(err.value) == ("weight transport 'delta' is not registered; known: inprocess, shm (or cuda_ipc), "
-                              "broadcast (or nccl, gloo)")
+    assert str(err.value) == (
+        "weight transport 'delta' is not registered; known: inprocess, shm (or cuda_ipc), "
+        "broadcast (or nccl, gloo)"
+    )
 
 
 def test_a_name_or_alias_already_taken_is_refused(monkeypatch):
@@ -183,7 +185,9 @@ def test_same_node_refuses_servers_on_other_hosts(probe, same_node):
     probe(INPROCESS, same_node=same_node)
     cfg = _cfg(*ELSEWHERE, backend="probe")
     assert _refuses(cfg, SAME_NODE) is same_node
-    local = _cfg(*ELSEWHERE[:1], f"{IE}external_server_urls=[http://127.0.0.1:8000]", *ELSEWHERE[2:], backend="probe")
+    local = _cfg(
+        *ELSEWHERE[:1], f"{IE}external_server_urls=[http://127.0.0.1:8000]", *ELSEWHERE[2:], backend="probe"
+    )
     assert not _refuses(local, SAME_NODE)  # servers on this host
 
 
