@@ -34,6 +34,7 @@ LAYERS: dict[str, int] = {
     "rollout": 6,
     "eval": 7,
     "agents": 7,  # the agent endpoint and generator: server, client and rollout below it; train holds it
+    "tracking": 4,  # metrics, trackers, run logs: what a user sees of a run (config below it); train above
     "orchestration": 7,  # processes, servers, placement, restarts, threads: engines, client, backends below; train above
     "train": 8,
     "cluster": 9,

@@ -187,7 +187,7 @@ def run_inflight(side: str, common: list[str], model: str, run_dir: Path, pin: b
     """One `inflight train` run (`rl_bench.run_mode`) of config `base`, fully async when `side` is; its
     row."""
     from inflight.bench.rl_bench import run_mode
-    from inflight.train.metrics import read_metrics
+    from inflight.tracking.metrics import read_metrics
 
     row = run_mode(common, model, side == "fully_async", run_dir, 1.0, pin, base=base)
     records = read_metrics(run_dir / "metrics.jsonl")

@@ -312,8 +312,8 @@ def run_mode(common: list[str], model: str, enabled: bool, run_dir: Path, target
     """One RL run (fully async when `enabled`) from `model`, of the config `base` (`bench_config`);
     its row of the result."""
     from inflight.tasks.lengths import percentiles
+    from inflight.tracking.metrics import read_metrics
     from inflight.train.main import run_job
-    from inflight.train.metrics import read_metrics
 
     cfg, job = bench_config([*common, f"trainer.policy.model.path={model}",
                                      f"trainer.fully_async.enabled={str(enabled).lower()}",

@@ -203,7 +203,7 @@ for _keys, _ok, _text, _fix in _RANGES:
 
 
 TRACKERS = ("console", "tensorboard", "wandb", "mlflow")
-"""What `trainer.logger` may name (`inflight.train.trackers` builds them)."""
+"""What `trainer.logger` may name (`inflight.tracking.trackers` builds them)."""
 
 
 @_rule("trainer.logger")

@@ -247,7 +247,7 @@ async def run_job(cfg: Config, job: JobConfig, task, say, start: Starter | None 
     run's summary."""
     import torch
 
-    from inflight.train.metrics import plot_metrics
+    from inflight.tracking.metrics import plot_metrics
     from inflight.train.runtime import start_local
     from inflight.train.trainer import make_trainer
     from inflight.train.workers.local import describe_precision
@@ -365,7 +365,7 @@ def main(argv: list[str] | None = None, start_ray: Starter | None = None) -> int
         result = f"{summary['eval_label']} after RL: {summary['after']:.1%} (before: {before})"
     say(f"{result}; {summary['steps']} {summary['mode']} steps in {summary['train_seconds']:.0f} s "
         f"({summary['samples_per_s']:.0f} samples/s); total {summary['total_seconds']:.0f} s")
-    from inflight.train.run_logs import where_logged
+    from inflight.tracking.run_logs import where_logged
 
     say(where_logged(cfg, job, summary.get("plot")))
     return 0

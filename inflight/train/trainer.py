@@ -38,13 +38,13 @@ from inflight.eval.run import evaluate as run_eval
 from inflight.orchestration.engine_restarts import EngineRestarts
 from inflight.rollout.task_generator import TaskGenerator, TrajectoryGroup, episode_options, request_seed
 from inflight.tasks.base import Problem, Task
+from inflight.tracking.metrics import MetricsLogger
+from inflight.tracking.run_logs import open_run_logs
 from inflight.train.checkpoint import resume_checkpoint
 from inflight.train.data_setup import check_generated, model_context
 from inflight.train.dynamic_sampling import DynamicSampler
 from inflight.train.lora import lora_enabled
-from inflight.train.metrics import MetricsLogger
 from inflight.train.policy import run_training_steps
-from inflight.train.run_logs import open_run_logs
 from inflight.train.runtime import Policy, Runtime, Starter, start_local
 from inflight.train.staleness import AsyncDataLoader, OutputBuffer, PromptRef, StalenessManager
 from inflight.train.step_records import dump_batch, example_interval, format_example, memory_metrics

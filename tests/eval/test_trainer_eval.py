@@ -104,7 +104,7 @@ def test_eval_keys_are_validated():
 
 
 def test_the_plot_draws_each_validation_set(tmp_path):
-    from inflight.train.metrics import MetricsLogger, _eval_series, plot_metrics, read_metrics
+    from inflight.tracking.metrics import MetricsLogger, _eval_series, plot_metrics, read_metrics
 
     logger = MetricsLogger(tmp_path, progress=False)
     for step in range(4):

@@ -19,7 +19,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from inflight.train.trackers import Tracker, numeric
+from inflight.tracking.trackers import Tracker, numeric
 
 PROGRESS_KEYS = (("reward", "reward {:.2f}"), ("accuracy", "acc {:.0%}"), ("staleness_mean", "stale {:.2f}"),
                  ("throughput/samples_per_s", "{:.0f} samples/s"))

@@ -8,8 +8,8 @@ import time
 import pytest
 
 from inflight.testing import LOCAL_CPU
-from inflight.train.metrics import MetricsLogger, read_metrics
-from inflight.train.trackers import make_trackers, mlflow_metric_name, tracker_names
+from inflight.tracking.metrics import MetricsLogger, read_metrics
+from inflight.tracking.trackers import make_trackers, mlflow_metric_name, tracker_names
 
 CONFIG = {"trainer": {"project_name": "proj", "policy": {"optimizer_config": {"lr": 1e-4}}}}
 STEPS = {

@@ -8,7 +8,7 @@ import yaml
 from inflight.config import config_from_dict, load_config
 from inflight.config.job import JobConfig
 from inflight.testing import LOCAL_CPU
-from inflight.train.run_logs import open_run_logs
+from inflight.tracking.run_logs import open_run_logs
 
 
 def test_the_resolved_config_is_saved_and_reloads_to_the_same_config(tmp_path):

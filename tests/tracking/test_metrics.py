@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from inflight.train.metrics import MetricsLogger, plot_metrics, read_metrics
-from inflight.train.trackers import TensorBoardTracker
+from inflight.tracking.metrics import MetricsLogger, plot_metrics, read_metrics
+from inflight.tracking.trackers import TensorBoardTracker
 
 
 def test_jsonl_tensorboard_and_plot(tmp_path):

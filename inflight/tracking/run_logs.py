@@ -10,8 +10,8 @@ import yaml
 
 from inflight.config import Config
 from inflight.config.job import JobConfig
-from inflight.train.metrics import MetricsLogger
-from inflight.train.trackers import make_trackers
+from inflight.tracking.metrics import MetricsLogger
+from inflight.tracking.trackers import make_trackers
 
 
 def open_run_logs(cfg: Config, job: JobConfig, resume_step: int | None = None,
