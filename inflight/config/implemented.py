@@ -25,7 +25,9 @@ from inflight.config.status import REFUSED, field_status
 
 def refused_keys() -> dict[str, str]:
     """{key: why} of every key whose status is refused (some of its values do not run)."""
-    return {key: field_status(f).note for key, f in schema_fields().items() if field_status(f).state == REFUSED}
+    return {
+        key: field_status(f).note for key, f in schema_fields().items() if field_status(f).state == REFUSED
+    }
 
 
 def _refusal(key: str, value: Any) -> Violation | None:
@@ -51,9 +53,11 @@ BACKEND, RUN_LOCALLY = _IE + "backend", _IE + "run_engines_locally"
 
 _SET_ON_THE_SERVERS = {  # engine keys a run cannot apply to servers started elsewhere, and their defaults
     name: getattr(Config().generator.inference_engine, name)
-    for name in ("device", "model_dtype", "block_size", "num_kv_blocks", "kv_cache_memory_gib", "max_num_seqs",
-                 "max_num_batched_tokens", "enable_chunked_prefill", "weight_update_rollback",
-                 "weight_update_timeout_s", "attention_backend", "linear_backend", "elementwise_backend")
+    for name in (
+        "device", "model_dtype", "block_size", "num_kv_blocks", "kv_cache_memory_gib", "max_num_seqs",
+        "max_num_batched_tokens", "enable_chunked_prefill", "weight_update_rollback",
+        "weight_update_timeout_s", "attention_backend", "linear_backend", "elementwise_backend",
+    )
 }
 
 def on_megatron(cfg: Config) -> bool:
@@ -99,9 +103,15 @@ def _unregistered(cfg: Config) -> list[Violation]:
         if ":" not in str(name) and name not in known:
             close = difflib.get_close_matches(str(name), known, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
-            out.append(Violation(key, name, f"is not a registered {what} (built in: {', '.join(known)}; also names "
-                                 f"given to inflight.algorithms.register_{what.replace(' ', '_')} before the run "
-                                 "starts)", f"{hint}use one of those, or package.module:name for your own function"))
+            out.append(
+                Violation(
+                    key,
+                    name,
+                    f"is not a registered {what} (built in: {', '.join(known)}; also names given to "
+                    f"inflight.algorithms.register_{what.replace(' ', '_')} before the run starts)",
+                    f"{hint}use one of those, or package.module:name for your own function",
+                )
+            )
     return out
 
 
@@ -114,7 +124,8 @@ NOT_IMPLEMENTED_WHEN: list[tuple[str, Callable[[Config], bool], Callable[[Any], 
      f"set trainer.placement.policy_num_nodes=1 and trainer.placement.policy_num_gpus_per_node=1, "
      f"trainer.strategy=megatron, or {_LORA}=0"),
     ("trainer.critic.model.path", on_megatron, lambda v: not v, "a critic (advantage_estimator=gae) with "
-     "trainer.strategy=megatron is not implemented yet: the megatron worker builds a GPTModel without a value head",
+     "trainer.strategy=megatron is not implemented yet: the megatron worker builds a GPTModel without a "
+     "value head",
      "use trainer.strategy=fsdp for gae, or an estimator without a critic (grpo, rloo, reinforce++, maxrl)"),
     (_IE + "enable_return_routed_experts", lambda c: c.generator.agent.path is not None, lambda v: v is False,
      "is not implemented for your agent's episodes (generator.agent.path): their calls do not keep the "
@@ -126,7 +137,8 @@ NOT_IMPLEMENTED_WHEN: list[tuple[str, Callable[[Config], bool], Callable[[Any], 
                    and _transport_fact(c.generator.inference_engine.weight_sync_backend, "forms_group")),
         lambda v: v not in LOOPBACK,
         "is a loopback address, which servers on other hosts cannot reach: they join the weight group the "
-        "trainer hosts there", f"set {_IE}weight_sync_host to an address of this machine that the servers reach",
+        "trainer hosts there",
+        f"set {_IE}weight_sync_host to an address of this machine that the servers reach",
     ),
     (
         _IE + "weight_sync_backend", lambda c: external(c) and not servers_on_this_host(c),
@@ -161,9 +173,15 @@ def backend_refusals(cfg: Config) -> list[Violation]:
                              f"{_IE}external_server_urls with {RUN_LOCALLY}=false"))
     for name, default in entry.fixed.items() if starts_servers(cfg) else ():
         if (value := get_key(cfg, _IE + name)) != default:
-            out.append(Violation(_IE + name, value, f"is a native-engine setting the {entry.name} server command "
-                                 f"does not carry; only the default {default!r} runs there",
-                                 f"set {_IE}{name}={_yaml(default)}, or {BACKEND}=native"))
+            out.append(
+                Violation(
+                    _IE + name,
+                    value,
+                    f"is a native-engine setting the {entry.name} server command "
+                    f"does not carry; only the default {default!r} runs there",
+                    f"set {_IE}{name}={_yaml(default)}, or {BACKEND}=native",
+                )
+            )
     kind = weight_transport(cfg.generator.inference_engine.weight_sync_backend)
     if kind is not None and not entry.takes_transport(kind):
         out.append(Violation(_IE + "weight_sync_backend", cfg.generator.inference_engine.weight_sync_backend,

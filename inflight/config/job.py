@@ -129,18 +129,28 @@ class JobConfig:
         if self.warmup_threads < 0:
             problems.append(Violation(f"{SECTION}.warmup_threads", self.warmup_threads, "must be >= 0",
                                       "0 picks by measuring"))
-        for key in ("num_train", "num_eval", "warmup_batch_size", "threads", "engine_threads", "log_interval"):
+        for key in (
+            "num_train", "num_eval", "warmup_batch_size", "threads", "engine_threads", "log_interval",
+        ):
             if getattr(self, key) < 1:
                 problems.append(Violation(f"{SECTION}.{key}", getattr(self, key), "must be >= 1", "raise it"))
         if self.lend_threads and (self.ray or self.ray_address):
-            problems.append(Violation(f"{SECTION}.lend_threads", True, "cannot lend the threads of Ray actors, "
-                                      "whose CPUs are fixed at launch", "set job.lend_threads=false with --ray"))
+            problems.append(
+                Violation(
+                    f"{SECTION}.lend_threads",
+                    True,
+                    "cannot lend the threads of Ray actors, whose CPUs are fixed at launch",
+                    "set job.lend_threads=false with --ray",
+                )
+            )
         if self.tis_cap is not None and self.tis_cap <= 0:
             problems.append(Violation(f"{SECTION}.tis_cap", self.tis_cap, "must be > 0", "e.g. 2.0"))
         return problems
 
 
-def split_job_config(data: Mapping[str, Any], overrides: Sequence[str]) -> tuple[JobConfig, dict[str, Any], list[str]]:
+def split_job_config(
+    data: Mapping[str, Any], overrides: Sequence[str]
+) -> tuple[JobConfig, dict[str, Any], list[str]]:
     """Take the `job` section out of a config mapping and `job.*` out of the overrides; returns
     (JobConfig, the rest of the mapping, the rest of the overrides). Raises ConfigError listing
     unknown job keys, type errors and bad values."""
@@ -169,12 +179,20 @@ def split_job_config(data: Mapping[str, Any], overrides: Sequence[str]) -> tuple
             continue  # forwarded to its schema keys below
         if key not in fields:
             hint = suggest(key, [*fields, *ALIASES])
-            problems.append(Violation(f"{SECTION}.{key}", value, "unknown key",
-                                      f"did you mean '{SECTION}.{hint}'?" if hint else "see inflight/config/job.py"))
+            problems.append(
+                Violation(
+                    f"{SECTION}.{key}",
+                    value,
+                    "unknown key",
+                    f"did you mean '{SECTION}.{hint}'?" if hint else "see inflight/config/job.py",
+                )
+            )
             continue
         value = coerce(value, fields[key])
         if not is_instance(value, fields[key]):
-            problems.append(Violation(f"{SECTION}.{key}", value, f"must be {type_name(fields[key])}", "fix the type"))
+            problems.append(
+                Violation(f"{SECTION}.{key}", value, f"must be {type_name(fields[key])}", "fix the type")
+            )
             continue
         kwargs[key] = value
     job = JobConfig(**kwargs)
@@ -220,7 +238,9 @@ def _forward_aliases(values: Mapping[str, Any], rest: Mapping[str, Any], overrid
             other = _on_line(overrides, key) if alias_on_line else flatten(rest).get(key)
             if other is not None and coerce(other, leaves[key]) != coerce(value, leaves[key]):
                 rule = f"is the old spelling of {key}, which is also set (to {other!r})"
-                problems.append(Violation(f"{SECTION}.{name}", value, rule, f"drop {SECTION}.{name} and keep {key}"))
+                problems.append(
+                    Violation(f"{SECTION}.{name}", value, rule, f"drop {SECTION}.{name} and keep {key}")
+                )
             forwarded.append(f"{key}={value}")
     if problems:
         raise ConfigError(problems)

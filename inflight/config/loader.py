@@ -38,11 +38,15 @@ KEY_ALIASES = {
 """Older names read as today's: SkyRL's flat generator layout and renamed keys, our `dtype`."""
 
 REMOVED_KEYS = {
-    _IE + "async_engine": ("SkyRL always runs the async engine path; `async_engine=true` is dropped as SkyRL drops it",
-                           True),
+    _IE + "async_engine": (
+        "SkyRL always runs the async engine path; `async_engine=true` is dropped as SkyRL drops it",
+        True,
+    ),
     _IE + "enable_http_endpoint": ("is no longer a SkyRL key: the engines always serve HTTP routes", None),
-    _IE + "override_existing_update_group": ("is no longer a SkyRL key: weight-sync groups are managed by the run",
-                                             None),
+    _IE + "override_existing_update_group": (
+        "is no longer a SkyRL key: weight-sync groups are managed by the run",
+        None,
+    ),
     _IE + "remote_urls": ("is no longer a SkyRL key", None),
 }
 """Keys SkyRL removed: (why, the one value still accepted and dropped, or None: always refused)."""
@@ -196,7 +200,8 @@ def _without_removed(flat: dict[str, Any], problems: list[Violation]) -> dict[st
 
 
 def _into_mappings(flat: dict[str, Any], leaves: dict[str, Any]) -> dict[str, Any]:
-    """Dotted keys below a mapping key (`...engine_init_kwargs.max_model_len=8`) as entries of that mapping."""
+    """Dotted keys below a mapping key (`...engine_init_kwargs.max_model_len=8`) as entries of that
+    mapping."""
     out: dict[str, Any] = {}
     for key, value in flat.items():
         parent = None if key in leaves else _mapping_parent(key, leaves)

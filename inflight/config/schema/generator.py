@@ -124,8 +124,8 @@ class InferenceEngineConfig:
     """Share of the device's memory an engine may use for its weights and KV cache, in (0, 1]
     (vLLM's meaning); on CPU, of the memory available when the engine starts, split between the
     engines of this host. The KV cache takes what the weights leave, at most what max_num_seqs
-    requests of max_model_len tokens can use (also on vLLM, whose CPU KV space is given that size). kv_cache_memory_gib or num_kv_blocks, when set,
-    decide instead. Default 0.8."""
+    requests of max_model_len tokens can use (also on vLLM, whose CPU KV space is given that size).
+    kv_cache_memory_gib or num_kv_blocks, when set, decide instead. Default 0.8."""
     offload_kv_for_weight_sync: bool = skyrl(False)
     """Non-colocated only: sleep the engine during a sync, freeing its memory; the KV of
     in-flight requests is copied to host and restored (unless cleared). The sleep drops the
@@ -146,9 +146,15 @@ class InferenceEngineConfig:
     key, any other is refused. Default {}."""
     speculative_config: dict[str, Any] | None = skyrl(None, status=refused(
         "speculative decoding is not implemented", runs=lambda v: v is None))
-    external_proxy_url: str | None = skyrl(None, status=refused(
-        "a separate data-plane URL is not implemented yet: generation goes to external_server_urls "
-        "(sessions stay on one server)", runs=lambda v: v is None, fix="list the servers in external_server_urls"))
+    external_proxy_url: str | None = skyrl(
+        None,
+        status=refused(
+            "a separate data-plane URL is not implemented yet: generation goes to external_server_urls "
+            "(sessions stay on one server)",
+            runs=lambda v: v is None,
+            fix="list the servers in external_server_urls",
+        ),
+    )
     external_server_urls: list[str] | None = skyrl(None)
     """run_engines_locally=false only: the servers' base URLs (`http://host:port`), one per engine
     (num_engines must equal their number). None (default): none."""
@@ -382,6 +388,8 @@ class GeneratorConfig:
     """SkyRL's recursive-LM example: train on the child agents' trajectories too. Default false."""
 
 
-__all__ = ["DTYPE_ALIASES", "WEIGHT_SYNC_BACKEND_ALIASES", "AgentConfig", "ChatTemplateConfig", "DeltaWeightSyncConfig", "GeneratorConfig",
-           "InferenceEngineConfig", "RateLimitConfig", "SamplingConfig", "canonical_weight_sync_backend",
-           "weight_transport"]
+__all__ = [
+    "DTYPE_ALIASES", "WEIGHT_SYNC_BACKEND_ALIASES", "AgentConfig", "ChatTemplateConfig",
+    "DeltaWeightSyncConfig", "GeneratorConfig", "InferenceEngineConfig", "RateLimitConfig", "SamplingConfig",
+    "canonical_weight_sync_backend", "weight_transport",
+]

@@ -123,8 +123,14 @@ class MixedPrecisionConfig:
     (default), `fp16` or `fp32`."""
     reduce_dtype: str = skyrl("fp32", choices=MIXED_PRECISION_DTYPES)
     """Dtype gradients are reduced in: `fp32` (default) or `bf16`."""
-    buffer_dtype: str = skyrl("fp32", choices=MIXED_PRECISION_DTYPES, status=refused(
-        "buffers (rotary tables) stay in float32: FSDP2's mixed precision does not cast them", runs=lambda v: v == "fp32"))
+    buffer_dtype: str = skyrl(
+        "fp32",
+        choices=MIXED_PRECISION_DTYPES,
+        status=refused(
+            "buffers (rotary tables) stay in float32: FSDP2's mixed precision does not cast them",
+            runs=lambda v: v == "fp32",
+        ),
+    )
 
 
 @dataclass
@@ -165,18 +171,29 @@ class DDPConfig:
 class HFExportConfig:
     """How a Megatron policy is exported as a Hugging Face checkpoint."""
 
-    distributed_save: bool = skyrl(False, status=refused(
-        "exports are written by rank 0 (the models this project trains fit one writer)", runs=lambda v: v is False))
-    save_every_n_ranks: int = skyrl(1, status=accepted("read only with distributed_save=true, which is refused"))
+    distributed_save: bool = skyrl(
+        False,
+        status=refused(
+            "exports are written by rank 0 (the models this project trains fit one writer)",
+            runs=lambda v: v is False,
+        ),
+    )
+    save_every_n_ranks: int = skyrl(
+        1, status=accepted("read only with distributed_save=true, which is refused")
+    )
 
 
 @dataclass
 class MegatronLoraConfig:
     """LoRA under Megatron (`trainer.policy.model.lora.rank` > 0 with trainer.strategy=megatron)."""
 
-    lora_type: str = skyrl("lora", status=refused(
-        "canonical_lora (separate q/k/v and gate/up adapters) is not implemented; lora (one adapter per fused "
-        "megatron layer, SkyRL's default) is"))
+    lora_type: str = skyrl(
+        "lora",
+        status=refused(
+            "canonical_lora (separate q/k/v and gate/up adapters) is not implemented; lora (one adapter per "
+            "fused megatron layer, SkyRL's default) is"
+        ),
+    )
     """`lora`: one adapter per megatron layer (linear_qkv, linear_proj, linear_fc1, linear_fc2), so q/k/v
     (and gate/up) share their A. Default lora."""
     merge_lora: bool = skyrl(True)
@@ -241,19 +258,31 @@ class MegatronConfig:
     ddp_config: DDPConfig = field(default_factory=DDPConfig)
     hf_export_config: HFExportConfig = field(default_factory=HFExportConfig)
     lora_config: MegatronLoraConfig = field(default_factory=MegatronLoraConfig)
-    optimizer_config_kwargs: dict[str, Any] = skyrl(factory=lambda: dict(_MEGATRON_OPTIMIZER_KWARGS), status=accepted(
-        "SkyRL's four keys (optimizer_cpu_offload, optimizer_offload_fraction, overlap_cpu_optimizer_d2h_h2d, "
-        "use_precision_aware_optimizer) move optimizer state between GPU and host: " + _CPU_HOST))
+    optimizer_config_kwargs: dict[str, Any] = skyrl(
+        factory=lambda: dict(_MEGATRON_OPTIMIZER_KWARGS),
+        status=accepted(
+            "SkyRL's four keys (optimizer_cpu_offload, optimizer_offload_fraction, "
+            "overlap_cpu_optimizer_d2h_h2d, "
+            "use_precision_aware_optimizer) move optimizer state between GPU and host: " + _CPU_HOST
+        ),
+    )
     """Megatron optimizer pass-through. Default SkyRL's four offload keys, all off."""
     transformer_config_kwargs: dict[str, Any] = skyrl(factory=lambda: dict(_MEGATRON_TRANSFORMER_KWARGS))
     """Fields of Megatron's TransformerConfig set on the policy's model (recompute_granularity, ...);
     an unknown field is an error naming it. Default SkyRL's recompute settings."""
-    empty_cuda_cache: bool | None = skyrl(True, status=accepted("CUDA's allocator cache; nothing to empty on CPU"))
+    empty_cuda_cache: bool | None = skyrl(
+        True, status=accepted("CUDA's allocator cache; nothing to empty on CPU")
+    )
     model_config_kwargs: dict[str, Any] = skyrl(factory=dict)
     """Fields of the Hugging Face config overridden before the Megatron model is built from it. Default {}."""
-    dist_ckpt_optim_fully_reshardable: bool = skyrl(False, status=refused(
-        "checkpoints are one Hugging Face model plus the optimizer state (no Megatron distributed checkpoint)",
-        runs=lambda v: v is False))
+    dist_ckpt_optim_fully_reshardable: bool = skyrl(
+        False,
+        status=refused(
+            "checkpoints are one Hugging Face model plus the optimizer state (no Megatron distributed "
+            "checkpoint)",
+            runs=lambda v: v is False,
+        ),
+    )
     freeze_moe_router: bool = skyrl(False)
     """Keep the policy's MoE routers' parameters frozen (no gradient, not in the optimizer; no-op on
     dense models). Default false."""
@@ -295,7 +324,9 @@ class TorchProfilerConfig:
     export_type: str = skyrl("chrome_trace", status=_PROFILER_PART)
 
 
-_LANGUAGE_ONLY = accepted("every model this project loads is a language model: there is no vision encoder to skip")
+_LANGUAGE_ONLY = accepted(
+    "every model this project loads is a language model: there is no vision encoder to skip"
+)
 _NO_SEQ_PARALLEL = gpu_only("sequence parallelism")
 
 
@@ -348,8 +379,8 @@ class CriticConfig:
 
 
 __all__ = [
-    "CriticConfig", "DDPConfig", "FSDPConfig", "FakeInt4QatConfig", "HFExportConfig", "LoraConfig", "MegatronConfig",
-    "MegatronLoraConfig", "MixedPrecisionConfig", "ModelConfig", "OptimizerConfig", "PolicyConfig",
-    "PolicyModelConfig", "RefConfig",
+    "CriticConfig", "DDPConfig", "FSDPConfig", "FakeInt4QatConfig", "HFExportConfig", "LoraConfig",
+    "MegatronConfig", "MegatronLoraConfig", "MixedPrecisionConfig", "ModelConfig", "OptimizerConfig",
+    "PolicyConfig", "PolicyModelConfig", "RefConfig",
     "TorchProfilerConfig",
 ]

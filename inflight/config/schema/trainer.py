@@ -38,12 +38,21 @@ class PlacementConfig:
     policy_num_nodes * policy_num_gpus_per_node ranks."""
     critic_num_nodes: int = skyrl(1, status=refused("a critic on nodes of its own is not implemented: "
                                                     + _BESIDE_POLICY, runs=lambda v: v == 1))
-    critic_num_gpus_per_node: int = skyrl(1, status=refused("a critic on devices of its own is not implemented: "
-                                                            + _BESIDE_POLICY, runs=lambda v: v == 1))
+    critic_num_gpus_per_node: int = skyrl(
+        1,
+        status=refused(
+            "a critic on devices of its own is not implemented: " + _BESIDE_POLICY, runs=lambda v: v == 1
+        ),
+    )
     ref_num_nodes: int = skyrl(1, status=refused("a reference model on nodes of its own is not implemented: "
                                                  + _BESIDE_POLICY, runs=lambda v: v == 1))
-    ref_num_gpus_per_node: int = skyrl(1, status=refused("a reference model on devices of its own is not "
-                                                         "implemented: " + _BESIDE_POLICY, runs=lambda v: v == 1))
+    ref_num_gpus_per_node: int = skyrl(
+        1,
+        status=refused(
+            "a reference model on devices of its own is not implemented: " + _BESIDE_POLICY,
+            runs=lambda v: v == 1,
+        ),
+    )
     reward_num_nodes: int = example(1, status=refused("a reward model on nodes of its own (SkyRL's LLM-judge "
                                                       "example) is not implemented", runs=lambda v: v == 1))
     """Nodes of the reward model of SkyRL's LLM-as-a-judge example. Default 1."""
@@ -232,9 +241,15 @@ class TrainerConfig:
     head's matmul runs once more in the backward). null: the whole micro-batch at once. Default
     1024. The local worker (one policy rank); FSDP runs the full logits, megatron its
     vocab-parallel cross-entropy: neither chunks yet."""
-    vocab_entropy_chunk_size: int = skyrl(0, status=refused(
-        "the entropy is not chunked over the vocabulary (the local worker takes it with the log-probabilities, "
-        "trainer.logprobs_chunk_size tokens at a time, so the full logits never exist)", runs=lambda v: v == 0))
+    vocab_entropy_chunk_size: int = skyrl(
+        0,
+        status=refused(
+            "the entropy is not chunked over the vocabulary (the local worker takes it with the "
+            "log-probabilities, trainer.logprobs_chunk_size tokens at a time, so the full logits never "
+            "exist)",
+            runs=lambda v: v == 0,
+        ),
+    )
     vocab_entropy_chunk_memory_mb: int = skyrl(512, status=accepted(
         "read only with vocab_entropy_chunk_size > 0, which is refused"))
     fused_lm_head_logprob: bool = skyrl(False, status=refused(
