@@ -83,7 +83,9 @@ class Backend:
         """The registered `weight_sync_backend` kinds its weight updates arrive by."""
         return tuple(n for n in transport_names() if self.takes_transport(transport_spec(n)))
 
-    def server_argv(self, cfg: Any, engine: Any, port: int, *, threads: int, host: str = "127.0.0.1") -> list[str]:
+    def server_argv(
+        self, cfg: Any, engine: Any, port: int, *, threads: int, host: str = "127.0.0.1"
+    ) -> list[str]:
         """The command line of one server of this backend a run starts (`server_command`, imported)."""
         if self.server_command is None:
             raise ValueError(f"a run does not start {self.name} servers: start them with `inflight serve "
@@ -93,7 +95,11 @@ class Backend:
 
     def server_environment(self, cfg: Any) -> dict[str, str]:
         """The environment variables its servers get (`server_env`; none without)."""
-        return {} if self.server_env is None else dict(import_object(self.server_env, f"backend {self.name}")(cfg))
+        return (
+            {}
+            if self.server_env is None
+            else dict(import_object(self.server_env, f"backend {self.name}")(cfg))
+        )
 
     def launcher(self) -> Callable[[list[str]], int] | None:
         """The `launch` function, imported (None: the native server)."""
@@ -101,7 +107,11 @@ class Backend:
 
     def problems(self, cfg: Any) -> list[Any]:
         """The `run_checks` violations of `cfg` (none without checks)."""
-        return [] if self.run_checks is None else list(import_object(self.run_checks, f"backend {self.name}")(cfg))
+        return (
+            []
+            if self.run_checks is None
+            else list(import_object(self.run_checks, f"backend {self.name}")(cfg))
+        )
 
 
 _BACKENDS: dict[str, Backend] = {}
@@ -166,58 +176,95 @@ def servers_on_this_host(cfg: Any) -> bool:
     return ie.run_engines_locally or all(h in LOOPBACK for h in hosts)
 
 
-NATIVE = register_backend(Backend(
-    "native", "this package's paged-KV engine: in the trainer's processes, or `inflight serve`",
-    in_process=True, server_command="inflight.backends.serve_command:native_server_command", start_timeout_s=120.0,
-    serves_adapters=True,
-))
+NATIVE = register_backend(
+    Backend(
+        "native",
+        "this package's paged-KV engine: in the trainer's processes, or `inflight serve`",
+        in_process=True,
+        server_command="inflight.backends.serve_command:native_server_command",
+        start_timeout_s=120.0,
+        serves_adapters=True,
+    )
+)
 
 
 def _on_cuda(cfg: Any) -> bool:
     return cfg.generator.inference_engine.device != "cpu"
 
 
-VLLM = register_backend(Backend(
-    "vllm", "our routes over vLLM's AsyncLLM, run by vLLM's own venv (inflight/backends/vllm)",
-    launch="inflight.backends.vllm.launch:main", server_command="inflight.backends.vllm.commands:vllm_server_command",
-    server_env="inflight.backends.vllm.commands:vllm_env",
-    start_timeout_s=600.0,  # vLLM CPU: ~30-60 s to start, more on a busy machine
-    settings=("vllm_python",),
-    fixed={"attention_backend": "auto", "linear_backend": "auto", "elementwise_backend": "auto",
-           "num_kv_blocks": None, "block_size": 16, "enable_chunked_prefill": True, "weight_update_rollback": True},
-    refusals=(
-        Refusal(IE + "enable_return_routed_experts", lambda c: True, lambda v: v is False,
-                "is not implemented on the vLLM backend: vLLM 0.32 captures the routing only in its V2 GPU model "
-                "runner (its aux-output connector), which its CPU worker does not run, and the shim does not "
-                "return it", f"use {IE}backend=native for routing replay, or set {IE}enable_return_routed_experts="
-                "false and trainer.policy.megatron_config.moe_enable_routing_replay=false"),
-        Refusal(IE + "offload_kv_for_weight_sync", _on_cuda, lambda v: v is False,
-                "cannot offload vLLM's KV on CUDA: its sleep (level 1) frees the KV cache without a copy to restore "
-                "(on CPU it is keep: the KV already lives in host memory)",
-                f"set {IE}offload_kv_for_weight_sync=false (or fully_async.clear_kv_cache_on_weight_sync=true to "
-                f"recompute the frozen requests), or {IE}device=cpu"),
-    ),
-    run_checks="inflight.backends.vllm.run_checks:run_problems",
-))
+VLLM = register_backend(
+    Backend(
+        "vllm",
+        "our routes over vLLM's AsyncLLM, run by vLLM's own venv (inflight/backends/vllm)",
+        launch="inflight.backends.vllm.launch:main",
+        server_command="inflight.backends.vllm.commands:vllm_server_command",
+        server_env="inflight.backends.vllm.commands:vllm_env",
+        start_timeout_s=600.0,  # vLLM CPU: ~30-60 s to start, more on a busy machine
+        settings=("vllm_python",),
+        fixed={
+            "attention_backend": "auto",
+            "linear_backend": "auto",
+            "elementwise_backend": "auto",
+            "num_kv_blocks": None,
+            "block_size": 16,
+            "enable_chunked_prefill": True,
+            "weight_update_rollback": True,
+        },
+        refusals=(
+            Refusal(
+                IE + "enable_return_routed_experts",
+                lambda c: True,
+                lambda v: v is False,
+                "is not implemented on the vLLM backend: vLLM 0.32 captures the routing only in its V2 GPU "
+                "model runner (its aux-output connector), which its CPU worker does not run, and the shim "
+                "does not return it",
+                f"use {IE}backend=native for routing replay, or set {IE}enable_return_routed_experts="
+                "false and trainer.policy.megatron_config.moe_enable_routing_replay=false",
+            ),
+            Refusal(
+                IE + "offload_kv_for_weight_sync",
+                _on_cuda,
+                lambda v: v is False,
+                "cannot offload vLLM's KV on CUDA: its sleep (level 1) frees the KV cache without a copy "
+                "to restore (on CPU it is keep: the KV already lives in host memory)",
+                f"set {IE}offload_kv_for_weight_sync=false (or "
+                "fully_async.clear_kv_cache_on_weight_sync=true to "
+                f"recompute the frozen requests), or {IE}device=cpu",
+            ),
+        ),
+        run_checks="inflight.backends.vllm.run_checks:run_problems",
+    )
+)
 
 
-_HF_GENERATE_FIXED = {  # engine keys `inflight serve --backend hf_generate` has no flag for, and their defaults
+# engine keys `inflight serve --backend hf_generate` has no flag for, and their defaults
+_HF_GENERATE_FIXED = {
     "device": "cpu", "max_num_seqs": 1024, "max_num_batched_tokens": 8192, "max_model_len": None,
     "enable_prefix_caching": True, "enable_chunked_prefill": True, "block_size": 16, "num_kv_blocks": None,
     "kv_cache_memory_gib": None, "attention_backend": "auto", "linear_backend": "auto",
     "elementwise_backend": "auto", "weight_update_rollback": True, "weight_update_timeout_s": 300.0,
 }
 
-HF_GENERATE = register_backend(Backend(
-    "hf_generate", "transformers' own generate behind our routes, one request at a time (the baseline TRL uses; "
-    "inflight/backends/hf_generate)", launch="inflight.backends.hf_generate.server:main", start_timeout_s=120.0,
-    server_command="inflight.backends.hf_generate.commands:hf_generate_command",
-    takes_transport=lambda spec: not spec.forms_group,  # chunks through the client only, no weight group
-    fixed=_HF_GENERATE_FIXED,
-    refusals=(
-        Refusal("trainer.fully_async.clear_kv_cache_on_weight_sync", lambda c: c.trainer.fully_async.enabled,
-                lambda v: v is False, "cannot recompute frozen requests on the hf_generate backend: their KV lives "
-                "inside transformers' generate loop", "set trainer.fully_async.clear_kv_cache_on_weight_sync=false "
-                f"(the frozen requests keep their KV), or {IE}backend=native"),
-    ),
-))
+HF_GENERATE = register_backend(
+    Backend(
+        "hf_generate",
+        "transformers' own generate behind our routes, one request at a time (the baseline TRL uses; "
+        "inflight/backends/hf_generate)",
+        launch="inflight.backends.hf_generate.server:main",
+        start_timeout_s=120.0,
+        server_command="inflight.backends.hf_generate.commands:hf_generate_command",
+        takes_transport=lambda spec: not spec.forms_group,  # chunks through the client only, no weight group
+        fixed=_HF_GENERATE_FIXED,
+        refusals=(
+            Refusal(
+                "trainer.fully_async.clear_kv_cache_on_weight_sync",
+                lambda c: c.trainer.fully_async.enabled,
+                lambda v: v is False,
+                "cannot recompute frozen requests on the hf_generate backend: their KV lives "
+                "inside transformers' generate loop",
+                "set trainer.fully_async.clear_kv_cache_on_weight_sync=false "
+                f"(the frozen requests keep their KV), or {IE}backend=native",
+            ),
+        ),
+    )
+)

@@ -21,11 +21,13 @@ _NATIVE_ONLY_DEFAULTS = {"attention_backend": "auto", "linear_backend": "auto", 
 def serve_flags(engine: EngineConfig, threads: int) -> list[str]:
     """`inflight serve` flags for `engine`'s settings that the server command line carries (host,
     port and token are the launcher's)."""
-    flags = ["--model", engine.model, "--device", engine.device, "--dtype", engine.dtype,
-             "--max-num-seqs", str(engine.max_num_seqs), "--max-num-batched-tokens", str(engine.max_num_batched_tokens),
-             "--kv-cache-memory-gib", str(engine.kv_cache_memory_gib), "--seed", str(engine.seed),
-             "--weight-version", str(engine.weight_version), "--threads", str(threads),
-             "--weight-update-timeout-s", str(engine.weight_update_timeout_s or 0)]
+    flags = [
+        "--model", engine.model, "--device", engine.device, "--dtype", engine.dtype, "--max-num-seqs",
+        str(engine.max_num_seqs), "--max-num-batched-tokens", str(engine.max_num_batched_tokens),
+        "--kv-cache-memory-gib", str(engine.kv_cache_memory_gib), "--seed", str(engine.seed),
+        "--weight-version", str(engine.weight_version), "--threads", str(threads),
+        "--weight-update-timeout-s", str(engine.weight_update_timeout_s or 0),
+    ]
     flags += ["--max-model-len", str(engine.max_model_len)] if engine.max_model_len is not None else []
     flags += [] if engine.enable_prefix_caching else ["--no-prefix-caching"]
     return flags
@@ -41,7 +43,9 @@ def native_command(engine: EngineConfig, port: int, threads: int = 1, host: str 
     command line lacks must be at their defaults (raises ValueError naming them)."""
     lacking = [k for k, d in _NATIVE_ONLY_DEFAULTS.items() if getattr(engine, k) != d]
     if lacking:
-        raise ValueError(f"`inflight serve` has no flag for {lacking}: leave them at their defaults for a server")
+        raise ValueError(
+            f"`inflight serve` has no flag for {lacking}: leave them at their defaults for a server"
+        )
     flags = serve_flags(engine, threads) + ["--block-size", str(engine.block_size)]
     flags += ["--num-kv-blocks", str(engine.num_kv_blocks)] if engine.num_kv_blocks is not None else []
     return serve_command(port, flags, host)

@@ -15,6 +15,12 @@ def hf_generate_command(cfg: Any, engine: EngineConfig, port: int, *, threads: i
                         host: str = "127.0.0.1") -> list[str]:
     """`inflight serve --backend hf_generate ...` for `engine` on `host`:`port`."""
     name = cfg.generator.inference_engine.served_model_name
-    return serve_command(port, ["--backend", "hf_generate", "--model", engine.model, "--dtype", engine.dtype,
-                                "--seed", str(engine.seed), "--weight-version", str(engine.weight_version),
-                                "--threads", str(threads), *(["--served-model-name", name] if name else [])], host)
+    return serve_command(
+        port,
+        [
+            "--backend", "hf_generate", "--model", engine.model, "--dtype", engine.dtype, "--seed",
+            str(engine.seed), "--weight-version", str(engine.weight_version), "--threads", str(threads),
+            *(["--served-model-name", name] if name else []),
+        ],
+        host,
+    )

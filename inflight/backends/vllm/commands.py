@@ -45,7 +45,9 @@ def vllm_server_command(cfg: Config, engine: EngineConfig, port: int, *, threads
                         served_model_name=ie.served_model_name, engine_args=args)
 
 
-def vllm_args(ie: InferenceEngineConfig, *, sleep_mode: bool = False, logprobs_mode: str | None = None) -> list[str]:
+def vllm_args(
+    ie: InferenceEngineConfig, *, sleep_mode: bool = False, logprobs_mode: str | None = None
+) -> list[str]:
     """vLLM's command-line arguments for `engine_init_kwargs` (each `name: value` as `--name-with-dashes
     value`; true as the bare flag, false as `--no-name`, mappings and lists as JSON) and
     `enforce_eager`; on CUDA also the KV memory (`gpu_memory_utilization` as vLLM's, or
@@ -81,8 +83,11 @@ def vllm_env(cfg: Config) -> dict[str, str]:
     frees no memory there."""
     ie = cfg.generator.inference_engine
     if cfg.trainer.placement.colocate_all and not ie.device.startswith("cuda"):
-        log.warning("trainer.placement.colocate_all=true with vLLM on %s: the engines sleep while the trainer "
-                    "trains, but vLLM's sleep frees no memory off CUDA (its weights and KV cache stay in host "
-                    "memory); the engines only stop generating", ie.device)
+        log.warning(
+            "trainer.placement.colocate_all=true with vLLM on %s: the engines sleep while the trainer "
+            "trains, but vLLM's sleep frees no memory off CUDA (its weights and KV cache stay in host "
+            "memory); the engines only stop generating",
+            ie.device,
+        )
     return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0" if ie.vllm_v1_disable_multiproc else "1"}
 

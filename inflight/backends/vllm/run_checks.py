@@ -26,7 +26,8 @@ def _samplings(cfg: Config) -> dict[str, tuple[float, float, int]]:
 
 
 def logprobs_mode(cfg: Config) -> str | None:
-    """vLLM's `--logprobs-mode` that gives the run's logprobs as ours for all of its sampling (None: none does)."""
+    """vLLM's `--logprobs-mode` that gives the run's logprobs as ours for all of its sampling (None: none
+    does)."""
     return run_mode(_samplings(cfg).values())
 
 
@@ -37,8 +38,14 @@ def run_problems(cfg: Config) -> list[Violation]:
     if starts_servers(cfg):  # vLLM's python: vllm_python, else $INFLIGHT_VLLM_PYTHON or .venv-vllm
         out += filter(None, [python_problem(cfg.generator.inference_engine.vllm_python)])
         model = cfg.trainer.policy.model.path
-        if model and cfg.generator.inference_engine.device == "cpu" and (problem := cpu_attention_problem(model)):
-            out.append(Violation(BACKEND, "vllm", problem, f"set {BACKEND}=native (our engine serves any head size)"))
+        if (
+            model
+            and cfg.generator.inference_engine.device == "cpu"
+            and (problem := cpu_attention_problem(model))
+        ):
+            out.append(
+                Violation(BACKEND, "vllm", problem, f"set {BACKEND}=native (our engine serves any head size)")
+            )
     if logprobs_mode(cfg) is None:
         out.append(_mode_violation(cfg))
     return out
@@ -50,12 +57,15 @@ def _mode_violation(cfg: Config) -> Violation:
     key, (temperature, _, _) = next((k, s) for k, s in samplings.items()
                                     if not (s[0] < GREEDY_BELOW or s[0] == 1.0))
     return Violation(
-        f"{key}.temperature", temperature,
-        f"with top_p < 1 or top_k > 0 in {' and '.join(filtering)}, vLLM gives the logprobs a policy gradient needs "
-        "(log_softmax(logits / temperature) before the top-k/top-p filter) only at temperature 1 or 0 (its "
-        "raw_logprobs; its processed_logprobs are renormalized after the filter), and no vLLM mode gives them "
-        "for both",
-        f"set {key}.temperature=1.0, or top_p=1.0 and top_k=-1 in {' and '.join(filtering)}, or {BACKEND}=native")
+        f"{key}.temperature",
+        temperature,
+        f"with top_p < 1 or top_k > 0 in {' and '.join(filtering)}, vLLM gives the logprobs a policy "
+        "gradient needs (log_softmax(logits / temperature) before the top-k/top-p filter) only at "
+        "temperature 1 or 0 (its raw_logprobs; its processed_logprobs are renormalized after the filter), "
+        "and no vLLM mode gives them for both",
+        f"set {key}.temperature=1.0, or top_p=1.0 and top_k=-1 in {' and '.join(filtering)}, or "
+        f"{BACKEND}=native",
+    )
 
 
 __all__ = ["logprobs_mode", "run_problems"]
