@@ -24,8 +24,10 @@ def gpu_demands(cfg: Config, job: JobConfig) -> dict[str, int]:
     placement, ie = cfg.trainer.placement, cfg.generator.inference_engine
     demands: dict[str, int] = {}
     if job.trainer_device.startswith("cuda"):
-        demands |= {_PLACEMENT + name: getattr(placement, name)
-                    for name in ("policy_num_gpus_per_node", "critic_num_gpus_per_node", "ref_num_gpus_per_node")}
+        demands |= {
+            _PLACEMENT + name: getattr(placement, name)
+            for name in ("policy_num_gpus_per_node", "critic_num_gpus_per_node", "ref_num_gpus_per_node")
+        }
     if ie.device.startswith("cuda") and ie.run_engines_locally and not job.ray:
         demands[f"{_IE}num_engines * {_IE}tensor_parallel_size"] = ie.num_engines * ie.tensor_parallel_size
     return demands
@@ -33,7 +35,10 @@ def gpu_demands(cfg: Config, job: JobConfig) -> dict[str, int]:
 
 def named_devices(cfg: Config, job: JobConfig) -> dict[str, tuple[str, int]]:
     """{key: (its device, the GPU index it names)} of the device keys that name one (`cuda:N`)."""
-    devices = {_IE + "device": cfg.generator.inference_engine.device, "job.trainer_device": job.trainer_device}
+    devices = {
+        _IE + "device": cfg.generator.inference_engine.device,
+        "job.trainer_device": job.trainer_device,
+    }
     return {key: (d, int(d.split(":", 1)[1])) for key, d in devices.items()
             if d.startswith("cuda:") and d.split(":", 1)[1].isdigit()}
 

@@ -80,5 +80,7 @@ def kv_cache_gib(ie: InferenceEngineConfig, model_dir: str | Path, engines_on_ho
     if ie.kv_cache_memory_gib is not None:
         return float(ie.kv_cache_memory_gib)
     sharing = 1 if ie.device.startswith("cuda") else max(1, engines_on_host)
-    budget = ie.gpu_memory_utilization * available_bytes(ie.device) / sharing - weight_bytes(model_dir, ie.model_dtype)
+    budget = ie.gpu_memory_utilization * available_bytes(ie.device) / sharing - weight_bytes(
+        model_dir, ie.model_dtype
+    )
     return max(MIN_KV_GIB, min(budget, usable_kv_bytes(ie, model_dir)) / 2**30)

@@ -53,7 +53,9 @@ class EngineRestarts:
     receivers use, and the restarts left (`budget`); no engines: nothing to restart (in-process
     or Ray engines), every call passes through."""
 
-    def __init__(self, engines: Sequence[EngineProcess], transport: WeightTransport | None, budget: int) -> None:
+    def __init__(
+        self, engines: Sequence[EngineProcess], transport: WeightTransport | None, budget: int
+    ) -> None:
         self.engines, self.transport, self.budget = list(engines), transport, budget
         self.restarts = 0  # engine processes restarted so far
         self.resubmitted = 0  # generation groups generated again after their engine died
@@ -64,9 +66,11 @@ class EngineRestarts:
         """The restarts of a runtime (`LocalRuntime.engine_procs` and its transport); a runtime
         without engine processes has nothing to restart, and refuses restarts asked of it."""
         if budget > 0 and not hasattr(runtime, "engine_procs"):
-            raise ValueError(f"{KEY}={budget}: restarting dead engines is implemented for the engine processes "
-                             f"that `inflight train` starts, not yet for {type(runtime).__name__}'s (Ray actors): "
-                             f"set {KEY}=0")
+            raise ValueError(
+                f"{KEY}={budget}: restarting dead engines is implemented for the engine processes "
+                f"that `inflight train` starts, not yet for {type(runtime).__name__}'s (Ray actors): "
+                f"set {KEY}=0"
+            )
         return cls(getattr(runtime, "engine_procs", []), getattr(runtime, "transport", None), budget)
 
     async def sync(self, policy: Syncs[Report]) -> Report:
@@ -101,12 +105,18 @@ class EngineRestarts:
         """The engines whose process has exited, with their index."""
         return [(i, e) for i, e in enumerate(self.engines) if not e.alive]
 
-    async def _dead_after(self, err: BaseException, since: int | None = None) -> list[tuple[int, EngineProcess]]:
+    async def _dead_after(
+        self, err: BaseException, since: int | None = None
+    ) -> list[tuple[int, EngineProcess]]:
         """The dead engines, giving an engine whose pipe or group just closed a moment to report its
         exit (any error may be the first sign: the gloo group's, the pipe's, the transport's); not
         waiting once a restart happened after `since`."""
         deadline = time.monotonic() + (EXIT_WAIT_S if self.engines else 0.0)
-        while not (dead := self.dead()) and time.monotonic() < deadline and (since is None or self.restarts == since):
+        while (
+            not (dead := self.dead())
+            and time.monotonic() < deadline
+            and (since is None or self.restarts == since)
+        ):
             await asyncio.sleep(0.05)
         return dead
 
@@ -117,7 +127,9 @@ class EngineRestarts:
         while True:
             names = ", ".join(e.describe() for _, e in dead)
             if self.restarts + len(dead) > self.budget:
-                used = f"{self.restarts} of {self.budget} restarts used" if self.budget else "restarts are off"
+                used = (
+                    f"{self.restarts} of {self.budget} restarts used" if self.budget else "restarts are off"
+                )
                 raise EngineDiedError(f"engine process {names} died ({used}: set {KEY} to restart dead "
                                       f"engines); last error: {type(err).__name__}: {err}") from err
             for _, engine in dead:

@@ -28,7 +28,9 @@ ENGINE_KEYS = tuple(f.name for f in dataclasses.fields(EngineConfig)
 """EngineConfig fields read from `generator.inference_engine.<same name>` (or its `RENAMED` key)."""
 
 
-def engine_config(cfg: Config, model_dir: str | Path, weight_version: int = 0, index: int = 0) -> EngineConfig:
+def engine_config(
+    cfg: Config, model_dir: str | Path, weight_version: int = 0, index: int = 0
+) -> EngineConfig:
     """The settings of engine `index` of `generator.inference_engine` for `model_dir`; each engine
     gets its own sampling seed, or unseeded requests would sample alike on every engine. Raises
     ConfigError for keys set to what is not implemented yet (`inflight.config.implemented`)."""

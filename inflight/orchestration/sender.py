@@ -69,9 +69,15 @@ class ServerGroupSender(WeightTransport):
 
     async def connect(self, client: Any) -> dict[str, Any]:
         """Host a new group over every server behind `client` (a RemoteClient); returns once all joined."""
-        info = await client.init_weight_transfer(self.host, self.port, backend=self.backend, device=self.device,
-                                                 max_chunk_bytes=self.max_chunk_bytes, dtype=self.dtype,
-                                                 timeout_s=self.timeout_s)
+        info = await client.init_weight_transfer(
+            self.host,
+            self.port,
+            backend=self.backend,
+            device=self.device,
+            max_chunk_bytes=self.max_chunk_bytes,
+            dtype=self.dtype,
+            timeout_s=self.timeout_s,
+        )
         self.group = client.weight_group
         self.formed += 1
         return info
@@ -82,7 +88,9 @@ class ServerGroupSender(WeightTransport):
             await self.connect(client)
         await super().begin(client)
 
-    def chunks(self, named_tensors: Iterable[tuple[str, torch.Tensor]] | StagedUpdate) -> Iterator[WeightChunk]:
+    def chunks(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]] | StagedUpdate
+    ) -> Iterator[WeightChunk]:
         return self._group().chunks(named_tensors)
 
     async def send_chunk(self, client: Any, chunk: WeightChunk) -> None:

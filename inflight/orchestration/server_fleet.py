@@ -88,7 +88,9 @@ class ServerProcess:
 class ServerFleet:
     """The servers of one run; `start` launches them all and waits until each answers /health."""
 
-    def __init__(self, log_dir: str | Path, env: dict[str, str] | None = None, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, log_dir: str | Path, env: dict[str, str] | None = None, host: str = "127.0.0.1"
+    ) -> None:
         self.log_dir, self.host = Path(log_dir), host
         self.env = {**os.environ, **(env or {})}
         self.servers: list[ServerProcess] = []  # running (until close)

@@ -52,8 +52,10 @@ def server_commands(cfg: Config, job: JobConfig, model_dir: str | Path, version:
     entry's `server_command` over each engine's `engine_config` (the KV size per engine from
     `engine_memory.kv_cache_gib`)."""
     entry = backend_of(cfg)
-    return [partial(entry.server_argv, cfg, engine_config(cfg, model_dir, version, i), threads=job.engine_threads)
-            for i in range(cfg.generator.inference_engine.num_engines)]
+    return [
+        partial(entry.server_argv, cfg, engine_config(cfg, model_dir, version, i), threads=job.engine_threads)
+        for i in range(cfg.generator.inference_engine.num_engines)
+    ]
 
 
 def check_backend(cfg: Config) -> None:
@@ -70,7 +72,8 @@ class ServerSpec:
 
     urls: list[str]
     control_token: str | None
-    shm_chunks: bool  # weight chunks as /dev/shm files (the transport's chunk_files: shm), else request bodies
+    # weight chunks as /dev/shm files (the transport's chunk_files: shm), else request bodies
+    shm_chunks: bool
 
     def client(self) -> RemoteClient:
         return RemoteClient(self.urls, control_token=self.control_token, shm_chunks=self.shm_chunks)
@@ -118,7 +121,9 @@ async def start_servers(cfg: Config, job: JobConfig, model_dir: str | Path, vers
         return Servers(client)
     check_backend(cfg)
     token = new_control_token()
-    fleet = ServerFleet(Path(cfg.trainer.log_path) / "servers", env={CONTROL_TOKEN_ENV: token, **engine_env(cfg)})
+    fleet = ServerFleet(
+        Path(cfg.trainer.log_path) / "servers", env={CONTROL_TOKEN_ENV: token, **engine_env(cfg)}
+    )
     urls = await fleet.start(server_commands(cfg, job, model_dir, version), backend_of(cfg).start_timeout_s)
     return Servers(server_spec(cfg, urls, token).client(), fleet)
 
@@ -133,5 +138,7 @@ async def check_external(client: RemoteClient) -> None:
     await client.health()  # raises ServerUnavailableError / RemoteError naming the server
     versions = await client.weight_versions()
     if len(set(versions.values())) > 1:
-        raise ValueError(f"the servers in generator.inference_engine.external_server_urls are at different weight "
-                         f"versions {versions}: restart them at one version (inflight serve --weight-version N)")
+        raise ValueError(
+            f"the servers in generator.inference_engine.external_server_urls are at different weight "
+            f"versions {versions}: restart them at one version (inflight serve --weight-version N)"
+        )
