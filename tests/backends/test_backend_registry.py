@@ -29,7 +29,9 @@ def test_the_config_offers_exactly_the_registered_backends():
 
 
 def test_an_unknown_backend_names_the_known_ones():
-    with pytest.raises(ValueError, match="no inference backend named 'sglang'.*" + ", ".join(backend_names())):
+    with pytest.raises(
+        ValueError, match="no inference backend named 'sglang'.*" + ", ".join(backend_names())
+    ):
         backend_entry("sglang")
 
 
@@ -48,7 +50,9 @@ def test_vllm_python_is_read_only_by_the_backends_that_take_it(name):
     if "vllm_python" in backend_entry(name).settings:
         load_config(None, overrides)
     else:
-        with pytest.raises(ConfigError, match="vllm_python.*is read only with generator.inference_engine.backend=vllm"):
+        with pytest.raises(
+            ConfigError, match="vllm_python.*is read only with generator.inference_engine.backend=vllm"
+        ):
             load_config(None, overrides)
 
 

@@ -29,8 +29,20 @@ PROMPTS = [[5, 9, 13, 2], [7, 7, 31]]
 
 
 def _command(model: str):
-    return lambda port: [sys.executable, "-m", "inflight.cli", "serve", "--backend", "hf_generate", "--model", model,
-                         "--threads", "1", "--port", str(port)]
+    return lambda port: [
+        sys.executable,
+        "-m",
+        "inflight.cli",
+        "serve",
+        "--backend",
+        "hf_generate",
+        "--model",
+        model,
+        "--threads",
+        "1",
+        "--port",
+        str(port),
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +54,9 @@ def served(tiny_model_factory, tmp_path_factory):
     asyncio.run(fleet.close())
 
 
-def _oracle(model_dir: str, prompt: list[int], n: int, weights: dict | None = None) -> tuple[list[int], list[float]]:
+def _oracle(
+    model_dir: str, prompt: list[int], n: int, weights: dict | None = None
+) -> tuple[list[int], list[float]]:
     """transformers' greedy continuation of `prompt` and each token's log-probability."""
     model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
     if weights is not None:
@@ -90,7 +104,9 @@ def test_a_weight_update_mid_request_through_the_client(served, tiny_model_facto
         await update_all_or_nothing(client, InProcessTransport(), other.items(), 1)
         await client.resume()
         first = await running
-        after = await client.generate(PROMPTS[1], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
+        after = await client.generate(
+            PROMPTS[1], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+        )
         return first, after, await client.weight_version()
 
     first, after, version = _run(scenario, url)
@@ -98,37 +114,79 @@ def test_a_weight_update_mid_request_through_the_client(served, tiny_model_facto
     switch = first.token_weight_versions.index(1)  # the tokens before the pause: old weights, then new
     assert 0 < switch and set(first.token_weight_versions[switch:]) == {1}
     assert first.output_token_ids[:switch] == _oracle(model, PROMPTS[0], switch)[0]
-    assert after.output_token_ids == _oracle(model, PROMPTS[1], 6, other)[0]  # transformers with the new weights
+    # transformers with the new weights
+    assert after.output_token_ids == _oracle(model, PROMPTS[1], 6, other)[0]
 
 
 def test_a_broadcast_group_is_refused_by_the_server_and_by_validation(served):
     _, url = served
     with pytest.raises(RemoteError, match="chunk route only"):
         _run(lambda c: c.init_weight_transfer("127.0.0.1", 29555), url)
-    hf = ["generator.inference_engine.backend=hf_generate", "generator.inference_engine.run_engines_locally=false",
-          "generator.inference_engine.external_server_urls=[http://127.0.0.1:9]"]
+    hf = [
+        "generator.inference_engine.backend=hf_generate",
+        "generator.inference_engine.run_engines_locally=false",
+        "generator.inference_engine.external_server_urls=[http://127.0.0.1:9]",
+    ]
     refused = {v.key: v for v in unimplemented(load_config(None, [*LOCAL_CPU, *hf,
                                                                    "generator.inference_engine.weight_sync_backend=broadcast"]))}
     assert "is not a weight transport the hf_generate backend takes" in refused[
         "generator.inference_engine.weight_sync_backend"].rule
     assert "generator.inference_engine.weight_sync_backend" not in {
-        v.key for v in unimplemented(load_config(None, [*LOCAL_CPU, *hf, "generator.inference_engine.weight_sync_backend=inprocess"]))}
-    started = {v.key: v for v in unimplemented(load_config(None, [*LOCAL_CPU, "generator.inference_engine.backend=hf_generate",
-                                                                   "generator.inference_engine.weight_sync_backend=shm"]))}
-    assert set(started) == {"generator.inference_engine.max_num_seqs", "generator.inference_engine.max_num_batched_tokens",
-                            "generator.inference_engine.kv_cache_memory_gib"}  # LOCAL_CPU's: no flag for them
+        v.key
+        for v in unimplemented(
+            load_config(None, [*LOCAL_CPU, *hf, "generator.inference_engine.weight_sync_backend=inprocess"])
+        )
+    }
+    started = {
+        v.key: v
+        for v in unimplemented(
+            load_config(
+                None,
+                [
+                    *LOCAL_CPU,
+                    "generator.inference_engine.backend=hf_generate",
+                    "generator.inference_engine.weight_sync_backend=shm",
+                ],
+            )
+        )
+    }
+    assert set(started) == {
+        "generator.inference_engine.max_num_seqs",
+        "generator.inference_engine.max_num_batched_tokens",
+        "generator.inference_engine.kv_cache_memory_gib",
+    }  # LOCAL_CPU's: no flag for them
     assert all("the hf_generate server command does not carry" in v.rule for v in started.values())
-    assert unimplemented(load_config(None, [*LOCAL_CPU_TRAINER, "generator.inference_engine.backend=hf_generate",
-                                            "generator.inference_engine.weight_sync_backend=shm"])) == []
+    assert (
+        unimplemented(
+            load_config(
+                None,
+                [
+                    *LOCAL_CPU_TRAINER,
+                    "generator.inference_engine.backend=hf_generate",
+                    "generator.inference_engine.weight_sync_backend=shm",
+                ],
+            )
+        )
+        == []
+    )
 
 
 def test_a_run_starts_its_hf_generate_servers(tiny_model_factory, tmp_path):
     """`run_engines_locally=true` on hf_generate: the run starts one server per engine with the command its
     entry builds (`Backend.server_command`), each answering as transformers' own model; close stops them."""
     model = str(tiny_model_factory("qwen2", 0))
-    cfg = load_config(None, [*LOCAL_CPU_TRAINER, "generator.inference_engine.backend=hf_generate",
-                             "generator.inference_engine.weight_sync_backend=shm", "generator.inference_engine.num_engines=2",
-                             "generator.inference_engine.model_dtype=float32", f"trainer.log_path={tmp_path}", f"trainer.policy.model.path={model}"])
+    cfg = load_config(
+        None,
+        [
+            *LOCAL_CPU_TRAINER,
+            "generator.inference_engine.backend=hf_generate",
+            "generator.inference_engine.weight_sync_backend=shm",
+            "generator.inference_engine.num_engines=2",
+            "generator.inference_engine.model_dtype=float32",
+            f"trainer.log_path={tmp_path}",
+            f"trainer.policy.model.path={model}",
+        ],
+    )
     params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
 
     async def scenario():

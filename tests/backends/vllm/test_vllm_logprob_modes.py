@@ -18,7 +18,9 @@ from inflight.backends.vllm.run_checks import logprobs_mode, run_problems
 from inflight.config import load_config
 from inflight.testing import LOCAL_CPU
 
-RECIPES = json.loads((Path(__file__).parents[2] / "config" / "data" / "skyrl_recipes.json").read_text())["recipes"]
+RECIPES = json.loads((Path(__file__).parents[2] / "config" / "data" / "skyrl_recipes.json").read_text())[
+    "recipes"
+]
 IE = "generator.inference_engine."
 VLLM = [f"{IE}backend=vllm", f"{IE}weight_sync_backend=inprocess"]
 
@@ -33,15 +35,28 @@ VLLM = [f"{IE}backend=vllm", f"{IE}weight_sync_backend=inprocess"]
 def test_a_request_the_mode_cannot_answer_is_refused_naming_the_mode_that_would(mode, sampling, other):
     with pytest.raises(APIError) as err:
         check_sampling(SamplingFields(**sampling), mode)
-    assert err.value.status == 400 and err.value.param == "logprobs" and f"--logprobs-mode {mode}" in err.value.message
-    assert (f"`--logprobs-mode {other}`" in err.value.message) if other else "start the server" not in err.value.message
+    assert (
+        err.value.status == 400
+        and err.value.param == "logprobs"
+        and f"--logprobs-mode {mode}" in err.value.message
+    )
+    assert (
+        (f"`--logprobs-mode {other}`" in err.value.message)
+        if other
+        else "start the server" not in err.value.message
+    )
     check_sampling(SamplingFields(**sampling, logprobs=False), mode)  # no logprobs asked: served
 
 
-@pytest.mark.parametrize(("mode", "sampling"), [
-    ("processed_logprobs", dict(temperature=0.7)), ("processed_logprobs", dict(temperature=0.0)),
-    ("raw_logprobs", dict(temperature=1.0, top_p=0.7, top_k=20)), ("raw_logprobs", dict(temperature=0.0, top_p=0.5)),
-])
+@pytest.mark.parametrize(
+    ("mode", "sampling"),
+    [
+        ("processed_logprobs", dict(temperature=0.7)),
+        ("processed_logprobs", dict(temperature=0.0)),
+        ("raw_logprobs", dict(temperature=1.0, top_p=0.7, top_k=20)),
+        ("raw_logprobs", dict(temperature=0.0, top_p=0.5)),
+    ],
+)
 def test_a_request_the_mode_answers_as_ours_is_served(mode, sampling):
     check_sampling(SamplingFields(**sampling, top_logprobs=2), mode)
 
@@ -57,8 +72,13 @@ def test_dapo_s_recipe_starts_its_servers_in_raw_logprobs():
     assert "generator.eval_sampling_params.top_p=0.7" in dapo
     cfg = load_config(None, [*LOCAL_CPU, *VLLM, *dapo])
     assert logprobs_mode(cfg) == "raw_logprobs" and run_problems(cfg) == []
-    assert vllm_args(cfg.generator.inference_engine, logprobs_mode="raw_logprobs") == ["--logprobs-mode", "raw_logprobs"]
-    theirs = load_config(None, [*LOCAL_CPU, *VLLM, *dapo, f"{IE}engine_init_kwargs.logprobs_mode=processed_logprobs"])
+    assert vllm_args(cfg.generator.inference_engine, logprobs_mode="raw_logprobs") == [
+        "--logprobs-mode",
+        "raw_logprobs",
+    ]
+    theirs = load_config(
+        None, [*LOCAL_CPU, *VLLM, *dapo, f"{IE}engine_init_kwargs.logprobs_mode=processed_logprobs"]
+    )
     assert vllm_args(theirs.generator.inference_engine, logprobs_mode="raw_logprobs") == [
         "--logprobs-mode", "processed_logprobs"]  # vLLM's own argument decides (and the shim refuses by it)
     assert logprobs_mode(load_config(None, [*LOCAL_CPU, *VLLM])) == "processed_logprobs"  # SkyRL's defaults
@@ -76,5 +96,6 @@ def test_a_run_no_mode_serves_is_refused_before_it_starts():
     (problem,) = run_problems(load_config(None, [*LOCAL_CPU, *VLLM, *mixed]))
     assert problem.key == "generator.sampling_params.temperature" and "eval_sampling_params" in problem.rule
     native = load_config(None, [*LOCAL_CPU, *sql])
-    assert backend_of(native).problems(native) == []  # the native engine serves it (and vLLM's checks are vLLM's)
+    # the native engine serves it (and vLLM's checks are vLLM's)
+    assert backend_of(native).problems(native) == []
     assert backend_of(native).run_checks is None and backend_entry("vllm").problems(native) != []
