@@ -33,13 +33,22 @@ def _violations(overrides: list[str]) -> list[tuple[str, str]]:
 
 
 def test_defaults_and_the_two_server_setups_are_valid_and_implemented():
-    local_external = [f"{IE}run_engines_locally=false", f"{IE}external_server_urls=[http://127.0.0.1:8000]", SHM]
+    local_external = [
+        f"{IE}run_engines_locally=false",
+        f"{IE}external_server_urls=[http://127.0.0.1:8000]",
+        SHM,
+    ]
     for overrides in (EXTERNAL, VLLM, [*VLLM, *EXTERNAL[:2]], [VLLM[0], SHM], local_external):
         cfg = load_config(None, [*SIDE_BY_SIDE, *overrides])
         assert unimplemented(cfg) == [], overrides
     cfg = load_config(None, list(LOCAL_CPU))
     ie = cfg.generator.inference_engine
-    assert (ie.backend, ie.vllm_python, ie.run_engines_locally, ie.external_server_urls) == ("native", None, True, None)
+    assert (ie.backend, ie.vllm_python, ie.run_engines_locally, ie.external_server_urls) == (
+        "native",
+        None,
+        True,
+        None,
+    )
 
 
 def test_every_violation_of_the_server_keys_is_named():
@@ -62,10 +71,16 @@ def test_every_violation_of_the_server_keys_is_named():
 
 def test_keys_that_would_be_ignored_are_refused():
     assert _violations([f"{IE}external_server_urls=[http://a:1]"]) == [
-        (f"{IE}external_server_urls", f"is read only with {IE}run_engines_locally=false (the run starts its own engines)")]
+        (
+            f"{IE}external_server_urls",
+            f"is read only with {IE}run_engines_locally=false (the run starts its own engines)",
+        )
+    ]
     assert _violations([f"{IE}backend=native", f"{IE}vllm_python=/x/bin/python"]) == [
         (f"{IE}vllm_python", f"is read only with {IE}backend=vllm")]
-    assert _violations([*VLLM, *EXTERNAL[:2], f"{IE}vllm_python=/x/bin/python"])[0][1].startswith("is not used with")
+    assert _violations([*VLLM, *EXTERNAL[:2], f"{IE}vllm_python=/x/bin/python"])[0][1].startswith(
+        "is not used with"
+    )
     assert _violations([*VLLM, f"{IE}vllm_python= "]) == [(f"{IE}vllm_python", "is empty")]
 
 
@@ -99,10 +114,18 @@ def test_skyrls_placement_and_weight_sync_run_on_vllm_servers():
 
     cfg = load_config(None, [])
     ie = cfg.generator.inference_engine
-    assert (ie.backend, ie.weight_sync_backend, cfg.trainer.placement.colocate_all) == ("vllm", "broadcast", True)
+    assert (ie.backend, ie.weight_sync_backend, cfg.trainer.placement.colocate_all) == (
+        "vllm",
+        "broadcast",
+        True,
+    )
     elsewhere = [f"{IE}run_engines_locally=false", f"{IE}external_server_urls=[http://10.0.0.5:8000]",
                  f"{IE}weight_sync_host=10.0.0.1"]
-    for overrides in ([], [f"{IE}weight_sync_backend=gloo", *SIDE_BY_SIDE], [f"{IE}backend=native", *elsewhere]):
+    for overrides in (
+        [],
+        [f"{IE}weight_sync_backend=gloo", *SIDE_BY_SIDE],
+        [f"{IE}backend=native", *elsewhere],
+    ):
         cfg = load_config(None, overrides)
         assert unimplemented(cfg) == [], overrides
         sender = make_sender(cfg, "/nonexistent")
@@ -131,7 +154,10 @@ def test_the_vllm_command_lines_size_the_kv_cache(tiny_model_factory, monkeypatc
     for i, cmd in enumerate(commands):
         flags = cmd[cmd.index("serve") + 1:]
         assert float(flags[flags.index("--kv-cache-memory-gib") + 1]) == pytest.approx(expected)
-        assert flags[flags.index("--port") + 1] == str(9000 + i) and flags[flags.index("--weight-version") + 1] == "3"
+        assert (
+            flags[flags.index("--port") + 1] == str(9000 + i)
+            and flags[flags.index("--weight-version") + 1] == "3"
+        )
         assert "--gpu-memory-utilization" not in cmd and "--enable-sleep-mode" not in cmd
     colocated = load_config(None, [*LOCAL_CPU, *VLLM, *util, "trainer.placement.colocate_all=true",
                                    "trainer.fully_async.enabled=false"])
@@ -141,8 +167,16 @@ def test_the_vllm_command_lines_size_the_kv_cache(tiny_model_factory, monkeypatc
         "--enforce-eager", "--gpu-memory-utilization", "0.5", "--enable-sleep-mode"]
     sized = load_config(None, [*LOCAL_CPU, *VLLM, f"{IE}device=cuda", f"{IE}kv_cache_memory_gib=2"])
     assert vllm_args(sized.generator.inference_engine) == ["--kv-cache-memory-bytes", str(2 * 2**30)]
-    theirs = load_config(None, [*LOCAL_CPU, *VLLM, f"{IE}device=cuda", f"{IE}engine_init_kwargs.kv_cache_memory_bytes=4096",
-                                f"{IE}engine_init_kwargs.enable_sleep_mode=false"])
+    theirs = load_config(
+        None,
+        [
+            *LOCAL_CPU,
+            *VLLM,
+            f"{IE}device=cuda",
+            f"{IE}engine_init_kwargs.kv_cache_memory_bytes=4096",
+            f"{IE}engine_init_kwargs.enable_sleep_mode=false",
+        ],
+    )
     assert vllm_args(theirs.generator.inference_engine, sleep_mode=True) == [
         "--kv-cache-memory-bytes", "4096", "--no-enable-sleep-mode"]  # vLLM's own arguments decide
 
@@ -178,9 +212,17 @@ def test_every_server_flag_exists_in_inflight_serve():
     """The native server's parser accepts every flag the launcher passes (the vLLM shim shares them)."""
     from inflight.server.main import build_parser
 
-    cmd = native_command(EngineConfig(model="/m", num_kv_blocks=16, max_model_len=64, enable_prefix_caching=False), 9)
+    cmd = native_command(
+        EngineConfig(model="/m", num_kv_blocks=16, max_model_len=64, enable_prefix_caching=False), 9
+    )
     args = build_parser().parse_args(cmd[4:])
-    assert (args.model, args.num_kv_blocks, args.max_model_len, args.no_prefix_caching, args.port) == ("/m", 16, 64, True, 9)
+    assert (args.model, args.num_kv_blocks, args.max_model_len, args.no_prefix_caching, args.port) == (
+        "/m",
+        16,
+        64,
+        True,
+        9,
+    )
 
 
 def test_a_vllm_run_with_a_missing_python_starts_nothing(tmp_path):
@@ -198,8 +240,18 @@ def test_a_vllm_run_with_a_missing_python_starts_nothing(tmp_path):
 def test_inflight_train_refuses_a_missing_vllm_python_before_any_warm_up(tmp_path, capsys):
     from inflight.train.main import main
 
-    assert main([*LOCAL_CPU, *VLLM, f"{IE}vllm_python={tmp_path}/venv/bin/python", f"job.output_dir={tmp_path}/run",
-                 "job.task=addition"]) == 2
+    assert (
+        main(
+            [
+                *LOCAL_CPU,
+                *VLLM,
+                f"{IE}vllm_python={tmp_path}/venv/bin/python",
+                f"job.output_dir={tmp_path}/run",
+                "job.task=addition",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert f"{IE}vllm_python=" in err and "scripts/vllm_venv.sh" in err
     assert not (tmp_path / "run").exists()  # no base model built, nothing started

@@ -30,13 +30,21 @@ def _skyrl_accepts(batched: bool, step_wise: bool, conversation: bool) -> bool:
 
 def test_the_default_is_skyrls():
     skyrl = import_oracle("skyrl.train.config").GeneratorConfig()
-    assert load_config(None, []).generator.vision_language_generator is skyrl.vision_language_generator is False
+    assert (
+        load_config(None, []).generator.vision_language_generator is skyrl.vision_language_generator is False
+    )
 
 
-@pytest.mark.parametrize(("batched", "step_wise", "conversation"), list(itertools.product((False, True), repeat=3)))
+@pytest.mark.parametrize(
+    ("batched", "step_wise", "conversation"), list(itertools.product((False, True), repeat=3))
+)
 def test_its_rules_are_skyrls(batched, step_wise, conversation):
     values = (batched, step_wise, conversation)
-    overrides = [*LOCAL_CPU, f"{KEY}=true", *(f"{k}={str(v).lower()}" for k, v in zip(RULED, values, strict=True))]
+    overrides = [
+        *LOCAL_CPU,
+        f"{KEY}=true",
+        *(f"{k}={str(v).lower()}" for k, v in zip(RULED, values, strict=True)),
+    ]
     try:
         cfg = load_config(None, overrides)
         ours = True
