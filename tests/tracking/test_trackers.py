@@ -101,7 +101,13 @@ def test_trainer_logger_takes_skyrl_spellings_and_refuses_unknown_names():
 
     assert load_config(None, list(LOCAL_CPU)).trainer.logger == ["console", "tensorboard"]
     assert load_config(None, [*LOCAL_CPU, "trainer.logger=wandb"]).trainer.logger == ["wandb"]
-    assert load_config(None, [*LOCAL_CPU, "trainer.logger=console,mlflow"]).trainer.logger == ["console", "mlflow"]
-    assert load_config(None, [*LOCAL_CPU, "trainer.logger=[tensorboard,wandb]"]).trainer.logger == ["tensorboard", "wandb"]
+    assert load_config(None, [*LOCAL_CPU, "trainer.logger=console,mlflow"]).trainer.logger == [
+        "console",
+        "mlflow",
+    ]
+    assert load_config(None, [*LOCAL_CPU, "trainer.logger=[tensorboard,wandb]"]).trainer.logger == [
+        "tensorboard",
+        "wandb",
+    ]
     with pytest.raises(ConfigError, match=r"trainer.logger=\['wandbb'\]: unknown tracker\(s\) \['wandbb'\]"):
         load_config(None, [*LOCAL_CPU, "trainer.logger=wandbb"])
