@@ -24,19 +24,24 @@ LAYERS: dict[str, int] = {
     "tasks": 2,
     "config": 3,
     "engine": 3,
-    "weight_sync.kinds": 1,  # a leaf: the transport kinds' facts (read by validation and the backend registry)
+    # a leaf: the transport kinds' facts (read by validation and the backend registry)
+    "weight_sync.kinds": 1,
     "weight_sync": 4,
     "client": 5,
     "backends.registry": 2,  # a leaf module: the backends' entries, which config validation reads
     "backends": 5,  # below server: `inflight serve --backend NAME` (server/main.py) execs backends.NAME
     "server": 6,
-    "backends.hf_generate": 6,  # the project's python, over client/wire.py; server/main.py launches it by path
+    # the project's python, over client/wire.py; server/main.py launches it by path
+    "backends.hf_generate": 6,
     "rollout": 6,
     "eval": 7,
     "agents": 7,  # the agent endpoint and generator: server, client and rollout below it; train holds it
     "tracking": 4,  # metrics, trackers, run logs: what a user sees of a run (config below it); train above
-    "orchestration": 7,  # processes, servers, placement, restarts, threads: engines, client, backends below; train above
+    # processes, servers, placement, restarts, threads: engines, client, backends below; train above
+    "train.strategies": 2,  # a leaf: the policy-worker kinds' entries (workers named by import path)
+    "orchestration": 7,
     "train": 8,
+    "megatron": 9,  # the Megatron worker: train's batches, LoRA and losses below it; train names it by path
     "cluster": 9,
     "bench": 10,
     "env_report": 11,
