@@ -14,6 +14,7 @@ from typing import Any
 
 from inflight.config import Config, ConfigError, Violation
 from inflight.train.moe_replay import REPLAY_KEY, replay_enabled
+from inflight.train.strategies import strategy_entry
 
 EXPERT_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts")
 """Hugging Face config fields that give a mixture of experts' expert count."""
@@ -25,20 +26,20 @@ def is_moe_config(config: dict[str, Any]) -> bool:
 
 
 def check_worker_supports(cfg: Config, model_dir: str | Path, kind: str, role: str = "policy") -> None:
-    """Raise ConfigError when the `kind` worker (local, fsdp, megatron) cannot train the model in
-    `model_dir` as `cfg` asks: an MoE model on Megatron; routing replay of a dense model."""
+    """Raise ConfigError when the `kind` worker (an `inflight.train.strategies` entry's name) cannot train the model in
+    `model_dir` as `cfg` asks: an MoE model on a worker that refuses them (Megatron's); routing replay of a dense model."""
     path = Path(model_dir) / "config.json"
     if not path.is_file():
         return  # the worker's loader says what is missing
     config = json.loads(path.read_text())
     moe, problems = is_moe_config(config), []
     name = config.get("model_type", "?")
-    if moe and kind == "megatron":
-        key, value = ("trainer.strategy", cfg.trainer.strategy) if cfg.trainer.strategy == "megatron" \
-            else ("job.worker", "megatron")
-        problems.append(Violation(key, value, f"the Megatron worker takes dense models only (its Hugging Face "
-                                  f"conversion and CPU shim have no experts); {model_dir} is a mixture of experts "
-                                  f"({name})", "use trainer.strategy=fsdp (the local and FSDP workers train MoE "
+    refusal = strategy_entry(kind).moe_refusal
+    if moe and refusal:
+        key, value = ("trainer.strategy", cfg.trainer.strategy) \
+            if strategy_entry(cfg.trainer.strategy).name == kind else ("job.worker", kind)
+        problems.append(Violation(key, value, f"{refusal}; {model_dir} is a mixture of experts ({name})",
+                                  "use trainer.strategy=fsdp (the local and FSDP workers train MoE "
                                   "models, with routing replay)"))
     if replay_enabled(cfg, role) and not moe:
         key = REPLAY_KEY.format(role=role)

@@ -30,6 +30,7 @@ from inflight.train.lora import lora_enabled
 from inflight.train.moe_support import check_worker_supports
 from inflight.train.objective import uses_reference
 from inflight.train.step import TrainingStep
+from inflight.train.strategies import pick_strategy
 from inflight.train.vision import raise_vision_settings
 from inflight.train.workers.base import PolicyWorker, SyncReport
 from inflight.weight_sync.inprocess import InProcessTransport
@@ -53,26 +54,13 @@ def make_worker(cfg: Config, job: JobConfig, model_dir: str | Path, training_ste
     run's optimizer steps (for a decaying learning-rate schedule); `role="ref"` builds the
     reference model with `trainer.ref`'s settings, `role="critic"` the critic (`inflight.train.critic`)
     with `trainer.critic`'s."""
-    kind = job.worker
-    if kind == "auto":
-        kind = "megatron" if cfg.trainer.strategy == "megatron" else ("fsdp" if dist.is_initialized() else "local")
-    check_worker_supports(cfg, model_dir, kind, role)  # MoE models and routing replay, before any start
+    entry = pick_strategy(cfg.trainer.strategy, job.worker, dist.is_initialized())
+    check_worker_supports(cfg, model_dir, entry.name, role)  # MoE models and routing replay, before any start
     if role == "policy":
-        raise_vision_settings(cfg, model_dir, kind)  # a vision-language policy's LoRA and worker
-    if kind != "local":
+        raise_vision_settings(cfg, model_dir, entry.name)  # a vision-language policy's LoRA and worker
+    Worker = entry.worker_class(role)
+    if entry.distributed:
         ensure_process_group(job.trainer_device)
-    if role == "critic":
-        if kind == "megatron":
-            raise ValueError("a critic on the megatron worker is not implemented (refused by the config check)")
-        from inflight.train.critic import FSDPCriticWorker, LocalCriticWorker
-
-        Worker = LocalCriticWorker if kind == "local" else FSDPCriticWorker
-    elif kind == "local":
-        from inflight.train.workers.local import LocalPolicyWorker as Worker
-    elif kind == "fsdp":
-        from inflight.train.workers.fsdp import FSDPPolicyWorker as Worker
-    else:
-        from inflight.train.workers.megatron import MegatronPolicyWorker as Worker
     worker = Worker(cfg, model_path=str(model_dir), device=job.trainer_device, role=role)
     mini = cfg.trainer.critic_mini_batch_size if role == "critic" else None
     worker.num_training_steps = optimizer_steps(cfg, training_steps, mini)

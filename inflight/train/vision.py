@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from inflight.config import Config, ConfigError, Violation
+from inflight.train.strategies import strategy_entry
 
 log = logging.getLogger(__name__)
 
@@ -127,8 +128,9 @@ def check_vision_settings(cfg: Config, model_dir: str | Path, kind: str) -> list
         out.append(Violation(FREEZE_KEY, False, "LoRA adapts the language model only: a vision tower training beside "
                              "the adapters would need the engines to take full vision weights with an adapter",
                              f"set {FREEZE_KEY}=true, or lora.rank=0 (full fine-tuning trains the tower)"))
-    if kind == "megatron":
-        out.append(Violation("trainer.strategy", cfg.trainer.strategy, f"the Megatron worker takes text models only; "
+    refusal = strategy_entry(kind).vision_refusal
+    if refusal:
+        out.append(Violation("trainer.strategy", cfg.trainer.strategy, f"{refusal}; "
                              f"{model_dir} is a vision-language model", "use trainer.strategy=fsdp"))
     return out
 

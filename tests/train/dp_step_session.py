@@ -120,7 +120,7 @@ def run_scenario(name: str, model_dir: str, out: str, make_worker, make_critic=N
 def megatron_scenario(model_dir: str, out_dir: str) -> dict:
     """Scenario `uneven` on 2 Megatron ranks of one tensor-parallel group (one data-parallel rank:
     both must train on every row), then megatron's parallel state torn down."""
-    from inflight.train.workers.megatron import MegatronPolicyWorker
+    from inflight.megatron.worker import MegatronPolicyWorker
 
     made = []
 

@@ -87,7 +87,7 @@ def make_worker(backend: str, model_dir: str) -> PolicyWorker:
         from inflight.train.workers.fsdp import FSDPPolicyWorker
 
         return FSDPPolicyWorker(cfg, model_path=model_dir).setup()
-    from inflight.train.workers.megatron import MegatronPolicyWorker
+    from inflight.megatron.worker import MegatronPolicyWorker
 
     return MegatronPolicyWorker(cfg, model_path=model_dir).setup()
 

@@ -1,5 +1,6 @@
 """Policy workers: one base (`PolicyWorker`, which executes every weight sync) and the backends
-(`workers.fsdp`, `workers.megatron`: imported from their modules, on use)."""
+(`workers.fsdp`, and `inflight.megatron` above this package: imported on use, through
+`inflight.train.strategies`)."""
 
 from inflight.train.workers.base import PolicyWorker, SyncReport, WeightSyncError
 from inflight.train.workers.local import LocalPolicyWorker

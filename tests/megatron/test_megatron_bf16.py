@@ -28,10 +28,10 @@ from safetensors.torch import load_file  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from inflight.config import load_config  # noqa: E402
+from inflight.megatron.convert import is_tensor_parallel, megatron_shards_to_hf  # noqa: E402
 from inflight.testing import LOCAL_CPU, make_tiny_model  # noqa: E402
 from inflight.train import TrainBatch  # noqa: E402
 from inflight.train.losses import token_logprobs, token_mean_nll_loss  # noqa: E402
-from inflight.train.workers.megatron_convert import is_tensor_parallel, megatron_shards_to_hf  # noqa: E402
 
 TP = 2
 LR = 1e-3
@@ -64,7 +64,7 @@ def _main_grads_hf(worker) -> dict[str, torch.Tensor]:
 
 
 def _rank(rank: int, port: int, model_dir: Path, out: Path) -> None:
-    from inflight.train.workers.megatron import MegatronPolicyWorker
+    from inflight.megatron.worker import MegatronPolicyWorker
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)

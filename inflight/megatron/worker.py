@@ -4,7 +4,7 @@ Every rank of the default process group runs one worker; megatron's `parallel_st
 into tensor-parallel groups of `tensor_parallel_size`, the rest is data parallelism. The model is
 built from a Hugging Face directory (`MegatronLayout` checks that it fits), the checkpoint is loaded
 into the TP shards, and for a weight sync the shards are gathered and unfused back into the exact HF
-names and layouts (`megatron_convert`), so an engine cannot tell this worker from FSDP. Training,
+names and layouts (`convert`), so an engine cannot tell this worker from FSDP. Training,
 the loss and the sync are the base class's; this file adds the TP-aware parts: log-probabilities
 through megatron's vocab-parallel cross-entropy, and the gradient reduction and clipping norm over
 sharded and replicated parameters.
@@ -16,12 +16,12 @@ AdamW steps and that checkpoints and weight syncs read; after each step the bflo
 the main copies rounded.
 
 With `trainer.policy.model.lora.rank` > 0 the base is frozen and each target layer gets an adapter
-(`megatron_lora`: SkyRL's `lora_type: lora`); syncs, checkpoints and exports read the merged weights
+(`lora_layers`: SkyRL's `lora_type: lora`); syncs, checkpoints and exports read the merged weights
 (`megatron_config.lora_config.merge_lora`, SkyRL's default) or, with merge_lora=false, the adapter in
 Hugging Face form, which the native engines merge themselves; a checkpoint's `adapter/` is peft's
 format either way.
 
-Without CUDA, megatron-core runs behind `megatron_cpu_shim` (applied here, nowhere else). The
+Without CUDA, megatron-core runs behind `cpu_shim` (applied here, nowhere else). The
 batch must be right-padded: megatron's rotary embedding numbers positions from 0 in every row.
 """
 
@@ -38,13 +38,8 @@ from safetensors import safe_open
 from transformers import AutoConfig
 
 from inflight.config import Config, ConfigError, Violation
-from inflight.train.batch import TrainBatch
-from inflight.train.lora import lora_enabled
-from inflight.train.losses import LossFn
-from inflight.train.workers import megatron_cpu_shim
-from inflight.train.workers.base import PolicyWorker
-from inflight.train.workers.local import use_bf16
-from inflight.train.workers.megatron_convert import (
+from inflight.megatron import cpu_shim
+from inflight.megatron.convert import (
     ConversionError,
     MegatronLayout,
     hf_lookup,
@@ -53,7 +48,12 @@ from inflight.train.workers.megatron_convert import (
     megatron_param_names,
     megatron_shards_to_hf,
 )
-from inflight.train.workers.megatron_lora import LoraAdapter, add_adapters, hf_adapter, megatron_adapter
+from inflight.megatron.lora_layers import LoraAdapter, add_adapters, hf_adapter, megatron_adapter
+from inflight.train.batch import TrainBatch
+from inflight.train.lora import lora_enabled
+from inflight.train.losses import LossFn
+from inflight.train.workers.base import PolicyWorker
+from inflight.train.workers.local import use_bf16
 
 _PEFT_PREFIX = "base_model.model."  # peft's prefix of a saved adapter's tensor names
 
@@ -117,7 +117,7 @@ class MegatronPolicyWorker(PolicyWorker):
             raise ConversionError(f"world size {self.world_size} is not divisible by tensor_parallel_size={self.tp}: "
                                   "set trainer.policy.megatron_config.tensor_model_parallel_size to a divisor of "
                                   "the number of ranks, or launch a multiple of it")
-        megatron_cpu_shim.apply()
+        cpu_shim.apply()
         from megatron.core import parallel_state, tensor_parallel
 
         if self.device.type == "cuda":

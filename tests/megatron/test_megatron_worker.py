@@ -39,19 +39,19 @@ from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
 from inflight.algorithms import entropy_from_logits, masked_mean, ppo_clip_loss  # noqa: E402
 from inflight.config import load_config  # noqa: E402
-from inflight.testing import (
-    LOCAL_CPU,
-    make_tiny_model,  # noqa: E402
-)
-from inflight.train import TrainBatch  # noqa: E402
-from inflight.train.workers import LocalPolicyWorker  # noqa: E402
-from inflight.train.workers.megatron_convert import (  # noqa: E402
+from inflight.megatron.convert import (  # noqa: E402
     ConversionError,
     MegatronLayout,
     hf_to_megatron_shard,
     hf_to_megatron_shards,
     megatron_to_hf,
 )
+from inflight.testing import (
+    LOCAL_CPU,
+    make_tiny_model,  # noqa: E402
+)
+from inflight.train import TrainBatch  # noqa: E402
+from inflight.train.workers import LocalPolicyWorker  # noqa: E402
 
 TP = 2
 LR = 1e-3
@@ -142,7 +142,7 @@ def _engine_mid_decode(model_dir: Path):
 def _run_case(rank: int, model_dir: Path, out: Path) -> None:
     from inflight.client.local import LocalClient
     from inflight.engine import AsyncEngine
-    from inflight.train.workers.megatron import MegatronPolicyWorker
+    from inflight.megatron.worker import MegatronPolicyWorker
     from inflight.weight_sync import plan_weight_sync
 
     cfg = _cfg(model_dir)
@@ -291,7 +291,7 @@ def test_unsupported_layouts_are_refused():
 def test_tensor_parallel_size_comes_from_the_config(model_dirs):
     """trainer.policy.megatron_config.tensor_model_parallel_size sizes the worker's TP groups (what
     `make_worker` relies on); an explicit tensor_parallel_size wins."""
-    from inflight.train.workers.megatron import MegatronPolicyWorker
+    from inflight.megatron.worker import MegatronPolicyWorker
 
     path = model_dirs["qwen2"]
     tp2 = load_config(None, [*LOCAL_CPU,
@@ -384,8 +384,8 @@ def test_engine_after_sync_matches_trained_model(model_dirs, ranks_output, case)
 
 def test_skyrls_default_recompute_is_refused_on_cpu_naming_the_key(tmp_path):
     from inflight.config import ConfigError
+    from inflight.megatron.worker import MegatronPolicyWorker
     from inflight.testing import make_tiny_model
-    from inflight.train.workers.megatron import MegatronPolicyWorker
 
     model = make_tiny_model(tmp_path / "m", arch="qwen2")
     cfg = load_config(None, [*LOCAL_CPU, f"trainer.policy.model.path={model}", "trainer.strategy=megatron",

@@ -57,7 +57,7 @@ def _batch(vocab: int) -> TrainBatch:
 
 def _grads_hf(worker) -> dict[str, torch.Tensor]:
     """The adapters' gradients in Hugging Face form (as `hf_adapter_tensors` gives the adapters)."""
-    from inflight.train.workers.megatron_lora import hf_adapter
+    from inflight.megatron.lora_layers import hf_adapter
 
     out = {}
     for layer, adapter in worker.adapters.items():
@@ -71,7 +71,7 @@ def _grads_hf(worker) -> dict[str, torch.Tensor]:
 
 
 def _rank(rank: int, port: int, model_dir: Path, adapter_dir: Path, out: Path) -> None:
-    from inflight.train.workers.megatron import MegatronPolicyWorker
+    from inflight.megatron.worker import MegatronPolicyWorker
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -228,7 +228,7 @@ def test_bf16_base_with_float32_adapters_is_as_close_as_transformers_own_bf16(mo
 
 
 def test_targets_are_megatron_layer_names(model_dir):
-    from inflight.train.workers.megatron_lora import target_layers
+    from inflight.megatron.lora_layers import target_layers
 
     assert target_layers(_cfg(model_dir)) == ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]
     assert target_layers(_cfg(model_dir, "trainer.policy.model.lora.exclude_modules=[linear_fc2]"))[-1] == "linear_fc1"

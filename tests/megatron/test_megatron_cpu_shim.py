@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inflight.train.workers import megatron_cpu_shim
+from inflight.megatron import cpu_shim as megatron_cpu_shim
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA the shim is never applied")

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from inflight.config import Config, ConfigError, Violation
-from inflight.train.workers.megatron_convert import MegatronLayout, hf_names_for, hf_to_megatron_shard
+from inflight.megatron.convert import MegatronLayout, hf_names_for, hf_to_megatron_shard
 
 ALL_LINEAR = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
 """The megatron layers `target_modules: [all-linear]` adapts (SkyRL's megatron worker's list)."""
@@ -140,7 +140,7 @@ def hf_adapter(layer: str, a: list[torch.Tensor], b: list[torch.Tensor],
     """(`<hf module>.lora_A.weight` / `.lora_B.weight`, tensor) of one layer's adapter from every TP
     rank's A and B (rank order; a whole one once): the split of the fused B rows (column-parallel
     layers, whose HF modules share A), or the whole A (row-parallel)."""
-    from inflight.train.workers.megatron_convert import megatron_shards_to_hf
+    from inflight.megatron.convert import megatron_shards_to_hf
 
     parts = hf_parts(layer, layout)
     split = megatron_shards_to_hf(f"{layer}.weight", b if parts[0].column else a, layout)
