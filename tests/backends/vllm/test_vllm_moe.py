@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-from conftest import launch
 from transformers import AutoModelForCausalLM
+from vllm_launch import launch
 
 from inflight.client import RemoteClient, routes
 from inflight.client.base import update_weights

@@ -15,8 +15,8 @@ import httpx
 import openai
 import pytest
 import torch
-from conftest import TINY, launch, vllm_python_or_skip
 from openai import OpenAI
+from vllm_launch import TINY, launch, vllm_python_or_skip
 
 from inflight.client import RemoteClient
 from inflight.engine import EngineConfig, SamplingParams

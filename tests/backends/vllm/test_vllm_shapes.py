@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import vllm_python_or_skip
+from vllm_launch import vllm_python_or_skip
 
 from inflight.backends.vllm.shapes import CPU_HEAD_SIZES, cpu_attention_problem
 
