@@ -120,9 +120,16 @@ class InferenceClient(Protocol):
     client raises the engine's error classes (InvalidRequestError, EngineStateError,
     WeightUpdateError) for the same mistakes."""
 
-    async def generate(self, prompt_token_ids: list[int], params: SamplingParams | None = None, *,
-                       request_id: str | None = None, cache_salt: str | None = None,
-                       session_id: str | None = None, multimodal: MultimodalInput | None = None) -> RequestOutput:
+    async def generate(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams | None = None,
+        *,
+        request_id: str | None = None,
+        cache_salt: str | None = None,
+        session_id: str | None = None,
+        multimodal: MultimodalInput | None = None,
+    ) -> RequestOutput:
         """Generate to completion; blocks across a KEEP pause and weight update. `session_id` keeps
         a multi-turn trajectory on one server (prefix cache); ignored in process. `multimodal`: the
         prompt's images, whose placeholder tokens it holds (a vision-language model's engine)."""
@@ -152,11 +159,14 @@ class InferenceClient(Protocol):
         """Free both memory pools of every engine: the weights are dropped (a full update must
         follow), the KV cache is copied to host memory (`offload_kv`) or discarded."""
 
-    @op(_nothing, HttpRoute("POST", wire.WAKE_UP, lambda tags: None if tags is None else {"tags": list(tags)}))
+    @op(
+        _nothing, HttpRoute("POST", wire.WAKE_UP, lambda tags: None if tags is None else {"tags": list(tags)})
+    )
     async def wake_up(self, tags: list[str] | None = None) -> None:
         """Bring back the named pools (`weights`, `kv_cache`; None: both) at the same block ids."""
 
-    @op(_every, HttpRoute("POST", wire.RESET_PREFIX_CACHE, lambda running: {"reset_running_requests": _flag(running)},
+    @op(_every, HttpRoute("POST", wire.RESET_PREFIX_CACHE,
+                          lambda running: {"reset_running_requests": _flag(running)},
                           answer=_reset_answer, allow=(409,)))  # fmt: skip
     async def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         """True iff every engine's prefix cache is now empty."""
@@ -170,8 +180,16 @@ class InferenceClient(Protocol):
     async def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Send a chunk of `(hf_name, tensor)` pairs to every engine's open update."""
 
-    @op(_one_version("finished the update at different versions"),
-        HttpRoute("POST", wire.WEIGHTS_FINISH, lambda v: None if v is None else {"version": v}, False, _version_answer))
+    @op(
+        _one_version("finished the update at different versions"),
+        HttpRoute(
+            "POST",
+            wire.WEIGHTS_FINISH,
+            lambda v: None if v is None else {"version": v},
+            False,
+            _version_answer,
+        ),
+    )
     async def finish_weight_update(self, version: int | None = None) -> int:
         """Complete the update (every parameter loaded) at `version` (default: the next one) on
         every engine; returns the version, which every engine must agree on."""
@@ -181,7 +199,10 @@ class InferenceClient(Protocol):
         """Abandon an update; True iff every engine is back on its pre-update weights."""
         ...
 
-    @op(_one_version("are at different weight versions"), HttpRoute("GET", wire.WEIGHT_VERSION, answer=_version_answer))
+    @op(
+        _one_version("are at different weight versions"),
+        HttpRoute("GET", wire.WEIGHT_VERSION, answer=_version_answer),
+    )
     async def weight_version(self) -> int:
         """The engines' weight version (they must all be at the same one)."""
 

@@ -72,9 +72,16 @@ class FanOutClient(HostsWeightGroup, InferenceClient):
         """Each engine's counters (`EngineStats.as_dict()`), by name."""
         return await self._each("stats")
 
-    async def generate(self, prompt_token_ids: list[int], params: SamplingParams | None = None, *,
-                       request_id: str | None = None, cache_salt: str | None = None,
-                       session_id: str | None = None, multimodal: MultimodalInput | None = None) -> RequestOutput:
+    async def generate(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams | None = None,
+        *,
+        request_id: str | None = None,
+        cache_salt: str | None = None,
+        session_id: str | None = None,
+        multimodal: MultimodalInput | None = None,
+    ) -> RequestOutput:
         """Generate on the engine the router picks (the session's engine when it has one); fails
         over only when the request was not sent."""
         failed: set[str] = set()

@@ -64,10 +64,19 @@ class WeightGroup(WeightTransport):
         self.members = dict(members)
         self.sender: GroupHost | None = None
 
-    async def form(self, master_address: str = "127.0.0.1", master_port: int = 0, *, backend: str | None = None,
-                   group_name: str = DEFAULT_WEIGHT_GROUP, device: str | torch.device = "cpu",
-                   max_chunk_bytes: int | None = None, dtype: torch.dtype | None = None, timeout_s: float = 600.0,
-                   override_existing: bool = True) -> dict[str, Any]:
+    async def form(
+        self,
+        master_address: str = "127.0.0.1",
+        master_port: int = 0,
+        *,
+        backend: str | None = None,
+        group_name: str = DEFAULT_WEIGHT_GROUP,
+        device: str | torch.device = "cpu",
+        max_chunk_bytes: int | None = None,
+        dtype: torch.dtype | None = None,
+        timeout_s: float = 600.0,
+        override_existing: bool = True,
+    ) -> dict[str, Any]:
         """Host the rendezvous at master_address:master_port (0: a free port) and have every member
         join; returns once all have (address, port, world size, backend, each member's rank)."""
         sender = GroupHost(len(self.members) + 1, master_address, master_port, backend=backend, device=device,
@@ -119,7 +128,9 @@ class WeightGroup(WeightTransport):
         """Have every member leave, then drop the group (also when leaving failed)."""
         sender, self.sender = self.sender, None
         try:
-            await gather("close_weight_transfer()", {n: c.leave_weight_group() for n, c in self.members.items()})
+            await gather(
+                "close_weight_transfer()", {n: c.leave_weight_group() for n, c in self.members.items()}
+            )
         finally:
             if sender is not None:
                 sender.close()

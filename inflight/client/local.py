@@ -31,8 +31,9 @@ class LocalClient(InferenceClient):
                               session_id: str | None = None, multimodal: MultimodalInput | None = None
                               ) -> AsyncIterator[RequestOutput]:
         """The engine's own snapshots, one per step that ran the request."""
-        async for snapshot in self.engine.generate_stream(list(prompt_token_ids), params, request_id, cache_salt,
-                                                          multimodal):
+        async for snapshot in self.engine.generate_stream(
+            list(prompt_token_ids), params, request_id, cache_salt, multimodal
+        ):
             yield snapshot
 
     async def init_weight_transfer(self, *args: Any, **kwargs: Any) -> dict[str, Any]:

@@ -73,9 +73,16 @@ class JoiningClient(HostsWeightGroup, InferenceClient):
     async def _call(self, op: str, *args: Any) -> Any:
         raise NotImplementedError
 
-    async def generate(self, prompt_token_ids: list[int], params: SamplingParams | None = None, *,
-                       request_id: str | None = None, cache_salt: str | None = None,
-                       session_id: str | None = None, multimodal: MultimodalInput | None = None) -> RequestOutput:
+    async def generate(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams | None = None,
+        *,
+        request_id: str | None = None,
+        cache_salt: str | None = None,
+        session_id: str | None = None,
+        multimodal: MultimodalInput | None = None,
+    ) -> RequestOutput:
         """Generate on the engine; the images travel packed (`PackedImages`)."""
         packed = None if multimodal is None else PackedImages.pack(multimodal)
         return await self._call("generate", list(prompt_token_ids), params, request_id, cache_salt, packed)

@@ -61,8 +61,10 @@ class ReceiverSpec:
 
     def __post_init__(self) -> None:
         if not isinstance(self.transport, TransportSpec):
-            raise TypeError(f"ReceiverSpec.transport must be a TransportSpec (weight_sync.transport_spec(name)), "
-                            f"got {type(self.transport).__name__} {self.transport!r}")
+            raise TypeError(
+                f"ReceiverSpec.transport must be a TransportSpec (weight_sync.transport_spec(name)), "
+                f"got {type(self.transport).__name__} {self.transport!r}"
+            )
 
 
 class EngineProcessError(RuntimeError):
@@ -214,8 +216,14 @@ class EngineProcess:
     manager or call `close()`; `restart()` replaces a dead child behind the same `client`.
     `threads` as `EngineThreads`: the child adds those its trainer lends it, at each step."""
 
-    def __init__(self, config: EngineConfig, threads: int | EngineThreads = 1, receiver: ReceiverSpec | None = None,
-                 start_timeout_s: float = 300.0, name: str = "engine") -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        threads: int | EngineThreads = 1,
+        receiver: ReceiverSpec | None = None,
+        start_timeout_s: float = 300.0,
+        name: str = "engine",
+    ) -> None:
         self.config, self.threads, self.receiver, self.name = config, threads, receiver, name
         self.start_timeout_s = start_timeout_s
         self.process, conn = self._spawn()
@@ -335,9 +343,13 @@ class ProcessClient(JoiningClient):
                 raise RuntimeError("ProcessClient is in use on another event loop")
             self._loop = loop
         if link.outbox is None or link.outbox.loop is not loop:
-            link.outbox = _Outbox(link.conn, loop, self._send_lock, lambda calls, err: self._unsent(link, calls))
+            link.outbox = _Outbox(
+                link.conn, loop, self._send_lock, lambda calls, err: self._unsent(link, calls)
+            )
         if link.reader is None:
-            link.reader = threading.Thread(target=self._read, args=(link,), daemon=True, name="engine-replies")
+            link.reader = threading.Thread(
+                target=self._read, args=(link,), daemon=True, name="engine-replies"
+            )
             link.reader.start()
 
     def _read(self, link: _Link) -> None:

@@ -64,7 +64,10 @@ class HttpClient(InferenceClient):
         """One HTTP call; transport errors retried (backoff) when idempotent or provably not sent."""
         retries = self.http.retries if retries is None else retries
         generate = pool == "generate"
-        headers = {**(self.http.api_headers if generate else self.http.control_headers), **kwargs.pop("headers", {})}
+        headers = {
+            **(self.http.api_headers if generate else self.http.control_headers),
+            **kwargs.pop("headers", {}),
+        }
         timeout = self.http.generate_timeout if generate else self.http.control_timeout
         attempt = 0
         while True:
@@ -124,13 +127,23 @@ class HttpClient(InferenceClient):
         return (await self.send("GET", wire.HEALTH, idempotent=True)).json()
 
     # ---- generation ---------------------------------------------------------------------------
-    async def generate(self, prompt_token_ids: list[int], params: SamplingParams | None = None, *,
-                       request_id: str | None = None, cache_salt: str | None = None,
-                       session_id: str | None = None, multimodal: MultimodalInput | None = None) -> RequestOutput:
+    async def generate(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams | None = None,
+        *,
+        request_id: str | None = None,
+        cache_salt: str | None = None,
+        session_id: str | None = None,
+        multimodal: MultimodalInput | None = None,
+    ) -> RequestOutput:
         """Generate on this server; sent again once when the connection broke after it went out
         and the server still answers /health (see the module docstring)."""
         prompt = list(prompt_token_ids)
-        body: dict[str, Any] = {"prompt_token_ids": prompt, "sampling_params": dataclasses.asdict(params or SamplingParams())}
+        body: dict[str, Any] = {
+            "prompt_token_ids": prompt,
+            "sampling_params": dataclasses.asdict(params or SamplingParams()),
+        }
         if request_id is not None:
             body["request_id"] = request_id
         if cache_salt is not None:
@@ -143,17 +156,23 @@ class HttpClient(InferenceClient):
             lost = err.request_sent and isinstance(err.__cause__, httpx.TransportError)
             if not lost or request_id is not None or not await self._answers_health():
                 raise
-            log.warning("%s: a generation request's connection broke after it was sent (%s); the server "
-                        "answers /health, so it is sent once more", self.url, err.__cause__.__class__.__name__)
+            log.warning(
+                "%s: a generation request's connection broke after it was sent (%s); the server "
+                "answers /health, so it is sent once more",
+                self.url,
+                err.__cause__.__class__.__name__,
+            )
             data = await self._generate_once(body)
         routed_experts, routed_start = decode_routed_experts(data.get("routed_experts"))
         return RequestOutput(
             request_id=data["request_id"], prompt_token_ids=prompt, output_token_ids=data["output_token_ids"],
             logprobs=data.get("logprobs"), token_weight_versions=data["token_weight_versions"],
             finish_reason=data["finish_reason"], num_recomputed_tokens=data.get("num_recomputed_tokens", 0),
-            num_cached_tokens=data.get("num_cached_tokens", 0), top_logprobs=_top_logprobs(data.get("top_logprobs")),
+            num_cached_tokens=data.get("num_cached_tokens", 0),
+            top_logprobs=_top_logprobs(data.get("top_logprobs")),
             routed_experts=routed_experts, routed_experts_start=routed_start,
-            prompt_logprobs=data.get("prompt_logprobs"), prompt_logprob_ranks=data.get("prompt_logprob_ranks"),
+            prompt_logprobs=data.get("prompt_logprobs"),
+            prompt_logprob_ranks=data.get("prompt_logprob_ranks"),
             prompt_top_logprobs=_top_logprobs(data.get("prompt_top_logprobs")),
         )  # fmt: skip
 
@@ -232,8 +251,11 @@ class RemoteClient(FanOutClient):
         self.control_headers = {"Authorization": f"Bearer {control_token}"} if control_token else {}
         self.generate_timeout = httpx.Timeout(request_timeout_s, connect=connect_timeout_s, pool=None)
         self.control_timeout = httpx.Timeout(control_timeout_s, connect=connect_timeout_s, pool=None)
-        self._limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections,
-                                    keepalive_expiry=KEEPALIVE_EXPIRY_S)
+        self._limits = httpx.Limits(
+            max_connections=max_connections,
+            max_keepalive_connections=max_connections,
+            keepalive_expiry=KEEPALIVE_EXPIRY_S,
+        )
         self._transport = transport
         # generation and control use separate connection pools, so that a pause or a health probe
         # never waits behind hundreds of generation connections; both are bound to one event loop
@@ -250,7 +272,9 @@ class RemoteClient(FanOutClient):
             self._pools, self._loop = {}, loop
             self.health_cache, self.probes = {}, {}
         if name not in self._pools:
-            self._pools[name] = httpx.AsyncClient(limits=self._limits, transport=self._transport, trust_env=False)
+            self._pools[name] = httpx.AsyncClient(
+                limits=self._limits, transport=self._transport, trust_env=False
+            )
         return self._pools[name]
 
     async def __aenter__(self) -> RemoteClient:

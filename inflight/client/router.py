@@ -16,7 +16,9 @@ from collections.abc import Collection, Sequence
 class Router:
     """Picks a server URL per request; `acquire`/`release` keep the outstanding counts."""
 
-    def __init__(self, urls: Sequence[str], max_sessions: int = 100_000, down_cooldown_s: float = 5.0) -> None:
+    def __init__(
+        self, urls: Sequence[str], max_sessions: int = 100_000, down_cooldown_s: float = 5.0
+    ) -> None:
         if not urls:
             raise ValueError("Router needs at least one server URL")
         self.urls = list(urls)

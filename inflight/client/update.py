@@ -34,9 +34,13 @@ class UpdateProgress:
     restored: bool | None = None
 
 
-async def update_all_or_nothing(client: InferenceClient, sender: WeightTransport,
-                                named_tensors: Iterable[tuple[str, Tensor]] | StagedUpdate, version: int | None = None,
-                                progress: Progress | None = None) -> int:
+async def update_all_or_nothing(
+    client: InferenceClient,
+    sender: WeightTransport,
+    named_tensors: Iterable[tuple[str, Tensor]] | StagedUpdate,
+    version: int | None = None,
+    progress: Progress | None = None,
+) -> int:
     """Send `named_tensors` (or what `sender.stage` made of them) as weight version `version`
     through `sender`; returns the new version.
     On any failure the update is aborted and the error re-raised, with a note when the engines

@@ -95,8 +95,10 @@ def decode_images(value: dict[str, Any]) -> MultimodalInput:
         return MultimodalInput(tensors["pixel_values"], tensors["image_grid_thw"],
                                None if hashes is None else tuple(str(h) for h in hashes))
     except (KeyError, TypeError, ValueError, binascii.Error) as err:
-        raise ValueError("multimodal must be {'tensors': base64 safetensors of pixel_values and image_grid_thw, "
-                         f"'image_hashes': [...] or null}} ({type(err).__name__}: {err})") from err
+        raise ValueError(
+            "multimodal must be {'tensors': base64 safetensors of pixel_values and image_grid_thw, "
+            f"'image_hashes': [...] or null}} ({type(err).__name__}: {err})"
+        ) from err
 
 
 def chunk_by_bytes(named_tensors: Iterable[tuple[str, torch.Tensor]], max_bytes: int
