@@ -68,7 +68,9 @@ class ServerActor:
     server dies with the actor (`ServerFleet`)."""
 
     def __init__(self, log_dir: str, control_token: str, env: dict[str, str] | None = None) -> None:
-        self.fleet = ServerFleet(log_dir, env={CONTROL_TOKEN_ENV: control_token, **(env or {})}, host=_node_ip())
+        self.fleet = ServerFleet(
+            log_dir, env={CONTROL_TOKEN_ENV: control_token, **(env or {})}, host=_node_ip()
+        )
 
     async def start(self, cfg: Config, engine: EngineConfig, threads: int) -> str:
         """Start the server of `cfg`'s backend for `engine` (`Backend.server_command`) and wait for its
@@ -130,8 +132,10 @@ class PolicyActor:
                 self.transport.channel.dead_receivers = lambda: [i + 1 for i in dead_actors(engines)]
             if configured_transport(self.cfg).forms_group:
                 await asyncio.to_thread(self.transport.connect)
-        self.policy = await asyncio.to_thread(LocalPolicy.load, self.cfg, self.job, self.pad_id, model_dir, client,
-                                              self.transport, version, ckpt, training_steps)
+        self.policy = await asyncio.to_thread(
+            LocalPolicy.load, self.cfg, self.job, self.pad_id, model_dir, client, self.transport, version,
+            ckpt, training_steps,
+        )
         return self.policy.weight_version
 
     def describe(self) -> dict[str, Any]:

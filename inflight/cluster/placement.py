@@ -46,7 +46,8 @@ def plan_bundles(cfg: Config, job: JobConfig, num_policy: int | None = None
     """(bundles, policy specs, engine specs): what `make_placement` reserves, without Ray.
     `num_policy`: policy ranks (default: `policy_ranks(cfg)`)."""
     num_policy = num_policy or policy_ranks(cfg)
-    num_engines = 0 if external(cfg) else cfg.generator.inference_engine.num_engines  # elsewhere: nothing to hold
+    # elsewhere: nothing to hold
+    num_engines = 0 if external(cfg) else cfg.generator.inference_engine.num_engines
     policy_gpu = 1 if job.trainer_device.startswith("cuda") else 0
     engine_gpu = 1 if cfg.generator.inference_engine.device.startswith("cuda") else 0
     if not cfg.trainer.placement.colocate_all:
@@ -81,7 +82,9 @@ def placement_strategy(cfg: Config) -> str:
     return "STRICT_PACK" if configured_transport(cfg).same_node else "PACK"
 
 
-def make_placement(cfg: Config, job: JobConfig, num_policy: int | None = None, timeout_s: float = 120.0) -> Placement:
+def make_placement(
+    cfg: Config, job: JobConfig, num_policy: int | None = None, timeout_s: float = 120.0
+) -> Placement:
     """Reserve the resources of `num_policy` policy ranks and `num_engines` engines."""
     bundles, policy, engines = plan_bundles(cfg, job, num_policy)
     group = placement_group(bundles, strategy=placement_strategy(cfg))

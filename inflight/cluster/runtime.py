@@ -57,7 +57,8 @@ class RayRuntime:
     placement: Placement | None
     policy_actors: list[Any] = field(default_factory=list)
     engine_actors: list[Any] = field(default_factory=list)
-    server_actors: list[Any] = field(default_factory=list)  # HTTP servers this run started (a backend that runs as servers)
+    # HTTP servers this run started (a backend that runs as servers)
+    server_actors: list[Any] = field(default_factory=list)
     servers: ServerSpec | None = None  # the engines are HTTP servers (vLLM, or external_server_urls)
     client: InferenceClient = field(init=False)
     policy: RayPolicy = field(init=False)
@@ -97,7 +98,9 @@ async def start_ray(cfg: Config, job: JobConfig, *, pad_id: int, model_dir: str 
             runtime.servers = await _start_servers(runtime, cfg, job, model_dir, version)
             runtime.client = runtime.servers.client()
         else:
-            runtime.engine_actors = await _start_engine_actors(cfg, job, lead, runtime.placement, model_dir, version)
+            runtime.engine_actors = await _start_engine_actors(
+                cfg, job, lead, runtime.placement, model_dir, version
+            )
             runtime.client = one_client([RayEngineClient(a) for a in runtime.engine_actors])
         init_method = await lead.rendezvous.remote() if ranks > 1 else None
         versions = await asyncio.gather(*(
