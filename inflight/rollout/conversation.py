@@ -74,8 +74,14 @@ class Conversation:
     def _add_images(self, prompt: ImagePrompt) -> None:
         new = MultimodalInput(prompt.pixel_values, prompt.image_grid_thw)
         old = self.images
-        self.images = new if old is None else MultimodalInput(torch.cat((old.pixel_values, new.pixel_values)),
-                                                             torch.cat((old.image_grid_thw, new.image_grid_thw)))
+        self.images = (
+            new
+            if old is None
+            else MultimodalInput(
+                torch.cat((old.pixel_values, new.pixel_values)),
+                torch.cat((old.image_grid_thw, new.image_grid_thw)),
+            )
+        )
 
     def observation_ids(self, said: str, observation: Any, last_token: int | None, stop_ids: set[int],
                         drop_eos: bool = False) -> list[int]:
@@ -105,11 +111,15 @@ class Conversation:
         processor; its images are added to `images`."""
         vision = getattr(self.task, "vision", None)
         if vision is None:
-            raise ValueError(f"the observation holds {count_images(messages)} image(s), but the task has no image "
-                             "processor (a text-only model): return text observations, or train a "
-                             "vision-language model")
+            raise ValueError(
+                f"the observation holds {count_images(messages)} image(s), but the task has no image "
+                "processor (a text-only model): return text observations, or train a "
+                "vision-language model"
+            )
         split = vision.split(messages, param="observation")
-        text = text_between_turns(self.task.tokenizer, history, split.messages, self.tools, self.task.chat_format)
+        text = text_between_turns(
+            self.task.tokenizer, history, split.messages, self.tools, self.task.chat_format
+        )
         prompt = vision.expand(text, split.images)
         self._add_images(prompt)
         return prompt.token_ids
@@ -118,7 +128,9 @@ class Conversation:
 def _content(message: dict[str, Any]) -> str:
     content = message["content"]
     if not isinstance(content, str):
-        raise TypeError(f"an observation appended to the response (generator.use_conversation_multi_turn=false) "
-                        f"needs text content, got {type(content).__name__} (images need chat messages: "
-                        "generator.use_conversation_multi_turn=true)")
+        raise TypeError(
+            f"an observation appended to the response (generator.use_conversation_multi_turn=false) "
+            f"needs text content, got {type(content).__name__} (images need chat messages: "
+            "generator.use_conversation_multi_turn=true)"
+        )
     return content

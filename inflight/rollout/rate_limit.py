@@ -37,8 +37,9 @@ class RateLimiter:
         self.tokens, self.refilled = self.capacity, clock()
         self.running = 0
         # asyncio's primitives belong to one event loop: one set per loop (a run has one)
-        self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[asyncio.Lock, asyncio.Semaphore]] = (
-            weakref.WeakKeyDictionary())
+        self._loops: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, tuple[asyncio.Lock, asyncio.Semaphore]
+        ] = weakref.WeakKeyDictionary()
 
     def _primitives(self) -> tuple[asyncio.Lock, asyncio.Semaphore]:
         loop = asyncio.get_running_loop()

@@ -209,7 +209,9 @@ class TaskGenerator:
                 await self._close(env)
         return self._finish(traj)
 
-    async def _play(self, env: Environment, problem: Problem, traj: Trajectory, epoch: int, sample: int) -> None:
+    async def _play(
+        self, env: Environment, problem: Problem, traj: Trajectory, epoch: int, sample: int
+    ) -> None:
         try:
             opening = await _settled(env.reset())
             chat = Conversation(self.task, opening, getattr(env, "tools", None), self.conversation)
@@ -260,9 +262,13 @@ class TaskGenerator:
         if not self.conversation:
             self._drop_eos(traj)
         try:
-            ids = chat.observation_ids(text, observation, traj.response_ids[-1] if traj.response_ids else None,
-                                       set(self.stop_token_ids),
-                                       drop_eos=turn.stopped_by_string and not self.append_eos)
+            ids = chat.observation_ids(
+                text,
+                observation,
+                traj.response_ids[-1] if traj.response_ids else None,
+                set(self.stop_token_ids),
+                drop_eos=turn.stopped_by_string and not self.append_eos,
+            )
         except Exception as err:
             self._rollout_failed(problem, traj, "turning the observation into tokens", err)
             return False
@@ -381,8 +387,10 @@ class TaskGenerator:
         """End the episode on an environment failure: scored 0, or the error ends the run."""
         message = f"{type(err).__name__}: {err}"
         if not self.skip_failed_rollouts:
-            raise RuntimeError(f"problem {problem.id!r}: the environment failed {doing} ({message}); generator."
-                               "skip_failed_rollouts=true skips such episodes instead (not trained on)") from err
+            raise RuntimeError(
+                f"problem {problem.id!r}: the environment failed {doing} ({message}); generator."
+                "skip_failed_rollouts=true skips such episodes instead (not trained on)"
+            ) from err
         traj.mark_rollout_failed(f"{doing}: {message}")
         _warn_once((doing, type(err).__name__), "problem %r: the environment failed %s (%s); the episode is "
                    "not trained on, its siblings are (rollout/failed)", problem.id, doing, message)
@@ -393,8 +401,12 @@ class TaskGenerator:
         traj.reward, traj.reward_failed = 0.0, True
         traj.turn_rewards = [(i, 0.0) for i, _ in traj.turn_rewards]
         traj.info["reward_error"] = message
-        _warn_once((type(env).__name__, type(err).__name__), "%s.step failed (%s); the sample scores 0 and is "
-                   "counted in reward/failures", type(env).__name__, message)
+        _warn_once(
+            (type(env).__name__, type(err).__name__),
+            "%s.step failed (%s); the sample scores 0 and is counted in reward/failures",
+            type(env).__name__,
+            message,
+        )
 
 
 _REPORTED: set[tuple[str, str]] = set()

@@ -78,7 +78,9 @@ class Trajectory:
                   if self.versions[i] != ENV_VERSION and self.versions[i - 1] == ENV_VERSION]
         bounds = [0, *starts, len(self.response_ids)]  # an empty response: [0, 0], one step
         pairs = list(itertools.pairwise(bounds))
-        placed = [(max(i, 0), r) for i, r in self.turn_rewards] or [(max(len(self.response_ids) - 1, 0), self.reward)]
+        placed = [(max(i, 0), r) for i, r in self.turn_rewards] or [
+            (max(len(self.response_ids) - 1, 0), self.reward)
+        ]
         out = []
         for k, (a, b) in enumerate(pairs):
             final = k == len(pairs) - 1
