@@ -4,8 +4,9 @@ into an HTTP server, the way a run on servers syncs (`inflight.orchestration.ser
 One server (`inflight serve`, native or `--backend vllm`) is started on a random-init model of a
 named shape (default Qwen2.5-0.5B's); with `--requests` greedy requests decoding, each repeat times
 pause(keep) -> the full update as safetensors chunks over HTTP (`update_all_or_nothing` with the
-in-process transport, the executor's send) -> resume, and checks that the requests in flight span
-the versions (a sync with none in flight fails the run: raise --max-tokens). Reported: seconds per sync (median, all), bytes, bytes/s; the device and dtype named.
+in-process transport, the executor's send) -> resume, and checks that the requests in flight span the versions
+(a sync with none in flight fails the run: raise --max-tokens). Reported: seconds per sync (median, all),
+bytes, bytes/s; the device and dtype named.
 """
 
 from __future__ import annotations
@@ -35,8 +36,12 @@ TOKEN = "bench-server-sync"
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="inflight bench weight-sync --server", description=__doc__.split("\n\n")[0])
-    p.add_argument("--server", choices=[n for n in backend_names() if backend_entry(n).run_starts_servers], required=True)
+    p = argparse.ArgumentParser(
+        prog="inflight bench weight-sync --server", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument(
+        "--server", choices=[n for n in backend_names() if backend_entry(n).run_starts_servers], required=True
+    )
     p.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-0.5b")
     p.add_argument("--device", default="cpu", help="the server's device (cpu, cuda)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
@@ -64,7 +69,9 @@ async def _measure(args: argparse.Namespace, url: str, tensors: dict[str, Any]) 
     times, spans, progress = [], [], UpdateProgress()
     try:
         for version in range(1, args.repeats + 1):
-            calls = [asyncio.ensure_future(client.generate([5 + i, 7, 11], params)) for i in range(args.requests)]
+            calls = [
+                asyncio.ensure_future(client.generate([5 + i, 7, 11], params)) for i in range(args.requests)
+            ]
             while (await client.status())[url]["num_running"] < args.requests:
                 await asyncio.sleep(0.05)
             await asyncio.sleep(0.2)  # a few decode steps in
@@ -96,16 +103,21 @@ def main(argv: list[str] | None = None) -> int:
 
         async def run() -> dict[str, Any]:
             try:
-                (url,) = await fleet.start([_command(args, model_dir)], backend_entry(args.server).start_timeout_s)
+                (url,) = await fleet.start(
+                    [_command(args, model_dir)], backend_entry(args.server).start_timeout_s
+                )
                 return await _measure(args, url, tensors)
             finally:
                 await fleet.close()
 
         result = {"server": args.server, "shape": args.shape, "device": args.device, "dtype": args.dtype,
                   "requests": args.requests, **asyncio.run(run())}
-    print(f"weight sync into a {args.server} server ({args.shape}, {args.dtype} on {args.device}, "
-          f"{args.requests} requests decoding, spanning: {result['requests_spanning_the_sync']}): {result['median_sync_s']:.3f} s median of {args.repeats}, "
-          f"{result['bytes'] / 2**20:.0f} MiB at {result['bytes_per_s'] / 2**20:.0f} MiB/s over HTTP")
+    print(
+        f"weight sync into a {args.server} server ({args.shape}, {args.dtype} on {args.device}, "
+        f"{args.requests} requests decoding, spanning: {result['requests_spanning_the_sync']}): "
+        f"{result['median_sync_s']:.3f} s median of {args.repeats}, {result['bytes'] / 2**20:.0f} MiB at "
+        f"{result['bytes_per_s'] / 2**20:.0f} MiB/s over HTTP"
+    )
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))
     if not all(result["requests_spanning_the_sync"]):
