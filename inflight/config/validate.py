@@ -95,8 +95,9 @@ _OPC = "trainer.algorithm.off_policy_correction."
 _RANGES: list[tuple[tuple[str, ...], Callable[[Any], bool], str, str]] = [
     (
         (
-            "trainer.train_batch_size", "trainer.policy_mini_batch_size", "trainer.micro_train_batch_size_per_gpu",
-            "trainer.update_epochs_per_batch", "trainer.epochs", "trainer.critic_mini_batch_size",
+            "trainer.train_batch_size", "trainer.policy_mini_batch_size",
+            "trainer.micro_train_batch_size_per_gpu", "trainer.update_epochs_per_batch", "trainer.epochs",
+            "trainer.critic_mini_batch_size",
             "trainer.micro_forward_batch_size_per_gpu", "trainer.algorithm.kl_ctrl.horizon",
             "environment.skyrl_gym.max_env_workers",
             "trainer.fully_async.num_parallel_generation_workers", "generator.n_samples_per_prompt",
@@ -109,14 +110,17 @@ _RANGES: list[tuple[tuple[str, ...], Callable[[Any], bool], str, str]] = [
         lambda v: v >= 1, "must be >= 1", "set {key} to a positive integer",
     ),
     (
-        ("trainer.fully_async.max_staleness_steps", "trainer.fully_async.engine_restarts", LORA_RANK, "trainer.seed", "trainer.policy.model.lora.alpha",
-         "trainer.policy.optimizer_config.num_warmup_steps", "trainer.critic.optimizer_config.num_warmup_steps",
-         "trainer.algorithm.value_clip", "trainer.algorithm.zero_variance_filter_tol"),
+        ("trainer.fully_async.max_staleness_steps", "trainer.fully_async.engine_restarts", LORA_RANK,
+         "trainer.seed", "trainer.policy.model.lora.alpha",
+         "trainer.policy.optimizer_config.num_warmup_steps",
+         "trainer.critic.optimizer_config.num_warmup_steps", "trainer.algorithm.value_clip",
+         "trainer.algorithm.zero_variance_filter_tol"),
         lambda v: v >= 0, "must be >= 0", "set {key} to 0 or more",
     ),
     (
-        (_IE + "num_kv_blocks", _IE + "max_model_len", "trainer.max_training_steps", "trainer.algorithm.max_seq_len",
-         "generator.max_input_length", "trainer.algorithm.overlong_buffer_len", "generator.rate_limit.max_concurrency"),
+        (_IE + "num_kv_blocks", _IE + "max_model_len", "trainer.max_training_steps",
+         "trainer.algorithm.max_seq_len", "generator.max_input_length",
+         "trainer.algorithm.overlong_buffer_len", "generator.rate_limit.max_concurrency"),
         lambda v: v is None or v >= 1, "must be >= 1 or null", "set {key}=null, or a positive number",
     ),
     (
@@ -126,9 +130,11 @@ _RANGES: list[tuple[tuple[str, ...], Callable[[Any], bool], str, str]] = [
         lambda v: v > 0, "must be > 0", "set {key} to a positive number",
     ),
     ((_IE + "kv_cache_memory_gib", "generator.rate_limit.trajectories_per_second"),
-     lambda v: v is None or v > 0, "must be > 0 or null", "set {key}=null to size it another way, or a positive number"),
+     lambda v: v is None or v > 0, "must be > 0 or null",
+     "set {key}=null to size it another way, or a positive number"),
     ((_IE + "gpu_memory_utilization",), lambda v: 0 < v <= 1, "must be in (0, 1]", "e.g. {key}=0.8"),
-    (("trainer.algorithm.lambd", "trainer.algorithm.gamma", "trainer.algorithm.dynamic_sampling.min_replace_ratio"),
+    (("trainer.algorithm.lambd", "trainer.algorithm.gamma",
+      "trainer.algorithm.dynamic_sampling.min_replace_ratio"),
      lambda v: 0 <= v <= 1, "must be in [0, 1]", "e.g. {key}=1.0"),
     (("trainer.algorithm.clip_ratio_c",), lambda v: v > 1, "must be > 1 (the dual-clip bound lies beyond the "
      "clipped ratio)", "e.g. {key}=3.0"),
@@ -156,8 +162,8 @@ _RANGES: list[tuple[tuple[str, ...], Callable[[Any], bool], str, str]] = [
      "give the seconds an episode may take, e.g. {key}=600, or {key}=null for no limit"),
     (
         ("trainer.policy.optimizer_config.weight_decay", "trainer.algorithm.eps_clip_low",
-         "trainer.algorithm.eps_clip_high", "trainer.algorithm.kl_loss_coef", "generator.sampling_params.temperature",
-         "trainer.critic.optimizer_config.weight_decay",
+         "trainer.algorithm.eps_clip_high", "trainer.algorithm.kl_loss_coef",
+         "generator.sampling_params.temperature", "trainer.critic.optimizer_config.weight_decay",
          "generator.eval_sampling_params.temperature"),
         lambda v: v >= 0, "must be >= 0", "set {key} to 0 or more",
     ),
@@ -177,10 +183,13 @@ _RANGES: list[tuple[tuple[str, ...], Callable[[Any], bool], str, str]] = [
      "set {key}=-1 for no cap"),
     (("trainer.logprobs_chunk_size",), lambda v: v is None or v >= 1, "must be >= 1 or null",
      "set {key}=1024 (tokens per chunk), or {key}=null for no chunking"),
-    (("trainer.micro_batch_pass_tokens",), lambda v: v >= 0, "must be >= 0", "set {key} to 0 or more, e.g. 64"),
-    (("trainer.moe_logprob_gap_interval",), lambda v: v >= 0, "must be >= 0", "set {key}=0 for never, e.g. 10"),
+    (("trainer.micro_batch_pass_tokens",), lambda v: v >= 0, "must be >= 0",
+     "set {key} to 0 or more, e.g. 64"),
+    (("trainer.moe_logprob_gap_interval",), lambda v: v >= 0, "must be >= 0",
+     "set {key}=0 for never, e.g. 10"),
 
-    (("trainer.seed",), lambda v: v < 2**63, "must be below 2**63 (a 64-bit seed)", "use a smaller seed, e.g. 42"),
+    (("trainer.seed",), lambda v: v < 2**63, "must be below 2**63 (a 64-bit seed)",
+     "use a smaller seed, e.g. 42"),
     ((_IE + "weight_update_timeout_s",), lambda v: v is None or v > 0, "must be > 0 or null",
      "give the seconds an update may go without a chunk, e.g. {key}=300, or {key}=null for no lease"),
     (("environment.reward_timeout_s",), lambda v: v is None or v > 0, "must be > 0 or null",
@@ -237,7 +246,8 @@ def _colocate_excludes_fully_async(cfg: Config) -> Iterator[Violation]:
         yield Violation(
             COLOCATE, True,
             f"colocated engines sleep while the trainer trains, so they exclude {FULLY_ASYNC}=true",
-            f"set {COLOCATE}=false for fully-async training, or {FULLY_ASYNC}=false for a synchronous trainer",
+            f"set {COLOCATE}=false for fully-async training, or {FULLY_ASYNC}=false for a synchronous "
+            "trainer",
         )  # fmt: skip
 
 
@@ -246,7 +256,8 @@ def _offload_needs_non_colocated(cfg: Config) -> Iterator[Violation]:
     if cfg.generator.inference_engine.offload_kv_for_weight_sync and cfg.trainer.placement.colocate_all:
         yield Violation(
             OFFLOAD_KV, True,
-            f"is for non-colocated engines only ({COLOCATE}=true already sleeps and wakes them around each sync)",
+            f"is for non-colocated engines only ({COLOCATE}=true already sleeps and wakes them around each "
+            "sync)",
             f"set {OFFLOAD_KV}=false, or {COLOCATE}=false",
         )  # fmt: skip
 
@@ -257,24 +268,36 @@ _ALG = "trainer.algorithm."
 @_rule(_ALG + "use_kl_loss", _ALG + "use_kl_in_reward")
 def _kl_once(cfg: Config) -> Iterator[Violation]:
     if cfg.trainer.algorithm.use_kl_loss and cfg.trainer.algorithm.use_kl_in_reward:
-        yield Violation(_ALG + "use_kl_in_reward", True, f"excludes {_ALG}use_kl_loss=true (the KL is either a "
-                        "loss term or a reward term)", f"set {_ALG}use_kl_loss=false (SkyRL's default is true)")
+        yield Violation(
+            _ALG + "use_kl_in_reward",
+            True,
+            f"excludes {_ALG}use_kl_loss=true (the KL is either a loss term or a reward term)",
+            f"set {_ALG}use_kl_loss=false (SkyRL's default is true)",
+        )
 
 
 @_rule(_ALG + "advantage_estimator", "trainer.critic.model.path")
 def _gae_needs_critic(cfg: Config) -> Iterator[Violation]:
     if cfg.trainer.algorithm.advantage_estimator == "gae" and not cfg.trainer.critic.model.path:
-        yield Violation("trainer.critic.model.path", None, "is required by advantage_estimator=gae (the critic "
-                        "gives the values)", "set trainer.critic.model.path (e.g. the policy's model path)")
+        yield Violation(
+            "trainer.critic.model.path",
+            None,
+            "is required by advantage_estimator=gae (the critic gives the values)",
+            "set trainer.critic.model.path (e.g. the policy's model path)",
+        )
 
 
 @_rule(_ALG + "loss_reduction", _ALG + "max_seq_len")
 def _token_sum_norm_needs_max_seq_len(cfg: Config) -> Iterator[Violation]:
     alg = cfg.trainer.algorithm
     if alg.loss_reduction == "seq_mean_token_sum_norm" and alg.max_seq_len is None:
-        yield Violation(_ALG + "max_seq_len", None, "must be set with loss_reduction=seq_mean_token_sum_norm (it "
-                        "divides each sequence's token sum)", f"set {_ALG}max_seq_len, e.g. to the engines' "
-                        "max_model_len or max_prompt_length + max_generate_length")
+        yield Violation(
+            _ALG + "max_seq_len",
+            None,
+            "must be set with loss_reduction=seq_mean_token_sum_norm (it divides each sequence's token sum)",
+            f"set {_ALG}max_seq_len, e.g. to the engines' "
+            "max_model_len or max_prompt_length + max_generate_length",
+        )
 
 
 _REGISTRY_NAME = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
@@ -284,7 +307,9 @@ def _registry_name_rule(key: str) -> None:
     def check(cfg: Config) -> Iterator[Violation]:
         name = get_key(cfg, key)
         if not name.strip():
-            yield Violation(key, name, "is empty", f"name a built-in one, e.g. {key}={get_key(Config(), key)}")
+            yield Violation(
+                key, name, "is empty", f"name a built-in one, e.g. {key}={get_key(Config(), key)}"
+            )
         elif ":" in name and not _REGISTRY_NAME.match(name):
             yield Violation(key, name, "is not of the form package.module:name",
                             f"write e.g. {key}=my_package.my_module:my_function")
@@ -296,8 +321,16 @@ for _key in (_ALG + "advantage_estimator", _ALG + "policy_loss_type"):
     _registry_name_rule(_key)  # a plain name may be registered by the user's code: a run checks it
 
 
-_OPC_KEYS = tuple(_OPC + k for k in ("tis_ratio_type", "sequence_mask_metric", "outlier_token_is_threshold_low",
-                                     "outlier_token_is_threshold_high", "token_mask_is_threshold_low"))
+_OPC_KEYS = tuple(
+    _OPC + k
+    for k in (
+        "tis_ratio_type",
+        "sequence_mask_metric",
+        "outlier_token_is_threshold_low",
+        "outlier_token_is_threshold_high",
+        "token_mask_is_threshold_low",
+    )
+)
 
 
 @_rule(_ALG + "policy_loss_type", _ALG + "use_tis", *_OPC_KEYS)
@@ -306,21 +339,32 @@ def _loss_without_correction(cfg: Config) -> Iterator[Violation]:
     opc = alg.off_policy_correction
     on = [k for k in _OPC_KEYS if get_key(cfg, k) is not None] + ([_ALG + "use_tis"] if alg.use_tis else [])
     if on and not policy_loss_traits(alg.policy_loss_type).applies_off_policy_correction:
-        yield Violation(_ALG + "policy_loss_type", alg.policy_loss_type, f"does not apply the off-policy correction "
-                        f"(SkyRL computes it without), which {', '.join(on)} turns on",
-                        f"set {_OPC}tis_ratio_type=null (and the other correction keys to null), or pick another loss")
+        yield Violation(
+            _ALG + "policy_loss_type",
+            alg.policy_loss_type,
+            f"does not apply the off-policy correction "
+            f"(SkyRL computes it without), which {', '.join(on)} turns on",
+            f"set {_OPC}tis_ratio_type=null (and the other correction keys to null), or pick another loss",
+        )
     if alg.cispo.cispo_anchor == "rollout" and (opc.tis_ratio_type is not None or alg.use_tis):
-        yield Violation(_ALG + "cispo.cispo_anchor", "rollout", "is already the correction for the rollout policy: "
-                        "TIS would count it twice", f"set {_OPC}tis_ratio_type=null, or cispo_anchor=old")
+        yield Violation(
+            _ALG + "cispo.cispo_anchor",
+            "rollout",
+            "is already the correction for the rollout policy: TIS would count it twice",
+            f"set {_OPC}tis_ratio_type=null, or cispo_anchor=old",
+        )
 
 
 @_rule(_OPC + "token_mask_is_threshold_low", _OPC + "token_mask_is_threshold_high")
 def _token_mask_both_sides(cfg: Config) -> Iterator[Violation]:
     opc = cfg.trainer.algorithm.off_policy_correction
     if (opc.token_mask_is_threshold_low is None) != (opc.token_mask_is_threshold_high is None):
-        yield Violation(_OPC + "token_mask_is_threshold_low", opc.token_mask_is_threshold_low, "works together "
-                        "with token_mask_is_threshold_high (SkyRL ignores a one-sided token mask)",
-                        "set both thresholds, or neither")
+        yield Violation(
+            _OPC + "token_mask_is_threshold_low",
+            opc.token_mask_is_threshold_low,
+            "works together with token_mask_is_threshold_high (SkyRL ignores a one-sided token mask)",
+            "set both thresholds, or neither",
+        )
 
 
 @_rule(_ALG + "use_tis", _ALG + "tis_imp_ratio_cap", _OPC + "tis_ratio_type")
@@ -329,20 +373,32 @@ def _deprecated_tis(cfg: Config) -> Iterator[Violation]:
     if not alg.use_tis:
         return
     if alg.tis_imp_ratio_cap <= 0:
-        yield Violation(_ALG + "tis_imp_ratio_cap", alg.tis_imp_ratio_cap, "must be > 0 with use_tis=true (it caps "
-                        "the token importance weights)", f"set {_ALG}tis_imp_ratio_cap=2.0, or better "
-                        f"{_OPC}tis_ratio_type=token and {_OPC}token_tis_ratio_clip_high")
+        yield Violation(
+            _ALG + "tis_imp_ratio_cap",
+            alg.tis_imp_ratio_cap,
+            "must be > 0 with use_tis=true (it caps the token importance weights)",
+            f"set {_ALG}tis_imp_ratio_cap=2.0, or better "
+            f"{_OPC}tis_ratio_type=token and {_OPC}token_tis_ratio_clip_high",
+        )
     if alg.off_policy_correction.tis_ratio_type == "sequence":
-        yield Violation(_ALG + "use_tis", True, f"means token-level TIS, which contradicts {_OPC}tis_ratio_type="
-                        "sequence", f"drop the deprecated {_ALG}use_tis")
+        yield Violation(
+            _ALG + "use_tis",
+            True,
+            f"means token-level TIS, which contradicts {_OPC}tis_ratio_type=sequence",
+            f"drop the deprecated {_ALG}use_tis",
+        )
 
 
 @_rule(_ALG + "on_policy_distillation", _ALG + "use_kl_in_reward")
 def _distillation_replaces_kl_reward(cfg: Config) -> Iterator[Violation]:
     alg = cfg.trainer.algorithm
     if alg.on_policy_distillation and alg.use_kl_in_reward:
-        yield Violation(_ALG + "use_kl_in_reward", True, "excludes on_policy_distillation (whose rewards are already "
-                        "the teacher's KL term)", f"set {_ALG}use_kl_in_reward=false")
+        yield Violation(
+            _ALG + "use_kl_in_reward",
+            True,
+            "excludes on_policy_distillation (whose rewards are already the teacher's KL term)",
+            f"set {_ALG}use_kl_in_reward=false",
+        )
 
 
 @_rule("trainer.update_ref_every_epoch", _ALG + "use_kl_loss", _ALG + "use_kl_in_reward",
@@ -351,38 +407,64 @@ def _update_ref_needs_reference(cfg: Config) -> Iterator[Violation]:
     alg = cfg.trainer.algorithm
     if cfg.trainer.update_ref_every_epoch and not (alg.use_kl_loss or alg.use_kl_in_reward
                                                    or alg.on_policy_distillation):
-        yield Violation("trainer.update_ref_every_epoch", True, "updates the reference model, which this run does not "
-                        "have (nothing reads it: no KL loss, no KL in the reward, no distillation)",
-                        "set trainer.update_ref_every_epoch=false, or use a KL term")
+        yield Violation(
+            "trainer.update_ref_every_epoch",
+            True,
+            "updates the reference model, which this run does not "
+            "have (nothing reads it: no KL loss, no KL in the reward, no distillation)",
+            "set trainer.update_ref_every_epoch=false, or use a KL term",
+        )
 
 
-@_rule(_ALG + "overlong_buffer_len", _ALG + "overlong_buffer_penalty_factor", "generator.sampling_params.max_generate_length")
+@_rule(
+    _ALG + "overlong_buffer_len",
+    _ALG + "overlong_buffer_penalty_factor",
+    "generator.sampling_params.max_generate_length",
+)
 def _overlong_buffer(cfg: Config) -> Iterator[Violation]:
     alg, longest = cfg.trainer.algorithm, cfg.generator.sampling_params.max_generate_length
     if alg.overlong_buffer_len is not None and alg.overlong_buffer_len > longest:
-        yield Violation(_ALG + "overlong_buffer_len", alg.overlong_buffer_len, "must be at most the longest response "
-                        f"(generator.sampling_params.max_generate_length={longest})",
-                        f"set {_ALG}overlong_buffer_len to at most {longest}")
+        yield Violation(
+            _ALG + "overlong_buffer_len",
+            alg.overlong_buffer_len,
+            f"must be at most the longest response (generator.sampling_params.max_generate_length={longest})",
+            f"set {_ALG}overlong_buffer_len to at most {longest}",
+        )
     if alg.overlong_buffer_penalty_factor < 0:
-        yield Violation(_ALG + "overlong_buffer_penalty_factor", alg.overlong_buffer_penalty_factor, "must be >= 0",
-                        "e.g. 1.0")
+        yield Violation(
+            _ALG + "overlong_buffer_penalty_factor",
+            alg.overlong_buffer_penalty_factor,
+            "must be >= 0",
+            "e.g. 1.0",
+        )
 
 
 @_rule(_ALG + "value_head_prefix")
 def _value_head_name(cfg: Config) -> Iterator[Violation]:
     name = cfg.trainer.algorithm.value_head_prefix
     if not name.isidentifier() or name == "model":
-        yield Violation(_ALG + "value_head_prefix", name, "must be a Python name other than 'model' (it names the "
-                        "critic's value-head parameter)", f"write e.g. {_ALG}value_head_prefix=value_head")
+        yield Violation(
+            _ALG + "value_head_prefix",
+            name,
+            "must be a Python name other than 'model' (it names the critic's value-head parameter)",
+            f"write e.g. {_ALG}value_head_prefix=value_head",
+        )
 
 
 @_rule("trainer.critic.model.path", "trainer.train_batch_size", "trainer.critic_mini_batch_size")
 def _critic_mini_batches(cfg: Config) -> Iterator[Violation]:
     t = cfg.trainer
-    if t.critic.model.path and t.critic_mini_batch_size >= 1 and t.train_batch_size % t.critic_mini_batch_size:
-        yield Violation("trainer.critic_mini_batch_size", t.critic_mini_batch_size, "must divide trainer."
-                        f"train_batch_size ({t.train_batch_size})", f"set trainer.critic_mini_batch_size to a divisor "
-                        f"of {t.train_batch_size}")
+    if (
+        t.critic.model.path
+        and t.critic_mini_batch_size >= 1
+        and t.train_batch_size % t.critic_mini_batch_size
+    ):
+        yield Violation(
+            "trainer.critic_mini_batch_size",
+            t.critic_mini_batch_size,
+            f"must divide trainer.train_batch_size ({t.train_batch_size})",
+            f"set trainer.critic_mini_batch_size to a divisor of {t.train_batch_size}",
+        )
 
 
 @_rule(_ALG + "loss_reduction", "trainer.policy_mini_batch_size", "generator.n_samples_per_prompt",
@@ -392,25 +474,38 @@ def _legacy_token_mean(cfg: Config) -> Iterator[Violation]:
     rows = t.policy_mini_batch_size * cfg.generator.n_samples_per_prompt
     micro = t.micro_train_batch_size_per_gpu
     if t.algorithm.loss_reduction == "token_mean_legacy" and micro >= 1 and rows % micro:
-        yield Violation("trainer.micro_train_batch_size_per_gpu", micro, "must divide a mini-batch's rows (policy_"
-                        f"mini_batch_size * n_samples_per_prompt = {rows}) with loss_reduction=token_mean_legacy (its "
-                        "mean is per micro-batch; SkyRL gives the rows past the last whole one advantage 0)",
-                        f"set trainer.micro_train_batch_size_per_gpu to a divisor of {rows}, or loss_reduction=token_mean")
+        yield Violation(
+            "trainer.micro_train_batch_size_per_gpu",
+            micro,
+            "must divide a mini-batch's rows (policy_"
+            f"mini_batch_size * n_samples_per_prompt = {rows}) with loss_reduction=token_mean_legacy (its "
+            "mean is per micro-batch; SkyRL gives the rows past the last whole one advantage 0)",
+            f"set trainer.micro_train_batch_size_per_gpu to a divisor of {rows}, or "
+            "loss_reduction=token_mean",
+        )
 
 
 @_rule("trainer.fully_async.sample_full_batch", _ALG + "zero_variance_filter")
 def _sample_full_batch(cfg: Config) -> Iterator[Violation]:
     if cfg.trainer.fully_async.sample_full_batch and not cfg.trainer.algorithm.zero_variance_filter:
-        yield Violation("trainer.fully_async.sample_full_batch", True, f"needs {_ALG}zero_variance_filter=true (it "
-                        "drops the groups that filter finds)", f"set {_ALG}zero_variance_filter=true")
+        yield Violation(
+            "trainer.fully_async.sample_full_batch",
+            True,
+            f"needs {_ALG}zero_variance_filter=true (it drops the groups that filter finds)",
+            f"set {_ALG}zero_variance_filter=true",
+        )
 
 
 @_rule(_ALG + "dynamic_sampling.type", FULLY_ASYNC)
 def _dynamic_sampling_async(cfg: Config) -> Iterator[Violation]:
     if cfg.trainer.fully_async.enabled and cfg.trainer.algorithm.dynamic_sampling.type == "replace":
-        yield Violation(_ALG + "dynamic_sampling.type", "replace", "needs a whole batch generated at once, which "
-                        "the fully-async trainer never has", f"use {_ALG}dynamic_sampling.type=filter (the "
-                        "fully-async trainer then drops such groups at generation and generates others)")
+        yield Violation(
+            _ALG + "dynamic_sampling.type",
+            "replace",
+            "needs a whole batch generated at once, which the fully-async trainer never has",
+            f"use {_ALG}dynamic_sampling.type=filter (the "
+            "fully-async trainer then drops such groups at generation and generates others)",
+        )
 
 
 _REPLAY = "trainer.{}.megatron_config.moe_enable_routing_replay"
@@ -425,8 +520,12 @@ def _routing_replay_needs_the_record(cfg: Config) -> Iterator[Violation]:
     returns = cfg.generator.inference_engine.enable_return_routed_experts
     for role in ("policy", "ref"):
         if getattr(cfg.trainer, role).megatron_config.moe_enable_routing_replay and not returns:
-            yield Violation(_REPLAY.format(role), True, "replays the rollouts' routing, which they record only with "
-                            f"{_RETURN_ROUTED}=true", f"set {_RETURN_ROUTED}=true")
+            yield Violation(
+                _REPLAY.format(role),
+                True,
+                f"replays the rollouts' routing, which they record only with {_RETURN_ROUTED}=true",
+                f"set {_RETURN_ROUTED}=true",
+            )
 
 
 _STEP_WISE = "generator.step_wise_trajectories"
@@ -441,19 +540,36 @@ def _step_wise_needs(cfg: Config) -> Iterator[Violation]:
         return
     g, alg = cfg.generator, cfg.trainer.algorithm
     if alg.advantage_estimator in ("gae", "reinforce++", "no_op"):
-        yield Violation(_ALG + "advantage_estimator", alg.advantage_estimator, "gives per-token advantages, which "
-                        f"{_STEP_WISE}=true replaces by its episode's last turn's one number (SkyRL refuses gae and "
-                        "reinforce++; no_op is ours)", f"use grpo, rloo or maxrl, or {_STEP_WISE_FIX}")
+        yield Violation(
+            _ALG + "advantage_estimator",
+            alg.advantage_estimator,
+            "gives per-token advantages, which "
+            f"{_STEP_WISE}=true replaces by its episode's last turn's one number (SkyRL refuses gae and "
+            "reinforce++; no_op is ours)",
+            f"use grpo, rloo or maxrl, or {_STEP_WISE_FIX}",
+        )
     if alg.loss_reduction == "token_mean_legacy":
-        yield Violation(_ALG + "loss_reduction", "token_mean_legacy", f"is not supported with {_STEP_WISE}=true "
-                        "(SkyRL's rule)", f"use {_ALG}loss_reduction=token_mean, or {_STEP_WISE_FIX}")
+        yield Violation(
+            _ALG + "loss_reduction",
+            "token_mean_legacy",
+            f"is not supported with {_STEP_WISE}=true (SkyRL's rule)",
+            f"use {_ALG}loss_reduction=token_mean, or {_STEP_WISE_FIX}",
+        )
     if g.batched:
-        yield Violation("generator.batched", True, f"is not supported with {_STEP_WISE}=true (SkyRL's rule: its "
-                        "batched generation is single-turn)", f"set generator.batched=false, or {_STEP_WISE_FIX}")
+        yield Violation(
+            "generator.batched",
+            True,
+            f"is not supported with {_STEP_WISE}=true (SkyRL's rule: its batched generation is single-turn)",
+            f"set generator.batched=false, or {_STEP_WISE_FIX}",
+        )
     if not g.use_conversation_multi_turn:
-        yield Violation("generator.use_conversation_multi_turn", False, "makes the episode one assistant message, "
-                        f"which {_STEP_WISE}=true cannot cut into turns (SkyRL's rule)",
-                        f"set generator.use_conversation_multi_turn=true, or {_STEP_WISE_FIX}")
+        yield Violation(
+            "generator.use_conversation_multi_turn",
+            False,
+            "makes the episode one assistant message, "
+            f"which {_STEP_WISE}=true cannot cut into turns (SkyRL's rule)",
+            f"set generator.use_conversation_multi_turn=true, or {_STEP_WISE_FIX}",
+        )
     if g.chat_template.name_or_path is not None:
         yield Violation("generator.chat_template.name_or_path", g.chat_template.name_or_path, "a custom chat "
                         f"template is not supported with {_STEP_WISE}=true (SkyRL's rule)",
@@ -488,8 +604,12 @@ def _vision_language_generator_needs(cfg: Config) -> Iterator[Violation]:
 @_rule("generator.step_wise_trajectories", "generator.merge_stepwise_output")
 def _merge_needs_step_wise(cfg: Config) -> Iterator[Violation]:
     if cfg.generator.merge_stepwise_output and not cfg.generator.step_wise_trajectories:
-        yield Violation("generator.merge_stepwise_output", True, "merges step-wise samples, which only "
-                        "generator.step_wise_trajectories=true makes", "set generator.merge_stepwise_output=false")
+        yield Violation(
+            "generator.merge_stepwise_output",
+            True,
+            "merges step-wise samples, which only generator.step_wise_trajectories=true makes",
+            "set generator.merge_stepwise_output=false",
+        )
 
 
 @_rule("generator.sampling_params.logprobs", "generator.eval_sampling_params.logprobs")
@@ -497,11 +617,21 @@ def _logprobs_zero_or_one(cfg: Config) -> Iterator[Violation]:
     for kind in ("sampling_params", "eval_sampling_params"):
         value = getattr(cfg.generator, kind).logprobs
         if value is not None and value not in (0, 1):
-            yield Violation(f"generator.{kind}.logprobs", value, "must be 0, 1 or null (each asks only for the "
-                            "sampled token's log-probability)", f"set generator.{kind}.logprobs=1")
+            yield Violation(
+                f"generator.{kind}.logprobs",
+                value,
+                "must be 0, 1 or null (each asks only for the sampled token's log-probability)",
+                f"set generator.{kind}.logprobs=1",
+            )
 
 
-@_rule(COLOCATE, POLICY_NODES, POLICY_GPUS, "generator.inference_engine.num_engines", "generator.inference_engine.device")
+@_rule(
+    COLOCATE,
+    POLICY_NODES,
+    POLICY_GPUS,
+    "generator.inference_engine.num_engines",
+    "generator.inference_engine.device",
+)
 def _colocated_counts(cfg: Config) -> Iterator[Violation]:
     """SkyRL's rule on GPUs: colocated, each GPU holds one policy rank and one engine. (On CPU the
     engines share the host's memory with the trainer whatever their number.)"""
@@ -509,9 +639,13 @@ def _colocated_counts(cfg: Config) -> Iterator[Violation]:
     ranks = placement.policy_num_nodes * placement.policy_num_gpus_per_node
     on_gpus = ie.device.startswith("cuda")
     if on_gpus and placement.colocate_all and ranks >= 1 and ie.num_engines >= 1 and ranks != ie.num_engines:
-        yield Violation(COLOCATE, True, f"needs one engine per policy rank: {POLICY_NODES} * {POLICY_GPUS} = {ranks} "
-                        f"but generator.inference_engine.num_engines = {ie.num_engines}",
-                        f"set generator.inference_engine.num_engines={ranks}, or {COLOCATE}=false")
+        yield Violation(
+            COLOCATE,
+            True,
+            f"needs one engine per policy rank: {POLICY_NODES} * {POLICY_GPUS} = {ranks} "
+            f"but generator.inference_engine.num_engines = {ie.num_engines}",
+            f"set generator.inference_engine.num_engines={ranks}, or {COLOCATE}=false",
+        )
 
 
 @_rule(FULLY_ASYNC, "trainer.train_batch_size", "trainer.policy_mini_batch_size")
@@ -523,7 +657,8 @@ def _batch_sizes(cfg: Config) -> Iterator[Violation]:
     if t.fully_async.enabled and train != mini:
         yield Violation(
             "trainer.train_batch_size", train,
-            f"must equal trainer.policy_mini_batch_size ({mini}) when {FULLY_ASYNC}=true (one optimizer step per sync)",
+            f"must equal trainer.policy_mini_batch_size ({mini}) when {FULLY_ASYNC}=true (one optimizer "
+            "step per sync)",
             f"set trainer.train_batch_size={mini}",
         )  # fmt: skip
     elif train % mini:
@@ -547,9 +682,9 @@ def _generation_workers(cfg: Config) -> Iterator[Violation]:
         key = "trainer.fully_async.num_parallel_generation_workers"
         yield Violation(
             key, fa.num_parallel_generation_workers,
-            f"must be in [policy_mini_batch_size, policy_mini_batch_size * (max_staleness_steps + 1)] = [{low}, {high}]"
-            " (fewer starves the trainer; more is wasted by the staleness limit; SkyRL's fully-async trainer"
-            " asserts the same)",
+            "must be in [policy_mini_batch_size, policy_mini_batch_size * (max_staleness_steps + 1)] = "
+            f"[{low}, {high}] (fewer starves the trainer; more is wasted by the staleness limit; SkyRL's "
+            "fully-async trainer asserts the same)",
             f"set {key}={mini * (fa.max_staleness_steps // 2 + 1)}",
         )  # fmt: skip
 
@@ -570,8 +705,13 @@ def _engine_restarts(cfg: Config) -> Iterator[Violation]:
     backend = cfg.generator.inference_engine.weight_sync_backend
     transport = weight_transport(backend)
     if transport is not None and transport.in_trainer_process:
-        yield Violation(ENGINE_RESTARTS, restarts, f"restarts engine processes; with weight_sync_backend={backend} "
-                        "the engines run in the trainer's process", f"set {_BACKEND}=shm (or broadcast)")
+        yield Violation(
+            ENGINE_RESTARTS,
+            restarts,
+            f"restarts engine processes; with weight_sync_backend={backend} "
+            "the engines run in the trainer's process",
+            f"set {_BACKEND}=shm (or broadcast)",
+        )
 
 
 @_rule("trainer.strategy", MEGATRON_TP, POLICY_NODES, POLICY_GPUS)
@@ -600,9 +740,13 @@ def _fsdp_size_divides_policy_ranks(cfg: Config) -> Iterator[Violation]:
         size = getattr(cfg.trainer, role).fsdp_config.fsdp_size
         if ranks >= 1 and 0 <= size < ranks and (size == 0 or ranks % size):
             divisors = [d for d in range(1, ranks) if ranks % d == 0]
-            yield Violation(key, size, f"must divide the policy's ranks ({POLICY_NODES} * {POLICY_GPUS} = {ranks}): "
-                            "each replica is sharded over fsdp_size ranks (hybrid sharding)",
-                            f"set {key} to one of {divisors}, or -1 (shard over every rank)")
+            yield Violation(
+                key,
+                size,
+                f"must divide the policy's ranks ({POLICY_NODES} * {POLICY_GPUS} = {ranks}): "
+                "each replica is sharded over fsdp_size ranks (hybrid sharding)",
+                f"set {key} to one of {divisors}, or -1 (shard over every rank)",
+            )
 
 
 # ---- data and environment (your own data: data.*, trainer.max_prompt_length, environment.env_class) ----
@@ -656,9 +800,13 @@ def _verifiers_environment(cfg: Config) -> Iterator[Violation]:
         yield Violation("environment.env_class", name, "names no verifiers environment",
                         "write environment.env_class=verifiers:<env id>, e.g. verifiers:wordle")
     if env_id is not None and cfg.generator.agent.path is not None:
-        yield Violation("generator.agent.path", cfg.generator.agent.path, f"is set, but environment.env_class={name} "
-                        "plays the episodes (through the agent endpoint) itself",
-                        "drop generator.agent.path, or set environment.env_class to another environment")
+        yield Violation(
+            "generator.agent.path",
+            cfg.generator.agent.path,
+            f"is set, but environment.env_class={name} "
+            "plays the episodes (through the agent endpoint) itself",
+            "drop generator.agent.path, or set environment.env_class to another environment",
+        )
     if cfg.environment.verifiers and env_id is None:
         yield Violation("environment.verifiers", cfg.environment.verifiers, "is read only with "
                         "environment.env_class=verifiers:<env id> (the environment's loader's arguments)",
@@ -713,8 +861,12 @@ def _external_servers(cfg: Config) -> Iterator[Violation]:
     urls = ie.external_server_urls or []
     if ie.run_engines_locally:
         if urls:
-            yield Violation(EXTERNAL_URLS, urls, f"is read only with {RUN_LOCALLY}=false (the run starts its own "
-                            "engines)", f"set {RUN_LOCALLY}=false to drive these servers, or {EXTERNAL_URLS}=null")
+            yield Violation(
+                EXTERNAL_URLS,
+                urls,
+                f"is read only with {RUN_LOCALLY}=false (the run starts its own engines)",
+                f"set {RUN_LOCALLY}=false to drive these servers, or {EXTERNAL_URLS}=null",
+            )
         return
     if not urls:
         yield Violation(EXTERNAL_URLS, ie.external_server_urls, f"must list the servers to drive when "
@@ -724,13 +876,22 @@ def _external_servers(cfg: Config) -> Iterator[Violation]:
     for url in urls:
         problem = _url_problem(url)
         if problem:
-            yield Violation(EXTERNAL_URLS, url, problem, f"write each server as e.g. http://10.0.0.5:8000 in {EXTERNAL_URLS}")
+            yield Violation(
+                EXTERNAL_URLS,
+                url,
+                problem,
+                f"write each server as e.g. http://10.0.0.5:8000 in {EXTERNAL_URLS}",
+            )
     normalized = [u.strip().rstrip("/") for u in urls]
     if len(set(normalized)) < len(normalized):
         yield Violation(EXTERNAL_URLS, urls, "names a server twice", "list each server once")
     if ie.num_engines >= 1 and ie.num_engines != len(urls):
-        yield Violation(NUM_ENGINES, ie.num_engines, f"must equal the number of {EXTERNAL_URLS} ({len(urls)}) when "
-                        f"{RUN_LOCALLY}=false", f"set {NUM_ENGINES}={len(urls)}")
+        yield Violation(
+            NUM_ENGINES,
+            ie.num_engines,
+            f"must equal the number of {EXTERNAL_URLS} ({len(urls)}) when {RUN_LOCALLY}=false",
+            f"set {NUM_ENGINES}={len(urls)}",
+        )
 
 
 @_rule(BACKEND, VLLM_PYTHON, RUN_LOCALLY)
