@@ -66,8 +66,17 @@ class EvalResult:
         (out / "metrics.json").write_text(json.dumps(self.metrics, indent=2) + "\n")
         with (out / "samples.jsonl").open("w") as f:
             for record in self.samples:
-                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+                f.write(json.dumps(record, ensure_ascii=False, default=_shown) + "\n")
         return out
+
+
+def _shown(value: Any) -> str:
+    """What samples.jsonl writes for a value JSON has no form for: a prompt's decoded image as
+    `<image WxH>` (its pixels stay in the data file), anything else as its `str`."""
+    size = getattr(value, "size", None)
+    if hasattr(value, "getpixel") and isinstance(size, tuple):
+        return f"<image {size[0]}x{size[1]}>"
+    return str(value)
 
 
 GroupFn = Callable[[Problem], Awaitable[Any]]

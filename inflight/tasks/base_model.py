@@ -8,7 +8,9 @@ of 256), as many active MLP parameters per token as half the dense MLP. `warm_up
 forcing (loss on the answer tokens, long-tailed batches in length buckets) for a fixed number of
 steps, so that RL still has room to improve it and every machine starts RL from the same model (a
 time cap only ends a warm-up that runs too long, and the report says so), and saves it back where
-the engine can load it. Measured on 2 CPU cores: 300 steps (~45 s) give ~30-40% greedy accuracy; a
+the engine can load it. A vision-language model's directory (a `vision_config`, e.g.
+`testing.tiny_vlm`) warms up the same way on a task whose prompts hold images (`task.vision`: the
+prompts through its processor, the images into the forward). Measured on 2 CPU cores: 300 steps (~45 s) give ~30-40% greedy accuracy; a
 0.1M model plateaus near 55%, which is why the model is this size.
 """
 
@@ -19,12 +21,22 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2MoeConfig, Qwen3MoeConfig
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForImageTextToText,
+    Qwen2Config,
+    Qwen2MoeConfig,
+    Qwen3MoeConfig,
+)
 
+from inflight.chat.images import count_images
 from inflight.tasks.addition import AdditionTask
 from inflight.tasks.base import Problem, Task
+from inflight.tasks.dataset import image_prompt
 from inflight.tasks.tokenizer import make_char_tokenizer
 
 BASE_MODEL_SHAPE = dict(
@@ -81,22 +93,46 @@ def save_model(model: torch.nn.Module, tokenizer, path: str | Path) -> None:
     tokenizer.save_pretrained(path)
 
 
+def load_for_training(model_dir: str | Path) -> torch.nn.Module:
+    """The model in `model_dir` in float32: a causal LM, or a vision-language model (its config has a
+    `vision_config`) through `AutoModelForImageTextToText`."""
+    vision = getattr(AutoConfig.from_pretrained(str(model_dir)), "vision_config", None) is not None
+    auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
+    return auto.from_pretrained(str(model_dir), dtype=torch.float32)
+
+
+def _prompt(task: Task, prompt: str | list[dict]) -> tuple[list[int], Any]:
+    """A prompt's ids, and the processor's output for its images (None without)."""
+    if isinstance(prompt, str) or not count_images(prompt):
+        return task.encode_prompt(prompt), None
+    out = image_prompt(task, prompt)
+    return out.token_ids, out
+
+
 def supervised_batch(task: Task, problems: Sequence[Problem]) -> dict[str, torch.Tensor]:
     """Right-padded `prompt + answer + EOS` ids, with labels only on answer and EOS tokens
-    (`-100` elsewhere, so `labels[:, t]` is the target predicted at position t - 1)."""
+    (`-100` elsewhere, so `labels[:, t]` is the target predicted at position t - 1). Prompts with
+    images add the forward's `pixel_values`, `image_grid_thw` and `mm_token_type_ids`."""
     eos, pad = task.tokenizer.eos_token_id, task.tokenizer.pad_token_id
-    rows, labels = [], []
+    rows, labels, images = [], [], []
     for p in problems:
-        prompt, answer = task.encode_prompt(p.prompt), task.encode(p.answer) + [eos]
+        (prompt, pictures), answer = _prompt(task, p.prompt), task.encode(p.answer) + [eos]
         rows.append(prompt + answer)
         labels.append([-100] * len(prompt) + answer)
+        images += [pictures] if pictures is not None else []
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), pad, dtype=torch.long)
     lab = torch.full((len(rows), width), -100, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     for i, (r, lb) in enumerate(zip(rows, labels, strict=True)):
         ids[i, : len(r)], lab[i, : len(lb)], mask[i, : len(r)] = torch.tensor(r), torch.tensor(lb), 1
-    return {"input_ids": ids, "labels": lab, "attention_mask": mask}
+    batch = {"input_ids": ids, "labels": lab, "attention_mask": mask}
+    if images:
+        image_token = task.vision.processor.image_token_id
+        batch.update(pixel_values=torch.cat([im.pixel_values for im in images]),
+                     image_grid_thw=torch.cat([im.image_grid_thw for im in images]),
+                     mm_token_type_ids=ids.eq(image_token).int())
+    return batch
 
 
 @torch.no_grad()
@@ -106,7 +142,7 @@ def teacher_forced_accuracy(model: torch.nn.Module, task: Task, problems: Sequen
     forward pass instead of one per token."""
     model.eval()
     batch = supervised_batch(task, problems)
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
     pred, target = logits[:, :-1].argmax(-1), batch["labels"][:, 1:]
     ok = ((pred == target) | (target == -100)).all(dim=1)
     return float(ok.float().mean())
@@ -125,7 +161,7 @@ def length_buckets(lengths: Sequence[int], parts: int = 4, keep: float = 0.75) -
 def supervised_backward(model: torch.nn.Module, task: Task, problems: Sequence[Problem]) -> float:
     """Accumulate the gradient of the mean answer-token loss over `problems` (in length buckets,
     each weighted by its share of the answer tokens, so the mean is that of one batch); returns it."""
-    lengths = [len(task.encode_prompt(p.prompt)) + len(task.encode(p.answer)) + 1 for p in problems]
+    lengths = [len(_prompt(task, p.prompt)[0]) + len(task.encode(p.answer)) + 1 for p in problems]
     batches = [supervised_batch(task, [problems[i] for i in g]) for g in length_buckets(lengths)]
     counts = [int((b["labels"] != -100).sum()) for b in batches]
     total = 0.0
@@ -174,7 +210,7 @@ def warm_up(
     task = task or AdditionTask()
     torch.manual_seed(seed)
     rng = random.Random(seed + 17)
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    model = load_for_training(model_dir)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 20))
     started = time.perf_counter()
