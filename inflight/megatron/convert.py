@@ -3,18 +3,18 @@
 Pure tensor code (no process groups), so it is tested without spawning ranks. The megatron side is
 the local-spec GPTModel (`get_gpt_layer_local_spec`), whose parameters per layer are:
 
-| megatron (per TP rank)                          | Hugging Face                                  | TP split |
-| ----------------------------------------------- | --------------------------------------------- | -------- |
-| embedding.word_embeddings.weight                | model.embed_tokens.weight                     | rows (vocab, padded) |
-| decoder.layers.i.input_layernorm.weight         | model.layers.i.input_layernorm.weight         | replicated |
-| decoder.layers.i.self_attention.linear_qkv.*    | model.layers.i.self_attn.{q,k,v}_proj.*       | rows, per query group |
-| decoder.layers.i.self_attention.{q,k}_layernorm | model.layers.i.self_attn.{q,k}_norm.weight    | replicated |
-| decoder.layers.i.self_attention.linear_proj     | model.layers.i.self_attn.o_proj.weight        | columns |
-| decoder.layers.i.pre_mlp_layernorm.weight       | model.layers.i.post_attention_layernorm       | replicated |
-| decoder.layers.i.mlp.linear_fc1.weight          | model.layers.i.mlp.{gate,up}_proj.weight      | rows, [gate_r; up_r] |
-| decoder.layers.i.mlp.linear_fc2.weight          | model.layers.i.mlp.down_proj.weight           | columns |
-| decoder.final_layernorm.weight                  | model.norm.weight                             | replicated |
-| output_layer.weight (absent when tied)          | lm_head.weight                                | rows (vocab, padded) |
+megatron (per TP rank)                       | Hugging Face                            | TP split
+-------------------------------------------- | --------------------------------------- | --------
+embedding.word_embeddings.weight             | model.embed_tokens.weight               | rows (vocab, padded)
+decoder.layers.i.input_layernorm.weight      | model.layers.i.input_layernorm.weight   | replicated
+decoder.layers.i.self_attention.linear_qkv.* | model.layers.i.self_attn.{q,k,v}_proj.* | rows, per query group
+decoder.layers.i.self_attention.{q,k}_layernorm | model.layers.i.self_attn.{q,k}_norm.weight | replicated
+decoder.layers.i.self_attention.linear_proj  | model.layers.i.self_attn.o_proj.weight  | columns
+decoder.layers.i.pre_mlp_layernorm.weight    | model.layers.i.post_attention_layernorm | replicated
+decoder.layers.i.mlp.linear_fc1.weight       | model.layers.i.mlp.{gate,up}_proj.weight | rows, [gate_r; up_r]
+decoder.layers.i.mlp.linear_fc2.weight       | model.layers.i.mlp.down_proj.weight     | columns
+decoder.final_layernorm.weight               | model.norm.weight                       | replicated
+output_layer.weight (absent when tied)       | lm_head.weight                          | rows (vocab, padded)
 
 Fused QKV: the full tensor is, for each query group g (= KV head g), the g-th group's query heads,
 then key head g, then value head g; a TP rank holds a contiguous run of whole groups. Gated MLP:
@@ -69,12 +69,16 @@ class MegatronLayout:
         """Check that megatron can hold this model with `tp` ranks; raises ConversionError if not."""
         model_type = getattr(config, "model_type", None)
         if model_type not in SUPPORTED_MODEL_TYPES:
-            raise ConversionError(f"model_type {model_type!r} is not supported; supported: {SUPPORTED_MODEL_TYPES}")
+            raise ConversionError(
+                f"model_type {model_type!r} is not supported; supported: {SUPPORTED_MODEL_TYPES}"
+            )
         heads, kv_heads = config.num_attention_heads, config.num_key_value_heads or config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         if kv_heads % tp or heads % kv_heads:
-            raise ConversionError(f"num_key_value_heads={kv_heads} must be divisible by tensor_parallel_size={tp} "
-                                  f"and divide num_attention_heads={heads}")
+            raise ConversionError(
+                f"num_key_value_heads={kv_heads} must be divisible by tensor_parallel_size={tp} "
+                f"and divide num_attention_heads={heads}"
+            )
         if config.intermediate_size % tp:
             raise ConversionError(f"intermediate_size={config.intermediate_size} is not divisible by tp={tp}")
         if getattr(config, "hidden_act", "silu") != "silu":
@@ -179,7 +183,9 @@ def _fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Megatro
     return fused.reshape(g * (layout.heads_per_group + 2) * hd, *q.shape[2:])
 
 
-def _split_qkv(fused: torch.Tensor, layout: MegatronLayout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _split_qkv(
+    fused: torch.Tensor, layout: MegatronLayout
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     g, hd, qpg = layout.num_kv_heads, layout.head_dim, layout.heads_per_group
     grouped = fused.reshape(g, (qpg + 2) * hd, *fused.shape[1:])
     q, k, v = torch.split(grouped, [qpg * hd, hd, hd], dim=1)
@@ -227,11 +233,15 @@ def hf_to_megatron_shards(hf_state: Mapping[str, torch.Tensor], layout: Megatron
                           tp_rank: int) -> dict[str, torch.Tensor]:
     """All megatron parameters of one TP rank from a full HF state dict (tied lm_head may be absent)."""
     get_hf = hf_lookup(hf_state)
-    return {name: hf_to_megatron_shard(name, get_hf, layout, tp_rank) for name in megatron_param_names(layout)}
+    return {
+        name: hf_to_megatron_shard(name, get_hf, layout, tp_rank) for name in megatron_param_names(layout)
+    }
 
 
 # ---- megatron shards -> HF -----------------------------------------------------------------------
-def megatron_shards_to_hf(name: str, shards: list[torch.Tensor], layout: MegatronLayout) -> list[tuple[str, Tensor]]:
+def megatron_shards_to_hf(
+    name: str, shards: list[torch.Tensor], layout: MegatronLayout
+) -> list[tuple[str, Tensor]]:
     """Merge one parameter's TP shards (rank order) and unfuse it into its HF tensors."""
     hf_names = hf_names_for(name, layout)
     if not is_tensor_parallel(name):
@@ -250,7 +260,9 @@ def megatron_shards_to_hf(name: str, shards: list[torch.Tensor], layout: Megatro
     return [(hf_names[0], torch.cat(shards, dim=1))]
 
 
-def megatron_to_hf(shard_states: list[Mapping[str, Tensor]], layout: MegatronLayout) -> Iterator[tuple[str, Tensor]]:
+def megatron_to_hf(
+    shard_states: list[Mapping[str, Tensor]], layout: MegatronLayout
+) -> Iterator[tuple[str, Tensor]]:
     """HF-named full tensors from every TP rank's megatron state dict (index = TP rank)."""
     for name in megatron_param_names(layout):
         yield from megatron_shards_to_hf(name, [state[name] for state in shard_states], layout)

@@ -47,9 +47,9 @@ def _check_version() -> None:
     if found != PINNED_VERSION:
         raise MegatronCpuShimError(
             f"the megatron CPU shim was written and tested for megatron-core=={PINNED_VERSION}, but "
-            f"{'no megatron-core is installed' if found is None else f'megatron-core=={found} is installed'}; "
-            f"install it with `pip install megatron-core=={PINNED_VERSION}` (pip install -e '.[megatron]'), "
-            "or run on a CUDA machine, where the shim is not used"
+            f"{'no megatron-core is installed' if found is None else f'megatron-core=={found} is installed'}"
+            f"; install it with `pip install megatron-core=={PINNED_VERSION}` "
+            "(pip install -e '.[megatron]'), or run on a CUDA machine, where the shim is not used"
         )
 
 

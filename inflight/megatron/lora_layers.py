@@ -78,9 +78,18 @@ def target_layers(cfg: Config) -> list[str]:
     names = list(ALL_LINEAR) if targets == ["all-linear"] else targets
     unknown = [n for n in names if n not in ALL_LINEAR]
     if unknown:
-        raise ConfigError([Violation(_TARGETS, targets, f"names {unknown}, which are no layers of megatron's "
-                                     "GPTModel (with trainer.strategy=megatron the targets are megatron's layer "
-                                     "names, as in SkyRL)", f"use all-linear or some of {', '.join(ALL_LINEAR)}")])
+        raise ConfigError(
+            [
+                Violation(
+                    _TARGETS,
+                    targets,
+                    f"names {unknown}, which are no layers of megatron's "
+                    "GPTModel (with trainer.strategy=megatron the targets are megatron's layer "
+                    "names, as in SkyRL)",
+                    f"use all-linear or some of {', '.join(ALL_LINEAR)}",
+                )
+            ]
+        )
     return [n for n in names if n not in (lora.exclude_modules or [])]
 
 
@@ -91,8 +100,16 @@ def add_adapters(model: nn.Module, cfg: Config, tp: int, tp_rank: int) -> dict[s
     lora = cfg.trainer.policy.model.lora
     init = _A_INIT.get(lora.init_method)
     if init is None:
-        raise ConfigError([Violation("trainer.policy.model.lora.init_method", lora.init_method, "is not one the "
-                                     "megatron adapters take", f"use one of {', '.join(_A_INIT)}")])
+        raise ConfigError(
+            [
+                Violation(
+                    "trainer.policy.model.lora.init_method",
+                    lora.init_method,
+                    "is not one the megatron adapters take",
+                    f"use one of {', '.join(_A_INIT)}",
+                )
+            ]
+        )
     targets = target_layers(cfg)
     for param in model.parameters():
         param.requires_grad_(False)
@@ -132,7 +149,10 @@ class HfAdapterPart:
 def hf_parts(layer: str, layout: MegatronLayout) -> list[HfAdapterPart]:
     """The Hugging Face modules the adapter of megatron layer `layer` stands for."""
     column = layer.rsplit(".", 1)[-1] in _COLUMN_PARALLEL
-    return [HfAdapterPart(n.removesuffix(".weight"), layer, column) for n in hf_names_for(f"{layer}.weight", layout)]
+    return [
+        HfAdapterPart(n.removesuffix(".weight"), layer, column)
+        for n in hf_names_for(f"{layer}.weight", layout)
+    ]
 
 
 def hf_adapter(layer: str, a: list[torch.Tensor], b: list[torch.Tensor],
@@ -158,9 +178,13 @@ def megatron_adapter(layer: str, hf: dict[str, torch.Tensor], layout: MegatronLa
     if parts[0].column:
         shared = hf[f"{parts[0].module}.lora_A.weight"]
         if any(not torch.equal(hf[f"{p.module}.lora_A.weight"], shared) for p in parts[1:]):
-            raise ValueError(f"the adapter's {', '.join(p.module for p in parts)} have different lora_A: megatron's "
-                             f"{layer} holds one A for all of them (SkyRL's lora_type=lora)")
-        b = hf_to_megatron_shard(f"{layer}.weight", lambda n: hf[f"{weights[n]}.lora_B.weight"], layout, tp_rank)
+            raise ValueError(
+                f"the adapter's {', '.join(p.module for p in parts)} have different lora_A: megatron's "
+                f"{layer} holds one A for all of them (SkyRL's lora_type=lora)"
+            )
+        b = hf_to_megatron_shard(
+            f"{layer}.weight", lambda n: hf[f"{weights[n]}.lora_B.weight"], layout, tp_rank
+        )
         return shared.clone(), b
     a = hf_to_megatron_shard(f"{layer}.weight", lambda n: hf[f"{weights[n]}.lora_A.weight"], layout, tp_rank)
     return a, hf[f"{parts[0].module}.lora_B.weight"].clone()

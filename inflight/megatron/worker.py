@@ -100,10 +100,17 @@ class MegatronPolicyWorker(PolicyWorker):
         recompute = self.megatron.transformer_config_kwargs.get("recompute_granularity")
         if recompute is not None and self.device.type != "cuda":
             key = f"trainer.{role}.megatron_config.transformer_config_kwargs"
-            raise ConfigError([Violation(
-                key, self.megatron.transformer_config_kwargs, f"asks for megatron's activation recompute "
-                f"(recompute_granularity={recompute!r}, SkyRL's default), which megatron-core runs on CUDA only",
-                f"on CPU set {key}={{}} (or leave out its recompute_* entries)")])
+            raise ConfigError(
+                [
+                    Violation(
+                        key,
+                        self.megatron.transformer_config_kwargs,
+                        f"asks for megatron's activation recompute (recompute_granularity={recompute!r}, "
+                        "SkyRL's default), which megatron-core runs on CUDA only",
+                        f"on CPU set {key}={{}} (or leave out its recompute_* entries)",
+                    )
+                ]
+            )
         self.tp = tensor_parallel_size or self.megatron.tensor_model_parallel_size
         self.hf_config = AutoConfig.from_pretrained(self.model_path, **self.megatron.model_config_kwargs)
         self.layout = MegatronLayout.from_hf_config(self.hf_config, self.tp)
@@ -112,11 +119,15 @@ class MegatronPolicyWorker(PolicyWorker):
     def build_model(self) -> None:
         """Initialise megatron's parallel state, build the GPTModel and load the HF checkpoint."""
         if not dist.is_initialized():
-            raise RuntimeError("MegatronPolicyWorker needs torch.distributed initialised (init_process_group)")
+            raise RuntimeError(
+                "MegatronPolicyWorker needs torch.distributed initialised (init_process_group)"
+            )
         if self.world_size % self.tp:
-            raise ConversionError(f"world size {self.world_size} is not divisible by tensor_parallel_size={self.tp}: "
-                                  "set trainer.policy.megatron_config.tensor_model_parallel_size to a divisor of "
-                                  "the number of ranks, or launch a multiple of it")
+            raise ConversionError(
+                f"world size {self.world_size} is not divisible by tensor_parallel_size={self.tp}: "
+                "set trainer.policy.megatron_config.tensor_model_parallel_size to a divisor of "
+                "the number of ranks, or launch a multiple of it"
+            )
         cpu_shim.apply()
         from megatron.core import parallel_state, tensor_parallel
 
@@ -170,9 +181,10 @@ class MegatronPolicyWorker(PolicyWorker):
             num_layers=lay.num_layers, hidden_size=lay.hidden_size, num_attention_heads=lay.num_heads,
             num_query_groups=lay.num_kv_heads, kv_channels=lay.head_dim, ffn_hidden_size=lay.ffn_hidden_size,
             normalization="RMSNorm", layernorm_epsilon=lay.rms_norm_eps, gated_linear_unit=True,
-            activation_func=F.silu, add_bias_linear=False, add_qkv_bias=lay.qkv_bias, qk_layernorm=lay.qk_norm,
-            hidden_dropout=0.0, attention_dropout=0.0, tensor_model_parallel_size=self.tp,
-            bf16=self.bf16, params_dtype=torch.bfloat16 if self.bf16 else torch.float32,
+            activation_func=F.silu, add_bias_linear=False, add_qkv_bias=lay.qkv_bias,
+            qk_layernorm=lay.qk_norm, hidden_dropout=0.0, attention_dropout=0.0,
+            tensor_model_parallel_size=self.tp, bf16=self.bf16,
+            params_dtype=torch.bfloat16 if self.bf16 else torch.float32,
             use_cpu_initialization=self.device.type == "cpu",
             perform_initialization=False,  # every parameter is overwritten from the checkpoint
             # no fused kernels or CUDA-extension paths: the same numerics on every device
@@ -206,12 +218,15 @@ class MegatronPolicyWorker(PolicyWorker):
         self.load_hf_tensors(named_tensors)
 
     # ---- forward ------------------------------------------------------------------------------
-    def _vocab_parallel_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    def _vocab_parallel_logits(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
+    ) -> torch.Tensor:
         """This rank's slice [B, T, V_padded / tp] of the logits; padded vocabulary entries are -inf."""
         input_ids = input_ids.to(self.device)
         seq = input_ids.shape[1]
         positions = torch.arange(seq, device=self.device).expand_as(input_ids)
-        masked = torch.ones(seq, seq, dtype=torch.bool, device=self.device).triu(1)[None, None]  # True = hidden
+        # True = hidden
+        masked = torch.ones(seq, seq, dtype=torch.bool, device=self.device).triu(1)[None, None]
         if attention_mask is not None:  # padding keys are hidden too, as transformers does
             masked = masked | ~attention_mask.to(self.device, torch.bool)[:, None, None, :]
         logits = self.model(input_ids, positions, attention_mask=masked)
@@ -222,13 +237,18 @@ class MegatronPolicyWorker(PolicyWorker):
         vocab_ids = torch.arange(per_rank, device=logits.device) + self.tp_rank * per_rank
         return logits.masked_fill(vocab_ids >= lay.vocab_size, float("-inf"))
 
-    def compute_logprobs(self, batch: TrainBatch, entropy: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def compute_logprobs(
+        self, batch: TrainBatch, entropy: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """[B, T] temperature-scaled token log-probabilities (position 0 is 0), computed with the
         vocabulary split across the TP ranks (megatron's vocab-parallel cross-entropy); with
         `entropy`, also the token entropy, reduced over the TP ranks the same way."""
         from megatron.core import tensor_parallel
 
-        logits = self._vocab_parallel_logits(batch.input_ids, batch.attention_mask)[:, :-1].float() / self.temperature
+        logits = (
+            self._vocab_parallel_logits(batch.input_ids, batch.attention_mask)[:, :-1].float()
+            / self.temperature
+        )
         targets = batch.input_ids[:, 1:].to(self.device)
         # before the cross-entropy, which works on its input in place (a one-row batch's transpose is
         # no copy)
@@ -252,11 +272,15 @@ class MegatronPolicyWorker(PolicyWorker):
         shifted = logits - peak
         weights = shifted.exp()  # padded vocabulary entries (-inf) weigh 0
         total = reduce_from_tensor_model_parallel_region(weights.sum(-1))
-        spread = reduce_from_tensor_model_parallel_region((weights * shifted.masked_fill(weights == 0, 0.0)).sum(-1))
+        spread = reduce_from_tensor_model_parallel_region(
+            (weights * shifted.masked_fill(weights == 0, 0.0)).sum(-1)
+        )
         return total.log() - spread / total
 
     @torch.no_grad()
-    def forward_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward_logits(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Full-vocabulary float32 logits [B, T, vocab_size], gathered over TP, in eval mode (collective)."""
         from megatron.core import tensor_parallel
 
@@ -299,7 +323,9 @@ class MegatronPolicyWorker(PolicyWorker):
                 continue
             if self.tp > 1 and not self._sharded[name]:
                 dist.all_reduce(param.grad, group=self.tp_group)
-                if not name.endswith(("self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight")):
+                if not name.endswith(
+                    ("self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight")
+                ):
                     param.grad.div_(self.tp)
             if dp > 1:
                 dist.all_reduce(param.grad, group=self.dp_group)
@@ -374,7 +400,8 @@ class MegatronPolicyWorker(PolicyWorker):
         import peft
         from safetensors.torch import save_file
 
-        tensors = {_PEFT_PREFIX + n: t.to("cpu", copy=True) for n, t in self.hf_adapter_tensors()}  # own memory each
+        # own memory each
+        tensors = {_PEFT_PREFIX + n: t.to("cpu", copy=True) for n, t in self.hf_adapter_tensors()}
         if self.rank != 0:
             return
         lora = self.cfg.trainer.policy.model.lora
@@ -396,17 +423,21 @@ class MegatronPolicyWorker(PolicyWorker):
         saved = json.loads((adapter_dir / "adapter_config.json").read_text())
         lora = self.cfg.trainer.policy.model.lora
         if (saved.get("r"), saved.get("lora_alpha")) != (lora.rank, lora.alpha):
-            raise ValueError(f"the checkpoint's adapter ({adapter_dir}) has r={saved.get('r')}, lora_alpha="
-                             f"{saved.get('lora_alpha')}, but the run asks for trainer.policy.model.lora.rank="
-                             f"{lora.rank}, alpha={lora.alpha}: resume with the run's LoRA settings")
+            raise ValueError(
+                f"the checkpoint's adapter ({adapter_dir}) has r={saved.get('r')}, lora_alpha="
+                f"{saved.get('lora_alpha')}, but the run asks for trainer.policy.model.lora.rank="
+                f"{lora.rank}, alpha={lora.alpha}: resume with the run's LoRA settings"
+            )
         saved_tensors = load_file(str(adapter_dir / "adapter_model.safetensors"))
         hf = {n.removeprefix(_PEFT_PREFIX): t for n, t in saved_tensors.items()}
         for layer, adapter in self.adapters.items():
             try:
                 a, b = megatron_adapter(layer, hf, self.layout, self.tp_rank)
             except (KeyError, ConversionError) as err:
-                raise ValueError(f"the checkpoint's adapter ({adapter_dir}) does not adapt {layer} as this policy "
-                                 f"does (trainer.policy.model.lora.target_modules): {err}") from err
+                raise ValueError(
+                    f"the checkpoint's adapter ({adapter_dir}) does not adapt {layer} as this policy "
+                    f"does (trainer.policy.model.lora.target_modules): {err}"
+                ) from err
             adapter.A.copy_(a)
             adapter.B.copy_(b)
 

@@ -67,7 +67,9 @@ class MetricsLogger:
         values = numeric({k: v for k, v in record.items() if k != "step"})
         for tracker in self.trackers:
             tracker.log(values, step)
-        summary = "  ".join(fmt.format(record[k]) for k, fmt in PROGRESS_KEYS if isinstance(record.get(k), int | float))
+        summary = "  ".join(
+            fmt.format(record[k]) for k, fmt in PROGRESS_KEYS if isinstance(record.get(k), int | float)
+        )
         if self.progress is not None:
             self.progress.update(self._task, completed=step, description=summary)
         elif summary and (step % self.log_interval == 0 or step == 1):
@@ -140,7 +142,9 @@ def _plot_reward(ax: Any, everything: list[dict], records: list[dict], t: list[f
             label=f"reward of training samples (mean of {window})")
     accuracy = [r.get("accuracy") for r in records]
     if any(a is not None and a != rw for a, rw in zip(accuracy, reward, strict=True)):
-        ax.plot(t, _rolling([a or 0.0 for a in accuracy], window), color="tab:orange", label="sample accuracy")
+        ax.plot(
+            t, _rolling([a or 0.0 for a in accuracy], window), color="tab:orange", label="sample accuracy"
+        )
     for i, (key, label) in enumerate(_eval_series(everything)):
         points = [(r.get("time", r["step"]), r[key]) for r in everything if r.get(key) is not None]
         ax.plot(*zip(*points, strict=True), "o-", color=EVAL_COLORS[i % len(EVAL_COLORS)], label=label)

@@ -24,8 +24,14 @@ def open_run_logs(cfg: Config, job: JobConfig, resume_step: int | None = None,
     out.mkdir(parents=True, exist_ok=True)
     resolved = {**dataclasses.asdict(cfg), "job": dataclasses.asdict(job)}  # the schema's and job's settings
     (out / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
-    trackers = make_trackers(tracker_names(cfg, job), out, project_name=cfg.trainer.project_name, run_name=cfg.trainer.run_name,
-                             config=resolved, tags=cfg.trainer.tags)
+    trackers = make_trackers(
+        tracker_names(cfg, job),
+        out,
+        project_name=cfg.trainer.project_name,
+        run_name=cfg.trainer.run_name,
+        config=resolved,
+        tags=cfg.trainer.tags,
+    )
     return MetricsLogger(out, progress=job.progress and "console" in cfg.trainer.logger,
                          total_steps=total_steps, log_interval=job.log_interval,
                          append=resume_step is not None, trackers=trackers, resume_step=resume_step)

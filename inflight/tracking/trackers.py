@@ -176,9 +176,15 @@ class MlflowTracker:
             self.run = None
 
 
-def make_trackers(logger: str | Sequence[str], out_dir: str | os.PathLike, *,
-                  project_name: str = "inflight", run_name: str | None = None,
-                  config: Mapping[str, Any] | None = None, tags: Sequence[str] | None = None) -> list[Tracker]:
+def make_trackers(
+    logger: str | Sequence[str],
+    out_dir: str | os.PathLike,
+    *,
+    project_name: str = "inflight",
+    run_name: str | None = None,
+    config: Mapping[str, Any] | None = None,
+    tags: Sequence[str] | None = None,
+) -> list[Tracker]:
     """The trackers `trainer.logger` names (`console` is the progress bar: no tracker object).
     Raises ValueError for an unknown name and TrackerUnavailable when a package is missing; a
     tracker that was already started is closed before the error propagates. `tags`: the run's

@@ -62,7 +62,9 @@ class ResponseLayout:
         return out.scatter_add_(1, self._index(width), masked)
 
 
-def overlong_penalty(response_length: int, max_length: int, buffer: int | None, factor: float) -> float | None:
+def overlong_penalty(
+    response_length: int, max_length: int, buffer: int | None, factor: float
+) -> float | None:
     """DAPO's soft overlong punishment (`overlong_buffer_len`, `overlong_buffer_penalty_factor`, the keys
     of SkyRL's DAPO example): what a response of `response_length` tokens loses from its reward,
     (length - (max_length - buffer)) / buffer * factor past `max_length - buffer` (0 before, and
@@ -140,9 +142,17 @@ def compute_advantages(objective: Objective, rewards: torch.Tensor, layout: Resp
     width = int(layout.lengths[rows].max()) if len(rows) else 0  # the kept rows' layout
     pick = lambda x: None if x is None else x[rows, :width]  # noqa: E731
     response_mask = pick(layout.mask())
-    raw, returns, metrics = _estimate(objective, pick(rewards), response_mask, pick(loss_mask),
-                                      [uids[i] for i in rows.tolist()], pick(values), pick(old_logprobs),
-                                      pick(ref_logprobs), None if episodes is None else [episodes[i] for i in rows.tolist()])
+    raw, returns, metrics = _estimate(
+        objective,
+        pick(rewards),
+        response_mask,
+        pick(loss_mask),
+        [uids[i] for i in rows.tolist()],
+        pick(values),
+        pick(old_logprobs),
+        pick(ref_logprobs),
+        None if episodes is None else [episodes[i] for i in rows.tolist()],
+    )
     alg = objective.config
     normalised = batch_normalize_advantages(raw, response_mask) if alg.advantage_batch_normalize else raw
     raw_full, adv, returns_full = (torch.zeros_like(rewards) for _ in range(3))
@@ -153,27 +163,47 @@ def compute_advantages(objective: Objective, rewards: torch.Tensor, layout: Resp
     return Advantages(raw_full, scaled, returns_full, metrics)
 
 
-def _estimate(objective: Objective, rewards: torch.Tensor, response_mask: torch.Tensor, loss_mask: torch.Tensor,
-              uids: list[int], values: torch.Tensor | None, old_logprobs: torch.Tensor | None,
-              ref_logprobs: torch.Tensor | None, episodes: Sequence[int] | None = None
-              ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+def _estimate(
+    objective: Objective,
+    rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_mask: torch.Tensor,
+    uids: list[int],
+    values: torch.Tensor | None,
+    old_logprobs: torch.Tensor | None,
+    ref_logprobs: torch.Tensor | None,
+    episodes: Sequence[int] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """Steps 4-5 on the rows given: (advantages, returns, metrics) before batch normalisation
     (`episodes`: step-wise, see `compute_advantages`)."""
     alg = objective.config
     metrics: dict[str, float] = {}
     if alg.on_policy_distillation:  # SkyRL's example: reward = -(log pi - log pi_teacher) per token
         rewards = -(old_logprobs - ref_logprobs) * loss_mask
-        metrics["distill/reverse_kl"] = float(((old_logprobs - ref_logprobs) * loss_mask).sum() / loss_mask.sum().clamp(min=1))
+        metrics["distill/reverse_kl"] = float(
+            ((old_logprobs - ref_logprobs) * loss_mask).sum() / loss_mask.sum().clamp(min=1)
+        )
     elif alg.use_kl_in_reward:
         coef = objective.kl_controller.value
-        rewards, kl = kl_penalized_rewards(rewards, old_logprobs, ref_logprobs, loss_mask, coef, alg.kl_estimator_type)
+        rewards, kl = kl_penalized_rewards(
+            rewards, old_logprobs, ref_logprobs, loss_mask, coef, alg.kl_estimator_type
+        )
         objective.kl_controller.update(float(kl["avg_kl"]), rewards.shape[0])
-        metrics.update({"avg_kl": float(kl["avg_kl"]), "avg_kl_max": float(kl["avg_kl_max"]), "kl_loss_coef": coef})
+        metrics.update(
+            {"avg_kl": float(kl["avg_kl"]), "avg_kl_max": float(kl["avg_kl_max"]), "kl_loss_coef": coef}
+        )
     last, owner = episode_rows(episodes) if episodes is not None else (list(range(len(uids))), None)
     ones = torch.ones_like(response_mask[last]) if owner is not None else response_mask
-    adv, returns = objective.estimator(token_level_rewards=rewards[last], response_mask=ones,
-                                       index=[uids[i] for i in last], values=None if values is None else values[last],
-                                       gamma=alg.gamma, lambd=alg.lambd, grpo_norm_by_std=alg.grpo_norm_by_std, config=alg)
+    adv, returns = objective.estimator(
+        token_level_rewards=rewards[last],
+        response_mask=ones,
+        index=[uids[i] for i in last],
+        values=None if values is None else values[last],
+        gamma=alg.gamma,
+        lambd=alg.lambd,
+        grpo_norm_by_std=alg.grpo_norm_by_std,
+        config=alg,
+    )
     if owner is not None:  # each episode's last row's numbers on every row of the episode
         adv, returns = adv[owner] * response_mask, returns[owner] * response_mask
     live = response_mask.bool()

@@ -51,7 +51,9 @@ class TrainBatch:
         for f in fields(self):
             value = getattr(self, f.name)
             if value is not None and value.shape[0] != self.input_ids.shape[0]:
-                raise ValueError(f"{f.name} has {value.shape[0]} rows, input_ids has {self.input_ids.shape[0]}")
+                raise ValueError(
+                    f"{f.name} has {value.shape[0]} rows, input_ids has {self.input_ids.shape[0]}"
+                )
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -69,7 +71,9 @@ class TrainBatch:
 
     def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> TrainBatch:
         """The batch with `fn` applied to every tensor it holds (subclasses' fields too)."""
-        return replace(self, **{f.name: fn(v) for f in fields(self) if (v := getattr(self, f.name)) is not None})
+        return replace(
+            self, **{f.name: fn(v) for f in fields(self) if (v := getattr(self, f.name)) is not None}
+        )
 
     def widths(self) -> torch.Tensor:
         """[B] each row's length up to and including its last real token (right padding excluded)."""
@@ -145,8 +149,14 @@ def plan_micro_batches(lengths: Sequence[int], max_rows: int, max_tokens: int | 
     return parts[::-1]
 
 
-def plan_shared_micro_batches(lengths: Sequence[int], groups: Sequence[int], contexts: Sequence[int], max_rows: int,
-                              max_tokens: int | None = None, pass_cost: float = 0.0) -> list[list[int]]:
+def plan_shared_micro_batches(
+    lengths: Sequence[int],
+    groups: Sequence[int],
+    contexts: Sequence[int],
+    max_rows: int,
+    max_tokens: int | None = None,
+    pass_cost: float = 0.0,
+) -> list[list[int]]:
     """`plan_micro_batches` for the shared-prefix forward (`inflight.train.shared_prefix`): micro-
     batches of whole groups (rows with equal `groups`; a group of more than `max_rows` rows in runs
     of `max_rows`), each group costing one packed row of its context (`contexts`) and every row's

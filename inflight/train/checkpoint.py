@@ -74,9 +74,17 @@ def save_model_dir(worker: PolicyWorker, base_model_dir: str | Path, out: Path,
         state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
     out.mkdir(parents=True, exist_ok=True)
     for item in Path(base_model_dir).iterdir():
-        if item.is_file() and not item.name.endswith(WEIGHT_SUFFIXES) and item.name != "model.safetensors.index.json":
+        if (
+            item.is_file()
+            and not item.name.endswith(WEIGHT_SUFFIXES)
+            and item.name != "model.safetensors.index.json"
+        ):
             shutil.copy2(item, out / item.name)
-    save_file({k: v.contiguous() for k, v in state.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_file(
+        {k: v.contiguous() for k, v in state.items()},
+        str(out / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
 
 
 def _fresh(path: Path) -> Path:
@@ -92,10 +100,20 @@ def _publish(tmp: Path, final: Path) -> None:
     os.replace(tmp, final)
 
 
-def save_checkpoint(root: str | Path, step: int, worker: PolicyWorker, base_model_dir: str | Path, weight_version: int,
-                    data: dict[str, Any], extra: dict[str, Any] | None = None, keep: int = -1, *,
-                    critic: PolicyWorker | None = None, reference: PolicyWorker | None = None,
-                    algorithm: dict[str, Any] | None = None) -> Path:
+def save_checkpoint(
+    root: str | Path,
+    step: int,
+    worker: PolicyWorker,
+    base_model_dir: str | Path,
+    weight_version: int,
+    data: dict[str, Any],
+    extra: dict[str, Any] | None = None,
+    keep: int = -1,
+    *,
+    critic: PolicyWorker | None = None,
+    reference: PolicyWorker | None = None,
+    algorithm: dict[str, Any] | None = None,
+) -> Path:
     """Write checkpoint `global_step_<step>` under `root`; keeps the newest `keep` (-1: all, as
     `trainer.max_ckpts_to_keep`). With `critic` its model and optimizer, with `reference` its weights,
     with `algorithm` the training step's state. Returns its path. A collective: every rank calls it."""
@@ -122,7 +140,8 @@ def save_checkpoint(root: str | Path, step: int, worker: PolicyWorker, base_mode
         (root / "latest.tmp").write_text(final.name)
         os.replace(root / "latest.tmp", root / "latest")  # atomically
         if keep > 0:
-            for old in sorted(root.glob("global_step_*"), key=lambda p: int(p.name.rsplit("_", 1)[1]))[:-keep]:
+            steps = sorted(root.glob("global_step_*"), key=lambda p: int(p.name.rsplit("_", 1)[1]))
+            for old in steps[:-keep]:
                 shutil.rmtree(old, ignore_errors=True)
     return final
 
@@ -159,9 +178,17 @@ def resume_checkpoint(trainer: TrainerConfig) -> CheckpointState | None:
         return load_latest(trainer.ckpt_path)
     path = Path(trainer.resume_path or "")
     if not trainer.resume_path or not (path / "state.json").is_file():
-        raise ConfigError([Violation("trainer.resume_path", trainer.resume_path, "is not a complete checkpoint "
-                                     "(a global_step_<k> directory with state.json)", "give the directory of a "
-                                     "checkpoint, e.g. <trainer.ckpt_path>/global_step_10, or resume_mode=latest")])
+        raise ConfigError(
+            [
+                Violation(
+                    "trainer.resume_path",
+                    trainer.resume_path,
+                    "is not a complete checkpoint (a global_step_<k> directory with state.json)",
+                    "give the directory of a "
+                    "checkpoint, e.g. <trainer.ckpt_path>/global_step_10, or resume_mode=latest",
+                )
+            ]
+        )
     return load_checkpoint(path)
 
 
@@ -183,12 +210,18 @@ def resume_problem(trainer: TrainerConfig, problems: Sequence[Any]) -> Violation
     else:
         return None
     latest = trainer.resume_mode == "latest"
-    key, value = ("trainer.ckpt_path", trainer.ckpt_path) if latest else ("trainer.resume_path", trainer.resume_path)
+    key, value = (
+        ("trainer.ckpt_path", trainer.ckpt_path) if latest else ("trainer.resume_path", trainer.resume_path)
+    )
     record = f"{ckpt.data.get('num_items')} prompts, seed {ckpt.data.get('seed')}"
-    return Violation(key, value, f"holds {ckpt.path.name} (step {ckpt.step}), a run on other data ({record}; this run "
-                     f"has {len(problems)} prompts, seed {trainer.seed}), which trainer.resume_mode="
-                     f"{trainer.resume_mode} would resume", f"give this run a {key} of its own, or set "
-                     "trainer.resume_mode=none to start from the model")
+    return Violation(
+        key,
+        value,
+        f"holds {ckpt.path.name} (step {ckpt.step}), a run on other data ({record}; this run "
+        f"has {len(problems)} prompts, seed {trainer.seed}), which trainer.resume_mode="
+        f"{trainer.resume_mode} would resume",
+        f"give this run a {key} of its own, or set trainer.resume_mode=none to start from the model",
+    )
 
 
 def load_checkpoint(path: str | Path) -> CheckpointState:

@@ -52,8 +52,14 @@ def chunked_token_logprobs(hidden: torch.Tensor, lm_head: torch.nn.Module, input
     return picked, ent
 
 
-def state_logprobs(states: torch.Tensor, targets: torch.Tensor, lm_head: torch.nn.Module, temperature: float = 1.0,
-                   chunk_size: int | None = 1024, entropy: bool = False) -> torch.Tensor:
+def state_logprobs(
+    states: torch.Tensor,
+    targets: torch.Tensor,
+    lm_head: torch.nn.Module,
+    temperature: float = 1.0,
+    chunk_size: int | None = 1024,
+    entropy: bool = False,
+) -> torch.Tensor:
     """[N] log-probabilities of `targets` [N] under the distributions the LM head gives the hidden
     states [N, H], `chunk_size` states at a time under activation checkpointing (None: all at once,
     no recompute); with `entropy`, [2, N]: those and the distributions' entropy."""
@@ -66,7 +72,9 @@ def state_logprobs(states: torch.Tensor, targets: torch.Tensor, lm_head: torch.n
     parts = []
     for start in range(0, states.shape[0], step):
         h, t = states[start : start + step], targets[start : start + step]
-        parts.append(checkpoint(fn, lm_head, h, t, temp, use_reentrant=False) if recompute else fn(lm_head, h, t, temp))
+        parts.append(
+            checkpoint(fn, lm_head, h, t, temp, use_reentrant=False) if recompute else fn(lm_head, h, t, temp)
+        )
     if not parts:
         return states.new_zeros(2, 0) if entropy else states.new_zeros(0)
     return torch.cat(parts, dim=1 if entropy else 0)

@@ -81,12 +81,18 @@ class CriticMixin:
         from transformers import AutoConfig, AutoModel
 
         config = AutoConfig.from_pretrained(str(self.model_path), **self.section.model_config_kwargs)
-        backbone = AutoModel.from_pretrained(str(self.model_path), config=config, dtype=torch.float32,
-                                             attn_implementation=attention_implementation(self.cfg, self.device))
+        backbone = AutoModel.from_pretrained(
+            str(self.model_path),
+            config=config,
+            dtype=torch.float32,
+            attn_implementation=attention_implementation(self.cfg, self.device),
+        )
         if self.gradient_checkpointing:
             backbone.config.use_cache = False
             reentrant = self.cfg.trainer.gradient_checkpointing_use_reentrant
-            backbone.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": reentrant})
+            backbone.activation_checkpointing_enable(
+                activation_checkpointing_kwargs={"use_reentrant": reentrant}
+            )
         model = ValueModel(backbone, self.cfg.trainer.algorithm.value_head_prefix)
         saved = read_head(self.model_path, model.head_name)
         with torch.no_grad():
@@ -119,7 +125,10 @@ class CriticMixin:
         loss, clipfrac = value_loss(values, batch.old_values, batch.returns, batch.loss_mask,
                                     self.cfg.trainer.algorithm.value_clip)
         (loss * scale).backward()
-        out = {"critic_loss": float(loss.detach()), "values_mean": float(masked_mean(values.detach(), batch.loss_mask))}
+        out = {
+            "critic_loss": float(loss.detach()),
+            "values_mean": float(masked_mean(values.detach(), batch.loss_mask)),
+        }
         if clipfrac is not None:
             out["values_clipfrac"] = float(clipfrac)
         return out

@@ -104,9 +104,14 @@ class MicroPlan:
         `shared` is indexed by."""
         if self.shared is None or rows is None:
             return plan_micro_batches(lengths, self.max_rows, self.max_tokens, self.pass_cost)
-        return plan_shared_micro_batches(lengths, [self.shared.groups[r] for r in rows],
-                                         [self.shared.contexts[r] for r in rows], self.max_rows, self.max_tokens,
-                                         self.pass_cost)
+        return plan_shared_micro_batches(
+            lengths,
+            [self.shared.groups[r] for r in rows],
+            [self.shared.contexts[r] for r in rows],
+            self.max_rows,
+            self.max_tokens,
+            self.pass_cost,
+        )
 
 
 def shard_step(num_groups: int, group_size: int | Sequence[int], groups_per_mini: int, micro: int | MicroPlan,
@@ -127,8 +132,10 @@ def shard_step(num_groups: int, group_size: int | Sequence[int], groups_per_mini
     minis: list[MiniBatch] = []
     for start in range(0, num_groups, groups_per_mini):
         stop = min(num_groups, start + groups_per_mini)
-        shares = [[r for g in range(start + k, stop, dp.size) for r in range(first_rows[g], first_rows[g + 1])]
-                  for k in range(dp.size)]
+        shares = [
+            [r for g in range(start + k, stop, dp.size) for r in range(first_rows[g], first_rows[g + 1])]
+            for k in range(dp.size)
+        ]
         for r, share in enumerate(shares):
             every_rank[r].extend(share)
         cuts = [_cut(plan, share, lengths, live) for share in shares]
@@ -158,7 +165,10 @@ def forward_parts(shard: Shard, plan: MicroPlan, lengths: Sequence[int],
     kept = [[row for row in rows if keep[row]] for rows in shard.rank_rows]
     cuts = [plan.cut([lengths[row] for row in rows], rows) for rows in kept]
     mine_rows = [row for row in shard.rows if keep[row]]
-    mine = [tuple(where[mine_rows[j]] for j in part) for part in plan.cut([lengths[r] for r in mine_rows], mine_rows)]
+    mine = [
+        tuple(where[mine_rows[j]] for j in part)
+        for part in plan.cut([lengths[r] for r in mine_rows], mine_rows)
+    ]
     return mine, max(1, *(len(c) for c in cuts)) if cuts else 1
 
 
@@ -185,7 +195,9 @@ def micro_batches(batch: TrainBatch, mini: MiniBatch) -> list[tuple[TrainBatch, 
     return passes(batch, mini.parts, mini.micro_batches)
 
 
-def passes(batch: TrainBatch, parts: Sequence[Sequence[int]], count: int) -> list[tuple[TrainBatch, torch.Tensor | None]]:
+def passes(
+    batch: TrainBatch, parts: Sequence[Sequence[int]], count: int
+) -> list[tuple[TrainBatch, torch.Tensor | None]]:
     """The micro-batches `parts` (row indices into `batch`), each trimmed to its longest row, then
     padding up to `count` passes; each with its row indices in `batch` (None: padding)."""
     out: list[tuple[TrainBatch, torch.Tensor | None]] = []

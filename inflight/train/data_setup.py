@@ -33,17 +33,34 @@ def check_data_job(cfg: Config, job: JobConfig) -> None:
     """Raise ConfigError listing contradictions between the data keys and the job's task."""
     problems = []
     if cfg.data.train_data and _set(cfg, "data.train_data") and job.train_data:
-        problems.append(Violation("job.train_data", job.train_data, "is the old spelling of data.train_data, which "
-                                  "is also set", "keep data.train_data (a list of files) only"))
+        problems.append(
+            Violation(
+                "job.train_data",
+                job.train_data,
+                "is the old spelling of data.train_data, which is also set",
+                "keep data.train_data (a list of files) only",
+            )
+        )
     if cfg.data.val_data and _set(cfg, "data.val_data") and job.eval_data:
-        problems.append(Violation("job.eval_data", job.eval_data, "is the old spelling of data.val_data, which is "
-                                  "also set", "keep data.val_data only"))
+        problems.append(
+            Violation(
+                "job.eval_data",
+                job.eval_data,
+                "is the old spelling of data.val_data, which is also set",
+                "keep data.val_data only",
+            )
+        )
     if not uses_data(cfg, job):
         for key in ("data.train_data", "data.val_data", "environment.env_class", *CHAT_KEYS):
             if _set(cfg, key) and get_key(cfg, key) != []:  # [] (no files) is no data
-                problems.append(Violation(key, get_key(cfg, key), f"is for your data, but the run trains on the "
-                                          f"built-in task {job.task!r} (job.task)",
-                                          f"drop job.task to train on your data, or drop {key}"))
+                problems.append(
+                    Violation(
+                        key,
+                        get_key(cfg, key),
+                        f"is for your data, but the run trains on the built-in task {job.task!r} (job.task)",
+                        f"drop job.task to train on your data, or drop {key}",
+                    )
+                )
     if uses_data(cfg, job) and cfg.trainer.policy.model.path is None:
         problems.append(Violation("trainer.policy.model.path", None, "is required to train on your data",
                                   "set trainer.policy.model.path to a local Hugging Face model directory"))
@@ -81,15 +98,34 @@ def make_data_task(cfg: Config, job: JobConfig):
     try:
         vision = data_vision(cfg)  # a vision-language policy's processor: rows may hold images
     except ValueError as err:
-        raise ConfigError([Violation("trainer.policy.model.path", cfg.trainer.policy.model.path, str(err),
-                                     "give a model directory whose processor transformers can load")]) from err
+        raise ConfigError(
+            [
+                Violation(
+                    "trainer.policy.model.path",
+                    cfg.trainer.policy.model.path,
+                    str(err),
+                    "give a model directory whose processor transformers can load",
+                )
+            ]
+        ) from err
     task = DataTask(
-        tokenizer, train, val, prompt_key=data.prompt_key, answer_key=data.answer_key,
-        chat_format=chat_format(cfg), skyrl_gym=GymSettings(cfg.environment.skyrl_gym, cfg.generator.max_turns),
-        openenv=OpenEnvSettings.from_config(cfg.environment.openenv), agent=cfg.generator.agent.path,
-        env_class=cfg.environment.env_class, max_prompt_length=cfg.trainer.max_prompt_length,
-        drop_long_prompts=data.drop_long_prompts, max_new_tokens=cfg.generator.sampling_params.max_generate_length,
-        max_context=model_context(cfg), num_eval=job.num_eval, val_fraction=data.val_fraction, seed=cfg.trainer.seed,
+        tokenizer,
+        train,
+        val,
+        prompt_key=data.prompt_key,
+        answer_key=data.answer_key,
+        chat_format=chat_format(cfg),
+        skyrl_gym=GymSettings(cfg.environment.skyrl_gym, cfg.generator.max_turns),
+        openenv=OpenEnvSettings.from_config(cfg.environment.openenv),
+        agent=cfg.generator.agent.path,
+        env_class=cfg.environment.env_class,
+        max_prompt_length=cfg.trainer.max_prompt_length,
+        drop_long_prompts=data.drop_long_prompts,
+        max_new_tokens=cfg.generator.sampling_params.max_generate_length,
+        max_context=model_context(cfg),
+        num_eval=job.num_eval,
+        val_fraction=data.val_fraction,
+        seed=cfg.trainer.seed,
         vision=vision,
     )
     check_image_rows(cfg, [*task.train_problems(), *task.eval_problems()])

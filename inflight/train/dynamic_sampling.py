@@ -55,7 +55,9 @@ class DynamicSampler:
         if ds.type is None:
             return None
         if ds.type not in ("filter", "replace"):
-            raise ValueError(f"trainer.algorithm.dynamic_sampling.type={ds.type!r}: use filter, replace or null")
+            raise ValueError(
+                f"trainer.algorithm.dynamic_sampling.type={ds.type!r}: use filter, replace or null"
+            )
         return cls(ds.type, cfg.trainer.train_batch_size, ds.max_sample_batches, ds.min_replace_ratio,
                    cfg.trainer.seed)
 
@@ -69,10 +71,12 @@ class DynamicSampler:
         ready, dropped = self._filter(groups) if self.kind == "filter" else self._replace(groups, step)
         if ready is None and self.max_batches > 0 and self.batches >= self.max_batches:
             raise DynamicSamplingLimitError(
-                f"dynamic sampling ({self.kind}) sampled {self.batches} batches without filling a training batch of "
-                f"{self.target} informative prompts (trainer.algorithm.dynamic_sampling.max_sample_batches="
-                f"{self.max_batches}): most prompts get the same reward on every sample; check the data's "
-                "difficulty, raise max_sample_batches (-1: no limit) or sample more per prompt")
+                f"dynamic sampling ({self.kind}) sampled {self.batches} batches without filling a training "
+                f"batch of {self.target} informative prompts "
+                f"(trainer.algorithm.dynamic_sampling.max_sample_batches={self.max_batches}): most prompts "
+                "get the same reward on every sample; check the data's difficulty, raise max_sample_batches "
+                "(-1: no limit) or sample more per prompt"
+            )
         if ready is not None:
             self.batches = 0
         return ready, dropped

@@ -5,8 +5,8 @@ checkpoint holds beside the merged model.
 base weights are frozen, so the optimizer (built over the parameters that require gradients) holds
 only the adapters. `adapter_tensors` is the sync's payload in the engine's naming
 (`inflight.engine.adapters`): per adapted layer `<m>.lora_A.weight` and `<m>.lora_B.weight` times
-the layer's scaling. `merged_tensors` is the full model with every adapter merged (the HF export). `save_adapter` and
-`load_adapter` write and read a checkpoint's adapter in peft's own format.
+the layer's scaling. `merged_tensors` is the full model with every adapter merged (the HF export).
+`save_adapter` and `load_adapter` write and read a checkpoint's adapter in peft's own format.
 
 Mixtures of experts: peft adapts transformers' 3-D expert weights (`mlp.experts.gate_up_proj`,
 `down_proj`) and the router's weight (`mlp.gate`) through `ParamWrapper` layers (what `all-linear`
@@ -54,9 +54,16 @@ def apply_lora(model: torch.nn.Module, cfg: Config) -> torch.nn.Module:
     try:
         adapted = peft.get_peft_model(model, config)
     except ValueError as err:  # peft's own refusals (NoMatchingPeftModuleError is one): name the key
-        raise ConfigError([Violation("trainer.policy.model.lora.target_modules", list(targets),
-                                     f"peft cannot adapt them on {type(model).__name__}: {err}",
-                                     "name modules the model has (e.g. q_proj,v_proj), or all-linear")]) from err
+        raise ConfigError(
+            [
+                Violation(
+                    "trainer.policy.model.lora.target_modules",
+                    list(targets),
+                    f"peft cannot adapt them on {type(model).__name__}: {err}",
+                    "name modules the model has (e.g. q_proj,v_proj), or all-linear",
+                )
+            ]
+        ) from err
     _refuse_skipped(adapted, list(targets), excluded)
     return adapted
 
@@ -90,14 +97,27 @@ def _refuse_skipped(model: torch.nn.Module, targets: list[str], excluded: list[s
                and (hf := hf_name(n)) not in wrapped and not hf.endswith("lm_head")
                and (targets == ["all-linear"] or named(hf, targets)) and not named(hf, excluded)]
     if skipped:
-        raise ConfigError([Violation("trainer.policy.model.lora.target_modules", targets, f"peft leaves {len(skipped)} "
-                                     f"of the linear modules they name without an adapter (e.g. {skipped[0]}): its "
-                                     "mixture-of-experts name conversion moves gate_proj / up_proj / down_proj onto "
-                                     "the experts", "add those modules to trainer.policy.model.lora.exclude_modules, "
-                                     "or name the modules to adapt without them")])
+        raise ConfigError(
+            [
+                Violation(
+                    "trainer.policy.model.lora.target_modules",
+                    targets,
+                    f"peft leaves {len(skipped)} "
+                    f"of the linear modules they name without an adapter (e.g. {skipped[0]}): its "
+                    "mixture-of-experts name conversion moves gate_proj / up_proj / down_proj onto "
+                    "the experts",
+                    "add those modules to trainer.policy.model.lora.exclude_modules, "
+                    "or name the modules to adapt without them",
+                )
+            ]
+        )
 
 
-_EXPERTS = {"gate_up_proj": "mlp.experts.gate_up_proj", "down_proj": "mlp.experts.down_proj", "gate": "mlp.gate.weight"}
+_EXPERTS = {
+    "gate_up_proj": "mlp.experts.gate_up_proj",
+    "down_proj": "mlp.experts.down_proj",
+    "gate": "mlp.gate.weight",
+}
 """A transformers mixture of experts' weights that are no linear module (its 3-D expert weights, its
 router's weight), as peft's `target_parameters`, by the target name that adapts them."""
 
@@ -116,9 +136,17 @@ def moe_targets(model: torch.nn.Module, targets: list[str]) -> tuple[list[str], 
         return targets, list(_EXPERTS.values())
     names = set(targets)
     if len(names & {"gate_proj", "up_proj"}) == 1:
-        raise ConfigError([Violation("trainer.policy.model.lora.target_modules", targets, "names one of gate_proj "
-                                     "and up_proj, which a mixture of experts holds fused (experts.gate_up_proj)",
-                                     "name both, or neither")])
+        raise ConfigError(
+            [
+                Violation(
+                    "trainer.policy.model.lora.target_modules",
+                    targets,
+                    "names one of gate_proj "
+                    "and up_proj, which a mixture of experts holds fused (experts.gate_up_proj)",
+                    "name both, or neither",
+                )
+            ]
+        )
     if {"gate_proj", "up_proj"} <= names:
         names.add("gate_up_proj")
     parameters = [param for name, param in _EXPERTS.items() if name in names]
@@ -173,7 +201,12 @@ def merged_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]
             continue
         hf = hf_name(name)
         layer = layers.get(hf)  # each delta made when its weight is: one at a time in memory
-        yield hf, param.detach() if layer is None else param.detach() + layer.get_delta_weight("default").to(param.dtype)
+        yield (
+            hf,
+            param.detach()
+            if layer is None
+            else param.detach() + layer.get_delta_weight("default").to(param.dtype),
+        )
 
 
 def save_adapter(model: torch.nn.Module, out: Path) -> None:
@@ -198,6 +231,8 @@ def load_adapter(model: torch.nn.Module, adapter_dir: Path, cfg: Config) -> None
     result = set_peft_model_state_dict(model, load_file(str(adapter_dir / "adapter_model.safetensors")))
     missing = [key for key in result.missing_keys if ".lora_" in key]
     if result.unexpected_keys or missing:
-        raise ValueError(f"the checkpoint's adapter ({adapter_dir}) does not adapt the modules this policy adapts "
-                         f"(trainer.policy.model.lora.target_modules): unexpected {result.unexpected_keys[:3]}, "
-                         f"missing {missing[:3]}")
+        raise ValueError(
+            f"the checkpoint's adapter ({adapter_dir}) does not adapt the modules this policy adapts "
+            f"(trainer.policy.model.lora.target_modules): unexpected {result.unexpected_keys[:3]}, "
+            f"missing {missing[:3]}"
+        )

@@ -22,6 +22,10 @@ def make_lr_scheduler(optimizer: torch.optim.Optimizer, name: str, num_warmup_st
     if name not in SCHEDULERS:
         raise ValueError(f"trainer.policy.optimizer_config.scheduler={name!r}: use one of {list(SCHEDULERS)}")
     if name in DECAYING and not num_training_steps:
-        raise ValueError(f"trainer.policy.optimizer_config.scheduler={name!r} decays over the run's optimizer "
-                         "steps, which are unknown here: set trainer.max_training_steps")
-    return get_scheduler(name, optimizer, num_warmup_steps=num_warmup_steps, num_training_steps=num_training_steps)
+        raise ValueError(
+            f"trainer.policy.optimizer_config.scheduler={name!r} decays over the run's optimizer "
+            "steps, which are unknown here: set trainer.max_training_steps"
+        )
+    return get_scheduler(
+        name, optimizer, num_warmup_steps=num_warmup_steps, num_training_steps=num_training_steps
+    )

@@ -45,9 +45,14 @@ def build_parser(prog: str = "inflight train") -> argparse.ArgumentParser:
     parser.add_argument("--print-config", action="store_true",
                         help="print the resolved config and exit: 0, or 2 listing every reason a run would "
                              "refuse it")
-    parser.add_argument("--reference", action="store_true",
-                        help="print the configuration reference (every key: default, status, meaning) and exit")
-    parser.add_argument("--ray", action="store_true", help="run the engines and the policy ranks as Ray actors")
+    parser.add_argument(
+        "--reference",
+        action="store_true",
+        help="print the configuration reference (every key: default, status, meaning) and exit",
+    )
+    parser.add_argument(
+        "--ray", action="store_true", help="run the engines and the policy ranks as Ray actors"
+    )
     parser.add_argument("--ray-address", default=None, help="join this Ray cluster (implies --ray)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.epochs=2")
     return parser
@@ -79,8 +84,14 @@ def missing_devices(cfg: Config, job: JobConfig) -> str | None:
     """Why the run cannot have the CUDA devices it names (a CPU-only torch, no GPU, or fewer GPUs
     than the GPU-count keys ask of this node: `device_counts.too_many_gpus`), or None; checked
     before anything is built, so the run stops at once with the key, not 20 s in."""
-    wanted = {key: value for key, value in (("generator.inference_engine.device", cfg.generator.inference_engine.device),
-                                            ("job.trainer_device", job.trainer_device)) if value.startswith("cuda")}
+    wanted = {
+        key: value
+        for key, value in (
+            ("generator.inference_engine.device", cfg.generator.inference_engine.device),
+            ("job.trainer_device", job.trainer_device),
+        )
+        if value.startswith("cuda")
+    }
     if not wanted:
         return None
     import torch
@@ -108,7 +119,8 @@ def run_refusals(cfg: Config, job: JobConfig, start_ray: Starter | None = None) 
     except ConfigError as err:
         problems += err.violations
     problems += missing_files(cfg, job)
-    problems += backend_of(cfg).problems(cfg)  # e.g. vLLM's python, the model's shape on its kernels, logprobs mode
+    # e.g. vLLM's python, the model's shape on its kernels, logprobs mode
+    problems += backend_of(cfg).problems(cfg)
     problems += filter(None, [hub_problem(cfg)])  # what environment.env_class's hub needs installed
     problems += filter(None, [missing_devices(cfg, job)])
     if job.ray and start_ray is None:
@@ -121,16 +133,33 @@ def missing_files(cfg: Config, job: JobConfig) -> list[Violation]:
     model = cfg.trainer.policy.model.path
     out = []
     if model is not None and not (Path(model) / "config.json").is_file():
-        out.append(Violation("trainer.policy.model.path", model, "has no config.json (it must be a local Hugging "
-                             "Face model directory)", "give the directory of a Qwen2, Qwen3 or Llama checkpoint"))
+        out.append(
+            Violation(
+                "trainer.policy.model.path",
+                model,
+                "has no config.json (it must be a local Hugging Face model directory)",
+                "give the directory of a Qwen2, Qwen3 or Llama checkpoint",
+            )
+        )
     if not uses_data(cfg, job):
         return out
     old_spelling = job.task == "jsonl" and bool(job.train_data)
-    keys = (("job.train_data", [job.train_data]), ("job.eval_data", [job.eval_data] if job.eval_data else [])) \
-        if old_spelling else (("data.train_data", cfg.data.train_data), ("data.val_data", cfg.data.val_data))
-    return out + [Violation(key, path, "does not exist", f"give {key} your data files (.parquet, .jsonl / .json, "
-                            "or a datasets.save_to_disk directory)")
-                  for key, paths in keys for path in paths if path.strip() and not Path(path).exists()]
+    keys = (
+        (("job.train_data", [job.train_data]), ("job.eval_data", [job.eval_data] if job.eval_data else []))
+        if old_spelling
+        else (("data.train_data", cfg.data.train_data), ("data.val_data", cfg.data.val_data))
+    )
+    return out + [
+        Violation(
+            key,
+            path,
+            "does not exist",
+            f"give {key} your data files (.parquet, .jsonl / .json, or a datasets.save_to_disk directory)",
+        )
+        for key, paths in keys
+        for path in paths
+        if path.strip() and not Path(path).exists()
+    ]
 
 
 def describe_refusals(problems: list[object]) -> str:
@@ -167,7 +196,9 @@ def with_base(data: dict[str, Any], path: Path) -> dict[str, Any]:
 def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in over.items():
-        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+        out[key] = (
+            _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+        )
     return out
 
 
@@ -237,8 +268,10 @@ def warmup_outcome(report) -> str:
     text = (f"warm-up: {report.steps} steps in {report.seconds:.0f} s, accuracy {report.accuracy:.1%} "
             f"(stopped by {report.stopped_by})")
     if report.stopped_by == "time":
-        text += (f"; job.warmup_max_seconds ended it before its job.warmup_steps={report.steps_asked}: RL starts "
-                 "from a less trained model than on a faster machine; raise the cap (or set it to null)")
+        text += (
+            f"; job.warmup_max_seconds ended it before its job.warmup_steps={report.steps_asked}: RL starts "
+            "from a less trained model than on a faster machine; raise the cap (or set it to null)"
+        )
     return text
 
 
@@ -271,14 +304,23 @@ async def run_job(cfg: Config, job: JobConfig, task, say, start: Starter | None 
         if after is not None and trainer.logged_evaluation != after["step"]:  # the loop logged it
             trainer.logger.log(trainer.global_step, {"time": train_s, **after["metrics"]})
         samples = sum(r.get("samples", 0) for r in history)
-        summary.update(before=before and before["accuracy"], after=after and after["accuracy"],
-                       eval={"before": before and before["datasets"], "after": after and after["datasets"]},
-                       eval_label=eval_label(cfg), steps=trainer.global_step, train_seconds=train_s,
-                       samples=samples, samples_per_s=samples / max(train_s, 1e-9), time_capped=trainer.time_capped)
+        summary.update(
+            before=before and before["accuracy"],
+            after=after and after["accuracy"],
+            eval={"before": before and before["datasets"], "after": after and after["datasets"]},
+            eval_label=eval_label(cfg),
+            steps=trainer.global_step,
+            train_seconds=train_s,
+            samples=samples,
+            samples_per_s=samples / max(train_s, 1e-9),
+            time_capped=trainer.time_capped,
+        )
         if trainer.time_capped:
-            say(f"RL stopped by its time cap, job.max_train_seconds={job.max_train_seconds:g}, after step "
-                f"{trainer.global_step} of {trainer.training_steps}: the result depends on this machine's speed "
-                "and load; raise the cap (or set it to null) to run every step")
+            say(
+                f"RL stopped by its time cap, job.max_train_seconds={job.max_train_seconds:g}, after step "
+                f"{trainer.global_step} of {trainer.training_steps}: the result depends on this machine's "
+                "speed and load; raise the cap (or set it to null) to run every step"
+            )
     finally:
         await trainer.close()
     out = Path(job.output_dir)
@@ -310,11 +352,15 @@ def main(argv: list[str] | None = None, start_ray: Starter | None = None) -> int
     except ConfigError as err:
         return _error(err)
     except OSError as err:  # --config names a file that is missing or unreadable
-        reason = "does not exist" if isinstance(err, FileNotFoundError) else f"cannot be read ({err.strerror})"
+        reason = (
+            "does not exist" if isinstance(err, FileNotFoundError) else f"cannot be read ({err.strerror})"
+        )
         return _error(f"--config {args.config}: the config file {reason}")
     refusals = run_refusals(cfg, job, start_ray)
     if args.print_config:
-        print(dump_config(cfg) + "job:\n" + "".join(f"  {k}: {json.dumps(v)}\n" for k, v in vars(job).items()))
+        print(
+            dump_config(cfg) + "job:\n" + "".join(f"  {k}: {json.dumps(v)}\n" for k, v in vars(job).items())
+        )
     if refusals:
         return _error(describe_refusals(refusals))
     if args.print_config:

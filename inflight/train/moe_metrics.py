@@ -51,11 +51,15 @@ def logprob_gaps(step: Any, batch: Any, local: Any, shard: Shard, live: Sequence
                 if rows is None:
                     continue
                 mask = part.loss_mask.to(logprobs)
-                sums[f"moe/gap_{name}"] += float(((logprobs - part.rollout_logprobs.to(logprobs)).abs() * mask).sum())
+                sums[f"moe/gap_{name}"] += float(
+                    ((logprobs - part.rollout_logprobs.to(logprobs)).abs() * mask).sum()
+                )
                 sums["moe/gap_tokens"] += float(mask.sum()) if on else 0.0
     reduced = StepStats(sums).reduced(step.dp).sums
     tokens = max(reduced["moe/gap_tokens"], 1.0)
-    return {f"moe/logprob_gap_{name}": reduced[f"moe/gap_{name}"] / tokens for name in ("replay", "no_replay")}
+    return {
+        f"moe/logprob_gap_{name}": reduced[f"moe/gap_{name}"] / tokens for name in ("replay", "no_replay")
+    }
 
 
 __all__ = ["logprob_gaps", "routing_metrics"]

@@ -79,9 +79,11 @@ class RoutingReplay:
         rows = getattr(batch, "routed_experts", None)
         if rows is None:
             if self.replay:
-                raise ValueError("routing replay is on but the batch carries no routing record: the rollout must "
-                                 "ask the engines for it (generator.inference_engine.enable_return_routed_experts"
-                                 "=true)")
+                raise ValueError(
+                    "routing replay is on but the batch carries no routing record: the rollout must "
+                    "ask the engines for it (generator.inference_engine.enable_return_routed_experts"
+                    "=true)"
+                )
             self._rows = None
             return
         b, s = batch.input_ids.shape
@@ -92,7 +94,9 @@ class RoutingReplay:
         if count if count is not None else torch.is_grad_enabled():
             live = (batch.loss_mask.sum(dim=1, keepdim=True) > 0).expand(b, s).reshape(-1)
             self._counted = live & (self._rows[:, 0, 0] >= 0)
-            self._differs = {key: torch.zeros_like(self._counted) for key in ("used_differs", "router_differs")}
+            self._differs = {
+                key: torch.zeros_like(self._counted) for key in ("used_differs", "router_differs")
+            }
 
     def take_counts(self) -> dict[str, int]:
         """The counts since the last call (tokens counted, and of them those whose routing differed
@@ -127,8 +131,10 @@ class RoutingReplay:
             return None
         logits, _, own = output
         if self._rows.shape[0] != own.shape[0]:
-            raise RuntimeError(f"the router of MoE layer {layer} saw {own.shape[0]} tokens, the routing record "
-                               f"covers {self._rows.shape[0]} (batch x positions): replay needs the padded batch")
+            raise RuntimeError(
+                f"the router of MoE layer {layer} saw {own.shape[0]} tokens, the routing record "
+                f"covers {self._rows.shape[0]} (batch x positions): replay needs the padded batch"
+            )
         recorded = self._rows[:, layer].to(own.device, torch.long)
         has = recorded[:, 0] >= 0
         used = torch.where(has[:, None], recorded, own) if self.replay else own
@@ -159,8 +165,16 @@ def attach_routing(model: nn.Module, cfg: Config, role: str) -> RoutingReplay | 
     if not routers:
         if replay:
             key = REPLAY_KEY.format(role=role)
-            raise ConfigError([Violation(key, True, f"{type(model).__name__} has no mixture-of-experts router to "
-                                         "replay", f"set {key}=false, or train a Qwen3-MoE / Qwen2-MoE model")])
+            raise ConfigError(
+                [
+                    Violation(
+                        key,
+                        True,
+                        f"{type(model).__name__} has no mixture-of-experts router to replay",
+                        f"set {key}=false, or train a Qwen3-MoE / Qwen2-MoE model",
+                    )
+                ]
+            )
         return None
     if role == "policy" and cfg.trainer.policy.megatron_config.freeze_moe_router:
         for router in routers:

@@ -26,8 +26,9 @@ def is_moe_config(config: dict[str, Any]) -> bool:
 
 
 def check_worker_supports(cfg: Config, model_dir: str | Path, kind: str, role: str = "policy") -> None:
-    """Raise ConfigError when the `kind` worker (an `inflight.train.strategies` entry's name) cannot train the model in
-    `model_dir` as `cfg` asks: an MoE model on a worker that refuses them (Megatron's); routing replay of a dense model."""
+    """Raise ConfigError when the `kind` worker (an `inflight.train.strategies` entry's name) cannot train the
+    model in `model_dir` as `cfg` asks: an MoE model on a worker that refuses them (Megatron's); routing
+    replay of a dense model."""
     path = Path(model_dir) / "config.json"
     if not path.is_file():
         return  # the worker's loader says what is missing
@@ -43,8 +44,14 @@ def check_worker_supports(cfg: Config, model_dir: str | Path, kind: str, role: s
                                   "models, with routing replay)"))
     if replay_enabled(cfg, role) and not moe:
         key = REPLAY_KEY.format(role=role)
-        problems.append(Violation(key, True, f"{model_dir} ({name}) has no mixture-of-experts layers to replay",
-                                  f"set {key}=false, or train a Qwen3-MoE / Qwen2-MoE model"))
+        problems.append(
+            Violation(
+                key,
+                True,
+                f"{model_dir} ({name}) has no mixture-of-experts layers to replay",
+                f"set {key}=false, or train a Qwen3-MoE / Qwen2-MoE model",
+            )
+        )
     if problems:
         raise ConfigError(problems)
 

@@ -91,7 +91,9 @@ def training_temperature(cfg: Config) -> float:
     from inflight.engine.request import scaling_temperature
 
     temperature = cfg.trainer.algorithm.temperature
-    return scaling_temperature(cfg.generator.sampling_params.temperature if temperature is None else temperature)
+    return scaling_temperature(
+        cfg.generator.sampling_params.temperature if temperature is None else temperature
+    )
 
 
 def uses_reference(cfg: Config) -> bool:
@@ -121,14 +123,24 @@ class Objective:
         """The objective `cfg` asks for; ValueError naming the known names when a name is unknown."""
         alg = cfg.trainer.algorithm
         correction = off_policy_correction(cfg)
-        config = dataclasses.replace(alg, off_policy_correction=correction, temperature=training_temperature(cfg),
-                                     kl_estimator_type=kl_estimator_name(alg.kl_estimator_type))
+        config = dataclasses.replace(
+            alg,
+            off_policy_correction=correction,
+            temperature=training_temperature(cfg),
+            kl_estimator_type=kl_estimator_name(alg.kl_estimator_type),
+        )
         controller = None
         if alg.use_kl_in_reward:
             ctrl = alg.kl_ctrl
             controller = make_kl_controller(ctrl.type, alg.kl_loss_coef, ctrl.kl_target, ctrl.horizon)
-        return cls(config, get_advantage_estimator(alg.advantage_estimator), get_policy_loss(alg.policy_loss_type),
-                   correction, controller, policy_loss_traits(alg.policy_loss_type))
+        return cls(
+            config,
+            get_advantage_estimator(alg.advantage_estimator),
+            get_policy_loss(alg.policy_loss_type),
+            correction,
+            controller,
+            policy_loss_traits(alg.policy_loss_type),
+        )
 
     @property
     def loss_name(self) -> str:
@@ -180,7 +192,9 @@ def rl_loss(objective: Objective) -> Callable[..., torch.Tensor]:
             stats.update(ratio_stats(old, rollout, mask))
         sums = {}
         if not supervised and alg.use_kl_loss and batch.ref_logprobs is not None:
-            kl = masked_mean(approx_kl(logprobs, batch.ref_logprobs, mask, alg.kl_estimator_type), mask, dim=-1)
+            kl = masked_mean(
+                approx_kl(logprobs, batch.ref_logprobs, mask, alg.kl_estimator_type), mask, dim=-1
+            )
             term = (kl * batch.row_weight).sum()
             total = total + alg.kl_loss_coef * term
             sums["kl"] = float(term.detach())

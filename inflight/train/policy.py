@@ -76,7 +76,9 @@ def run_training_steps(cfg: Config, num_prompts: int) -> int:
     return steps if trainer.max_training_steps is None else min(steps, trainer.max_training_steps)
 
 
-def optimizer_steps(cfg: Config, training_steps: int | None, mini_batch_size: int | None = None) -> int | None:
+def optimizer_steps(
+    cfg: Config, training_steps: int | None, mini_batch_size: int | None = None
+) -> int | None:
     """The run's optimizer steps: `training_steps` training steps (default `trainer.max_training_steps`),
     each one per mini-batch (of `policy_mini_batch_size` prompts, or `mini_batch_size`: the critic's)
     and pass; None when unknown."""
@@ -111,10 +113,20 @@ class LocalPolicy:
     syncs that raised.
     """
 
-    def __init__(self, cfg: Config, worker: PolicyWorker, client: InferenceClient | None,
-                 transport: WeightTransport | None = None, *, version: int = 0, step_fn: TrainingStep | None = None,
-                 reference: PolicyWorker | None = None, base_model_dir: str | Path | None = None,
-                 critic: PolicyWorker | None = None, lending: ThreadLending | None = None) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        worker: PolicyWorker,
+        client: InferenceClient | None,
+        transport: WeightTransport | None = None,
+        *,
+        version: int = 0,
+        step_fn: TrainingStep | None = None,
+        reference: PolicyWorker | None = None,
+        base_model_dir: str | Path | None = None,
+        critic: PolicyWorker | None = None,
+        lending: ThreadLending | None = None,
+    ) -> None:
         if worker.rank == 0 and client is None:
             raise ValueError("the process holding rank 0 needs an inference client")
         self.cfg, self.worker, self.client = cfg, worker, client
@@ -135,9 +147,19 @@ class LocalPolicy:
         self._follow_lending = False  # steps follow a lending that changes while they run
 
     @classmethod
-    def load(cls, cfg: Config, job: JobConfig, pad_id: int, model_dir: str | Path, client: InferenceClient | None,
-             transport: WeightTransport | None, version: int, ckpt: CheckpointState | None = None,
-             training_steps: int | None = None, lending: ThreadLending | None = None) -> LocalPolicy:
+    def load(
+        cls,
+        cfg: Config,
+        job: JobConfig,
+        pad_id: int,
+        model_dir: str | Path,
+        client: InferenceClient | None,
+        transport: WeightTransport | None,
+        version: int,
+        ckpt: CheckpointState | None = None,
+        training_steps: int | None = None,
+        lending: ThreadLending | None = None,
+    ) -> LocalPolicy:
         """Load the worker from `model_dir` (the checkpoint's on resume, with its optimizer state;
         a LoRA policy's is the base model, and the checkpoint's adapter is loaded into it), the
         reference and the critic (the checkpoint's when it holds them) and the training step; the
@@ -169,8 +191,18 @@ class LocalPolicy:
             if critic is not None and saved("critic") is not None:
                 load_optimizer(critic, ckpt, prefix="critic_")
             step_fn.load_state(ckpt.algorithm)
-        return cls(cfg, worker, client, transport, version=version, step_fn=step_fn, reference=reference,
-                   base_model_dir=base_model_dir, critic=critic, lending=lending or ThreadLending(job.threads))
+        return cls(
+            cfg,
+            worker,
+            client,
+            transport,
+            version=version,
+            step_fn=step_fn,
+            reference=reference,
+            base_model_dir=base_model_dir,
+            critic=critic,
+            lending=lending or ThreadLending(job.threads),
+        )
 
     @property
     def kv_fate(self) -> KVFate:
@@ -188,7 +220,9 @@ class LocalPolicy:
         event loop keeps running, with the torch threads `lending` gives it."""
         loop = asyncio.get_running_loop()
         run = contextvars.copy_context().run  # as asyncio.to_thread does
-        step = functools.partial(self.lending.run, self.step_fn, groups, policy_version, follow=self._follow_lending)
+        step = functools.partial(
+            self.lending.run, self.step_fn, groups, policy_version, follow=self._follow_lending
+        )
         return await loop.run_in_executor(self._train_thread, run, step)
 
     async def sync_weights(self) -> SyncReport:
@@ -218,7 +252,9 @@ class LocalPolicy:
         path = await asyncio.to_thread(export_model, self.worker, self.base_model_dir, root, step)
         return str(path)
 
-    async def save(self, root: str | Path, step: int, data: dict[str, Any], extra: dict[str, Any], keep: int) -> str:
+    async def save(
+        self, root: str | Path, step: int, data: dict[str, Any], extra: dict[str, Any], keep: int
+    ) -> str:
         """A checkpoint of the worker at `step` (with the data loader's state `data`, the critic, the
         reference once `update_ref_every_epoch` changed it, and the step's algorithm state); its path."""
         training = self.training_step

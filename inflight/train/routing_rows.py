@@ -29,8 +29,10 @@ def routing_rows(trajectories: Sequence[Any], width: int) -> torch.Tensor | None
         return None
     shape = records[0].shape[1:]
     if any(r.ndim != 3 or r.shape[1:] != shape for r in records):
-        raise ValueError(f"routing records of different shapes in one batch: {sorted({r.shape[1:] for r in records})}"
-                         " (every trajectory must come from the same model)")
+        raise ValueError(
+            f"routing records of different shapes in one batch: {sorted({r.shape[1:] for r in records})}"
+            " (every trajectory must come from the same model)"
+        )
     out = torch.full((len(trajectories), width, *shape), NO_RECORD, dtype=torch.int16)
     for row, t in enumerate(trajectories):
         record = getattr(t, "routed_experts", None)

@@ -104,9 +104,19 @@ async def start_local(cfg: Config, job: JobConfig, *, pad_id: int, model_dir: st
                                               lambda i: lending.engine_threads(i, split.engine))
         runtime.client = runtime.engines.client
         await form_group(cfg, runtime.engines, runtime.transport)
-        runtime.policy = await asyncio.to_thread(LocalPolicy.load, cfg, job, pad_id, model_dir,
-                                                 runtime.client, runtime.transport, version, ckpt, training_steps,
-                                                 lending=lending)
+        runtime.policy = await asyncio.to_thread(
+            LocalPolicy.load,
+            cfg,
+            job,
+            pad_id,
+            model_dir,
+            runtime.client,
+            runtime.transport,
+            version,
+            ckpt,
+            training_steps,
+            lending=lending,
+        )
         if external(cfg):  # servers started elsewhere hold what their owner loaded: the run's weights first
             await runtime.policy.sync_weights()
     except BaseException:

@@ -68,7 +68,9 @@ def cost(rows: int, width: int, pair_cost: float) -> float:
     return rows * width * (1.0 + pair_cost * width)
 
 
-def pack(input_ids: torch.Tensor, loss_mask: torch.Tensor, widths: torch.Tensor, pair_cost: float) -> PackedRows | None:
+def pack(
+    input_ids: torch.Tensor, loss_mask: torch.Tensor, widths: torch.Tensor, pair_cost: float
+) -> PackedRows | None:
     """The micro-batch packed by shared context, or None where packing would not pay (`cost`).
     `widths` [B]: each row's length (`TrainBatch.widths`)."""
     lengths = widths.tolist()

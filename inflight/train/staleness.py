@@ -257,12 +257,21 @@ class AsyncDataLoader(Generic[T]):
 
     def state(self) -> dict[str, Any]:
         """JSON-able record of consumption (hand-outs in flight are not part of it)."""
-        consumed = {str(e): {"watermark": s.watermark, "above": sorted(s.above)} for e, s in self._consumed.items()}
+        consumed = {
+            str(e): {"watermark": s.watermark, "above": sorted(s.above)} for e, s in self._consumed.items()
+        }
         return {"seed": self.seed, "num_items": len(self.items), "consumed": consumed}
 
     def load_state(self, state: dict[str, Any]) -> None:
         if state.get("num_items") != len(self.items) or state.get("seed") != self.seed:
             raise ValueError("the checkpoint's data record is for another dataset or seed")
-        self._consumed = {int(e): _EpochState(s["watermark"], set(s["above"])) for e, s in state["consumed"].items()}
-        first = min((e for e in range(self.epochs) if self.num_consumed(e) < len(self.items)), default=self.epochs)
-        self._cursor = (first, self._consumed.get(first, _EpochState()).watermark if first < self.epochs else 0)
+        self._consumed = {
+            int(e): _EpochState(s["watermark"], set(s["above"])) for e, s in state["consumed"].items()
+        }
+        first = min(
+            (e for e in range(self.epochs) if self.num_consumed(e) < len(self.items)), default=self.epochs
+        )
+        self._cursor = (
+            first,
+            self._consumed.get(first, _EpochState()).watermark if first < self.epochs else 0,
+        )

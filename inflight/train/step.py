@@ -130,8 +130,10 @@ class TrainingStep:
         self.objective = Objective.from_config(cfg)
         self.reference, self.critic = reference, critic
         if uses_reference(cfg) and reference is None:
-            raise ValueError("trainer.algorithm.use_kl_loss / use_kl_in_reward / on_policy_distillation need a "
-                             "reference worker")
+            raise ValueError(
+                "trainer.algorithm.use_kl_loss / use_kl_in_reward / on_policy_distillation need a "
+                "reference worker"
+            )
         if cfg.trainer.algorithm.advantage_estimator == "gae" and critic is None:
             raise ValueError("advantage_estimator=gae needs a critic worker (trainer.critic.model.path)")
         self.loss_fn = rl_loss(self.objective)
@@ -159,15 +161,19 @@ class TrainingStep:
         batch = build_batch(groups, None, self.pad_id)
         penalties = self._penalties(trajs)
         shaped = [shaped_reward(t, p) for t, p in zip(trajs, penalties, strict=True)]
-        if episodes is not None:  # an episode's outcome is its last turn's reward (SkyRL's step-wise estimate)
+        # an episode's outcome is its last turn's reward (SkyRL's step-wise estimate)
+        if episodes is not None:
             last, owner = episode_rows(episodes)
             shaped = [shaped[last[e]] for e in owner]
             metrics["step_wise_rows"] = float(len(trajs))
         live = self._zero_variance_filter(batch, shaped, uids, metrics)
         if any(live):
-            metrics["off_policy"] = float(bool(((batch.versions < policy_version) & (batch.loss_mask > 0)).any()))
-            metrics.update(self._train(groups, batch, live, ResponseLayout.of(trajs), penalties, uids, metrics,
-                                       episodes))
+            metrics["off_policy"] = float(
+                bool(((batch.versions < policy_version) & (batch.loss_mask > 0)).any())
+            )
+            metrics.update(
+                self._train(groups, batch, live, ResponseLayout.of(trajs), penalties, uids, metrics, episodes)
+            )
             metrics.update(trained_tokens=float(batch.loss_mask.sum()),
                            train_padded_tokens=float(self.counts["padded_tokens"] - padded),
                            train_real_tokens=float(self.counts["real_tokens"] - real))
@@ -176,15 +182,24 @@ class TrainingStep:
         metrics.update(train_s=time.perf_counter() - started, train_cpu_s=time.thread_time() - cpu_started)
         return metrics
 
-    def _train(self, groups: Sequence[TrajectoryGroup], batch: RLBatch, live: list[bool], layout: ResponseLayout,
-               penalties: list[float | None], uids: list[int], metrics: dict[str, Any],
-               episodes: list[int] | None = None) -> dict[str, float]:
+    def _train(
+        self,
+        groups: Sequence[TrajectoryGroup],
+        batch: RLBatch,
+        live: list[bool],
+        layout: ResponseLayout,
+        penalties: list[float | None],
+        uids: list[int],
+        metrics: dict[str, Any],
+        episodes: list[int] | None = None,
+    ) -> dict[str, float]:
         """The forwards, the advantages, the critic's and the policy's optimizer steps of a batch with
         something to learn from; their metrics. `episodes`: each row's episode (step-wise rows)."""
         size, widths = [len(g.trajectories) for g in groups], batch.widths().tolist()
         shared = self.shared_rows(batch, uids)
-        shard = shard_step(len(groups), size, self.groups_per_mini(len(groups)), self.plan(shared), self.dp, widths,
-                           live)
+        shard = shard_step(
+            len(groups), size, self.groups_per_mini(len(groups)), self.plan(shared), self.dp, widths, live
+        )
         batch.row_weight, batch.token_weight = mini_batch_weights(batch.loss_mask, shard,
                                                                   self.cfg.trainer.micro_train_batch_size_per_gpu)
         local = local_batch(batch, shard).to(self.worker.device)
@@ -194,11 +209,19 @@ class TrainingStep:
         values = self._values(batch, critic_shard, layout)
         take = lambda full: None if full is None else layout.take(full)  # noqa: E731
         adv = compute_advantages(
-            self.objective, token_rewards([t for g in groups for t in g.trajectories], layout, penalties), layout,
-            layout.take(batch.loss_mask), uids, [(m.rows.start, m.rows.stop) for m in shard.mini_batches],
-            self.cfg.trainer.micro_train_batch_size_per_gpu, values=take(values), old_logprobs=take(old),
-            ref_logprobs=take(ref), left_out=[t.rollout_failed for g in groups for t in g.trajectories],
-            episodes=episodes)
+            self.objective,
+            token_rewards([t for g in groups for t in g.trajectories], layout, penalties),
+            layout,
+            layout.take(batch.loss_mask),
+            uids,
+            [(m.rows.start, m.rows.stop) for m in shard.mini_batches],
+            self.cfg.trainer.micro_train_batch_size_per_gpu,
+            values=take(values),
+            old_logprobs=take(old),
+            ref_logprobs=take(ref),
+            left_out=[t.rollout_failed for g in groups for t in g.trajectories],
+            episodes=episodes,
+        )
         out = dict(adv.metrics)
         width = batch.input_ids.shape[1]
         batch.advantages = layout.put(adv.scaled, width)
@@ -221,18 +244,28 @@ class TrainingStep:
     def single_pass(self, num_groups: int) -> bool:
         """Whether the batch gets exactly one optimizer step (one mini-batch, one epoch): then every
         forward of the step runs on the weights the step starts from, the old policy."""
-        return self.cfg.trainer.update_epochs_per_batch == 1 and self.groups_per_mini(num_groups) >= num_groups
+        return (
+            self.cfg.trainer.update_epochs_per_batch == 1 and self.groups_per_mini(num_groups) >= num_groups
+        )
 
     def plan(self, shared: RowGroups | None = None) -> MicroPlan:
         """The training passes' micro-batches (`micro_train_batch_size_per_gpu`, token cap, pass cost;
         `shared`: by group, `shared_rows`)."""
-        return MicroPlan(self.cfg.trainer.micro_train_batch_size_per_gpu, self.options.max_tokens_per_micro_batch,
-                         self.options.micro_batch_pass_tokens, shared)
+        return MicroPlan(
+            self.cfg.trainer.micro_train_batch_size_per_gpu,
+            self.options.max_tokens_per_micro_batch,
+            self.options.micro_batch_pass_tokens,
+            shared,
+        )
 
     def forward_plan(self, shared: RowGroups | None = None) -> MicroPlan:
         """Forward-only passes' micro-batches (`micro_forward_batch_size_per_gpu`)."""
-        return MicroPlan(self.cfg.trainer.micro_forward_batch_size_per_gpu, self.options.max_tokens_per_micro_batch,
-                         self.options.micro_batch_pass_tokens, shared)
+        return MicroPlan(
+            self.cfg.trainer.micro_forward_batch_size_per_gpu,
+            self.options.max_tokens_per_micro_batch,
+            self.options.micro_batch_pass_tokens,
+            shared,
+        )
 
     def shared_rows(self, batch: RLBatch, uids: list[int]) -> RowGroups | None:
         """With `shared_prefix_forward`, the step's rows by shared context (the rows of a group, `uids`,
@@ -324,7 +357,9 @@ class TrainingStep:
             return None
         return gather_rows(local.ref_logprobs.cpu(), shard, len(batch), self.dp)
 
-    def _critic_shard(self, num_groups: int, group_size: list[int], widths: list[int], live: list[bool]) -> Shard | None:
+    def _critic_shard(
+        self, num_groups: int, group_size: list[int], widths: list[int], live: list[bool]
+    ) -> Shard | None:
         if self.critic is None:
             return None
         per_mini = self.groups_per_mini(num_groups, self.cfg.trainer.critic_mini_batch_size)
@@ -337,17 +372,26 @@ class TrainingStep:
             return None
         local = local_batch(batch, shard)
         parts, count = forward_parts(shard, self.forward_plan(), batch.widths().tolist())
-        values = gather_rows(forward_rows(self.critic.values, local, parts, count).cpu(), shard, len(batch), self.dp)
+        values = gather_rows(
+            forward_rows(self.critic.values, local, parts, count).cpu(), shard, len(batch), self.dp
+        )
         return values * layout.put(layout.mask(), values.shape[1])
 
     # ---- training ---------------------------------------------------------------------------------------
-    def _train_critic(self, batch: RLBatch, values: torch.Tensor, returns: torch.Tensor, shard: Shard) -> dict[str, float]:
+    def _train_critic(
+        self, batch: RLBatch, values: torch.Tensor, returns: torch.Tensor, shard: Shard
+    ) -> dict[str, float]:
         """The critic's optimizer steps, one per critic mini-batch (`critic_mini_batch_size` prompts),
         `update_epochs_per_batch` passes; each micro-batch's value loss weighted by its share of the
         mini-batch's rows (SkyRL's loss is a mean over rows)."""
         critic, dp = self.critic, self.dp
-        data = CriticBatch(input_ids=batch.input_ids, loss_mask=batch.loss_mask, attention_mask=batch.attention_mask,
-                           old_values=values, returns=returns)
+        data = CriticBatch(
+            input_ids=batch.input_ids,
+            loss_mask=batch.loss_mask,
+            attention_mask=batch.attention_mask,
+            old_values=values,
+            returns=returns,
+        )
         local = local_batch(data, shard).to(critic.device)
         stats, local_stats, count = StepStats(), StepStats(), 0
         critic.model.train()
@@ -383,7 +427,9 @@ class TrainingStep:
                 count += 1
         self.worker.global_step += 1
         reduced = stats.reduced(self.dp)
-        metrics = {key: value / count for key, value in (reduced.sums | local_stats.sums).items()} | reduced.extremes
+        metrics = {
+            key: value / count for key, value in (reduced.sums | local_stats.sums).items()
+        } | reduced.extremes
         metrics["optimizer_steps"] = float(count)
         return metrics
 
@@ -408,8 +454,12 @@ def rows_of_groups(groups: Sequence[TrajectoryGroup], equal: bool = True) -> tup
     groups must be of one size (each prompt's `n` episodes; step-wise rows are not)."""
     sizes = {len(g.trajectories) for g in groups}
     if equal and len(sizes) != 1:
-        raise ValueError(f"every group of a step must have the same number of trajectories (got {sorted(sizes)})")
-    return [t for g in groups for t in g.trajectories], [i for i, g in enumerate(groups) for _ in g.trajectories]
+        raise ValueError(
+            f"every group of a step must have the same number of trajectories (got {sorted(sizes)})"
+        )
+    return [t for g in groups for t in g.trajectories], [
+        i for i, g in enumerate(groups) for _ in g.trajectories
+    ]
 
 
 def step_rows(groups: Sequence[TrajectoryGroup]) -> tuple[list[TrajectoryGroup], list[int]]:
@@ -470,13 +520,17 @@ def shard_logprobs(worker: PolicyWorker, local: RLBatch, shard: Shard) -> torch.
     return out
 
 
-def rollout_metrics(groups: Sequence[TrajectoryGroup], policy_version: int, threshold: float = 1.0) -> dict[str, float]:
+def rollout_metrics(
+    groups: Sequence[TrajectoryGroup], policy_version: int, threshold: float = 1.0
+) -> dict[str, float]:
     """Reward, accuracy, lengths and staleness (in weight versions, from the per-token versions,
     relative to `policy_version`) of a step's groups."""
     trajs = [t for g in groups for t in g.trajectories]
     rewards = torch.tensor([float(t.reward) for t in trajs])
     lengths = torch.tensor([float(t.num_generated) for t in trajs])
-    versions = torch.tensor([v for t in trajs for v in t.model_versions] or [policy_version], dtype=torch.float32)
+    versions = torch.tensor(
+        [v for t in trajs for v in t.model_versions] or [policy_version], dtype=torch.float32
+    )
     staleness = policy_version - versions
     per_traj = torch.tensor([policy_version - min(t.model_versions, default=policy_version) for t in trajs],
                             dtype=torch.float32)
@@ -500,4 +554,12 @@ def rollout_metrics(groups: Sequence[TrajectoryGroup], policy_version: int, thre
     }
 
 
-__all__ = ["StepOptions", "TrainingStep", "build_batch", "forward_rows", "rollout_metrics", "shard_logprobs", "step_rows"]
+__all__ = [
+    "StepOptions",
+    "TrainingStep",
+    "build_batch",
+    "forward_rows",
+    "rollout_metrics",
+    "shard_logprobs",
+    "step_rows",
+]

@@ -18,10 +18,14 @@ from inflight.rollout.task_generator import TrajectoryGroup
 def example_interval(trainer: TrainerConfig) -> int:
     """Steps between printed examples: `print_example_interval`, or SkyRL's older
     `log_example_interval` when that one is set (> 0); 0 or less: never."""
-    return trainer.log_example_interval if trainer.log_example_interval > 0 else trainer.print_example_interval
+    return (
+        trainer.log_example_interval if trainer.log_example_interval > 0 else trainer.print_example_interval
+    )
 
 
-def format_example(groups: Sequence[TrajectoryGroup], decode: Callable[[Sequence[int]], str], step: int) -> str:
+def format_example(
+    groups: Sequence[TrajectoryGroup], decode: Callable[[Sequence[int]], str], step: int
+) -> str:
     """The first trajectory of the step: its prompt, response and reward, as the tokens decode."""
     t = groups[0].trajectories[0]
     return (f"[step {step}] example (prompt {groups[0].prompt_id}, reward {t.reward:g}, {t.finish_reason})\n"

@@ -43,7 +43,9 @@ class Strategy:
         has no critic (the config check refuses that run first)."""
         if role == "critic":
             if self.critic is None:
-                raise ValueError(f"a critic on the {self.name} worker is not implemented (refused by the config check)")
+                raise ValueError(
+                    f"a critic on the {self.name} worker is not implemented (refused by the config check)"
+                )
             return import_object(self.critic, f"the {self.name} strategy's critic", TypeError)
         return import_object(self.worker, f"the {self.name} strategy's worker", TypeError)
 

@@ -51,8 +51,15 @@ from inflight.train.step_records import dump_batch, example_interval, format_exa
 
 __all__ = ["FullyAsyncTrainer", "RLTrainer", "SyncTrainer", "make_trainer"]
 
-KV_COUNTERS = ("resets", "kv_invalidated_resets", "recomputed_tokens", "preemptions", "prefix_cache_hit_tokens",
-               "weight_updates", "pauses")
+KV_COUNTERS = (
+    "resets",
+    "kv_invalidated_resets",
+    "recomputed_tokens",
+    "preemptions",
+    "prefix_cache_hit_tokens",
+    "weight_updates",
+    "pauses",
+)
 
 
 class RLTrainer:
@@ -104,7 +111,9 @@ class RLTrainer:
                                          training_steps=self.training_steps)
         self.client, self.policy = self.runtime.client, self.runtime.policy
         fully_async = cfg.trainer.fully_async
-        self.restarts = EngineRestarts.of(self.runtime, fully_async.engine_restarts if fully_async.enabled else 0)
+        self.restarts = EngineRestarts.of(
+            self.runtime, fully_async.engine_restarts if fully_async.enabled else 0
+        )
         if lora_resume:
             await self.policy.sync_weights()
         self.loader: AsyncDataLoader[Problem] = AsyncDataLoader(self.task.train_problems(),
@@ -115,9 +124,11 @@ class RLTrainer:
             self.resumed_from = ckpt.path
         if uses_agent(cfg):
             self.agents = await AgentRun(cfg, self.client, self.task.tokenizer, model_context(cfg)).start()
-        self.generator = self._task_generator(cfg.generator.sampling_params, cfg.generator.n_samples_per_prompt,
-                                              cfg.trainer.seed)
-        self.logger = open_run_logs(self.cfg, job, ckpt.step if ckpt is not None else None,  # makes output_dir
+        self.generator = self._task_generator(
+            cfg.generator.sampling_params, cfg.generator.n_samples_per_prompt, cfg.trainer.seed
+        )
+        # makes output_dir
+        self.logger = open_run_logs(self.cfg, job, ckpt.step if ckpt is not None else None,
                                     total_steps=self.training_steps)
         self._consumed_file = (Path(job.output_dir) / "consumed.jsonl").open("a" if ckpt is not None else "w")
         return self
@@ -162,11 +173,11 @@ class RLTrainer:
                              **episode_options(self.cfg, sampling))
 
     async def evaluate(self) -> dict[str, Any]:
-        """Evaluate the current weights on every problem of the held-out sets, through the engine: `{"accuracy": pass@1 over all sets, "reward": mean reward, "seconds",
-        "datasets": {name: {num_problems, mean_reward, pass@k, ...}}, "metrics": the flat
-        `eval/...` keys}`. With `trainer.dump_eval_results` the samples and metrics go to
-        `<output_dir>/eval/step_<k>/`. Asked again at the same step and weights, it returns the
-        evaluation it already made."""
+        """Evaluate the current weights on every problem of the held-out sets, through the engine:
+        `{"accuracy": pass@1 over all sets, "reward": mean reward, "seconds", "datasets": {name:
+        {num_problems, mean_reward, pass@k, ...}}, "metrics": the flat `eval/...` keys}`. With
+        `trainer.dump_eval_results` the samples and metrics go to `<output_dir>/eval/step_<k>/`. Asked again
+        at the same step and weights, it returns the evaluation it already made."""
         key = (self.global_step, self.policy_version)
         if self._last_eval is not None and self._last_eval[0] == key:
             return self._last_eval[1]
@@ -249,7 +260,9 @@ class RLTrainer:
         # max(0, ...): a restarted engine counts from zero again
         return {f"kv/{k}": float(max(0, stats[k] - previous.get(k, 0))) for k in KV_COUNTERS if k in stats}
 
-    async def _train_on(self, groups: list[TrajectoryGroup], waited_s: float, step_started: float) -> dict[str, Any]:
+    async def _train_on(
+        self, groups: list[TrajectoryGroup], waited_s: float, step_started: float
+    ) -> dict[str, Any]:
         """The shared tail of every step: train, sync the weights, record, checkpoint."""
         check_generated(groups, self.cfg)  # zero tokens would train on nothing, silently
         async with self.restarts.lock:  # no engine restart while the weights change and sync
@@ -320,8 +333,13 @@ class RLTrainer:
         due at this step; with `final` (the end of training), those whose interval this step is not."""
         trainer, step = self.cfg.trainer, self.global_step
         if trainer.ckpt_interval > 0 and (step % trainer.ckpt_interval == 0) != final:
-            await self.policy.save(trainer.ckpt_path, step, data_state or self.loader.state(), {"mode": self.mode},
-                                   trainer.max_ckpts_to_keep)
+            await self.policy.save(
+                trainer.ckpt_path,
+                step,
+                data_state or self.loader.state(),
+                {"mode": self.mode},
+                trainer.max_ckpts_to_keep,
+            )
         if trainer.hf_save_interval > 0 and (step % trainer.hf_save_interval == 0) != final:
             await self.policy.export(trainer.export_path, step)
 
@@ -380,7 +398,9 @@ class SyncTrainer(RLTrainer):
     async def _generate_batch(self) -> list[TrajectoryGroup] | None:
         """The groups of the next `train_batch_size` prompts, failed ones (and, with
         sample_full_batch, uninformative ones) recorded and left out; None when no prompt is left."""
-        refs = [r for r in (self.loader.next() for _ in range(self.cfg.trainer.train_batch_size)) if r is not None]
+        refs = [
+            r for r in (self.loader.next() for _ in range(self.cfg.trainer.train_batch_size)) if r is not None
+        ]
         if not refs:
             return None
         groups = list(await asyncio.gather(*(self._generate(r) for r in refs)))
@@ -412,7 +432,9 @@ class FullyAsyncTrainer(RLTrainer):
                                           global_step=self.global_step + 1, accepted=self.global_step * mini)
         self._lend_engine_threads()
         self.buffer: OutputBuffer[TrajectoryGroup] = OutputBuffer()
-        workers = [asyncio.create_task(self._worker(), name=f"generation-worker-{i}") for i in range(workers_n)]
+        workers = [
+            asyncio.create_task(self._worker(), name=f"generation-worker-{i}") for i in range(workers_n)
+        ]
         finished = False
         try:
             while not self._should_stop():

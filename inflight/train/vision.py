@@ -91,8 +91,9 @@ def hidden_trunk(lm: torch.nn.Module) -> torch.nn.Module:
     return lm.model if is_vision_language(lm.config) else lm.get_decoder()
 
 
-def image_inputs(lm: torch.nn.Module, input_ids: torch.Tensor, images: tuple[torch.Tensor, torch.Tensor] | None
-                 ) -> dict[str, torch.Tensor]:
+def image_inputs(
+    lm: torch.nn.Module, input_ids: torch.Tensor, images: tuple[torch.Tensor, torch.Tensor] | None
+) -> dict[str, torch.Tensor]:
     """The forward's image arguments for rows `input_ids` with `images` (`TrainBatch.images`): pixel
     values, grids and `mm_token_type_ids` (1 on image placeholders), which transformers needs to
     compute M-RoPE; {} without images. ValueError for images given to a text-only model."""
@@ -125,9 +126,15 @@ def check_vision_settings(cfg: Config, model_dir: str | Path, kind: str) -> list
         return []
     out = []
     if cfg.trainer.policy.model.lora.rank > 0 and not cfg.trainer.policy.model.freeze_vision_tower:
-        out.append(Violation(FREEZE_KEY, False, "LoRA adapts the language model only: a vision tower training beside "
-                             "the adapters would need the engines to take full vision weights with an adapter",
-                             f"set {FREEZE_KEY}=true, or lora.rank=0 (full fine-tuning trains the tower)"))
+        out.append(
+            Violation(
+                FREEZE_KEY,
+                False,
+                "LoRA adapts the language model only: a vision tower training beside "
+                "the adapters would need the engines to take full vision weights with an adapter",
+                f"set {FREEZE_KEY}=true, or lora.rank=0 (full fine-tuning trains the tower)",
+            )
+        )
     refusal = strategy_entry(kind).vision_refusal
     if refusal:
         out.append(Violation("trainer.strategy", cfg.trainer.strategy, f"{refusal}; "
@@ -163,11 +170,33 @@ def check_image_rows(cfg: Config, problems: Any) -> None:
         return
     with_images = [p for p in problems if not isinstance(p.prompt, str) and count_images(p.prompt)]
     if with_images:
-        raise ConfigError([Violation(VLM_KEY, False, f"is off, but {len(with_images)} data rows hold images (e.g. "
-                                     f"{with_images[0].meta.get('source', with_images[0].id)})",
-                                     f"set {VLM_KEY}=true (SkyRL's vision-language generator), or drop the images")])
+        raise ConfigError(
+            [
+                Violation(
+                    VLM_KEY,
+                    False,
+                    f"is off, but {len(with_images)} data rows hold images (e.g. "
+                    f"{with_images[0].meta.get('source', with_images[0].id)})",
+                    f"set {VLM_KEY}=true (SkyRL's vision-language generator), or drop the images",
+                )
+            ]
+        )
 
 
-__all__ = ["FREEZE_KEY", "VLM_KEY", "check_image_rows", "check_vision_settings", "data_vision", "freeze_tower",
-           "freezes_tower", "hidden_trunk", "image_inputs", "is_vision_language", "lora_exclusions",
-           "raise_vision_settings", "tell_once", "tower_prefix", "vision_tower"]
+__all__ = [
+    "FREEZE_KEY",
+    "VLM_KEY",
+    "check_image_rows",
+    "check_vision_settings",
+    "data_vision",
+    "freeze_tower",
+    "freezes_tower",
+    "hidden_trunk",
+    "image_inputs",
+    "is_vision_language",
+    "lora_exclusions",
+    "raise_vision_settings",
+    "tell_once",
+    "tower_prefix",
+    "vision_tower",
+]

@@ -52,8 +52,8 @@ class SyncReport:
     `timings` holds `stage_s` (the transport's `stage`, before the pause: the shm transport packs
     the update there, gathering it), `pause_s` (generation paused: from the pause call until resume
     returned), `send_s` (the send_weights step: gathering, moving and loading what was not staged),
-    `total_s` (both) and one `<step>_s` entry per executed step. `restored`: after a failed send, whether the engines are
-    back on their pre-update weights. `prefix_cache_empty`: what the reset call returned.
+    `total_s` (both) and one `<step>_s` entry per executed step. `restored`: after a failed send, whether the
+    engines are back on their pre-update weights. `prefix_cache_empty`: what the reset call returned.
     """
 
     ok: bool
@@ -141,7 +141,9 @@ class PolicyWorker(ABC):
         """Create `self.model` (sharded / parallel as the backend does it)."""
 
     @abstractmethod
-    def compute_logprobs(self, batch: TrainBatch, entropy: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def compute_logprobs(
+        self, batch: TrainBatch, entropy: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """[B, T] token log-probabilities of `batch` under the current model, with gradients
         (`inflight.train.losses.token_logprobs` of the logits, at `self.temperature`); with
         `entropy`, (log-probabilities, [B, T] token entropy of the same distributions)."""
@@ -156,8 +158,9 @@ class PolicyWorker(ABC):
         """AdamW over the trainable parameters and its learning-rate schedule, from
         `trainer.policy.optimizer_config` (decaying schedules over `num_training_steps`)."""
         opt = self.section.optimizer_config
-        self.optimizer = torch.optim.AdamW(self.optimizer_parameters(), lr=opt.lr, betas=tuple(opt.adam_betas),
-                                           weight_decay=opt.weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            self.optimizer_parameters(), lr=opt.lr, betas=tuple(opt.adam_betas), weight_decay=opt.weight_decay
+        )
         self.lr_scheduler = make_lr_scheduler(self.optimizer, opt.scheduler, opt.num_warmup_steps,
                                               self.num_training_steps)
 

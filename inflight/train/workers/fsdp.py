@@ -43,9 +43,16 @@ class FSDPPolicyWorker(LocalPolicyWorker):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         if lora_enabled(self.cfg):
-            raise ConfigError([Violation("trainer.policy.model.lora.rank", self.cfg.trainer.policy.model.lora.rank,
-                                         "LoRA on FSDP ranks is not implemented yet",
-                                         "run one policy rank (the local worker), or set lora.rank=0")])
+            raise ConfigError(
+                [
+                    Violation(
+                        "trainer.policy.model.lora.rank",
+                        self.cfg.trainer.policy.model.lora.rank,
+                        "LoRA on FSDP ranks is not implemented yet",
+                        "run one policy rank (the local worker), or set lora.rank=0",
+                    )
+                ]
+            )
         if dist.is_initialized():
             self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
 
@@ -83,10 +90,20 @@ class FSDPPolicyWorker(LocalPolicyWorker):
         if size < 0 or size >= self.world_size:
             return None
         if size == 0 or self.world_size % size:
-            raise ConfigError([Violation(f"trainer.{self.role}.fsdp_config.fsdp_size", size, f"must divide the "
-                                         f"{self.world_size} ranks (each replica is sharded over fsdp_size of them)",
-                                         "set a divisor of the ranks, or -1 (shard over all of them)")])
-        return init_device_mesh(self.device.type, (self.world_size // size, size), mesh_dim_names=("ddp", "fsdp"))
+            raise ConfigError(
+                [
+                    Violation(
+                        f"trainer.{self.role}.fsdp_config.fsdp_size",
+                        size,
+                        f"must divide the "
+                        f"{self.world_size} ranks (each replica is sharded over fsdp_size of them)",
+                        "set a divisor of the ranks, or -1 (shard over all of them)",
+                    )
+                ]
+            )
+        return init_device_mesh(
+            self.device.type, (self.world_size // size, size), mesh_dim_names=("ddp", "fsdp")
+        )
 
     def wrapped_units(self, model: torch.nn.Module) -> list[torch.nn.Module]:
         """The modules sharded as one unit each: those whose class `fsdp_config.wrap_policy`'s
@@ -99,9 +116,16 @@ class FSDPPolicyWorker(LocalPolicyWorker):
         names = [names] if isinstance(names, str) else list(names)
         units = [m for m in model.modules() if type(m).__name__ in names and m is not model]
         if not units:
-            raise ConfigError([Violation(f"trainer.{self.role}.fsdp_config.wrap_policy", names, "names no module "
-                                         "class of the model", f"use one of its classes, e.g. "
-                                         f"{type(layers[0]).__name__}")])
+            raise ConfigError(
+                [
+                    Violation(
+                        f"trainer.{self.role}.fsdp_config.wrap_policy",
+                        names,
+                        "names no module class of the model",
+                        f"use one of its classes, e.g. {type(layers[0]).__name__}",
+                    )
+                ]
+            )
         return units
 
     def logprobs_chunk_size(self) -> int | None:
@@ -130,6 +154,8 @@ class FSDPPolicyWorker(LocalPolicyWorker):
             param = params[name]
             if isinstance(param, DTensor):
                 full = tensor.to(param.device, param.dtype)
-                param.to_local().copy_(distribute_tensor(full, param.device_mesh, param.placements).to_local())
+                param.to_local().copy_(
+                    distribute_tensor(full, param.device_mesh, param.placements).to_local()
+                )
             else:
                 param.copy_(tensor)

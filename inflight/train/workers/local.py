@@ -53,7 +53,10 @@ def native_bf16(device: torch.device) -> tuple[bool, str]:
     have = [flag for flag in NATIVE_BF16_CPU_FLAGS if flag in cpu_flags()]
     if have:
         return True, f"the CPU has {', '.join(have)}"
-    return False, "the CPU has neither AMX nor AVX-512-BF16, so bfloat16 matmuls would run slower than float32"
+    return (
+        False,
+        "the CPU has neither AMX nor AVX-512-BF16, so bfloat16 matmuls would run slower than float32",
+    )
 
 
 def use_bf16(cfg: Config, device: torch.device) -> bool:
@@ -120,7 +123,9 @@ class LocalPolicyWorker(PolicyWorker):
         if self.gradient_checkpointing:
             model.config.use_cache = False
             reentrant = self.cfg.trainer.gradient_checkpointing_use_reentrant
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": reentrant})
+            model.activation_checkpointing_enable(
+                activation_checkpointing_kwargs={"use_reentrant": reentrant}
+            )
         self.routing = attach_routing(model, self.cfg, self.role)
         return model.to(self.device)
 
@@ -144,7 +149,9 @@ class LocalPolicyWorker(PolicyWorker):
             return nullcontext()
         return torch.autocast(self.device.type, dtype=self.compute_dtype())
 
-    def compute_logprobs(self, batch: TrainBatch, entropy: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def compute_logprobs(
+        self, batch: TrainBatch, entropy: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """The log-probabilities (with `entropy`, and the token entropy) `trainer.logprobs_chunk_size`
         tokens at a time (the full logits never exist), or from the model's full logits (null, or a
         model whose forward changes its logits after the LM head)."""
@@ -165,23 +172,37 @@ class LocalPolicyWorker(PolicyWorker):
             return (logprobs, token_entropy(logits, self.temperature)) if entropy else logprobs
         with self.autocast():
             hidden = vision.hidden_trunk(lm)(**inputs)
-            return chunked_token_logprobs(hidden.last_hidden_state, lm.get_output_embeddings(), batch.input_ids,
-                                          self.temperature, chunk, entropy=entropy)
+            return chunked_token_logprobs(
+                hidden.last_hidden_state,
+                lm.get_output_embeddings(),
+                batch.input_ids,
+                self.temperature,
+                chunk,
+                entropy=entropy,
+            )
 
     def packed(self, batch: TrainBatch, lm: torch.nn.Module) -> shared_prefix.PackedRows | None:
         """`batch` packed by shared context (`trainer.shared_prefix_forward`), or None: not asked
         for, a model it does not apply to (routing hooks, logits changed after the LM head, no SDPA
         or not every layer full attention), rows with images, or packing would not pay."""
-        if not self.cfg.trainer.shared_prefix_forward or self.routing is not None or _post_processes_logits(lm):
+        if (
+            not self.cfg.trainer.shared_prefix_forward
+            or self.routing is not None
+            or _post_processes_logits(lm)
+        ):
             return None
         if vision.is_vision_language(lm.config):
-            vision.tell_once("shared-prefix forward off for this vision-language policy: its rows run as they are "
-                             "(the packed row would need each group's images encoded once and M-RoPE positions "
-                             "for the tree of rows, which it does not compute)")
+            vision.tell_once(
+                "shared-prefix forward off for this vision-language policy: its rows run as they are "
+                "(the packed row would need each group's images encoded once and M-RoPE positions "
+                "for the tree of rows, which it does not compute)"
+            )
             return None
         if not shared_prefix.supports(lm):
             return None
-        return shared_prefix.pack(batch.input_ids, batch.loss_mask, batch.widths(), shared_prefix.pair_cost_of(lm.config))
+        return shared_prefix.pack(
+            batch.input_ids, batch.loss_mask, batch.widths(), shared_prefix.pair_cost_of(lm.config)
+        )
 
     def _packed_logprobs(self, packed: shared_prefix.PackedRows, lm: torch.nn.Module, chunk: int | None,
                          entropy: bool) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -239,4 +260,6 @@ def _post_processes_logits(model: torch.nn.Module) -> bool:
     """Whether the model's forward changes the LM head's output (Gemma 2's soft-capping, Cohere's
     logit scale): then the chunks, which apply the LM head alone, would not match it."""
     config = getattr(model, "config", None)
-    return any(getattr(config, key, None) not in (None, 1, 1.0) for key in ("final_logit_softcapping", "logit_scale"))
+    return any(
+        getattr(config, key, None) not in (None, 1, 1.0) for key in ("final_logit_softcapping", "logit_scale")
+    )
