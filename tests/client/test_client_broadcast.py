@@ -145,8 +145,13 @@ def test_a_server_joining_a_group_whose_host_dies_answers_at_once(serve):
 
         async def run():
             async with httpx.AsyncClient(timeout=60) as http:
-                joining = asyncio.create_task(http.post(server.url + wire.INIT_WEIGHT_TRANSFER, json=request,
-                                                        headers={"Authorization": f"Bearer {server.control_token}"}))
+                joining = asyncio.create_task(
+                    http.post(
+                        server.url + wire.INIT_WEIGHT_TRANSFER,
+                        json=request,
+                        headers={"Authorization": f"Bearer {server.control_token}"},
+                    )
+                )
                 await asyncio.sleep(1.0)  # the server reached the host's store and waits for the group
                 host.send_signal(signal.SIGKILL)
                 return await asyncio.wait_for(joining, 30)  # bounded: far below the group's timeout

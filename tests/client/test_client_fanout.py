@@ -149,5 +149,7 @@ def test_one_broadcast_group_over_every_engine(model_dir, tiny_model_factory):
     assert info["world_size"] == 3 and info["ranks"] == {"engine-0": 1, "engine-1": 2}
     expected = dict(new)
     for weights in updated + kept:
-        assert weights.keys() == expected.keys() and all(torch.equal(weights[n], expected[n]) for n in weights)
+        assert weights.keys() == expected.keys() and all(
+            torch.equal(weights[n], expected[n]) for n in weights
+        )
     assert version == 4 and versions == {"engine-0": 4, "engine-1": 4} and again == 5

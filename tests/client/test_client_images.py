@@ -30,10 +30,13 @@ def vl_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def request_inputs(vl_dir):
-    """(prompt ids, images, the processor's output) of a prompt with two images of different sizes, from transformers' processor."""
+    """(prompt ids, images, the processor's output) of a prompt with two images of different sizes, from
+    transformers' processor."""
     processor = load_tiny_processor(vl_dir)
     rng = np.random.RandomState(4)
-    images = [Image.fromarray(rng.randint(0, 255, (h, w, 3), dtype=np.uint8)) for h, w in ((60, 90), (112, 84))]
+    images = [
+        Image.fromarray(rng.randint(0, 255, (h, w, 3), dtype=np.uint8)) for h, w in ((60, 90), (112, 84))
+    ]
     parts = [{"type": "image"}, {"type": "text", "text": "and"}, {"type": "image"}]
     text = processor.apply_chat_template([{"role": "user", "content": parts}], add_generation_prompt=True)
     out = processor(text=[text], images=images, return_tensors="pt", return_mm_token_type_ids=True)

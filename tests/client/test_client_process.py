@@ -44,7 +44,10 @@ def test_process_client_generates_syncs_in_flight_and_closes(model_dir):
     transport = ShmTransport(max_chunk_bytes=16 << 20)
     proc = EngineProcess(EngineConfig(model=str(model_dir), num_kv_blocks=64), 1,
                          ReceiverSpec(SHM, "127.0.0.1", transport.port))
-    cfg = load_config(None, [*LOCAL_CPU, f"trainer.policy.model.path={model_dir}", "trainer.policy.optimizer_config.lr=1e-2"])
+    cfg = load_config(
+        None,
+        [*LOCAL_CPU, f"trainer.policy.model.path={model_dir}", "trainer.policy.optimizer_config.lr=1e-2"],
+    )
 
     async def main():
         client = proc.client

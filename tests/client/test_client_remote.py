@@ -64,8 +64,10 @@ async def lifecycle(client: InferenceClient, weights) -> dict:
         await client.generate([], GREEDY)
     with pytest.raises(InvalidRequestError):
         await client.generate([5], SamplingParams(temperature=-1.0))
-    return {"first": first, "second": second, "version": version, "weight_version": await client.weight_version(),
-            "reset": reset}
+    return {
+        "first": first, "second": second, "version": version, "weight_version": await client.weight_version(),
+        "reset": reset,
+    }
 
 
 def test_local_and_remote_clients_agree(serve, model_dir):
@@ -110,8 +112,13 @@ def test_remote_generate_carries_the_prompt_logprobs(serve, model_dir, hf_model_
         return out, sent
 
     out, sent = asyncio.run(go())
-    assert out.prompt_logprobs == sent["prompt_logprobs"] and out.prompt_logprob_ranks == sent["prompt_logprob_ranks"]
-    assert out.prompt_top_logprobs == [None if e is None else [tuple(p) for p in e] for e in sent["prompt_top_logprobs"]]
+    assert (
+        out.prompt_logprobs == sent["prompt_logprobs"]
+        and out.prompt_logprob_ranks == sent["prompt_logprob_ranks"]
+    )
+    assert out.prompt_top_logprobs == [
+        None if e is None else [tuple(p) for p in e] for e in sent["prompt_top_logprobs"]
+    ]
     hf = hf_model_factory(model_dir)
 
     def scores(model) -> torch.Tensor:

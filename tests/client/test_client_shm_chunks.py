@@ -46,7 +46,9 @@ def test_the_chunk_route_reads_nothing_but_chunk_files(serve, name):
     headers = {"Authorization": f"Bearer {srv.control_token}"}
     assert httpx.post(srv.url + wire.WEIGHTS_BEGIN, headers=headers).status_code == 200
     try:
-        answer = httpx.post(srv.url + wire.WEIGHTS_CHUNK, headers=headers, params={wire.CHUNK_FILE_PARAM: name})
+        answer = httpx.post(
+            srv.url + wire.WEIGHTS_CHUNK, headers=headers, params={wire.CHUNK_FILE_PARAM: name}
+        )
         assert answer.status_code == 400
         assert f"shm={name!r}" in answer.json()["error"]["message"]
     finally:

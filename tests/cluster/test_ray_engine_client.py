@@ -81,7 +81,9 @@ def test_ray_engine_clients_update_weights_over_a_broadcast_group(ray_cluster, t
     assert last != expected
 
 
-def test_a_killed_engine_actor_fails_its_calls_in_seconds_and_is_reported_dead(ray_cluster, tiny_model_factory):
+def test_a_killed_engine_actor_fails_its_calls_in_seconds_and_is_reported_dead(
+    ray_cluster, tiny_model_factory
+):
     """The Ray path of no wait on the dead (issue 18): an engine actor killed by PID (SIGKILL)
     fails the call waiting on it (a generation queued behind a KEEP pause: it would never end on
     its own) and every later call with RayActorError, and `dead_actors` (what a weight transport's

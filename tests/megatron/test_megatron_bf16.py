@@ -40,8 +40,9 @@ MAX_GRAD_NORM = 0.5  # below the gradient's norm: the clip acts
 
 def _cfg(model_dir: Path):
     return load_config(None, [
-        *LOCAL_CPU, f"trainer.policy.model.path={model_dir}", "trainer.strategy=megatron", "trainer.bf16=true",
-        f"trainer.policy.optimizer_config.lr={LR}", f"trainer.policy.optimizer_config.max_grad_norm={MAX_GRAD_NORM}",
+        *LOCAL_CPU, f"trainer.policy.model.path={model_dir}", "trainer.strategy=megatron",
+        "trainer.bf16=true", f"trainer.policy.optimizer_config.lr={LR}",
+        f"trainer.policy.optimizer_config.max_grad_norm={MAX_GRAD_NORM}",
         "trainer.policy.megatron_config.transformer_config_kwargs={}",  # recompute is CUDA-only
     ])  # fmt: skip
 
@@ -155,10 +156,14 @@ def test_the_step_is_torch_adamw_on_the_float32_main_weights(model_dir, ranks):
     for param, name in zip(params, names, strict=True):
         param.grad = ranks["grads"][name].clone()
     defaults = _cfg(model_dir).trainer.policy.optimizer_config
-    optimizer = torch.optim.AdamW(params, lr=LR, betas=tuple(defaults.adam_betas), weight_decay=defaults.weight_decay)
+    optimizer = torch.optim.AdamW(
+        params, lr=LR, betas=tuple(defaults.adam_betas), weight_decay=defaults.weight_decay
+    )
     norm = float(torch.nn.utils.clip_grad_norm_(params, MAX_GRAD_NORM))
     optimizer.step()
     assert norm > MAX_GRAD_NORM and ranks["metrics"]["grad_norm"] == pytest.approx(norm, rel=1e-5)
     for param, name in zip(params, names, strict=True):
-        torch.testing.assert_close(ranks["hf_after"][name], param.detach(), rtol=1e-6, atol=LR * 1e-4, msg=name)
+        torch.testing.assert_close(
+            ranks["hf_after"][name], param.detach(), rtol=1e-6, atol=LR * 1e-4, msg=name
+        )
     assert ranks["params_are_rounded_main"]

@@ -46,7 +46,8 @@ def _cfg(model_dir: Path, *extra: str):
     return load_config(None, [
         *LOCAL_CPU, f"trainer.policy.model.path={model_dir}", "trainer.strategy=megatron",
         f"trainer.policy.model.lora.rank={RANK}", f"trainer.policy.model.lora.alpha={ALPHA}",
-        f"trainer.policy.optimizer_config.lr={LR}", f"trainer.policy.optimizer_config.max_grad_norm={MAX_NORM}",
+        f"trainer.policy.optimizer_config.lr={LR}",
+        f"trainer.policy.optimizer_config.max_grad_norm={MAX_NORM}",
         "trainer.policy.megatron_config.transformer_config_kwargs={}", *extra,
     ])  # fmt: skip
 
@@ -81,12 +82,16 @@ def _rank(rank: int, port: int, model_dir: Path, adapter_dir: Path, out: Path) -
         worker.load_adapter(adapter_dir)
         batch = _batch(worker.layout.vocab_size)
         trained = {n for n, p in worker.model.named_parameters() if p.requires_grad}
-        result = {"trained": trained, "optimized": sum(len(g["params"]) for g in worker.optimizer.param_groups),
-                  "logits": worker.forward_logits(batch.input_ids, batch.attention_mask),
-                  "adapter_before": {n: t.clone() for n, t in worker.hf_adapter_tensors()}}  # not views
+        result = {
+            "trained": trained, "optimized": sum(len(g["params"]) for g in worker.optimizer.param_groups),
+            "logits": worker.forward_logits(batch.input_ids, batch.attention_mask),
+            "adapter_before": {n: t.clone() for n, t in worker.hf_adapter_tensors()},
+        }  # not views
         worker.model.train()
         worker.forward_backward(batch, 1.0)
-        result["base_grads"] = [n for n, p in worker.model.named_parameters() if p.grad is not None and ".lora." not in n]
+        result["base_grads"] = [
+            n for n, p in worker.model.named_parameters() if p.grad is not None and ".lora." not in n
+        ]
         result["grads"] = _grads_hf(worker)
         result["metrics"] = worker.optimizer_step()
         result["adapter_after"] = dict(worker.hf_adapter_tensors())
@@ -110,8 +115,10 @@ def _rank(rank: int, port: int, model_dir: Path, adapter_dir: Path, out: Path) -
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
     # qwen2: q/k/v biases (which LoRA leaves alone), untied lm_head
-    return make_tiny_model(tmp_path_factory.mktemp("megatron_lora") / "m", arch="qwen2", seed=4, hidden_size=32,
-                           intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    return make_tiny_model(
+        tmp_path_factory.mktemp("megatron_lora") / "m", arch="qwen2", seed=4, hidden_size=32,
+        intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    )
 
 
 def _peft(model_dir: Path, dtype: torch.dtype = torch.float32, adapter: Path | None = None):
@@ -175,7 +182,9 @@ def test_forward_and_gradients_equal_peft_with_shared_a(model_dir, adapter_dir, 
         group = next((g for g in SHARED if ".lora_A." in name and name.split(".")[-3] in g), None)
         want = grad if group is None else sum(grads[name.replace(name.split(".")[-3], m)] for m in group)
         # float32 sums in another order (TP's halves): a few ulps of the gradient's largest entry
-        torch.testing.assert_close(ranks["grads"][name], want, atol=2e-5 * float(want.abs().max()), rtol=0, msg=name)
+        torch.testing.assert_close(
+            ranks["grads"][name], want, atol=2e-5 * float(want.abs().max()), rtol=0, msg=name
+        )
 
 
 def test_the_step_is_adamw_on_the_fused_adapters(ranks, model_dir):
@@ -231,7 +240,10 @@ def test_targets_are_megatron_layer_names(model_dir):
     from inflight.megatron.lora_layers import target_layers
 
     assert target_layers(_cfg(model_dir)) == ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]
-    assert target_layers(_cfg(model_dir, "trainer.policy.model.lora.exclude_modules=[linear_fc2]"))[-1] == "linear_fc1"
+    assert (
+        target_layers(_cfg(model_dir, "trainer.policy.model.lora.exclude_modules=[linear_fc2]"))[-1]
+        == "linear_fc1"
+    )
     with pytest.raises(ConfigError, match="linear_qkv"):
         target_layers(_cfg(model_dir, "trainer.policy.model.lora.target_modules=[q_proj,v_proj]"))
 
@@ -249,7 +261,9 @@ def own_process_group():
         dist.destroy_process_group()
 
 
-def test_a_megatron_lora_run_checkpoints_and_resumes_the_adapter(tmp_path, tmp_path_factory, own_process_group):
+def test_a_megatron_lora_run_checkpoints_and_resumes_the_adapter(
+    tmp_path, tmp_path_factory, own_process_group
+):
     """`inflight train`'s trainer with strategy=megatron and LoRA: the checkpoint's adapter is peft's
     and its model/ is peft's merge; a resumed run starts from that adapter and the engines from the
     merged weights (SkyRL's merge_lora) before anything is generated."""
@@ -262,10 +276,12 @@ def test_a_megatron_lora_run_checkpoints_and_resumes_the_adapter(tmp_path, tmp_p
 
     model_dir = warm_model_dir(tmp_path_factory)  # rewards that differ within groups: gradients to follow
     ckpt = tmp_path / "ckpt"
-    common = ["trainer.strategy=megatron", "trainer.policy.megatron_config.transformer_config_kwargs={}",
-              "trainer.eval_interval=0", f"trainer.policy.model.lora.rank={RANK}",
-              f"trainer.policy.model.lora.alpha={ALPHA}", f"trainer.ckpt_path={ckpt}", "trainer.ckpt_interval=1",
-              "trainer.resume_mode=latest", "trainer.policy.optimizer_config.lr=1e-2"]
+    common = [
+        "trainer.strategy=megatron", "trainer.policy.megatron_config.transformer_config_kwargs={}",
+        "trainer.eval_interval=0", f"trainer.policy.model.lora.rank={RANK}",
+        f"trainer.policy.model.lora.alpha={ALPHA}", f"trainer.ckpt_path={ckpt}", "trainer.ckpt_interval=1",
+        "trainer.resume_mode=latest", "trainer.policy.optimizer_config.lr=1e-2",
+    ]
     task = small_task()
     assert len(run_training(*rl_config(model_dir, tmp_path / "run", ["job.max_steps=1", *common]), task)) == 1
     saved = ckpt / "global_step_1"

@@ -313,7 +313,9 @@ def test_megatron_forward_matches_transformers(model_dirs, ranks_output, case):
     torch.testing.assert_close(result["logits_before"], expected, atol=1e-5, rtol=0)
     batch = _batch(result["logits_before"].shape[-1])
     real = batch.attention_mask[:, :-1].bool()  # the distributions read from real tokens
-    entropy = entropy_from_logits(expected[:, :-1] / _cfg(model_dirs[case]).generator.sampling_params.temperature)
+    entropy = entropy_from_logits(
+        expected[:, :-1] / _cfg(model_dirs[case]).generator.sampling_params.temperature
+    )
     torch.testing.assert_close(result["entropy"][:, 1:][real], entropy[real], atol=1e-5, rtol=0)
 
 

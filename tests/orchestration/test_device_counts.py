@@ -41,9 +41,11 @@ def test_each_placement_key_is_checked(two_gpus):
     for key in ("policy_num_gpus_per_node", "critic_num_gpus_per_node", "ref_num_gpus_per_node"):
         cfg = _cfg()
         setattr(cfg.trainer.placement, key, 3)  # the critic's and reference's are refused above 1 anyway
-        assert too_many_gpus(cfg, CUDA) == (f"trainer.placement.{key}=3 asks for 3 GPUs, but this node has 2 "
-                                            "(torch.cuda.device_count()); fit the keys to this node's GPUs, or run "
-                                            "on a node with more")
+        assert too_many_gpus(cfg, CUDA) == (
+            f"trainer.placement.{key}=3 asks for 3 GPUs, but this node has 2 "
+            "(torch.cuda.device_count()); fit the keys to this node's GPUs, or run "
+            "on a node with more"
+        )
 
 
 def test_only_what_runs_on_cuda_here_is_counted(two_gpus):

@@ -53,7 +53,9 @@ def _kill_if_alive(servers) -> None:
 
 def test_two_native_servers_behind_a_token_and_nothing_left_after_close(tiny_model_factory, tmp_path):
     model = tiny_model_factory()
-    engines = [EngineConfig(model=str(model), num_kv_blocks=16, max_model_len=64, weight_version=v) for v in (0, 5)]
+    engines = [
+        EngineConfig(model=str(model), num_kv_blocks=16, max_model_len=64, weight_version=v) for v in (0, 5)
+    ]
     fleet = ServerFleet(tmp_path / "servers", env={CONTROL_TOKEN_ENV: "s3cret"})
 
     async def run():
@@ -81,14 +83,18 @@ def test_two_native_servers_behind_a_token_and_nothing_left_after_close(tiny_mod
     assert refused == 401 and versions == dict(zip(urls, (0, 5), strict=True))
     assert all(_gone(pid) for pid in pids) and fleet.servers == []
     assert sorted(p.name for p in (tmp_path / "servers").iterdir()) == ["server-0.log", "server-1.log"]
-    assert "-m inflight.cli serve --model" in (tmp_path / "servers" / "server-0.log").read_text().splitlines()[0]
+    assert (
+        "-m inflight.cli serve --model" in (tmp_path / "servers" / "server-0.log").read_text().splitlines()[0]
+    )
 
 
 def test_a_failed_start_stops_the_servers_already_started(tmp_path):
     fleet = ServerFleet(tmp_path)
     bad = [sys.executable, "-m", "inflight.cli", "serve", "--model", str(tmp_path / "no-such-model")]
     try:
-        with pytest.raises(ServerStartError, match=r"server 1 .* exited with status 2 during start-up") as err:
+        with pytest.raises(
+            ServerStartError, match=r"server 1 .* exited with status 2 during start-up"
+        ) as err:
             asyncio.run(fleet.start([lambda p: SLEEPER, lambda p: [*bad, "--port", str(p)]], timeout_s=120))
         assert "server-1.log" in str(err.value) and "error:" in str(err.value)  # the log's tail
         assert len(fleet.launched) == 2 and all(_gone(s.pid) for s in fleet.launched) and fleet.servers == []

@@ -42,7 +42,9 @@ def test_only_the_fully_async_split_lends_the_trainer_threads_to_its_engines():
     assert ThreadSplit(1, 1).lending().shared is None  # lending off
     assert ThreadSplit(1, 1, 2, follow=True, engines=2).lending().engine_lendable == 0  # 1 thread, 2 engines
     lending = ThreadSplit(4, 1, 2, follow=True, engines=2).lending()
-    assert lending.engine_lendable == 2 and lending.engine_threads(1, 1) == EngineThreads(lending.shared, 1, 1)
+    assert lending.engine_lendable == 2 and lending.engine_threads(1, 1) == EngineThreads(
+        lending.shared, 1, 1
+    )
     lending.close()
     assert ThreadLending(1).engine_threads(0, 3) == 3
 
@@ -135,10 +137,16 @@ def _torch_spread(model_dir, hf_model_factory, outs) -> float:
 def test_lending_leaves_the_greedy_tokens_and_logprobs_as_they_were(model_dir, hf_model_factory):
     own, lent = _greedy(model_dir, lend=False), _greedy(model_dir, lend=True)
     assert [o.output_token_ids for o in lent] == [o.output_token_ids for o in own]
-    ours = max(abs(a - b) for o, x in zip(own, lent, strict=True) for a, b in zip(o.logprobs, x.logprobs, strict=True))
+    ours = max(
+        abs(a - b)
+        for o, x in zip(own, lent, strict=True)
+        for a, b in zip(o.logprobs, x.logprobs, strict=True)
+    )
     magnitude = max(abs(a) for o in own for a in o.logprobs)
     # within what torch itself varies by between those thread counts, or float32 rounding of the values
-    assert ours <= max(_torch_spread(model_dir, hf_model_factory, own), 8 * torch.finfo(torch.float32).eps * magnitude)
+    assert ours <= max(
+        _torch_spread(model_dir, hf_model_factory, own), 8 * torch.finfo(torch.float32).eps * magnitude
+    )
 
 
 def test_an_engine_in_its_own_process_reads_the_lent_threads_at_each_step(model_dir):

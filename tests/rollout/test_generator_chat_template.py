@@ -38,7 +38,9 @@ def tok():
 
 
 def rendered_ids(tok, messages, add_generation_prompt=True, **kwargs) -> list[int]:
-    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs)
+    text = tok.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs
+    )
     return encode(tok, text)
 
 
@@ -56,7 +58,9 @@ def test_a_template_file_and_its_arguments_render_prompts_and_turns(tok, tmp_pat
     kwargs = {"chat_template": TEMPLATE, "style": "bold"}
     assert problem.meta["prompt_tokens"] == len(rendered_ids(tok, problem.prompt, **kwargs))
     eos = tok.eos_token_id
-    client = ScriptedClient([(encode(tok, "so #### 3") + [eos], "stop"), (encode(tok, "#### 1") + [eos], "stop")])
+    client = ScriptedClient(
+        [(encode(tok, "so #### 3") + [eos], "stop"), (encode(tok, "#### 1") + [eos], "stop")]
+    )
     traj = asyncio.run(TaskGenerator(client, task, n=1, max_tokens=16).episode(problem))
     assert traj.num_turns == 2
     history = [*problem.prompt, {"role": "assistant", "content": "so #### 3"}]
@@ -74,9 +78,11 @@ def test_a_template_file_and_its_arguments_render_prompts_and_turns(tok, tmp_pat
 def test_qwen3_with_thinking_writes_what_skyrls_template_of_that_name_writes(tok):
     skyrl = import_skyrl("skyrl.train.generators.utils").CUSTOM_CHAT_TEMPLATES["qwen3_with_thinking"]
     ours = resolve_chat_template("name", "qwen3_with_thinking")
-    chat = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "2+2?"},
-            {"role": "assistant", "content": "<think>\nadd\n</think>\n\n4"}, {"role": "user", "content": "3+3?"},
-            {"role": "assistant", "content": "<think>add again</think>\n\n6"}]
+    chat = [
+        {"role": "system", "content": "be brief"}, {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "<think>\nadd\n</think>\n\n4"}, {"role": "user", "content": "3+3?"},
+        {"role": "assistant", "content": "<think>add again</think>\n\n6"},
+    ]
     for upto in (2, 3, 4, 5):
         want = tok.apply_chat_template(chat[:upto], tokenize=False, chat_template=skyrl)
         assert tok.apply_chat_template(chat[:upto], tokenize=False, chat_template=ours) == want

@@ -70,7 +70,10 @@ def test_failed_episodes_score_zero_and_say_why(model_dir):
     groups = {g.prompt_id: g for g in _play(model_dir, BrokenTask(["reset-1", "observe-1", "ok-1"]), True)}
     reset, observe, ok = groups["reset-1"], groups["observe-1"], groups["ok-1"]
     assert not reset.usable and all(t.rollout_failed and t.prompt_ids == [] for t in reset.trajectories)
-    assert "setting up the environment: ConnectionError: sandbox unreachable" in reset.trajectories[0].info["rollout_error"]
+    assert (
+        "setting up the environment: ConnectionError: sandbox unreachable"
+        in reset.trajectories[0].info["rollout_error"]
+    )
     assert all(t.rollout_failed and t.reward == 0.0 and t.response_ids for t in observe.trajectories)
     assert all(t.num_sampled > 0 and not any(t.loss_mask) for t in observe.trajectories)  # kept, masked
     assert not observe.usable  # none of its episodes finished: nothing to learn from

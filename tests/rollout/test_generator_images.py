@@ -128,17 +128,24 @@ def test_images_go_with_every_turn_and_stay_with_the_trajectory(vl_dir, processo
         ids = torch.tensor([traj.prompt_ids + traj.response_ids])
         observed = [i for i, v in enumerate(traj.versions) if v == ENV_VERSION]
         merged = int(both["image_grid_thw"][1].prod()) // processor.image_processor.merge_size**2
-        assert sum(t == processor.image_token_id for t in traj.response_ids) == merged  # the observation's image
-        assert all(traj.response_ids[i] != processor.image_token_id for i, m in enumerate(traj.loss_mask) if m)
-        inputs = dict(input_ids=ids, pixel_values=traj.images.pixel_values, image_grid_thw=traj.images.image_grid_thw,
-                      mm_token_type_ids=ids.eq(processor.image_token_id).int())
+        # the observation's image
+        assert sum(t == processor.image_token_id for t in traj.response_ids) == merged
+        assert all(
+            traj.response_ids[i] != processor.image_token_id for i, m in enumerate(traj.loss_mask) if m
+        )
+        inputs = dict(
+            input_ids=ids, pixel_values=traj.images.pixel_values, image_grid_thw=traj.images.image_grid_thw,
+            mm_token_type_ids=ids.eq(processor.image_token_id).int(),
+        )
 
         sampled = [i for i in range(len(traj.response_ids)) if i not in observed]
         got += [traj.logprobs[i] for i in sampled]
         want.append(_logprobs(model, inputs, traj)[sampled])
         with other_thread_count():
             variant.append(_logprobs(model, inputs, traj)[sampled])
-    assert_close_to_reference(torch.tensor(got), torch.cat(want), [torch.cat(variant)], what="episode logprobs")
+    assert_close_to_reference(
+        torch.tensor(got), torch.cat(want), [torch.cat(variant)], what="episode logprobs"
+    )
 
 
 def test_a_sampled_placeholder_ends_the_turn_without_it(processor):

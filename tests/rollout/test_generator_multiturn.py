@@ -45,7 +45,9 @@ class ChatTask(Task):
 
     def __init__(self, tokenizer) -> None:
         super().__init__(tokenizer)
-        self.problems = [Problem(f"p{i}", [{"role": "user", "content": f"count to {i}"}], "") for i in range(3)]
+        self.problems = [
+            Problem(f"p{i}", [{"role": "user", "content": f"count to {i}"}], "") for i in range(3)
+        ]
 
     def train_problems(self) -> Sequence[Problem]:
         return self.problems
@@ -74,7 +76,9 @@ def model_dir(tiny_model_factory):
 
 def play(model_dir, task, **kwargs):
     async def main():
-        engine = AsyncEngine(LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=128, max_num_seqs=32)))
+        engine = AsyncEngine(
+            LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=128, max_num_seqs=32))
+        )
         try:
             gen = TaskGenerator(LocalClient(engine), task, n=6, seed=5, max_tokens=8, **kwargs)
             return [await gen(p) for p in task.train_problems()]

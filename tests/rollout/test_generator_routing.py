@@ -44,7 +44,9 @@ class TwoTurns(Environment):
 class ChatTask(Task):
     def __init__(self, tokenizer) -> None:
         super().__init__(tokenizer)
-        self.problems = [Problem(f"p{i}", [{"role": "user", "content": f"count to {i}"}], "") for i in range(2)]
+        self.problems = [
+            Problem(f"p{i}", [{"role": "user", "content": f"count to {i}"}], "") for i in range(2)
+        ]
 
     def train_problems(self) -> Sequence[Problem]:
         return self.problems

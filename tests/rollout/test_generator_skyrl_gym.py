@@ -49,14 +49,18 @@ def model_dir(tiny_model_factory):
 
 @pytest.fixture(scope="module")
 def task(model_dir, tmp_path_factory):
-    data = write_parquet(tmp_path_factory.mktemp("gym") / "train.parquet", skyrl_rows("gsm8k_multi_turn", n=3))
+    data = write_parquet(
+        tmp_path_factory.mktemp("gym") / "train.parquet", skyrl_rows("gsm8k_multi_turn", n=3)
+    )
     return DataTask(AutoTokenizer.from_pretrained(model_dir), [data], [data],
                     skyrl_gym=GymSettings(None, MAX_TURNS))
 
 
 def test_gsm8k_multi_turn_on_a_real_engine_is_token_in_token_out(model_dir, task, hf_model_factory):
     async def main():
-        engine = AsyncEngine(LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=128, max_num_seqs=32)))
+        engine = AsyncEngine(
+            LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=128, max_num_seqs=32))
+        )
         try:
             gen = TaskGenerator(LocalClient(engine), task, n=4, seed=11, max_tokens=8, max_turns=MAX_TURNS,
                                 stop=[STOP], max_input_length=512)

@@ -31,7 +31,9 @@ def tok():
 
 @pytest.fixture(scope="module")
 def task(tok, tmp_path_factory):
-    data = write_parquet(tmp_path_factory.mktemp("turns") / "d.parquet", skyrl_rows(f"skyrl_gym:{ENV_ID}", n=1))
+    data = write_parquet(
+        tmp_path_factory.mktemp("turns") / "d.parquet", skyrl_rows(f"skyrl_gym:{ENV_ID}", n=1)
+    )
     return DataTask(tok, [data], [data], skyrl_gym=GymSettings(None, MAX_TURNS))
 
 
@@ -44,7 +46,9 @@ def closing_eos(theirs: list[int], mine: list[int], eos: int) -> int:
         elif theirs[i] == eos:
             extra += 1
         else:
-            raise AssertionError(f"the prompts differ at {i} by more than an EOS: {theirs[i]} vs {mine[j:j + 1]}")
+            raise AssertionError(
+                f"the prompts differ at {i} by more than an EOS: {theirs[i]} vs {mine[j : j + 1]}"
+            )
         i += 1
     assert j == len(mine)
     return extra

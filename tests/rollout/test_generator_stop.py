@@ -21,7 +21,9 @@ class RecordingTask(Task):
 
     def __init__(self, tokenizer) -> None:
         super().__init__(tokenizer)
-        self.problems = [Problem(f"p{i}", [{"role": "user", "content": f"say {i} words"}], "") for i in range(2)]
+        self.problems = [
+            Problem(f"p{i}", [{"role": "user", "content": f"say {i} words"}], "") for i in range(2)
+        ]
         self.seen: list[str] = []
 
     def train_problems(self) -> Sequence[Problem]:
@@ -57,7 +59,9 @@ def sample(model_dir, **kwargs):
     task = RecordingTask(tok)
 
     async def main():
-        engine = AsyncEngine(LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=128, max_num_seqs=32)))
+        engine = AsyncEngine(
+            LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=128, max_num_seqs=32))
+        )
         client = CountingClient(engine)
         client.generated = {}
         try:

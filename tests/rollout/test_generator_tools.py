@@ -103,7 +103,10 @@ def test_tool_episode_equals_the_template_rendering_where_the_model_did_not_samp
     assert all(traj.versions[i] == ENV_VERSION and traj.logprobs[i] == 0.0 for i in env_at)
     assert all(traj.versions[i] == 7 and traj.logprobs[i] == -0.5 for i, m in enumerate(traj.loss_mask) if m)
     # the model saw exactly the trajectory so far (token-in/token-out)
-    assert client.prompts == [traj.prompt_ids, traj.prompt_ids + traj.response_ids[: len(first) + len(runs[1][1])]]
+    assert client.prompts == [
+        traj.prompt_ids,
+        traj.prompt_ids + traj.response_ids[: len(first) + len(runs[1][1])],
+    ]
     assert traj.reward == 1.0 and traj.num_turns == 2 and traj.info["tool_calls"] == 1
     assert traj.num_generated == len(first) + len(second)
 
@@ -114,7 +117,9 @@ def test_sampled_ids_are_kept_verbatim_even_when_not_how_the_text_tokenizes(tok)
     by_char = [i for ch in "the" for i in encode(tok, ch)]
     assert len(canonical) == 1 and len(by_char) == 3  # the model sampled "t", "h", "e"
     task = ToolTask(tok)
-    task.make_env = lambda p: ToolEnv(p, tools=[add], reward=lambda response, truth, **_: float(response == "the"))
+    task.make_env = lambda p: ToolEnv(
+        p, tools=[add], reward=lambda response, truth, **_: float(response == "the")
+    )
     client = ScriptedClient([(encode(tok, CALL) + [eos], "stop"), (by_char + [eos], "stop")])
     traj = asyncio.run(TaskGenerator(client, task, n=1, max_tokens=64, max_turns=4).episode(task.problem))
     assert traj.response_ids[-4:] == by_char + [eos] and traj.loss_mask[-4:] == [1, 1, 1, 1]
@@ -125,7 +130,9 @@ def test_a_turn_ended_by_a_stop_string_gets_the_templates_end_of_turn_with_mask_
     eos = tok.convert_tokens_to_ids("<|im_end|>")
     # the engine ran past the stop string (it stops on token ids only) until EOS
     first = encode(tok, CALL) + encode(tok, " and then some more words") + [eos]
-    task, client, traj = run(tok, [(first, "stop"), (encode(tok, "42") + [eos], "stop")], stop=["</tool_call>"])
+    task, client, traj = run(
+        tok, [(first, "stop"), (encode(tok, "42") + [eos], "stop")], stop=["</tool_call>"]
+    )
     kept = encode(tok, CALL)
     runs = mask_runs(traj)
     assert runs[0] == (1, kept)  # up to the token that completed "</tool_call>"

@@ -40,7 +40,9 @@ class TurnsEnv(BaseTextEnv):
     def step(self, action: str) -> BaseTextEnvStepOutput:
         self.turns += 1
         done = self.turns >= self.max_turns
-        obs = [] if done else [{"role": "user", "content": f"turn {self.turns} ({action[-8:]!r}) noted; go on"}]
+        obs = (
+            [] if done else [{"role": "user", "content": f"turn {self.turns} ({action[-8:]!r}) noted; go on"}]
+        )
         return BaseTextEnvStepOutput(observations=obs, reward=0.25 * self.turns, done=done, metadata={})
 
 
@@ -55,7 +57,9 @@ def tok():
 
 @pytest.fixture(scope="module")
 def task(tok, tmp_path_factory):
-    data = write_parquet(tmp_path_factory.mktemp("turns") / "d.parquet", skyrl_rows(f"skyrl_gym:{ENV_ID}", n=1))
+    data = write_parquet(
+        tmp_path_factory.mktemp("turns") / "d.parquet", skyrl_rows(f"skyrl_gym:{ENV_ID}", n=1)
+    )
     return DataTask(tok, [data], [data], skyrl_gym=GymSettings(None, MAX_TURNS))
 
 
@@ -64,7 +68,11 @@ def script(tok, last_finish: str) -> list[tuple[list[int], str]]:
     token budget: `last_finish="length"`)."""
     eos = tok.eos_token_id
     last = encode(tok, f"third {STOP}") if last_finish == "stop" else encode(tok, "third and on and on")
-    return [(encode(tok, f"first step {STOP}"), "stop"), (encode(tok, "second") + [eos], "stop"), (last, last_finish)]
+    return [
+        (encode(tok, f"first step {STOP}"), "stop"),
+        (encode(tok, "second") + [eos], "stop"),
+        (last, last_finish),
+    ]
 
 
 def ours(task, turns, **keys):
@@ -113,7 +121,9 @@ def compare(mine, skyrl, eos: int, conversation: bool) -> None:
 @pytest.mark.parametrize("conversation, append_eos", [(True, True), (True, False), (False, True)])
 @pytest.mark.parametrize("last_finish", ["stop", "length"])
 def test_episodes_match_skyrls_generator(tok, task, conversation, append_eos, last_finish):
-    keys = dict(use_conversation_multi_turn=conversation, append_eos_token_after_stop_str_in_multi_turn=append_eos)
+    keys = dict(
+        use_conversation_multi_turn=conversation, append_eos_token_after_stop_str_in_multi_turn=append_eos
+    )
     mine, _ = ours(task, script(tok, last_finish), **keys)
     skyrl = theirs(task, script(tok, last_finish), **keys)
     assert mine.num_turns == MAX_TURNS and len(mine.turn_rewards) == MAX_TURNS
@@ -136,12 +146,18 @@ def test_max_input_length_ends_the_episode_where_skyrls_does(tok, task, conversa
 def test_zero_reward_and_overlong_filtering_follow_skyrl(tok, task, last_finish):
     utils = import_skyrl("skyrl.train.generators.utils")
     module = import_skyrl("skyrl.train.generators.skyrl_gym_generator")
-    mine, _ = ours(task, script(tok, last_finish), zero_reward_on_non_stop=True, apply_overlong_filtering=True)
+    mine, _ = ours(
+        task, script(tok, last_finish), zero_reward_on_non_stop=True, apply_overlong_filtering=True
+    )
     skyrl = theirs(task, script(tok, last_finish))
-    [want_reward] = module.SkyRLGymGenerator._zero_reward_if_not_stop(None, [list(skyrl.reward)], [skyrl.stop_reason])
+    [want_reward] = module.SkyRLGymGenerator._zero_reward_if_not_stop(
+        None, [list(skyrl.reward)], [skyrl.stop_reason]
+    )
     [want_mask] = utils.apply_overlong_filtering([list(skyrl.loss_mask)], [skyrl.stop_reason])
     assert mine.finish_reason == skyrl.stop_reason == last_finish
-    assert mine.reward == pytest.approx(sum(want_reward)) and sum(r for _, r in mine.turn_rewards) == mine.reward
+    assert (
+        mine.reward == pytest.approx(sum(want_reward)) and sum(r for _, r in mine.turn_rewards) == mine.reward
+    )
     assert mine.loss_mask == want_mask
     assert (mine.reward == 0 and not any(mine.loss_mask)) == (last_finish == "length")
     assert mine.num_sampled == sum(v != ENV_VERSION for v in mine.versions) > 0
@@ -154,12 +170,18 @@ def test_the_config_keys_reach_the_generator(task):
 
     defaults = episode_options(load_config(None, [*LOCAL_CPU, "trainer.max_prompt_length=300"]))
     assert defaults["max_input_length"] == 300  # null: trainer.max_prompt_length, as SkyRL resolves it
-    assert defaults["use_conversation_multi_turn"] and defaults["append_eos_token_after_stop_str_in_multi_turn"]
+    assert (
+        defaults["use_conversation_multi_turn"] and defaults["append_eos_token_after_stop_str_in_multi_turn"]
+    )
     assert not defaults["zero_reward_on_non_stop"] and not defaults["apply_overlong_filtering"]
-    cfg = load_config(None, [*LOCAL_CPU, "generator.max_input_length=4096",
-                             "generator.use_conversation_multi_turn=false",
-                             "generator.append_eos_token_after_stop_str_in_multi_turn=false",
-                             "generator.zero_reward_on_non_stop=true", "generator.apply_overlong_filtering=true"])
+    cfg = load_config(
+        None,
+        [
+            *LOCAL_CPU, "generator.max_input_length=4096", "generator.use_conversation_multi_turn=false",
+            "generator.append_eos_token_after_stop_str_in_multi_turn=false",
+            "generator.zero_reward_on_non_stop=true", "generator.apply_overlong_filtering=true",
+        ],
+    )
     options = episode_options(cfg)
     assert options["max_input_length"] == 4096 and not options["use_conversation_multi_turn"]
     assert not options["append_eos_token_after_stop_str_in_multi_turn"]

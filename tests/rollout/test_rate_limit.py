@@ -72,7 +72,8 @@ def test_starts_per_second_are_skyrls_token_bucket(rate):
 
 def test_rates_below_one_per_second_work_here():
     clock = Clock()
-    with pytest.raises(ValueError, match="Rate must be >= 1.0"), skyrl_limiter(0.5, clock):  # SkyRL refuses them
+    # SkyRL refuses them
+    with pytest.raises(ValueError, match="Rate must be >= 1.0"), skyrl_limiter(0.5, clock):
         pass
     limiter = RateLimiter(0.5, clock=clock, sleep=clock.sleep)
     assert start_times(limiter, clock, 4) == pytest.approx([0, 2, 4, 6])  # one start, then every 2 s
@@ -95,10 +96,19 @@ def test_max_concurrency_bounds_episodes_in_flight():
 
 
 def test_config_makes_one_shared_limiter_per_section():
-    cfg = load_config(None, [*LOCAL_CPU, "generator.rate_limit.enabled=true",
-                             "generator.rate_limit.trajectories_per_second=4", "generator.rate_limit.max_concurrency=2"])
-    first, again = episode_options(cfg)["rate_limiter"], episode_options(cfg, cfg.generator.eval_sampling_params)
-    assert isinstance(first, RateLimiter) and again["rate_limiter"] is first  # training and evaluation share it
+    cfg = load_config(
+        None,
+        [
+            *LOCAL_CPU, "generator.rate_limit.enabled=true", "generator.rate_limit.trajectories_per_second=4",
+            "generator.rate_limit.max_concurrency=2",
+        ],
+    )
+    first, again = (
+        episode_options(cfg)["rate_limiter"],
+        episode_options(cfg, cfg.generator.eval_sampling_params),
+    )
+    # training and evaluation share it
+    assert isinstance(first, RateLimiter) and again["rate_limiter"] is first
     assert (first.per_second, first.max_concurrency) == (4.0, 2)
     off = load_config(None, [*LOCAL_CPU, "generator.rate_limit.max_concurrency=2"])  # enabled=false
     assert shared_limiter(off.generator.rate_limit) is NO_LIMIT
@@ -142,5 +152,7 @@ def test_the_generator_plays_its_episodes_within_the_limits():
     turns = [(encode(tok, "ok") + [tok.eos_token_id], "stop")] * 8
     free, limited = CountingClient(turns), CountingClient(turns)
     asyncio.run(TaskGenerator(free, task, n=8)(task.train_problems()[0]))
-    group = asyncio.run(TaskGenerator(limited, task, n=8, rate_limiter=RateLimiter(None, 2))(task.train_problems()[0]))
+    group = asyncio.run(
+        TaskGenerator(limited, task, n=8, rate_limiter=RateLimiter(None, 2))(task.train_problems()[0])
+    )
     assert free.peak == 8 and limited.peak == 2 and group.rewards == [1.0] * 8

@@ -24,8 +24,9 @@ from inflight.tasks import Problem
 from inflight.train.objective import uses_reference
 from inflight.train.step import StepOptions, TrainingStep
 
-BASE = ("trainer.policy.optimizer_config.weight_decay=0.0", "trainer.train_batch_size=4", "trainer.policy_mini_batch_size=4",
-        "trainer.fully_async.num_parallel_generation_workers=8", "trainer.critic_mini_batch_size=2")
+BASE = ("trainer.policy.optimizer_config.weight_decay=0.0", "trainer.train_batch_size=4",
+        "trainer.policy_mini_batch_size=4", "trainer.fully_async.num_parallel_generation_workers=8",
+        "trainer.critic_mini_batch_size=2")
 SCENARIOS: dict[str, dict] = {
     # 3 informative groups: rank 0 gets two (4 rows), rank 1 one (2 rows) -> 2 padding micro-batches;
     # stale tokens with one optimizer step: TIS against the training forward itself
@@ -44,8 +45,8 @@ SCENARIOS: dict[str, dict] = {
         "trainer.algorithm.loss_reduction=seq_mean_token_sum_norm", "trainer.algorithm.max_seq_len=24"]),
     # long-tailed lengths, micro-batches cut by length (every distinct length its own): the ranks'
     # shares cut into different numbers of micro-batches, each rank pads up to the larger
-    "long-tail": dict(rewards=[[1, 0], [0, 1], [1, 0], [0, 1], [1, 0]], version=0, lengths=(1, 1, 2, 3, 9, 20),
-                      options=dict(micro_batch_pass_tokens=0.0), overrides=[
+    "long-tail": dict(rewards=[[1, 0], [0, 1], [1, 0], [0, 1], [1, 0]], version=0,
+                      lengths=(1, 1, 2, 3, 9, 20), options=dict(micro_batch_pass_tokens=0.0), overrides=[
         "trainer.micro_train_batch_size_per_gpu=3", "trainer.algorithm.loss_reduction=sequence_mean"]),
     # a critic on each rank (FSDP), its values gathered for GAE over the whole batch, trained in 2
     # critic mini-batches; dual-clip PPO with the entropy bonus
@@ -66,13 +67,16 @@ SCENARIOS: dict[str, dict] = {
     "shared-prefix": dict(rewards=[[1, 0, 1], [0, 1, 1], [1, 0, 0], [0, 1, 0]], version=1,
                           options=dict(shared_prefix_forward=True), overrides=[
         "trainer.shared_prefix_forward=true", "trainer.micro_train_batch_size_per_gpu=3",
-        "trainer.update_epochs_per_batch=2", "trainer.algorithm.use_kl_loss=true", "trainer.algorithm.kl_loss_coef=0.5"]),
+        "trainer.update_epochs_per_batch=2", "trainer.algorithm.use_kl_loss=true",
+        "trainer.algorithm.kl_loss_coef=0.5"]),
 }  # fmt: skip
 COMPARED_METRICS = ("loss", "clip_ratio", "kl", "is_ratio_mean", "is_ratio_max", "policy_entropy", "avg_kl",
                     "kl_loss_coef", "critic/critic_loss", "trained_tokens", "optimizer_steps")  # fmt: skip
 
 
-def groups_of(rewards: list[list[float]], version: int, lengths: tuple[int, ...] = ()) -> list[TrajectoryGroup]:
+def groups_of(
+    rewards: list[list[float]], version: int, lengths: tuple[int, ...] = ()
+) -> list[TrajectoryGroup]:
     """Groups of random responses (1 to 5 tokens, or drawn from `lengths`) sampled by weight
     version `version`."""
     gen = torch.Generator().manual_seed(7)
@@ -89,7 +93,9 @@ def groups_of(rewards: list[list[float]], version: int, lengths: tuple[int, ...]
     return groups
 
 
-def run_scenario(name: str, model_dir: str, out: str, make_worker, make_critic=None, extra: tuple[str, ...] = ()) -> dict:
+def run_scenario(
+    name: str, model_dir: str, out: str, make_worker, make_critic=None, extra: tuple[str, ...] = ()
+) -> dict:
     """One step of scenario `name` on `make_worker(cfg)` workers (set up by the caller's recipe) and,
     where it has a critic, `make_critic(cfg)`; `extra` overrides on top."""
     sc = SCENARIOS[name]
@@ -108,7 +114,10 @@ def run_scenario(name: str, model_dir: str, out: str, make_worker, make_critic=N
     if sc.get("critic"):
         critic = make_critic(cfg).setup()
         critic.optimizer = torch.optim.SGD([p for p in critic.model.parameters() if p.requires_grad], lr=0.5)
-    step = TrainingStep(worker, cfg, 0, StepOptions(**{"shared_prefix_forward": False, **sc.get("options", {})}), reference, critic)
+    step = TrainingStep(
+        worker, cfg, 0, StepOptions(**{"shared_prefix_forward": False, **sc.get("options", {})}), reference,
+        critic,
+    )
     before = worker.full_hf_state_dict()
     metrics = step(groups_of(sc["rewards"], 0, sc.get("lengths", ())), sc["version"])
     state = worker.full_hf_state_dict()
@@ -153,7 +162,9 @@ def run_rank(rank: int, port: int, model_dir: str, out_dir: str, backend: str = 
             critic = lambda cfg: FSDPCriticWorker(cfg, model_path=model_dir)  # noqa: E731
             results = {name: run_scenario(name, model_dir, out_dir, make, critic) for name in SCENARIOS}
         if rank != 0:
-            results = {name: {**result, "state": None, "critic_state": None} for name, result in results.items()}
+            results = {
+                name: {**result, "state": None, "critic_state": None} for name, result in results.items()
+            }
         torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()

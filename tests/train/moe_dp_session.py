@@ -18,9 +18,11 @@ from inflight.train.step import TrainingStep
 
 REPLAY = ("trainer.policy.megatron_config.moe_enable_routing_replay=true",
           "generator.inference_engine.enable_return_routed_experts=true")
-STEP = ("trainer.train_batch_size=4", "trainer.policy_mini_batch_size=2", "trainer.micro_train_batch_size_per_gpu=1",
-        "trainer.fully_async.enabled=false", "trainer.moe_logprob_gap_interval=1",
-        "trainer.algorithm.off_policy_correction.tis_ratio_type=null")
+STEP = (
+    "trainer.train_batch_size=4", "trainer.policy_mini_batch_size=2",
+    "trainer.micro_train_batch_size_per_gpu=1", "trainer.fully_async.enabled=false",
+    "trainer.moe_logprob_gap_interval=1", "trainer.algorithm.off_policy_correction.tis_ratio_type=null",
+)
 
 
 def config(model_dir: str):
@@ -40,7 +42,9 @@ def watch_experts(worker) -> list[int]:
                 return
             recorded = rows[:, layer].long()
             has = recorded[:, 0] >= 0
-            assert torch.equal(args[1][has], recorded[has]), f"MoE layer {layer} ran other experts than recorded"
+            assert torch.equal(args[1][has], recorded[has]), (
+                f"MoE layer {layer} ran other experts than recorded"
+            )
             checked[0] += 1
         return check
 

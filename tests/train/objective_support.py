@@ -26,7 +26,8 @@ from inflight.train.step import TrainingStep
 
 BASE = (  # 3 prompts x 4 samples, one optimizer step, no correction unless a case asks
     "trainer.train_batch_size=3", "trainer.policy_mini_batch_size=3", "generator.n_samples_per_prompt=4",
-    "trainer.fully_async.num_parallel_generation_workers=6", "trainer.algorithm.off_policy_correction.tis_ratio_type=null",
+    "trainer.fully_async.num_parallel_generation_workers=6",
+    "trainer.algorithm.off_policy_correction.tis_ratio_type=null",
     "trainer.algorithm.zero_variance_filter=true", "trainer.policy.optimizer_config.weight_decay=0.0",
     "trainer.critic_mini_batch_size=3",
 )  # fmt: skip
@@ -124,9 +125,11 @@ def direct_grads(model_dir: Path, out: Path, overrides, groups, rows: slice | No
         adv = skyrl_normalize(adv, response)
     rows = rows or slice(0, len(trajs))
     local_uids = uids[rows]
-    scaled = scale_advantages(adv[rows], lmask[rows], alg.loss_reduction,
-                              micro_batch_size=cfg.trainer.micro_train_batch_size_per_gpu, max_seq_len=alg.max_seq_len,
-                              prompt_boundaries=prompt_boundaries(local_uids))
+    scaled = scale_advantages(
+        adv[rows], lmask[rows], alg.loss_reduction,
+        micro_batch_size=cfg.trainer.micro_train_batch_size_per_gpu, max_seq_len=alg.max_seq_len,
+        prompt_boundaries=prompt_boundaries(local_uids),
+    )
     full = torch.zeros_like(mask[rows])
     for r, (s, e) in enumerate(zip(starts[rows], ends[rows], strict=True)):
         full[r, s:e] = scaled[r, : e - s]
@@ -134,19 +137,24 @@ def direct_grads(model_dir: Path, out: Path, overrides, groups, rows: slice | No
     m = mask[rows]
     temperature = cfg.generator.sampling_params.temperature
     worker.model.train()
-    logits = worker.model(input_ids=part.input_ids, attention_mask=part.attention_mask).logits[:, :-1] / temperature
+    logits = (
+        worker.model(input_ids=part.input_ids, attention_mask=part.attention_mask).logits[:, :-1]
+        / temperature
+    )
     log_p = torch.log_softmax(logits.float(), dim=-1)
     logprobs = torch.nn.functional.pad(log_p.gather(-1, part.input_ids[:, 1:, None]).squeeze(-1), (1, 0))
     with torch.no_grad():
         old = logprobs.detach()  # the step starts from these weights
     needs_old = alg.policy_loss_type not in ("rollout_is", "dppo") or alg.off_policy_correction.tis_ratio_type
-    loss, _ = get_policy_loss(alg.policy_loss_type)(logprobs, old if needs_old else None, full, alg, loss_mask=m,
-                                                   rollout_logprobs=part.rollout_logprobs)
+    loss, _ = get_policy_loss(alg.policy_loss_type)(
+        logprobs, old if needs_old else None, full, alg, loss_mask=m, rollout_logprobs=part.rollout_logprobs
+    )
     if alg.use_kl_loss:
         ref = LocalPolicyWorker(cfg, model_path=str(ref_dir), role="ref")
         ref.build_model()
         loss = loss + alg.kl_loss_coef * kl_loss(logprobs, ref.logprobs(part), m, alg.kl_estimator_type)
-    if alg.use_entropy_loss:  # SkyRL's worker: per micro-batch of consecutive rows, a token mean weighted by rows
+    # SkyRL's worker: per micro-batch of consecutive rows, a token mean weighted by rows
+    if alg.use_entropy_loss:
         entropy = torch.nn.functional.pad(-(log_p.exp() * log_p).sum(-1), (1, 0))
         size, n = cfg.trainer.micro_train_batch_size_per_gpu, len(m)
         mean = sum(len(m[i : i + size]) / n * masked_mean(entropy[i : i + size], m[i : i + size])

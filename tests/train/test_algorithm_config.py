@@ -15,13 +15,17 @@ OPC = ALG + "off_policy_correction."
 
 
 @pytest.mark.parametrize(("overrides", "key", "words"), [
-    ([ALG + "policy_loss_type=clip_cov"], ALG + "policy_loss_type", "off-policy correction"),  # LOCAL_CPU: token TIS
-    ([ALG + "policy_loss_type=cispo", ALG + "cispo.cispo_anchor=rollout"], ALG + "cispo.cispo_anchor", "twice"),
+    # LOCAL_CPU: token TIS
+    ([ALG + "policy_loss_type=clip_cov"], ALG + "policy_loss_type", "off-policy correction"),
+    ([ALG + "policy_loss_type=cispo", ALG + "cispo.cispo_anchor=rollout"],
+     ALG + "cispo.cispo_anchor", "twice"),
     ([OPC + "token_mask_is_threshold_low=0.5"], OPC + "token_mask_is_threshold_low", "one-sided"),
     ([ALG + "use_tis=true"], ALG + "tis_imp_ratio_cap", "> 0"),
-    ([ALG + "use_tis=true", ALG + "tis_imp_ratio_cap=2", OPC + "tis_ratio_type=sequence"], ALG + "use_tis", "token-level"),
+    ([ALG + "use_tis=true", ALG + "tis_imp_ratio_cap=2", OPC + "tis_ratio_type=sequence"],
+     ALG + "use_tis", "token-level"),
     ([ALG + "value_head_prefix=model"], ALG + "value_head_prefix", "other than 'model'"),
-    (["trainer.critic.model.path=/m", "trainer.critic_mini_batch_size=3"], "trainer.critic_mini_batch_size", "divide"),
+    (["trainer.critic.model.path=/m", "trainer.critic_mini_batch_size=3"],
+     "trainer.critic_mini_batch_size", "divide"),
     ([ALG + "loss_reduction=token_mean_legacy", "trainer.micro_train_batch_size_per_gpu=5"],
      "trainer.micro_train_batch_size_per_gpu", "token_mean_legacy"),
     ([ALG + "loss_reduction=seq_mean_token_sum_norm"], ALG + "max_seq_len", "must be set"),

@@ -75,7 +75,9 @@ def test_interrupted_mid_step_and_resumed_uses_every_prompt_once(model_dir, tmp_
             assert await trainer.client.weight_version() == ckpt.weight_version
             for name, param in trainer.policy.worker.model.named_parameters():
                 torch.testing.assert_close(param.detach(), saved[name], rtol=0, atol=0)
-            adam_steps = {int(s["step"]) for s in trainer.policy.worker.optimizer.state_dict()["state"].values()}
+            adam_steps = {
+                int(s["step"]) for s in trainer.policy.worker.optimizer.state_dict()["state"].values()
+            }
             assert adam_steps and max(adam_steps) <= ckpt.step
             await trainer.train()
             return trainer.global_step
@@ -85,7 +87,9 @@ def test_interrupted_mid_step_and_resumed_uses_every_prompt_once(model_dir, tmp_
     final_step = asyncio.run(resumed())
     second_run = _consumed(tmp_path / "out" / "consumed.jsonl")[n_first:]
     trained = [i for r in first_run + second_run for i in r.get("trained", [])]
-    assert sorted(trained) == sorted(p.id for p in task.train_problems()), "a prompt was skipped or trained twice"
+    assert sorted(trained) == sorted(p.id for p in task.train_problems()), (
+        "a prompt was skipped or trained twice"
+    )
     assert final_step == 8
 
 
@@ -157,4 +161,6 @@ def test_exports_are_in_the_models_own_dtype_and_load_with_transformers(tmp_path
     assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
     reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
     for name, param in worker.model.named_parameters():
-        torch.testing.assert_close(dict(reloaded.named_parameters())[name], param.detach().to(torch.bfloat16).float())
+        torch.testing.assert_close(
+            dict(reloaded.named_parameters())[name], param.detach().to(torch.bfloat16).float()
+        )

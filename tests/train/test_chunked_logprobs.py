@@ -49,7 +49,9 @@ def _close(got: torch.Tensor, expected: torch.Tensor, name: str) -> None:
     """Equal within 1e-6 of the tensor's largest magnitude: float32 rounding of sums taken in
     another order (a gradient accumulated chunk by chunk, a one-row matmul's kernel)."""
     scale = float(expected.abs().max())
-    torch.testing.assert_close(got, expected, atol=1e-6 * max(scale, 1.0), rtol=0, msg=lambda m: f"{name}: {m}")
+    torch.testing.assert_close(
+        got, expected, atol=1e-6 * max(scale, 1.0), rtol=0, msg=lambda m: f"{name}: {m}"
+    )
 
 
 @pytest.mark.parametrize("chunk", ["1", "7", "1024"])  # one token, a chunk that does not divide, one chunk
@@ -74,7 +76,9 @@ def test_the_entropy_equals_autograd_s_of_transformers_logits(model_dir, chunk):
     worker = _worker(model_dir, chunk)
     batch = _batch(worker.model.config.vocab_size)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).train()
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1] / TEMPERATURE
+    logits = (
+        model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1] / TEMPERATURE
+    )
     log_p = torch.log_softmax(logits, dim=-1)
     entropy = -(log_p.exp() * log_p).sum(-1)
     picked = log_p.gather(-1, batch.input_ids[:, 1:, None])[..., 0]
@@ -106,8 +110,12 @@ def test_the_forward_keeps_no_vocabulary_sized_tensor(model_dir):
     vocab = chunked.model.config.vocab_size
     batch = _batch(vocab)
     assert vocab in _saved_widths(full, batch)  # the full logits' log-softmax is kept: the check sees it
-    assert vocab not in _saved_widths(chunked, batch) and vocab not in _saved_widths(chunked, batch, entropy=True)
-    torch.testing.assert_close(chunked.compute_logprobs(batch), full.compute_logprobs(batch), atol=1e-6, rtol=1e-6)
+    assert vocab not in _saved_widths(chunked, batch) and vocab not in _saved_widths(
+        chunked, batch, entropy=True
+    )
+    torch.testing.assert_close(
+        chunked.compute_logprobs(batch), full.compute_logprobs(batch), atol=1e-6, rtol=1e-6
+    )
 
 
 def test_a_chunk_size_below_one_is_refused():

@@ -44,7 +44,8 @@ def test_values_are_the_head_on_the_state_before_each_token(model_dir, groups, t
     head = critic.model.value_head.weight
     hidden = critic.model.config.hidden_size
     assert head.shape == (1, hidden) and critic.model.value_head.bias is None
-    assert float(head.detach().std()) == pytest.approx(1 / (hidden + 1), rel=0.3)  # SkyRL's draw, no checkpoint head
+    # SkyRL's draw, no checkpoint head
+    assert float(head.detach().std()) == pytest.approx(1 / (hidden + 1), rel=0.3)
     batch = build_batch(groups, None, 0)
     values = critic.values(batch)
     with torch.no_grad():
@@ -74,7 +75,10 @@ def test_the_gae_step_trains_the_critic_toward_the_returns_and_the_policy_on_gae
     mask[8:] = 0  # the third group has no signal: zero-variance filter
     trajs = [t for g in groups for t in g.trajectories]
     # GAE over the responses (values and rewards 0 outside them), SkyRL's returns
-    starts, ends = [len(t.prompt_ids) for t in trajs], [len(t.prompt_ids) + len(t.response_ids) for t in trajs]
+    starts, ends = (
+        [len(t.prompt_ids) for t in trajs],
+        [len(t.prompt_ids) + len(t.response_ids) for t in trajs],
+    )
     width = max(e - s for s, e in zip(starts, ends, strict=True))
     rewards, response, lmask, critic_values = (torch.zeros(len(trajs), width) for _ in range(4))
     for r, (s, e, t) in enumerate(zip(starts, ends, trajs, strict=True)):

@@ -55,7 +55,11 @@ def test_a_run_without_a_config_file_takes_skyrls_defaults_and_nothing_of_the_de
     demo = tmp_path.parent / "demo.yaml"
     demo.write_text("base: demo\n")
     cfg, job = resolve_config(str(demo), [])
-    assert (cfg.generator.inference_engine.max_model_len, job.task, job.max_train_seconds) == (64, "addition", 1800)
+    assert (cfg.generator.inference_engine.max_model_len, job.task, job.max_train_seconds) == (
+        64,
+        "addition",
+        1800,
+    )
 
 
 def test_data_task_is_built_from_data_keys(tmp_path, chat_model):
@@ -105,7 +109,12 @@ def test_zero_generated_tokens_fail_loudly(tmp_path):
     ):
         check_generated(groups, cfg)
     check_generated(
-        [SimpleNamespace(trajectories=[SimpleNamespace(**{**vars(empty), "num_generated": 1, "num_sampled": 1})])], cfg
+        [
+            SimpleNamespace(
+                trajectories=[SimpleNamespace(**{**vars(empty), "num_generated": 1, "num_sampled": 1})]
+            )
+        ],
+        cfg,
     )
 
 

@@ -58,7 +58,9 @@ def test_the_demo_warm_up_is_its_steps_not_its_time(tmp_path, monkeypatch):
 def test_a_warm_up_its_time_cap_ended_says_so(tmp_path, monkeypatch):
     warm, said = _warm_up_demo(tmp_path, monkeypatch, ["job.warmup_steps=6", "job.warmup_max_seconds=100"])
     assert warm["stopped_by"] == "time" and warm["steps"] == 3  # 120 s after its third step
-    assert "warm-up stopped by its time cap (100 s) after step 3 of 6 (a slow or busy machine)" in "\n".join(said)
+    assert "warm-up stopped by its time cap (100 s) after step 3 of 6 (a slow or busy machine)" in "\n".join(
+        said
+    )
     assert said[-1].startswith("warm-up: 3 steps in ")
     assert "job.warmup_max_seconds ended it before its job.warmup_steps=6" in said[-1]
 
@@ -70,14 +72,22 @@ def tiny_model(tmp_path_factory):
 
 
 def test_an_rl_run_its_time_cap_ended_says_so(tiny_model, tmp_path):
-    cfg, job = resolve_config(str(DEMO), [
-        f"trainer.policy.model.path={tiny_model}", "trainer.eval_interval=0", "trainer.train_batch_size=2",
-        "trainer.policy_mini_batch_size=2", "generator.n_samples_per_prompt=2",
-        "trainer.fully_async.num_parallel_generation_workers=2", "generator.inference_engine.weight_sync_backend=inprocess",
-        f"job.output_dir={tmp_path}", "job.tensorboard=false", "job.progress=false", "job.plot=false",
-        "job.max_train_seconds=1e-6"])  # over before the first step
+    cfg, job = resolve_config(
+        str(DEMO),
+        [
+            f"trainer.policy.model.path={tiny_model}", "trainer.eval_interval=0",
+            "trainer.train_batch_size=2", "trainer.policy_mini_batch_size=2",
+            "generator.n_samples_per_prompt=2", "trainer.fully_async.num_parallel_generation_workers=2",
+            "generator.inference_engine.weight_sync_backend=inprocess", f"job.output_dir={tmp_path}",
+            "job.tensorboard=false", "job.progress=false", "job.plot=false", "job.max_train_seconds=1e-6",
+        ],
+    )  # over before the first step
     said: list[str] = []
-    summary = asyncio.run(run_job(cfg, job, AdditionTask(max_digits=1, num_eval=4, num_train=40), said.append))
+    summary = asyncio.run(
+        run_job(cfg, job, AdditionTask(max_digits=1, num_eval=4, num_train=40), said.append)
+    )
     assert summary["time_capped"] and summary["steps"] < 20
-    assert said[-1].startswith(f"RL stopped by its time cap, job.max_train_seconds=1e-06, after step "
-                               f"{summary['steps']} of 20: the result depends on this machine's speed and load")
+    assert said[-1].startswith(
+        f"RL stopped by its time cap, job.max_train_seconds=1e-06, after step "
+        f"{summary['steps']} of 20: the result depends on this machine's speed and load"
+    )

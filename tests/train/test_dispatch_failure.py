@@ -23,7 +23,9 @@ def test_failed_send_resumes_on_old_weights(models, worker_b, row):
         engine = make_engine(models, enable_prefix_caching=True)
         client = LocalClient(AsyncEngine(engine))
         tasks = await start_in_flight(client, engine)
-        policy = LocalPolicy(row_config(row, True), worker_b, client, FailingTransport(3, max_chunk_bytes=8192))
+        policy = LocalPolicy(
+            row_config(row, True), worker_b, client, FailingTransport(3, max_chunk_bytes=8192)
+        )
         with pytest.raises(TransportError, match="after 3 chunks") as err:
             await policy.sync_weights()
         paused_after = engine.is_paused

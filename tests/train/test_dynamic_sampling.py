@@ -19,7 +19,10 @@ def test_filter_collects_informative_groups_over_batches():
     sampler = DynamicSampler("filter", target=3, max_batches=5)
     first = [_group("a", [1, 0]), _group("b", [1, 1]), _group("c", [0, 0])]
     ready, dropped = sampler.offer(first, 1)
-    assert ready is None and [(g.prompt_id, why) for g, why in dropped] == [("b", "rejected"), ("c", "rejected")]
+    assert ready is None and [(g.prompt_id, why) for g, why in dropped] == [
+        ("b", "rejected"),
+        ("c", "rejected"),
+    ]
     ready, dropped = sampler.offer([_group("d", [0, 1]), _group("e", [1, 1]), _group("f", [0.5, 1]),
                                     _group("g", [1, 0])], 1)
     assert [g.prompt_id for g in ready] == ["a", "d", "f"]
@@ -41,7 +44,10 @@ def test_replace_copies_informative_groups_into_uninformative_places():
     sampler = DynamicSampler("replace", target=4, min_replace_ratio=0.3, seed=1)
     batch = [_group("a", [1, 0]), _group("b", [1, 1]), _group("c", [0, 1]), _group("d", [0, 0])]
     ready, dropped = sampler.offer(batch, 7)
-    assert [g.prompt_id for g in ready][::2] == ["a", "c"] and {g.prompt_id for g in ready[1::2]} <= {"a", "c"}
+    assert [g.prompt_id for g in ready][::2] == ["a", "c"] and {g.prompt_id for g in ready[1::2]} <= {
+        "a",
+        "c",
+    }
     assert all(g.ref is None for g in ready[1::2]) and [g.prompt_id for g, _ in dropped] == ["b", "d"]
     too_few = [_group("a", [1, 0]), _group("b", [1, 1]), _group("c", [0, 0]), _group("d", [0, 0])]
     ready, dropped = DynamicSampler("replace", target=4, min_replace_ratio=0.3).offer(too_few, 1)

@@ -87,10 +87,16 @@ def _gone(pid: int) -> bool:
 
 
 def _run(model_dir, out, backend: str, restarts: int, engines: int):
-    cfg, job = rl_config(model_dir, out, [
-        f"generator.inference_engine.weight_sync_backend={backend}", f"generator.inference_engine.num_engines={engines}",
-        "generator.inference_engine.weight_sync_chunk_size_mb=0.05", f"trainer.fully_async.engine_restarts={restarts}",
-        f"job.max_steps={STEPS}"])
+    cfg, job = rl_config(
+        model_dir,
+        out,
+        [
+            f"generator.inference_engine.weight_sync_backend={backend}",
+            f"generator.inference_engine.num_engines={engines}",
+            "generator.inference_engine.weight_sync_chunk_size_mb=0.05",
+            f"trainer.fully_async.engine_restarts={restarts}", f"job.max_steps={STEPS}",
+        ],
+    )
     rng = random.Random(f"{SEED}-{backend}-{restarts}")
 
     async def main():
@@ -138,7 +144,9 @@ def _consumed(out) -> list[str]:
 
 @pytest.mark.parametrize(("backend", "engines"), [("shm", 1), ("broadcast", 2)])  # 2: a live member regroups
 def test_a_killed_engine_is_restarted_and_the_run_recovers(model_dir, tmp_path, backend, engines):
-    trainer, fault, error, versions, pids, procs = _run(model_dir, tmp_path, backend, restarts=1, engines=engines)
+    trainer, fault, error, versions, pids, procs = _run(
+        model_dir, tmp_path, backend, restarts=1, engines=engines
+    )
     assert error is None and fault.killed_pid is not None, fault
     assert trainer.global_step == STEPS and trainer.restarts.restarts == 1, fault
     trained = _consumed(tmp_path)
@@ -148,7 +156,9 @@ def test_a_killed_engine_is_restarted_and_the_run_recovers(model_dir, tmp_path, 
     # every engine, the restarted one included, holds the policy's weights (a restart made for a
     # failed generation adds a version: its own full sync)
     greedy, oracle = versions.pop("greedy"), versions.pop("oracle")
-    assert set(versions.values()) == {trainer.policy.weight_version} and trainer.policy.weight_version >= STEPS
+    assert (
+        set(versions.values()) == {trainer.policy.weight_version} and trainer.policy.weight_version >= STEPS
+    )
     # the restarted engine holds the policy's trained weights: transformers' tokens and logprobs on
     # them, which the start weights do not give (the oracle can tell)
     assert greedy[0] == oracle[0] and greedy[1] == pytest.approx(oracle[1], abs=1e-5)
@@ -200,7 +210,9 @@ def test_inflight_train_says_which_engine_died_in_one_line(monkeypatch, capsys, 
     traceback (the error names the engine, its pid and signal, and the key that restarts it)."""
     from inflight.train import main as train_main
 
-    message = "engine process engine-0 (pid 4242, killed by signal 9 (SIGKILL)) died (restarts are off: set ...)"
+    message = (
+        "engine process engine-0 (pid 4242, killed by signal 9 (SIGKILL)) died (restarts are off: set ...)"
+    )
 
     async def dies(*args, **kwargs):
         raise EngineDiedError(message)

@@ -40,11 +40,17 @@ def test_example(name, fully_async, fate, strategy, worker):
 
 
 def test_no_config_means_skyrls_defaults_and_the_old_job_spellings_set_their_keys():
-    cfg, job = resolve_config(None, ["job.max_steps=5", "job.resume=false", "trainer.fully_async.enabled=true",
-                                     "trainer.placement.colocate_all=false", "trainer.train_batch_size=256"])
+    cfg, job = resolve_config(
+        None,
+        [
+            "job.max_steps=5", "job.resume=false", "trainer.fully_async.enabled=true",
+            "trainer.placement.colocate_all=false", "trainer.train_batch_size=256",
+        ],
+    )
     assert cfg.trainer.max_training_steps == 5 and cfg.trainer.resume_mode is None
     assert cfg.trainer.fully_async.enabled and job.task is None
-    assert cfg.trainer.policy.optimizer_config.lr == 1e-6 and cfg.generator.n_samples_per_prompt == 5  # SkyRL's
+    # SkyRL's
+    assert cfg.trainer.policy.optimizer_config.lr == 1e-6 and cfg.generator.n_samples_per_prompt == 5
 
 
 def test_job_config_errors_are_listed():

@@ -32,11 +32,12 @@ def _overrides(model_dir, url: str, out) -> list[str]:
     ie = "generator.inference_engine."
     return [
         *LOCAL_CPU_TRAINER, "job.task=addition", f"trainer.export_path={out}/exports",
-        f"trainer.policy.model.path={model_dir}", "trainer.train_batch_size=4", "trainer.policy_mini_batch_size=4",
-        "trainer.micro_train_batch_size_per_gpu=64", "trainer.fully_async.num_parallel_generation_workers=8",
-        "trainer.eval_interval=0", "trainer.hf_save_interval=1", "generator.n_samples_per_prompt=4",
-        f"{ie}run_engines_locally=false", f"{ie}external_server_urls=[{url}]", f"{ie}weight_sync_backend=inprocess",
-        f"job.max_steps={STEPS}", "job.num_train=400", "job.num_eval=20", f"job.output_dir={out}", "job.plot=false",
+        f"trainer.policy.model.path={model_dir}", "trainer.train_batch_size=4",
+        "trainer.policy_mini_batch_size=4", "trainer.micro_train_batch_size_per_gpu=64",
+        "trainer.fully_async.num_parallel_generation_workers=8", "trainer.eval_interval=0",
+        "trainer.hf_save_interval=1", "generator.n_samples_per_prompt=4", f"{ie}run_engines_locally=false",
+        f"{ie}external_server_urls=[{url}]", f"{ie}weight_sync_backend=inprocess", f"job.max_steps={STEPS}",
+        "job.num_train=400", "job.num_eval=20", f"job.output_dir={out}", "job.plot=false",
         "job.tensorboard=false", "job.progress=false",
     ]  # fmt: skip
 

@@ -26,8 +26,9 @@ WORLD, FSDP_SIZE, LR = 4, 2, 0.5
 def _cfg(model_dir: Path, *extra: str):
     return load_config(None, [
         *LOCAL_CPU, f"trainer.policy.model.path={model_dir}", "trainer.strategy=fsdp",
-        f"trainer.placement.policy_num_gpus_per_node={WORLD}", f"generator.inference_engine.num_engines={WORLD}",
-        "trainer.micro_train_batch_size_per_gpu=1", "trainer.policy.optimizer_config.max_grad_norm=1e9", *extra,
+        f"trainer.placement.policy_num_gpus_per_node={WORLD}",
+        f"generator.inference_engine.num_engines={WORLD}", "trainer.micro_train_batch_size_per_gpu=1",
+        "trainer.policy.optimizer_config.max_grad_norm=1e9", *extra,
     ])  # fmt: skip
 
 
@@ -60,7 +61,9 @@ def _rank(rank: int, port: int, model_dir: Path, out: Path) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     try:
-        worker = FSDPPolicyWorker(_cfg(model_dir, f"trainer.policy.fsdp_config.fsdp_size={FSDP_SIZE}")).setup()
+        worker = FSDPPolicyWorker(
+            _cfg(model_dir, f"trainer.policy.fsdp_config.fsdp_size={FSDP_SIZE}")
+        ).setup()
         _sgd(worker)
         weight = worker.model.model.layers[0].mlp.up_proj.weight
         layout = (tuple(weight.device_mesh.shape), tuple(weight.placements))

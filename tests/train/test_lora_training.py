@@ -83,7 +83,9 @@ def test_lora_trains_the_adapter_and_syncs_it_in_flight(model_dir, tmp_path):
     assert (tmp_path / "exports" / "global_step_2" / "adapter" / "adapter_config.json").is_file()
     step = ckpt / "global_step_2"
     exported = AutoModelForCausalLM.from_pretrained(step / "model", dtype=torch.float32).eval()
-    loaded = peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_dir), step / "adapter").eval()
+    loaded = peft.PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(model_dir), step / "adapter"
+    ).eval()
     probe = torch.tensor([prompt])
     with torch.no_grad():
         torch.testing.assert_close(exported(probe).logits, merged(probe).logits, atol=1e-5, rtol=0)
@@ -105,18 +107,22 @@ def test_a_resumed_lora_run_continues_the_checkpoints_adapter(model_dir, tmp_pat
     from inflight.train.trainer import make_trainer
 
     ckpt = tmp_path / "ckpt"
-    common = ["trainer.eval_interval=0", "trainer.policy.model.lora.rank=4", "trainer.policy.model.lora.alpha=8",
-              f"trainer.ckpt_path={ckpt}", "trainer.ckpt_interval=1", "trainer.resume_mode=latest",
-              "trainer.policy.optimizer_config.lr=1e-2",
-              "trainer.policy.optimizer_config.scheduler=linear"]
+    common = [
+        "trainer.eval_interval=0", "trainer.policy.model.lora.rank=4", "trainer.policy.model.lora.alpha=8",
+        f"trainer.ckpt_path={ckpt}", "trainer.ckpt_interval=1", "trainer.resume_mode=latest",
+        "trainer.policy.optimizer_config.lr=1e-2", "trainer.policy.optimizer_config.scheduler=linear",
+    ]
     task = small_task()
     first = run_training(*rl_config(model_dir, tmp_path / "run", ["job.max_steps=1", *common]), task)
     assert len(first) == 1
     saved = ckpt / "global_step_1"
     state = json.loads((saved / "state.json").read_text())
-    reference = peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_dir), saved / "adapter")
+    reference = peft.PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(model_dir), saved / "adapter"
+    )
     expected_adapter = {n: p.detach().clone() for n, p in reference.named_parameters() if ".lora_" in n}
-    assert any(float(v.abs().max()) > 0 for n, v in expected_adapter.items() if "lora_B" in n)  # step 1 trained
+    # step 1 trained
+    assert any(float(v.abs().max()) > 0 for n, v in expected_adapter.items() if "lora_B" in n)
     merged = reference.merge_and_unload().eval()
     saved_optimizer = torch.load(saved / "optimizer_rank0.pt", weights_only=False)
     prompt = task.encode(task.eval_problems()[0].prompt)
@@ -131,7 +137,9 @@ def test_a_resumed_lora_run_continues_the_checkpoints_adapter(model_dir, tmp_pat
             schedule = worker.lr_scheduler.last_epoch
             engine = trainer.runtime.engines.local[0]
             version = engine.weight_version
-            out = await engine.generate(prompt, SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
+            out = await engine.generate(
+                prompt, SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+            )
             history = await trainer.train()
             moved = {n: p.detach().clone() for n, p in worker.model.named_parameters() if ".lora_" in n}
             return adapter, optimizer, schedule, version, out.output_token_ids, history, moved
@@ -157,8 +165,13 @@ def test_lora_under_bf16_holds_the_frozen_base_in_bfloat16(tiny_model_factory):
     from inflight.train import LocalPolicyWorker, TrainBatch
     from inflight.train.lora import merged_tensors
 
-    cfg = load_config(None, [*LOCAL_CPU, "trainer.policy.model.lora.rank=4", "trainer.policy.model.lora.alpha=8",
-                             "trainer.policy.optimizer_config.lr=1e-2"])
+    cfg = load_config(
+        None,
+        [
+            *LOCAL_CPU, "trainer.policy.model.lora.rank=4", "trainer.policy.model.lora.alpha=8",
+            "trainer.policy.optimizer_config.lr=1e-2",
+        ],
+    )
     worker = LocalPolicyWorker(cfg, model_path=str(tiny_model_factory("qwen2", seed=2)), bf16=True).setup()
     params = dict(worker.model.named_parameters())
     assert all(p.dtype == (torch.float32 if ".lora_" in n else torch.bfloat16) for n, p in params.items())
@@ -189,20 +202,27 @@ def test_lora_with_sleeping_engines_sends_the_merged_weights(model_dir, tmp_path
 
     history, policy, engine_tokens = asyncio.run(_train_then_greedy(cfg, job, task, prompt))
     assert sum(r["optimizer_steps"] for r in history) > 0 and policy.history
-    full = sum(p.numel() * p.element_size() for n, p in policy.worker.model.named_parameters() if ".lora_" not in n)
+    full = sum(
+        p.numel() * p.element_size() for n, p in policy.worker.model.named_parameters() if ".lora_" not in n
+    )
     assert all(sync["bytes"] >= full for sync in policy.history)  # every sync: the whole merged model
     merged = copy.deepcopy(policy.worker.model).merge_and_unload().eval()
     assert engine_tokens == _greedy(merged, prompt)  # the engine holds what peft merges
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     with torch.no_grad():  # and there was an adapter in it: training moved the policy
-        assert (merged(torch.tensor([prompt])).logits - base(torch.tensor([prompt])).logits).abs().max() > 1e-3
+        assert (
+            merged(torch.tensor([prompt])).logits - base(torch.tensor([prompt])).logits
+        ).abs().max() > 1e-3
 
 
 def test_a_lora_checkpoints_state_copies_the_models_own_tensors_only(tiny_model_factory):
     from inflight.config import load_config
     from inflight.train import LocalPolicyWorker
 
-    cfg = load_config(None, [*LOCAL_CPU, "trainer.policy.model.lora.rank=4", "trainer.policy.model.lora.target_modules=q_proj"])
+    cfg = load_config(
+        None,
+        [*LOCAL_CPU, "trainer.policy.model.lora.rank=4", "trainer.policy.model.lora.target_modules=q_proj"],
+    )
     worker = LocalPolicyWorker(cfg, model_path=str(tiny_model_factory("qwen2", seed=2))).setup()
     state = worker.full_hf_state_dict()
     own = {p.data_ptr() for p in worker.model.parameters()}

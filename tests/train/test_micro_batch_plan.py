@@ -60,9 +60,11 @@ def test_equal_lengths_keep_the_plain_cut():
 
 def test_trimmed_cuts_every_per_token_tensor_to_the_longest_row():
     attention = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 0, 0, 0]])
-    batch = RLBatch(input_ids=torch.arange(10).reshape(2, 5), loss_mask=attention.float(), attention_mask=attention,
-                    advantages=torch.tensor([1.0, -1.0]), rollout_logprobs=torch.zeros(2, 5),
-                    row_weight=torch.tensor([0.5, 0.5]))
+    batch = RLBatch(
+        input_ids=torch.arange(10).reshape(2, 5), loss_mask=attention.float(), attention_mask=attention,
+        advantages=torch.tensor([1.0, -1.0]), rollout_logprobs=torch.zeros(2, 5),
+        row_weight=torch.tensor([0.5, 0.5]),
+    )
     assert batch.widths().tolist() == [3, 2]
     cut = batch.trimmed()
     assert cut.input_ids.tolist() == [[0, 1, 2], [5, 6, 7]] and cut.rollout_logprobs.shape == (2, 3)
@@ -88,7 +90,9 @@ def test_groups_of_unequal_sizes_are_dealt_and_cut_whole():
     r0 = shard_step(4, [3, 1, 4, 2], 2, plan, DataParallel(0, 2))
     r1 = shard_step(4, [3, 1, 4, 2], 2, plan, DataParallel(1, 2))
     assert r0.rows == [0, 1, 2, 4, 5, 6, 7] and r1.rows == [3, 8, 9]
-    assert [m.rows for m in r0.mini_batches] == [slice(0, 4), slice(4, 10)] == [m.rows for m in r1.mini_batches]
+    assert (
+        [m.rows for m in r0.mini_batches] == [slice(0, 4), slice(4, 10)] == [m.rows for m in r1.mini_batches]
+    )
     assert r0.rank_rows == r1.rank_rows == ((0, 1, 2, 4, 5, 6, 7), (3, 8, 9))
     equal = shard_step(4, 2, 2, plan, DataParallel(1, 2))
     assert equal == shard_step(4, [2, 2, 2, 2], 2, plan, DataParallel(1, 2))
@@ -99,7 +103,9 @@ def test_micro_batches_are_trimmed_and_padded_up_to_the_common_count():
     attention = (torch.arange(8)[None, :] < widths[:, None]).long()
     batch = RLBatch(input_ids=torch.ones(4, 8, dtype=torch.long), loss_mask=attention.float(),
                     attention_mask=attention, advantages=torch.ones(4))
-    (mini,) = shard_step(1, 4, 1, MicroPlan(2, pass_cost=math.inf), DataParallel(), widths.tolist()).mini_batches
+    (mini,) = shard_step(
+        1, 4, 1, MicroPlan(2, pass_cost=math.inf), DataParallel(), widths.tolist()
+    ).mini_batches
     mini = type(mini)(mini.rows, mini.local, mini.micro_batches + 1, mini.parts)  # as if a rank had more
     parts = micro_batches(batch, mini)
     assert [tuple(p.input_ids.shape) for p, _ in parts] == [(2, 8), (2, 3), (1, 2)]

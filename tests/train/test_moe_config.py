@@ -38,8 +38,13 @@ def test_replay_needs_the_record_as_in_skyrl():
     assert episode_options(load_config(None, list(LOCAL_CPU)))["return_routed_experts"] is False
 
 
-@pytest.mark.parametrize("where, fix", [("generator.inference_engine.backend=vllm", "vLLM 0.32 captures the routing"),
-                                        ("generator.agent.path=pkg.mod:agent", "your agent's episodes")])
+@pytest.mark.parametrize(
+    "where, fix",
+    [
+        ("generator.inference_engine.backend=vllm", "vLLM 0.32 captures the routing"),
+        ("generator.agent.path=pkg.mod:agent", "your agent's episodes"),
+    ],
+)
 def test_a_run_refuses_the_record_where_it_cannot_come(where, fix):
     refused = unimplemented(load_config(None, [*LOCAL_CPU, REPLAY, RECORD, where]))
     assert [v.key for v in refused] == ["generator.inference_engine.enable_return_routed_experts"]
@@ -55,7 +60,9 @@ def models(tmp_path_factory):
 def test_an_moe_model_on_megatron_is_refused_naming_the_strategy(models):
     moe, dense = models
     cfg = load_config(None, [*LOCAL_CPU, "trainer.strategy=megatron"])
-    with pytest.raises(ConfigError, match="trainer.strategy='megatron': the Megatron worker takes dense models only"):
+    with pytest.raises(
+        ConfigError, match="trainer.strategy='megatron': the Megatron worker takes dense models only"
+    ):
         make_worker(cfg, JobConfig(), moe)
     with pytest.raises(ConfigError, match="job.worker='megatron'"):
         check_worker_supports(load_config(None, list(LOCAL_CPU)), moe, "megatron")
@@ -66,7 +73,9 @@ def test_an_moe_model_on_megatron_is_refused_naming_the_strategy(models):
 def test_replay_of_a_dense_model_is_refused_naming_the_key(models):
     _, dense = models
     cfg = load_config(None, [*LOCAL_CPU, REPLAY, RECORD])
-    with pytest.raises(ConfigError, match="moe_enable_routing_replay=True: .* has no mixture-of-experts layers"):
+    with pytest.raises(
+        ConfigError, match="moe_enable_routing_replay=True: .* has no mixture-of-experts layers"
+    ):
         make_worker(cfg, JobConfig(), dense)
     from inflight.train.workers.local import LocalPolicyWorker
 

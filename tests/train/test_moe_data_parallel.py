@@ -36,9 +36,16 @@ def setup(tmp_path_factory):
     engine = LLMEngine(EngineConfig(model=str(rollout_dir), block_size=4))
     groups = []
     for i, prompt in enumerate(PROMPTS):
-        outs = [engine.generate([prompt], SamplingParams(max_tokens=3 + 4 * s, temperature=1.0, seed=i * 10 + s,
-                                                         ignore_eos=True, return_routed_experts=True))[0]
-                for s in range(2)]
+        outs = [
+            engine.generate(
+                [prompt],
+                SamplingParams(
+                    max_tokens=3 + 4 * s, temperature=1.0, seed=i * 10 + s, ignore_eos=True,
+                    return_routed_experts=True,
+                ),
+            )[0]
+            for s in range(2)
+        ]
         groups.append(TrajectoryGroup(Problem(f"p{i}", "", ""), [
             Trajectory(list(prompt), o.output_token_ids, o.logprobs, o.token_weight_versions,
                        [1] * len(o.output_token_ids), float(s), "length", routed_experts=o.routed_experts)

@@ -43,13 +43,22 @@ def rollouts(tmp_path_factory):
             engine = LLMEngine(EngineConfig(model=str(path), block_size=4))
             groups = []
             for i, prompt in enumerate(PROMPTS):
-                params = [SamplingParams(max_tokens=6 + 2 * s, temperature=1.0, seed=10 * i + s, ignore_eos=True,
-                                         return_routed_experts=True) for s in range(2)]
+                params = [
+                    SamplingParams(
+                        max_tokens=6 + 2 * s, temperature=1.0, seed=10 * i + s, ignore_eos=True,
+                        return_routed_experts=True,
+                    )
+                    for s in range(2)
+                ]
                 outs = [engine.generate([prompt], p)[0] for p in params]
-                trajs = [Trajectory(list(prompt), o.output_token_ids, o.logprobs, o.token_weight_versions,
-                                    [1] * len(o.output_token_ids), float(s), o.finish_reason,
-                                    routed_experts=o.routed_experts, routed_experts_start=o.routed_experts_start)
-                         for s, o in enumerate(outs)]
+                trajs = [
+                    Trajectory(
+                        list(prompt), o.output_token_ids, o.logprobs, o.token_weight_versions,
+                        [1] * len(o.output_token_ids), float(s), o.finish_reason,
+                        routed_experts=o.routed_experts, routed_experts_start=o.routed_experts_start,
+                    )
+                    for s, o in enumerate(outs)
+                ]
                 groups.append(TrajectoryGroup(Problem(f"p{i}", "", ""), trajs))
             built[arch] = path, groups
         return built[arch]
@@ -106,9 +115,13 @@ def test_same_weights_in_fp32_give_the_engines_logprobs_and_experts(rollouts, ar
     seen = ExpertsSeen(worker.model)
     logprobs = worker.logprobs(batch)
     keep = batch.loss_mask > 0
-    np.testing.assert_allclose(logprobs[keep].numpy(), batch.rollout_logprobs[keep].numpy(), atol=1e-5, rtol=0)
+    np.testing.assert_allclose(
+        logprobs[keep].numpy(), batch.rollout_logprobs[keep].numpy(), atol=1e-5, rtol=0
+    )
     recorded, has = _recorded(batch)
-    assert has.sum() == sum(len(t.prompt_ids) + len(t.response_ids) - 1 for g in groups for t in g.trajectories)
+    assert has.sum() == sum(
+        len(t.prompt_ids) + len(t.response_ids) - 1 for g in groups for t in g.trajectories
+    )
     assert bool(_same_sets(seen.last()[has], recorded[has]).all())
     assert worker.routing.replay is replay
 
@@ -171,7 +184,9 @@ def test_replay_trains_the_router_and_freeze_keeps_it(rollouts):
     path, groups = rollouts("qwen3_moe")
     batch = dataclasses.replace(build_batch(groups, None, pad_id=0))
     for freeze in (False, True):
-        worker = _worker(path, *REPLAY, f"trainer.policy.megatron_config.freeze_moe_router={str(freeze).lower()}")
+        worker = _worker(
+            path, *REPLAY, f"trainer.policy.megatron_config.freeze_moe_router={str(freeze).lower()}"
+        )
         routers = moe_routers(worker.model)
         worker.forward_backward(batch, 1.0)
         grads = [r.weight.grad for r in routers]

@@ -39,10 +39,12 @@ def moe_dir(tmp_path_factory):
 
 def test_a_tiny_moe_learns_fully_async_with_routing_replay(moe_dir, tmp_path):
     cfg, job = rl_config(moe_dir, tmp_path, [
-        *REPLAY, "trainer.train_batch_size=16", "trainer.policy_mini_batch_size=16", "generator.n_samples_per_prompt=8",
-        "trainer.fully_async.num_parallel_generation_workers=32", "trainer.epochs=30", "job.max_steps=100",
-        "trainer.eval_interval=0", "trainer.moe_logprob_gap_interval=10", "trainer.policy.optimizer_config.lr=2e-4",
-        "generator.eval_sampling_params.temperature=0", "generator.eval_sampling_params.max_generate_length=8"])  # fmt: skip
+        *REPLAY, "trainer.train_batch_size=16", "trainer.policy_mini_batch_size=16",
+        "generator.n_samples_per_prompt=8", "trainer.fully_async.num_parallel_generation_workers=32",
+        "trainer.epochs=30", "job.max_steps=100", "trainer.eval_interval=0",
+        "trainer.moe_logprob_gap_interval=10", "trainer.policy.optimizer_config.lr=2e-4",
+        "generator.eval_sampling_params.temperature=0",
+        "generator.eval_sampling_params.max_generate_length=8"])  # fmt: skip
     task = TrainedAndHeldOut(max_digits=1, num_eval=20, num_train=400)
 
     async def main():
@@ -78,8 +80,15 @@ def test_job_arch_builds_the_base_model_of_that_architecture(tmp_path):
 
     assert JobConfig.__dataclass_fields__["arch"].default == "qwen2"
     for arch in ARCHS:
-        job, _, _ = split_job_config({"job": {"arch": arch, "output_dir": str(tmp_path / arch), "warmup_steps": 1,
-                                              "warmup_batch_size": 2}}, [])
+        job, _, _ = split_job_config(
+            {
+                "job": {
+                    "arch": arch, "output_dir": str(tmp_path / arch), "warmup_steps": 1,
+                    "warmup_batch_size": 2,
+                }
+            },
+            [],
+        )
         cfg = load_config(None, list(LOCAL_CPU))
         prepare_base_model(cfg, job, AdditionTask(max_digits=1, num_eval=2, num_train=10), lambda _: None)
         assert AutoConfig.from_pretrained(cfg.trainer.policy.model.path).model_type == arch

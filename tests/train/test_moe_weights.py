@@ -51,7 +51,9 @@ def _worker(model_dir, *extra: str) -> LocalPolicyWorker:
 
 def _train_once(worker: LocalPolicyWorker) -> None:
     ids = torch.tensor([p + [3] * (12 - len(p)) for p in PROMPTS])
-    worker.train_step(TrainBatch(input_ids=ids, loss_mask=torch.ones(ids.shape).index_fill(1, torch.tensor([0]), 0)))
+    worker.train_step(
+        TrainBatch(input_ids=ids, loss_mask=torch.ones(ids.shape).index_fill(1, torch.tensor([0]), 0))
+    )
 
 
 def _sync_then_generate(worker: LocalPolicyWorker, model_dir) -> list:
@@ -81,7 +83,9 @@ def _assert_engine_is_the_trainer(outputs: list, worker: LocalPolicyWorker) -> N
             threads.append(worker.logprobs(batch)[0, len(prompt):])
         with torch.no_grad():
             logits = worker.model(input_ids=torch.tensor([full])).logits[0, len(prompt) - 1 : -1]
-            wide_logprobs = wide(input_ids=torch.tensor([full])).logits[0, len(prompt) - 1 : -1].log_softmax(-1)
+            wide_logprobs = (
+                wide(input_ids=torch.tensor([full])).logits[0, len(prompt) - 1 : -1].log_softmax(-1)
+            )
         doubled.append(wide_logprobs.gather(1, torch.tensor(out.output_token_ids)[:, None])[:, 0])
         assert out.output_token_ids == logits.argmax(-1).tolist()
     assert_close_to_reference(np.concatenate([out.logprobs for out in outputs]), torch.cat(refs),
@@ -103,9 +107,11 @@ def test_lora_on_attention_experts_and_router_syncs_and_merges_as_peft(arch, req
     worker = _worker(model_dir, "trainer.policy.model.lora.rank=2", "trainer.policy.model.lora.alpha=4")
     _train_once(worker)  # B starts at 0: one step gives every adapter a delta
     sent = dict(adapter_tensors(worker.model))
-    for name in ("model.layers.1.mlp.experts.gate_up_proj", "model.layers.1.mlp.experts.down_proj",
-                 "model.layers.1.mlp.gate", "model.layers.1.self_attn.q_proj",
-                 "model.layers.0.mlp.down_proj" if arch == "qwen2_moe" else "model.layers.0.mlp.experts.down_proj"):
+    for name in (
+        "model.layers.1.mlp.experts.gate_up_proj", "model.layers.1.mlp.experts.down_proj",
+        "model.layers.1.mlp.gate", "model.layers.1.self_attn.q_proj",
+        "model.layers.0.mlp.down_proj" if arch == "qwen2_moe" else "model.layers.0.mlp.experts.down_proj",
+    ):
         assert f"{name}.lora_A.weight" in sent and f"{name}.lora_B.weight" in sent, name
     assert not any("base_layer" in n for n in sent)
     assert float(sent["model.layers.1.mlp.experts.down_proj.lora_B.weight"].abs().sum()) > 0
@@ -131,9 +137,17 @@ def _peft_skips_the_dense_mlp(model_dir) -> bool:
 
 def test_targets_peft_cannot_adapt_are_refused_naming_the_key(model_dir, tmp_path):
     with pytest.raises(ConfigError, match="lora.target_modules.*names one of gate_proj and up_proj"):
-        _worker(model_dir, "trainer.policy.model.lora.rank=2", "trainer.policy.model.lora.target_modules=[gate_proj]")
+        _worker(
+            model_dir,
+            "trainer.policy.model.lora.rank=2",
+            "trainer.policy.model.lora.target_modules=[gate_proj]",
+        )
     with pytest.raises(ConfigError, match="lora.target_modules.*not found in the base model"):
-        _worker(model_dir, "trainer.policy.model.lora.rank=2", "trainer.policy.model.lora.target_modules=[nothing]")
+        _worker(
+            model_dir,
+            "trainer.policy.model.lora.rank=2",
+            "trainer.policy.model.lora.target_modules=[nothing]",
+        )
     # peft 0.21's Qwen3-MoE conversion left the dense layer's MLP (mlp_only_layers) unadapted; later
     # peft adapts it: the refusal must follow what the installed peft does
     dense_too = make_tiny_model(tmp_path / "q3", "qwen3_moe", num_hidden_layers=2, mlp_only_layers=[0])
@@ -142,8 +156,11 @@ def test_targets_peft_cannot_adapt_are_refused_naming_the_key(model_dir, tmp_pat
             _worker(dense_too, "trainer.policy.model.lora.rank=2")
     else:
         assert _worker(dense_too, "trainer.policy.model.lora.rank=2").lora
-    excluded = ["trainer.policy.model.lora.rank=2", "trainer.policy.model.lora.exclude_modules=[layers.0.mlp.gate_proj,"
-                "layers.0.mlp.up_proj,layers.0.mlp.down_proj]"]
+    excluded = [
+        "trainer.policy.model.lora.rank=2",
+        "trainer.policy.model.lora.exclude_modules=[layers.0.mlp.gate_proj,"
+        "layers.0.mlp.up_proj,layers.0.mlp.down_proj]",
+    ]
     assert _worker(dense_too, *excluded).lora
 
 

@@ -33,7 +33,9 @@ def _cfg(*overrides: str):
 
 def test_names_resolve_when_the_objective_is_built():
     objective = Objective.from_config(_cfg(ALG + "advantage_estimator=rloo", ALG + "policy_loss_type=cispo"))
-    assert objective.estimator is ADVANTAGE_ESTIMATORS.get("rloo") and objective.policy_loss is POLICY_LOSSES.get("cispo")
+    assert objective.estimator is ADVANTAGE_ESTIMATORS.get(
+        "rloo"
+    ) and objective.policy_loss is POLICY_LOSSES.get("cispo")
     imported = Objective.from_config(_cfg(ALG + "advantage_estimator=inflight.algorithms.skyrl_calls:maxrl"))
     assert imported.estimator is ADVANTAGE_ESTIMATORS.get("maxrl")
 
@@ -41,7 +43,11 @@ def test_names_resolve_when_the_objective_is_built():
 def test_an_unknown_name_validates_but_a_run_refuses_it_naming_the_known_ones():
     cfg = _cfg(ALG + "advantage_estimator=my_estimator")  # validates: user code may register it
     (violation,) = [v for v in unimplemented(cfg) if v.key == ALG + "advantage_estimator"]
-    assert "grpo" in violation.rule and "no_op" in violation.rule and "register_advantage_estimator" in violation.rule
+    assert (
+        "grpo" in violation.rule
+        and "no_op" in violation.rule
+        and "register_advantage_estimator" in violation.rule
+    )
     with pytest.raises(ConfigError):
         require_implemented(cfg)
     with pytest.raises(ValueError, match="use one of grpo"):
@@ -75,8 +81,12 @@ def test_the_deprecated_tis_keys_mean_what_skyrl_reads_them_as():
 
 def test_the_training_temperature():
     assert training_temperature(_cfg("generator.sampling_params.temperature=0.7")) == 0.7
-    assert training_temperature(_cfg("generator.sampling_params.temperature=0.7", ALG + "temperature=1.3")) == 1.3
-    assert training_temperature(_cfg("generator.sampling_params.temperature=0.0")) == 1.0  # greedy: plain logits
+    assert (
+        training_temperature(_cfg("generator.sampling_params.temperature=0.7", ALG + "temperature=1.3"))
+        == 1.3
+    )
+    # greedy: plain logits
+    assert training_temperature(_cfg("generator.sampling_params.temperature=0.0")) == 1.0
 
 
 def _traj(n: int, reward: float, turns=()) -> Trajectory:
@@ -125,8 +135,10 @@ def test_the_loss_sees_the_batch_s_row_order_whatever_the_micro_batch_s(name):
     old = -3 * torch.rand(8, 12, generator=gen)
     log_probs = old + 0.5 * torch.randn(8, 12, generator=gen)
     advantages = torch.zeros(8, 12) if name == "kl_cov" else 3 * torch.randn(8, 12, generator=gen)
-    batch = RLBatch(input_ids=torch.zeros(8, 12, dtype=torch.long), loss_mask=mask, attention_mask=mask.long(),
-                    advantages=advantages, old_logprobs=old)
+    batch = RLBatch(
+        input_ids=torch.zeros(8, 12, dtype=torch.long), loss_mask=mask, attention_mask=mask.long(),
+        advantages=advantages, old_logprobs=old,
+    )
     (part,) = plan_micro_batches(lengths, max_rows=8, pass_cost=math.inf)  # one micro-batch, longest first
     assert part != sorted(part)
     micro = batch.select(torch.tensor(part))
@@ -136,8 +148,9 @@ def test_the_loss_sees_the_batch_s_row_order_whatever_the_micro_batch_s(name):
     torch.manual_seed(11)
     ours = rl_loss(objective)(ours_lp[part], micro)
     torch.manual_seed(11)
-    sky, _ = ppo.PolicyLossRegistry.get(name)(sky_lp, old, batch.advantages,
-                                              skyrl_config.AlgorithmConfig(policy_loss_type=name), loss_mask=mask)
+    sky, _ = ppo.PolicyLossRegistry.get(name)(
+        sky_lp, old, batch.advantages, skyrl_config.AlgorithmConfig(policy_loss_type=name), loss_mask=mask
+    )
     (ours + sky).backward()  # the two graphs are disjoint: each input gets its own loss's gradient
     torch.testing.assert_close(ours.detach(), sky.detach(), rtol=1e-6, atol=0)
     torch.testing.assert_close(ours_lp.grad, sky_lp.grad, rtol=1e-6, atol=0)

@@ -33,8 +33,13 @@ def test_null_picks_bfloat16_exactly_where_the_cpu_multiplies_it_natively() -> N
     assert use_bf16(cfg, torch.device("cpu")) == bool(flags & {"amx_bf16", "avx512_bf16"})
 
 
-@pytest.mark.parametrize("flags, want", [({"avx2", "fma"}, False), ({"avx512f", "avx512bw"}, False),
-                                         ({"avx512f", "avx512_bf16"}, True), ({"amx_tile", "amx_bf16"}, True)])
+@pytest.mark.parametrize(
+    "flags, want",
+    [
+        ({"avx2", "fma"}, False), ({"avx512f", "avx512bw"}, False), ({"avx512f", "avx512_bf16"}, True),
+        ({"amx_tile", "amx_bf16"}, True),
+    ],
+)
 def test_null_follows_the_cpu_flags(monkeypatch: pytest.MonkeyPatch, flags: set[str], want: bool) -> None:
     monkeypatch.setattr(local, "cpu_flags", lambda: frozenset(flags))
     cfg = make_config("trainer.bf16=null")

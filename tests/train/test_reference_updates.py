@@ -58,7 +58,8 @@ def test_the_reference_takes_the_policy_once_an_epoch_is_trained(models, tmp_pat
     assert all(torch.equal(ref_now[k], v) for k, v in after_mixed.items())
     assert any(not torch.equal(after_epoch_0[k], v) for k, v in after_mixed.items())
     with pytest.raises(Exception, match="update_ref_every_epoch"):
-        rl_config(models[0], tmp_path, [*BASE, "trainer.update_ref_every_epoch=true"])  # no reference to update
+        # no reference to update
+        rl_config(models[0], tmp_path, [*BASE, "trainer.update_ref_every_epoch=true"])
 
 
 def test_on_policy_distillation_moves_the_student_toward_the_teacher(models, tmp_path):
@@ -67,7 +68,8 @@ def test_on_policy_distillation_moves_the_student_toward_the_teacher(models, tmp
     move toward the teacher's."""
     cfg, _ = rl_config(models[0], tmp_path, [
         *BASE, ALG + "on_policy_distillation=true", ALG + "advantage_estimator=no_op",
-        ALG + "policy_loss_type=importance_sampling", ALG + "use_kl_loss=false", f"trainer.ref.model.path={models[1]}",
+        ALG + "policy_loss_type=importance_sampling", ALG + "use_kl_loss=false",
+        f"trainer.ref.model.path={models[1]}",
         ALG + "zero_variance_filter=false", "trainer.policy.optimizer_config.lr=3e-3"])  # fmt: skip
     worker = LocalPolicyWorker(cfg).setup()
     teacher = LocalPolicyWorker(cfg, model_path=str(models[1]), role="ref")
@@ -86,8 +88,14 @@ def test_on_policy_distillation_moves_the_student_toward_the_teacher(models, tmp
         gaps.append(gap())
     assert gaps[-1] < 0.7 * gaps[0] and "distill/reverse_kl" in metrics
     with pytest.raises(Exception, match="use_kl_in_reward"):
-        rl_config(models[0], tmp_path, [*BASE, ALG + "on_policy_distillation=true", ALG + "use_kl_in_reward=true",
-                                        ALG + "use_kl_loss=false"])
+        rl_config(
+            models[0],
+            tmp_path,
+            [
+                *BASE, ALG + "on_policy_distillation=true", ALG + "use_kl_in_reward=true",
+                ALG + "use_kl_loss=false",
+            ],
+        )
 
 
 class _NoEngine:
@@ -96,9 +104,10 @@ class _NoEngine:
 
 def test_a_checkpoint_keeps_the_critic_the_updated_reference_and_the_kl_controller(models, tmp_path):
     cfg, job = rl_config(models[0], tmp_path, [
-        *BASE, ALG + "advantage_estimator=gae", f"trainer.critic.model.path={models[0]}", ALG + "use_kl_loss=false",
-        ALG + "use_kl_in_reward=true", ALG + "kl_ctrl.type=adaptive", ALG + "kl_ctrl.horizon=10",
-        "trainer.update_ref_every_epoch=true", "trainer.epochs=3", f"trainer.ckpt_path={tmp_path / 'ckpt'}",
+        *BASE, ALG + "advantage_estimator=gae", f"trainer.critic.model.path={models[0]}",
+        ALG + "use_kl_loss=false", ALG + "use_kl_in_reward=true", ALG + "kl_ctrl.type=adaptive",
+        ALG + "kl_ctrl.horizon=10", "trainer.update_ref_every_epoch=true", "trainer.epochs=3",
+        f"trainer.ckpt_path={tmp_path / 'ckpt'}",
         "trainer.policy.optimizer_config.lr=1e-3"])  # fmt: skip
     groups = make_groups(models[0], 0)
     policy = LocalPolicy.load(cfg, job, 0, models[0], _NoEngine(), None, 0)
@@ -110,9 +119,13 @@ def test_a_checkpoint_keeps_the_critic_the_updated_reference_and_the_kl_controll
     assert (ckpt.path / "critic").is_dir() and (ckpt.path / "ref").is_dir()
     resumed = LocalPolicy.load(cfg, job, 0, ckpt.model_dir, _NoEngine(), None, ckpt.weight_version, ckpt=ckpt)
     assert resumed.step_fn.ref_epoch == 1
-    assert resumed.step_fn.objective.kl_controller.value == pytest.approx(policy.step_fn.objective.kl_controller.value)
+    assert resumed.step_fn.objective.kl_controller.value == pytest.approx(
+        policy.step_fn.objective.kl_controller.value
+    )
     for old, new in ((policy.critic, resumed.critic), (policy.reference, resumed.reference)):
         saved, loaded = _state(old), _state(new)
         assert all(torch.equal(saved[k], loaded[k]) for k in saved)
     moments = lambda w: [s["exp_avg"] for s in w.optimizer.state_dict()["state"].values()]  # noqa: E731
-    assert all(torch.equal(a, b) for a, b in zip(moments(policy.critic), moments(resumed.critic), strict=True))
+    assert all(
+        torch.equal(a, b) for a, b in zip(moments(policy.critic), moments(resumed.critic), strict=True)
+    )

@@ -18,14 +18,17 @@ LAYERS, TOP_K = 3, 2
 
 
 def _traj(prompt: int, response: int, start: int = 0, rows: int | None = None, seed: int = 0) -> Trajectory:
-    """A trajectory with a random record of `rows` rows (default: every position but the last) from `start`."""
+    """A trajectory with a random record of `rows` rows (default: every position but the last) from
+    `start`."""
     rng = np.random.default_rng(seed)
     n = prompt + response
     rows = n - 1 - start if rows is None else rows
     record = rng.integers(0, 8, size=(rows, LAYERS, TOP_K)).astype(np.uint8)
-    return Trajectory(list(rng.integers(3, 50, prompt)), list(rng.integers(3, 50, response)), [-0.5] * response,
-                      [0] * response, [1] * response, float(seed % 2), "stop", routed_experts=record,
-                      routed_experts_start=start)
+    return Trajectory(
+        list(rng.integers(3, 50, prompt)), list(rng.integers(3, 50, response)), [-0.5] * response,
+        [0] * response, [1] * response, float(seed % 2), "stop", routed_experts=record,
+        routed_experts_start=start,
+    )
 
 
 def test_rows_sit_at_their_positions_and_the_rest_is_no_record():

@@ -23,13 +23,21 @@ from inflight.train.runtime import LocalRuntime, start_local
 
 
 def _cfg(model_dir):
-    return load_config(None, [*LOCAL_CPU, f"trainer.policy.model.path={model_dir}", "generator.inference_engine.num_kv_blocks=32",
-                              "generator.inference_engine.weight_sync_backend=inprocess"])
+    return load_config(
+        None,
+        [
+            *LOCAL_CPU, f"trainer.policy.model.path={model_dir}",
+            "generator.inference_engine.num_kv_blocks=32",
+            "generator.inference_engine.weight_sync_backend=inprocess",
+        ],
+    )
 
 
 def test_train_imports_neither_ray_nor_cluster():
-    code = ("import sys, inflight.train.main, inflight.train.trainer, inflight.train.runtime; "
-            "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith(('ray.', 'inflight.cluster'))))")
+    code = (
+        "import sys, inflight.train.main, inflight.train.trainer, inflight.train.runtime; "
+        "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith(('ray.', 'inflight.cluster'))))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -41,7 +49,9 @@ def test_no_module_of_train_imports_ray_or_cluster_even_on_use():
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
             names += [node.module or ""] if isinstance(node, ast.ImportFrom) else []
-            found += [f"{path.name}: {n}" for n in names if n == "ray" or n.startswith(("ray.", "inflight.cluster"))]
+            found += [
+                f"{path.name}: {n}" for n in names if n == "ray" or n.startswith(("ray.", "inflight.cluster"))
+            ]
     assert found == []
 
 
@@ -114,4 +124,6 @@ def test_every_training_step_runs_on_the_policys_one_named_thread(tiny_model_fac
 
     seen, loop_thread = asyncio.run(run())
     (name, tid, _), (name2, tid2, version2) = seen
-    assert name.startswith(TRAIN_THREAD_NAME) and name2 == name and tid2 == tid != loop_thread and version2 == 1
+    assert (
+        name.startswith(TRAIN_THREAD_NAME) and name2 == name and tid2 == tid != loop_thread and version2 == 1
+    )

@@ -145,7 +145,9 @@ def test_off_the_plain_path_is_unchanged(model_dir):
     shared = _worker(model_dir)
     with torch.no_grad():
         got, want = (w.compute_logprobs(batch) * batch.attention_mask for w in (shared, plain))
-    assert_close_to_reference(got, want, [v[0] for v in _variants(_transformers(model_dir), batch, None)], "logprobs")
+    assert_close_to_reference(
+        got, want, [v[0] for v in _variants(_transformers(model_dir), batch, None)], "logprobs"
+    )
 
 
 def test_a_lora_policy_packs_to_peft_s_plain_forward(model_dir):

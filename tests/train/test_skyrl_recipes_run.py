@@ -31,7 +31,9 @@ SHRINK = [
 """Sizes only: a tiny model and a few steps."""
 SCRIPTS = {
     "examples/train/ppo/run_ppo.sh": [],
-    "examples/train/fully_async/fully_async_run_gsm8k.sh": ["trainer.fully_async.num_parallel_generation_workers=2"],
+    "examples/train/fully_async/fully_async_run_gsm8k.sh": [
+        "trainer.fully_async.num_parallel_generation_workers=2"
+    ],
 }
 """The scripts, with what their sizes need besides SHRINK (generation workers for 2 prompts). (DAPO's
 dynamic sampling needs prompts whose samples differ in reward, which a random tiny model never gives:
@@ -52,10 +54,18 @@ def workspace(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("recipes")
     # vLLM CPU attends heads of 32 or more dimensions: 64 wide, 2 heads
-    make_tiny_model(root / "model", arch="qwen2", max_position_embeddings=256, hidden_size=64, num_attention_heads=2,
-                    num_key_value_heads=1)
-    subprocess.run([sys.executable, str(ROOT / "examples" / "gsm8k" / "make_data.py"), "--output-dir",
-                    str(root / "data"), "--num-train", "40", "--num-test", "8"], check=True, capture_output=True)
+    make_tiny_model(
+        root / "model", arch="qwen2", max_position_embeddings=256, hidden_size=64, num_attention_heads=2,
+        num_key_value_heads=1,
+    )
+    subprocess.run(
+        [
+            sys.executable, str(ROOT / "examples" / "gsm8k" / "make_data.py"), "--output-dir",
+            str(root / "data"), "--num-train", "40", "--num-test", "8",
+        ],
+        check=True,
+        capture_output=True,
+    )
     for split, name in (("train", "train_data"), ("test", "val_data")):
         (root / "data" / f"{name}.parquet").symlink_to(root / "data" / f"{split}.parquet")
     return root

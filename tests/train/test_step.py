@@ -38,8 +38,12 @@ def test_one_optimizer_step_needs_no_old_forward(model_dir, groups, tmp_path):
     ["trainer.update_epochs_per_batch=2"],
     ["trainer.algorithm.use_kl_in_reward=true", "trainer.algorithm.use_kl_loss=false"],
 ])  # fmt: skip
-def test_several_optimizer_steps_or_rewards_from_them_need_an_old_forward(model_dir, groups, tmp_path, overrides):
-    _, metrics = step_grads(model_dir, tmp_path, overrides, groups, 1, ref_dir=model_dir if "kl" in overrides[0] else None)
+def test_several_optimizer_steps_or_rewards_from_them_need_an_old_forward(
+    model_dir, groups, tmp_path, overrides
+):
+    _, metrics = step_grads(
+        model_dir, tmp_path, overrides, groups, 1, ref_dir=model_dir if "kl" in overrides[0] else None
+    )
     assert "prox_forward_s" in metrics
 
 
@@ -49,14 +53,18 @@ def test_losses_that_read_the_rollout_need_no_old_forward(model_dir, groups, tmp
     assert "prox_forward_s" not in metrics and metrics["optimizer_steps"] == 2
 
 
-def test_zero_variance_groups_train_nothing_and_a_batch_without_signal_takes_no_step(model_dir, groups, tmp_path):
+def test_zero_variance_groups_train_nothing_and_a_batch_without_signal_takes_no_step(
+    model_dir, groups, tmp_path
+):
     _, metrics = step_grads(model_dir, tmp_path, [], groups, 1)
     assert metrics["groups_dropped"] == 1 and metrics["groups_trained"] == 2
     assert metrics["trained_tokens"] == sum(sum(t.loss_mask) for g in groups[:2] for t in g.trajectories)
     flat = make_groups(model_dir, 1, rewards=[[1.0] * 4, [0.0] * 4, [0.5] * 4])
     grads, metrics = step_grads(model_dir, tmp_path, [], flat, 1)
     assert grads is None and metrics["optimizer_steps"] == 0 and metrics["is_ratio_mean"] is None
-    grads, metrics = step_grads(model_dir, tmp_path, ["trainer.algorithm.zero_variance_filter=false"], flat, 1)
+    grads, metrics = step_grads(
+        model_dir, tmp_path, ["trainer.algorithm.zero_variance_filter=false"], flat, 1
+    )
     assert grads is not None and metrics["groups_trained"] == 3  # GRPO gives them advantage 0, SkyRL's way
 
 
@@ -69,9 +77,10 @@ def test_groups_of_unequal_size_are_refused(model_dir, groups, tmp_path):
 
 
 def test_a_run_without_its_reference_or_critic_is_refused(model_dir, tmp_path):
-    for overrides, what in ((["trainer.algorithm.use_kl_loss=true"], "reference"),
-                            ([f"trainer.critic.model.path={model_dir}", "trainer.algorithm.advantage_estimator=gae"],
-                             "critic")):
+    for overrides, what in (
+        (["trainer.algorithm.use_kl_loss=true"], "reference"),
+        ([f"trainer.critic.model.path={model_dir}", "trainer.algorithm.advantage_estimator=gae"], "critic"),
+    ):
         cfg, _ = rl_config(model_dir, tmp_path, [*BASE, *overrides])
         with pytest.raises(ValueError, match=what):
             TrainingStep(LocalPolicyWorker(cfg), cfg, 0)

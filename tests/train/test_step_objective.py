@@ -17,15 +17,18 @@ ALG = "trainer.algorithm."
 CASES = {
     "grpo-regular-token_mean": ([], 0),
     "rloo-dual_clip-sequence_mean-token_tis": ([
-        ALG + "advantage_estimator=rloo", ALG + "policy_loss_type=dual_clip", ALG + "loss_reduction=sequence_mean",
-        ALG + "eps_clip_high=0.28", ALG + "off_policy_correction.tis_ratio_type=token",
+        ALG + "advantage_estimator=rloo", ALG + "policy_loss_type=dual_clip",
+        ALG + "loss_reduction=sequence_mean", ALG + "eps_clip_high=0.28",
+        ALG + "off_policy_correction.tis_ratio_type=token",
         ALG + "off_policy_correction.token_tis_ratio_clip_high=1.1"], 2),
     "maxrl-gspo-seq_mean_token_sum_norm-masks": ([
-        ALG + "advantage_estimator=maxrl", ALG + "policy_loss_type=gspo", ALG + "loss_reduction=seq_mean_token_sum_norm",
-        ALG + "max_seq_len=40", ALG + "off_policy_correction.tis_ratio_type=sequence",
+        ALG + "advantage_estimator=maxrl", ALG + "policy_loss_type=gspo",
+        ALG + "loss_reduction=seq_mean_token_sum_norm", ALG + "max_seq_len=40",
+        ALG + "off_policy_correction.tis_ratio_type=sequence",
         ALG + "off_policy_correction.sequence_tis_ratio_clip_high=1.2",
-        ALG + "off_policy_correction.sequence_mask_metric=geometric", ALG + "off_policy_correction.geo_mask_low=0.9",
-        ALG + "off_policy_correction.geo_mask_high=1.1", ALG + "off_policy_correction.token_mask_is_threshold_low=0.5",
+        ALG + "off_policy_correction.sequence_mask_metric=geometric",
+        ALG + "off_policy_correction.geo_mask_low=0.9", ALG + "off_policy_correction.geo_mask_high=1.1",
+        ALG + "off_policy_correction.token_mask_is_threshold_low=0.5",
         ALG + "off_policy_correction.token_mask_is_threshold_high=1.5"], 1),
     "reinforce++-cispo-prompt_mean-normalized": ([
         ALG + "advantage_estimator=reinforce++", ALG + "gamma=0.9", ALG + "policy_loss_type=cispo",
@@ -62,8 +65,10 @@ def test_the_step_gradient_is_the_objective_s(models, groups, tmp_path, name):
     overrides, version = CASES[name]
     want = direct_grads(models[0], tmp_path, overrides, groups[version])
     for micro in (64, 1):
-        got, metrics = step_grads(models[0], tmp_path, [*overrides, f"trainer.micro_train_batch_size_per_gpu={micro}"],
-                                  groups[version], version)
+        got, metrics = step_grads(
+            models[0], tmp_path, [*overrides, f"trainer.micro_train_batch_size_per_gpu={micro}"],
+            groups[version], version,
+        )
         _close(got, want)
         assert metrics["groups_dropped"] == 1 and metrics["optimizer_steps"] == 1
         assert "prox_forward_s" not in metrics  # one optimizer step: the training forward is the old policy
@@ -88,8 +93,10 @@ def test_kl_loss_and_entropy_bonus(models, groups, tmp_path, estimator):
     per micro-batch of `micro_train_batch_size_per_gpu` consecutive rows, a token mean, weighted by
     rows (one micro-batch: the mini-batch's token mean; one row each, SkyRL's default: the mean of the
     rows' means), whatever micro-batches the step runs."""
-    overrides = [ALG + "use_kl_loss=true", ALG + "kl_loss_coef=0.3", ALG + f"kl_estimator_type={estimator}",
-                 ALG + "use_entropy_loss=true", ALG + "entropy_loss_coef=0.05", "trainer.logprobs_chunk_size=5"]
+    overrides = [
+        ALG + "use_kl_loss=true", ALG + "kl_loss_coef=0.3", ALG + f"kl_estimator_type={estimator}",
+        ALG + "use_entropy_loss=true", ALG + "entropy_loss_coef=0.05", "trainer.logprobs_chunk_size=5",
+    ]
     entropies = []
     for micro in (64, 1):
         cut = [*overrides, f"trainer.micro_train_batch_size_per_gpu={micro}"]
@@ -110,7 +117,10 @@ def test_a_mini_batch_of_several_gets_its_own_old_forward(models, groups, tmp_pa
     overrides = ["trainer.fully_async.enabled=false", "trainer.policy_mini_batch_size=1",
                  ALG + "policy_loss_type=dual_clip", ALG + "loss_reduction=sequence_mean"]
     want = direct_grads(models[0], tmp_path, overrides, groups[1], rows=slice(0, 4))
-    for extra in ([], ["trainer.recompute_old_logprobs_per_minibatch=false", "trainer.micro_forward_batch_size_per_gpu=3"]):
+    for extra in (
+        [],
+        ["trainer.recompute_old_logprobs_per_minibatch=false", "trainer.micro_forward_batch_size_per_gpu=3"],
+    ):
         got, metrics = step_grads(models[0], tmp_path, [*overrides, *extra], groups[1], 1)
         _close(got, want)
         assert "prox_forward_s" in metrics and metrics["optimizer_steps"] == 3  # one per mini-batch, as SkyRL

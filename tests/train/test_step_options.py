@@ -19,7 +19,9 @@ OPC = "trainer.algorithm.off_policy_correction."
 def test_the_default_config_gives_the_default_options():
     assert StepOptions.from_config(load_config(None)) == StepOptions()
     assert StepOptions().shared_prefix_forward  # on by default: packs where it pays
-    assert StepOptions.from_config(load_config(None, list(LOCAL_CPU))) == StepOptions(shared_prefix_forward=False)
+    assert StepOptions.from_config(load_config(None, list(LOCAL_CPU))) == StepOptions(
+        shared_prefix_forward=False
+    )
 
 
 @pytest.mark.parametrize(
@@ -32,7 +34,9 @@ def test_the_default_config_gives_the_default_options():
     ],
 )  # fmt: skip
 def test_each_key_sets_its_option(overrides, want):
-    assert StepOptions.from_config(load_config(None, [*LOCAL_CPU, *overrides])) == StepOptions(shared_prefix_forward=False, **want)
+    assert StepOptions.from_config(load_config(None, [*LOCAL_CPU, *overrides])) == StepOptions(
+        shared_prefix_forward=False, **want
+    )
 
 
 @pytest.mark.parametrize(
@@ -59,7 +63,9 @@ def _tis(cfg: Config) -> tuple[str | None, float, float, bool]:
 
 
 def test_the_old_job_keys_set_the_schema_keys():
-    cfg, job = resolve_config(None, ["job.tis=sequence", "job.tis_cap=3", "job.drop_zero_advantage_groups=false"])
+    cfg, job = resolve_config(
+        None, ["job.tis=sequence", "job.tis_cap=3", "job.drop_zero_advantage_groups=false"]
+    )
     assert _tis(cfg) == ("sequence", 3.0, 3.0, False)
     cfg, _ = resolve_config(None, ["job.tis=none"])
     assert cfg.trainer.algorithm.off_policy_correction.tis_ratio_type is None

@@ -16,8 +16,10 @@ from inflight.train import step as step_module
 from inflight.train.data_parallel import DataParallel, MicroPlan, padding, shard_step
 from inflight.train.step import StepOptions, TrainingStep, build_batch, shard_logprobs
 
-COMPARED = ("loss", "clip_ratio", "kl", "is_ratio_mean", "is_ratio_max", "is_ratio_min", "tis_token_clip_high_ratio",
-            "trained_tokens", "optimizer_steps")
+COMPARED = (
+    "loss", "clip_ratio", "kl", "is_ratio_mean", "is_ratio_max", "is_ratio_min", "tis_token_clip_high_ratio",
+    "trained_tokens", "optimizer_steps",
+)
 SIZES = ("trainer.train_batch_size=4", "trainer.policy_mini_batch_size=4",
          "trainer.fully_async.num_parallel_generation_workers=8", "trainer.algorithm.max_seq_len=40")
 REGIMES = {
@@ -70,7 +72,9 @@ def fully_padded(batch, mini):
 def run_step(model_dir, tmp_path, overrides, version, micro, options, monkeypatch=None, groups=None) -> dict:
     """One step with plain SGD (so parameters compare to 1e-5); the updated state, the metrics and
     the [rows, width] of every forward/backward."""
-    cfg, _ = rl_config(model_dir, tmp_path, [*SIZES, f"trainer.micro_train_batch_size_per_gpu={micro}", *overrides])
+    cfg, _ = rl_config(
+        model_dir, tmp_path, [*SIZES, f"trainer.micro_train_batch_size_per_gpu={micro}", *overrides]
+    )
     worker = LocalPolicyWorker(cfg).setup()
     worker.optimizer = torch.optim.SGD([p for p in worker.model.parameters() if p.requires_grad], lr=0.5)
     reference = None
@@ -91,7 +95,10 @@ def run_step(model_dir, tmp_path, overrides, version, micro, options, monkeypatc
     metrics = step(groups or long_tail_groups(0), version)
     if monkeypatch is not None:
         monkeypatch.undo()
-    return {"state": worker.full_hf_state_dict(), "initial": initial, "metrics": metrics, "shapes": shapes, "counts": step.counts}
+    return {
+        "state": worker.full_hf_state_dict(), "initial": initial, "metrics": metrics, "shapes": shapes,
+        "counts": step.counts,
+    }
 
 
 def test_each_micro_batch_is_padded_to_its_own_longest_row(model_dir, tmp_path):
@@ -112,9 +119,13 @@ def test_each_micro_batch_is_padded_to_its_own_longest_row(model_dir, tmp_path):
 def test_the_update_equals_the_fully_padded_one(model_dir, tmp_path, monkeypatch, regime, reduction):
     version, overrides = REGIMES[regime]
     overrides = [*overrides, f"trainer.algorithm.loss_reduction={reduction}"]
-    want = run_step(model_dir, tmp_path, overrides, version, 64, StepOptions(shared_prefix_forward=False), monkeypatch)
+    want = run_step(
+        model_dir, tmp_path, overrides, version, 64, StepOptions(shared_prefix_forward=False), monkeypatch
+    )
     # every distinct length its own micro-batch, at most 3 rows, at most 30 padded tokens
-    options = StepOptions(max_tokens_per_micro_batch=30, micro_batch_pass_tokens=0.0, shared_prefix_forward=False)
+    options = StepOptions(
+        max_tokens_per_micro_batch=30, micro_batch_pass_tokens=0.0, shared_prefix_forward=False
+    )
     got = run_step(model_dir, tmp_path, overrides, version, 3, options)
     assert len(got["shapes"]) > 2 * len(want["shapes"])
     assert_same_update(got, want, overrides)
@@ -132,7 +143,9 @@ def assert_same_update(got: dict, want: dict, overrides: list[str]) -> None:
     for key, tensor in want["state"].items():
         size = float((tensor - want["initial"][key]).abs().max())
         off = float((got["state"][key] - tensor).abs().max())
-        assert off <= update_rtol * size + 1e-7, f"{key}: off by {off:.3g}, {off / max(size, 1e-30):.2g} of the update"
+        assert off <= update_rtol * size + 1e-7, (
+            f"{key}: off by {off:.3g}, {off / max(size, 1e-30):.2g} of the update"
+        )
     rel = summation_order_tolerance(int(want["metrics"]["trained_tokens"]))
     # after a first optimizer step the weights agree to a few 1e-4 of the update, and the later
     # passes' metrics inherit it: 1.2e-4 relative on the loss, measured on AVX2
@@ -168,13 +181,17 @@ def distinct_prompt_groups() -> list[TrajectoryGroup]:
 
 @pytest.mark.parametrize("reduction", ["token_mean", "seq_mean_token_sum_norm"])
 @pytest.mark.parametrize("regime", list(REGIMES))
-def test_the_shared_prefix_update_equals_the_fully_padded_one(model_dir, tmp_path, monkeypatch, regime, reduction):
+def test_the_shared_prefix_update_equals_the_fully_padded_one(
+    model_dir, tmp_path, monkeypatch, regime, reduction
+):
     """`trainer.shared_prefix_forward`: micro-batches of whole groups, each group one packed row;
     the update, the metrics and the proximal and reference forwards as fully padded."""
     version, overrides = REGIMES[regime]
     overrides = [*overrides, f"trainer.algorithm.loss_reduction={reduction}"]
-    want = run_step(model_dir, tmp_path, overrides, version, 64, StepOptions(shared_prefix_forward=False), monkeypatch,
-                    groups=distinct_prompt_groups())
+    want = run_step(
+        model_dir, tmp_path, overrides, version, 64, StepOptions(shared_prefix_forward=False), monkeypatch,
+        groups=distinct_prompt_groups(),
+    )
     shared = [*overrides, "trainer.shared_prefix_forward=true"]
     got = run_step(model_dir, tmp_path, shared, version, 8, StepOptions(micro_batch_pass_tokens=0.0,
                                                                           shared_prefix_forward=True),

@@ -71,7 +71,9 @@ def test_the_dumped_routing_record_reads_back_as_transformers_routes(tmp_path):
     async def play():
         engine = AsyncEngine(LLMEngine(EngineConfig(model=str(model_dir), num_kv_blocks=128, block_size=4)))
         try:
-            gen = TaskGenerator(LocalClient(engine), task, n=2, seed=3, max_tokens=6, return_routed_experts=True)
+            gen = TaskGenerator(
+                LocalClient(engine), task, n=2, seed=3, max_tokens=6, return_routed_experts=True
+            )
             return [await gen(p, epoch=1) for p in task.train_problems()]
         finally:
             await engine.close()

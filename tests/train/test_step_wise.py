@@ -47,10 +47,15 @@ def episode(gen: torch.Generator, turns: int, version: int = 1) -> Trajectory:
 
 def make_groups(seed: int = 0, turns=TURNS) -> list[TrajectoryGroup]:
     gen = torch.Generator().manual_seed(seed)
-    return [TrajectoryGroup(Problem(f"p{g}", "q", "a"), [episode(gen, n) for n in ts]) for g, ts in enumerate(turns)]
+    return [
+        TrajectoryGroup(Problem(f"p{g}", "q", "a"), [episode(gen, n) for n in ts])
+        for g, ts in enumerate(turns)
+    ]
 
 
-def skyrl_advantages(rows: list[Trajectory], uids: list[int], last: list[bool], algorithm, loss_reduction=None):
+def skyrl_advantages(
+    rows: list[Trajectory], uids: list[int], last: list[bool], algorithm, loss_reduction=None
+):
     """SkyRL's trainer on the rows: (advantages before and after `_normalize_advantages` over one
     mini-batch, returns), [B, R] in its response layout."""
     trainer = import_oracle("skyrl.train.trainer").RayPPOTrainer
@@ -69,7 +74,9 @@ def skyrl_advantages(rows: list[Trajectory], uids: list[int], last: list[bool], 
                          all_metrics={})
     data = trainer.compute_advantages_and_returns(me, data)
     raw, returns = data["advantages"].clone(), data["returns"].clone()
-    boundaries = import_oracle("skyrl.train.dataset.preprocess").compute_prompt_boundaries(data.metadata["uids"])
+    boundaries = import_oracle("skyrl.train.dataset.preprocess").compute_prompt_boundaries(
+        data.metadata["uids"]
+    )
     scaled = trainer._normalize_advantages(me, data, [(0, len(rows))], boundaries)["advantages"]
     return raw, scaled, returns
 
@@ -82,9 +89,10 @@ def ours(groups, overrides):
     loss_mask = torch.zeros(len(trajs), layout.width)
     for r, t in enumerate(trajs):
         loss_mask[r, : len(t.loss_mask)] = torch.tensor(t.loss_mask, dtype=torch.float32)
-    adv = compute_advantages(Objective.from_config(cfg), token_rewards(trajs, layout, [0.0] * len(trajs)), layout,
-                             loss_mask, uids, [(0, len(trajs))], cfg.trainer.micro_train_batch_size_per_gpu,
-                             episodes=episodes)
+    adv = compute_advantages(
+        Objective.from_config(cfg), token_rewards(trajs, layout, [0.0] * len(trajs)), layout, loss_mask, uids,
+        [(0, len(trajs))], cfg.trainer.micro_train_batch_size_per_gpu, episodes=episodes,
+    )
     last = [i == len(episodes) - 1 or episodes[i + 1] != e for i, e in enumerate(episodes)]
     return trajs, uids, last, adv
 
@@ -119,11 +127,15 @@ def run_step(tmp_path, groups, overrides) -> tuple[list, dict]:
     """The step on a tiny model: the rows its training passes saw (ids, attention, loss mask,
     advantages) and its metrics."""
     model_dir = make_tiny_model(tmp_path / "m", seed=0)
-    cfg, _ = rl_config(model_dir, tmp_path, [*overrides, "trainer.train_batch_size=3", "trainer.policy_mini_batch_size=3",
-                                             "generator.n_samples_per_prompt=4",
-                                             "trainer.algorithm.off_policy_correction.tis_ratio_type=null",
-                                             "trainer.fully_async.num_parallel_generation_workers=6",
-                                             "trainer.critic_mini_batch_size=3"])
+    cfg, _ = rl_config(
+        model_dir,
+        tmp_path,
+        [
+            *overrides, "trainer.train_batch_size=3", "trainer.policy_mini_batch_size=3",
+            "generator.n_samples_per_prompt=4", "trainer.algorithm.off_policy_correction.tis_ratio_type=null",
+            "trainer.fully_async.num_parallel_generation_workers=6", "trainer.critic_mini_batch_size=3",
+        ],
+    )
     worker = LocalPolicyWorker(cfg).setup()
     step = TrainingStep(worker, cfg, 0)
     seen, forward_backward = [], worker.forward_backward
@@ -148,12 +160,18 @@ def test_merged_step_wise_output_trains_each_episode_whole(tmp_path):
     utils = import_oracle("skyrl.train.generators.utils")
     rows, episodes = step_rows(groups)
     trajs, _ = rows_of_groups(rows, equal=False)
-    out = utils.merge_stepwise_output({
-        "prompt_token_ids": [t.prompt_ids for t in trajs], "response_ids": [t.response_ids for t in trajs],
-        "rewards": [t.reward for t in trajs], "loss_masks": [t.loss_mask for t in trajs],
-        "stop_reasons": [t.finish_reason for t in trajs], "rollout_logprobs": None,
-        "trajectory_ids": [import_oracle("skyrl.train.generators.base").TrajectoryID(str(e), 0) for e in episodes],
-        "is_last_step": [i == len(episodes) - 1 or episodes[i + 1] != e for i, e in enumerate(episodes)]})
+    out = utils.merge_stepwise_output(
+        {
+            "prompt_token_ids": [t.prompt_ids for t in trajs],
+            "response_ids": [t.response_ids for t in trajs], "rewards": [t.reward for t in trajs],
+            "loss_masks": [t.loss_mask for t in trajs], "stop_reasons": [t.finish_reason for t in trajs],
+            "rollout_logprobs": None,
+            "trajectory_ids": [
+                import_oracle("skyrl.train.generators.base").TrajectoryID(str(e), 0) for e in episodes
+            ],
+            "is_last_step": [i == len(episodes) - 1 or episodes[i + 1] != e for i, e in enumerate(episodes)],
+        }
+    )
     whole = [t for g in groups for t in g.trajectories]
     assert out["prompt_token_ids"] == [t.prompt_ids for t in whole]
     assert out["response_ids"] == [t.response_ids for t in whole]
@@ -169,8 +187,14 @@ def test_a_step_wise_step_trains_one_row_per_turn(tmp_path):
     assert metrics["step_wise_rows"] == len(trajs) == sum(map(sum, TURNS)) and metrics["samples"] == 12
     algorithm = import_oracle("skyrl.train.config").AlgorithmConfig()
     _, scaled, _ = skyrl_advantages(trajs, uids, last, algorithm)
-    zero_variance = {u for u in set(uids) if len({trajs[i].reward for i in range(len(trajs)) if uids[i] == u and last[i]}) == 1}
-    trained = {tuple(t.prompt_ids + t.response_ids): r for r, t in enumerate(trajs) if uids[r] not in zero_variance}
+    zero_variance = {
+        u
+        for u in set(uids)
+        if len({trajs[i].reward for i in range(len(trajs)) if uids[i] == u and last[i]}) == 1
+    }
+    trained = {
+        tuple(t.prompt_ids + t.response_ids): r for r, t in enumerate(trajs) if uids[r] not in zero_variance
+    }
     assert len(seen) == len(trained)  # every turn of every episode with signal, once
     for ids, attention, mask, advantages in seen:
         width = sum(attention)
@@ -197,8 +221,10 @@ def skyrl_generator_refuses(override: str) -> bool:
     for part in path:
         node = getattr(node, part)
     setattr(node, leaf, value if leaf == "name_or_path" else value == "true")
-    me = SimpleNamespace(generator_cfg=cfg, batched=cfg.batched, use_conversation_multi_turn=cfg.use_conversation_multi_turn,
-                         custom_chat_template=utils.get_custom_chat_template(cfg.chat_template))
+    me = SimpleNamespace(
+        generator_cfg=cfg, batched=cfg.batched, use_conversation_multi_turn=cfg.use_conversation_multi_turn,
+        custom_chat_template=utils.get_custom_chat_template(cfg.chat_template),
+    )
     try:
         module.SkyRLGymGenerator._validate_cfg(me, cfg)
     except ValueError as err:

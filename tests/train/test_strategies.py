@@ -33,7 +33,9 @@ def test_the_entries_are_the_configs_choices_and_aliases():
 @pytest.mark.parametrize("name", ["local", "fsdp", "megatron"])
 def test_each_entry_names_its_policy_worker_class(name):
     if name == "megatron":
-        pytest.importorskip("megatron.core", reason="megatron-core is not installed; pip install -e '.[megatron]'")
+        pytest.importorskip(
+            "megatron.core", reason="megatron-core is not installed; pip install -e '.[megatron]'"
+        )
     entry = strategy_entry(name)
     assert issubclass(entry.worker_class(), PolicyWorker)
     assert entry.worker_class().__module__ == entry.worker.partition(":")[0]

@@ -13,9 +13,11 @@ from rl_support import rl_config, warm_model_dir
 from inflight.tasks import AdditionTask
 from inflight.train.trainer import make_trainer
 
-SIZES = ("trainer.train_batch_size=4", "trainer.policy_mini_batch_size=4", "generator.n_samples_per_prompt=4",
-         "trainer.fully_async.num_parallel_generation_workers=8", "trainer.eval_interval=0",
-         "generator.eval_sampling_params.temperature=0", "generator.eval_sampling_params.max_generate_length=8")
+SIZES = (
+    "trainer.train_batch_size=4", "trainer.policy_mini_batch_size=4", "generator.n_samples_per_prompt=4",
+    "trainer.fully_async.num_parallel_generation_workers=8", "trainer.eval_interval=0",
+    "generator.eval_sampling_params.temperature=0", "generator.eval_sampling_params.max_generate_length=8",
+)
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +49,8 @@ def test_kl_in_the_reward_with_the_adaptive_controller(model_dir, tmp_path, mode
         "trainer.algorithm.use_kl_loss=false", "trainer.algorithm.use_kl_in_reward=true",
         "trainer.algorithm.kl_loss_coef=0.1", "trainer.algorithm.kl_ctrl.type=adaptive",
         "trainer.algorithm.kl_ctrl.kl_target=0.001", "trainer.algorithm.kl_ctrl.horizon=40",
-        "trainer.algorithm.zero_variance_filter=false", "trainer.policy.optimizer_config.lr=1e-3"])  # fmt: skip
+        "trainer.algorithm.zero_variance_filter=false",
+        "trainer.policy.optimizer_config.lr=1e-3"])  # fmt: skip
     trainer, history, _, _ = _run(cfg, job, AdditionTask(max_digits=1, num_eval=20, num_train=400))
     assert trainer.mode == mode and len(history) == 3 and trainer.policy.reference is not None
     coefs = [r["kl_loss_coef"] for r in history]
@@ -72,7 +75,8 @@ def test_dynamic_sampling_filter_fills_every_batch_with_signal(model_dir, tmp_pa
     records = _consumed(tmp_path)
     trained = [i for r in records for i in r.get("trained", [])]
     rejected = [i for r in records for i in r.get("rejected", [])]
-    assert len(trained) == 12 and rejected  # the warmed-up model gets some prompts right (or wrong) every time
+    # the warmed-up model gets some prompts right (or wrong) every time
+    assert len(trained) == 12 and rejected
     assert not set(trained) & set(rejected)
 
 

@@ -1,7 +1,7 @@
-"""LoRA on a vision-language policy, synced into the native engine: one LoRA step on the tiny
-Qwen2.5-VL and Qwen3-VL, the adapter sync (the trainer's names, `model.language_model.layers...`, which the engine
-resolves as the full-weight path does), then the engine's greedy logprobs on an image prompt at the
-new version equal the trainer's forward of the same tokens and images (issue 42)."""
+"""LoRA on a vision-language policy, synced into the native engine: one LoRA step on the tiny Qwen2.5-VL and
+Qwen3-VL, the adapter sync (the trainer's names, `model.language_model.layers...`, which the engine resolves
+as the full-weight path does), then the engine's greedy logprobs on an image prompt at the new version equal
+the trainer's forward of the same tokens and images (issue 42)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,9 @@ def vlm_dir(request, tmp_path_factory):
 def _prompt(vlm_dir):
     processor = load_tiny_processor(vlm_dir)
     rng = np.random.RandomState(1)
-    images = [Image.fromarray(rng.randint(0, 255, (h, w, 3), dtype=np.uint8)) for h, w in ((56, 112), (84, 84))]
+    images = [
+        Image.fromarray(rng.randint(0, 255, (h, w, 3), dtype=np.uint8)) for h, w in ((56, 112), (84, 84))
+    ]
     parts = [{"type": "image"}, {"type": "image"}, {"type": "text", "text": "compare them"}]
     text = processor.apply_chat_template([{"role": "user", "content": parts}], add_generation_prompt=True)
     out = processor(text=[text], images=images, return_tensors="pt")
@@ -37,8 +39,13 @@ def _prompt(vlm_dir):
 
 def test_a_lora_step_synced_into_the_engine_scores_as_the_trainer(vlm_dir):
     ids, images = _prompt(vlm_dir)
-    cfg = load_config(None, [*LOCAL_CPU, "trainer.policy.model.lora.rank=4", "trainer.policy.model.lora.alpha=8",
-                             "trainer.logprobs_chunk_size=5", "trainer.policy.optimizer_config.lr=0.05"])
+    cfg = load_config(
+        None,
+        [
+            *LOCAL_CPU, "trainer.policy.model.lora.rank=4", "trainer.policy.model.lora.alpha=8",
+            "trainer.logprobs_chunk_size=5", "trainer.policy.optimizer_config.lr=0.05",
+        ],
+    )
     worker = LocalPolicyWorker(cfg, model_path=str(vlm_dir)).setup()
     worker.model.train()
     loss_mask = torch.ones_like(ids, dtype=torch.float32).index_fill(1, torch.tensor([0]), 0)
@@ -57,12 +64,15 @@ def test_a_lora_step_synced_into_the_engine_scores_as_the_trainer(vlm_dir):
     assert set(out.token_weight_versions) == {1}
     assert out.logprobs != base.logprobs  # the adapter is in the engine's weights
 
-    # a sampled placeholder id is text to the engine but an image to transformers' forward (the trainer's): cut there
+    # a sampled placeholder id is text to the engine but an image to transformers' forward (the trainer's):
+    # cut there
     placeholder = engine.vision.image_token_id
     response = out.output_token_ids[: (out.output_token_ids + [placeholder]).index(placeholder)]
     assert len(response) >= 3
     full = torch.tensor([ids[0].tolist() + response])
-    batch = TrainBatch(input_ids=full, loss_mask=torch.ones_like(full, dtype=torch.float32), **image_rows([images]))
+    batch = TrainBatch(
+        input_ids=full, loss_mask=torch.ones_like(full, dtype=torch.float32), **image_rows([images])
+    )
     worker.temperature = 1.0  # the engine's logprobs are of the unscaled distribution
     worker.model.eval()
     with torch.no_grad():

@@ -57,7 +57,9 @@ def _texts_and_images(processor):
     texts, images = [], []
     for i, (sizes, question, response) in enumerate(ROWS):
         parts = [{"type": "image"} for _ in sizes] + [{"type": "text", "text": question}]
-        prompt = processor.apply_chat_template([{"role": "user", "content": parts}], add_generation_prompt=True)
+        prompt = processor.apply_chat_template(
+            [{"role": "user", "content": parts}], add_generation_prompt=True
+        )
         texts.append(prompt + response)
         images.append([_image(h, w, 10 * i + j) for j, (h, w) in enumerate(sizes)])
     return texts, images
@@ -104,7 +106,8 @@ def _oracle(model, reference, loss_mask, dtype=torch.float32):
     model.zero_grad(set_to_none=True)
     inputs = {k: v.to(dtype) if v.is_floating_point() else v for k, v in reference.items()}
     logits = model(**inputs).logits[:, :-1].float()
-    picked = torch.log_softmax(logits / TEMPERATURE, dim=-1).gather(-1, reference["input_ids"][:, 1:, None])[..., 0]
+    logprobs = torch.log_softmax(logits / TEMPERATURE, dim=-1)
+    picked = logprobs.gather(-1, reference["input_ids"][:, 1:, None])[..., 0]
     (picked * loss_mask[:, 1:]).sum().backward()
     return picked.detach(), {n: p.grad.double() for n, p in model.named_parameters() if p.grad is not None}
 
@@ -137,10 +140,14 @@ def test_logprobs_and_gradients_equal_transformers(vlm_dir, data, oracle, chunk)
     """Every parameter trains (freeze_vision_tower=false): the vision tower's gradients too."""
     batch, _ = data
     (expected, grads), variants = oracle
-    worker = _worker(vlm_dir, f"trainer.logprobs_chunk_size={chunk}", "trainer.policy.model.freeze_vision_tower=false")
+    worker = _worker(
+        vlm_dir, f"trainer.logprobs_chunk_size={chunk}", "trainer.policy.model.freeze_vision_tower=false"
+    )
     got = worker.compute_logprobs(batch)
     mask = batch.attention_mask[:, 1:].bool()
-    assert_close_to_reference(got[:, 1:][mask], expected[mask], [v[0][mask] for v in variants], what="logprobs")
+    assert_close_to_reference(
+        got[:, 1:][mask], expected[mask], [v[0][mask] for v in variants], what="logprobs"
+    )
     (got * batch.loss_mask).sum().backward()
     params = dict(worker.model.named_parameters())
     assert any(name.startswith(TOWER) for name in grads)
@@ -155,8 +162,9 @@ def test_the_vision_tower_is_frozen_by_default(vlm_dir, data, oracle):
     hf_names = [n for n, _ in _hf_class(vlm_dir).from_pretrained(str(vlm_dir)).named_parameters()]
     tower = {n for n in hf_names if n.startswith(TOWER)}
     assert tower and all(not p.requires_grad for n, p in worker.model.named_parameters() if n in tower)
-    assert {id(p) for p in worker.optimizer_parameters()} == {id(p) for n, p in worker.model.named_parameters()
-                                                              if n not in tower}
+    assert {id(p) for p in worker.optimizer_parameters()} == {
+        id(p) for n, p in worker.model.named_parameters() if n not in tower
+    }
     (worker.compute_logprobs(batch) * batch.loss_mask).sum().backward()
     for name, param in worker.model.named_parameters():
         if name in tower:
@@ -170,7 +178,11 @@ def test_lora_adapts_the_language_model_as_peft_does(vlm_dir, data):
     """peft's own LoRA model over transformers' (the tower left out by a pattern of its own) with our
     adapter weights: the same log-probabilities and adapter gradients; no adapter in the tower."""
     batch, reference = data
-    lora = ["trainer.policy.model.lora.rank=4", "trainer.policy.model.lora.alpha=8", "trainer.logprobs_chunk_size=5"]
+    lora = [
+        "trainer.policy.model.lora.rank=4",
+        "trainer.policy.model.lora.alpha=8",
+        "trainer.logprobs_chunk_size=5",
+    ]
     worker = _worker(vlm_dir, *lora)
     with torch.no_grad():
         for name, param in worker.model.named_parameters():
@@ -180,9 +192,13 @@ def test_lora_adapts_the_language_model_as_peft_does(vlm_dir, data):
     assert names and all("lora_" in n and ".visual." not in n for n in names)
     assert not any("visual" in n for n, _ in worker.iter_sync_tensors())
     base = _hf_class(vlm_dir).from_pretrained(str(vlm_dir), dtype=torch.float32)
-    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", exclude_modules=r"model\.visual\..*")
+    config = peft.LoraConfig(
+        r=4, lora_alpha=8, target_modules="all-linear", exclude_modules=r"model\.visual\..*"
+    )
     oracle = peft.get_peft_model(base, config).train()
-    oracle.load_state_dict({n: p.detach() for n, p in worker.model.named_parameters() if "lora_" in n}, strict=False)
+    oracle.load_state_dict(
+        {n: p.detach() for n, p in worker.model.named_parameters() if "lora_" in n}, strict=False
+    )
     expected, grads = _oracle(oracle, reference, batch.loss_mask)
     assert set(grads) == set(names)
     got = worker.compute_logprobs(batch)
@@ -228,7 +244,9 @@ def test_trajectories_bring_their_images_into_the_batch(data):
 
 
 def test_lora_with_a_training_tower_and_megatron_are_refused(vlm_dir, tmp_path):
-    lora_unfrozen = _config("trainer.policy.model.lora.rank=4", "trainer.policy.model.freeze_vision_tower=false")
+    lora_unfrozen = _config(
+        "trainer.policy.model.lora.rank=4", "trainer.policy.model.freeze_vision_tower=false"
+    )
     problems = check_vision_settings(lora_unfrozen, vlm_dir, "local")
     assert [p.key for p in problems] == ["trainer.policy.model.freeze_vision_tower"]
     assert "freeze_vision_tower=true" in str(problems[0])
@@ -257,11 +275,16 @@ def test_after_a_step_and_a_sync_the_engine_scores_as_the_trainer(vlm_dir):
                      "trainer.policy.model.freeze_vision_tower=false")
     ids = prompt["input_ids"]
     images_in = MultimodalInput(prompt["pixel_values"], prompt["image_grid_thw"])
-    step_batch = TrainBatch(input_ids=ids, loss_mask=torch.ones_like(ids, dtype=torch.float32).index_fill(1, torch.tensor([0]), 0),
-                            **image_rows([images_in]))
+    step_batch = TrainBatch(
+        input_ids=ids,
+        loss_mask=torch.ones_like(ids, dtype=torch.float32).index_fill(1, torch.tensor([0]), 0),
+        **image_rows([images_in]),
+    )
     tower_before = {n: p.detach().clone() for n, p in worker.model.named_parameters() if TOWER in n}
     worker.train_step(step_batch)
-    assert any(not torch.equal(p, tower_before[n]) for n, p in worker.model.named_parameters() if n in tower_before)
+    assert any(
+        not torch.equal(p, tower_before[n]) for n, p in worker.model.named_parameters() if n in tower_before
+    )
     engine = LLMEngine(EngineConfig(model=str(vlm_dir), block_size=8))
     engine.begin_weight_update()
     engine.load_weights(worker.iter_sync_tensors())
@@ -269,12 +292,15 @@ def test_after_a_step_and_a_sync_the_engine_scores_as_the_trainer(vlm_dir):
     out = engine.generate([ids[0].tolist()], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True),
                           multimodal=[images_in])[0]
     assert set(out.token_weight_versions) == {1}
-    # a sampled placeholder id is text to the engine but an image to transformers' forward (the trainer's): cut there
+    # a sampled placeholder id is text to the engine but an image to transformers' forward (the trainer's):
+    # cut there
     placeholder = engine.vision.image_token_id
     response = out.output_token_ids[: (out.output_token_ids + [placeholder]).index(placeholder)]
     assert len(response) >= 3
     full = torch.tensor([ids[0].tolist() + response])
-    batch = TrainBatch(input_ids=full, loss_mask=torch.ones_like(full, dtype=torch.float32), **image_rows([images_in]))
+    batch = TrainBatch(
+        input_ids=full, loss_mask=torch.ones_like(full, dtype=torch.float32), **image_rows([images_in])
+    )
     worker.temperature = 1.0  # the engine's logprobs are of the unscaled distribution
     with torch.no_grad():
         trainer = worker.compute_logprobs(batch)[0, ids.shape[1]:]

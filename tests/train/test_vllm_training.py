@@ -40,7 +40,9 @@ VLLM_MODEL = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=256, nu
 def _why_not() -> str | None:
     python = default_python()
     if not (Path(python).is_file() and os.access(python, os.X_OK)):
-        return f"no vLLM python at {python} (create it with scripts/vllm_venv.sh, or set $INFLIGHT_VLLM_PYTHON)"
+        return (
+            f"no vLLM python at {python} (create it with scripts/vllm_venv.sh, or set $INFLIGHT_VLLM_PYTHON)"
+        )
     help_text = subprocess.run([sys.executable, "-m", "inflight.cli", "serve", "--help"], capture_output=True,
                                text=True, timeout=120).stdout
     if "--backend" not in help_text or "--vllm-python" not in help_text:
@@ -112,9 +114,9 @@ def test_fully_async_training_on_vllm_servers_over_a_gloo_group(vllm_model, tmp_
     from inflight.orchestration.sender import ServerGroupSender
 
     ie = "generator.inference_engine."
-    cfg, job = rl_config(vllm_model, tmp_path, [f"{ie}backend=vllm", f"{ie}num_kv_blocks=null", f"{ie}device={device}",
-                                                f"{ie}max_model_len=64", f"trainer.log_path={tmp_path}",
-                                                f"job.max_steps={STEPS}",
+    cfg, job = rl_config(vllm_model, tmp_path, [f"{ie}backend=vllm", f"{ie}num_kv_blocks=null",
+                                                f"{ie}device={device}", f"{ie}max_model_len=64",
+                                                f"trainer.log_path={tmp_path}", f"job.max_steps={STEPS}",
                                                 f"{ie}weight_sync_backend=gloo"])  # SkyRL's name: broadcast
     tok = AutoTokenizer.from_pretrained(vllm_model)
     prompts = [tok.encode(text) for text in ("3+4=", "9+9=", "0+7=")]
@@ -124,7 +126,8 @@ def test_fully_async_training_on_vllm_servers_over_a_gloo_group(vllm_model, tmp_
     for pid in pids:  # stopped by the run's close
         with pytest.raises(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)
-    assert isinstance(transport, ServerGroupSender) and transport.backend == "gloo"  # the trainer's buffer: host memory
+    # the trainer's buffer: host memory
+    assert isinstance(transport, ServerGroupSender) and transport.backend == "gloo"
     assert transport.formed == 1  # formed at start-up, every sync over the same group
     (served,) = health.values()
     assert served["weight_transfer"]["rank"] == 1 and served["weight_transfer"]["world_size"] == 2
@@ -142,10 +145,15 @@ def test_colocated_synchronous_training_on_vllm_servers(vllm_model, tmp_path, de
     from transformers import AutoTokenizer
 
     ie = "generator.inference_engine."
-    cfg, job = rl_config(vllm_model, tmp_path, [f"{ie}backend=vllm", f"{ie}num_kv_blocks=null", f"{ie}device={device}",
-                                                f"{ie}max_model_len=64", f"trainer.log_path={tmp_path}", "job.max_steps=2",
-                                                "trainer.placement.colocate_all=true", "trainer.fully_async.enabled=false",
-                                                f"{ie}weight_sync_backend=gloo"])
+    cfg, job = rl_config(
+        vllm_model,
+        tmp_path,
+        [
+            f"{ie}backend=vllm", f"{ie}num_kv_blocks=null", f"{ie}device={device}", f"{ie}max_model_len=64",
+            f"trainer.log_path={tmp_path}", "job.max_steps=2", "trainer.placement.colocate_all=true",
+            "trainer.fully_async.enabled=false", f"{ie}weight_sync_backend=gloo",
+        ],
+    )
     tok = AutoTokenizer.from_pretrained(vllm_model)
     prompts = [tok.encode(text) for text in ("3+4=", "9+9=")]
     with caplog.at_level(logging.WARNING, logger="inflight.backends.vllm.commands"):
@@ -161,7 +169,11 @@ def test_colocated_synchronous_training_on_vllm_servers(vllm_model, tmp_path, de
     _served_is_exported(vllm_model, export, prompts, outs, version)
 
 
-LORA = ["trainer.policy.model.lora.rank=4", "trainer.policy.model.lora.alpha=8", "trainer.policy.optimizer_config.lr=1e-2"]
+LORA = [
+    "trainer.policy.model.lora.rank=4",
+    "trainer.policy.model.lora.alpha=8",
+    "trainer.policy.optimizer_config.lr=1e-2",
+]
 
 
 def test_lora_training_on_vllm_servers_through_ray(vllm_model, tmp_path, device):
@@ -176,10 +188,15 @@ def test_lora_training_on_vllm_servers_through_ray(vllm_model, tmp_path, device)
     from inflight.train.trainer import make_trainer
 
     ie = "generator.inference_engine."
-    cfg, job = rl_config(vllm_model, tmp_path, [f"{ie}backend=vllm", f"{ie}num_kv_blocks=null", f"{ie}device={device}",
-                                                f"{ie}max_model_len=64", f"trainer.log_path={tmp_path}",
-                                                "job.max_steps=2", "job.ray=true",
-                                                f"{ie}weight_sync_backend=shm", *LORA])
+    cfg, job = rl_config(
+        vllm_model,
+        tmp_path,
+        [
+            f"{ie}backend=vllm", f"{ie}num_kv_blocks=null", f"{ie}device={device}", f"{ie}max_model_len=64",
+            f"trainer.log_path={tmp_path}", "job.max_steps=2", "job.ray=true", f"{ie}weight_sync_backend=shm",
+            *LORA,
+        ],
+    )
     tok = AutoTokenizer.from_pretrained(vllm_model)
     prompt = tok.encode("3+4=")
 
@@ -188,7 +205,9 @@ def test_lora_training_on_vllm_servers_through_ray(vllm_model, tmp_path, device)
         try:
             await trainer.setup()
             history = await trainer.train()
-            out = await trainer.client.generate(prompt, SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
+            out = await trainer.client.generate(
+                prompt, SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+            )
             export = await trainer.policy.export(tmp_path / "exports", trainer.global_step)
             urls = list(trainer.runtime.servers.urls)
             return history, out, export, urls

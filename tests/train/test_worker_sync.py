@@ -115,7 +115,8 @@ def test_engine_logits_equal_the_trained_model_after_the_sync(models, ranks):
 
 @pytest.mark.parametrize(
     ("name", "fate"),
-    [("seed", "recompute"), ("seed-prefix", "recompute"), ("seed-clear-off", "keep"), ("seed-broadcast", "recompute")],
+    [("seed", "recompute"), ("seed-prefix", "recompute"), ("seed-clear-off", "keep"),
+     ("seed-broadcast", "recompute")],
 )  # fmt: skip
 def test_in_flight_requests_through_dispatch(models, ranks, name, fate):
     """The seed configuration (clear on, offload on, prefix caching off) and its variants."""
