@@ -4,14 +4,14 @@
 MLP 512, tied embeddings: about 0.8M parameters) with the character tokenizer as a Hugging Face
 directory; `arch="qwen3_moe"` / `"qwen2_moe"` gives a mixture of experts of the same shape whose
 every MLP is 8 experts of 128, 2 per token (`MOE_SHAPE`; Qwen2-MoE adds its gated shared expert
-of 256), as many active MLP parameters per token as half the dense MLP. `warm_up` trains it on a task's problems (`a+b=` -> sum + EOS for addition) with teacher
-forcing (loss on the answer tokens, long-tailed batches in length buckets) for a fixed number of
-steps, so that RL still has room to improve it and every machine starts RL from the same model (a
-time cap only ends a warm-up that runs too long, and the report says so), and saves it back where
-the engine can load it. A vision-language model's directory (a `vision_config`, e.g.
-`testing.tiny_vlm`) warms up the same way on a task whose prompts hold images (`task.vision`: the
-prompts through its processor, the images into the forward). Measured on 2 CPU cores: 300 steps (~45 s) give ~30-40% greedy accuracy; a
-0.1M model plateaus near 55%, which is why the model is this size.
+of 256), as many active MLP parameters per token as half the dense MLP. `warm_up` trains it on a task's
+problems (`a+b=` -> sum + EOS for addition) with teacher forcing (loss on the answer tokens, long-tailed
+batches in length buckets) for a fixed number of steps, so that RL still has room to improve it and every
+machine starts RL from the same model (a time cap only ends a warm-up that runs too long, and the report says
+so), and saves it back where the engine can load it. A vision-language model's directory (a `vision_config`,
+e.g. `testing.tiny_vlm`) warms up the same way on a task whose prompts hold images (`task.vision`: the prompts
+through its processor, the images into the forward). Measured on 2 CPU cores: 300 steps (~45 s) give ~30-40%
+greedy accuracy; a 0.1M model plateaus near 55%, which is why the model is this size.
 """
 
 from __future__ import annotations
@@ -52,12 +52,17 @@ BASE_MODEL_SHAPE = dict(
 
 MOE_SHAPE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=128)
 """The mixtures of experts' MLPs (`arch` qwen3_moe / qwen2_moe), on top of `BASE_MODEL_SHAPE`."""
-ARCHS = {"qwen2": (Qwen2Config, {}), "qwen3_moe": (Qwen3MoeConfig, dict(MOE_SHAPE, norm_topk_prob=True)),
-         "qwen2_moe": (Qwen2MoeConfig, dict(MOE_SHAPE, norm_topk_prob=False, shared_expert_intermediate_size=256))}
+ARCHS = {
+    "qwen2": (Qwen2Config, {}),
+    "qwen3_moe": (Qwen3MoeConfig, dict(MOE_SHAPE, norm_topk_prob=True)),
+    "qwen2_moe": (Qwen2MoeConfig, dict(MOE_SHAPE, norm_topk_prob=False, shared_expert_intermediate_size=256)),
+}
 """`build_base_model`'s architectures (`job.arch`): config class and what they add to the shape."""
 
 
-def build_base_model(path: str | Path, seed: int = 0, tokenizer=None, arch: str = "qwen2", **overrides) -> Path:
+def build_base_model(
+    path: str | Path, seed: int = 0, tokenizer=None, arch: str = "qwen2", **overrides
+) -> Path:
     """Write a random-init model of `arch` (`ARCHS`: qwen2, qwen3_moe, qwen2_moe) and `tokenizer`
     (default: the addition character tokenizer; give the task's for other tasks) to `path`; returns
     it. `overrides` go into the config (e.g. hidden_size=64 for tests)."""
@@ -238,8 +243,10 @@ def warm_up(
             stopped_by = "time"
             accuracy = teacher_forced_accuracy(model, task, evals)
             if log is not None:
-                log(f"warm-up stopped by its time cap ({max_seconds:g} s) after step {step} of {steps} (a slow or "
-                    f"busy machine): the model is less trained than its {steps} steps make it")
+                log(
+                    f"warm-up stopped by its time cap ({max_seconds:g} s) after step {step} of {steps} (a "
+                    f"slow or busy machine): the model is less trained than its {steps} steps make it"
+                )
             break
     save_model(model, task.tokenizer, model_dir)
     return WarmupReport(step, time.perf_counter() - started, accuracy, loss_value, stopped_by, steps)
@@ -271,7 +278,9 @@ class _ThreadProbe:
         took = time.perf_counter() - self.t0
         one = sum(self.times[1]) / max(len(self.times[1]), 1)
         if step == self.TWO[0] and took > 3 * one:  # 2 threads are fighting something: stop now
-            self._choose(1, log, f"2 threads took {1000 * took:.0f} ms for one step, 1 thread {1000 * one:.0f} ms")
+            self._choose(
+                1, log, f"2 threads took {1000 * took:.0f} ms for one step, 1 thread {1000 * one:.0f} ms"
+            )
         elif step not in (self.ONE[0], self.TWO[0]):
             self.times[1 if step in self.ONE else 2].append(took)
             if step == self.TWO[-1]:

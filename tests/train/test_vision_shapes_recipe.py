@@ -35,7 +35,9 @@ def recipe(tmp_path_factory):
     out = tmp_path_factory.mktemp("vision_shapes")
     make_data = _make_data()
     paths = make_data.write_data(out, num_train=24, num_test=8, seed=1)
-    report = make_data.build_model(out / "model", paths, steps=3, max_seconds=None, seed=1, log=lambda _: None)
+    report = make_data.build_model(
+        out / "model", paths, steps=3, max_seconds=None, seed=1, log=lambda _: None
+    )
     return paths, out / "model", report
 
 
@@ -80,10 +82,20 @@ def test_print_config_resolves_the_recipe(recipe, capsys):
 @pytest.mark.parametrize("fully_async", [True, False], ids=["fully_async", "synchronous"])
 def test_a_few_steps_train_on_the_images(recipe, tmp_path, fully_async):
     out = tmp_path / "run"
-    small = ["trainer.max_training_steps=2", "trainer.train_batch_size=4", "trainer.policy_mini_batch_size=4",
-             "generator.n_samples_per_prompt=4", "trainer.fully_async.num_parallel_generation_workers=8",
-             f"trainer.fully_async.enabled={str(fully_async).lower()}", "trainer.eval_interval=2",
-             "trainer.algorithm.zero_variance_filter=false", f"job.output_dir={out}", "job.progress=false", "job.plot=false", "job.max_train_seconds=null"]
+    small = [
+        "trainer.max_training_steps=2",
+        "trainer.train_batch_size=4",
+        "trainer.policy_mini_batch_size=4",
+        "generator.n_samples_per_prompt=4",
+        "trainer.fully_async.num_parallel_generation_workers=8",
+        f"trainer.fully_async.enabled={str(fully_async).lower()}",
+        "trainer.eval_interval=2",
+        "trainer.algorithm.zero_variance_filter=false",
+        f"job.output_dir={out}",
+        "job.progress=false",
+        "job.plot=false",
+        "job.max_train_seconds=null",
+    ]
     assert main(["--config", str(RECIPE / "config.yaml"), *_overrides(recipe, *small)]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["samples"] == 2 * 4 * 4
