@@ -30,7 +30,8 @@ def write_data(path: Path, rows: int = 64) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="a Hugging Face model directory")
     parser.add_argument("--tiny", action="store_true", help="build a tiny random model and run two steps")
     parser.add_argument("--data-only", action="store_true", help="write the data and stop")
@@ -47,10 +48,12 @@ def main(argv: list[str] | None = None) -> int:
 
         model = Path(args.output) / "tiny_model"
         make_tiny_model(model, "qwen2")
-        overrides = [f"trainer.policy.model.path={model}", "trainer.max_training_steps=2", "trainer.train_batch_size=2",
+        overrides = [f"trainer.policy.model.path={model}", "trainer.max_training_steps=2",
+                     "trainer.train_batch_size=2",
                      "trainer.policy_mini_batch_size=2", "generator.n_samples_per_prompt=2",
                      "trainer.fully_async.num_parallel_generation_workers=4",
-                     "generator.sampling_params.max_generate_length=16", "generator.inference_engine.max_model_len=1024",
+                     "generator.sampling_params.max_generate_length=16",
+                     "generator.inference_engine.max_model_len=1024",
                      "trainer.logger=[console]", "job.plot=false", *overrides]
     elif args.model:
         overrides = [f"trainer.policy.model.path={args.model}", *overrides]

@@ -28,7 +28,8 @@ async def agent(base_url: str, api_key: str, problem) -> tuple[float, dict]:
         asked.append(city)
         return FORECASTS.get(city, "unknown city")
 
-    model = OpenAIChatCompletionsModel(model="policy", openai_client=AsyncOpenAI(base_url=base_url, api_key=api_key))
+    client = AsyncOpenAI(base_url=base_url, api_key=api_key)
+    model = OpenAIChatCompletionsModel(model="policy", openai_client=client)
     weather = Agent(name="weather", instructions="Call get_weather, then answer with the forecast.",
                     tools=[get_weather], model=model)
     try:

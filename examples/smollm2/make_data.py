@@ -1,6 +1,7 @@
 """Write the SmolLM2 recipe's data set in SkyRL's format, locally (no download).
 
-    python examples/smollm2/make_data.py [--output-dir examples/smollm2/data] [--num-train 4000] [--num-test 200]
+    python examples/smollm2/make_data.py [--output-dir examples/smollm2/data] [--num-train 4000] \
+        [--num-test 200]
 
 Each row asks for the sum of two numbers from 1 to 50 ("What is 17 + 8?"), one user message, scored by
 `gsm8k_flexible` (the last number in the response, compared numerically). SmolLM2-135M-Instruct as

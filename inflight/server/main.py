@@ -12,9 +12,9 @@ import torch
 import uvicorn
 from transformers import AutoTokenizer
 
+from inflight.backends.registry import NATIVE, backend_entry, backend_names
 from inflight.chat.images import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGE_PIXELS, ImageLimits
 from inflight.chat.vision import load_vision
-from inflight.backends.registry import NATIVE, backend_entry, backend_names
 from inflight.engine import AsyncEngine, EngineConfig, EngineError, LLMEngine
 from inflight.engine.heap import frozen_heap
 from inflight.server.app import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_WEIGHT_CHUNK_BYTES, create_app
@@ -55,15 +55,18 @@ def build_parser(prog: str = "python -m inflight.server") -> argparse.ArgumentPa
     parser.add_argument("--trust-request-chat-template", action="store_true",
                         help="let requests bring their own Jinja chat_template (code the server runs)")
     parser.add_argument("--max-image-pixels", type=int, default=DEFAULT_MAX_IMAGE_PIXELS,
-                        help="vision-language models: most pixels (width x height) of one image; larger is a 400 "
-                             f"(default {DEFAULT_MAX_IMAGE_PIXELS}; 0: no limit)")
+                        help="vision-language models: most pixels (width x height) of one image; larger "
+                             f"is a 400 (default {DEFAULT_MAX_IMAGE_PIXELS}; 0: no limit)")
     parser.add_argument("--max-image-bytes", type=int, default=DEFAULT_MAX_IMAGE_BYTES,
-                        help=f"most bytes of one encoded image (default {DEFAULT_MAX_IMAGE_BYTES}; 0: no limit)")
+                        help=f"most bytes of one encoded image (default {DEFAULT_MAX_IMAGE_BYTES}; "
+                             "0: no limit)")
     parser.add_argument("--allowed-local-media-path", default=None,
-                        help="a folder whose image files requests may name (file:// URLs or paths); none by default")
+                        help="a folder whose image files requests may name (file:// URLs or paths); "
+                             "none by default")
     parser.add_argument("--max-prompts-per-request", type=int, default=None,
                         help="most generations (prompts x n) one request may ask for (default 1024)")
-    parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    parser.add_argument("--log-level", default="info",
+                        choices=["critical", "error", "warning", "info", "debug"])
     return parser
 
 
@@ -119,7 +122,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m inflight.server")
         max_body_bytes=args.max_body_bytes or DEFAULT_MAX_BODY_BYTES,
         max_weight_chunk_bytes=args.max_weight_chunk_bytes or DEFAULT_MAX_WEIGHT_CHUNK_BYTES,
         trust_request_chat_template=args.trust_request_chat_template,
-        max_prompts_per_request=args.max_prompts_per_request or DEFAULT_MAX_PROMPTS_PER_REQUEST, vision=vision,
+        max_prompts_per_request=args.max_prompts_per_request or DEFAULT_MAX_PROMPTS_PER_REQUEST,
+        vision=vision,
     )
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                            timeout_graceful_shutdown=5))
