@@ -95,12 +95,17 @@ def build_task(spec: EvalSpec, tokenizer: Any, max_context: int) -> tuple[Any, d
     """The training data task over the data files (each file is a held-out set, nothing is split
     off; a prompt that does not fit the context is refused, naming its row) and the problems by
     data-set name."""
+    from inflight.chat.vision import load_vision
     from inflight.tasks.data_task import DataTask
 
+    try:
+        vision = load_vision(spec.model)  # a vision-language model's processor: image rows keep their images
+    except ValueError as err:
+        raise EvalError(str(err)) from err
     task = DataTask(tokenizer, spec.data, spec.data, prompt_key=spec.prompt_key, answer_key=spec.answer_key,
                     env_class=spec.env_class, max_prompt_length=max_context - 1, drop_long_prompts=False,
                     max_new_tokens=spec.max_tokens, max_context=max_context, seed=spec.seed,
-                    skyrl_gym=GymSettings(gym_config(spec.skyrl_gym), spec.max_turns))
+                    skyrl_gym=GymSettings(gym_config(spec.skyrl_gym), spec.max_turns), vision=vision)
     try:
         names = dataset_names(spec.data)
     except ValueError as err:
@@ -125,7 +130,9 @@ def model_context(model: str | Path, max_model_len: int | None) -> int:
     """Tokens of context: `max_model_len` within the model's `max_position_embeddings`."""
     from transformers import AutoConfig
 
-    positions = getattr(AutoConfig.from_pretrained(model), "max_position_embeddings", None)
+    config = AutoConfig.from_pretrained(model)
+    text = getattr(config, "text_config", None) or config  # a vision-language model's language model's
+    positions = getattr(text, "max_position_embeddings", None)
     if positions is None and max_model_len is None:
         raise EvalError(f"{model}: the model config has no max_position_embeddings; give --max-model-len")
     return min(x for x in (positions, max_model_len) if x is not None)
