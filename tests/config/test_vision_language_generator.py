@@ -59,3 +59,17 @@ def test_its_rules_are_skyrls(batched, step_wise, conversation):
         load_config(None, [*overrides[:len(LOCAL_CPU)], f"{KEY}=false", *overrides[len(LOCAL_CPU) + 1:]])
     except ConfigError as err:
         assert not any(KEY in str(v) for v in err.violations)
+
+
+@pytest.mark.parametrize("backend", ["native", "vllm", "hf_generate"])
+def test_only_the_native_backend_takes_image_rollouts(backend):
+    """vLLM's shim and hf_generate pass no images: a run on them is refused when the config is
+    validated (`unimplemented`, what --print-config lists), naming the backend that serves them."""
+    from inflight.config.implemented import unimplemented
+
+    cfg = load_config(None, [*LOCAL_CPU, f"{KEY}=true", f"generator.inference_engine.backend={backend}"])
+    refused = [v for v in unimplemented(cfg) if v.key == KEY]
+    if backend == "native":
+        assert not refused
+    else:
+        assert len(refused) == 1 and backend in refused[0].rule and "backend=native" in refused[0].fix
