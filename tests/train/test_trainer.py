@@ -172,4 +172,4 @@ def test_colocated_sync_trainer_sleeps_and_wakes_every_in_process_engine(model_d
     trainer, history, version, _, after = _train(cfg, job, evaluate=True)
     assert len(trainer.client) == 2 and version == 2 and after is not None
     assert [r["staleness_max"] for r in history] == [0.0, 0.0]
-    assert trainer.runtime.local_engines == []  # closed
+    assert trainer.runtime.engines is None  # closed: LocalRuntime.close stops each engine and drops them
