@@ -12,6 +12,9 @@
 #   INFLIGHT_SKIP_VERIFIERS=1  do not create verifiers' venv (scripts/verifiers_venv.sh: ~20 s, ~0.5 GB);
 #                          the tests that run a verifiers environment then skip (without it they
 #                          require the venv)
+#   INFLIGHT_TEST_WORKERS=N  pytest-xdist workers (default 2, one per core of the 2-vCPU machines CI runs
+#                          on; each test runs single-threaded, and a file's tests stay on one worker so
+#                          its module fixtures are built once); 0 runs in this process
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
@@ -30,4 +33,8 @@ fi
 .venv/bin/inflight models get smollm2-135m-instruct ||
   echo "test.sh: inflight models get failed (above); the tests that need the real model say why" >&2
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-exec .venv/bin/python -m pytest -q "$@"
+workers="${INFLIGHT_TEST_WORKERS:-2}"
+if [ "$workers" = "0" ]; then
+  exec .venv/bin/python -m pytest -q "$@"
+fi
+exec .venv/bin/python -m pytest -q -n "$workers" --dist loadfile "$@"
