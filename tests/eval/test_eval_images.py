@@ -4,12 +4,12 @@ each image row is evaluated with its image, the greedy answers equal transformer
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 import torch
+from example_scripts import load_example
 from PIL import Image
 from transformers import Qwen2_5_VLForConditionalGeneration
 
@@ -21,10 +21,7 @@ MAX_TOKENS = 6
 
 
 def _make_data():
-    spec = importlib.util.spec_from_file_location("vision_shapes_make_data", RECIPE / "make_data.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example("vision_shapes")
 
 
 @pytest.fixture(scope="module")

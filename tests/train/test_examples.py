@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from example_scripts import load_example
 
 from inflight.train.defaults import DEFAULT_JOB_YAML, default_job
 from inflight.train.main import resolve_config
@@ -80,16 +81,13 @@ def test_each_builtin_task_is_built_by_name(task):
 def test_gsm8k_example_writes_skyrl_rows_and_its_config_trains_on_them(tmp_path, tiny_model_factory):
     """examples/gsm8k: make_data.py writes SkyRL-format parquet (read back with pyarrow), and the config
     trains on it with the gsm8k reward once a model path is given."""
-    import importlib.util
 
     import pyarrow.parquet as pq
 
     from inflight.tasks import DataTask
     from inflight.train.main import make_task
 
-    spec = importlib.util.spec_from_file_location("gsm8k_make_data", EXAMPLES / "gsm8k" / "make_data.py")
-    make_data = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(make_data)
+    make_data = load_example("gsm8k")
     paths = make_data.write(tmp_path, num_train=30, num_test=6, seed=0)
     train, test = (pq.read_table(paths[s]).to_pylist() for s in ("train", "test"))
     assert len(train) == 30 and len(test) == 6
@@ -137,15 +135,12 @@ def test_a_base_path_is_relative_to_the_config_and_merges_key_by_key(tmp_path):
 
 
 def test_the_smollm2_recipe_writes_disjoint_sums_and_resolves(tmp_path):
-    import importlib.util
 
     import datasets
 
     from inflight.rewards import get_reward
 
-    spec = importlib.util.spec_from_file_location("smollm2_make_data", EXAMPLES / "smollm2" / "make_data.py")
-    make_data = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(make_data)
+    make_data = load_example("smollm2")
     paths = make_data.write(tmp_path, num_train=300, num_test=50, seed=3)
     train, test = (datasets.Dataset.from_parquet(str(paths[s])) for s in ("train", "test"))
     pairs = {split: {(r["extra_info"]["a"], r["extra_info"]["b"]) for r in rows} for split, rows in

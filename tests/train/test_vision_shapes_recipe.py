@@ -7,13 +7,13 @@ with pixel values, the weight sync)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
 
 import pytest
 import torch
+from example_scripts import load_example
 
 from inflight.config import ConfigError
 from inflight.tasks.base_model import supervised_batch
@@ -23,10 +23,7 @@ RECIPE = Path(__file__).resolve().parents[2] / "examples" / "vision_shapes"
 
 
 def _make_data():
-    spec = importlib.util.spec_from_file_location("vision_shapes_make_data", RECIPE / "make_data.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example("vision_shapes")
 
 
 @pytest.fixture(scope="module")
