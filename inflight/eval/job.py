@@ -130,9 +130,8 @@ def model_context(model: str | Path, max_model_len: int | None) -> int:
     """Tokens of context: `max_model_len` within the model's `max_position_embeddings`."""
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(model)
-    text = getattr(config, "text_config", None) or config  # a vision-language model's language model's
-    positions = getattr(text, "max_position_embeddings", None)
+    # a vision-language model's context is its language model's
+    positions = getattr(AutoConfig.from_pretrained(model).get_text_config(), "max_position_embeddings", None)
     if positions is None and max_model_len is None:
         raise EvalError(f"{model}: the model config has no max_position_embeddings; give --max-model-len")
     return min(x for x in (positions, max_model_len) if x is not None)

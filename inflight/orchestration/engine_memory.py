@@ -61,8 +61,7 @@ def usable_kv_bytes(ie: InferenceEngineConfig, model_dir: str | Path) -> int:
     (the model's context when null), from the model's layers, KV heads and head size."""
     from transformers import AutoConfig
 
-    hf = AutoConfig.from_pretrained(str(model_dir))
-    hf = getattr(hf, "text_config", hf)
+    hf = AutoConfig.from_pretrained(str(model_dir)).get_text_config()  # a VLM's: its language model's
     heads = hf.num_attention_heads
     head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // heads
     kv_heads = getattr(hf, "num_key_value_heads", None) or heads
