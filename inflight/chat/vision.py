@@ -61,13 +61,28 @@ def image_processor_of(processor: Any) -> Any | None:
     return getattr(processor, "image_processor", None)
 
 
+def is_vision_language(config: Any) -> bool:
+    """Whether a Hugging Face config (object or config.json's mapping) has a vision tower."""
+    if isinstance(config, dict):
+        return config.get("vision_config") is not None
+    return getattr(config, "vision_config", None) is not None
+
+
+def auto_model_class(config: Any) -> type:
+    """transformers' auto class that loads a model of `config`: image-text-to-text for a
+    vision-language model, else causal LM."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    return AutoModelForImageTextToText if is_vision_language(config) else AutoModelForCausalLM
+
+
 def load_vision(model_dir: str | Path, limits: ImageLimits | None = None) -> Vision | None:
     """The `Vision` of a model directory whose config has a vision tower (`vision_config`); None for a
     text-only model. Raises ValueError naming why a vision model's processor cannot be loaded."""
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(model_dir)
-    if getattr(config, "vision_config", None) is None:
+    if not is_vision_language(config):
         return None
     return Vision(load_processor(model_dir, config), limits or ImageLimits())
 
@@ -106,4 +121,5 @@ def load_processor(model_dir: str | Path, config: Any) -> Any:
     return processor
 
 
-__all__ = ["ImagePrompt", "Vision", "image_processor_of", "load_processor", "load_vision"]
+__all__ = ["ImagePrompt", "Vision", "auto_model_class", "image_processor_of", "is_vision_language",
+           "load_processor", "load_vision"]

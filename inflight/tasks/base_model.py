@@ -27,13 +27,13 @@ import torch
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
-    AutoModelForImageTextToText,
     Qwen2Config,
     Qwen2MoeConfig,
     Qwen3MoeConfig,
 )
 
 from inflight.chat.images import count_images
+from inflight.chat.vision import auto_model_class
 from inflight.tasks.addition import AdditionTask
 from inflight.tasks.base import Problem, Task
 from inflight.tasks.dataset import image_prompt
@@ -101,8 +101,7 @@ def save_model(model: torch.nn.Module, tokenizer, path: str | Path) -> None:
 def load_for_training(model_dir: str | Path) -> torch.nn.Module:
     """The model in `model_dir` in float32: a causal LM, or a vision-language model (its config has a
     `vision_config`) through `AutoModelForImageTextToText`."""
-    vision = getattr(AutoConfig.from_pretrained(str(model_dir)), "vision_config", None) is not None
-    auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
+    auto = auto_model_class(AutoConfig.from_pretrained(str(model_dir)))
     return auto.from_pretrained(str(model_dir), dtype=torch.float32)
 
 

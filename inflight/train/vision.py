@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from inflight.chat.vision import is_vision_language
 from inflight.config import Config, ConfigError, Violation
 from inflight.train.strategies import strategy_entry
 
@@ -32,13 +33,6 @@ FREEZE_KEY = "trainer.policy.model.freeze_vision_tower"
 TOWER_NAMES = ("visual",)
 """Attribute of a transformers vision-language base model holding its vision tower (and the merger
 into the language model): Qwen2-VL, Qwen2.5-VL, Qwen3-VL."""
-
-
-def is_vision_language(config: Any) -> bool:
-    """Whether a Hugging Face config (object or config.json's mapping) has a vision tower."""
-    if isinstance(config, dict):
-        return config.get("vision_config") is not None
-    return getattr(config, "vision_config", None) is not None
 
 
 def vision_tower(model: torch.nn.Module) -> torch.nn.Module | None:

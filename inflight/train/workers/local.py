@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from inflight.chat.vision import auto_model_class
 from inflight.config import Config
 from inflight.engine.cpu import cpu_flags
 from inflight.train import shared_prefix, vision
@@ -112,12 +113,12 @@ class LocalPolicyWorker(PolicyWorker):
         """The transformers model of `model_path`, its config overridden by `model_config_kwargs`,
         with the attention `trainer.flash_attn` picks and the activation checkpointing
         `trainer.gradient_checkpointing(_use_reentrant)` asks for."""
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+        from transformers import AutoConfig
 
         config = AutoConfig.from_pretrained(str(self.model_path), **self.section.model_config_kwargs)
-        auto = AutoModelForImageTextToText if vision.is_vision_language(config) else AutoModelForCausalLM
-        model = auto.from_pretrained(str(self.model_path), config=config, dtype=self.load_dtype(),
-                                     attn_implementation=attention_implementation(self.cfg, self.device))
+        model = auto_model_class(config).from_pretrained(
+            str(self.model_path), config=config, dtype=self.load_dtype(),
+            attn_implementation=attention_implementation(self.cfg, self.device))
         if vision.freezes_tower(self.cfg, self.role):
             vision.freeze_tower(model)
         if self.gradient_checkpointing:
